@@ -1,0 +1,105 @@
+"""Links a method and its Vulkan delegates into one graph: one value table, one op chain.
+
+Delegate inputs and outputs become the method's own values, so the delegates and the ops between
+them run as one GPU plan. Values inside a delegate get fresh ids; tensors there keep their
+memory-planning groups (keyed per delegate), except delegate inputs and outputs, which get their own
+buffers because other delegates read them.
+"""
+
+from dataclasses import dataclass, field
+
+from kernels import OPS
+from resize.values import NONE, Scalar, SymInt, Tensor, ValueList
+
+from .errors import ModelFormatError, UnsupportedOperatorError
+from .pte import DelegateCall, FreeCall, JumpFalseCall, KernelCall, MoveCall
+from .vkgraph import read_vkgraph
+
+DELEGATE_ID = "VulkanBackend"
+
+
+@dataclass
+class Graph:
+    values: list
+    inputs: tuple
+    outputs: tuple
+    calls: list  # (operator name, args) in execution order; output(s) last
+    groups: dict  # tensor value id -> buffer-sharing key
+    delegate_ops: list = field(default_factory=list)  # names of ops inside delegates, with repeats
+    kernel_ops: list = field(default_factory=list)  # names of ops outside delegates
+    compile_specs: list = field(default_factory=list)
+    # filled by the op build:
+    params: list = field(default_factory=list)
+    dispatches: list = field(default_factory=list)
+
+    def missing_ops(self):
+        return sorted({name for name, _ in self.calls if name not in OPS})
+
+
+def link(method):
+    values = list(method.values)
+    calls, groups = [], {}
+    g = Graph(values, method.inputs, method.outputs, calls, groups)
+    for k, ins in enumerate(method.instructions):
+        if isinstance(ins, DelegateCall):
+            _link_delegate(g, method.delegates[ins.delegate], ins.args, k)
+        elif isinstance(ins, KernelCall):
+            args = ins.args
+            if len(args) >= 2 and args[-1] == args[-2]:  # the out variant returns its out argument
+                args = args[:-1]
+            calls.append((ins.op, args))
+            g.kernel_ops.append(ins.op)
+        elif isinstance(ins, MoveCall):
+            calls.append(("move", (ins.src, ins.dst)))
+        elif isinstance(ins, JumpFalseCall):
+            calls.append(("control flow (JumpFalseCall)", ()))
+        elif isinstance(ins, FreeCall):
+            continue
+    missing = g.missing_ops()
+    if missing:
+        raise UnsupportedOperatorError(missing)
+    return g
+
+
+def _link_delegate(g, delegate, args, at):
+    if delegate.backend != DELEGATE_ID:
+        raise UnsupportedOperatorError([f"delegate backend {delegate.backend}"])
+    vk = read_vkgraph(delegate.blob)
+    g.compile_specs.append(delegate.compile_specs)
+    n_in, n_out = len(vk.inputs), len(vk.outputs)
+    if len(args) != n_in + n_out:
+        raise ModelFormatError(
+            f"instruction {at}: delegate call has {len(args)} arguments, its graph has {n_in} inputs and {n_out} outputs"
+        )
+    mapping = dict(zip(vk.inputs + vk.outputs, args))
+    for local, value in enumerate(vk.values):
+        if local in mapping:
+            outer = mapping[local]
+            _merge_boundary(g, outer, value, at)
+            continue
+        mapping[local] = len(g.values)
+        if isinstance(value, Tensor) and value.mem_obj is not None:
+            g.groups[mapping[local]] = (at, value.mem_obj)
+        g.values.append(value)
+    for local, value in enumerate(vk.values):
+        if isinstance(value, ValueList) and local not in vk.inputs + vk.outputs:
+            g.values[mapping[local]] = ValueList(tuple(mapping[i] for i in value.items))
+    for call in vk.chain:
+        g.calls.append((call.name, tuple(mapping[a] for a in call.args)))
+        g.delegate_ops.append(call.name)
+
+
+def _merge_boundary(g, outer, inner, at):
+    """A delegate input/output meets the method's value: check they agree, keep the richer type."""
+    current = g.values[outer]
+    if isinstance(inner, Tensor):
+        if not isinstance(current, Tensor) or tuple(current.dims) != tuple(inner.dims):
+            raise ModelFormatError(
+                f"instruction {at}: delegate tensor {inner.dims} does not match the method's value {outer} ({current})"
+            )
+    elif isinstance(inner, SymInt):
+        if not (isinstance(current, Scalar) and isinstance(current.value, int)) and not isinstance(current, SymInt):
+            raise ModelFormatError(f"instruction {at}: delegate SymInt meets value {outer} of type {current}")
+        g.values[outer] = inner
+    elif inner != NONE and type(inner) is not type(current):
+        raise ModelFormatError(f"instruction {at}: delegate value {inner} meets {current}")

@@ -1,0 +1,125 @@
+"""The op registry and the builder every op's build function receives.
+
+An op module registers `build(b)` functions by name with `@op("aten.add.Tensor", ...)`. A build
+function reads its arguments through the `OpBuilder`, declares parameter blocks, dispatches
+(WGSL compute or buffer copies) and exactly one resize hook. The hook computes output live shapes,
+parameter bytes and grids from the inputs' live shapes; the runtime calls it once at load (at the
+maximum shapes) and again whenever an input of the op changes. Nothing here touches the GPU.
+"""
+
+from dataclasses import dataclass
+
+from resize.engine import Node
+from resize.values import Scalar, SymInt, Tensor, ValueList
+
+OPS = {}
+
+
+def op(*names):
+    """Register a build function under one or more operator names."""
+
+    def register(fn):
+        for name in names:
+            if name in OPS:
+                raise RuntimeError(f"operator {name} registered twice")
+            OPS[name] = fn
+        return fn
+
+    return register
+
+
+@dataclass(frozen=True)
+class Params:
+    """A per-session uniform block of `size` bytes (a multiple of 16) owned by one op."""
+
+    index: int
+    size: int
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """A compute dispatch (`shader` set) or an in-graph buffer copy (`src`/`dst` set)."""
+
+    op: str
+    shader: str | None = None
+    bindings: tuple = ()  # value ids and Params, in @binding order
+    src: int | None = None
+    dst: int | None = None
+
+
+class OpBuilder:
+    def __init__(self, graph, name, args):
+        self.graph, self.name, self.args = graph, name, args
+        self._hook = None
+        self._extra_writes = []
+
+    # arguments
+    def value(self, i):
+        return self.graph.values[self.args[i]]
+
+    def tensor(self, i):
+        v = self.value(i)
+        if not isinstance(v, Tensor):
+            raise TypeError(f"{self.name}: argument {i} is {type(v).__name__}, expected a tensor")
+        return v
+
+    def is_tensor(self, i):
+        return isinstance(self.value(i), Tensor)
+
+    def scalar(self, i, default=None):
+        v = self.value(i)
+        if isinstance(v, Scalar):
+            return default if v.value is None else v.value
+        raise TypeError(f"{self.name}: argument {i} is {type(v).__name__}, expected a scalar")
+
+    def is_none(self, i):
+        v = self.value(i)
+        return isinstance(v, Scalar) and v.value is None
+
+    @property
+    def out(self):
+        return self.args[-1]
+
+    # recording
+    def params(self, size):
+        size = -(-size // 16) * 16
+        self.graph.params.append(size)
+        return Params(len(self.graph.params) - 1, size)
+
+    def dispatch(self, shader, bindings):
+        self.graph.dispatches.append(Dispatch(self.name, shader=shader, bindings=tuple(bindings)))
+        return len(self.graph.dispatches) - 1
+
+    def copy(self, src, dst):
+        self.graph.dispatches.append(Dispatch(self.name, src=src, dst=dst))
+        return len(self.graph.dispatches) - 1
+
+    def writes(self, vid):
+        """Declare an in-place write to an input (a KV cache)."""
+        self._extra_writes.append(vid)
+
+    def hook(self, fn):
+        if self._hook is not None:
+            raise RuntimeError(f"{self.name}: one resize hook per op")
+        self._hook = fn
+
+
+def build_node(graph, name, args):
+    """Build one op into `graph` and return its resize-plan `Node`."""
+    fn = OPS[name]
+    b = OpBuilder(graph, name, args)
+    fn(b)
+    if b._hook is None:
+        raise RuntimeError(f"{name} registered no resize hook")
+    values = graph.values
+    out = args[-1] if args else None
+    outs = set(values[out].items) if out is not None and isinstance(values[out], ValueList) else {out}
+    reads = []
+    for a in args[:-1]:
+        v = values[a]
+        if isinstance(v, (Tensor, SymInt)) and a not in outs:
+            reads.append(a)
+        elif isinstance(v, ValueList):
+            reads.extend(i for i in v.items if isinstance(values[i], (Tensor, SymInt)))
+    writes = tuple(outs - {None}) + tuple(b._extra_writes)
+    return Node(name, b._hook, tuple(dict.fromkeys(reads)), writes, data_dependent=getattr(fn, "data_dependent", False))
