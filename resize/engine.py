@@ -106,6 +106,9 @@ class ResizeContext:
         old = self.state.dims[vid]
         if old == dims:
             return
+        limit = self.plan.values[vid].dims
+        if len(dims) != len(limit) or any(not 0 < d <= m for d, m in zip(dims, limit)):
+            raise ResizeFailure(f"value {vid}: live shape {dims} does not fit its maximum {tuple(limit)}")
         self.journal.append(("dims", vid, old))
         self.state.dims[vid] = dims
         self.changed_values.add(vid)
@@ -119,8 +122,13 @@ class ResizeContext:
         self.state.symints[vid] = value
         self.changed_values.add(vid)
 
-    def set_params(self, pid, data):
+    def set_params(self, params, data):
+        """`params` is the op's Params block (kernels.registry); `data` must fill it exactly."""
         data = bytes(data)
+        if len(data) > params.size:
+            raise ResizeFailure(f"{len(data)} parameter bytes overflow a {params.size}-byte block")
+        data = data.ljust(params.size, b"\0")
+        pid = params.index
         old = self.state.params[pid]
         if old == data:
             return

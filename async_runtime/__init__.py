@@ -1,0 +1,41 @@
+"""pte-wgpu: run ExecuTorch `.pte` models (Vulkan delegate) on any WebGPU adapter from async Python.
+
+    import async_runtime as ar
+    model = await ar.load("model.pte")
+    outputs = await model.execute(x)      # list of numpy arrays at their live shapes
+    await model.aclose()
+"""
+
+from resize.events import InputResized
+
+from .device import DeviceInfo
+from .errors import (
+    BrokenResourceError,
+    BusyResourceError,
+    ClosedResourceError,
+    InputError,
+    ModelFormatError,
+    ResizeError,
+    RuntimeFault,
+    UnsupportedOperatorError,
+)
+from .model import IOSpec, Model, Session, load
+from .stats import Statistics
+
+__all__ = [
+    "BrokenResourceError",
+    "BusyResourceError",
+    "ClosedResourceError",
+    "DeviceInfo",
+    "IOSpec",
+    "InputError",
+    "InputResized",
+    "Model",
+    "ModelFormatError",
+    "ResizeError",
+    "RuntimeFault",
+    "Session",
+    "Statistics",
+    "UnsupportedOperatorError",
+    "load",
+]

@@ -1,0 +1,54 @@
+"""Choosing the WebGPU adapter and opening a device with the adapter's full limits."""
+
+import os
+from dataclasses import dataclass
+
+import wgpu
+
+WANTED_FEATURES = ("shader-f16", "timestamp-query")
+ADAPTER_ENV = "PTE_WGPU_ADAPTER"
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    name: str  # the adapter summary, e.g. "NVIDIA H100 80GB HBM3 (DiscreteGPU) via Vulkan"
+    adapter_type: str
+    backend: str
+    features: tuple
+    max_storage_binding: int
+    max_buffer_size: int
+    max_workgroups_per_dimension: int
+
+
+async def open_device(name=None, power_preference="high-performance"):
+    """(adapter, device, DeviceInfo). `name` (or $PTE_WGPU_ADAPTER) picks an adapter by a
+    case-insensitive substring of its summary; otherwise the preferred adapter is taken."""
+    name = name or os.environ.get(ADAPTER_ENV)
+    if name:
+        adapters = await wgpu.gpu.enumerate_adapters_async()
+        matches = [a for a in adapters if name.lower() in a.summary.lower()]
+        if not matches:
+            found = "; ".join(a.summary for a in adapters) or "none"
+            raise RuntimeError(f"no WebGPU adapter matches {name!r}; adapters found: {found}")
+        adapter = matches[0]
+    else:
+        adapter = await wgpu.gpu.request_adapter_async(power_preference=power_preference)
+        if adapter is None:
+            raise RuntimeError("no WebGPU adapter found (on Linux without a GPU, install mesa-vulkan-drivers)")
+    features = [f for f in WANTED_FEATURES if f in adapter.features]
+    limits = dict(adapter.limits)
+    device = await adapter.request_device_async(required_features=features, required_limits=limits)
+    info = adapter.info
+    return (
+        adapter,
+        device,
+        DeviceInfo(
+            name=adapter.summary,
+            adapter_type=str(info.get("adapter_type", "")),
+            backend=str(info.get("backend_type", "")),
+            features=tuple(sorted(features)),
+            max_storage_binding=limits["max-storage-buffer-binding-size"],
+            max_buffer_size=limits["max-buffer-size"],
+            max_workgroups_per_dimension=limits["max-compute-workgroups-per-dimension"],
+        ),
+    )

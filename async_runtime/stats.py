@@ -1,0 +1,30 @@
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Statistics:
+    """Counters of a model or a session since it was created."""
+
+    executes: int = 0
+    resize_events: int = 0
+    hook_calls: int = 0
+    buffer_allocations: int = 0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    submits: int = 0
+    readbacks: int = 0
+    dispatches: int = 0
+
+
+class Counters:
+    """The mutable twin of Statistics that the runtime increments."""
+
+    def __init__(self):
+        for name in Statistics.__dataclass_fields__:
+            setattr(self, name, 0)
+
+    def freeze(self):
+        return Statistics(**{k: getattr(self, k) for k in Statistics.__dataclass_fields__})
+
+
+__all__ = ["Statistics", "Counters", "asdict"]
