@@ -36,7 +36,8 @@ class Graph:
         return sorted({name for name, _ in self.calls if name not in OPS})
 
 
-def link(method):
+def link(method, check=True):
+    """The linked graph; with `check`, UnsupportedOperatorError lists every op without a kernel."""
     values = list(method.values)
     calls, groups = [], {}
     g = Graph(values, method.inputs, method.outputs, calls, groups)
@@ -56,7 +57,7 @@ def link(method):
         elif isinstance(ins, FreeCall):
             continue
     missing = g.missing_ops()
-    if missing:
+    if check and missing:
         raise UnsupportedOperatorError(missing)
     return g
 

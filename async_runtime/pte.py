@@ -210,7 +210,7 @@ def _read_evalue(ev, index, constant_data):
                 raise ModelFormatError(f"value {index}: constant buffer {buffer_idx} of {len(constant_data)}")
             raw = constant_data[buffer_idx]
             constant = Constant(blob=raw, offset=0, length=len(raw))
-        return Tensor(ET_DTYPES[code], tuple(sizes), constant)
+        return Tensor(ET_DTYPES[code], tuple(sizes), constant, dynamic=v.scalar(8, "i8") != 0)
     if kind == 6:
         return Scalar(v.string(0, f"value {index} string"))
     if kind == 7:

@@ -70,6 +70,7 @@ class ResizeContext:
         self.host = host or {}  # value id -> numpy array of host input data
         self.journal = []
         self.changed_values = set()
+        self.recent = []  # values changed by the hook now running
         self.changed_params = set()
         self.changed_grids = set()
         self.hook_calls = 0
@@ -112,6 +113,7 @@ class ResizeContext:
         self.journal.append(("dims", vid, old))
         self.state.dims[vid] = dims
         self.changed_values.add(vid)
+        self.recent.append(vid)
 
     def set_symint(self, vid, value):
         value = int(value)
@@ -121,6 +123,7 @@ class ResizeContext:
         self.journal.append(("symint", vid, old))
         self.state.symints[vid] = value
         self.changed_values.add(vid)
+        self.recent.append(vid)
 
     def set_params(self, params, data):
         """`params` is the op's Params block (kernels.registry); `data` must fill it exactly."""
@@ -198,11 +201,11 @@ async def propagate_resize(plan, ctx, changed, fed=()):
         while pending:
             current = heapq.heappop(pending)
             node = plan.nodes[current]
-            before = set(ctx.changed_values)
+            ctx.recent.clear()
             node.hook(ctx)
             ctx.hook_calls += 1
             late = []
-            for vid in ctx.changed_values - before:
+            for vid in ctx.recent:
                 if any(i <= current for i in plan.consumers.get(vid, ())):
                     late.append(vid)
                 enqueue(vid)

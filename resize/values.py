@@ -39,6 +39,7 @@ class Tensor:
     dims: tuple  # the maximum shape; what the buffer holds
     constant: Constant | None = None
     mem_obj: int | None = None  # memory-planning alias group inside its delegate
+    dynamic: bool = False  # the program marks its shape as bounded-dynamic
 
 
 @dataclass(frozen=True, slots=True)

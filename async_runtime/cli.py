@@ -1,0 +1,79 @@
+"""`python -m async_runtime inspect model.pte`: what a program holds and what this runtime lacks."""
+
+import argparse
+import sys
+from collections import Counter
+
+from kernels.wgsl import elem_bytes
+from resize.shapes import numel_of
+from resize.values import SymInt, Tensor
+
+from .errors import ModelFormatError
+from .graph import link
+from .pte import read_program
+
+
+def _dynamic_dims(graph, vid):
+    """Dims of a tensor that the graph reads with sym_size (the ones that change at run time)."""
+    dims = set()
+    for name, args in graph.calls:
+        if name == "sym_size.int" and args[0] == vid:
+            rank = len(graph.values[vid].dims)
+            d = graph.values[args[1]].value
+            dims.add(d + rank if d < 0 else d)
+    return dims
+
+
+def _describe_value(graph, vid):
+    v = graph.values[vid]
+    if isinstance(v, Tensor):
+        dyn = _dynamic_dims(graph, vid)
+        shape = ", ".join(f"<={d}" if i in dyn else str(d) for i, d in enumerate(v.dims))
+        flag = " (dynamic)" if dyn or v.dynamic else ""
+        return f"{v.dtype}[{shape}]{flag}"
+    return "SymInt" if isinstance(v, SymInt) else repr(v)
+
+
+def inspect(data, out=sys.stdout):
+    program = read_program(data)
+    for name, method in program.methods.items():
+        graph = link(method, check=False)
+        print(f"method {name!r}: {len(method.delegates)} delegate(s), {len(graph.kernel_ops)} op(s) outside delegates", file=out)
+        for i, vid in enumerate(graph.inputs):
+            print(f"  input {i}: {_describe_value(graph, vid)}", file=out)
+        for i, vid in enumerate(graph.outputs):
+            print(f"  output {i}: {_describe_value(graph, vid)}", file=out)
+        weights = activations = 0
+        for v in graph.values:
+            if isinstance(v, Tensor):
+                n = numel_of(v.dims) * elem_bytes(v.dtype)
+                if v.constant is not None:
+                    weights += n
+                else:
+                    activations += n
+        print(f"  weights: {weights / 2**20:.2f} MiB, activations (max shapes, before sharing): {activations / 2**20:.2f} MiB", file=out)
+        missing = set(graph.missing_ops())
+        for title, ops in (("delegate ops", graph.delegate_ops), ("ops outside delegates", graph.kernel_ops)):
+            if ops:
+                print(f"  {title}:", file=out)
+                for op, count in sorted(Counter(ops).items()):
+                    mark = "  UNSUPPORTED" if op in missing else ""
+                    print(f"    {count:5d}  {op}{mark}", file=out)
+        print(f"  unsupported: {', '.join(sorted(missing)) if missing else 'none'}", file=out)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m async_runtime")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("inspect", help="print methods, inputs, outputs, ops and memory of a .pte file")
+    p.add_argument("pte")
+    args = parser.parse_args(argv)
+    if args.command == "inspect":
+        with open(args.pte, "rb") as f:
+            data = f.read()
+        try:
+            inspect(data)
+        except ModelFormatError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    return 0

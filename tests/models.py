@@ -1,0 +1,36 @@
+"""Small torch modules the tests export; odd and prime dims throughout."""
+
+import torch
+
+
+class Elementwise(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.relu(x * y + x) - torch.sigmoid(y)
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, d_in=13, d_hidden=29, d_out=7):
+        super().__init__()
+        self.l1 = torch.nn.Linear(d_in, d_hidden)
+        self.l2 = torch.nn.Linear(d_hidden, d_out)
+
+    def forward(self, x):
+        return self.l2(torch.relu(self.l1(x)))
+
+
+class Block(torch.nn.Module):
+    """Attention-style block: linear, split, view, permute, bmm, softmax, gelu, residual add."""
+
+    def __init__(self, dim=15, heads=3):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.proj = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=-1)
+        q, k, v = (t.view(b, s, self.heads, d // self.heads).permute(0, 2, 1, 3) for t in (q, k, v))
+        a = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1)
+        y = (a @ v).permute(0, 2, 1, 3).reshape(b, s, d)
+        return torch.nn.functional.gelu(self.proj(y)) + x
