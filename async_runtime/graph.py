@@ -79,7 +79,8 @@ def _link_delegate(g, delegate, args, at):
             _merge_boundary(g, outer, value, at)
             continue
         mapping[local] = len(g.values)
-        if isinstance(value, Tensor) and value.mem_obj is not None:
+        if isinstance(value, Tensor) and value.mem_obj is not None and value.constant is None:
+            # constants (KV caches among them) keep their own buffer even when memory-planned
             g.groups[mapping[local]] = (at, value.mem_obj)
         g.values.append(value)
     for local, value in enumerate(vk.values):

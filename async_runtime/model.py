@@ -94,10 +94,11 @@ class IOSpec:
     max_shape: tuple
 
 
-async def load(source, method="forward", *, device=None):
-    """Load a `.pte` program and build its GPU plan. `device` picks an adapter by name substring."""
+async def load(source, method="forward", *, device=None, on_resize=None):
+    """Load a `.pte` program and build its GPU plan. `device` picks an adapter by name substring;
+    `on_resize(event)` is called with each `InputResized` event of every session."""
     data = await _read_source(source)
-    model = Model()
+    model = Model(on_resize)
     await model._build(data, method, device)
     return model
 
@@ -105,10 +106,14 @@ async def load(source, method="forward", *, device=None):
 class Model:
     """The shared part: weights, pipelines, the plan. Open streams with `session()`."""
 
-    def __init__(self):
+    def __init__(self, on_resize=None):
         self._closed = False
         self._counters = Counters()
         self._sessions = set()
+        self._next_session_id = 0
+        self._event_sinks = []
+        if on_resize is not None:
+            self._event_sinks.append(on_resize)
 
     # --- load -------------------------------------------------------------------------------
     async def _build(self, data, method, device_name):
@@ -220,6 +225,28 @@ class Model:
     def statistics(self):
         return self._counters.freeze()
 
+    def resize_events(self, max_buffer=256):
+        """A receive stream of the `InputResized` events of every session: `async for e in it`.
+        Events that find its buffer full are dropped and counted in `statistics().dropped_events`;
+        close it (or leave its `with` block) to unsubscribe."""
+        send, receive = anyio.create_memory_object_stream(max_buffer)
+        self._event_sinks.append(send)
+        return receive
+
+    def _publish(self, events):
+        for sink in list(self._event_sinks):
+            for event in events:
+                if callable(sink):
+                    sink(event)
+                    continue
+                try:
+                    sink.send_nowait(event)
+                except anyio.WouldBlock:
+                    self._counters.dropped_events += 1
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    self._event_sinks.remove(sink)
+                    break
+
     def memory(self):
         """Bytes of GPU memory shared by every session (weights and activations)."""
         return sum(b.size for b in self._buffers.values())
@@ -250,6 +277,8 @@ class Session:
 
     def __init__(self, model):
         self._model = model
+        self.id = model._next_session_id
+        model._next_session_id += 1
         self._closed = False
         self._busy = False
         self._counters = Counters()
@@ -370,7 +399,7 @@ class Session:
         for i, (vid, arr) in enumerate(host.items()):
             old = self.state.dims[vid]
             if arr.shape != old:
-                events.append(InputResized(i, model.inputs[i].name, old, arr.shape))
+                events.append(InputResized(self.id, i, model.inputs[i].name, old, arr.shape))
         changed = set()
         if events or model._data_dependent:
             for vid, arr in host.items():
@@ -383,7 +412,10 @@ class Session:
             except (ValueError, IndexError) as e:
                 raise InputError(f"these inputs do not fit the model: {e}") from None
         with anyio.CancelScope(shield=True):
-            return await self._run_gpu(host, ctx, events)
+            outputs = await self._run_gpu(host, ctx, events)
+        if events:
+            model._publish(events)
+        return outputs
 
     async def _run_gpu(self, host, ctx, events):
         model = self._model
@@ -455,6 +487,22 @@ class Session:
             counters.readbacks += 1
             counters.dispatches += len(self._commands)
         return outputs
+
+    async def _read_tensor(self, vid):
+        """Debugging aid: a copy of any tensor's live contents after the last execute."""
+        v, dims = self._model.graph.values[vid], self.state.dims[vid]
+        nbytes = _align(max(numel_of(dims) * elem_bytes(v.dtype), 4), 4)
+        tmp = self._model.device.create_buffer(size=nbytes, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        encoder = self._model.device.create_command_encoder()
+        encoder.copy_buffer_to_buffer(self._buffer(vid), 0, tmp, 0, nbytes)
+        self._model.device.queue.submit([encoder.finish()])
+        await tmp.map_async("READ")
+        raw = tmp.read_mapped(copy=True)
+        tmp.unmap()
+        tmp.destroy()
+        if v.dtype in PACKED:
+            return np.frombuffer(raw, np.uint8)
+        return np.frombuffer(raw, storage_dtype(v.dtype))[: numel_of(dims)].reshape(dims)
 
     # --- lifetime ---------------------------------------------------------------------------
     def statistics(self):

@@ -14,6 +14,7 @@ class Statistics:
     submits: int = 0
     readbacks: int = 0
     dispatches: int = 0
+    dropped_events: int = 0  # resize events a full subscriber buffer could not take
 
 
 class Counters:

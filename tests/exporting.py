@@ -1,22 +1,41 @@
-"""Exporting torch modules to `.pte` with ExecuTorch's VulkanPartitioner, cached per test session."""
+"""Exporting torch modules to `.pte` with ExecuTorch's VulkanPartitioner, cached per test session.
+
+With PTE_WGPU_EXPORT_DIR set, each export is also kept there (the .pte and the module's weights),
+and a later run reuses it without ExecuTorch: that is how the suite runs on a GPU machine whose
+torch cannot export.
+"""
+
+import os
+from pathlib import Path
 
 import torch
 
 _CACHE = {}
+EXPORT_DIR = os.environ.get("PTE_WGPU_EXPORT_DIR")
 
 
 def export_pte(name, make_module, example_args, dynamic_shapes=None, seed=0):
     """(bytes of the .pte, the eager module) for `make_module()`; built once per session per name."""
-    if name not in _CACHE:
-        from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
-        from executorch.exir import to_edge_transform_and_lower
+    if name in _CACHE:
+        return _CACHE[name]
+    torch.manual_seed(seed)
+    module = make_module().eval()
+    stored = Path(EXPORT_DIR) / name if EXPORT_DIR else None
+    if stored is not None and stored.with_suffix(".pte").exists():
+        module.load_state_dict(torch.load(stored.with_suffix(".pt"), weights_only=True))
+        _CACHE[name] = (stored.with_suffix(".pte").read_bytes(), module)
+        return _CACHE[name]
+    from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
+    from executorch.exir import to_edge_transform_and_lower
 
-        torch.manual_seed(seed)
-        module = make_module().eval()
-        ep = torch.export.export(module, tuple(example_args), dynamic_shapes=dynamic_shapes)
-        partitioner = VulkanPartitioner({"require_dynamic_shapes": dynamic_shapes is not None})
-        program = to_edge_transform_and_lower(ep, partitioner=[partitioner]).to_executorch()
-        _CACHE[name] = (bytes(program.buffer), module)
+    ep = torch.export.export(module, tuple(example_args), dynamic_shapes=dynamic_shapes)
+    partitioner = VulkanPartitioner({"require_dynamic_shapes": dynamic_shapes is not None})
+    pte = bytes(to_edge_transform_and_lower(ep, partitioner=[partitioner]).to_executorch().buffer)
+    if stored is not None:
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        stored.with_suffix(".pte").write_bytes(pte)
+        torch.save(module.state_dict(), stored.with_suffix(".pt"))
+    _CACHE[name] = (pte, module)
     return _CACHE[name]
 
 

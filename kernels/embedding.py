@@ -1,0 +1,43 @@
+"""Table lookups: `aten.embedding` (rows of a weight by index)."""
+
+import struct
+
+from resize.shapes import numel_of
+
+from .registry import op
+from .wgsl import FLAT_INDEX, WG, flat_grid
+
+EMBEDDING = f"""
+struct P {{ n: u32, dim: u32, rows: u32, pad: u32 }}
+@group(0) @binding(0) var<storage, read> weight: array<f32>;
+@group(0) @binding(1) var<storage, read> index: array<i32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+@group(0) @binding(3) var<uniform> p: P;
+{FLAT_INDEX}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
+    let i = flat_index(gid, nwg, {WG}u);
+    if (i >= p.n) {{ return; }}
+    let t = i / p.dim;
+    // An index outside the table reads its nearest row instead of out-of-bounds memory.
+    let row = u32(clamp(index[t], 0, i32(p.rows) - 1));
+    out[i] = weight[row * p.dim + i % p.dim];
+}}
+"""
+
+
+@op("aten.embedding.default", "aten::embedding.out")
+def embedding(b):
+    weight, indices = b.args[0], b.args[1]
+    rows, dim = b.tensor(0).dims
+    params = b.params(16)
+    d = b.dispatch(EMBEDDING, [weight, indices, b.out, params])
+
+    def resize(ctx):
+        shape = ctx.dims(indices) + (dim,)
+        n = numel_of(shape)
+        ctx.set_params(params, struct.pack("<4I", n, dim, rows, 0))
+        ctx.set_grid(d, flat_grid(n))
+        ctx.set_dims(b.out, shape)
+
+    b.hook(resize)

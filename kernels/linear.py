@@ -1,0 +1,345 @@
+"""Matrix multiplication: linear, mm, bmm and addmm, fp32, with a GEMV route and a GEMM route.
+
+Every op is one batched product out[b, m, n] = alpha * sum_k A[b, m, k] * B[b, k, n] + beta * bias,
+where B is either row-major [K, N] (mm, bmm, addmm) or a transposed [N, K] weight (linear). Which
+layout is fixed at build time; M, N, K and the batch come from live shapes through one uniform.
+
+Each op records two dispatches, a route group the hook picks from by the live row count:
+- GEMV (M == 1, decode): a 256-thread workgroup reduces over K for a few outputs in shared memory;
+  for a [N, K] weight, 4 weight rows per workgroup with the input row reused from registers; for a
+  [K, N] matrix, 32 columns per workgroup with K split over 8 slices.
+- GEMM (M > 1, prefill): a 64x64 output tile per 16x16 workgroup, each thread a 4x4 register tile,
+  A and B staged through shared memory in K steps of 16, zero-padded at the edges.
+The unused route gets a (0, 0, 0) grid.
+"""
+
+import struct
+
+from resize.shapes import MAX_WORKGROUPS, broadcast_strides, fold_grid, numel_of
+
+from .registry import op
+from .wgsl import is_float
+
+# The uniform, defined once: (name, WGSL type); struct.pack format follows from the type.
+FIELDS = (
+    ("M", "u32"), ("N", "u32"), ("K", "u32"), ("batch", "u32"),
+    ("a_bs", "u32"), ("b_bs", "u32"), ("c_bs", "u32"), ("bias_bs", "u32"),
+    ("bias_sm", "u32"), ("bias_sn", "u32"), ("alpha", "f32"), ("beta", "f32"),
+)  # fmt: skip
+PARAMS_FORMAT = "<" + "".join("I" if t == "u32" else "f" for _, t in FIELDS)
+PARAMS_SIZE = struct.calcsize(PARAMS_FORMAT)  # 48
+STRUCT = "struct P { " + ", ".join(f"{n}: {t}" for n, t in FIELDS) + " }"
+
+BM, BN, BK = 64, 64, 16  # GEMM tile
+GEMV_ROWS = 4  # outputs per workgroup, [N, K] weight
+GEMV_COLS, GEMV_SLICES = 32, 8  # outputs per workgroup and K slices, [K, N] matrix
+
+
+def _header(has_bias):
+    lines = [
+        STRUCT + ";",
+        "@group(0) @binding(0) var<storage, read> a: array<f32>;",
+        "@group(0) @binding(1) var<storage, read> bm: array<f32>;",
+    ]
+    if has_bias:
+        lines.append("@group(0) @binding(2) var<storage, read> bias: array<f32>;")
+    n = 3 if has_bias else 2
+    lines.append(f"@group(0) @binding({n}) var<storage, read_write> out: array<f32>;")
+    lines.append(f"@group(0) @binding({n + 1}) var<uniform> p: P;")
+    # The epilogue: alpha * acc (+ beta * bias[m, n]) for one in-range output element.
+    if has_bias:
+        lines.append(
+            "fn epilogue(acc: f32, b: u32, m: u32, n: u32) -> f32 {\n"
+            "    return p.alpha * acc + p.beta * bias[b * p.bias_bs + m * p.bias_sm + n * p.bias_sn];\n}"
+        )
+    else:
+        lines.append("fn epilogue(acc: f32, b: u32, m: u32, n: u32) -> f32 { return p.alpha * acc; }")
+    return "\n".join(lines) + "\n"
+
+
+# B tile loads into Bs[k * BN + n]: coalesced along K for a [N, K] weight, along N for [K, N].
+B_LOAD_T = """
+        for (var i = 0u; i < 4u; i = i + 1u) {
+            let e = li + i * 256u;
+            let n = e / 16u;
+            let k = e % 16u;
+            let gn = n0 + n;
+            let gk = k0 + k;
+            var v = 0.0;
+            if (gn < p.N && gk < p.K) { v = bm[boff + gn * p.K + gk]; }
+            Bs[k * 64u + n] = v;
+        }"""
+B_LOAD_N = """
+        for (var i = 0u; i < 4u; i = i + 1u) {
+            let e = li + i * 256u;
+            let k = e / 64u;
+            let n = e % 64u;
+            let gn = n0 + n;
+            let gk = k0 + k;
+            var v = 0.0;
+            if (gn < p.N && gk < p.K) { v = bm[boff + gk * p.N + gn]; }
+            Bs[k * 64u + n] = v;
+        }"""
+
+GEMM = """
+var<workgroup> As: array<f32, 1024>;  // [BK][BM]
+var<workgroup> Bs: array<f32, 1024>;  // [BK][BN]
+
+@compute @workgroup_size(16, 16)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    let b = wid.z;
+    let m0 = wid.y * 64u;
+    let n0 = wid.x * 64u;
+    let aoff = b * p.a_bs;
+    let boff = b * p.b_bs;
+    // Thread (x, y) owns rows m0 + y + 16 i and columns n0 + x + 16 j, i, j < 4.
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    let tiles = (p.K + 15u) / 16u;
+    for (var t = 0u; t < tiles; t = t + 1u) {
+        let k0 = t * 16u;
+        for (var i = 0u; i < 4u; i = i + 1u) {
+            let e = li + i * 256u;
+            let m = e / 16u;
+            let k = e % 16u;
+            let gm = m0 + m;
+            let gk = k0 + k;
+            var v = 0.0;
+            if (gm < p.M && gk < p.K) { v = a[aoff + gm * p.K + gk]; }
+            As[k * 64u + m] = v;
+        }
+{B_LOAD}
+        workgroupBarrier();
+        for (var k = 0u; k < 16u; k = k + 1u) {
+            let ar = k * 64u + lid.y;
+            let br = k * 64u + lid.x;
+            let bv = vec4<f32>(Bs[br], Bs[br + 16u], Bs[br + 32u], Bs[br + 48u]);
+            acc0 = acc0 + As[ar] * bv;
+            acc1 = acc1 + As[ar + 16u] * bv;
+            acc2 = acc2 + As[ar + 32u] * bv;
+            acc3 = acc3 + As[ar + 48u] * bv;
+        }
+        workgroupBarrier();
+    }
+    let coff = b * p.c_bs;
+    for (var i = 0u; i < 4u; i = i + 1u) {
+        let m = m0 + lid.y + 16u * i;
+        if (m >= p.M) { break; }
+        var row = acc0;
+        if (i == 1u) { row = acc1; } else if (i == 2u) { row = acc2; } else if (i == 3u) { row = acc3; }
+        for (var j = 0u; j < 4u; j = j + 1u) {
+            let n = n0 + lid.x + 16u * j;
+            if (n < p.N) { out[coff + m * p.N + n] = epilogue(row[j], b, m, n); }
+        }
+    }
+}
+"""
+
+# M == 1 with a [N, K] weight: 4 weight rows per workgroup, the input element reused across them.
+# Rows past N are clamped to N - 1 (valid memory) and never written.
+GEMV_T = """
+var<workgroup> red: array<vec4<f32>, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    let b = wid.z;
+    let n0 = (wid.x + wid.y * nwg.x) * 4u;
+    let last = p.N - 1u;
+    let r0 = (b * p.b_bs + min(n0, last) * p.K);
+    let r1 = (b * p.b_bs + min(n0 + 1u, last) * p.K);
+    let r2 = (b * p.b_bs + min(n0 + 2u, last) * p.K);
+    let r3 = (b * p.b_bs + min(n0 + 3u, last) * p.K);
+    let aoff = b * p.a_bs;
+    var acc = vec4<f32>(0.0);
+    for (var k = li; k < p.K; k = k + 256u) {
+        let x = a[aoff + k];
+        acc = acc + x * vec4<f32>(bm[r0 + k], bm[r1 + k], bm[r2 + k], bm[r3 + k]);
+    }
+    red[li] = acc;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s = s >> 1u) {
+        if (li < s) { red[li] = red[li] + red[li + s]; }
+        workgroupBarrier();
+    }
+    if (li < 4u) {
+        let n = n0 + li;
+        if (n < p.N) { out[b * p.c_bs + n] = epilogue(red[0][li], b, 0u, n); }
+    }
+}
+"""
+
+# M == 1 with a [K, N] matrix: 32 consecutive columns per workgroup, K split over 8 slices.
+GEMV_N = """
+var<workgroup> red: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    let b = wid.z;
+    let c = li % 32u;
+    let s = li / 32u;
+    let n = (wid.x + wid.y * nwg.x) * 32u + c;
+    let col = b * p.b_bs + min(n, p.N - 1u);
+    let aoff = b * p.a_bs;
+    var acc = 0.0;
+    for (var k = s; k < p.K; k = k + 8u) {
+        acc = acc + a[aoff + k] * bm[col + k * p.N];
+    }
+    red[li] = acc;
+    workgroupBarrier();
+    for (var h = 128u; h >= 32u; h = h >> 1u) {
+        if (li < h) { red[li] = red[li] + red[li + h]; }
+        workgroupBarrier();
+    }
+    if (li < 32u && n < p.N) { out[b * p.c_bs + n] = epilogue(red[li], b, 0u, n); }
+}
+"""
+
+
+def gemm_shader(transposed_b, has_bias):
+    return _header(has_bias) + GEMM.replace("{B_LOAD}", B_LOAD_T if transposed_b else B_LOAD_N)
+
+
+def gemv_shader(transposed_b, has_bias):
+    return _header(has_bias) + (GEMV_T if transposed_b else GEMV_N)
+
+
+def gemm_grid(name, m, n, batch):
+    """(N tiles, M tiles, batch); ValueError past the per-dimension workgroup limit."""
+    grid = (-(-n // BN), -(-m // BM), batch)
+    if max(grid) > MAX_WORKGROUPS:
+        raise ValueError(f"{name}: GEMM grid {grid} exceeds {MAX_WORKGROUPS} workgroups per dimension")
+    return grid
+
+
+def gemv_grid(name, n, transposed_b, batch):
+    """Output groups folded into (x, y), batch in z."""
+    per = GEMV_ROWS if transposed_b else GEMV_COLS
+    x, y, _ = fold_grid(-(-n // per))
+    if batch > MAX_WORKGROUPS:
+        raise ValueError(f"{name}: batch {batch} exceeds {MAX_WORKGROUPS} workgroups")
+    return (x, y, batch)
+
+
+def _check_f32(b, positions):
+    for i in positions:
+        t = b.tensor(i)
+        if not is_float(t.dtype):
+            raise ValueError(f"{b.name}: argument {i} has dtype {t.dtype}; only floating point is supported")
+
+
+def add_matmul(b, a, bmat, bias, transposed_b, shape_fn, alpha=1.0, beta=1.0):
+    """Record both routes of out = alpha * A @ B + beta * bias and the resize hook.
+
+    `a`, `bmat`, `bias` are value ids (`bias` None for none); `shape_fn(a_dims, b_dims)` returns
+    (batch, M, N, K, a_batch_stride, b_batch_stride, out_dims) or raises ValueError."""
+    has_bias = bias is not None
+    params = b.params(PARAMS_SIZE)
+    bindings = [a, bmat] + ([bias] if has_bias else []) + [b.out, params]
+    gemv = b.dispatch(gemv_shader(transposed_b, has_bias), bindings)
+    gemm = b.dispatch(gemm_shader(transposed_b, has_bias), bindings)
+
+    def resize(ctx):
+        batch, m, n, k, a_bs, b_bs, out_dims = shape_fn(ctx.dims(a), ctx.dims(bmat))
+        bias_bs = bias_sm = bias_sn = 0
+        if has_bias:
+            bias_dims = ctx.dims(bias)
+            try:
+                if len(bias_dims) > 2:
+                    raise ValueError("more than 2 dims")
+                bias_sm, bias_sn = broadcast_strides(bias_dims, (m, n))
+                if any(d not in (1, t) for d, t in zip(reversed(bias_dims), (n, m))):
+                    raise ValueError(f"does not broadcast to {(m, n)}")
+            except ValueError as e:
+                raise ValueError(f"{b.name}: bias of shape {tuple(bias_dims)}: {e}") from None
+        ctx.set_params(
+            params,
+            struct.pack(PARAMS_FORMAT, m, n, k, batch, a_bs, b_bs, m * n, bias_bs, bias_sm, bias_sn, alpha, beta),
+        )
+        empty = numel_of(out_dims) == 0
+        use_gemv = m == 1 and not empty
+        use_gemm = m > 1 and not empty
+        ctx.set_grid(gemv, gemv_grid(b.name, n, transposed_b, batch) if use_gemv else (0, 0, 0))
+        ctx.set_grid(gemm, gemm_grid(b.name, m, n, batch) if use_gemm else (0, 0, 0))
+        ctx.set_dims(b.out, out_dims)
+
+    b.hook(resize)
+
+
+def _fail(name, msg):
+    raise ValueError(f"{name}: {msg}")
+
+
+def linear_shapes(name):
+    def shape_fn(x, w):
+        if len(w) != 2:
+            _fail(name, f"weight must be 2-D [N, K], got {tuple(w)}")
+        if len(x) < 1:
+            _fail(name, "input must have at least one dim")
+        n, k = w
+        if x[-1] != k:
+            _fail(name, f"input {tuple(x)} has K={x[-1]}, weight {tuple(w)} has K={k}")
+        m = numel_of(x[:-1])
+        return 1, m, n, k, 0, 0, tuple(x[:-1]) + (n,)
+
+    return shape_fn
+
+
+def mm_shapes(name):
+    def shape_fn(a, bm):
+        if len(a) != 2 or len(bm) != 2:
+            _fail(name, f"expects 2-D operands, got {tuple(a)} and {tuple(bm)}")
+        (m, k), (k2, n) = a, bm
+        if k != k2:
+            _fail(name, f"cannot multiply {tuple(a)} by {tuple(bm)}")
+        return 1, m, n, k, 0, 0, (m, n)
+
+    return shape_fn
+
+
+def bmm_shapes(name):
+    def shape_fn(a, bm):
+        if len(a) != 3 or len(bm) != 3:
+            _fail(name, f"expects 3-D operands, got {tuple(a)} and {tuple(bm)}")
+        (batch, m, k), (batch2, k2, n) = a, bm
+        if batch != batch2 or k != k2:
+            _fail(name, f"cannot batch-multiply {tuple(a)} by {tuple(bm)}")
+        return batch, m, n, k, m * k, k * n, (batch, m, n)
+
+    return shape_fn
+
+
+@op("aten.linear.default")
+def linear(b):
+    """[x [..., K], weight [N, K], bias [N] or None, out [..., N]]."""
+    bias = None if b.is_none(2) else b.args[2]
+    _check_f32(b, [0, 1] + ([2] if bias is not None else []))
+    add_matmul(b, b.args[0], b.args[1], bias, True, linear_shapes(b.name))
+
+
+@op("aten.mm.default", "aten::mm.out")
+def mm(b):
+    """[a [M, K], b [K, N], out [M, N]]."""
+    _check_f32(b, [0, 1])
+    add_matmul(b, b.args[0], b.args[1], None, False, mm_shapes(b.name))
+
+
+@op("aten.bmm.default", "aten::bmm.out")
+def bmm(b):
+    """[a [B, M, K], b [B, K, N], out [B, M, N]]."""
+    _check_f32(b, [0, 1])
+    add_matmul(b, b.args[0], b.args[1], None, False, bmm_shapes(b.name))
+
+
+@op("aten.addmm.default", "aten::addmm.out")
+def addmm(b):
+    """[bias, a [M, K], b [K, N], beta, alpha, out]: beta * bias + alpha * a @ b, bias broadcast."""
+    beta, alpha = float(b.scalar(3, 1.0)), float(b.scalar(4, 1.0))
+    # beta == 0 ignores bias entirely (torch does not propagate its NaNs).
+    bias = b.args[0] if beta != 0.0 else None
+    _check_f32(b, [0, 1, 2])
+    add_matmul(b, b.args[1], b.args[2], bias, False, mm_shapes(b.name), alpha=alpha, beta=beta)

@@ -1,0 +1,228 @@
+"""Tiny Llama `.pte` exports (ExecuTorch's own LLM export, Vulkan delegate) plus a torch reference.
+
+    pte_path, ref = export_llama(tmp_path)                # fp32; qmode="4w" / "8da4w" for quantized
+    logits = ref.step(prompt_int64[1, S], input_pos=0)    # [1, vocab] float32, last-token logits
+    logits = ref.step(np.array([[tok]]), input_pos=S)     # decode; ref keeps its own KV cache
+
+How it works:
+
+1. Weights: `llama_transformer.construct_transformer(ModelArgs(...))` under `torch.manual_seed(seed)`,
+   every linear / embedding re-drawn from N(0, init_std=0.02), every norm weight set to 1; saved as
+   `ckpt.pth` (parameters only) next to `params.json` holding the ModelArgs fields.
+2. Export: a subprocess (sys.executable) runs the real CLI entry point
+   `executorch.extension.llm.export.export_llm.main()` with exactly the CLI overrides
+   (`base.model_class=llama3 model.use_kv_cache=true model.use_sdpa_with_kv_cache=true
+   model.enable_dynamic_shape=true backend.vulkan.enabled=true model.dtype_override=fp32 ...`,
+   plus `quantization.qmode=...`). The only addition: `LLMEdgeManager._export` is wrapped so the
+   ExportedProgram it produces (after source transforms / torchao quantization, before
+   partitioning) is also `torch.export.save`d to `program.pt2`. That is the very program that is
+   then lowered to Vulkan, so the reference is like-for-like for quantized models too.
+3. Reference: `torch.export.load("program.pt2").module()` run eagerly on CPU (the llama custom ops
+   `sdpa_with_kv_cache` / `update_cache` come from ExecuTorch's AOT custom-op library). Its KV cache
+   lives in the module's mutable buffers, so `step` calls must be in position order, as with the
+   `.pte`. `reset()` zeroes the caches; every `export_llama` call returns a fresh copy.
+4. Cache: `_CACHE` maps the config to (pte_path, program) for the pytest session; the first call's
+   `tmpdir` holds the files (pytest keeps tmp dirs for the session).
+
+Notes: the export's Llama2Model treats a checkpoint path containing "int8" or "8da4w" as
+pre-quantized, so files go to a fresh temp dir whenever `tmpdir` contains either string.
+The fp32 export takes ~60-90 s on a 2-core box; `export_seconds` records it.
+"""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import numpy as np
+import torch
+
+_CACHE = {}
+
+# Runs in the export subprocess: the CLI, plus saving the pre-lowering ExportedProgram.
+_DRIVER = textwrap.dedent(
+    """
+    import sys, torch
+    from executorch.extension.llm.export import builder
+
+    _pt2 = sys.argv.pop(1)
+    _orig = builder.LLMEdgeManager._export
+
+    def _export(self, module=None):
+        ep = _orig(self, module)
+        if module is None:
+            torch.export.save(ep, _pt2)
+        return ep
+
+    builder.LLMEdgeManager._export = _export
+    from executorch.extension.llm.export.export_llm import main
+
+    sys.argv[0] = "export_llm"
+    main()
+    """
+)
+
+
+def _write_model(dirname, params, max_len, seed, init_std):
+    from executorch.examples.models.llama.llama_transformer import construct_transformer
+    from executorch.examples.models.llama.model_args import ModelArgs
+
+    torch.manual_seed(seed)
+    model = construct_transformer(ModelArgs(max_seq_len=max_len, max_context_len=max_len, **params))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name.split(".")[-2]:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, init_std)
+    state = {k: v.detach().clone() for k, v in model.named_parameters()}
+    params_path = os.path.join(dirname, "params.json")
+    ckpt_path = os.path.join(dirname, "ckpt.pth")
+    with open(params_path, "w") as f:
+        json.dump(params, f)
+    torch.save(state, ckpt_path)
+    return params_path, ckpt_path, state
+
+
+def cli_overrides(params_path, ckpt_path, out_dir, pte_name, max_len, qmode=None, group_size=32, backend="vulkan"):
+    """The `export_llm` CLI arguments used (backend="xnnpack" gives the CPU twin for cross-checks)."""
+    args = [
+        f"base.params={params_path}",
+        f"base.checkpoint={ckpt_path}",
+        "base.model_class=llama3",
+        "model.use_kv_cache=true",
+        "model.use_sdpa_with_kv_cache=true",
+        "model.enable_dynamic_shape=true",
+        f"backend.{backend}.enabled=true",
+        f"export.max_seq_length={max_len}",
+        f"export.max_context_length={max_len}",
+        "model.dtype_override=fp32",
+        f"export.output_dir={out_dir}",
+        f"export.output_name={os.path.join(out_dir, pte_name)}",
+    ]
+    if qmode == "4w":
+        args += ["quantization.qmode=4w", f"quantization.group_size={group_size}"]
+    elif qmode == "8da4w":
+        args += ["quantization.qmode=8da4w", f"quantization.group_size={group_size}"]
+    elif qmode is not None:
+        raise ValueError(f"qmode {qmode!r}: expected None, '4w' or '8da4w'")
+    return args
+
+
+def run_export(overrides, pt2_path, cwd, timeout=900):
+    """Run the CLI export in a subprocess; returns wall seconds. Raises with the log tail on failure."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-c", _DRIVER, pt2_path, *overrides],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr)[-6000:]
+        raise RuntimeError(f"export_llm failed (rc={proc.returncode}):\n{tail}")
+    return seconds
+
+
+def load_program(pt2_path):
+    """The saved pre-lowering ExportedProgram (registers the ops it needs first)."""
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  llama::sdpa_with_kv_cache etc.
+    import torchao.quantization  # noqa: F401  torchao::dequantize_affine etc.
+
+    return torch.export.load(pt2_path)
+
+
+class LlamaReference:
+    """Eager CPU logits of the exported program, one `step` at a time (KV cache inside)."""
+
+    def __init__(self, program, state_dict, params):
+        self.program = program
+        self.module = program.module()
+        self.state_dict = state_dict  # the checkpoint's fp32 weights
+        self.params = params
+
+    def reset(self):
+        with torch.no_grad():
+            for name, buf in self.module.named_buffers():
+                if "k_cache" in name or "v_cache" in name:
+                    buf.zero_()
+
+    def step(self, tokens, input_pos):
+        """tokens int64 [1, S] at positions input_pos..input_pos+S-1 -> last-token logits [1, vocab]."""
+        tokens = torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64))
+        pos = torch.tensor([int(input_pos)], dtype=torch.int64)
+        with torch.no_grad():
+            out = self.module(tokens, {"input_pos": pos})
+        if isinstance(out, (tuple, list)):
+            out = out[0]
+        return out.detach().float().numpy().copy()
+
+    def prefill(self, tokens):
+        """Logits for the whole `tokens` [1, S] from position 0 (leaves the cache filled)."""
+        return self.step(tokens, 0)
+
+    def greedy(self, prompt, n_steps):
+        """(generated ids, list of logits): prefill then n_steps greedy decode steps."""
+        prompt = np.asarray(prompt, dtype=np.int64).reshape(1, -1)
+        logits = [self.step(prompt, 0)]
+        ids = []
+        pos = prompt.shape[1]
+        for _ in range(n_steps):
+            ids.append(int(logits[-1].argmax()))
+            logits.append(self.step(np.array([[ids[-1]]], dtype=np.int64), pos))
+            pos += 1
+        return ids, logits
+
+
+def export_llama(
+    tmpdir,
+    *,
+    dim=64,
+    n_heads=4,
+    n_kv_heads=2,
+    n_layers=2,
+    vocab_size=257,
+    max_len=32,
+    qmode=None,
+    group_size=32,
+    seed=0,
+    multiple_of=32,
+    norm_eps=1e-5,
+    init_std=0.02,
+):
+    """(path of the Vulkan .pte, a fresh LlamaReference); exported once per session per config.
+
+    The .pte takes tokens int64 [1, S] (1 <= S < max_len) and input_pos int64 [1]; returns [1, vocab].
+    """
+    key = (dim, n_heads, n_kv_heads, n_layers, vocab_size, max_len, qmode, group_size, seed,
+           multiple_of, norm_eps, init_std)
+    if key not in _CACHE:
+        params = dict(dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads, n_layers=n_layers,
+                      vocab_size=vocab_size, multiple_of=multiple_of, norm_eps=norm_eps)
+        base = str(tmpdir)
+        os.makedirs(base, exist_ok=True)
+        if "int8" in base or "8da4w" in base:
+            base = tempfile.mkdtemp(prefix="llama_")
+        tag = f"d{dim}h{n_heads}kv{n_kv_heads}l{n_layers}v{vocab_size}m{max_len}s{seed}"
+        out_dir = tempfile.mkdtemp(prefix=f"llama_{qmode or 'fp32'}_{tag}_", dir=base)
+        params_path, ckpt_path, state = _write_model(out_dir, params, max_len, seed, init_std)
+        pte_path = os.path.join(out_dir, f"llama_{qmode or 'fp32'}.pte")
+        pt2_path = os.path.join(out_dir, "program.pt2")
+        overrides = cli_overrides(params_path, ckpt_path, out_dir, os.path.basename(pte_path), max_len,
+                                  qmode=qmode, group_size=group_size)
+        seconds = run_export(overrides, pt2_path, cwd=out_dir)
+        if not os.path.exists(pte_path):
+            raise RuntimeError(f"export_llm wrote no {pte_path}")
+        _CACHE[key] = dict(pte_path=pte_path, program=load_program(pt2_path), state=state,
+                           params=params, export_seconds=seconds, out_dir=out_dir)
+    entry = _CACHE[key]
+    ref = LlamaReference(copy.deepcopy(entry["program"]), entry["state"], entry["params"])
+    ref.export_seconds = entry["export_seconds"]
+    ref.out_dir = entry["out_dir"]
+    return entry["pte_path"], ref

@@ -1,0 +1,148 @@
+"""linear, mm, bmm and addmm against torch eager, at prime sizes, on both routes (GEMV at M == 1,
+tiled GEMM otherwise), with live M changing between calls in random order."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import async_runtime as ar
+from kernels import linear as L
+from .exporting import eager, export_pte
+
+pytestmark = pytest.mark.usefixtures("adapter")
+
+ATOL = RTOL = 1e-4
+
+
+class Linear(torch.nn.Module):
+    def __init__(self, k, n, bias):
+        super().__init__()
+        self.fc = torch.nn.Linear(k, n, bias=bias)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+class MM(torch.nn.Module):
+    def forward(self, a, b):
+        return torch.mm(a, b)
+
+
+class BMM(torch.nn.Module):
+    def forward(self, a, b):
+        return torch.bmm(a, b)
+
+
+class AddMM(torch.nn.Module):
+    def __init__(self, k, n):
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.randn(n))
+        self.weight = torch.nn.Parameter(torch.randn(k, n))
+
+    def forward(self, a):
+        return torch.addmm(self.bias, a, self.weight, beta=0.5, alpha=2.0)
+
+
+def _m(max_m):
+    return torch.export.Dim("m", min=1, max=max_m)
+
+
+# name -> (module factory, example args, dynamic_shapes, per-input shape of live M)
+CASES = {
+    "linear_bias_3d": (lambda: Linear(13, 29, True), [(3, 7, 13)], None),
+    "linear_dyn": (lambda: Linear(13, 29, False), [(17, 13)], ({0: _m(17)},)),
+    "linear_bias_dyn_large": (lambda: Linear(523, 67, True), [(70, 523)], ({0: _m(70)},)),
+    "mm_dyn": (MM, [(17, 13), (13, 29)], ({0: _m(17)}, None)),
+    "bmm_dyn": (BMM, [(3, 17, 13), (3, 13, 29)], ({1: _m(17)}, None)),
+    "addmm_dyn": (lambda: AddMM(13, 29), [(17, 13)], ({0: _m(17)},)),
+}
+# where live M sits in each input's shape (None: the input has no M)
+M_AXIS = {
+    "linear_dyn": [0],
+    "linear_bias_dyn_large": [0],
+    "mm_dyn": [0, None],
+    "bmm_dyn": [1, None],
+    "addmm_dyn": [0],
+}
+
+
+def _export(name):
+    make, shapes, dyn = CASES[name]
+    args = [torch.randn(*s) for s in shapes]
+    return export_pte(name, make, args, dynamic_shapes=dyn)
+
+
+def _inputs(name, m, rng):
+    _, shapes, _ = CASES[name]
+    out = []
+    for shape, axis in zip(shapes, M_AXIS.get(name, [None] * len(shapes))):
+        shape = list(shape)
+        if axis is not None:
+            shape[axis] = m
+        out.append(rng.standard_normal(shape).astype(np.float32))
+    return out
+
+
+async def _check(model, module, xs):
+    (got,) = await model.execute(*xs)
+    (want,) = eager(module, *xs)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, atol=ATOL, rtol=RTOL)
+
+
+async def test_linear_with_bias_on_3d_input():
+    data, module = _export("linear_bias_3d")
+    model = await ar.load(data)
+    try:
+        await _check(model, module, _inputs("linear_bias_3d", None, np.random.default_rng(1)))
+    finally:
+        await model.aclose()
+
+
+@pytest.mark.parametrize("name", sorted(M_AXIS))
+async def test_dynamic_rows_switch_routes(name):
+    """Live M over 1 (GEMV) and 2..max (GEMM, including partial and several 64-row tiles), in
+    random order, with repeats, on one model."""
+    data, module = _export(name)
+    max_m = CASES[name][1][0][M_AXIS[name][0]]
+    ms = sorted({1, 2, 3, max_m, max_m - 1, (max_m + 1) // 2, min(65, max_m)}) + [1, max_m]
+    random.Random(name).shuffle(ms)
+    rng = np.random.default_rng(7)
+    model = await ar.load(data)
+    try:
+        for m in ms:
+            await _check(model, module, _inputs(name, m, rng))
+    finally:
+        await model.aclose()
+
+
+def test_grids_stay_within_limits():
+    x, y, z = L.gemv_grid("aten.linear.default", 300_001, True, 1)
+    assert max(x, y, z) <= 65535 and x * y * 4 >= 300_001
+    x, y, z = L.gemv_grid("aten.mm.default", 2_200_001, False, 1)
+    assert max(x, y, z) <= 65535 and x * y * 32 >= 2_200_001
+    assert L.gemm_grid("aten.bmm.default", 7, 29, 3) == (1, 1, 3)
+    with pytest.raises(ValueError, match="aten.bmm.default"):
+        L.gemm_grid("aten.bmm.default", 7, 29, 70_000)
+
+
+def test_shape_errors_name_the_op():
+    with pytest.raises(ValueError, match=r"aten.linear.default: input \(7, 12\) has K=12"):
+        L.linear_shapes("aten.linear.default")((7, 12), (29, 13))
+    with pytest.raises(ValueError, match="aten.mm.default: cannot multiply"):
+        L.mm_shapes("aten.mm.default")((7, 13), (12, 29))
+    with pytest.raises(ValueError, match="aten.bmm.default: cannot batch-multiply"):
+        L.bmm_shapes("aten.bmm.default")((3, 7, 13), (2, 13, 29))
+    assert L.linear_shapes("x")((2, 3, 13), (29, 13)) == (1, 6, 29, 13, 0, 0, (2, 3, 29))
+    assert L.bmm_shapes("x")((3, 7, 13), (3, 13, 29)) == (3, 7, 29, 13, 91, 377, (3, 7, 29))
+
+
+def test_uniform_layout_matches_wgsl():
+    assert L.PARAMS_SIZE == 48 and L.PARAMS_SIZE % 16 == 0
+    for has_bias in (False, True):
+        for transposed in (False, True):
+            for src in (L.gemv_shader(transposed, has_bias), L.gemm_shader(transposed, has_bias)):
+                assert L.STRUCT in src
+                assert ("var<storage, read> bias" in src) == has_bias

@@ -1,0 +1,213 @@
+"""Shape and memory ops (kernels/shape.py) end to end: export with the VulkanPartitioner, run on
+WebGPU, compare exactly with torch eager. Odd and prime sizes; dynamic dims run at several live
+sizes in random order, including their minimum and maximum."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import async_runtime as ar
+from kernels import build_node
+from resize import LiveState, Plan, ResizeContext
+from resize.values import IntList, Scalar, SymInt, Tensor, ValueList
+
+from .exporting import eager, export_pte
+
+gpu = pytest.mark.usefixtures("adapter")
+
+S_MAX = 11
+
+
+def rand(*shape, seed=0):
+    return np.random.default_rng(seed + sum(shape)).standard_normal(shape).astype(np.float32)
+
+
+def _check(outs, refs, what):
+    assert len(outs) == len(refs), what
+    for k, (o, r) in enumerate(zip(outs, refs)):
+        o = np.asarray(o)
+        assert o.shape == r.shape, f"{what}: output {k} has shape {o.shape}, expected {r.shape}"
+        np.testing.assert_array_equal(o, r.astype(o.dtype), err_msg=f"{what}: output {k}")
+
+
+class StaticShapes(torch.nn.Module):
+    """Every op with static shapes, including index_select and gather (no resize hooks upstream)."""
+
+    def forward(self, x, i, g):
+        a, b = torch.split(x, [2, 3], 2)
+        return (
+            x.permute(2, 0, 1) * 2,
+            torch.index_select(x, 1, i) * 2,
+            torch.gather(x, 2, g) * 2,
+            torch.cat([x, a.sum(2, keepdim=True).expand(3, 7, 5)], 0) * 2,
+            a * 2,
+            b * 3,
+            x[:, 2:7:3, 1:] * 2,
+            x[:, -2] * 2,
+            (x > 0).float() + x.to(torch.int32).float(),
+            (x + 1).view(7, 3, 5) * 2,
+        )
+
+
+class DynShapes(torch.nn.Module):
+    """Shape ops on a dynamic middle dim S; y has its own dynamic dim T for cat."""
+
+    def forward(self, x, y):
+        a, b = torch.split(x, [2, 3], 2)
+        return (
+            x.permute(2, 0, 1) * 2,
+            (x + 1).view(3, -1) * 2,
+            x[:, -1] * 2,
+            torch.cat([x, y], 1) * 2,
+            a * 2,
+            b * 3,
+            (x + 1).unsqueeze(0).squeeze(0).unsqueeze(-1) * 2,
+            x[:, :, 1:4] * 2,
+            (x > 0).float() + x.to(torch.int32).float(),
+            (y[:, :1] * 2).expand(3, x.shape[1], 5) * 3,  # lands outside the delegate: aten::expand_copy.out
+        )
+
+
+class DynSlices(torch.nn.Module):
+    """Slices and selects along the dynamic dim itself (end INT64_MAX, a step, a negative start)."""
+
+    def forward(self, x):
+        return (
+            x[:, 1:] * 2,
+            x[:, ::2] * 2,
+            x[:, -2:] * 2,
+            x[:, 1] * 2,
+            (x[:, :, None] * 2).expand(-1, -1, 2, -1) * 3,
+        )
+
+
+def _static():
+    x = torch.randn(3, 7, 5)
+    return export_pte("shape_static", StaticShapes, [x, torch.tensor([6, 0, 3, 3]), torch.randint(0, 5, (3, 7, 2))])
+
+
+def _dynamic():
+    s, t = torch.export.Dim("S", min=1, max=S_MAX), torch.export.Dim("T", min=1, max=S_MAX)
+    args = [torch.randn(3, S_MAX, 5), torch.randn(3, S_MAX, 5)]
+    return export_pte("shape_dyn", DynShapes, args, dynamic_shapes=({1: s}, {1: t}))
+
+
+def _dynamic_slices():
+    s = torch.export.Dim("S", min=3, max=S_MAX)  # the slices' `* 2` guards out the live size 2
+    return export_pte("shape_dyn_slices", DynSlices, [torch.randn(3, S_MAX, 7)], dynamic_shapes=({1: s},))
+
+
+@gpu
+async def test_static_shape_ops_match_eager():
+    pte, module = _static()
+    x = rand(3, 7, 5)
+    i = np.array([6, 0, 3, 3], np.int64)
+    g = np.random.default_rng(1).integers(0, 5, (3, 7, 2)).astype(np.int64)
+    async with await ar.load(pte) as model:
+        for _ in range(2):
+            _check(await model.execute(x, i, g), eager(module, x, i, g), "static")
+
+
+@gpu
+async def test_dynamic_shape_ops_at_live_sizes_in_random_order():
+    pte, module = _dynamic()
+    sizes = [1, S_MAX, 2, 7, 4, 5]
+    random.Random(3).shuffle(sizes)
+    async with await ar.load(pte) as model:
+        for k, s in enumerate(sizes + sizes[:2]):
+            t = sizes[(k + 2) % len(sizes)]
+            x, y = rand(3, s, 5), rand(3, t, 5, seed=1)
+            _check(await model.execute(x, y), eager(module, x, y), f"S={s} T={t}")
+
+
+@gpu
+async def test_dynamic_slices_along_the_dynamic_dim():
+    pte, module = _dynamic_slices()
+    sizes = [3, S_MAX, 4, 8, 5]
+    random.Random(5).shuffle(sizes)
+    async with await ar.load(pte) as model:
+        for s in sizes + [3]:
+            x = rand(3, s, 7)
+            _check(await model.execute(x), eager(module, x), f"S={s}")
+
+
+# -- the hooks alone: no device -------------------------------------------------------------------
+
+
+class _Graph:
+    def __init__(self):
+        self.values, self.params, self.dispatches = [], [], []
+
+    def add(self, v):
+        self.values.append(v)
+        return len(self.values) - 1
+
+
+def _resize(graph, name, args, live, symints=None):
+    """Build one op, run its hook at the given live input dims; (live state, the graph)."""
+    node = build_node(graph, name, args)
+    state = LiveState(len(graph.values), len(graph.params), len(graph.dispatches))
+    for k, v in enumerate(graph.values):
+        if isinstance(v, Tensor):
+            state.dims[k] = v.dims
+    for k, dims in live.items():
+        state.dims[k] = dims
+    state.symints.update(symints or {})
+    node.hook(ResizeContext(Plan([node], graph.values), state))
+    return state
+
+
+def test_view_resolves_symints_and_minus_one_and_copies_live_bytes():
+    g = _Graph()
+    x, s = g.add(Tensor("float32", (11, 6))), g.add(SymInt())
+    size = g.add(ValueList((s, g.add(Scalar(-1)), g.add(Scalar(3)))))
+    out = g.add(Tensor("float32", (11, 2, 3)))
+    state = _resize(g, "aten.view_copy.default", [x, size, out], {x: (5, 6)}, {s: 5})
+    assert state.dims[out] == (5, 2, 3) and state.grids == [(5 * 6 * 4, 1, 1)]
+    with pytest.raises(ValueError, match="aten.view_copy.default"):
+        _resize(g, "aten.view_copy.default", [x, size, out], {x: (5, 6)}, {s: 4})
+
+
+def test_packed_copies_round_bytes_up_to_words():
+    g = _Graph()
+    w, out = g.add(Tensor("uint8", (7, 3))), g.add(Tensor("uint8", (7, 3)))
+    assert _resize(g, "et_vk.prepack.default", [w, out], {}).grids == [(24, 1, 1)]
+
+
+def test_slice_clamps_symint_bounds_like_torch():
+    g = _Graph()
+    x, start, end = g.add(Tensor("float32", (13, 3))), g.add(SymInt()), g.add(SymInt())
+    args = [x, g.add(Scalar(0)), start, end, g.add(Scalar(2)), g.add(Tensor("float32", (13, 3)))]
+    for (a, e), n in {(4, 9): 3, (-5, 2**63 - 1): 3, (0, 100): 5, (-100, 4): 2}.items():
+        state = _resize(g, "aten.slice_copy.Tensor", args, {x: (9, 3)}, {start: a, end: e})
+        assert state.dims[args[-1]] == (len(range(9)[a:e:2]), 3) == (n, 3)
+    with pytest.raises(ValueError, match="empty slice"):
+        _resize(g, "aten.slice_copy.Tensor", args, {x: (9, 3)}, {start: 9, end: 12})
+
+
+def test_split_and_cat_check_live_shapes():
+    g = _Graph()
+    x = g.add(Tensor("float32", (4, 9, 3)))
+    outs = g.add(ValueList((g.add(Tensor("float32", (4, 2, 3))), g.add(Tensor("float32", (4, 7, 3))))))
+    args = [x, g.add(IntList((2, 7))), g.add(Scalar(1)), outs]
+    state = _resize(g, "aten.split_with_sizes_copy.default", args, {x: (3, 9, 3)})
+    assert [state.dims[o] for o in g.values[outs].items] == [(3, 2, 3), (3, 7, 3)]
+    with pytest.raises(ValueError, match="split sizes"):
+        _resize(g, "aten.split_with_sizes_copy.default", args, {x: (3, 8, 3)})
+    a, b = g.add(Tensor("float32", (3, 5))), g.add(Tensor("float32", (4, 5)))
+    cat = [g.add(ValueList((a, b))), g.add(Scalar(0)), g.add(Tensor("float32", (7, 5)))]
+    assert _resize(g, "aten.cat.default", cat, {a: (2, 5)}).dims[cat[-1]] == (6, 5)
+    with pytest.raises(ValueError, match="aten.cat.default: cannot concatenate"):
+        _resize(g, "aten.cat.default", cat, {a: (2, 4)})
+
+
+def test_expand_takes_symint_sizes_and_rejects_bad_ones():
+    g = _Graph()
+    x, s = g.add(Tensor("float32", (1, 3, 1))), g.add(SymInt())
+    size = g.add(ValueList((g.add(Scalar(2)), s, g.add(Scalar(-1)), g.add(Scalar(5)))))
+    args = [x, size, g.add(Scalar(False)), g.add(Tensor("float32", (2, 11, 3, 5)))]
+    assert _resize(g, "aten.expand_copy.default", args, {}, {s: 7}).dims[args[-1]] == (2, 7, 3, 5)
+    with pytest.raises(ValueError, match="aten.expand_copy.default: cannot expand"):
+        _resize(g, "aten.expand_copy.default", args, {x: (2, 3, 1)}, {s: 7})
