@@ -19,7 +19,8 @@ from .errors import (
     RuntimeFault,
     UnsupportedOperatorError,
 )
-from .model import IOSpec, Model, Session, load
+from .model import IOSpec, Model, load
+from .session import Session
 from .stats import Statistics
 
 __all__ = [

@@ -1,0 +1,290 @@
+"""`Session`: one stream's mutable state over a shared `Model`.
+
+A session owns its live dims and SymInts, a uniform arena with every op's parameters, the bind
+groups that point at them, its own input and state-tensor buffers (KV caches start from the
+file's values), and a readback staging buffer. Weights, activations and pipelines are the model's.
+"""
+
+import anyio
+import numpy as np
+import wgpu
+
+from kernels import Params
+from kernels.wgsl import PACKED, elem_bytes
+from resize.engine import ResizeContext, ResizeFailure, propagate_resize
+from resize.events import InputResized
+from resize.shapes import numel_of
+from resize.values import HOST_DTYPES, Tensor
+
+from .errors import BusyResourceError, ClosedResourceError, InputError, ResizeError
+from .scheduler import Step
+from .stats import Counters
+from .storage import STORAGE_USAGE, align, storage_dtype
+
+UNIFORM_ALIGN = 256  # minUniformBufferOffsetAlignment
+COPY_ALIGN = 256  # spacing of outputs in the readback staging buffer
+
+
+class Session:
+    """One stream: `await session.execute(...)`; `async with model.session() as s:`."""
+
+    def __init__(self, model):
+        self._model = model
+        self.id = model._next_session_id
+        model._next_session_id += 1
+        self._closed = False
+        self._busy = False
+        self._counters = Counters()
+        self.state = model._initial_state.copy()
+        graph, queue = model.graph, model.device.queue
+        self._own = {}  # value id -> this session's buffer (inputs, state tensors)
+        for vid in model._session_vids:
+            v = graph.values[vid]
+            buf = model._create_buffer(numel_of(v.dims) * elem_bytes(v.dtype), STORAGE_USAGE, f"session {vid}")
+            if vid in model._constant_data:
+                queue.write_buffer(buf, 0, model._constant_data[vid])
+            self._own[vid] = buf
+        offsets, total = [], 0
+        for size in graph.params:
+            offsets.append(total)
+            total += align(size, UNIFORM_ALIGN)
+        self._param_offsets = offsets
+        self._arena = model._create_buffer(max(total, 16), wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST, "params")
+        for pid, data in enumerate(self.state.params):
+            self._write_params(pid, data)
+        self._bind_groups = [self._bind_group(d) if d.shader else None for d in graph.dispatches]
+        self._out_offsets, total = [], 0
+        for vid in graph.outputs:
+            v = graph.values[vid]
+            self._out_offsets.append(total)
+            if isinstance(v, Tensor):
+                total += align(numel_of(v.dims) * elem_bytes(v.dtype), COPY_ALIGN)
+        self._staging = model._create_buffer(max(total, 4), wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST, "readback")
+        self._commands = self._command_list()
+        model._sessions.add(self)
+
+    # --- GPU objects ------------------------------------------------------------------------
+    def _buffer(self, vid):
+        return self._own.get(vid) or self._model.buffer(vid)
+
+    def _bind_group(self, d):
+        entries = []
+        for i, b in enumerate(d.bindings):
+            if isinstance(b, Params):
+                resource = {"buffer": self._arena, "offset": self._param_offsets[b.index], "size": b.size}
+            else:
+                buf = self._buffer(b)
+                resource = {"buffer": buf, "offset": 0, "size": buf.size}
+            entries.append({"binding": i, "resource": resource})
+        layout = self._model._pipelines[d.shader].get_bind_group_layout(0)
+        return self._model.device.create_bind_group(layout=layout, entries=entries)
+
+    def _write_params(self, pid, data):
+        if data:
+            self._model.device.queue.write_buffer(self._arena, self._param_offsets[pid], data)
+
+    def _command_list(self):
+        """(pipeline, bind group, grid) for dispatches and (src, dst, nbytes) for copies, skipping
+        inactive routes and empty copies; rebuilt only when a grid changes."""
+        commands, model = [], self._model
+        for did, d in enumerate(model.graph.dispatches):
+            grid = self.state.grids[did]
+            if d.shader is not None:
+                if grid[0] and grid[1] and grid[2]:
+                    commands.append((True, model._pipelines[d.shader], self._bind_groups[did], grid))
+            elif grid[0]:
+                commands.append((False, self._buffer(d.src), self._buffer(d.dst), align(grid[0], 4)))
+        return commands
+
+    # --- one step -----------------------------------------------------------------------------
+    async def execute(self, *inputs):
+        """Run one step on this session's state; returns the outputs (numpy arrays at their live
+        shapes). Inputs are anything numpy.asarray takes, CPU torch tensors included.
+
+        Cancellation: a call cancelled before its step reaches the GPU leaves the session exactly
+        as it was; once the step is handed over it completes and the call returns normally."""
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        if self._closed:
+            raise ClosedResourceError("the session is closed")
+        self._model._check_open()
+        if self._busy:
+            raise BusyResourceError("another execute is running on this session")
+        self._busy = True
+        try:
+            host = self._prepare(inputs)
+            ctx, events = await self._resize(host)
+            self._stage(host, ctx)
+            outputs = await self._model._scheduler.run(Step(self))
+        finally:
+            self._busy = False
+        if events:
+            self._model._publish(events)
+        return outputs
+
+    def _prepare(self, inputs):
+        """Validate the inputs against the method and convert them to the device's storage types."""
+        model = self._model
+        graph = model.graph
+        if len(inputs) != len(graph.inputs):
+            raise InputError(f"expected {len(graph.inputs)} inputs ({model.describe_inputs()}), got {len(inputs)}")
+        host = {}
+        for i, (vid, x) in enumerate(zip(graph.inputs, inputs)):
+            v = graph.values[vid]
+            if not isinstance(v, Tensor):
+                raise InputError(f"input {i}: non-tensor method inputs are not supported ({v})")
+            try:
+                arr = np.asarray(x)
+            except Exception as e:
+                raise InputError(f"input {i}: cannot be read as an array ({e})") from None
+            kind, want = arr.dtype.kind, np.dtype(HOST_DTYPES[v.dtype]).kind
+            if not (kind == want or (want in "iu" and kind in "iu")):
+                raise InputError(f"input {i}: dtype {arr.dtype} given, expected {v.dtype} (shape up to {list(v.dims)})")
+            if arr.ndim != len(v.dims):
+                raise InputError(
+                    f"input {i}: rank {arr.ndim} (shape {list(arr.shape)}) given, "
+                    f"expected rank {len(v.dims)} with shape up to {list(v.dims)}"
+                )
+            for d, (n, m) in enumerate(zip(arr.shape, v.dims)):
+                if not 1 <= n <= m:
+                    raise InputError(f"input {i}: dim {d} is {n}, expected 1..{m} (shape {list(arr.shape)}, max {list(v.dims)})")
+            if want in "iu" and arr.size and (arr.min() < -(2**31) or arr.max() >= 2**31):
+                raise InputError(f"input {i}: values outside the int32 range the device stores")
+            host[vid] = np.ascontiguousarray(arr, dtype=storage_dtype(v.dtype))
+        return host
+
+    async def _resize(self, host):
+        """Set the inputs' live dims and propagate; on failure the state is as before."""
+        model = self._model
+        ctx = ResizeContext(model.plan, self.state, host)
+        events = [
+            InputResized(self.id, i, model.inputs[i].name, self.state.dims[vid], arr.shape)
+            for i, (vid, arr) in enumerate(host.items())
+            if arr.shape != self.state.dims[vid]
+        ]
+        if events or model._data_dependent:
+            for vid, arr in host.items():
+                ctx.set_dims(vid, arr.shape)
+            try:
+                await propagate_resize(model.plan, ctx, set(ctx.changed_values), fed=host.keys())
+            except ResizeFailure as e:
+                raise ResizeError(str(e)) from None
+            except (ValueError, IndexError) as e:
+                raise InputError(f"these inputs do not fit the model: {e}") from None
+        for counters in (self._counters, model._counters):
+            counters.executes += 1
+            counters.resize_events += len(events)
+            counters.hook_calls += ctx.hook_calls
+        return ctx, events
+
+    def _stage(self, host, ctx):
+        """Write changed parameters and the inputs' live bytes (this session's own buffers)."""
+        queue = self._model.device.queue
+        for pid in ctx.changed_params:
+            self._write_params(pid, self.state.params[pid])
+        if ctx.changed_grids:
+            self._commands = self._command_list()
+        up = 0
+        for vid, arr in host.items():
+            if arr.nbytes:
+                queue.write_buffer(self._own[vid], 0, arr)
+                up += arr.nbytes
+        for counters in (self._counters, self._model._counters):
+            counters.bytes_up += up
+
+    def _encode(self, encoder):
+        """Encode this step into `encoder`: many dispatches per compute pass, then the outputs'
+        live bytes into staging. Returns what `_read_outputs` needs."""
+        compute = None
+        for cmd in self._commands:
+            if cmd[0]:
+                if compute is None:
+                    compute = encoder.begin_compute_pass()
+                _, pipeline, bind_group, (x, y, z) = cmd
+                compute.set_pipeline(pipeline)
+                compute.set_bind_group(0, bind_group)
+                compute.dispatch_workgroups(x, y, z)
+            else:
+                if compute is not None:
+                    compute.end()
+                    compute = None
+                _, src, dst, nbytes = cmd
+                encoder.copy_buffer_to_buffer(src, 0, dst, 0, nbytes)
+        if compute is not None:
+            compute.end()
+        graph, reads = self._model.graph, []
+        for vid, offset in zip(graph.outputs, self._out_offsets):
+            v = graph.values[vid]
+            if not isinstance(v, Tensor):
+                reads.append((vid, None, None, 0))
+                continue
+            dims = self.state.dims[vid]
+            nbytes = numel_of(dims) * elem_bytes(v.dtype)
+            if nbytes:
+                encoder.copy_buffer_to_buffer(self._buffer(vid), 0, self._staging, offset, align(nbytes, 4))
+            reads.append((vid, dims, offset, nbytes))
+        for counters in (self._counters, self._model._counters):
+            counters.dispatches += len(self._commands)
+        return reads
+
+    def _read_outputs(self, reads):
+        """Copy the outputs out of the mapped staging buffer, then unmap it."""
+        graph, outputs, down = self._model.graph, [], 0
+        try:
+            for vid, dims, offset, nbytes in reads:
+                v = graph.values[vid]
+                if dims is None:
+                    outputs.append(self.state.symints.get(vid, getattr(v, "value", None)))
+                    continue
+                raw = self._staging.read_mapped(offset, align(nbytes, 4), copy=True) if nbytes else b""
+                arr = np.frombuffer(raw, storage_dtype(v.dtype), numel_of(dims)).reshape(dims)
+                outputs.append(arr.astype(HOST_DTYPES[v.dtype]))
+                down += nbytes
+        finally:
+            self._staging.unmap()
+        for counters in (self._counters, self._model._counters):
+            counters.bytes_down += down
+            counters.readbacks += 1
+        return outputs
+
+    async def _read_tensor(self, vid):
+        """Debugging aid: a copy of any tensor's live contents after the last execute."""
+        model = self._model
+        v, dims = model.graph.values[vid], self.state.dims[vid]
+        nbytes = align(max(numel_of(dims) * elem_bytes(v.dtype), 4), 4)
+        tmp = model.device.create_buffer(size=nbytes, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        encoder = model.device.create_command_encoder()
+        encoder.copy_buffer_to_buffer(self._buffer(vid), 0, tmp, 0, nbytes)
+        model.device.queue.submit([encoder.finish()])
+        await tmp.map_async("READ")
+        raw = tmp.read_mapped(copy=True)
+        tmp.unmap()
+        tmp.destroy()
+        if v.dtype in PACKED:
+            return np.frombuffer(raw, np.uint8)
+        return np.frombuffer(raw, storage_dtype(v.dtype))[: numel_of(dims)].reshape(dims)
+
+    # --- lifetime -----------------------------------------------------------------------------
+    def statistics(self):
+        return self._counters.freeze()
+
+    def memory(self):
+        """Bytes of GPU memory this session owns (parameters, staging, inputs, state tensors)."""
+        return self._arena.size + self._staging.size + sum(b.size for b in self._own.values())
+
+    def _release(self):
+        if self._closed:
+            return
+        self._closed = True
+        self._model._sessions.discard(self)
+        for b in (self._arena, self._staging, *self._own.values()):
+            b.destroy()
+
+    async def aclose(self):
+        self._release()
+        await anyio.lowlevel.checkpoint()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.aclose()

@@ -1,0 +1,41 @@
+"""How tensors are laid out in GPU buffers, and converting file bytes to that layout."""
+
+import numpy as np
+import wgpu
+
+from kernels.wgsl import PACKED, STORAGE
+from resize.shapes import numel_of
+from resize.values import HOST_DTYPES
+
+from .errors import ModelFormatError
+
+STORAGE_NP = {"f32": np.float32, "i32": np.int32, "u32": np.uint32}
+STORAGE_USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
+
+
+def align(n, a):
+    return -(-n // a) * a
+
+
+def storage_dtype(dtype):
+    """The numpy dtype of a tensor's elements on the device (64-bit narrowed, bools widened)."""
+    return STORAGE_NP[STORAGE[dtype]]
+
+
+def to_storage(tensor, raw, what):
+    """A constant's bytes from the file as the device stores them; packed bytes are kept as is."""
+    n = numel_of(tensor.dims)
+    if tensor.dtype in PACKED:
+        if len(raw) < n:
+            raise ModelFormatError(f"{what}: {len(raw)} bytes for {n} packed elements")
+        data = np.zeros(align(max(n, 4), 4), np.uint8)
+        data[:n] = np.frombuffer(raw, np.uint8, n)
+        return data
+    # The delegate may declare INT32/FLOAT32 for bytes that were serialized as 64-bit values.
+    for source in (HOST_DTYPES[tensor.dtype], np.int64, np.float64, np.int32, np.float32):
+        if len(raw) == n * np.dtype(source).itemsize:
+            return np.frombuffer(raw, source, n).astype(storage_dtype(tensor.dtype))
+    need = n * np.dtype(HOST_DTYPES[tensor.dtype]).itemsize
+    if len(raw) < need:
+        raise ModelFormatError(f"{what}: {len(raw)} bytes do not hold {n} {tensor.dtype} elements")
+    return np.frombuffer(raw, HOST_DTYPES[tensor.dtype], n).astype(storage_dtype(tensor.dtype))

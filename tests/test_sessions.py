@@ -1,0 +1,157 @@
+"""Sessions: concurrency with batched submits, cancellation, busy and closed resources."""
+
+import pathlib
+import random
+import re
+
+import anyio
+import numpy as np
+import pytest
+import torch
+
+import async_runtime as ar
+
+from .exporting import eager, export_pte
+from .models import Block
+
+pytestmark = pytest.mark.usefixtures("adapter")
+MAX_S = 11
+
+
+def block_dynamic():
+    s = torch.export.Dim("S", min=1, max=MAX_S)
+    return export_pte("block_dyn", Block, [torch.randn(1, MAX_S, 15)], dynamic_shapes=({1: s},))
+
+
+def plan_for(seed, steps=4):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((1, int(rng.integers(1, MAX_S + 1)), 15), dtype=np.float32) for _ in range(steps)]
+
+
+def test_no_blocking_gpu_calls_in_the_runtime():
+    """queue.read_buffer, *_sync and sync_wait block the event loop: banned in async_runtime/."""
+    root = pathlib.Path(__file__).parent.parent / "async_runtime"
+    banned = re.compile(r"read_buffer\(|(?<!\.run)_sync\(|sync_wait\(")  # anyio.to_thread.run_sync is fine
+    offenders = [f"{p.name}:{i}" for p in root.glob("*.py") for i, line in enumerate(p.read_text().splitlines(), 1) if banned.search(line)]
+    assert offenders == []
+
+
+async def test_32_concurrent_sessions_match_each_session_alone():
+    pte, module = block_dynamic()
+    async with await ar.load(pte) as model:
+        plans = [plan_for(seed) for seed in range(32)]
+        alone = []
+        async with model.session() as s:
+            for plan in plans:
+                alone.append([(await s.execute(x))[0] for x in plan])
+        results = [None] * 32
+
+        async def stream(i):
+            async with model.session() as s:
+                results[i] = [(await s.execute(x))[0] for x in plans[i]]
+
+        before = model.statistics()
+        async with anyio.create_task_group() as tg:
+            for i in range(32):
+                tg.start_soon(stream, i)
+        after = model.statistics()
+        for i in range(32):
+            for got, want in zip(results[i], alone[i]):
+                np.testing.assert_array_equal(got, want)
+        np.testing.assert_allclose(alone[0][0], eager(module, plans[0][0])[0], atol=1e-4)
+        executes = after.executes - before.executes
+        assert executes == 32 * 4
+        assert after.submits - before.submits < executes  # concurrent steps shared submits
+
+
+async def test_batching_off_gives_one_submit_per_step():
+    pte, _ = block_dynamic()
+    async with await ar.load(pte, batch_submits=False) as model:
+        async with anyio.create_task_group() as tg:
+            for i in range(4):
+                tg.start_soon(model.session().execute, plan_for(i, 1)[0])
+        s = model.statistics()
+        assert s.submits == s.executes == 4
+
+
+async def test_two_executes_on_one_session_are_busy():
+    pte, _ = block_dynamic()
+    async with await ar.load(pte) as model:
+        x = plan_for(0, 1)[0]
+        errors = []
+
+        async def call():
+            try:
+                await model.execute(x)
+            except ar.BusyResourceError as e:
+                errors.append(e)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            tg.start_soon(call)
+        assert len(errors) == 1
+        (out,) = await model.execute(x)  # and the session still works
+        assert out.shape == x.shape
+
+
+async def test_closed_session_and_model():
+    pte, _ = block_dynamic()
+    model = await ar.load(pte)
+    s = model.session()
+    await s.aclose()
+    with pytest.raises(ar.ClosedResourceError):
+        await s.execute(plan_for(0, 1)[0])
+    await model.aclose()
+    with pytest.raises(ar.ClosedResourceError):
+        await model.execute(plan_for(0, 1)[0])
+    with pytest.raises(ar.ClosedResourceError):
+        model.session()
+
+
+async def test_cancellation_storm_leaves_sessions_usable():
+    pte, module = block_dynamic()
+    rng = random.Random(5)
+    async with await ar.load(pte) as model:
+        sessions = [model.session() for _ in range(8)]
+        cancelled = completed = 0
+
+        async def worker(s, seed):
+            nonlocal cancelled, completed
+            local = random.Random(seed)
+            for _ in range(125):  # 8 x 125 = 1,000 executes under random deadlines
+                x = plan_for(local.randrange(10**6), 1)[0]
+                with anyio.move_on_after(local.choice([0, 0.0005, 0.002, 0.01, 1])) as scope:
+                    await s.execute(x)
+                cancelled += scope.cancelled_caught
+                completed += not scope.cancelled_caught
+
+        async with anyio.create_task_group() as tg:
+            for i, s in enumerate(sessions):
+                tg.start_soon(worker, s, rng.randrange(10**6))
+        assert cancelled > 0 and completed > 0
+        for i, s in enumerate(sessions):  # every session still gives the right answer
+            x = plan_for(1000 + i, 1)[0]
+            (out,) = await s.execute(x)
+            np.testing.assert_allclose(out, eager(module, x)[0], atol=1e-4)
+
+
+async def test_event_loop_keeps_ticking_during_load_and_execute():
+    pte, _ = block_dynamic()
+    gaps = []
+
+    async def ticker():
+        last = anyio.current_time()
+        while True:
+            await anyio.sleep(0.005)
+            now = anyio.current_time()
+            gaps.append(now - last)
+            last = now
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        async with await ar.load(pte) as model:
+            for _ in range(5):
+                await model.execute(plan_for(0, 1)[0])
+        tg.cancel_scope.cancel()
+    assert len(gaps) > 5
+    assert max(gaps) < 0.05, f"the loop stalled for {max(gaps) * 1e3:.0f} ms"
