@@ -3,6 +3,7 @@
 import os
 from dataclasses import dataclass
 
+import anyio
 import wgpu
 
 WANTED_FEATURES = ("shader-f16", "timestamp-query")
@@ -20,24 +21,31 @@ class DeviceInfo:
     max_workgroups_per_dimension: int
 
 
-async def open_device(name=None, power_preference="high-performance"):
-    """(adapter, device, DeviceInfo). `name` (or $PTE_WGPU_ADAPTER) picks an adapter by a
-    case-insensitive substring of its summary; otherwise the preferred adapter is taken."""
-    name = name or os.environ.get(ADAPTER_ENV)
+def _open_in_worker_thread(name, power_preference):
+    """Adapter and device requests resolve synchronously in wgpu-py 0.32 (creating a Vulkan device
+    takes tens of ms on a real GPU), so they run here, off the event loop."""
     if name:
-        adapters = await wgpu.gpu.enumerate_adapters_async()
+        adapters = wgpu.gpu.enumerate_adapters_sync()  # worker thread
         matches = [a for a in adapters if name.lower() in a.summary.lower()]
         if not matches:
             found = "; ".join(a.summary for a in adapters) or "none"
             raise RuntimeError(f"no WebGPU adapter matches {name!r}; adapters found: {found}")
         adapter = matches[0]
     else:
-        adapter = await wgpu.gpu.request_adapter_async(power_preference=power_preference)
+        adapter = wgpu.gpu.request_adapter_sync(power_preference=power_preference)  # worker thread
         if adapter is None:
             raise RuntimeError("no WebGPU adapter found (on Linux without a GPU, install mesa-vulkan-drivers)")
     features = [f for f in WANTED_FEATURES if f in adapter.features]
     limits = dict(adapter.limits)
-    device = await adapter.request_device_async(required_features=features, required_limits=limits)
+    device = adapter.request_device_sync(required_features=features, required_limits=limits)  # worker thread
+    return adapter, device, features, limits
+
+
+async def open_device(name=None, power_preference="high-performance"):
+    """(adapter, device, DeviceInfo). `name` (or $PTE_WGPU_ADAPTER) picks an adapter by a
+    case-insensitive substring of its summary; otherwise the preferred adapter is taken."""
+    name = name or os.environ.get(ADAPTER_ENV)
+    adapter, device, features, limits = await anyio.to_thread.run_sync(_open_in_worker_thread, name, power_preference)
     info = adapter.info
     return (
         adapter,

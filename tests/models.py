@@ -34,3 +34,17 @@ class Block(torch.nn.Module):
         a = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1)
         y = (a @ v).permute(0, 2, 1, 3).reshape(b, s, d)
         return torch.nn.functional.gelu(self.proj(y)) + x
+
+
+class RMSNorm(torch.nn.Module):
+    """The RMSNorm of ExecuTorch's Llama example (the partitioner fuses it into et_vk.rms_norm),
+    written here so exported tests need no ExecuTorch at run time."""
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        x = x.float()
+        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + self.eps) * self.weight

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from .exporting import eager, export_pte
+from .models import RMSNorm
 
 ATOL = 1e-4
 S_MAX = 13
@@ -65,8 +66,6 @@ class Norms(torch.nn.Module):
 
     def __init__(self, dim):
         super().__init__()
-        from executorch.examples.models.llama.norm import RMSNorm
-
         self.ln = torch.nn.LayerNorm(dim, eps=1e-5)
         self.rms = RMSNorm(dim, eps=1e-6)
         with torch.no_grad():
