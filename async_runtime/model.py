@@ -87,9 +87,29 @@ class Model:
         state_vids = {w for n in nodes for w in n.writes if isinstance(values[w], Tensor) and values[w].constant is not None}
         input_vids = {v for v in graph.inputs if isinstance(values[v], Tensor)}
         self._session_vids = sorted(state_vids | input_vids)  # each session has its own copy
-        self._make_buffers(program.named_data)
+        # Allocating and uploading weights and creating bind groups are synchronous wgpu calls that
+        # take hundreds of ms for a real model: worker threads, so the event loop keeps running.
+        await anyio.to_thread.run_sync(self._make_buffers, program.named_data)
         self._pipelines = await self._compile_pipelines()
-        self._default = Session(self)
+        self._default = await anyio.to_thread.run_sync(Session, self)
+        await self._warm_up()
+
+    async def _warm_up(self):
+        """Run one step at the maximum shapes on a throwaway session, encoded and submitted in a
+        worker thread: drivers that compile shaders lazily at first use (lavapipe does, for
+        hundreds of ms) do it now, off the event loop, not in the first execute."""
+
+        def run_one_step():
+            session = Session(self)
+            encoder = self.device.create_command_encoder()
+            session._encode_commands(encoder)
+            self.device.queue.submit([encoder.finish()])
+            session._staging.map_sync("READ")  # worker thread: waits until the step has run
+            session._staging.read_mapped(copy=True)  # the first read of mapped memory is slow too
+            session._staging.unmap()
+            session._release()
+
+        await anyio.to_thread.run_sync(run_one_step)
 
     def _plan_at_max_shapes(self):
         """Run every hook once with the inputs at their maximum shapes: the initial live state."""
@@ -169,9 +189,16 @@ class Model:
 
     # --- public -------------------------------------------------------------------------------
     def session(self):
-        """A new stream with its own live shapes, parameters, staging and state tensors."""
+        """A new stream with its own live shapes, parameters, staging and state tensors.
+        (Creating one makes its bind groups here; `await model.open_session()` does it in a
+        worker thread for large graphs.)"""
         self._check_open()
         return Session(self)
+
+    async def open_session(self):
+        """`session()`, with the synchronous GPU object creation in a worker thread."""
+        self._check_open()
+        return await anyio.to_thread.run_sync(Session, self)
 
     async def execute(self, *inputs):
         """Run the method on the default session; returns a list of numpy arrays."""

@@ -192,8 +192,26 @@ class Session:
             counters.bytes_up += up
 
     def _encode(self, encoder):
-        """Encode this step into `encoder`: many dispatches per compute pass, then the outputs'
-        live bytes into staging. Returns what `_read_outputs` needs."""
+        """Encode this step into `encoder`, then the outputs' live bytes into staging. Returns
+        what `_read_outputs` needs."""
+        self._encode_commands(encoder)
+        graph, reads = self._model.graph, []
+        for vid, offset in zip(graph.outputs, self._out_offsets):
+            v = graph.values[vid]
+            if not isinstance(v, Tensor):
+                reads.append((vid, None, None, 0))
+                continue
+            dims = self.state.dims[vid]
+            nbytes = numel_of(dims) * elem_bytes(v.dtype)
+            if nbytes:
+                encoder.copy_buffer_to_buffer(self._buffer(vid), 0, self._staging, offset, align(nbytes, 4))
+            reads.append((vid, dims, offset, nbytes))
+        for counters in (self._counters, self._model._counters):
+            counters.dispatches += len(self._commands)
+        return reads
+
+    def _encode_commands(self, encoder):
+        """The graph's dispatches and copies: many dispatches per compute pass."""
         compute = None
         for cmd in self._commands:
             if cmd[0]:
@@ -211,20 +229,6 @@ class Session:
                 encoder.copy_buffer_to_buffer(src, 0, dst, 0, nbytes)
         if compute is not None:
             compute.end()
-        graph, reads = self._model.graph, []
-        for vid, offset in zip(graph.outputs, self._out_offsets):
-            v = graph.values[vid]
-            if not isinstance(v, Tensor):
-                reads.append((vid, None, None, 0))
-                continue
-            dims = self.state.dims[vid]
-            nbytes = numel_of(dims) * elem_bytes(v.dtype)
-            if nbytes:
-                encoder.copy_buffer_to_buffer(self._buffer(vid), 0, self._staging, offset, align(nbytes, 4))
-            reads.append((vid, dims, offset, nbytes))
-        for counters in (self._counters, self._model._counters):
-            counters.dispatches += len(self._commands)
-        return reads
 
     def _read_outputs(self, reads):
         """Copy the outputs out of the mapped staging buffer, then unmap it."""

@@ -24,9 +24,12 @@ How it works:
 4. Cache: `_CACHE` maps the config to (pte_path, program) for the pytest session; the first call's
    `tmpdir` holds the files (pytest keeps tmp dirs for the session).
 
+Quantized exports (qmode="4w" / "8da4w") need vocab_size % 4 == 0 (e.g. 256): with 257 ExecuTorch's
+own Vulkan lowering fails in FusePatternsPass on the output projection; export_llama refuses early.
+
 Notes: the export's Llama2Model treats a checkpoint path containing "int8" or "8da4w" as
 pre-quantized, so files go to a fresh temp dir whenever `tmpdir` contains either string.
-The fp32 export takes ~60-90 s on a 2-core box; `export_seconds` records it.
+One export takes ~55-125 s on a 2-core box (fp32 or quantized); `export_seconds` records it.
 """
 
 import copy
@@ -202,6 +205,10 @@ def export_llama(
     """
     key = (dim, n_heads, n_kv_heads, n_layers, vocab_size, max_len, qmode, group_size, seed,
            multiple_of, norm_eps, init_std)
+    if qmode is not None and vocab_size % 4:
+        # ExecuTorch 1.5.1's Vulkan FusePatternsPass pads q4gsw scales to N % 4 == 0 and then fails
+        # ("shape '[257, 2, 1]' is invalid for input of size 520") on the output projection.
+        raise ValueError(f"qmode={qmode!r} needs vocab_size % 4 == 0 for the Vulkan export (got {vocab_size})")
     if key not in _CACHE:
         params = dict(dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads, n_layers=n_layers,
                       vocab_size=vocab_size, multiple_of=multiple_of, norm_eps=norm_eps)
