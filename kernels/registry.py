@@ -120,6 +120,6 @@ def build_node(graph, name, args):
         if isinstance(v, (Tensor, SymInt)) and a not in outs:
             reads.append(a)
         elif isinstance(v, ValueList):
-            reads.extend(i for i in v.items if isinstance(values[i], (Tensor, SymInt)))
+            reads.extend(i for i in v.items if i >= 0 and isinstance(values[i], (Tensor, SymInt)))  # -1: None
     writes = tuple(outs - {None}) + tuple(b._extra_writes)
     return Node(name, b._hook, tuple(dict.fromkeys(reads)), writes, data_dependent=getattr(fn, "data_dependent", False))

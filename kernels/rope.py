@@ -57,7 +57,10 @@ def apply_rotary_emb(b):
             _, s, heads, dim = shape
             half = dim // 2
             if ctx.dims(fcos)[0] < s or ctx.dims(fcos)[-1] != half:
-                raise ValueError(f"{b.name}: freqs {list(ctx.dims(fcos))} do not cover [S={s}, {half}]")
+                raise ValueError(
+                    f"{b.name}: the rotary table has {ctx.dims(fcos)[0]} rows for {s} positions "
+                    "(are the positions past the context?)"
+                )
             pairs = numel_of(shape) // 2
             ctx.set_params(params, struct.pack("<4I", pairs, heads, half, 0))
             ctx.set_grid(d, flat_grid(pairs))

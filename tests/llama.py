@@ -217,9 +217,10 @@ def export_llama(
         if "int8" in base or "8da4w" in base:
             base = tempfile.mkdtemp(prefix="llama_")
         tag = f"d{dim}h{n_heads}kv{n_kv_heads}l{n_layers}v{vocab_size}m{max_len}s{seed}"
-        out_dir = tempfile.mkdtemp(prefix=f"llama_{qmode or 'fp32'}_{tag}_", dir=base)
+        label = {"8da4w": "dq8a4w"}.get(qmode, qmode or "fp32")  # no "8da4w" in paths (see above)
+        out_dir = tempfile.mkdtemp(prefix=f"llama_{label}_{tag}_", dir=base)
         params_path, ckpt_path, state = _write_model(out_dir, params, max_len, seed, init_std)
-        pte_path = os.path.join(out_dir, f"llama_{qmode or 'fp32'}.pte")
+        pte_path = os.path.join(out_dir, f"llama_{label}.pte")
         pt2_path = os.path.join(out_dir, "program.pt2")
         overrides = cli_overrides(params_path, ckpt_path, out_dir, os.path.basename(pte_path), max_len,
                                   qmode=qmode, group_size=group_size)

@@ -1,0 +1,565 @@
+"""4-bit group-symmetric weights (q4gsw) and dynamic int8 activation quantization.
+
+Formats (as `executorch.backends.vulkan.patterns` writes them):
+- weight: uint8 [N, Kp / 2] raw bytes, Kp = K padded to a multiple of 8 with zeros; byte b of a row
+  holds k = 2b in its low nibble and k = 2b + 1 in its high nibble, each stored as (q + 8), q in
+  [-8, 7]. Read in WGSL as u32 words, so word w of a row holds k = 8w + j at bits 4j..4j+3.
+- weight scales: f32 [num_groups, Np] (transposed; N padded to a multiple of 4), group = k / gs.
+  The dequantized weight is (nibble - 8) * scale, exactly as torchao's dequantize_affine.
+- `et_vk.embedding_q4gsw`: the same nibbles, per-row scales [V, groups] (not transposed); with
+  `is_linear_weight` false the even element sits in the high nibble instead.
+- `torchao.choose_qparams_affine` gives per-block scale (f32) and zero point (int8, stored packed
+  4 per word, or int32); `et_vk.linear_dq8ca_q4gsw` quantizes its input with them on the fly,
+  q = clamp(round(x * (1 / scale)) + zp, -128, 127), and multiplies (q - zp) * scale by the
+  dequantized weight, the math of torchao's quantize_affine / dequantize_affine. The divisions
+  are done by `div_rn`, an integer long division that is correctly rounded on every GPU (WGSL
+  allows 2.5 ULP for `/`), so the integer activations match the CPU reference exactly.
+
+The two linear ops record a GEMV route (M == 1: 256 threads reduce over K for 4 outputs, one u32
+word = 8 weights per thread step) and a GEMM route (M > 1: 64x64 tiles as in kernels/linear.py,
+the B tile dequantized while staged). The hook zeroes the grid of the route not taken.
+"""
+
+import struct
+
+from resize.shapes import MAX_WORKGROUPS, fold_grid, numel_of
+
+from .registry import op
+from .wgsl import FLAT_INDEX, PACKED, WG, flat_grid, is_float
+
+GEMV_ROWS = 4
+BM, BN = 64, 64
+
+# Correctly rounded a / b for finite a and normal b (subnormal quotients flush to 0, overflow
+# gives inf): the 24-bit quotient of the mantissas by restoring division, rounded to nearest even.
+DIV_RN = """
+fn div_rn(a: f32, b: f32) -> f32 {
+    let ab = bitcast<u32>(a);
+    let bb = bitcast<u32>(b);
+    let sign = (ab ^ bb) & 0x80000000u;
+    var ea = i32((ab >> 23u) & 0xFFu);
+    var eb = i32((bb >> 23u) & 0xFFu);
+    if (ea == 255 || eb == 255 || eb == 0) { return a / b; }
+    var ma = ab & 0x7FFFFFu;
+    if (ea == 0) {
+        if (ma == 0u) { return bitcast<f32>(sign); }
+        let s = countLeadingZeros(ma) - 8u;
+        ma = ma << s;
+        ea = 1 - i32(s);
+    } else {
+        ma = ma | 0x800000u;
+    }
+    let mb = (bb & 0x7FFFFFu) | 0x800000u;
+    var e = ea - eb + 127;
+    if (ma < mb) { ma = ma << 1u; e = e - 1; }
+    var q = 0u;
+    var r = ma;
+    for (var i = 0u; i < 24u; i = i + 1u) {
+        q = q << 1u;
+        if (r >= mb) { r = r - mb; q = q | 1u; }
+        r = r << 1u;
+    }
+    if (r > mb || (r == mb && (q & 1u) == 1u)) {
+        q = q + 1u;
+        if (q == 0x1000000u) { q = 0x800000u; e = e + 1; }
+    }
+    if (e <= 0) { return bitcast<f32>(sign); }
+    if (e >= 255) { return bitcast<f32>(sign | 0x7F800000u); }
+    return bitcast<f32>(sign | (u32(e) << 23u) | (q & 0x7FFFFFu));
+}
+"""
+
+# A signed byte of a packed int8 array.
+I8_AT = """
+fn i8_at(i: u32) -> i32 {
+    let w = ZP_ARRAY[i / 4u];
+    return bitcast<i32>(w << (24u - 8u * (i % 4u))) >> 24u;
+}
+"""
+
+# ---------------------------------------------------------------- linear_q4gsw / linear_dq8ca_q4gsw
+
+LIN_FIELDS = ("M", "N", "K", "wpr", "sn", "groups", "gs", "kw")
+LIN_STRUCT = "struct P { " + ", ".join(f"{n}: u32" for n in LIN_FIELDS) + " }"
+LIN_FORMAT = "<" + "I" * len(LIN_FIELDS)
+LIN_SIZE = struct.calcsize(LIN_FORMAT)
+
+
+def _lin_header(dq8, zp_packed, has_bias, word_group):
+    lines = [LIN_STRUCT + ";", "@group(0) @binding(0) var<storage, read> x: array<f32>;"]
+    n = 1
+    if dq8:
+        lines.append(f"@group(0) @binding({n}) var<storage, read> xs: array<f32>;")
+        lines.append(f"@group(0) @binding({n + 1}) var<storage, read> xz: array<{'u32' if zp_packed else 'i32'}>;")
+        n += 2
+    lines.append(f"@group(0) @binding({n}) var<storage, read> wq: array<u32>;")
+    lines.append(f"@group(0) @binding({n + 1}) var<storage, read> ws: array<f32>;")
+    n += 2
+    if has_bias:
+        lines.append(f"@group(0) @binding({n}) var<storage, read> bias: array<f32>;")
+        n += 1
+    lines.append(f"@group(0) @binding({n}) var<storage, read_write> out: array<f32>;")
+    lines.append(f"@group(0) @binding({n + 1}) var<uniform> p: P;")
+    src = "\n".join(lines) + "\n"
+    if has_bias:
+        src += "fn epilogue(acc: f32, n: u32) -> f32 { return acc + bias[n]; }\n"
+    else:
+        src += "fn epilogue(acc: f32, n: u32) -> f32 { return acc; }\n"
+    src += """
+struct W8 { a: vec4<f32>, b: vec4<f32> }
+fn wscale(k: u32, n: u32) -> f32 { return ws[min(k / p.gs, p.groups - 1u) * p.sn + n]; }
+// The 8 weights of word `word` (k = k0 .. k0 + 7) of output row n, dequantized.
+fn dq8(word: u32, k0: u32, n: u32) -> W8 {
+    let v = vec4<u32>(word);
+    let lo = vec4<f32>((v >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u)) - vec4<f32>(8.0);
+    let hi = vec4<f32>((v >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u)) - vec4<f32>(8.0);
+"""
+    if word_group:  # gs % 8 == 0: one group per word
+        src += "    let s = wscale(k0, n);\n    return W8(lo * s, hi * s);\n}\n"
+    else:
+        src += (
+            "    let sa = vec4<f32>(wscale(k0, n), wscale(k0 + 1u, n), wscale(k0 + 2u, n), wscale(k0 + 3u, n));\n"
+            "    let sb = vec4<f32>(wscale(k0 + 4u, n), wscale(k0 + 5u, n), wscale(k0 + 6u, n), wscale(k0 + 7u, n));\n"
+            "    return W8(lo * sa, hi * sb);\n}\n"
+        )
+    if dq8:
+        src += DIV_RN
+        if zp_packed:
+            src += I8_AT.replace("ZP_ARRAY", "xz")
+            src += "fn zp_at(m: u32) -> f32 { return f32(i8_at(m)); }\n"
+        else:
+            src += "fn zp_at(m: u32) -> f32 { return f32(xz[m]); }\n"
+        # quantize_affine then dequantize_affine of one activation with its row's (1/s, zp, s).
+        src += """
+fn xq(v: f32, inv: f32, zp: f32, s: f32) -> f32 {
+    return (clamp(round(v * inv) + zp, -128.0, 127.0) - zp) * s;
+}
+"""
+    return src
+
+
+GEMV = """
+var<workgroup> red: array<vec4<f32>, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    let n0 = (wid.x + wid.y * nwg.x) * 4u;
+    let last = p.N - 1u;
+    let c0 = min(n0, last);
+    let c1 = min(n0 + 1u, last);
+    let c2 = min(n0 + 2u, last);
+    let c3 = min(n0 + 3u, last);
+{ROW_SETUP}
+    var acc = vec4<f32>(0.0);
+    for (var w = li; w < p.kw; w = w + 256u) {
+        let k0 = w * 8u;
+        var xa = vec4<f32>(0.0);
+        var xb = vec4<f32>(0.0);
+        if (k0 + 8u <= p.K) {
+            xa = vec4<f32>(x[k0], x[k0 + 1u], x[k0 + 2u], x[k0 + 3u]);
+            xb = vec4<f32>(x[k0 + 4u], x[k0 + 5u], x[k0 + 6u], x[k0 + 7u]);
+        } else {
+            for (var j = 0u; j < 4u; j = j + 1u) {
+                if (k0 + j < p.K) { xa[j] = x[k0 + j]; }
+                if (k0 + 4u + j < p.K) { xb[j] = x[k0 + 4u + j]; }
+            }
+        }
+{X_TRANSFORM}
+        let d0 = dq8(wq[c0 * p.wpr + w], k0, c0);
+        let d1 = dq8(wq[c1 * p.wpr + w], k0, c1);
+        let d2 = dq8(wq[c2 * p.wpr + w], k0, c2);
+        let d3 = dq8(wq[c3 * p.wpr + w], k0, c3);
+        acc = acc + vec4<f32>(dot(xa, d0.a) + dot(xb, d0.b), dot(xa, d1.a) + dot(xb, d1.b),
+                              dot(xa, d2.a) + dot(xb, d2.b), dot(xa, d3.a) + dot(xb, d3.b));
+    }
+    red[li] = acc;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s = s >> 1u) {
+        if (li < s) { red[li] = red[li] + red[li + s]; }
+        workgroupBarrier();
+    }
+    if (li < 4u) {
+        let n = n0 + li;
+        if (n < p.N) { out[n] = epilogue(red[0][li], n); }
+    }
+}
+"""
+
+GEMV_DQ8_SETUP = """    let s_row = xs[0];
+    let zp_row = zp_at(0u);
+    let inv_row = div_rn(1.0, s_row);"""
+GEMV_DQ8_X = """        xa = vec4<f32>(xq(xa.x, inv_row, zp_row, s_row), xq(xa.y, inv_row, zp_row, s_row),
+                       xq(xa.z, inv_row, zp_row, s_row), xq(xa.w, inv_row, zp_row, s_row));
+        xb = vec4<f32>(xq(xb.x, inv_row, zp_row, s_row), xq(xb.y, inv_row, zp_row, s_row),
+                       xq(xb.z, inv_row, zp_row, s_row), xq(xb.w, inv_row, zp_row, s_row));"""
+
+GEMM = """
+var<workgroup> As: array<f32, 1024>;  // [16][64]
+var<workgroup> Bs: array<f32, 1024>;  // [16][64]
+{ROW_DECL}
+@compute @workgroup_size(16, 16)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    let m0 = wid.y * 64u;
+    let n0 = wid.x * 64u;
+{ROW_SETUP}
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    let tiles = (p.K + 15u) / 16u;
+    for (var t = 0u; t < tiles; t = t + 1u) {
+        let k0 = t * 16u;
+        for (var i = 0u; i < 4u; i = i + 1u) {
+            let e = li + i * 256u;
+            let m = e / 16u;
+            let k = e % 16u;
+            let gm = m0 + m;
+            let gk = k0 + k;
+            var v = 0.0;
+            if (gm < p.M && gk < p.K) { v = {A_VALUE}; }
+            As[k * 64u + m] = v;
+        }
+        // Two weight words (k0 .. k0 + 15) of each of the 64 rows, by threads 0..127.
+        if (li < 128u) {
+            let n = li / 2u;
+            let j = li % 2u;
+            let gn = n0 + n;
+            let w = t * 2u + j;
+            var d = W8(vec4<f32>(0.0), vec4<f32>(0.0));
+            if (gn < p.N && w < p.kw) { d = dq8(wq[gn * p.wpr + w], w * 8u, gn); }
+            let kb = j * 8u;
+            for (var i = 0u; i < 4u; i = i + 1u) {
+                Bs[(kb + i) * 64u + n] = d.a[i];
+                Bs[(kb + 4u + i) * 64u + n] = d.b[i];
+            }
+        }
+        workgroupBarrier();
+        for (var k = 0u; k < 16u; k = k + 1u) {
+            let ar = k * 64u + lid.y;
+            let br = k * 64u + lid.x;
+            let bv = vec4<f32>(Bs[br], Bs[br + 16u], Bs[br + 32u], Bs[br + 48u]);
+            acc0 = acc0 + As[ar] * bv;
+            acc1 = acc1 + As[ar + 16u] * bv;
+            acc2 = acc2 + As[ar + 32u] * bv;
+            acc3 = acc3 + As[ar + 48u] * bv;
+        }
+        workgroupBarrier();
+    }
+    for (var i = 0u; i < 4u; i = i + 1u) {
+        let m = m0 + lid.y + 16u * i;
+        if (m >= p.M) { break; }
+        var row = acc0;
+        if (i == 1u) { row = acc1; } else if (i == 2u) { row = acc2; } else if (i == 3u) { row = acc3; }
+        for (var j = 0u; j < 4u; j = j + 1u) {
+            let n = n0 + lid.x + 16u * j;
+            if (n < p.N) { out[m * p.N + n] = epilogue(row[j], n); }
+        }
+    }
+}
+"""
+
+GEMM_DQ8_DECL = """var<workgroup> r_inv: array<f32, 64>;
+var<workgroup> r_zp: array<f32, 64>;
+var<workgroup> r_s: array<f32, 64>;"""
+# Each of the tile's 64 rows gets its (1 / scale, zero point, scale) once.
+GEMM_DQ8_SETUP = """    if (li < 64u) {
+        var s = 1.0;
+        var zp = 0.0;
+        if (m0 + li < p.M) { s = xs[m0 + li]; zp = zp_at(m0 + li); }
+        r_s[li] = s;
+        r_zp[li] = zp;
+        r_inv[li] = div_rn(1.0, s);
+    }
+    workgroupBarrier();"""
+
+
+def linear_shaders(dq8, zp_packed, has_bias, word_group):
+    head = _lin_header(dq8, zp_packed, has_bias, word_group)
+    gemv = GEMV.replace("{ROW_SETUP}", GEMV_DQ8_SETUP if dq8 else "").replace("{X_TRANSFORM}", GEMV_DQ8_X if dq8 else "")
+    a_value = "xq(x[gm * p.K + gk], r_inv[m], r_zp[m], r_s[m])" if dq8 else "x[gm * p.K + gk]"
+    gemm = (
+        GEMM.replace("{ROW_DECL}", GEMM_DQ8_DECL if dq8 else "")
+        .replace("{ROW_SETUP}", GEMM_DQ8_SETUP if dq8 else "")
+        .replace("{A_VALUE}", a_value)
+    )
+    return head + gemv, head + gemm
+
+
+def _fail(name, msg):
+    raise ValueError(f"{name}: {msg}")
+
+
+def _add_q4_linear(b, x, xs, xz, weight, scales, group_size, bias):
+    """Record both routes of out = x @ dequant(weight).T (+ bias); `xs`/`xz` (per-row activation
+    scale and zero point) turn on the dynamic int8 activation quantization."""
+    name = b.name
+    dq8 = xs is not None
+    wt, st, xt = b.graph.values[weight], b.graph.values[scales], b.graph.values[x]
+    if wt.dtype not in ("uint8", "int8") or len(wt.dims) != 2:
+        _fail(name, f"weight must be packed uint8 [N, K/2], got {wt.dtype}{list(wt.dims)}")
+    if not is_float(xt.dtype) or not is_float(st.dtype):
+        _fail(name, f"input ({xt.dtype}) and scales ({st.dtype}) must be floating point")
+    n, row_bytes = wt.dims
+    if row_bytes % 4:
+        _fail(name, f"weight rows of {row_bytes} bytes are not whole u32 words (K must be padded to 8)")
+    if len(st.dims) != 2 or st.dims[-1] < n:
+        _fail(name, f"scales must be [groups, >= N={n}], got {list(st.dims)}")
+    groups, sn = st.dims
+    gs = int(group_size)
+    if gs <= 0:
+        _fail(name, f"group size {gs}")
+    zp_packed = False
+    if dq8:
+        zp_packed = b.graph.values[xz].dtype in PACKED
+    has_bias = bias is not None
+    params = b.params(LIN_SIZE)
+    bindings = [x] + ([xs, xz] if dq8 else []) + [weight, scales] + ([bias] if has_bias else []) + [b.out, params]
+    gemv_src, gemm_src = linear_shaders(dq8, zp_packed, has_bias, gs % 8 == 0)
+    gemv = b.dispatch(gemv_src, bindings)
+    gemm = b.dispatch(gemm_src, bindings)
+    wpr = row_bytes // 4
+
+    def resize(ctx):
+        xd = ctx.dims(x)
+        if len(xd) < 1:
+            _fail(name, "input must have at least one dim")
+        k = xd[-1]
+        m = numel_of(xd[:-1])
+        if -(-k // 8) > wpr or -(-k // gs) > groups:
+            _fail(name, f"input K={k} does not fit weight {list(wt.dims)} / scales {list(st.dims)} (group {gs})")
+        if dq8:
+            for vid, what in ((xs, "scales"), (xz, "zero points")):
+                if ctx.numel(vid) != m:
+                    _fail(name, f"input {tuple(xd)} has {m} rows but its activation {what} have {ctx.numel(vid)}")
+        if has_bias and ctx.numel(bias) < n:
+            _fail(name, f"bias of {ctx.numel(bias)} elements for N={n}")
+        ctx.set_params(params, struct.pack(LIN_FORMAT, m, n, k, wpr, sn, groups, gs, -(-k // 8)))
+        use_gemv = m == 1
+        use_gemm = m > 1
+        if use_gemm and -(-m // BM) > MAX_WORKGROUPS:
+            _fail(name, f"{m} rows exceed the GEMM grid")
+        ctx.set_grid(gemv, fold_grid(-(-n // GEMV_ROWS)) if use_gemv else (0, 0, 0))
+        ctx.set_grid(gemm, (-(-n // BN), -(-m // BM), 1) if use_gemm else (0, 0, 0))
+        ctx.set_dims(b.out, tuple(xd[:-1]) + (n,))
+
+    b.hook(resize)
+
+
+@op("et_vk.linear_q4gsw.default")
+def linear_q4gsw(b):
+    """[x [..., K], weight u8 [N, Kp/2], scales f32 [groups, Np], group_size Int, bias or None, out]."""
+    bias = None if b.is_none(4) else b.args[4]
+    _add_q4_linear(b, b.args[0], None, None, b.args[1], b.args[2], b.scalar(3), bias)
+
+
+@op("et_vk.linear_dq8ca_q4gsw.default")
+def linear_dq8ca_q4gsw(b):
+    """[x [..., K], input_scale f32 [M], input_zp int8 [M], weight u8 [N, Kp/2], weight_sums i32
+    [groups, N8] (unused: for integer accumulation), scales f32 [groups, Np], group_size Int,
+    bias or None, out]."""
+    bias = None if b.is_none(7) else b.args[7]
+    if not b.is_tensor(1) or not b.is_tensor(2):
+        _fail(b.name, "activation scales and zero points must be tensors (dynamic quantization)")
+    _add_q4_linear(b, b.args[0], b.args[1], b.args[2], b.args[3], b.args[5], b.scalar(6), bias)
+
+
+# ---------------------------------------------------------------- choose_qparams_affine
+
+QP_FORMAT = "<IIIiifff"  # blocks, block, mode, qmin, qmax, eps, divisor, zp_sym
+QP_SIZE = struct.calcsize(QP_FORMAT)
+MODES = {"ASYMMETRIC": 0, "SYMMETRIC": 1, "SYMMETRIC_NO_CLIPPING_ERR": 2}
+
+# 4 blocks per workgroup, 64 threads each: min/max, then torchao's scale and zero point.
+CHOOSE_QPARAMS = """
+struct P { blocks: u32, block: u32, mode: u32, qmin: i32, qmax: i32, eps: f32, divisor: f32, zp_sym: f32 }
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> scale: array<f32>;
+@group(0) @binding(2) var<storage, read_write> zpo: array<ZP_TYPE>;
+@group(0) @binding(3) var<uniform> p: P;
+DIV_RN
+var<workgroup> rmin: array<f32, 256>;
+var<workgroup> rmax: array<f32, 256>;
+var<workgroup> zps: array<i32, 4>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    let g = wid.x + wid.y * nwg.x;
+    let lane = li % 64u;
+    let slot = li / 64u;
+    let blk = g * 4u + slot;
+    // min(min(x), 0) and max(max(x), 0)
+    var mn = 0.0;
+    var mx = 0.0;
+    if (blk < p.blocks) {
+        let base = blk * p.block;
+        for (var k = lane; k < p.block; k = k + 64u) {
+            let v = x[base + k];
+            mn = min(mn, v);
+            mx = max(mx, v);
+        }
+    }
+    rmin[li] = mn;
+    rmax[li] = mx;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s = s >> 1u) {
+        if (lane < s) {
+            rmin[li] = min(rmin[li], rmin[li + s]);
+            rmax[li] = max(rmax[li], rmax[li + s]);
+        }
+        workgroupBarrier();
+    }
+    if (lane == 0u) {
+        var zp = 0;
+        if (blk < p.blocks) {
+            let lo = rmin[li];
+            let hi = rmax[li];
+            let qmin = f32(p.qmin);
+            let qmax = f32(p.qmax);
+            var sc = 0.0;
+            var z = p.zp_sym;
+            if (p.mode == 0u) {
+                sc = max(div_rn(hi - lo, p.divisor), p.eps);
+                z = clamp(qmin - round(div_rn(lo, sc)), qmin, qmax);
+            } else if (p.mode == 1u) {
+                sc = max(div_rn(max(-lo, hi), p.divisor), p.eps);
+            } else {
+                let smin = div_rn(lo, qmin);
+                let smax = div_rn(hi, qmax);
+                sc = select(smax, smin, smin > smax);
+                sc = max(sc, p.eps);
+            }
+            scale[blk] = sc;
+            zp = i32(z);
+            ZP_STORE
+        }
+        zps[slot] = zp;
+    }
+    ZP_PACK
+}
+"""
+ZP_PACK = """workgroupBarrier();
+    if (li == 0u) {
+        zpo[g] = (u32(zps[0]) & 0xFFu) | ((u32(zps[1]) & 0xFFu) << 8u) | ((u32(zps[2]) & 0xFFu) << 16u)
+               | ((u32(zps[3]) & 0xFFu) << 24u);
+    }"""
+
+
+@op("torchao.choose_qparams_affine.default")
+def choose_qparams_affine(b):
+    """[input, mapping_type Str, block_size IntList, target_dtype (None), quant_min, quant_max,
+    eps Double or None, scale_dtype, zero_point_dtype, keepdim, ValueList[scale, zero_point]]."""
+    name = b.name
+    x = b.args[0]
+    xt = b.tensor(0)
+    if not is_float(xt.dtype):
+        _fail(name, f"input dtype {xt.dtype}")
+    mapping = b.scalar(1)
+    if mapping not in MODES:
+        _fail(name, f"mapping type {mapping!r} is not supported")
+    block = tuple(b.value(2).items)
+    if len(block) != len(xt.dims) or any(int(s) != 1 for s in block[:-1]) or block[-1] <= 0:
+        _fail(name, f"block_size {list(block)} for input {list(xt.dims)}: only [1, ..., 1, B] (per row group)")
+    bsize = int(block[-1])
+    qmin, qmax = b.scalar(4, -128), b.scalar(5, 127)
+    eps = b.scalar(6, None)
+    eps = 2.0**-126 if eps is None else float(eps)  # torch.finfo(float32).smallest_normal
+    outs = b.value(len(b.args) - 1).items
+    if len(outs) != 2:
+        _fail(name, f"expected 2 outputs, got {len(outs)}")
+    sc, zp = outs
+    st, zt = b.graph.values[sc], b.graph.values[zp]
+    zp_packed = zt.dtype in PACKED
+    if not is_float(st.dtype):
+        _fail(name, f"scale dtype {st.dtype}")
+    mode = MODES[mapping]
+    divisor = float(qmax - qmin) if mode == 0 else float(qmax - qmin) / 2
+    zp_sym = float(int((qmax + qmin + 1) / 2))
+    src = (
+        CHOOSE_QPARAMS.replace("DIV_RN", DIV_RN)
+        .replace("ZP_TYPE", "u32" if zp_packed else "i32")
+        .replace("ZP_STORE", "" if zp_packed else "zpo[blk] = zp;")
+        .replace("ZP_PACK", ZP_PACK if zp_packed else "")
+    )
+    params = b.params(QP_SIZE)
+    d = b.dispatch(src, [x, sc, zp, params])
+    out_rank = len(st.dims)
+
+    def resize(ctx):
+        xd = ctx.dims(x)
+        k = xd[-1]
+        if k % bsize:
+            _fail(name, f"input {tuple(xd)} does not split into blocks of {bsize}")
+        blocks = numel_of(xd) // bsize
+        if out_rank == len(xd):
+            dims = tuple(xd[:-1]) + (k // bsize,)
+        else:
+            dims = tuple(xd[:-1]) + ((k // bsize,) if k != bsize else ())
+        if len(dims) != out_rank:
+            _fail(name, f"cannot shape {blocks} blocks into rank {out_rank}")
+        ctx.set_params(params, struct.pack(QP_FORMAT, blocks, bsize, mode, qmin, qmax, eps, divisor, zp_sym))
+        ctx.set_grid(d, fold_grid(-(-blocks // 4)))
+        ctx.set_dims(sc, dims)
+        ctx.set_dims(zp, dims)
+
+    b.hook(resize)
+
+
+# ---------------------------------------------------------------- embedding_q4gsw
+
+EMBEDDING_Q4 = f"""
+struct P {{ n: u32, dim: u32, rows: u32, wpr: u32, groups: u32, gs: u32, linear: u32, pad: u32 }}
+@group(0) @binding(0) var<storage, read> wq: array<u32>;
+@group(0) @binding(1) var<storage, read> ws: array<f32>;
+@group(0) @binding(2) var<storage, read> index: array<i32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<uniform> p: P;
+{FLAT_INDEX}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
+    let i = flat_index(gid, nwg, {WG}u);
+    if (i >= p.n) {{ return; }}
+    let t = i / p.dim;
+    let d = i % p.dim;
+    // An index outside the table reads its nearest row instead of out-of-bounds memory.
+    let row = u32(clamp(index[t], 0, i32(p.rows) - 1));
+    let byte = (wq[row * p.wpr + d / 8u] >> (8u * ((d / 2u) % 4u))) & 0xFFu;
+    // linear packing: even element in the low nibble; otherwise in the high nibble
+    let high = ((d % 2u) == 1u) == (p.linear == 1u);
+    let q = select(byte & 15u, byte >> 4u, high);
+    out[i] = (f32(q) - 8.0) * ws[row * p.groups + min(d / p.gs, p.groups - 1u)];
+}}
+"""
+
+
+@op("et_vk.embedding_q4gsw.default")
+def embedding_q4gsw(b):
+    """[weight u8 [V, Dp/2], scales f32 [V, groups] (or [V]), group_size Int, indices, is_linear_weight
+    Bool, out [..., D]]."""
+    name = b.name
+    wt, st = b.tensor(0), b.tensor(1)
+    gs = int(b.scalar(2))
+    indices = b.args[3]
+    linear = bool(b.scalar(4, False)) if len(b.args) > 5 else False
+    if len(wt.dims) != 2 or wt.dims[1] % 4:
+        _fail(name, f"weight must be packed [V, D/2] with whole u32 rows, got {list(wt.dims)}")
+    rows, row_bytes = wt.dims
+    groups = st.dims[1] if len(st.dims) == 2 else 1
+    if st.dims[0] != rows:
+        _fail(name, f"scales {list(st.dims)} for {rows} rows")
+    dim = b.graph.values[b.out].dims[-1]
+    if dim > row_bytes * 2 or -(-dim // gs) > groups:
+        _fail(name, f"embedding dim {dim} does not fit weight {list(wt.dims)} / scales {list(st.dims)}")
+    params = b.params(32)
+    d = b.dispatch(EMBEDDING_Q4, [b.args[0], b.args[1], indices, b.out, params])
+
+    def resize(ctx):
+        shape = ctx.dims(indices) + (dim,)
+        n = numel_of(shape)
+        ctx.set_params(params, struct.pack("<8I", n, dim, rows, row_bytes // 4, groups, gs, int(linear), 0))
+        ctx.set_grid(d, flat_grid(n))
+        ctx.set_dims(b.out, shape)
+
+    b.hook(resize)

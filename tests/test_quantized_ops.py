@@ -1,0 +1,220 @@
+"""4-bit group-symmetric weights (`et_vk.linear_q4gsw`, `et_vk.embedding_q4gsw`) and 8-bit dynamic
+activations with 4-bit weights (`torchao.choose_qparams_affine` + `et_vk.linear_dq8ca_q4gsw`),
+against the torchao-quantized eager module, on both linear routes (GEMV at M == 1, tiled GEMM
+otherwise) with live M changing in random order.
+
+The activation quantization is exact: an 8da4w layer whose weight is diagonal has one product per
+output, so its output is bit-identical to eager only if every scale, zero point and int8 value
+matches. Outputs of full layers differ from eager only by fp32 summation order.
+"""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import async_runtime as ar
+from .exporting import eager, export_pte
+
+pytestmark = pytest.mark.usefixtures("adapter")
+
+ATOL = RTOL = 1e-4
+
+
+def _config(kind, group):
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig
+    from torchao.quantization.granularity import PerGroup
+
+    if kind == "4w":
+        return IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(group))
+    return Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(group))
+
+
+def quantized(make, kind, group, module_type=torch.nn.Linear):
+    """A factory for `make()` with its `module_type` layers quantized by torchao (kind "4w" or
+    "8da4w"); export_pte's caching and PTE_WGPU_EXPORT_DIR apply to it unchanged (the quantized
+    state dict round-trips through torch.save)."""
+
+    def build():
+        from torchao.quantization import quantize_
+
+        module = make().eval()
+        quantize_(module, _config(kind, group), filter_fn=lambda m, fqn: isinstance(m, module_type))
+        return module
+
+    return build
+
+
+class Linear(torch.nn.Module):
+    def __init__(self, k, n, bias, diagonal=False):
+        super().__init__()
+        self.fc = torch.nn.Linear(k, n, bias=bias)
+        if diagonal:
+            with torch.no_grad():
+                self.fc.weight.copy_(torch.diag(torch.rand(n) * 1.5 + 0.5))
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+class Embedding(torch.nn.Module):
+    def __init__(self, vocab, dim):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, dim)
+
+    def forward(self, idx):
+        return self.emb(idx)
+
+
+def _m(max_m):
+    return torch.export.Dim("m", min=1, max=max_m)
+
+
+# name -> (quantized module factory, example shape at max M, axis of live M)
+CASES = {
+    # K = 36 is padded to 40 in the packed rows; group 12 straddles weight words
+    "q4_small": (quantized(lambda: Linear(36, 28, False), "4w", 12), (17, 36), 0),
+    # two 64-row and two 64-column GEMM tiles, bias, group 32 (one scale per weight word)
+    "q4_bias_large": (quantized(lambda: Linear(160, 76, True), "4w", 32), (70, 160), 0),
+    # Llama-shaped [1, S, K] input
+    "q4_3d": (quantized(lambda: Linear(64, 44, False), "4w", 16), (1, 9, 64), 1),
+    "dq8_small_bias": (quantized(lambda: Linear(36, 28, True), "8da4w", 12), (17, 36), 0),
+    "dq8_large": (quantized(lambda: Linear(160, 76, False), "8da4w", 32), (70, 160), 0),
+    "dq8_3d": (quantized(lambda: Linear(64, 44, True), "8da4w", 16), (1, 9, 64), 1),
+    "dq8_diagonal": (quantized(lambda: Linear(64, 64, False, diagonal=True), "8da4w", 32), (70, 64), 0),
+}
+
+
+def _export(name):
+    make, shape, axis = CASES[name]
+    dyn = ({axis: _m(shape[axis])},)
+    return export_pte(name, make, [torch.randn(*shape)], dynamic_shapes=dyn)
+
+
+def _rows(name, m, rng):
+    """Random rows at mixed magnitudes, plus rows whose quantization hits exact .5 ties."""
+    _, shape, axis = CASES[name]
+    shape = list(shape)
+    shape[axis] = m
+    x = rng.standard_normal(shape).astype(np.float32)
+    flat = x.reshape(-1, shape[-1])
+    k = shape[-1]
+    for r in range(flat.shape[0]):
+        kind = r % 5
+        if kind == 1:
+            flat[r] *= np.float32(1e-3)
+        elif kind == 2:
+            flat[r] *= np.float32(300.0)
+        elif kind == 3:  # range 255 -> scale 1, zero point 0: halves are ties
+            flat[r] = rng.integers(-256, 254, k) / 2
+            flat[r, 0], flat[r, 1] = -128.0, 127.0
+        elif kind == 4:  # range 510 -> scale 2: odd integers are ties
+            flat[r] = rng.integers(-256, 255, k)
+            flat[r, 0], flat[r, 1] = -256.0, 254.0
+    return x
+
+
+def _live_ms(name):
+    _, shape, axis = CASES[name]
+    max_m = shape[axis]
+    ms = sorted({1, 2, 3, max_m, max_m - 1, (max_m + 1) // 2, min(65, max_m)}) + [1, max_m]
+    random.Random(name).shuffle(ms)
+    return ms
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+async def test_quantized_linear_routes(name):
+    """Live M over 1 (GEMV) and 2..max (GEMM, partial and several tiles), random order, repeats."""
+    data, module = _export(name)
+    exact = name == "dq8_diagonal"
+    rng = np.random.default_rng(7)
+    async with await ar.load(data) as model:
+        for m in _live_ms(name):
+            x = _rows(name, m, rng)
+            (got,) = await model.execute(x)
+            (want,) = eager(module, x)
+            assert got.shape == want.shape
+            if exact:
+                np.testing.assert_array_equal(got, want, err_msg=f"M={m}")
+            else:
+                np.testing.assert_allclose(got, want, atol=ATOL, rtol=RTOL, err_msg=f"M={m}")
+
+
+async def test_dq8_graph_has_the_dynamic_quantization_ops():
+    from async_runtime.pte import read_program
+    from async_runtime.vkgraph import read_vkgraph
+
+    data, _ = _export("dq8_small_bias")
+    (delegate,) = read_program(data).method("forward").delegates
+    names = [c.name for c in read_vkgraph(delegate.blob).chain]
+    assert "torchao.choose_qparams_affine.default" in names
+    assert "et_vk.linear_dq8ca_q4gsw.default" in names
+    data, _ = _export("q4_small")
+    (delegate,) = read_program(data).method("forward").delegates
+    assert "et_vk.linear_q4gsw.default" in [c.name for c in read_vkgraph(delegate.blob).chain]
+
+
+@pytest.mark.parametrize("vocab,dim,group", [(37, 64, 32), (29, 96, 12)])
+async def test_embedding_q4gsw(vocab, dim, group):
+    """Quantized rows gathered by a dynamic number of indices, dequantized bit-exactly (the
+    exporter matches only embedding dims that are multiples of 32)."""
+    name = f"q4_embedding_{vocab}_{dim}_{group}"
+    make = quantized(lambda: Embedding(vocab, dim), "4w", group, torch.nn.Embedding)
+    data, module = export_pte(name, make, [torch.randint(0, vocab, (11,))], dynamic_shapes=({0: _m(11)},))
+    rng = np.random.default_rng(3)
+    async with await ar.load(data) as model:
+        for n in [11, 1, 4, 11, 7]:
+            idx = rng.integers(0, vocab, n).astype(np.int64)
+            idx[0] = vocab - 1
+            (got,) = await model.execute(idx)
+            (want,) = eager(module, idx)
+            np.testing.assert_array_equal(got, want)
+
+
+def test_div_rn_is_correctly_rounded():
+    """The shaders' software division against numpy's IEEE float32 division."""
+    import wgpu
+
+    from kernels.quantized import DIV_RN
+
+    rng = np.random.default_rng(0)
+    n = 1 << 16
+    a = (rng.standard_normal(n) * 10.0 ** rng.integers(-6, 6, n)).astype(np.float32)
+    b = (np.abs(rng.standard_normal(n)) * 10.0 ** rng.integers(-6, 6, n)).astype(np.float32)
+    a[:8] = [0.0, 1.0, 255.0, -128.0, 3.0, 1e-30, 7.0, -0.0]
+    b[:8] = [1.0, 3.0, 255.0, 0.5, 3.0, 7e30, 2.0 ** -126, 5.0]
+    src = (
+        "@group(0) @binding(0) var<storage, read> a: array<f32>;\n"
+        "@group(0) @binding(1) var<storage, read> b: array<f32>;\n"
+        "@group(0) @binding(2) var<storage, read_write> q: array<f32>;\n"
+        + DIV_RN
+        + "@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) {\n"
+        "    q[g.x] = div_rn(a[g.x], b[g.x]);\n}\n"
+    )
+    device = wgpu.gpu.request_adapter_sync().request_device_sync()
+    usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC
+    ba = device.create_buffer_with_data(data=a, usage=usage)
+    bb = device.create_buffer_with_data(data=b, usage=usage)
+    bq = device.create_buffer(size=4 * n, usage=usage)
+    pipeline = device.create_compute_pipeline(
+        layout="auto", compute={"module": device.create_shader_module(code=src), "entry_point": "main"}
+    )
+    group = device.create_bind_group(
+        layout=pipeline.get_bind_group_layout(0),
+        entries=[{"binding": i, "resource": {"buffer": buf}} for i, buf in enumerate((ba, bb, bq))],
+    )
+    encoder = device.create_command_encoder()
+    pass_ = encoder.begin_compute_pass()
+    pass_.set_pipeline(pipeline)
+    pass_.set_bind_group(0, group)
+    pass_.dispatch_workgroups(n // 64)
+    pass_.end()
+    device.queue.submit([encoder.finish()])
+    got = np.frombuffer(device.queue.read_buffer(bq), np.float32)
+    with np.errstate(all="ignore"):
+        want = a / b
+    # normal quotients exactly; subnormal ones flush to zero
+    normal = np.abs(want) >= np.finfo(np.float32).tiny
+    np.testing.assert_array_equal(got[normal], want[normal])
+    assert np.all(got[~normal] == 0)
