@@ -19,6 +19,7 @@ from .errors import (
     RuntimeFault,
     UnsupportedOperatorError,
 )
+from .generate import GenerationStats, Sampling, context_length, generate
 from .model import IOSpec, Model, load
 from .session import Session
 from .stats import Statistics
@@ -28,6 +29,7 @@ __all__ = [
     "BusyResourceError",
     "ClosedResourceError",
     "DeviceInfo",
+    "GenerationStats",
     "IOSpec",
     "InputError",
     "InputResized",
@@ -35,8 +37,11 @@ __all__ = [
     "ModelFormatError",
     "ResizeError",
     "RuntimeFault",
+    "Sampling",
     "Session",
     "Statistics",
     "UnsupportedOperatorError",
+    "context_length",
+    "generate",
     "load",
 ]

@@ -97,3 +97,42 @@ async def test_positions_past_the_context_are_an_input_error(tmp_path_factory):
         with pytest.raises(ar.InputError, match="past the context|do not fit the KV cache"):
             await model.execute(np.ones((1, 5), np.int64), np.array([CONTEXT - 2], np.int64))
         await generate_and_check(model, ids, logits, SCENARIOS["short"][0])  # and the model still works
+
+
+async def test_generate_gives_the_reference_greedy_tokens(tmp_path_factory):
+    pte, runs = recorded("fp32", tmp_path_factory)
+    ids, _ = runs["short"]
+    prompt_len, steps = SCENARIOS["short"]
+    async with await ar.load(pte) as model:
+        assert ar.context_length(model) == CONTEXT
+        stream = ar.generate(model.session(), ids[:prompt_len], max_new_tokens=steps)
+        tokens = [t async for t in stream]
+        assert tokens == list(ids[prompt_len:])
+        assert stream.stats.finish_reason == "length" and stream.stats.generated_tokens == steps
+        assert stream.position == prompt_len + steps - 1  # the last token is not fed back
+
+
+async def test_sampling_is_seeded_and_bounded_by_the_context(tmp_path_factory):
+    pte, runs = recorded("fp32", tmp_path_factory)
+    ids, _ = runs["short"]
+    prompt = list(ids[:7])
+    async with await ar.load(pte) as model:
+
+        async def sample(**kw):
+            return [t async for t in ar.generate(model.session(), prompt, max_new_tokens=8, **kw)]
+
+        a = await sample(temperature=1.3, top_k=20, seed=4)
+        assert a == await sample(temperature=1.3, top_k=20, seed=4)
+        assert await sample(temperature=5.0, top_k=1) == list(ids[7:15])  # top-k 1 is greedy
+        assert await sample(temperature=2.0, top_p=1e-9) == list(ids[7:15])  # so is a tiny top-p
+        stop = int(ids[9])
+        stream = ar.generate(model.session(), prompt, max_new_tokens=8, stop=[stop])
+        assert [t async for t in stream] == list(ids[7:10]) and stream.stats.finish_reason == "stop"
+        # the context is full after CONTEXT positions: generation ends there with "length"
+        stream = ar.generate(model.session(), list(ids), max_new_tokens=100)  # 39 tokens
+        assert len([t async for t in stream]) == CONTEXT - len(ids) + 1
+        assert stream.stats.finish_reason == "length"
+        with pytest.raises(ar.InputError, match="does not fit the context of 48"):
+            ar.generate(model.session(), [1] * 49)
+        with pytest.raises(ar.InputError, match="bad sampling"):
+            ar.generate(model.session(), prompt, top_p=0)

@@ -1,0 +1,129 @@
+"""Token generation over a Llama-style program (ExecuTorch's LLM export: tokens [1, S] and
+input_pos [1] in, last-token logits [1, vocab] out, the KV cache inside the session).
+
+    async for token in ar.generate(session, prompt_ids, max_new_tokens=64, temperature=0.7):
+        ...
+
+Long prompts are fed in chunks of the largest step the export takes. Generation stops at a stop
+token, after `max_new_tokens`, or when the context is full (`finish_reason == "length"`); a prompt
+that does not fit the context is an InputError before anything runs.
+"""
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InputError
+
+
+def context_length(model):
+    """Positions the model's KV cache holds (from sdpa_with_kv_cache's cache tensor)."""
+    graph = model.graph
+    for name, args in graph.calls:
+        if name == "sdpa_with_kv_cache.default":
+            return graph.values[args[3]].dims[1]
+    raise InputError("this program has no KV cache (sdpa_with_kv_cache); it cannot generate")
+
+
+@dataclass
+class Sampling:
+    """temperature 0 is greedy; top_k 0 and top_p 1 keep every token."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self):
+        if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
+            raise InputError(f"bad sampling settings: {self}; need temperature >= 0, top_k >= 0, 0 < top_p <= 1")
+        self._rng = np.random.default_rng(self.seed)
+
+    def pick(self, logits):
+        logits = np.asarray(logits, np.float64).reshape(-1)
+        if self.temperature == 0:
+            return int(logits.argmax())
+        logits = logits / self.temperature
+        order = np.argsort(-logits)
+        if self.top_k:
+            order = order[: self.top_k]
+        probs = np.exp(logits[order] - logits[order[0]])
+        probs /= probs.sum()
+        if self.top_p < 1:
+            keep = int(np.searchsorted(np.cumsum(probs), self.top_p) + 1)
+            order, probs = order[:keep], probs[:keep] / probs[:keep].sum()
+        return int(order[self._rng.choice(len(order), p=probs)])
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    prompt_seconds: float = 0.0
+    generate_seconds: float = 0.0
+    finish_reason: str | None = None  # "stop", "length" (max_new_tokens or the context is full)
+
+    @property
+    def prompt_tokens_per_s(self):
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds else 0.0
+
+    @property
+    def generate_tokens_per_s(self):
+        return self.generated_tokens / self.generate_seconds if self.generate_seconds else 0.0
+
+
+class generate:
+    """An async iterator over the new token ids for `prompt` (a list of ids) on `session`,
+    starting at position `start` of its KV cache (0 for a new conversation). `stats` and
+    `position` are up to date as tokens come."""
+
+    def __init__(self, session, prompt, *, max_new_tokens=256, temperature=0.0, top_k=0, top_p=1.0,
+                 seed=None, stop=(), start=0):
+        self.session = session
+        self.prompt = [int(t) for t in prompt]
+        self.max_new_tokens = int(max_new_tokens)
+        self.sampling = Sampling(temperature, top_k, top_p, seed)
+        self.stop = set(int(t) for t in stop)
+        self.position = int(start)
+        self.stats = GenerationStats(prompt_tokens=len(self.prompt))
+        model = getattr(session, "_model", session)
+        self.context = context_length(model)
+        self.chunk = model.inputs[0].max_shape[1]
+        if not self.prompt:
+            raise InputError("the prompt is empty: give at least one token")
+        if start + len(self.prompt) > self.context:
+            raise InputError(
+                f"the prompt of {len(self.prompt)} tokens at position {start} does not fit the context of "
+                f"{self.context} tokens"
+            )
+
+    def __aiter__(self):
+        return self._run()
+
+    async def _step(self, tokens):
+        ids = np.asarray(tokens, np.int64).reshape(1, -1)
+        (logits,) = await self.session.execute(ids, np.array([self.position], np.int64))
+        self.position += ids.shape[1]
+        return logits
+
+    async def _run(self):
+        t0 = time.perf_counter()
+        for i in range(0, len(self.prompt), self.chunk):
+            logits = await self._step(self.prompt[i : i + self.chunk])
+        self.stats.prompt_seconds = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for n in range(self.max_new_tokens):
+            token = self.sampling.pick(logits)
+            self.stats.generated_tokens += 1
+            self.stats.generate_seconds = time.perf_counter() - t0
+            if token in self.stop:
+                self.stats.finish_reason = "stop"
+                yield token
+                return
+            yield token
+            if n + 1 == self.max_new_tokens or self.position >= self.context:
+                break
+            logits = await self._step([token])
+            self.stats.generate_seconds = time.perf_counter() - t0
+        self.stats.finish_reason = "length"
