@@ -26,7 +26,7 @@ fi
 if [ ! -f .venv/.installed ] || [ pyproject.toml -nt .venv/.installed ]; then
     echo "== installing pte-wgpu with its export and test extras (torch CPU, executorch)"
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e ".[export,test,trio]"
+    .venv/bin/python -m pip install -q -e ".[export,test,trio,serve]"
     touch .venv/.installed
 fi
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
