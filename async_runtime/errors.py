@@ -12,6 +12,7 @@ __all__ = [
     "BusyResourceError",
     "ClosedResourceError",
     "InputError",
+    "MemoryBudgetError",
     "ModelFormatError",
     "ResizeError",
     "RuntimeFault",
@@ -33,6 +34,10 @@ class UnsupportedOperatorError(NotImplementedError):
 
 class InputError(ValueError):
     """An input has the wrong count, dtype, rank or shape; the message says what was expected."""
+
+
+class MemoryBudgetError(MemoryError):
+    """Loading the model or opening a session would pass the memory budget given to `load`."""
 
 
 class ResizeError(RuntimeError):

@@ -1,14 +1,15 @@
 """Links a method and its Vulkan delegates into one graph: one value table, one op chain.
 
 Delegate inputs and outputs become the method's own values, so the delegates and the ops between
-them run as one GPU plan. Values inside a delegate get fresh ids; tensors there keep their
-memory-planning groups (keyed per delegate), except delegate inputs and outputs, which get their own
-buffers because other delegates read them.
+them run as one GPU plan. Values inside a delegate get fresh ids. The delegates' own memory plans
+(`mem_obj_id`) are not used: `planning` plans the whole linked program at once.
 """
 
+import math
 from dataclasses import dataclass, field
 
 from kernels import OPS
+from kernels.wgsl import elem_bytes
 from resize.values import NONE, Scalar, SymInt, Tensor, ValueList
 
 from .errors import ModelFormatError, UnsupportedOperatorError
@@ -16,6 +17,7 @@ from .pte import DelegateCall, FreeCall, JumpFalseCall, KernelCall, MoveCall
 from .vkgraph import read_vkgraph
 
 DELEGATE_ID = "VulkanBackend"
+MAX_BINDING = 2**32 - 1  # WebGPU's maxStorageBufferBindingSize is at most this (u32 in wgpu)
 
 
 @dataclass
@@ -24,7 +26,6 @@ class Graph:
     inputs: tuple
     outputs: tuple
     calls: list  # (operator name, args) in execution order; output(s) last
-    groups: dict  # tensor value id -> buffer-sharing key
     delegate_ops: list = field(default_factory=list)  # names of ops inside delegates, with repeats
     kernel_ops: list = field(default_factory=list)  # names of ops outside delegates
     compile_specs: list = field(default_factory=list)
@@ -39,8 +40,8 @@ class Graph:
 def link(method, check=True):
     """The linked graph; with `check`, UnsupportedOperatorError lists every op without a kernel."""
     values = list(method.values)
-    calls, groups = [], {}
-    g = Graph(values, method.inputs, method.outputs, calls, groups)
+    calls = []
+    g = Graph(values, method.inputs, method.outputs, calls)
     for k, ins in enumerate(method.instructions):
         if isinstance(ins, DelegateCall):
             _link_delegate(g, method.delegates[ins.delegate], ins.args, k)
@@ -56,10 +57,28 @@ def link(method, check=True):
             calls.append(("control flow (JumpFalseCall)", ()))
         elif isinstance(ins, FreeCall):
             continue
+    _check_values(g)
     missing = g.missing_ops()
     if check and missing:
         raise UnsupportedOperatorError(missing)
     return g
+
+
+def _check_values(g):
+    """What the op build relies on for every value: lists hold no lists (nor themselves), and every
+    tensor fits the 4 GiB that a WebGPU storage binding can address at most (checked here, before
+    anything is sized from it; the device's own, lower limit is checked at load)."""
+    for vid, v in enumerate(g.values):
+        if isinstance(v, ValueList):
+            for item in v.items:
+                if item != -1 and isinstance(g.values[item], ValueList):
+                    raise ModelFormatError(f"value {vid}: a list whose item {item} is a list")
+        elif isinstance(v, Tensor):
+            nbytes = math.prod(v.dims) * elem_bytes(v.dtype)
+            if nbytes > MAX_BINDING:
+                raise ModelFormatError(
+                    f"value {vid}: tensor {v.dtype}{list(v.dims)} needs {nbytes} bytes, more than any device binds"
+                )
 
 
 def _link_delegate(g, delegate, args, at):
@@ -79,9 +98,6 @@ def _link_delegate(g, delegate, args, at):
             _merge_boundary(g, outer, value, at)
             continue
         mapping[local] = len(g.values)
-        if isinstance(value, Tensor) and value.mem_obj is not None and value.constant is None:
-            # constants (KV caches among them) keep their own buffer even when memory-planned
-            g.groups[mapping[local]] = (at, value.mem_obj)
         g.values.append(value)
     for local, value in enumerate(vk.values):
         if isinstance(value, ValueList) and local not in vk.inputs + vk.outputs:

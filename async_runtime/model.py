@@ -13,8 +13,9 @@ from resize.shapes import numel_of
 from resize.values import SymInt, Tensor
 
 from .device import open_device
-from .errors import ClosedResourceError, ModelFormatError, RuntimeFault
+from .errors import ClosedResourceError, MemoryBudgetError, ModelFormatError, RuntimeFault
 from .graph import link
+from .planning import plan_memory
 from .pte import read_program
 from .scheduler import Scheduler
 from .session import Session
@@ -41,14 +42,16 @@ async def _read_source(source):
     raise TypeError(f"load() takes a path, bytes or a binary file object, not {type(source).__name__}")
 
 
-async def load(source, method="forward", *, device=None, on_resize=None, batch_submits=True):
+async def load(source, method="forward", *, device=None, on_resize=None, batch_submits=True, memory_budget=None):
     """Load a `.pte` program and build its GPU plan.
 
     `device` picks an adapter by a substring of its name; `on_resize(event)` is called with each
     `InputResized` event of every session; `batch_submits=False` gives every step its own submit
-    (for comparison: by default concurrent sessions' ready steps share one)."""
+    (for comparison: by default concurrent sessions' ready steps share one). `memory_budget` caps
+    the GPU bytes of the model and all its sessions: past it, load or `session()` raises
+    MemoryBudgetError before allocating anything."""
     data = await _read_source(source)
-    model = Model(on_resize, batch_submits)
+    model = Model(on_resize, batch_submits, memory_budget)
     await model._build(data, method, device)
     return model
 
@@ -57,8 +60,10 @@ class Model:
     """The shared part: weights, activations, pipelines and the plan. Streams are `session()`s;
     `execute` runs on a default session."""
 
-    def __init__(self, on_resize=None, batch_submits=True):
+    def __init__(self, on_resize=None, batch_submits=True, memory_budget=None):
         self._closed = False
+        self.memory_budget = memory_budget
+        self._reserved = 0  # bytes of the model and its open sessions
         self._counters = Counters()
         self._sessions = set()
         self._next_session_id = 0
@@ -137,26 +142,33 @@ class Model:
             return IOSpec(what, v.dtype, tuple(v.dims))
         return IOSpec(what, "int" if isinstance(v, SymInt) else type(v).__name__, ())
 
+    def _reserve(self, nbytes, what):
+        """Count `nbytes` against the memory budget, or raise before anything is allocated."""
+        if self.memory_budget is not None and self._reserved + nbytes > self.memory_budget:
+            raise MemoryBudgetError(
+                f"{what} needs {nbytes} bytes of GPU memory; {self._reserved} of the {self.memory_budget}-byte "
+                "budget are in use"
+            )
+        self._reserved += nbytes
+
     def _create_buffer(self, size, usage, label=""):
         self._counters.buffer_allocations += 1
         return self.device.create_buffer(size=max(align(size, 4), 4), usage=usage, label=label)
 
     def _make_buffers(self, named):
-        values, groups = self.graph.values, self.graph.groups
-        sizes, self._buffer_key = {}, {}
+        values = self.graph.values
         limit = self.device_info.max_storage_binding
         for vid, v in enumerate(values):
-            if not isinstance(v, Tensor):
-                continue
-            nbytes = numel_of(v.dims) * elem_bytes(v.dtype)
+            nbytes = numel_of(v.dims) * elem_bytes(v.dtype) if isinstance(v, Tensor) else 0
             if nbytes > limit:
                 raise ModelFormatError(f"tensor {vid} {v.dtype}{list(v.dims)} needs {nbytes} bytes; the device binds at most {limit}")
-            if vid in self._session_vids:
-                continue
-            key = groups.get(vid, ("value", vid))
-            self._buffer_key[vid] = key
-            sizes[key] = max(sizes.get(key, 4), nbytes)
-        self._buffers = {key: self._create_buffer(size, STORAGE_USAGE, str(key)) for key, size in sizes.items()}
+        memory = plan_memory(self.graph, self.plan.nodes, set(self._session_vids))
+        self._buffer_key, self._aliased = memory.keys, memory.aliased
+        shared = {  # the session-owned values are allocated by each session
+            key: size for key, size in memory.sizes.items() if not (key[0] == "value" and key[1] in self._session_vids)
+        }
+        self._reserve(sum(align(size, 4) for size in shared.values()), "the model's weights and activations")
+        self._buffers = {key: self._create_buffer(size, STORAGE_USAGE, str(key)) for key, size in shared.items()}
         self._constant_data = {}  # initial contents of the session-owned constants (state tensors)
         for vid, v in enumerate(values):
             if not (isinstance(v, Tensor) and v.constant is not None):
@@ -233,7 +245,8 @@ class Model:
                     break
 
     def memory(self):
-        """Bytes of GPU memory shared by every session (weights and activations)."""
+        """Bytes of GPU memory shared by every session (weights and activations); each session's
+        own part is `session.memory()`."""
         return sum(b.size for b in self._buffers.values())
 
     async def aclose(self):

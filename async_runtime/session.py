@@ -28,6 +28,8 @@ COPY_ALIGN = 256  # spacing of outputs in the readback staging buffer
 class Session:
     """One stream: `await session.execute(...)`; `async with model.session() as s:`."""
 
+    profiler = None  # an async_runtime.profile.Profiler set here encodes this session's steps (GPU timestamps)
+
     def __init__(self, model):
         self._model = model
         self.id = model._next_session_id
@@ -37,29 +39,33 @@ class Session:
         self._counters = Counters()
         self.state = model._initial_state.copy()
         graph, queue = model.graph, model.device.queue
-        self._own = {}  # value id -> this session's buffer (inputs, state tensors)
-        for vid in model._session_vids:
-            v = graph.values[vid]
-            buf = model._create_buffer(numel_of(v.dims) * elem_bytes(v.dtype), STORAGE_USAGE, f"session {vid}")
-            if vid in model._constant_data:
-                queue.write_buffer(buf, 0, model._constant_data[vid])
-            self._own[vid] = buf
+        own_sizes = {vid: numel_of(graph.values[vid].dims) * elem_bytes(graph.values[vid].dtype) for vid in model._session_vids}
         offsets, total = [], 0
         for size in graph.params:
             offsets.append(total)
             total += align(size, UNIFORM_ALIGN)
         self._param_offsets = offsets
-        self._arena = model._create_buffer(max(total, 16), wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST, "params")
-        for pid, data in enumerate(self.state.params):
-            self._write_params(pid, data)
-        self._bind_groups = [self._bind_group(d) if d.shader else None for d in graph.dispatches]
+        arena_size = max(total, 16)
         self._out_offsets, total = [], 0
         for vid in graph.outputs:
             v = graph.values[vid]
             self._out_offsets.append(total)
             if isinstance(v, Tensor):
                 total += align(numel_of(v.dims) * elem_bytes(v.dtype), COPY_ALIGN)
-        self._staging = model._create_buffer(max(total, 4), wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST, "readback")
+        staging_size = max(total, 4)
+        self._reserved = sum(align(max(n, 4), 4) for n in own_sizes.values()) + arena_size + staging_size
+        model._reserve(self._reserved, "a new session")
+        self._own = {}  # value id -> this session's buffer (inputs, state tensors)
+        for vid, nbytes in own_sizes.items():
+            buf = model._create_buffer(nbytes, STORAGE_USAGE, f"session {vid}")
+            if vid in model._constant_data:
+                queue.write_buffer(buf, 0, model._constant_data[vid])
+            self._own[vid] = buf
+        self._arena = model._create_buffer(arena_size, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST, "params")
+        for pid, data in enumerate(self.state.params):
+            self._write_params(pid, data)
+        self._bind_groups = [self._bind_group(d) if d.shader else None for d in graph.dispatches]
+        self._staging = model._create_buffer(staging_size, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST, "readback")
         self._commands = self._command_list()
         model._sessions.add(self)
 
@@ -92,7 +98,7 @@ class Session:
             if d.shader is not None:
                 if grid[0] and grid[1] and grid[2]:
                     commands.append((True, model._pipelines[d.shader], self._bind_groups[did], grid))
-            elif grid[0]:
+            elif grid[0] and did not in model._aliased:
                 commands.append((False, self._buffer(d.src), self._buffer(d.dst), align(grid[0], 4)))
         return commands
 
@@ -212,6 +218,8 @@ class Session:
 
     def _encode_commands(self, encoder):
         """The graph's dispatches and copies: many dispatches per compute pass."""
+        if self.profiler is not None:  # profiling: one timestamped pass per dispatch (profile.py)
+            return self.profiler.encode(self, encoder)
         compute = None
         for cmd in self._commands:
             if cmd[0]:
@@ -280,6 +288,7 @@ class Session:
             return
         self._closed = True
         self._model._sessions.discard(self)
+        self._model._reserved -= self._reserved
         for b in (self._arena, self._staging, *self._own.values()):
             b.destroy()
 

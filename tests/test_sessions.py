@@ -156,3 +156,23 @@ async def test_event_loop_keeps_ticking_during_load_and_execute():
         tg.cancel_scope.cancel()
     assert len(gaps) >= 3
     assert max(gaps) < 0.05, f"the loop stalled for {max(gaps) * 1e3:.0f} ms"
+
+
+async def test_memory_budget_refuses_a_session_before_allocating():
+    pte, _ = block_dynamic()
+    async with await ar.load(pte) as probe:
+        shared, per_session = probe.memory(), probe.session().memory()
+    with pytest.raises(ar.MemoryBudgetError, match="budget"):
+        await ar.load(pte, memory_budget=shared // 2)
+    # room for the model, its default session and exactly one more session
+    budget = shared + 2 * per_session + per_session // 2
+    async with await ar.load(pte, memory_budget=budget) as model:
+        first = model.session()
+        allocated = model.statistics().buffer_allocations
+        with pytest.raises(ar.MemoryBudgetError, match="a new session needs"):
+            model.session()
+        assert model.statistics().buffer_allocations == allocated  # nothing was allocated
+        await first.aclose()
+        second = model.session()  # the closed session's bytes are free again
+        (out,) = await second.execute(plan_for(3, 1)[0])
+        assert out.shape[2] == 15
