@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import anyio
 import numpy as np
 
-from kernels import build_node
+from kernels import build_node, fuse
 from kernels.wgsl import elem_bytes
 from resize.engine import LiveState, Plan, ResizeContext, ResizeFailure, run_all
 from resize.shapes import numel_of
@@ -74,6 +74,7 @@ class Model:
     async def _build(self, data, method, device_name):
         program = await anyio.to_thread.run_sync(read_program, data)
         graph = link(program.method(method))
+        self.fused = fuse(graph)
         self.graph = graph
         values = graph.values
         nodes = []

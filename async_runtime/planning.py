@@ -71,6 +71,8 @@ def plan_memory(graph, nodes, own):
         else:
             planned.append((nbytes, r, group))
     for nbytes, r, group in sorted(planned, key=lambda p: (-p[0], p[1])):
+        if r not in first and r not in last:
+            continue  # nothing reads or writes it (an intermediate that fusion removed)
         span = (first.get(r, 0), last.get(r, first.get(r, 0)))
         for index, (size, spans) in enumerate(buffers):
             if all(span[1] < a or b < span[0] for a, b in spans):

@@ -1,6 +1,7 @@
 """WGSL kernels and the op registry, one module per op family; importing this registers them all."""
 
 from . import attention, creation, elementwise, embedding, indexing, linear, quantized, reduce, rope, scan, shape, symint  # noqa: F401
+from .fusion import fuse
 from .registry import OPS, Dispatch, OpBuilder, Params, build_node, op
 
-__all__ = ["OPS", "Dispatch", "OpBuilder", "Params", "build_node", "op"]
+__all__ = ["OPS", "Dispatch", "OpBuilder", "Params", "build_node", "fuse", "op"]

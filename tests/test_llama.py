@@ -75,6 +75,7 @@ async def test_llama_matches_eager_prompt_then_decode(name, tmp_path_factory):
     pte, runs = recorded(name, tmp_path_factory)
     async with await ar.load(pte) as model:
         assert model.inputs[0].max_shape == (1, CONTEXT - 1)
+        assert model.fused == CONFIGS[name]["n_layers"]  # each layer's SiLU gate is one dispatch
         ids, logits = runs["short"]
         await generate_and_check(model, ids, logits, SCENARIOS["short"][0])
 
