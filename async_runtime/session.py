@@ -220,13 +220,16 @@ class Session:
         """The graph's dispatches and copies: many dispatches per compute pass."""
         if self.profiler is not None:  # profiling: one timestamped pass per dispatch (profile.py)
             return self.profiler.encode(self, encoder)
-        compute = None
+        compute = current = None
         for cmd in self._commands:
             if cmd[0]:
                 if compute is None:
                     compute = encoder.begin_compute_pass()
+                    current = None
                 _, pipeline, bind_group, (x, y, z) = cmd
-                compute.set_pipeline(pipeline)
+                if pipeline is not current:  # consecutive dispatches of one kernel keep it bound
+                    compute.set_pipeline(pipeline)
+                    current = pipeline
                 compute.set_bind_group(0, bind_group)
                 compute.dispatch_workgroups(x, y, z)
             else:
@@ -248,7 +251,8 @@ class Session:
                     outputs.append(self.state.symints.get(vid, getattr(v, "value", None)))
                     continue
                 raw = self._staging.read_mapped(offset, align(nbytes, 4), copy=True) if nbytes else b""
-                arr = np.frombuffer(raw, storage_dtype(v.dtype), numel_of(dims)).reshape(dims)
+                stored = HOST_DTYPES[v.dtype] if v.dtype in PACKED else storage_dtype(v.dtype)
+                arr = np.frombuffer(raw, stored, numel_of(dims)).reshape(dims)
                 outputs.append(arr.astype(HOST_DTYPES[v.dtype]))
                 down += nbytes
         finally:

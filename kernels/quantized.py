@@ -338,8 +338,8 @@ def _add_q4_linear(b, x, xs, xz, weight, scales, group_size, bias):
         ctx.set_params(params, struct.pack(LIN_FORMAT, m, n, k, wpr, sn, groups, gs, -(-k // 8)))
         use_gemv = m == 1
         use_gemm = m > 1
-        if use_gemm and -(-m // BM) > MAX_WORKGROUPS:
-            _fail(name, f"{m} rows exceed the GEMM grid")
+        if use_gemm and max(-(-m // BM), -(-n // BN)) > MAX_WORKGROUPS:
+            _fail(name, f"[{m}, {n}] exceeds the GEMM grid of {MAX_WORKGROUPS} workgroups per dimension")
         ctx.set_grid(gemv, fold_grid(-(-n // GEMV_ROWS)) if use_gemv else (0, 0, 0))
         ctx.set_grid(gemm, (-(-n // BN), -(-m // BM), 1) if use_gemm else (0, 0, 0))
         ctx.set_dims(b.out, tuple(xd[:-1]) + (n,))
