@@ -63,7 +63,9 @@ class Scheduler:
             model._counters.submits += 1
             for step in batch:
                 step.session._counters.submits += 1
-                await step.session._staging.map_async("READ")
+                # "READ" would first submit an empty command buffer, synchronously, and on lavapipe
+                # that waits for the whole step on the event loop; the poll thread maps it anyway.
+                await step.session._staging.map_async("READ_NOSYNC")
                 step.outputs = step.session._read_outputs(step.reads)
         except Exception as e:
             self.broken = e
