@@ -67,7 +67,12 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("inspect", help="print methods, inputs, outputs, ops and memory of a .pte file")
     p.add_argument("pte")
+    from . import bench  # noqa: PLC0415  (the bench subcommand: async_runtime/bench.py)
+
+    bench.add_arguments(sub.add_parser("bench", help="tokens/s, resize overhead, CPU split and concurrency on tiny Llama exports"))
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        return bench.run(args)
     if args.command == "inspect":
         with open(args.pte, "rb") as f:
             data = f.read()

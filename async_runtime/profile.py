@@ -1,0 +1,191 @@
+"""GPU timestamp profiling: per-dispatch GPU time, a per-op table and a Chrome trace.
+
+    enable_timestamp_normalization()         # before any adapter is requested (ns, not ticks)
+    model = await ar.load(pte)
+    profiler = Profiler(model)               # .supported is False without "timestamp-query"
+    session.profiler = profiler              # that session's steps are now profiled
+    await session.execute(...)
+    await profiler.collect()                 # maps the resolved timestamps (after the steps ran)
+    profiler.op_table(); profiler.chrome_trace()
+
+While a profiler is attached, `Session._encode_commands` hands the encoding to `Profiler.encode`:
+the same commands, but every dispatch in its own compute pass with `timestamp_writes` (begin and
+end of the pass), one query set per step (more only past 2,048 dispatches), resolved into a
+buffer and copied to a mapped readback buffer in the same command buffer. One pass per dispatch
+costs more than the batched passes of a normal step (gpu-baseline.md: ~51 vs ~7 µs a tiny
+dispatch on an H100), so profiled steps are slower than unprofiled ones: use the per-op shares
+and the ordering, not the absolute step time. Buffer copies between dispatches are not timed.
+
+Without the "timestamp-query" feature (some adapters; wgpu-native's lavapipe has it), `supported`
+is False, `encode` is never reached (attach only when supported) and the tables are empty.
+"""
+
+import json
+from collections import defaultdict
+
+import numpy as np
+import wgpu
+
+MAX_QUERIES = 4096  # WebGPU's limit on one query set
+
+
+def enable_timestamp_normalization():
+    """Ask wgpu-native to resolve timestamps in nanoseconds (AutomaticTimestampNormalization).
+
+    Must run before the process requests its first adapter (the instance is global). Returns
+    "ns" when set, "ticks" when the instance already existed (timestamps are then raw ticks:
+    1 ns on NVIDIA, lavapipe and most desktop Vulkan drivers, not on every GPU)."""
+    try:
+        from wgpu.backends.wgpu_native.extras import set_instance_extras
+
+        set_instance_extras(flags=["AutomaticTimestampNormalization"])
+        return "ns"
+    except Exception:
+        return "ticks"
+
+
+class _Pending:
+    __slots__ = ("step", "session", "ops", "query_sets", "resolve", "read", "count")
+
+
+class Profiler:
+    def __init__(self, model, units="ns"):
+        self.model = model
+        self.device = model.device
+        self.supported = "timestamp-query" in model.device_info.features
+        self.units = units
+        self._pending = []
+        self._steps = 0
+        self._bind_group_ids = {}  # session id -> {id(bind group): dispatch id}
+        self.records = []  # (step, session id, dispatch id, op, begin, end) in timestamp units
+        self.step_labels = {}
+
+    def label_next_step(self, label):
+        """Name the next profiled step (e.g. "prefill 128", "decode") in the trace."""
+        self.step_labels[self._steps] = label
+
+    # --- encoding (called from Session._encode_commands) -----------------------------------------
+    def encode(self, session, encoder):
+        graph = self.model.graph
+        ids = self._bind_group_ids.get(session.id)
+        if ids is None:
+            ids = {id(bg): did for did, bg in enumerate(session._bind_groups) if bg is not None}
+            self._bind_group_ids[session.id] = ids
+        dispatches = [c for c in session._commands if c[0]]
+        n = len(dispatches)
+        per_set = MAX_QUERIES // 2
+        query_sets = [
+            self.device.create_query_set(type="timestamp", count=2 * min(per_set, n - k))
+            for k in range(0, n, per_set)
+        ]
+        ops, k = [], 0
+        for cmd in session._commands:
+            if cmd[0]:
+                _, pipeline, bind_group, (x, y, z) = cmd
+                qs, j = query_sets[k // per_set], k % per_set
+                compute = encoder.begin_compute_pass(
+                    timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": 2 * j, "end_of_pass_write_index": 2 * j + 1}
+                )
+                compute.set_pipeline(pipeline)
+                compute.set_bind_group(0, bind_group)
+                compute.dispatch_workgroups(x, y, z)
+                compute.end()
+                did = ids.get(id(bind_group), -1)
+                ops.append((did, graph.dispatches[did].op if did >= 0 else "?"))
+                k += 1
+            else:
+                _, src, dst, nbytes = cmd
+                encoder.copy_buffer_to_buffer(src, 0, dst, 0, nbytes)
+        p = _Pending()
+        p.step, p.session, p.ops, p.query_sets, p.count = self._steps, session.id, ops, query_sets, 2 * n
+        self._steps += 1
+        if n:
+            nbytes = 8 * 2 * n
+            usage = wgpu.BufferUsage
+            p.resolve = self.device.create_buffer(size=nbytes, usage=usage.QUERY_RESOLVE | usage.COPY_SRC)
+            p.read = self.device.create_buffer(size=nbytes, usage=usage.MAP_READ | usage.COPY_DST)
+            offset = 0
+            for qs, start in zip(query_sets, range(0, n, per_set)):
+                count = 2 * min(per_set, n - start)
+                encoder.resolve_query_set(qs, 0, count, p.resolve, offset)
+                offset += 8 * count
+            encoder.copy_buffer_to_buffer(p.resolve, 0, p.read, 0, nbytes)
+            self._pending.append(p)
+
+    # --- results ----------------------------------------------------------------------------------
+    async def collect(self):
+        """Read back the timestamps of every step encoded so far (call after those executes)."""
+        pending, self._pending = self._pending, []
+        for p in pending:
+            await p.read.map_async("READ")
+            ts = np.frombuffer(p.read.read_mapped(copy=True), np.uint64).astype(np.int64)
+            p.read.unmap()
+            for k, (did, op) in enumerate(p.ops):
+                self.records.append((p.step, p.session, did, op, int(ts[2 * k]), int(ts[2 * k + 1])))
+            for b in (p.read, p.resolve):
+                b.destroy()
+            for qs in p.query_sets:
+                qs.destroy()
+
+    def _scale_us(self):
+        return 1e-3  # ns (or 1 ns ticks) -> µs
+
+    def op_table(self, steps=None):
+        """[{op, count, total_us, mean_us, share}] over the collected steps (or `steps`), by total."""
+        scale = self._scale_us()
+        total = defaultdict(float)
+        count = defaultdict(int)
+        for step, _, _, op, b, e in self.records:
+            if steps is not None and step not in steps:
+                continue
+            total[op] += max(e - b, 0) * scale
+            count[op] += 1
+        grand = sum(total.values()) or 1.0
+        rows = [
+            dict(op=op, count=count[op], total_us=total[op], mean_us=total[op] / count[op], share=total[op] / grand)
+            for op in total
+        ]
+        return sorted(rows, key=lambda r: -r["total_us"])
+
+    def steps_labelled(self, prefix):
+        return {s for s, label in self.step_labels.items() if label.startswith(prefix)}
+
+    def chrome_trace(self):
+        """Trace Event Format (Perfetto / chrome://tracing): one complete ("X") event per dispatch
+        on the session's track, one per step on a "steps" track; ts and dur in µs from the first
+        timestamp."""
+        if not self.records:
+            return {"traceEvents": [], "displayTimeUnit": "ns", "otherData": {"units": self.units}}
+        scale = self._scale_us()
+        t0 = min(r[4] for r in self.records)
+        events = [
+            {"name": "process_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": f"GPU: {self.model.device_info.name}"}},
+            {"name": "thread_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": "steps"}},
+        ]
+        sessions = sorted({r[1] for r in self.records})
+        for sid in sessions:
+            events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": sid + 1, "args": {"name": f"session {sid} dispatches"}})
+        spans = {}
+        for step, sid, did, op, b, e in self.records:
+            e = max(e, b)
+            events.append(
+                {
+                    "name": op, "cat": "dispatch", "ph": "X", "pid": 0, "tid": sid + 1,
+                    "ts": (b - t0) * scale, "dur": (e - b) * scale,
+                    "args": {"dispatch": did, "step": step},
+                }
+            )
+            lo, hi = spans.get(step, (b, e))
+            spans[step] = (min(lo, b), max(hi, e))
+        for step, (b, e) in sorted(spans.items()):
+            events.append(
+                {
+                    "name": self.step_labels.get(step, f"step {step}"), "cat": "step", "ph": "X", "pid": 0, "tid": 0,
+                    "ts": (b - t0) * scale, "dur": (e - b) * scale, "args": {"step": step},
+                }
+            )
+        return {"traceEvents": events, "displayTimeUnit": "ns", "otherData": {"units": self.units}}
+
+    def write_trace(self, path):
+        with open(path, "w") as f:
+            json.dump(self.chrome_trace(), f)

@@ -1,0 +1,121 @@
+"""`python -m async_runtime bench --short` on a tiny Llama: it runs, and what it writes is well formed.
+
+No timing is asserted (lavapipe timings mean nothing): only structure, counters that do not depend
+on speed (resize events, submits per execute), and the trace format. The model is the bench's own
+default export (ExecuTorch's export_llm, Vulkan, dynamic; ~1.5 min on 2 cores), kept under
+$PTE_WGPU_EXPORT_DIR/bench when that is set, so a machine without ExecuTorch reuses it. Only the
+Vulkan export is made here (the static and XNNPACK twins cost two more exports): their rows must
+then read n/a.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from async_runtime.bench import FILES, SHORT, SPLIT_PARTS, llama_tag, markdown
+
+pytestmark = pytest.mark.usefixtures("adapter")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    cache = Path(os.environ["PTE_WGPU_EXPORT_DIR"]) / "bench" if os.environ.get("PTE_WGPU_EXPORT_DIR") else out / "cache"
+    if not (cache / f"llama_{llama_tag(SHORT['llama'])}" / FILES["vulkan"]).exists():
+        pytest.importorskip("executorch", reason="the bench's tiny Llama must be exported (or cached in $PTE_WGPU_EXPORT_DIR/bench)")
+    cmd = [
+        sys.executable, "-m", "async_runtime", "bench", "--short", "--exports", "vulkan", "--cache-dir", str(cache),
+        "--json", str(out / "bench.json"), "--markdown", str(out / "bench.md"), "--trace", str(out / "trace.json"),
+        "--plots", str(out / "plots"),
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    return out, proc
+
+
+def _number_or_none(x):
+    return x is None or isinstance(x, (int, float)) and x >= 0
+
+
+def test_json_is_well_formed(bench_run):
+    out, _ = bench_run
+    s = json.loads((out / "bench.json").read_text())
+    meta = s["meta"]
+    assert meta["short"] is True and meta["runs"] == 1
+    assert meta["prompts"] == sorted(meta["prompts"]) and max(meta["prompts"]) <= s["meta"]["model"]["max_prompt"]
+    assert set(s["decode_tokens_per_s"]) >= {"wgpu", "torch eager (cpu)", "executorch xnnpack"}
+    assert s["decode_tokens_per_s"]["wgpu"] > 0
+    for name, v in s["decode_tokens_per_s"].items():
+        assert _number_or_none(v), name
+        assert set(s["prefill_tokens_per_s"][name]) == {str(p) for p in meta["prompts"]}
+        assert all(_number_or_none(x) for x in s["prefill_tokens_per_s"][name].values())
+    # only the Vulkan export was made: the XNNPACK twin and the static export are n/a, with a reason
+    if s["models"]["xnnpack"] is None:
+        assert s["decode_tokens_per_s"]["executorch xnnpack"] is None
+        assert "executorch xnnpack" in s["baseline_errors"]
+    resize = s["resize"]
+    assert resize["dynamic, fixed [1, 1]"]["resize_events_per_execute"] == 0
+    assert resize["dynamic, cycling 1..4"]["resize_events_per_execute"] == 1
+    assert resize["dynamic, cycling 1..4"]["hook_calls_per_execute"] > resize["dynamic, fixed [1, 1]"]["hook_calls_per_execute"]
+    if s["models"]["static"] is None:
+        assert resize["static [1, 1]"] is None
+    for label, row in s["cpu_split_ms"].items():
+        assert set(row) == set(SPLIT_PARTS) | {"other", "execute"}, label
+        assert all(isinstance(v, float) for v in row.values())
+    conc = s["concurrency_tokens_per_s"]
+    assert set(conc) == {"batched", "unbatched"}
+    for mode, rows in conc.items():
+        assert [int(n) for n in rows] == list(SHORT["sessions"])
+        assert all(_number_or_none(r["tokens_per_s"]) for r in rows.values())
+    assert all(r["submits_per_execute"] == 1 for r in conc["unbatched"].values())
+    assert all(0 < r["submits_per_execute"] <= 1 for r in conc["batched"].values())
+
+
+def test_markdown_has_every_table(bench_run):
+    out, proc = bench_run
+    md = (out / "bench.md").read_text()
+    assert md in proc.stdout
+    for title in ("## Tokens/s", "## Resize overhead", "## CPU time per execute", "## Concurrency", "## GPU profile"):
+        assert title in md
+    assert "| decode (" in md and "| prefill " in md and "n/a" in md
+
+
+def test_trace_and_op_table(bench_run):
+    out, _ = bench_run
+    s = json.loads((out / "bench.json").read_text())
+    trace = json.loads((out / "trace.json").read_text())
+    assert isinstance(trace["traceEvents"], list)
+    prof = s["profile"]
+    if not prof["supported"]:  # no timestamp-query: profiling degrades to a note and an empty trace
+        assert trace["traceEvents"] == [] and "timestamp-query" in prof["note"]
+        return
+    assert prof["units"] in ("ns", "ticks")
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert spans and all({"name", "ts", "dur", "pid", "tid"} <= set(e) for e in spans)
+    assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
+    assert {e["name"] for e in spans if e["cat"] == "step"} >= {"decode"}
+    for phase in ("prefill", "decode"):
+        rows = prof["ops"][phase]
+        assert rows and all(r["count"] > 0 for r in rows)
+        assert abs(sum(r["share"] for r in rows) - 1) < 1e-6
+    ops = {r["op"] for r in prof["ops"]["decode"]}
+    assert any("linear" in op for op in ops) and any("sdpa" in op for op in ops)
+
+
+def test_markdown_without_timestamps(bench_run):
+    """An adapter without timestamp-query: the profile section says so instead of a table."""
+    out, _ = bench_run
+    s = json.loads((out / "bench.json").read_text())
+    s["profile"] = {"supported": False, "units": "ns", "note": "the adapter has no timestamp-query: no GPU profile"}
+    assert "no timestamp-query" in markdown(s)
+
+
+def test_normalization_after_an_adapter_exists_falls_back_to_ticks(adapter):
+    from async_runtime.profile import enable_timestamp_normalization
+
+    assert enable_timestamp_normalization() == "ticks"  # the adapter fixture created the instance
