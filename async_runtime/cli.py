@@ -62,6 +62,28 @@ def inspect(data, out=sys.stdout):
         print(f"  unsupported: {', '.join(sorted(missing)) if missing else 'none'}", file=out)
 
 
+def _serve(args):
+    import os
+
+    import anyio
+
+    from . import load
+    from .server import create_app, serve
+    from .tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.load(args.tokenizer) if args.tokenizer else Tokenizer.for_model(args.pte)
+
+    async def run():
+        async with await load(args.pte) as model:
+            app = create_app(model, tokenizer, model_name=os.path.splitext(os.path.basename(args.pte))[0],
+                             max_sessions=args.max_sessions, max_waiting=args.max_waiting)
+            print(f"serving {args.pte} on http://{args.host}:{args.port} ({model.device_info.name})")
+            await serve(app, args.host, args.port)
+
+    anyio.run(run, backend=args.backend)
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m async_runtime")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -70,7 +92,17 @@ def main(argv=None):
     from . import bench  # noqa: PLC0415  (the bench subcommand: async_runtime/bench.py)
 
     bench.add_arguments(sub.add_parser("bench", help="tokens/s, resize overhead, CPU split and concurrency on tiny Llama exports"))
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server for a Llama-style .pte")
+    p.add_argument("pte")
+    p.add_argument("--tokenizer", help="tokenizer.json (default: the one next to the .pte)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-sessions", type=int, default=8, help="requests generating at once")
+    p.add_argument("--max-waiting", type=int, default=32, help="requests waiting for a slot; past it, 429")
+    p.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
     if args.command == "bench":
         return bench.run(args)
     if args.command == "inspect":
