@@ -21,20 +21,27 @@ class DeviceInfo:
     max_workgroups_per_dimension: int
 
 
-def _open_in_worker_thread(name, power_preference):
-    """Adapter and device requests resolve synchronously in wgpu-py 0.32 (creating a Vulkan device
-    takes tens of ms on a real GPU), so they run here, off the event loop."""
+def find_adapter(name=None, power_preference="high-performance"):
+    """The adapter whose summary contains `name` (or $PTE_WGPU_ADAPTER), case-insensitively, else
+    the preferred one; RuntimeError lists what exists. Blocking: call it from a worker thread or
+    where no event loop runs (adapter requests resolve synchronously in wgpu-py 0.32)."""
+    name = name or os.environ.get(ADAPTER_ENV)
     if name:
         adapters = wgpu.gpu.enumerate_adapters_sync()  # worker thread
         matches = [a for a in adapters if name.lower() in a.summary.lower()]
         if not matches:
             found = "; ".join(a.summary for a in adapters) or "none"
             raise RuntimeError(f"no WebGPU adapter matches {name!r}; adapters found: {found}")
-        adapter = matches[0]
-    else:
-        adapter = wgpu.gpu.request_adapter_sync(power_preference=power_preference)  # worker thread
-        if adapter is None:
-            raise RuntimeError("no WebGPU adapter found (on Linux without a GPU, install mesa-vulkan-drivers)")
+        return matches[0]
+    adapter = wgpu.gpu.request_adapter_sync(power_preference=power_preference)  # worker thread
+    if adapter is None:
+        raise RuntimeError("no WebGPU adapter found (on Linux without a GPU, install mesa-vulkan-drivers)")
+    return adapter
+
+
+def _open_in_worker_thread(name, power_preference):
+    """Creating a Vulkan device takes tens of ms on a real GPU: this runs off the event loop."""
+    adapter = find_adapter(name, power_preference)
     features = [f for f in WANTED_FEATURES if f in adapter.features]
     limits = dict(adapter.limits)
     device = adapter.request_device_sync(required_features=features, required_limits=limits)  # worker thread
@@ -44,7 +51,6 @@ def _open_in_worker_thread(name, power_preference):
 async def open_device(name=None, power_preference="high-performance"):
     """(adapter, device, DeviceInfo). `name` (or $PTE_WGPU_ADAPTER) picks an adapter by a
     case-insensitive substring of its summary; otherwise the preferred adapter is taken."""
-    name = name or os.environ.get(ADAPTER_ENV)
     adapter, device, features, limits = await anyio.to_thread.run_sync(_open_in_worker_thread, name, power_preference)
     info = adapter.info
     return (

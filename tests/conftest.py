@@ -1,6 +1,6 @@
-import os
-
 import pytest
+
+pytest_plugins = ["async_runtime.pytest_plugin"]  # also found through its entry point once installed
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -9,22 +9,8 @@ def anyio_backend(request):
     return request.param
 
 
-def _adapter_summary():
-    try:
-        import wgpu
-
-        adapter = wgpu.gpu.request_adapter_sync()
-        return adapter.summary if adapter is not None else None
-    except Exception:
-        return None
-
-
 @pytest.fixture(scope="session")
-def adapter():
-    """The WebGPU adapter summary; skips without one unless PTE_WGPU_REQUIRE_ADAPTER=1."""
-    summary = _adapter_summary()
-    if summary is None:
-        if os.environ.get("PTE_WGPU_REQUIRE_ADAPTER") == "1":
-            pytest.fail("no WebGPU adapter, and PTE_WGPU_REQUIRE_ADAPTER=1")
-        pytest.skip("no WebGPU adapter (install mesa-vulkan-drivers for lavapipe)")
-    return summary
+def adapter(wgpu_adapter):
+    """The WebGPU adapter's summary (the plugin skips without one, or fails under
+    PTE_WGPU_REQUIRE_ADAPTER=1)."""
+    return wgpu_adapter.summary
