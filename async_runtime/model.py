@@ -13,7 +13,14 @@ from resize.shapes import numel_of
 from resize.values import SymInt, Tensor
 
 from .device import open_device
-from .errors import ClosedResourceError, MemoryBudgetError, ModelFormatError, RuntimeFault
+from .errors import (
+    BrokenResourceError,
+    ClosedResourceError,
+    MemoryBudgetError,
+    ModelFormatError,
+    RuntimeFault,
+    UnsupportedOperatorError,
+)
 from .graph import link
 from .planning import plan_memory
 from .pte import read_program
@@ -81,8 +88,10 @@ class Model:
         for name, args in graph.calls:
             try:
                 nodes.append(build_node(graph, name, args))
-            except (TypeError, ValueError, IndexError, KeyError) as e:
-                raise ModelFormatError(f"operator {name} with args {args}: {e}") from e
+            except NotImplementedError as e:
+                raise UnsupportedOperatorError([f"{name} ({e})"]) from e
+            except Exception as e:  # a hostile file can break an op's argument reading in any way
+                raise ModelFormatError(f"operator {name} with args {args}: {type(e).__name__}: {e}") from e
         self.plan = Plan(nodes, values)
         self.inputs = tuple(self._io_spec(v, f"input {i}") for i, v in enumerate(graph.inputs))
         self.outputs = tuple(self._io_spec(v, f"output {i}") for i, v in enumerate(graph.outputs))
@@ -126,15 +135,15 @@ class Model:
                 state.dims[vid] = tuple(v.dims)
             elif isinstance(v, SymInt):
                 state.symints[vid] = v.initial
-        host = {
-            vid: np.zeros(values[vid].dims, storage_dtype(values[vid].dtype))
+        host = {  # zeros at the maximum shapes, broadcast from one element: nothing is allocated
+            vid: np.broadcast_to(np.zeros((), storage_dtype(values[vid].dtype)), values[vid].dims)
             for vid in self.graph.inputs
             if isinstance(values[vid], Tensor)
         }
         try:
             run_all(self.plan, ResizeContext(self.plan, state, host))
-        except (ResizeFailure, ValueError, TypeError, IndexError, KeyError) as e:
-            raise ModelFormatError(f"building the plan at maximum shapes failed: {e}") from e
+        except Exception as e:
+            raise ModelFormatError(f"building the plan at maximum shapes failed: {type(e).__name__}: {e}") from e
         return state
 
     def _io_spec(self, vid, what):
@@ -269,6 +278,8 @@ class Model:
     def _check_open(self):
         if self._closed:
             raise ClosedResourceError("the model is closed")
+        if self._scheduler.broken is not None:
+            raise BrokenResourceError("the GPU device was lost") from self._scheduler.broken
 
 
 def _constant_bytes(const, named, what):

@@ -56,7 +56,6 @@ class Profiler:
         self.units = units
         self._pending = []
         self._steps = 0
-        self._bind_group_ids = {}  # session id -> {id(bind group): dispatch id}
         self.records = []  # (step, session id, dispatch id, op, begin, end) in timestamp units
         self.step_labels = {}
 
@@ -66,36 +65,33 @@ class Profiler:
 
     # --- encoding (called from Session._encode_commands) -----------------------------------------
     def encode(self, session, encoder):
-        graph = self.model.graph
-        ids = self._bind_group_ids.get(session.id)
-        if ids is None:
-            ids = {id(bg): did for did, bg in enumerate(session._bind_groups) if bg is not None}
-            self._bind_group_ids[session.id] = ids
-        dispatches = [c for c in session._commands if c[0]]
-        n = len(dispatches)
+        graph, model = self.model.graph, self.model
+        active = [
+            (did, d, session.state.grids[did])
+            for did, d in enumerate(graph.dispatches)
+            if (all(session.state.grids[did]) if d.shader is not None else session.state.grids[did][0] and did not in model._aliased)
+        ]
+        n = sum(d.shader is not None for _, d, _ in active)
         per_set = MAX_QUERIES // 2
         query_sets = [
             self.device.create_query_set(type="timestamp", count=2 * min(per_set, n - k))
             for k in range(0, n, per_set)
         ]
         ops, k = [], 0
-        for cmd in session._commands:
-            if cmd[0]:
-                _, pipeline, bind_group, (x, y, z) = cmd
+        for did, d, grid in active:
+            if d.shader is not None:
                 qs, j = query_sets[k // per_set], k % per_set
                 compute = encoder.begin_compute_pass(
                     timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": 2 * j, "end_of_pass_write_index": 2 * j + 1}
                 )
-                compute.set_pipeline(pipeline)
-                compute.set_bind_group(0, bind_group)
-                compute.dispatch_workgroups(x, y, z)
+                compute.set_pipeline(model._pipelines[d.shader])
+                compute.set_bind_group(0, session._bind_groups[did])
+                compute.dispatch_workgroups(*grid)
                 compute.end()
-                did = ids.get(id(bind_group), -1)
-                ops.append((did, graph.dispatches[did].op if did >= 0 else "?"))
+                ops.append((did, d.op))
                 k += 1
             else:
-                _, src, dst, nbytes = cmd
-                encoder.copy_buffer_to_buffer(src, 0, dst, 0, nbytes)
+                encoder.copy_buffer_to_buffer(session._buffer(d.src), 0, session._buffer(d.dst), 0, -(-grid[0] // 4) * 4)
         p = _Pending()
         p.step, p.session, p.ops, p.query_sets, p.count = self._steps, session.id, ops, query_sets, 2 * n
         self._steps += 1

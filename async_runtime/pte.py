@@ -141,6 +141,12 @@ def _read_method(plan, inline, segment, constant_data):
             raise ModelFormatError(f"{what} refers to value {i}, but method {name!r} has {len(values)} values")
         return i
 
+    for i, v in enumerate(values):
+        if isinstance(v, ValueList):  # int and tensor lists hold value ids; -1 is an optional tensor's None
+            for item in v.items:
+                if item != -1:
+                    vid(item, f"value {i} (a list)")
+
     ops = [
         o.string(0, "operator name") + (("." + o.string(1, "")) if o.string(1, "") else "")
         for o in plan.tables(6, "operators")

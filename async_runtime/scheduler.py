@@ -14,6 +14,8 @@ import anyio
 
 from .errors import BrokenResourceError
 
+LOST_CHECK_S = 0.05  # how often a pending readback checks that its device still exists
+
 
 @dataclass(eq=False)
 class Step:
@@ -39,16 +41,17 @@ class Scheduler:
         self._ready.append(step)
         with anyio.CancelScope(shield=True):
             if self._owned:
-                await step.wake.wait()
-            self._owned = True
-            while not step.done:
-                n = len(self._ready) if self.batching else 1
-                batch, self._ready = self._ready[:n], self._ready[n:]
-                await self._submit(batch)
-            if self._ready:
-                self._ready[0].wake.set()  # promote the next waiting task to owner
-            else:
-                self._owned = False
+                await step.wake.wait()  # woken when done, or when promoted to owner
+            if not step.done:
+                self._owned = True
+                while not step.done:
+                    n = len(self._ready) if self.batching else 1
+                    batch, self._ready = self._ready[:n], self._ready[n:]
+                    await self._submit(batch)
+                if self._ready:
+                    self._ready[0].wake.set()  # promote the next waiting task to owner
+                else:
+                    self._owned = False
         if step.error is not None:
             raise step.error
         return step.outputs
@@ -65,14 +68,38 @@ class Scheduler:
                 step.session._counters.submits += 1
                 # "READ" would first submit an empty command buffer, synchronously, and on lavapipe
                 # that waits for the whole step on the event loop; the poll thread maps it anyway.
-                await step.session._staging.map_async("READ_NOSYNC")
+                await self._unless_lost(step.session._staging.map_async("READ_NOSYNC"))
                 step.outputs = step.session._read_outputs(step.reads)
         except Exception as e:
-            self.broken = e
-            for step in batch:
-                step.error = BrokenResourceError(f"the GPU failed: {e}")
-                step.error.__cause__ = e
+            self.fail(e, batch + self._ready)
+            self._ready = []
         finally:
             for step in batch:
                 step.done = True
                 step.wake.set()
+
+    async def _unless_lost(self, promise):
+        """Await `promise` unless the device is lost first. wgpu-py 0.32 has no device-lost promise
+        (`lost_async` is not implemented) and `device.destroy()` stops the thread that resolves
+        maps, so a pending readback would wait forever: a watcher looks at that thread instead."""
+        device = self.model.device
+        async with anyio.create_task_group() as tg:
+
+            async def watch():
+                while getattr(device, "_poller", True) is not None:
+                    await anyio.sleep(LOST_CHECK_S)
+                raise BrokenResourceError("the GPU device was destroyed")
+
+            tg.start_soon(watch)
+            result = await promise
+            tg.cancel_scope.cancel()
+        return result
+
+    def fail(self, error, steps=()):
+        """The device is lost: these steps and every later call get BrokenResourceError."""
+        self.broken = error
+        for step in steps:
+            step.error = BrokenResourceError(f"the GPU failed: {error}")
+            step.error.__cause__ = error
+            step.done = True
+            step.wake.set()

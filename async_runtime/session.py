@@ -16,7 +16,8 @@ from resize.events import InputResized
 from resize.shapes import numel_of
 from resize.values import HOST_DTYPES, Tensor
 
-from .errors import BusyResourceError, ClosedResourceError, InputError, ResizeError
+from .encoding import encode_dispatches, prepare
+from .errors import BrokenResourceError, BusyResourceError, ClosedResourceError, InputError, ResizeError
 from .scheduler import Step
 from .stats import Counters
 from .storage import STORAGE_USAGE, align, storage_dtype
@@ -90,17 +91,20 @@ class Session:
             self._model.device.queue.write_buffer(self._arena, self._param_offsets[pid], data)
 
     def _command_list(self):
-        """(pipeline, bind group, grid) for dispatches and (src, dst, nbytes) for copies, skipping
-        inactive routes and empty copies; rebuilt only when a grid changes."""
-        commands, model = [], self._model
+        """The step as runs: ("compute", [dispatch, ...]) and ("copy", src, dst, nbytes), skipping
+        inactive routes and aliased copies; rebuilt only when a grid changes."""
+        runs, model = [], self._model
         for did, d in enumerate(model.graph.dispatches):
             grid = self.state.grids[did]
             if d.shader is not None:
                 if grid[0] and grid[1] and grid[2]:
-                    commands.append((True, model._pipelines[d.shader], self._bind_groups[did], grid))
+                    if not runs or runs[-1][0] != "compute":
+                        runs.append(("compute", []))
+                    runs[-1][1].append((*prepare(model._pipelines[d.shader], self._bind_groups[did]), grid))
             elif grid[0] and did not in model._aliased:
-                commands.append((False, self._buffer(d.src), self._buffer(d.dst), align(grid[0], 4)))
-        return commands
+                runs.append(("copy", self._buffer(d.src), self._buffer(d.dst), align(grid[0], 4)))
+        self._dispatch_count = sum(len(r[1]) if r[0] == "compute" else 1 for r in runs)
+        return runs
 
     # --- one step -----------------------------------------------------------------------------
     async def execute(self, *inputs):
@@ -119,7 +123,11 @@ class Session:
         try:
             host = self._prepare(inputs)
             ctx, events = await self._resize(host)
-            self._stage(host, ctx)
+            try:
+                self._stage(host, ctx)
+            except Exception as e:  # writes to a lost device
+                self._model._scheduler.fail(e)
+                raise BrokenResourceError(f"the GPU failed: {e}") from e
             outputs = await self._model._scheduler.run(Step(self))
         finally:
             self._busy = False
@@ -213,33 +221,21 @@ class Session:
                 encoder.copy_buffer_to_buffer(self._buffer(vid), 0, self._staging, offset, align(nbytes, 4))
             reads.append((vid, dims, offset, nbytes))
         for counters in (self._counters, self._model._counters):
-            counters.dispatches += len(self._commands)
+            counters.dispatches += self._dispatch_count
         return reads
 
     def _encode_commands(self, encoder):
         """The graph's dispatches and copies: many dispatches per compute pass."""
         if self.profiler is not None:  # profiling: one timestamped pass per dispatch (profile.py)
             return self.profiler.encode(self, encoder)
-        compute = current = None
-        for cmd in self._commands:
-            if cmd[0]:
-                if compute is None:
-                    compute = encoder.begin_compute_pass()
-                    current = None
-                _, pipeline, bind_group, (x, y, z) = cmd
-                if pipeline is not current:  # consecutive dispatches of one kernel keep it bound
-                    compute.set_pipeline(pipeline)
-                    current = pipeline
-                compute.set_bind_group(0, bind_group)
-                compute.dispatch_workgroups(x, y, z)
+        for run in self._commands:
+            if run[0] == "compute":
+                compute = encoder.begin_compute_pass()
+                encode_dispatches(compute, run[1])
+                compute.end()
             else:
-                if compute is not None:
-                    compute.end()
-                    compute = None
-                _, src, dst, nbytes = cmd
+                _, src, dst, nbytes = run
                 encoder.copy_buffer_to_buffer(src, 0, dst, 0, nbytes)
-        if compute is not None:
-            compute.end()
 
     def _read_outputs(self, reads):
         """Copy the outputs out of the mapped staging buffer, then unmap it."""

@@ -1,0 +1,47 @@
+"""Encoding a run of compute dispatches, the hot loop of every execute.
+
+A decode step of a small LLM is ~500 tiny dispatches; through wgpu-py's public methods each costs
+several microseconds of Python (argument checks, a fresh cffi array for the empty dynamic
+offsets, error capture around every call). wgpu-py's own native backend exposes the C functions
+and object handles, so when it is the backend in use, the loop calls them directly with the
+handles prepared once. Errors still surface: `encoder.finish()` and `queue.submit()` go through
+the public, checked API.
+"""
+
+try:  # wgpu-py's wgpu-native backend (the only one wgpu-py 0.32 ships)
+    from wgpu.backends.wgpu_native._ffi import ffi, lib
+
+    _SET_PIPELINE = lib.wgpuComputePassEncoderSetPipeline
+    _SET_BIND_GROUP = lib.wgpuComputePassEncoderSetBindGroup
+    _DISPATCH = lib.wgpuComputePassEncoderDispatchWorkgroups
+    _NO_OFFSETS = ffi.NULL
+except (ImportError, AttributeError):  # pragma: no cover - another backend: the public API
+    lib = None
+
+
+def prepare(pipeline, bind_group):
+    """What `encode_dispatches` needs of a pipeline and bind group (native handles if it can)."""
+    if lib is not None and hasattr(pipeline, "_internal") and hasattr(bind_group, "_internal"):
+        return pipeline._internal, bind_group._internal
+    return pipeline, bind_group
+
+
+def encode_dispatches(compute, dispatches):
+    """Encode [(pipeline, bind_group, (x, y, z)), ...] (from `prepare`) into a compute pass; a
+    pipeline stays bound across consecutive dispatches of the same kernel."""
+    current = None
+    if lib is not None and hasattr(compute, "_internal"):
+        handle = compute._internal
+        for pipeline, bind_group, (x, y, z) in dispatches:
+            if pipeline is not current:
+                _SET_PIPELINE(handle, pipeline)
+                current = pipeline
+            _SET_BIND_GROUP(handle, 0, bind_group, 0, _NO_OFFSETS)
+            _DISPATCH(handle, x, y, z)
+        return
+    for pipeline, bind_group, (x, y, z) in dispatches:  # pragma: no cover - other backends
+        if pipeline is not current:
+            compute.set_pipeline(pipeline)
+            current = pipeline
+        compute.set_bind_group(0, bind_group)
+        compute.dispatch_workgroups(x, y, z)

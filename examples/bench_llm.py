@@ -1,0 +1,204 @@
+"""LLM timings side by side in one run: pte-wgpu on a Llama-style `.pte` against a plain torch eager
+Llama of the same shape and weights (CUDA when available), as the H100 numbers in BENCHMARKS.md.
+
+    python examples/bench_llm.py model.pte --params model.json [--runs 5] [--json out.json]
+
+`--params` is the params.json of the export (examples/export_bench_model.py writes it); the torch
+model is built from it with the same tiled weights (see export_bench_model.synthetic weights: one
+1 MiB random block, seed 0). Medians of `--runs` runs.
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+import anyio
+import numpy as np
+
+import async_runtime as ar
+
+BLOCK_FLOATS = (1 << 20) // 4
+
+
+def median_rate(samples):
+    return statistics.median(samples)
+
+
+async def bench_wgpu(path, args):
+    out = {}
+    async with await ar.load(path) as model, await ar.load(path, batch_submits=False) as unbatched:
+        out["device"] = model.device_info.name
+        max_step = model.inputs[0].max_shape[1]
+        context = ar.context_length(model)
+        rng = np.random.default_rng(0)
+        vocab = model.outputs[0].max_shape[-1]
+
+        async def decode(session, steps, start=8):
+            await session.execute(rng.integers(0, vocab, (1, start)), np.array([0]))
+            for p in range(start, start + steps):
+                await session.execute(np.array([[p % vocab]]), np.array([p]))
+
+        rates = []
+        for _ in range(args.runs):
+            async with model.session() as s:
+                await s.execute(rng.integers(0, vocab, (1, 8)), np.array([0]))
+                t = time.perf_counter()
+                for p in range(8, 8 + args.decode_steps):
+                    await s.execute(np.array([[p % vocab]]), np.array([p]))
+                rates.append(args.decode_steps / (time.perf_counter() - t))
+        out["decode_tok_s"] = median_rate(rates)
+        st = model.statistics()
+        out["dispatches_per_step"] = st.dispatches / max(st.executes, 1)
+        for n in (32, 128, 512, 2048):
+            if n > max_step or n > context:
+                continue
+            rates = []
+            async with model.session() as s:
+                for _ in range(args.runs + 1):
+                    t = time.perf_counter()
+                    await s.execute(rng.integers(0, vocab, (1, n)), np.array([0]))
+                    rates.append(n / (time.perf_counter() - t))
+            out[f"prefill_{n}_tok_s"] = median_rate(rates[1:])
+        for n in args.sessions:
+            for label, m in (("batched", model), ("unbatched", unbatched)):
+                rates = []
+                for _ in range(max(1, args.runs // 2)):
+                    sessions = [await m.open_session() for _ in range(n)]
+                    before = m.statistics()
+                    t = time.perf_counter()
+                    async with anyio.create_task_group() as tg:
+                        for s in sessions:
+                            tg.start_soon(decode, s, args.concurrent_steps)
+                    dt = time.perf_counter() - t
+                    after = m.statistics()
+                    rates.append(n * args.concurrent_steps / dt)
+                    for s in sessions:
+                        await s.aclose()
+                out[f"sessions_{n}_{label}_tok_s"] = median_rate(rates)
+                out[f"sessions_{n}_{label}_steps_per_submit"] = (after.executes - before.executes) / max(
+                    after.submits - before.submits, 1)
+    return out
+
+
+def torch_llama(params, device):
+    """A plain eager Llama (RMSNorm, GQA attention with a KV cache, SwiGLU), weights tiled from the
+    same 1 MiB block as the export."""
+    import torch
+    import torch.nn.functional as F
+
+    dim, n_layers, n_heads = params["dim"], params["n_layers"], params["n_heads"]
+    n_kv, vocab, hidden = params["n_kv_heads"], params["vocab_size"], params["hidden_dim"]
+    head = dim // n_heads
+    block = torch.randn(BLOCK_FLOATS, generator=torch.Generator().manual_seed(0)) * 0.02
+
+    def w(*shape):
+        n = int(np.prod(shape))
+        return block.repeat(-(-n // BLOCK_FLOATS))[:n].reshape(shape).to(device)
+
+    emb = w(vocab, dim)
+    layers = [dict(wq=w(dim, dim), wk=w(n_kv * head, dim), wv=w(n_kv * head, dim), wo=w(dim, dim),
+                   w1=w(hidden, dim), w2=w(dim, hidden), w3=w(hidden, dim)) for _ in range(n_layers)]
+    theta = params.get("rope_theta", 10000.0)
+    freqs = 1.0 / theta ** (torch.arange(0, head, 2, device=device).float() / head)
+
+    def rms(x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+
+    def rope(x, pos):
+        angles = pos[:, None].float() * freqs[None]
+        cos, sin = angles.cos()[None, :, None], angles.sin()[None, :, None]
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).flatten(-2)
+
+    def forward(tokens, start, cache):
+        b, s = tokens.shape
+        pos = torch.arange(start, start + s, device=device)
+        x = emb[tokens]
+        for i, L in enumerate(layers):
+            h = rms(x)
+            q = rope((h @ L["wq"].T).view(b, s, n_heads, head), pos)
+            k = rope((h @ L["wk"].T).view(b, s, n_kv, head), pos)
+            v = (h @ L["wv"].T).view(b, s, n_kv, head)
+            kc, vc = cache[i]
+            kc[:, start:start + s], vc[:, start:start + s] = k, v
+            keys = kc[:, : start + s].repeat_interleave(n_heads // n_kv, 2).transpose(1, 2)
+            vals = vc[:, : start + s].repeat_interleave(n_heads // n_kv, 2).transpose(1, 2)
+            a = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, is_causal=s > 1)
+            x = x + a.transpose(1, 2).reshape(b, s, dim) @ L["wo"].T
+            h = rms(x)
+            x = x + (F.silu(h @ L["w1"].T) * (h @ L["w3"].T)) @ L["w2"].T
+        return rms(x[:, -1]) @ emb.T
+
+    def new_cache(batch, context):
+        return [(torch.zeros(batch, context, n_kv, head, device=device),
+                 torch.zeros(batch, context, n_kv, head, device=device)) for _ in range(n_layers)]
+
+    return forward, new_cache
+
+
+def bench_torch(params, args, context):
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = {"torch_device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
+    forward, new_cache = torch_llama(params, device)
+    vocab = params["vocab_size"]
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    with torch.no_grad():
+        for batch, key in ((1, "decode_tok_s"), (16, "batch16_decode_tok_s")):
+            rates = []
+            for _ in range(args.runs):
+                cache = new_cache(batch, context)
+                forward(torch.randint(0, vocab, (batch, 8), device=device), 0, cache)
+                sync()
+                t = time.perf_counter()
+                tok = torch.zeros(batch, 1, dtype=torch.long, device=device)
+                for p in range(8, 8 + args.decode_steps):
+                    tok = forward(tok, p, cache).argmax(-1, keepdim=True)
+                    tok.cpu()  # each token read back, as a generation loop does
+                rates.append(batch * args.decode_steps / (time.perf_counter() - t))
+            out[key] = median_rate(rates)
+        for n in (32, 128, 512, 2048):
+            if n > context:
+                continue
+            rates = []
+            for _ in range(args.runs + 1):
+                cache = new_cache(1, context)
+                sync()
+                t = time.perf_counter()
+                forward(torch.randint(0, vocab, (1, n), device=device), 0, cache).cpu()
+                rates.append(n / (time.perf_counter() - t))
+            out[f"prefill_{n}_tok_s"] = median_rate(rates[1:])
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("pte")
+    p.add_argument("--params", required=True)
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--decode-steps", type=int, default=64)
+    p.add_argument("--concurrent-steps", type=int, default=32)
+    p.add_argument("--sessions", default="1,2,4,8,16,32")
+    p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    args.sessions = [int(s) for s in args.sessions.split(",")]
+    with open(args.params) as f:
+        params = json.load(f)
+    results = {"wgpu": anyio.run(bench_wgpu, args.pte, args)}
+    if not args.no_torch:
+        results["torch"] = bench_torch(params, args, context=2048)
+    print(json.dumps(results, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

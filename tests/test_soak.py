@@ -1,0 +1,138 @@
+"""Soak: many executes at random live shapes across 8 concurrent sessions, then nothing has grown.
+
+After a warm-up (every session has run, every batch size has been seen): the model's buffer
+allocations stay where they were, wgpu's live object counts (`wgpu.diagnostics.object_counts`)
+come back to where they were, and Python's traced memory (tracemalloc) stays flat. Results are
+checked against torch eager at sampled steps.
+
+`PTE_WGPU_SOAK_STEPS` sets the number of executes (default 2,000 per backend; 10,000 for the long run; RELIABILITY.md has the time
+on lavapipe).
+"""
+
+import gc
+import os
+import random
+import time
+import tracemalloc
+
+import anyio
+import numpy as np
+import pytest
+import torch
+import wgpu
+
+import async_runtime as ar
+
+from .exporting import eager, export_pte
+from .models import MLP
+
+pytestmark = pytest.mark.usefixtures("adapter")
+
+STEPS = int(os.environ.get("PTE_WGPU_SOAK_STEPS", "2000"))  # 10,000 takes ~2.5 min per backend on lavapipe
+SESSIONS = 8
+B_MAX = 23
+CHECK_EVERY = 97  # steps whose result is compared with torch
+WARM_UP = SESSIONS * 2 * B_MAX  # every session sees every batch size before the baseline
+PY_GROWTH_LIMIT = 512 << 10  # bytes of traced Python memory that may appear after the warm-up
+
+
+def mlp_dynamic_batch():
+    batch = torch.export.Dim("batch", min=1, max=B_MAX)
+    return export_pte("mlp_dyn", MLP, [torch.randn(B_MAX, 13)], dynamic_shapes=({0: batch},))
+
+
+def wgpu_counts():
+    gc.collect()
+    return {k: v["count"] for k, v in wgpu.diagnostics.object_counts.get_dict().items()}
+
+
+async def test_soak_concurrent_sessions_at_random_shapes():
+    pte, module = mlp_dynamic_batch()
+    rng = random.Random(2024)
+    inputs = {b: np.random.default_rng(b).standard_normal((b, 13), dtype=np.float32) for b in range(1, B_MAX + 1)}
+    wants = {b: eager(module, x)[0] for b, x in inputs.items()}
+    checked = 0
+    mismatches = []
+
+    async with await ar.load(pte) as model:
+        sessions = [await model.open_session() for _ in range(SESSIONS)]
+        schedule = [[rng.randint(1, B_MAX) for _ in range(-(-STEPS // SESSIONS))] for _ in range(SESSIONS)]
+        for k, plan in enumerate(schedule):  # the warm-up sees every size on every session
+            plan[: 2 * B_MAX] = list(range(1, B_MAX + 1)) * 2
+        total = sum(len(p) for p in schedule)
+        done = 0
+        baseline = {}
+        memory = []
+
+        async def stream(s, plan):
+            nonlocal done, checked
+            for step, b in enumerate(plan):
+                (out,) = await s.execute(inputs[b])
+                done += 1
+                if out.shape != (b, 7):
+                    mismatches.append(f"session {s.id} step {step}: shape {out.shape}, batch {b}")
+                elif (done % CHECK_EVERY == 0 or step < 2) and not np.allclose(out, wants[b], atol=1e-4, rtol=1e-4):
+                    mismatches.append(f"session {s.id} step {step}: batch {b} differs from torch")
+                checked += done % CHECK_EVERY == 0
+                if step == 2 * B_MAX - 1:
+                    await barrier.wait()
+
+        class Barrier:
+            """The streams meet after the warm-up; the last to arrive takes the baseline."""
+
+            def __init__(self, n):
+                self.n, self.event = n, anyio.Event()
+
+            async def wait(self):
+                self.n -= 1
+                if self.n == 0:
+                    baseline["allocations"] = model.statistics().buffer_allocations
+                    baseline["wgpu"] = wgpu_counts()
+                    tracemalloc.start()
+                    baseline["python"] = tracemalloc.get_traced_memory()[0]
+                    baseline["t"] = time.perf_counter()
+                    baseline["done"] = done
+                    self.event.set()
+                else:
+                    await self.event.wait()
+
+        barrier = Barrier(SESSIONS)
+
+        async def sampler():
+            while True:
+                await anyio.sleep(0.5)
+                if tracemalloc.is_tracing():
+                    gc.collect()
+                    memory.append(tracemalloc.get_traced_memory()[0])
+
+        t0 = time.perf_counter()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(sampler)
+                async with anyio.create_task_group() as streams:
+                    for s, plan in zip(sessions, schedule):
+                        streams.start_soon(stream, s, plan)
+                tg.cancel_scope.cancel()
+            gc.collect()
+            python_after = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        elapsed = time.perf_counter() - t0
+        steady = time.perf_counter() - baseline["t"]
+        stats = model.statistics()
+        counts_after = wgpu_counts()
+        for s in sessions:
+            await s.aclose()
+
+    assert mismatches == []
+    assert done == total >= STEPS and checked > 0
+    assert stats.buffer_allocations == baseline["allocations"], "buffers were allocated after the warm-up"
+    grown = {k: (baseline["wgpu"].get(k), n) for k, n in counts_after.items() if n > baseline["wgpu"].get(k, 0)}
+    assert grown == {}, f"wgpu objects grew after the warm-up: {grown}"
+    growth = python_after - baseline["python"]
+    assert growth < PY_GROWTH_LIMIT, f"Python memory grew by {growth} bytes (samples {memory[:3]}..{memory[-3:]})"
+    print(
+        f"\nsoak: {done} executes on {SESSIONS} sessions in {elapsed:.1f} s "
+        f"({(done - baseline['done']) / steady:.0f}/s steady), {stats.submits} submits, {checked} checked vs torch; "
+        f"python growth {growth} B, wgpu {counts_after}"
+    )

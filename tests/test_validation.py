@@ -1,0 +1,188 @@
+"""The input validation matrix: every bad input is an InputError that names the input and what was
+expected, and the next call on the same model works.
+
+Decided here (and in RELIABILITY.md): anything `numpy.asarray` reads as an array of the right kind
+is accepted and copied to the device's layout: non-contiguous, Fortran-ordered, big-endian and
+read-only arrays, other float widths for a float input, nested lists of numbers. NaN and Inf are
+not checked; they run through the kernels (see `test_nan_and_inf`).
+"""
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import async_runtime as ar
+
+from .exporting import eager, export_pte
+from .models import MLP, Elementwise
+
+pytestmark = pytest.mark.usefixtures("adapter")
+
+S_MAX = 9
+CONTEXT = 16
+
+
+def rand(*shape, seed=0):
+    return np.random.default_rng(seed + sum(shape)).standard_normal(shape).astype(np.float32)
+
+
+def elementwise_dynamic():
+    s = torch.export.Dim("S", min=1, max=S_MAX)
+    return export_pte("ew_dyn", Elementwise, [torch.randn(3, S_MAX, 7), torch.randn(S_MAX, 1)], dynamic_shapes=({1: s}, {0: s}))
+
+
+class PositionTable(torch.nn.Module):
+    """The Llama pattern in small: rows `pos .. pos+S` of a `CONTEXT`-row table (a KV cache's
+    positions); `pos` is a data-dependent SymInt (et_vk.select_as_symint)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.randn(CONTEXT, 5))
+
+    def forward(self, x, pos):
+        p = pos[0].item()
+        torch._check(p >= 0)
+        torch._check(p + x.shape[0] <= CONTEXT)
+        return self.table.narrow(0, p, x.shape[0]) * x
+
+
+def position_table():
+    s = torch.export.Dim("S", min=1, max=CONTEXT)
+    return export_pte("position_table", PositionTable, [torch.randn(CONTEXT, 5), torch.tensor([0])], dynamic_shapes=({0: s}, None))
+
+
+def _grad_tensor():
+    return torch.randn(3, 4, 7, requires_grad=True)
+
+
+# (what, the inputs, a regex the InputError must match). Each names the input ("input 0") or the
+# count, and what was expected.
+Y = rand(4, 1)
+BAD = [
+    ("no inputs", lambda: (), r"expected 2 inputs \(float32\[3, 9, 7\], float32\[9, 1\]\), got 0"),
+    ("one input", lambda: (rand(3, 4, 7),), r"expected 2 inputs .*got 1"),
+    ("three inputs", lambda: (rand(3, 4, 7), Y, Y), r"expected 2 inputs .*got 3"),
+    ("int32 for float32", lambda: (np.ones((3, 4, 7), np.int32), Y), r"input 0: dtype int32 given, expected float32"),
+    ("bool for float32", lambda: (rand(3, 4, 7) > 0, Y), r"input 0: dtype bool given, expected float32"),
+    ("complex", lambda: (rand(3, 4, 7).astype(np.complex64), Y), r"input 0: dtype complex64 given, expected float32"),
+    ("rank 2 for rank 3", lambda: (rand(3, 4), Y), r"input 0: rank 2 \(shape \[3, 4\]\) given, expected rank 3 with shape up to \[3, 9, 7\]"),
+    ("rank 4 for rank 3", lambda: (rand(1, 3, 4, 7), Y), r"input 0: rank 4 .*expected rank 3"),
+    ("dim over its max", lambda: (rand(3, 10, 7), rand(10, 1)), r"input 0: dim 1 is 10, expected 1..9"),
+    ("static dim over", lambda: (rand(4, 4, 7), Y), r"input 0: dim 0 is 4, expected 1..3"),
+    ("zero dim", lambda: (rand(3, 0, 7), rand(0, 1)), r"input 0: dim 1 is 0, expected 1..9"),
+    ("second input's dim", lambda: (rand(3, 4, 7), rand(4, 2)), r"input 1: dim 1 is 2, expected 1..1"),
+    ("dims that disagree", lambda: (rand(3, 4, 7), rand(5, 1)), r"these inputs do not fit the model"),
+    ("a Python scalar", lambda: (1.5, Y), r"input 0: rank 0 \(shape \[\]\) given, expected rank 3"),
+    ("a 0-d array", lambda: (np.float32(1.5), Y), r"input 0: rank 0"),
+    ("None", lambda: (None, Y), r"input 0: dtype object given, expected float32"),
+    ("a string", lambda: ("abc", Y), r"input 0: dtype <U3 given, expected float32"),
+    ("bytes", lambda: (b"abc", Y), r"input 0: dtype \|S3 given, expected float32"),
+    ("a dict", lambda: ({"x": 1}, Y), r"input 0: dtype object given"),
+    ("ragged nested lists", lambda: ([[1.0], [1.0, 2.0]], Y), r"input 0: cannot be read as an array"),
+    ("nested lists of strings", lambda: ([[["a"] * 7] * 4] * 3, Y), r"input 0: dtype <U1 given"),
+    ("an object array", lambda: (rand(3, 4, 7).astype(object), Y), r"input 0: dtype object given"),
+    ("a torch tensor that requires grad", lambda: (_grad_tensor(), Y), r"input 0: cannot be read as an array \(Can't call numpy\(\)"),
+    ("a bfloat16 torch tensor", lambda: (torch.randn(3, 4, 7, dtype=torch.bfloat16), Y), r"input 0: cannot be read as an array"),
+    ("the second input None", lambda: (rand(3, 4, 7), None), r"input 1: dtype object given, expected float32 \(shape up to \[9, 1\]\)"),
+]
+
+ACCEPTED = [  # copied to the device's layout; the result is eager's on the same values
+    ("non-contiguous (strided)", lambda: (rand(3, 8, 7)[:, ::2], Y)),
+    ("transposed", lambda: (rand(7, 4, 3).transpose(2, 1, 0), Y)),
+    ("Fortran order", lambda: (np.asfortranarray(rand(3, 4, 7)), np.asfortranarray(Y))),
+    ("big-endian", lambda: (rand(3, 4, 7).astype(">f4"), Y)),
+    ("float64", lambda: (rand(3, 4, 7).astype(np.float64), Y)),
+    ("float16", lambda: (rand(3, 4, 7).astype(np.float16), Y)),
+    ("read-only", lambda: (_read_only(rand(3, 4, 7)), Y)),
+    ("nested lists", lambda: (rand(3, 4, 7).tolist(), Y.tolist())),
+    ("torch tensors, one non-contiguous", lambda: (torch.from_numpy(rand(3, 4, 14))[:, :, ::2], torch.from_numpy(Y))),
+    ("a static dim smaller than exported", lambda: (rand(2, 4, 7), Y)),  # see RELIABILITY.md
+]
+
+
+def _read_only(a):
+    a.flags.writeable = False
+    return a
+
+
+async def test_every_bad_input_is_named_and_the_next_call_works():
+    pte, module = elementwise_dynamic()
+    x, y = rand(3, 6, 7, seed=1), rand(6, 1, seed=1)
+    want = eager(module, x, y)[0]
+    failures = []
+    async with await ar.load(pte) as model:
+        for what, inputs, message in BAD:
+            try:
+                await model.execute(*inputs())
+                failures.append(f"{what}: no error")
+            except ar.InputError as e:
+                if not re.search(message, str(e)):
+                    failures.append(f"{what}: {e!s} does not match {message!r}")
+            except Exception as e:  # noqa: BLE001 - the point is to list every wrong kind of error
+                failures.append(f"{what}: {type(e).__name__}: {e}")
+            (out,) = await model.execute(x, y)  # the model keeps working
+            np.testing.assert_allclose(out, want, atol=1e-5, err_msg=f"after {what}")
+    assert failures == []
+
+
+@pytest.mark.parametrize("what, inputs", ACCEPTED, ids=[a[0] for a in ACCEPTED])
+async def test_accepted_inputs_are_copied(what, inputs):
+    pte, module = elementwise_dynamic()
+    args = inputs()
+    plain = [np.ascontiguousarray(np.asarray(a, dtype=np.float32)) for a in args]
+    async with await ar.load(pte) as model:
+        (out,) = await model.execute(*args)
+    assert out.dtype == np.float32 and out.shape == np.broadcast_shapes(*(p.shape for p in plain))
+    np.testing.assert_allclose(out, eager(module, *plain)[0], atol=1e-5)
+
+
+async def test_int64_inputs_out_of_the_int32_range_and_positions_past_the_context():
+    """A position input (the Llama pattern): within the context it runs; past it, negative, or
+    outside int32 it is an InputError, and the next call works. Other int kinds are accepted."""
+    pte, module = position_table()
+    x = rand(5, 5)
+    async with await ar.load(pte) as model:
+        for pos, message in [
+            (12, r"do not fit the model"),  # 12 + 5 > 16
+            (16, r"do not fit the model"),
+            (40, r"do not fit the model"),
+            (-1, r"do not fit the model"),
+            (2**40, r"input 1: values outside the int32 range"),
+        ]:
+            with pytest.raises(ar.InputError, match=message):
+                await model.execute(x, np.array([pos]))
+            (out,) = await model.execute(x, np.array([11]))  # the last position that fits
+            np.testing.assert_allclose(out, eager(module, x, np.array([11]))[0], atol=1e-6)
+        with pytest.raises(ar.InputError, match=r"input 1: dtype float64 given, expected int64"):
+            await model.execute(x, np.array([1.0]))
+        with pytest.raises(ar.InputError, match=r"input 1: dim 0 is 2, expected 1..1"):
+            await model.execute(x, np.array([1, 2]))
+        for pos in (np.array([3], np.int32), np.array([3], np.uint8), [3]):
+            (out,) = await model.execute(x, pos)
+            np.testing.assert_allclose(out, eager(module, x, np.array([3]))[0], atol=1e-6)
+
+
+async def test_nan_and_inf():
+    """What NaN and Inf do (measured; RELIABILITY.md): Inf follows IEEE arithmetic as in torch.
+    NaN propagates through arithmetic, matmul, softmax and exp as in torch, but max/min-based ops
+    (relu, clamp) follow WGSL's `max`, which on the adapters we ran returns the non-NaN operand:
+    relu(NaN) is 0 here and NaN in torch. No input is scanned for them."""
+    pte, module = export_pte("mlp", MLP, [torch.randn(5, 13)])
+    async with await ar.load(pte) as model:
+        x = rand(5, 13)
+        x[1, 3] = np.inf
+        (out,) = await model.execute(x)
+        want = eager(module, x)[0]
+        np.testing.assert_allclose(out, want, atol=1e-4)  # Inf rows: the same Inf/NaN as torch
+        x = rand(5, 13)
+        x[1, 3] = np.nan
+        (out,) = await model.execute(x)
+        want = eager(module, x)[0]
+        np.testing.assert_allclose(np.delete(out, 1, 0), np.delete(want, 1, 0), atol=1e-4)  # other rows untouched
+        assert np.isnan(want[1]).all()
+        relu_keeps_nan = np.isnan(out[1]).all()
+        assert relu_keeps_nan or np.isfinite(out[1]).all()  # row 1: NaN as in torch, or finite where relu ate it
+        (again,) = await model.execute(rand(5, 13))
+        assert np.isfinite(again).all()  # nothing sticks
