@@ -53,14 +53,16 @@ async def main():
         await sessions[0].execute(x_of(5))
 
         async def stream(s, seed):
-            for step in range(50):
+            for step in range(200_000):  # until the device is gone, however fast the GPU is
                 try:
                     await s.execute(x_of(1 + (seed + step) % 23))
                     outcomes.append("ok")
                 except ar.BrokenResourceError:
                     outcomes.append("broken")
+                    return
                 except Exception as e:
                     outcomes.append(type(e).__name__)
+                    return
 
         async with anyio.create_task_group() as tg:
             for i, s in enumerate(sessions):
