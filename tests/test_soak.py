@@ -5,7 +5,7 @@ allocations stay where they were, wgpu's live object counts (`wgpu.diagnostics.o
 come back to where they were, and Python's traced memory (tracemalloc) stays flat. Results are
 checked against torch eager at sampled steps.
 
-`PTE_WGPU_SOAK_STEPS` sets the number of executes (default 2,000 per backend; 10,000 for the long run; RELIABILITY.md has the time
+`PTE_WGPU_SOAK_STEPS` sets the number of executes (default 10,000 per backend; RELIABILITY.md has the time
 on lavapipe).
 """
 
@@ -28,7 +28,7 @@ from .models import MLP
 
 pytestmark = pytest.mark.usefixtures("adapter")
 
-STEPS = int(os.environ.get("PTE_WGPU_SOAK_STEPS", "2000"))  # 10,000 takes ~2.5 min per backend on lavapipe
+STEPS = int(os.environ.get("PTE_WGPU_SOAK_STEPS", "10000"))  # ~2.5 min per backend on lavapipe
 SESSIONS = 8
 B_MAX = 23
 CHECK_EVERY = 97  # steps whose result is compared with torch
