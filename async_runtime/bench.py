@@ -29,7 +29,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from contextlib import contextmanager
@@ -37,6 +36,8 @@ from pathlib import Path
 
 import anyio
 import numpy as np
+
+from .llm_export import export_command, export_llm_args
 
 FILES = {
     "vulkan": "llama_vulkan.pte",
@@ -57,28 +58,7 @@ SHORT = dict(
 SPLIT_PARTS = ("prepare", "resize", "stage", "encode", "submit", "map_submit", "readback_wait", "read_outputs")
 
 
-# --- exporting (the tests/llama.py recipe; the bench does not import tests/) ----------------------
-_DRIVER = textwrap.dedent(
-    """
-    import sys, torch
-    from executorch.extension.llm.export import builder
-
-    _pt2 = sys.argv.pop(1)
-    _orig = builder.LLMEdgeManager._export
-
-    def _export(self, module=None):
-        ep = _orig(self, module)
-        if module is None and _pt2 != "-":
-            torch.export.save(ep, _pt2)
-        return ep
-
-    builder.LLMEdgeManager._export = _export
-    from executorch.extension.llm.export.export_llm import main
-
-    sys.argv[0] = "export_llm"
-    main()
-    """
-)
+# --- exporting: a tiny Llama through ExecuTorch's export_llm (async_runtime/llm_export.py) ------
 _WRITE_MODEL = textwrap.dedent(
     """
     import json, sys, torch
@@ -104,23 +84,6 @@ def llama_tag(cfg):
     return "d{dim}h{n_heads}kv{n_kv_heads}l{n_layers}v{vocab_size}m{max_len}".format(**cfg)
 
 
-def _overrides(out_dir, name, max_len, backend, dynamic):
-    return [
-        f"base.params={out_dir}/params.json",
-        f"base.checkpoint={out_dir}/ckpt.pth",
-        "base.model_class=llama3",
-        "model.use_kv_cache=true",
-        "model.use_sdpa_with_kv_cache=true",
-        f"model.enable_dynamic_shape={'true' if dynamic else 'false'}",
-        f"backend.{backend}.enabled=true",
-        f"export.max_seq_length={max_len}",
-        f"export.max_context_length={max_len}",
-        "model.dtype_override=fp32",
-        f"export.output_dir={out_dir}",
-        f"export.output_name={os.path.join(out_dir, name)}",
-    ]
-
-
 def export_llama(out_dir, cfg, which=("vulkan", "static", "xnnpack"), seed=0, init_std=0.02, log=print):
     """Export the missing files of `which` into out_dir (in parallel subprocesses); returns the
     seconds each took. Raises RuntimeError with the log tail when one fails."""
@@ -140,7 +103,9 @@ def export_llama(out_dir, cfg, which=("vulkan", "static", "xnnpack"), seed=0, in
         if (out_dir / FILES[key]).exists():
             continue
         backend, dynamic, pt2 = plan[key]
-        args = [sys.executable, "-c", _DRIVER, pt2, *_overrides(str(out_dir), FILES[key], max_len, backend, dynamic)]
+        overrides = export_llm_args(f"{out_dir}/params.json", f"{out_dir}/ckpt.pth", str(out_dir), FILES[key], max_len,
+                                    backend=backend, dynamic=dynamic)
+        args = export_command(overrides, pt2)
         logf = open(out_dir / f"export_{key}.log", "w")
         log(f"exporting {FILES[key]} ({llama_tag(dict(cfg, max_len=max_len))}) with ExecuTorch's export_llm ...")
         jobs[key] = (subprocess.Popen(args, cwd=out_dir, stdout=logf, stderr=subprocess.STDOUT), logf, time.perf_counter())

@@ -14,7 +14,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from export_smollm2 import cli_overrides, default_gguf_path, gguf_params, run_llama_export  # noqa: E402
+from export_smollm2 import default_gguf_path, gguf_params, run_llama_export  # noqa: E402
+
+from async_runtime.llm_export import export_llm_args  # noqa: E402
 
 BLOCK_FLOATS = (1 << 20) // 4
 
@@ -54,7 +56,7 @@ def main(argv=None):
     with open(params_path, "w") as f:
         json.dump(params, f)
     torch.save(synthetic_state_dict(params), ckpt_path)
-    overrides = cli_overrides(params_path, ckpt_path, out, f"{name}.pte", args.max_context, qmode=args.qmode)
+    overrides = export_llm_args(params_path, ckpt_path, out, f"{name}.pte", args.max_context, qmode=args.qmode)
     seconds = run_llama_export(overrides, cwd=out)
     os.remove(ckpt_path)
     print(f"{os.path.join(out, name + '.pte')} in {seconds:.0f} s")

@@ -40,8 +40,9 @@ import os
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
+
+from async_runtime.llm_export import export_command, export_llm_args
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "pte-wgpu")
@@ -188,29 +189,6 @@ def eager_model(params, state, max_context, *, kv_cache=False):
 
 # Runs in the export subprocess: the CLI itself, optionally also saving the pre-lowering
 # ExportedProgram (the same hook as tests/llama.py's driver, for like-for-like references).
-_DRIVER = textwrap.dedent(
-    """
-    import sys, torch
-    from executorch.extension.llm.export import builder
-
-    _pt2 = sys.argv.pop(1)
-    if _pt2:
-        _orig = builder.LLMEdgeManager._export
-
-        def _export(self, module=None):
-            ep = _orig(self, module)
-            if module is None:
-                torch.export.save(ep, _pt2)
-            return ep
-
-        builder.LLMEdgeManager._export = _export
-    from executorch.extension.llm.export.export_llm import main
-
-    sys.argv[0] = "export_llm"
-    main()
-    """
-)
-
 # (substring of an export_llm log line, rough share of the export done when it appears, stage)
 _STAGES = [
     ("Loading model with checkpoint", 3, "loading checkpoint"),
@@ -248,29 +226,6 @@ class _Progress:
         self.stream.flush()
 
 
-def cli_overrides(params_path, ckpt_path, out_dir, pte_name, max_len, qmode=None, group_size=32):
-    """`export_llm` arguments (the same recipe as tests/llama.py's cli_overrides, Vulkan only)."""
-    args = [
-        f"base.params={params_path}",
-        f"base.checkpoint={ckpt_path}",
-        "base.model_class=llama3",
-        "model.use_kv_cache=true",
-        "model.use_sdpa_with_kv_cache=true",
-        "model.enable_dynamic_shape=true",
-        "backend.vulkan.enabled=true",
-        f"export.max_seq_length={max_len}",
-        f"export.max_context_length={max_len}",
-        "model.dtype_override=fp32",
-        f"export.output_dir={out_dir}",
-        f"export.output_name={os.path.join(out_dir, pte_name)}",
-    ]
-    if qmode in ("4w", "8da4w"):
-        args += [f"quantization.qmode={qmode}", f"quantization.group_size={group_size}"]
-    elif qmode is not None:
-        raise ValueError(f"qmode {qmode!r}: expected None, '4w' or '8da4w'")
-    return args
-
-
 def run_llama_export(overrides, *, cwd, pt2_path="", progress=True, timeout=3600, log_path=None):
     """Run `export_llm` with these overrides in a subprocess, streaming stage lines; returns seconds.
 
@@ -281,7 +236,7 @@ def run_llama_export(overrides, *, cwd, pt2_path="", progress=True, timeout=3600
     log = []
     done, stage = 0, "starting export_llm"
     show(done, stage)
-    proc = subprocess.Popen([sys.executable, "-u", "-c", _DRIVER, pt2_path, *overrides], cwd=cwd,
+    proc = subprocess.Popen(export_command(overrides, pt2_path), cwd=cwd,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     try:
         for line in proc.stdout:
@@ -361,8 +316,8 @@ def export(gguf_path=None, *, cache_dir=None, max_context=2048, qmode=None, grou
         print(f"  {time.perf_counter() - t0:.1f}s; params {json.dumps(params)}", file=sys.stderr)
         print(f"export_llm (Vulkan, {qmode or 'fp32'}, context {max_context}) -> {out_dir}", file=sys.stderr)
     tmp_pte = "model.pte.partial.pte"
-    overrides = cli_overrides(params_path, ckpt_path, work, tmp_pte, max_context, qmode=qmode,
-                              group_size=group_size)
+    overrides = export_llm_args(params_path, ckpt_path, work, tmp_pte, max_context, qmode=qmode,
+                                group_size=group_size)
     seconds = run_llama_export(overrides, cwd=work, pt2_path=pt2_path + ".partial" if keep_program else "",
                                progress=progress, log_path=os.path.join(out_dir, "export.log"))
     produced = os.path.join(work, tmp_pte)

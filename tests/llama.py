@@ -36,39 +36,15 @@ import copy
 import json
 import os
 import subprocess
-import sys
 import tempfile
-import textwrap
 import time
 
 import numpy as np
 import torch
 
+from async_runtime.llm_export import export_command, export_llm_args
+
 _CACHE = {}
-
-# Runs in the export subprocess: the CLI, plus saving the pre-lowering ExportedProgram.
-_DRIVER = textwrap.dedent(
-    """
-    import sys, torch
-    from executorch.extension.llm.export import builder
-
-    _pt2 = sys.argv.pop(1)
-    _orig = builder.LLMEdgeManager._export
-
-    def _export(self, module=None):
-        ep = _orig(self, module)
-        if module is None:
-            torch.export.save(ep, _pt2)
-        return ep
-
-    builder.LLMEdgeManager._export = _export
-    from executorch.extension.llm.export.export_llm import main
-
-    sys.argv[0] = "export_llm"
-    main()
-    """
-)
-
 
 def _write_model(dirname, params, max_len, seed, init_std):
     from executorch.examples.models.llama.llama_transformer import construct_transformer
@@ -91,36 +67,11 @@ def _write_model(dirname, params, max_len, seed, init_std):
     return params_path, ckpt_path, state
 
 
-def cli_overrides(params_path, ckpt_path, out_dir, pte_name, max_len, qmode=None, group_size=32, backend="vulkan"):
-    """The `export_llm` CLI arguments used (backend="xnnpack" gives the CPU twin for cross-checks)."""
-    args = [
-        f"base.params={params_path}",
-        f"base.checkpoint={ckpt_path}",
-        "base.model_class=llama3",
-        "model.use_kv_cache=true",
-        "model.use_sdpa_with_kv_cache=true",
-        "model.enable_dynamic_shape=true",
-        f"backend.{backend}.enabled=true",
-        f"export.max_seq_length={max_len}",
-        f"export.max_context_length={max_len}",
-        "model.dtype_override=fp32",
-        f"export.output_dir={out_dir}",
-        f"export.output_name={os.path.join(out_dir, pte_name)}",
-    ]
-    if qmode == "4w":
-        args += ["quantization.qmode=4w", f"quantization.group_size={group_size}"]
-    elif qmode == "8da4w":
-        args += ["quantization.qmode=8da4w", f"quantization.group_size={group_size}"]
-    elif qmode is not None:
-        raise ValueError(f"qmode {qmode!r}: expected None, '4w' or '8da4w'")
-    return args
-
-
 def run_export(overrides, pt2_path, cwd, timeout=900):
     """Run the CLI export in a subprocess; returns wall seconds. Raises with the log tail on failure."""
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-c", _DRIVER, pt2_path, *overrides],
+        export_command(overrides, pt2_path),
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -222,7 +173,7 @@ def export_llama(
         params_path, ckpt_path, state = _write_model(out_dir, params, max_len, seed, init_std)
         pte_path = os.path.join(out_dir, f"llama_{label}.pte")
         pt2_path = os.path.join(out_dir, "program.pt2")
-        overrides = cli_overrides(params_path, ckpt_path, out_dir, os.path.basename(pte_path), max_len,
+        overrides = export_llm_args(params_path, ckpt_path, out_dir, os.path.basename(pte_path), max_len,
                                   qmode=qmode, group_size=group_size)
         seconds = run_export(overrides, pt2_path, cwd=out_dir)
         if not os.path.exists(pte_path):
