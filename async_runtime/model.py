@@ -8,10 +8,11 @@ import numpy as np
 
 from kernels import build_node, fuse
 from kernels.wgsl import elem_bytes
-from resize.engine import LiveState, Plan, ResizeContext, ResizeFailure, run_all
+from resize.engine import LiveState, Plan, ResizeContext, run_all
 from resize.shapes import numel_of
 from resize.values import SymInt, Tensor
 
+from .batching import Batcher, BatchedSession
 from .device import open_device
 from .errors import (
     BrokenResourceError,
@@ -23,6 +24,7 @@ from .errors import (
 )
 from .graph import link
 from .planning import plan_memory
+from .ragged import NotRagged, plan_ragged
 from .pte import read_program
 from .scheduler import Scheduler
 from .session import Session
@@ -49,17 +51,30 @@ async def _read_source(source):
     raise TypeError(f"load() takes a path, bytes or a binary file object, not {type(source).__name__}")
 
 
-async def load(source, method="forward", *, device=None, on_resize=None, batch_submits=True, memory_budget=None):
+async def load(
+    source,
+    method="forward",
+    *,
+    device=None,
+    on_resize=None,
+    batch_submits=True,
+    memory_budget=None,
+    max_batch=32,
+    token_budget=None,
+):
     """Load a `.pte` program and build its GPU plan.
 
     `device` picks an adapter by a substring of its name; `on_resize(event)` is called with each
-    `InputResized` event of every session; `batch_submits=False` gives every step its own submit
-    (for comparison: by default concurrent sessions' ready steps share one). `memory_budget` caps
-    the GPU bytes of the model and all its sessions: past it, load or `session()` raises
-    MemoryBudgetError before allocating anything."""
+    `InputResized` event of every session. By default concurrent sessions' ready steps share one
+    submit, and when the graph allows it (a KV-cache decoder, see `async_runtime.ragged`) one
+    ragged pass of up to `max_batch` sequences and `token_budget` rows (default: the export's
+    maximum sequence length); `model.batching` says which ("ragged", "submits" or "off") and
+    `model.batching_note` why not ragged. `batch_submits=False` gives every step its own submit
+    and pass (for comparison). `memory_budget` caps the GPU bytes of the model and all its
+    sessions: past it, load or `session()` raises MemoryBudgetError before allocating anything."""
     data = await _read_source(source)
     model = Model(on_resize, batch_submits, memory_budget)
-    await model._build(data, method, device)
+    await model._build(data, method, device, max_batch, token_budget)
     return model
 
 
@@ -78,10 +93,19 @@ class Model:
         self._scheduler = Scheduler(self, batch_submits)
 
     # --- load ---------------------------------------------------------------------------------
-    async def _build(self, data, method, device_name):
+    async def _build(self, data, method, device_name, max_batch=32, token_budget=None):
         program = await anyio.to_thread.run_sync(read_program, data)
         graph = link(program.method(method))
         self.fused = fuse(graph)
+        self.inputs = tuple(_io_spec(graph.values[v], f"input {i}") for i, v in enumerate(graph.inputs))
+        self.outputs = tuple(_io_spec(graph.values[v], f"output {i}") for i, v in enumerate(graph.outputs))
+        self.batching, self.batching_note, ragged = ("submits" if self._scheduler.batching else "off"), "", None
+        if self._scheduler.batching:
+            try:
+                ragged = plan_ragged(graph, max_batch)
+                graph, self.batching = ragged.graph, "ragged"
+            except NotRagged as e:
+                self.batching_note = f"not ragged: {e}"
         self.graph = graph
         values = graph.values
         nodes = []
@@ -93,8 +117,6 @@ class Model:
             except Exception as e:  # a hostile file can break an op's argument reading in any way
                 raise ModelFormatError(f"operator {name} with args {args}: {type(e).__name__}: {e}") from e
         self.plan = Plan(nodes, values)
-        self.inputs = tuple(self._io_spec(v, f"input {i}") for i, v in enumerate(graph.inputs))
-        self.outputs = tuple(self._io_spec(v, f"output {i}") for i, v in enumerate(graph.outputs))
         self._data_dependent = any(n.data_dependent for n in nodes)
         self._initial_state = self._plan_at_max_shapes()
 
@@ -106,7 +128,12 @@ class Model:
         # take hundreds of ms for a real model: worker threads, so the event loop keeps running.
         await anyio.to_thread.run_sync(self._make_buffers, program.named_data)
         self._pipelines = await self._compile_pipelines()
-        self._default = await anyio.to_thread.run_sync(Session, self)
+        self._batcher = None
+        if ragged is not None:
+            runner = await anyio.to_thread.run_sync(Session, self)
+            self._sessions.discard(runner)  # the model's own: not a user session
+            self._batcher = Batcher(self, ragged, runner, token_budget)
+        self._default = await self.open_session()
         await self._warm_up()
 
     async def _warm_up(self):
@@ -145,12 +172,6 @@ class Model:
         except Exception as e:
             raise ModelFormatError(f"building the plan at maximum shapes failed: {type(e).__name__}: {e}") from e
         return state
-
-    def _io_spec(self, vid, what):
-        v = self.graph.values[vid]
-        if isinstance(v, Tensor):
-            return IOSpec(what, v.dtype, tuple(v.dims))
-        return IOSpec(what, "int" if isinstance(v, SymInt) else type(v).__name__, ())
 
     def _reserve(self, nbytes, what):
         """Count `nbytes` against the memory budget, or raise before anything is allocated."""
@@ -215,12 +236,15 @@ class Model:
         (Creating one makes its bind groups here; `await model.open_session()` does it in a
         worker thread for large graphs.)"""
         self._check_open()
-        return Session(self)
+        return self._session_class()(self)
 
     async def open_session(self):
         """`session()`, with the synchronous GPU object creation in a worker thread."""
         self._check_open()
-        return await anyio.to_thread.run_sync(Session, self)
+        return await anyio.to_thread.run_sync(self._session_class(), self)
+
+    def _session_class(self):
+        return Session if self._batcher is None else BatchedSession
 
     async def execute(self, *inputs):
         """Run the method on the default session; returns a list of numpy arrays."""
@@ -265,6 +289,8 @@ class Model:
         self._closed = True
         for s in list(self._sessions):
             s._release()
+        if self._batcher is not None:
+            self._batcher.runner._release()
         for b in self._buffers.values():
             b.destroy()
         await anyio.lowlevel.checkpoint()
@@ -280,6 +306,12 @@ class Model:
             raise ClosedResourceError("the model is closed")
         if self._scheduler.broken is not None:
             raise BrokenResourceError("the GPU device was lost") from self._scheduler.broken
+
+
+def _io_spec(v, what):
+    if isinstance(v, Tensor):
+        return IOSpec(what, v.dtype, tuple(v.dims))
+    return IOSpec(what, "int" if isinstance(v, SymInt) else type(v).__name__, ())
 
 
 def _constant_bytes(const, named, what):

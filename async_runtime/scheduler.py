@@ -4,7 +4,8 @@ Sessions resize and upload their step themselves, then hand it here. Whichever t
 owner becomes the owner; it encodes all ready steps back to back into one command encoder (or one
 per submit with batching off), submits once and awaits the readbacks, until its own step is done.
 It then promotes the next waiting step's task to owner, so no background task is needed and every
-caller's task does its share. Everything after the hand-over is shielded: a cancelled caller's
+caller's task does its share. For a model that batches ragged (async_runtime.batching), the owner
+runs passes over all ready steps instead, each pass finishing some of them. Everything after the hand-over is shielded: a cancelled caller's
 step still completes, so a session is never left half-updated.
 """
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from .errors import BrokenResourceError
+from .errors import BrokenResourceError, InputError, ResizeError
 
 LOST_CHECK_S = 0.05  # how often a pending readback checks that its device still exists
 
@@ -45,6 +46,9 @@ class Scheduler:
             if not step.done:
                 self._owned = True
                 while not step.done:
+                    if self.model._batcher is not None:
+                        await self._ragged_pass()
+                        continue
                     n = len(self._ready) if self.batching else 1
                     batch, self._ready = self._ready[:n], self._ready[n:]
                     await self._submit(batch)
@@ -77,6 +81,24 @@ class Scheduler:
             for step in batch:
                 step.done = True
                 step.wake.set()
+
+    async def _ragged_pass(self):
+        """One pass of the model's ragged batch (async_runtime.batching): its finished steps end."""
+        pieces = self.model._batcher.compose(self._ready)
+        try:
+            finished = await self.model._batcher.run_pass(pieces, self._unless_lost)
+        except (InputError, ResizeError) as e:  # checked before the hand-over: a bug if seen here
+            finished = [step for step, _, _ in pieces]
+            for step in finished:
+                step.error = e
+        except Exception as e:
+            self.fail(e, self._ready)
+            self._ready = []
+            return
+        for step in finished:
+            self._ready.remove(step)
+            step.done = True
+            step.wake.set()
 
     async def _unless_lost(self, promise):
         """Await `promise` unless the device is lost first. wgpu-py 0.32 has no device-lost promise

@@ -26,6 +26,37 @@ UNIFORM_ALIGN = 256  # minUniformBufferOffsetAlignment
 COPY_ALIGN = 256  # spacing of outputs in the readback staging buffer
 
 
+def check_inputs(model, inputs):
+    """Validate a call's inputs against the method's (`model.inputs`); returns them as arrays in
+    the device's storage types."""
+    specs = model.inputs
+    if len(inputs) != len(specs):
+        raise InputError(f"expected {len(specs)} inputs ({model.describe_inputs()}), got {len(inputs)}")
+    arrays = []
+    for i, (spec, x) in enumerate(zip(specs, inputs)):
+        if spec.dtype not in HOST_DTYPES:
+            raise InputError(f"input {i}: non-tensor method inputs are not supported ({spec.dtype})")
+        try:
+            arr = np.asarray(x)
+        except Exception as e:
+            raise InputError(f"input {i}: cannot be read as an array ({e})") from None
+        kind, want = arr.dtype.kind, np.dtype(HOST_DTYPES[spec.dtype]).kind
+        limit = list(spec.max_shape)
+        if not (kind == want or (want in "iu" and kind in "iu")):
+            raise InputError(f"input {i}: dtype {arr.dtype} given, expected {spec.dtype} (shape up to {limit})")
+        if arr.ndim != len(limit):
+            raise InputError(
+                f"input {i}: rank {arr.ndim} (shape {list(arr.shape)}) given, expected rank {len(limit)} with shape up to {limit}"
+            )
+        for d, (n, m) in enumerate(zip(arr.shape, limit)):
+            if not 1 <= n <= m:
+                raise InputError(f"input {i}: dim {d} is {n}, expected 1..{m} (shape {list(arr.shape)}, max {limit})")
+        if want in "iu" and arr.size and (arr.min() < -(2**31) or arr.max() >= 2**31):
+            raise InputError(f"input {i}: values outside the int32 range the device stores")
+        arrays.append(np.ascontiguousarray(arr, dtype=storage_dtype(spec.dtype)))
+    return arrays
+
+
 class Session:
     """One stream: `await session.execute(...)`; `async with model.session() as s:`."""
 
@@ -86,6 +117,14 @@ class Session:
         layout = self._model._pipelines[d.shader].get_bind_group_layout(0)
         return self._model.device.create_bind_group(layout=layout, entries=entries)
 
+    def _rebind(self, vid, buf):
+        """Point value `vid` at another buffer of this session's (a grown KV-cache pool)."""
+        self._own[vid] = buf
+        for did, d in enumerate(self._model.graph.dispatches):
+            if d.shader is not None and vid in d.bindings:
+                self._bind_groups[did] = self._bind_group(d)
+        self._commands = self._command_list()
+
     def _write_params(self, pid, data):
         if data:
             self._model.device.queue.write_buffer(self._arena, self._param_offsets[pid], data)
@@ -136,46 +175,29 @@ class Session:
         return outputs
 
     def _prepare(self, inputs):
-        """Validate the inputs against the method and convert them to the device's storage types."""
-        model = self._model
-        graph = model.graph
-        if len(inputs) != len(graph.inputs):
-            raise InputError(f"expected {len(graph.inputs)} inputs ({model.describe_inputs()}), got {len(inputs)}")
-        host = {}
-        for i, (vid, x) in enumerate(zip(graph.inputs, inputs)):
-            v = graph.values[vid]
-            if not isinstance(v, Tensor):
-                raise InputError(f"input {i}: non-tensor method inputs are not supported ({v})")
-            try:
-                arr = np.asarray(x)
-            except Exception as e:
-                raise InputError(f"input {i}: cannot be read as an array ({e})") from None
-            kind, want = arr.dtype.kind, np.dtype(HOST_DTYPES[v.dtype]).kind
-            if not (kind == want or (want in "iu" and kind in "iu")):
-                raise InputError(f"input {i}: dtype {arr.dtype} given, expected {v.dtype} (shape up to {list(v.dims)})")
-            if arr.ndim != len(v.dims):
-                raise InputError(
-                    f"input {i}: rank {arr.ndim} (shape {list(arr.shape)}) given, "
-                    f"expected rank {len(v.dims)} with shape up to {list(v.dims)}"
-                )
-            for d, (n, m) in enumerate(zip(arr.shape, v.dims)):
-                if not 1 <= n <= m:
-                    raise InputError(f"input {i}: dim {d} is {n}, expected 1..{m} (shape {list(arr.shape)}, max {list(v.dims)})")
-            if want in "iu" and arr.size and (arr.min() < -(2**31) or arr.max() >= 2**31):
-                raise InputError(f"input {i}: values outside the int32 range the device stores")
-            host[vid] = np.ascontiguousarray(arr, dtype=storage_dtype(v.dtype))
-        return host
+        """Validate the inputs; value id -> array in the device's storage type."""
+        return dict(zip(self._model.graph.inputs, check_inputs(self._model, inputs)))
 
     async def _resize(self, host):
         """Set the inputs' live dims and propagate; on failure the state is as before."""
         model = self._model
-        ctx = ResizeContext(model.plan, self.state, host)
         events = [
             InputResized(self.id, i, model.inputs[i].name, self.state.dims[vid], arr.shape)
             for i, (vid, arr) in enumerate(host.items())
             if arr.shape != self.state.dims[vid]
         ]
-        if events or model._data_dependent:
+        ctx = await self._propagate(host)
+        for counters in (self._counters, model._counters):
+            counters.executes += 1
+            counters.resize_events += len(events)
+            counters.hook_calls += ctx.hook_calls
+        return ctx, events
+
+    async def _propagate(self, host):
+        """The resize sweep for new host inputs: only when a shape changed or hooks read host data."""
+        model = self._model
+        ctx = ResizeContext(model.plan, self.state, host)
+        if model._data_dependent or any(arr.shape != self.state.dims[vid] for vid, arr in host.items()):
             for vid, arr in host.items():
                 ctx.set_dims(vid, arr.shape)
             try:
@@ -184,11 +206,7 @@ class Session:
                 raise ResizeError(str(e)) from None
             except (ValueError, IndexError) as e:
                 raise InputError(f"these inputs do not fit the model: {e}") from None
-        for counters in (self._counters, model._counters):
-            counters.executes += 1
-            counters.resize_events += len(events)
-            counters.hook_calls += ctx.hook_calls
-        return ctx, events
+        return ctx
 
     def _stage(self, host, ctx):
         """Write changed parameters and the inputs' live bytes (this session's own buffers)."""

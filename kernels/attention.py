@@ -1,5 +1,6 @@
-"""`sdpa_with_kv_cache`: writes this step's K and V into the session's caches at the live position,
-then causal attention of the S query rows over the cache prefix, with grouped-query heads.
+"""`sdpa_with_kv_cache` and its ragged-batch form: writes this step's K and V into the session's
+caches at the live position, then causal attention of the S query rows over the cache prefix,
+with grouped-query heads.
 
 The attention kernel streams the keys in chunks with an online softmax, so no scores matrix is
 ever materialized, whatever the context length: one workgroup per (query head, query row).
@@ -33,19 +34,47 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 }}
 """
 
-ATTENTION = f"""
-struct P {{ s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, pad0: u32, pad1: u32 }}
+# Ragged batches (async_runtime.ragged): row r of the batch belongs to the session whose cache
+# is slot row_slot[r] of the pooled caches, at absolute position row_pos[r].
+RAGGED_TABLES = """
+@group(0) @binding(5) var<storage, read> row_pos: array<i32>;
+@group(0) @binding(6) var<storage, read> row_slot: array<i32>;
+"""
+
+RAGGED_UPDATE_CACHE = f"""
+struct P {{ n: u32, row: u32, stride: u32, pad: u32 }}
+@group(0) @binding(0) var<storage, read> k: array<f32>;
+@group(0) @binding(1) var<storage, read> v: array<f32>;
+@group(0) @binding(2) var<storage, read_write> kc: array<f32>;
+@group(0) @binding(3) var<storage, read_write> vc: array<f32>;
+@group(0) @binding(4) var<uniform> p: P;
+{RAGGED_TABLES}
+{FLAT_INDEX}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
+    let i = flat_index(gid, nwg, {WG}u);
+    if (i >= p.n) {{ return; }}
+    let r = i / p.row;
+    let at = u32(row_slot[r]) * p.stride + u32(row_pos[r]) * p.row + i % p.row;
+    kc[at] = k[i];
+    vc[at] = v[i];
+}}
+"""
+
+ATTENTION = """
+struct P {{ s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, pad: u32 }}
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read> kc: array<f32>;
 @group(0) @binding(2) var<storage, read> vc: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 @group(0) @binding(4) var<uniform> p: P;
+{tables}
 var<workgroup> qs: array<f32, {MAX_HEAD_DIM}>;
 var<workgroup> probs: array<f32, {CHUNK}>;
 var<workgroup> red: array<f32, {CHUNK}>;
 
 fn reduce_max(t: u32) -> f32 {{
-    for (var stride = {CHUNK // 2}u; stride > 0u; stride = stride / 2u) {{
+    for (var stride = {HALF}u; stride > 0u; stride = stride / 2u) {{
         if (t < stride) {{ red[t] = max(red[t], red[t + stride]); }}
         workgroupBarrier();
     }}
@@ -53,7 +82,7 @@ fn reduce_max(t: u32) -> f32 {{
 }}
 
 fn reduce_sum(t: u32) -> f32 {{
-    for (var stride = {CHUNK // 2}u; stride > 0u; stride = stride / 2u) {{
+    for (var stride = {HALF}u; stride > 0u; stride = stride / 2u) {{
         if (t < stride) {{ red[t] = red[t] + red[t + stride]; }}
         workgroupBarrier();
     }}
@@ -69,15 +98,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let row = (s * p.hq + h) * p.d;
     for (var d = t; d < p.d; d = d + {CHUNK}u) {{ qs[d] = q[row + d] * p.scale; }}
     workgroupBarrier();
-    let keys = p.pos + s + 1u;  // causal: absolute position pos + s sees keys 0..pos + s
+    let keys = {keys};  // causal: the row at absolute position P sees keys 0..P
+    let cbase = {cache_base};
     var m = -3.0e38;
     var l = 0.0;
-    var acc = array<f32, {MAX_HEAD_DIM // CHUNK}>();
+    var acc = array<f32, {SLICES}>();
     for (var base = 0u; base < keys; base = base + {CHUNK}u) {{
         let j = base + t;
         var score = -3.0e38;
         if (j < keys) {{
-            let kbase = (j * p.hkv + kvh) * p.d;
+            let kbase = cbase + (j * p.hkv + kvh) * p.d;
             var dot = 0.0;
             for (var d = 0u; d < p.d; d = d + 1u) {{ dot = dot + qs[d] * kc[kbase + d]; }}
             score = dot;
@@ -94,12 +124,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let corr = exp(m - m_new);
         l = l * corr + total;
         let n = min({CHUNK}u, keys - base);
-        for (var c = 0u; c < {MAX_HEAD_DIM // CHUNK}u; c = c + 1u) {{
+        for (var c = 0u; c < {SLICES}u; c = c + 1u) {{
             let d = t + c * {CHUNK}u;
             if (d < p.d) {{
                 var sum = 0.0;
                 for (var jj = 0u; jj < n; jj = jj + 1u) {{
-                    sum = sum + probs[jj] * vc[((base + jj) * p.hkv + kvh) * p.d + d];
+                    sum = sum + probs[jj] * vc[cbase + ((base + jj) * p.hkv + kvh) * p.d + d];
                 }}
                 acc[c] = acc[c] * corr + sum;
             }}
@@ -107,7 +137,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         m = m_new;
         workgroupBarrier();
     }}
-    for (var c = 0u; c < {MAX_HEAD_DIM // CHUNK}u; c = c + 1u) {{
+    for (var c = 0u; c < {SLICES}u; c = c + 1u) {{
         let d = t + c * {CHUNK}u;
         if (d < p.d) {{ out[row + d] = acc[c] / l; }}
     }}
@@ -115,31 +145,52 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 """
 
 
-@op("sdpa_with_kv_cache.default")
-def sdpa_with_kv_cache(b):
-    q, k, v, k_cache, v_cache, input_pos = b.args[:6]
+def _attention_shader(ragged):
+    return ATTENTION.format(
+        tables=RAGGED_TABLES if ragged else "",
+        keys="u32(row_pos[s]) + 1u" if ragged else "p.pos + s + 1u",
+        cache_base="u32(row_slot[s]) * p.stride" if ragged else "0u",
+        MAX_HEAD_DIM=MAX_HEAD_DIM,
+        CHUNK=CHUNK,
+        HALF=CHUNK // 2,
+        SLICES=MAX_HEAD_DIM // CHUNK,
+    )
+
+
+def _attention_args(b):
+    """Checks shared by both forms; returns (context, kv heads, head dim, q heads, scale)."""
     if not b.is_none(7):
-        raise ValueError("sdpa_with_kv_cache: an explicit attn_mask is not supported (causal only)")
+        raise ValueError(f"{b.name}: an explicit attn_mask is not supported (causal only)")
     if b.scalar(8, 0):
-        raise ValueError("sdpa_with_kv_cache: dropout is not supported")
+        raise ValueError(f"{b.name}: dropout is not supported")
     _, context, hkv, dim = b.tensor(3).dims
     hq = b.tensor(0).dims[2]
     if dim > MAX_HEAD_DIM or hq % hkv:
-        raise ValueError(f"sdpa_with_kv_cache: head dim {dim} (max {MAX_HEAD_DIM}) or heads {hq}/{hkv} unsupported")
+        raise ValueError(f"{b.name}: head dim {dim} (max {MAX_HEAD_DIM}) or heads {hq}/{hkv} unsupported")
     scale = b.scalar(10, None)
-    scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
-    b.writes(k_cache)
-    b.writes(v_cache)
+    b.writes(b.args[3])
+    b.writes(b.args[4])
+    return context, hkv, dim, hq, 1.0 / math.sqrt(dim) if scale is None else float(scale)
+
+
+def _rows(b, ctx):
+    s = ctx.dims(b.args[0])[1]
+    if ctx.dims(b.args[1])[1] != s or ctx.dims(b.args[2])[1] != s:
+        raise ValueError(f"{b.name}: q, k, v have {s}, {ctx.dims(b.args[1])[1]}, {ctx.dims(b.args[2])[1]} rows")
+    return s
+
+
+@op("sdpa_with_kv_cache.default")
+def sdpa_with_kv_cache(b):
+    q, k, v, k_cache, v_cache, input_pos = b.args[:6]
+    context, hkv, dim, hq, scale = _attention_args(b)
     p_update, p_attn = b.params(16), b.params(32)
     d_update = b.dispatch(UPDATE_CACHE, [k, v, k_cache, v_cache, p_update])
-    d_attn = b.dispatch(ATTENTION, [q, k_cache, v_cache, b.out, p_attn])
+    d_attn = b.dispatch(_attention_shader(ragged=False), [q, k_cache, v_cache, b.out, p_attn])
 
     def resize(ctx):
-        shape = ctx.dims(q)
-        s = shape[1]
+        s = _rows(b, ctx)
         pos = ctx.int_value(input_pos)
-        if ctx.dims(k)[1] != s or ctx.dims(v)[1] != s:
-            raise ValueError(f"sdpa_with_kv_cache: q, k, v have {s}, {ctx.dims(k)[1]}, {ctx.dims(v)[1]} rows")
         if pos < 0 or pos + s > context:
             raise ValueError(
                 f"sdpa_with_kv_cache: positions {pos}..{pos + s - 1} do not fit the KV cache of {context} positions"
@@ -149,6 +200,31 @@ def sdpa_with_kv_cache(b):
         ctx.set_grid(d_update, flat_grid(n))
         ctx.set_params(p_attn, struct.pack("<5If2I", s, pos, hq, hkv, dim, scale, 0, 0))
         ctx.set_grid(d_attn, (hq, s, 1))
-        ctx.set_dims(b.out, shape)
+        ctx.set_dims(b.out, ctx.dims(q))
+
+    b.hook(resize)
+
+
+@op("pte_wgpu.ragged_sdpa")
+def ragged_sdpa(b):
+    """`sdpa_with_kv_cache` over a ragged batch: args 5 and 6 are the row_pos and row_slot tables,
+    and the caches are pools of per-session slots (the runtime checks positions before a pass)."""
+    q, k, v, k_cache, v_cache, row_pos, row_slot = b.args[:7]
+    context, hkv, dim, hq, scale = _attention_args(b)
+    stride = context * hkv * dim
+    p_update, p_attn = b.params(16), b.params(32)
+    d_update = b.dispatch(RAGGED_UPDATE_CACHE, [k, v, k_cache, v_cache, p_update, row_pos, row_slot])
+    d_attn = b.dispatch(_attention_shader(ragged=True), [q, k_cache, v_cache, b.out, p_attn, row_pos, row_slot])
+
+    def resize(ctx):
+        s = _rows(b, ctx)
+        if ctx.dims(row_pos)[0] != s:
+            raise ValueError(f"{b.name}: {s} rows but {ctx.dims(row_pos)[0]} row positions")
+        n = numel_of(ctx.dims(k))
+        ctx.set_params(p_update, struct.pack("<4I", n, hkv * dim, stride, 0))
+        ctx.set_grid(d_update, flat_grid(n))
+        ctx.set_params(p_attn, struct.pack("<5If2I", s, 0, hq, hkv, dim, scale, stride, 0))
+        ctx.set_grid(d_attn, (hq, s, 1))
+        ctx.set_dims(b.out, ctx.dims(q))
 
     b.hook(resize)

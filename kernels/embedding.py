@@ -41,3 +41,24 @@ def embedding(b):
         ctx.set_dims(b.out, shape)
 
     b.hook(resize)
+
+
+@op("pte_wgpu.last_rows")
+def last_rows(b):
+    """Each sequence's last row of a ragged batch (async_runtime.ragged): out[b] = x[seq_last[b]],
+    where x's token axis holds the concatenated rows and the unit dim before it becomes the
+    sequence axis of the output."""
+    src, axis, seq_last = b.args[0], b.scalar(1), b.args[2]
+    params = b.params(16)
+    d = b.dispatch(EMBEDDING, [src, seq_last, b.out, params])
+
+    def resize(ctx):
+        dims = ctx.dims(src)
+        seqs = ctx.dims(seq_last)[0]
+        row = numel_of(dims[axis + 1 :])
+        shape = dims[: axis - 1] + (seqs,) + dims[axis + 1 :]
+        ctx.set_params(params, struct.pack("<4I", seqs * row, row, dims[axis], 0))
+        ctx.set_grid(d, flat_grid(seqs * row))
+        ctx.set_dims(b.out, shape)
+
+    b.hook(resize)

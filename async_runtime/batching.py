@@ -1,0 +1,239 @@
+"""Continuous batching: every ready step of every session of a model in one ragged pass.
+
+For a graph that qualifies (async_runtime.ragged), the model runs one program whose token axis
+holds the concatenated rows of several sessions' steps. Each session owns a slot of the pooled KV
+caches; its step becomes rows of a pass: decode rows first, then prefill rows up to the token
+budget, so a long prompt is split into chunks across passes and decodes keep flowing. Sessions
+join and leave between passes. A session's result is the rows of its own sequence, exactly what
+its own run computes (row-wise kernels; matrix products may pick another route for more rows).
+"""
+
+from dataclasses import dataclass, field
+
+import anyio
+import numpy as np
+
+from resize.events import InputResized
+
+from .errors import BusyResourceError, ClosedResourceError, InputError, MemoryBudgetError
+from .scheduler import Step
+from .session import check_inputs
+from .stats import Counters
+from .storage import align
+
+STORAGE_OFFSET_ALIGN = 256  # minStorageBufferOffsetAlignment: slots start at multiples of it
+
+
+@dataclass(eq=False)
+class RaggedStep(Step):
+    tokens: np.ndarray = None  # this step's token ids, flat
+    pos: int = 0  # absolute position of its first token
+    taken: int = 0  # rows already run in earlier passes
+    parts: list = field(default_factory=list)  # per output: the arrays of its passes
+
+    @property
+    def remaining(self):
+        return len(self.tokens) - self.taken
+
+
+class Batcher:
+    """The model's ragged runner: a session over the ragged program (its arena, staging, tables),
+    the slot pool of the KV caches, and the composition of each pass."""
+
+    def __init__(self, model, ragged, runner, token_budget=None):
+        self.model, self.ragged, self.runner = model, ragged, runner
+        self.budget = min(token_budget or ragged.max_rows, ragged.max_rows)
+        self.slot_bytes = {vid: align(runner._own[vid].size, STORAGE_OFFSET_ALIGN) for vid in ragged.caches}
+        for vid, size in self.slot_bytes.items():  # slot 0 is the runner's own buffer, realigned
+            if size != runner._own[vid].size:
+                self._replace(vid, size)
+        self.capacity = 1
+        self.free = [0]
+
+    # --- slots --------------------------------------------------------------------------------
+    def acquire(self):
+        if not self.free:
+            self._grow()
+        slot = self.free.pop()
+        self._reset(slot)
+        return slot
+
+    def release(self, slot):
+        self.free.append(slot)
+
+    def slot_memory(self):
+        return sum(self.slot_bytes.values())
+
+    def _grow(self):
+        """More slots: new pool buffers holding the old slots, bound in place of the old ones."""
+        model, limit = self.model, self.model.device_info.max_storage_binding
+        most = min(limit // size for size in self.slot_bytes.values())
+        budget = model.memory_budget
+        room = most if budget is None else min(most, self.capacity + (budget - model._reserved) // self.slot_memory())
+        capacity = min(self.capacity * 2, room)
+        if capacity <= self.capacity:
+            why = f"the {budget}-byte memory budget" if room < most else f"the device's {limit}-byte binding limit"
+            raise MemoryBudgetError(
+                f"a new session needs a KV-cache slot of {self.slot_memory()} bytes; {self.capacity} slots are in use "
+                f"and {why} allows no more"
+            )
+        model._reserve((capacity - self.capacity) * self.slot_memory(), "more KV-cache slots")
+        encoder = model.device.create_command_encoder()
+        for vid, size in self.slot_bytes.items():
+            old = self.runner._own[vid]
+            new = self._replace(vid, capacity * size)
+            encoder.copy_buffer_to_buffer(old, 0, new, 0, self.capacity * size)
+        model.device.queue.submit([encoder.finish()])
+        self.free.extend(range(capacity - 1, self.capacity - 1, -1))
+        self.capacity = capacity
+
+    def _replace(self, vid, size):
+        new = self.model._create_buffer(size, self.runner._own[vid].usage, f"KV-cache pool {vid}")
+        self.runner._rebind(vid, new)
+        return new
+
+    def _reset(self, slot):
+        """A new session's slot starts from the file's values of the caches, like its own buffers would."""
+        model, encoder = self.model, None
+        for vid, size in self.slot_bytes.items():
+            data, buf = model._constant_data[vid], self.runner._own[vid]
+            if data.any():
+                model.device.queue.write_buffer(buf, slot * size, data)
+                continue
+            encoder = encoder or model.device.create_command_encoder()
+            encoder.clear_buffer(buf, slot * size, align(data.nbytes, 4))
+        if encoder is not None:
+            model.device.queue.submit([encoder.finish()])
+
+    # --- passes -------------------------------------------------------------------------------
+    def compose(self, ready):
+        """The pieces (step, first row, rows) of the next pass: decodes first, then prefill chunks."""
+        budget, pieces = self.budget, []
+        for step in sorted(ready, key=lambda s: s.remaining > 1):  # stable: arrival order within each
+            if budget == 0 or len(pieces) == self.ragged.max_seqs:
+                break
+            n = min(step.remaining, budget)
+            pieces.append((step, step.taken, n))
+            budget -= n
+        return pieces
+
+    async def run_pass(self, pieces, unless_lost):
+        """Run one pass; returns the steps it finished."""
+        model, runner, ragged = self.model, self.runner, self.ragged
+        counts = [n for _, _, n in pieces]
+        tables = (
+            np.concatenate([step.tokens[start : start + n] for step, start, n in pieces]).reshape(1, -1),
+            np.concatenate([np.arange(step.pos + start, step.pos + start + n) for step, start, n in pieces]),
+            np.concatenate([np.full(n, step.session.slot) for step, _, n in pieces]),
+            np.cumsum(counts) - 1,
+        )
+        host = {vid: np.ascontiguousarray(t, dtype=np.int32) for vid, t in zip(model.graph.inputs, tables)}
+        ctx = await runner._propagate(host)
+        model._counters.hook_calls += ctx.hook_calls
+        runner._stage(host, ctx)
+        encoder = model.device.create_command_encoder()
+        reads = runner._encode(encoder)
+        model.device.queue.submit([encoder.finish()])
+        model._counters.submits += 1
+        await unless_lost(runner._staging.map_async("READ_NOSYNC"))
+        outputs = runner._read_outputs(reads)
+        finished, first = [], 0
+        for b, (step, start, n) in enumerate(pieces):
+            for k, ((kind, axis), arr) in enumerate(zip(ragged.output_axes, outputs)):
+                if len(step.parts) <= k:
+                    step.parts.append([])
+                if kind == "seqs":  # only the last chunk's row counts
+                    step.parts[k] = [np.take(arr, [b], axis=axis)]
+                else:
+                    step.parts[k].append(np.take(arr, range(first, first + n), axis=axis))
+            first += n
+            step.taken += n
+            c = step.session._counters
+            c.submits, c.readbacks, c.dispatches = c.submits + 1, c.readbacks + 1, c.dispatches + runner._dispatch_count
+            if step.remaining == 0:
+                step.outputs = [
+                    parts[0] if kind == "seqs" else np.concatenate(parts, axis=axis)
+                    for (kind, axis), parts in zip(ragged.output_axes, step.parts)
+                ]
+                finished.append(step)
+        return finished
+
+
+class BatchedSession:
+    """A session of a model that batches across sessions: its state is a KV-cache slot; its steps
+    run in the model's ragged passes. Same interface as `Session`."""
+
+    def __init__(self, model):
+        self._model = model
+        self.id = model._next_session_id
+        model._next_session_id += 1
+        self._closed = False
+        self._busy = False
+        self._counters = Counters()
+        self._shapes = [spec.max_shape for spec in model.inputs]  # for InputResized events
+        self.slot = model._batcher.acquire()
+        model._sessions.add(self)
+
+    async def execute(self, *inputs):
+        """Run one step (see `Session.execute`); it shares a pass with other sessions' steps."""
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        model = self._model
+        if self._closed:
+            raise ClosedResourceError("the session is closed")
+        model._check_open()
+        if self._busy:
+            raise BusyResourceError("another execute is running on this session")
+        ragged = model._batcher.ragged
+        arrays = check_inputs(model, inputs)
+        tokens, pos = arrays[ragged.tokens_input], int(arrays[ragged.pos_input].reshape(-1)[0])
+        n = tokens.shape[1]
+        if pos < 0 or pos + n > ragged.context:
+            raise InputError(
+                f"these inputs do not fit the model: positions {pos}..{pos + n - 1} "
+                f"do not fit the KV cache of {ragged.context} positions"
+            )
+        events = [
+            InputResized(self.id, i, model.inputs[i].name, tuple(old), arr.shape)
+            for i, (old, arr) in enumerate(zip(self._shapes, arrays))
+            if tuple(old) != arr.shape
+        ]
+        self._busy = True
+        try:
+            step = RaggedStep(self, tokens=tokens.reshape(-1), pos=pos)
+            outputs = await model._scheduler.run(step)
+        finally:
+            self._busy = False
+            if self._closed:
+                model._batcher.release(self.slot)
+        self._shapes = [a.shape for a in arrays]
+        for counters in (self._counters, model._counters):
+            counters.executes += 1
+            counters.resize_events += len(events)
+        if events:
+            model._publish(events)
+        return outputs
+
+    def statistics(self):
+        return self._counters.freeze()
+
+    def memory(self):
+        """Bytes of GPU memory this session owns: its slot of the KV caches."""
+        return self._model._batcher.slot_memory()
+
+    def _release(self):
+        if self._closed:
+            return
+        self._closed = True
+        self._model._sessions.discard(self)
+        if not self._busy:  # else the running step releases it when it ends
+            self._model._batcher.release(self.slot)
+
+    async def aclose(self):
+        self._release()
+        await anyio.lowlevel.checkpoint()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.aclose()

@@ -1,0 +1,283 @@
+"""Which graphs can run many sessions' steps as one ragged pass, and the graph of that pass.
+
+A decoder exported for batch 1 takes tokens `[1, S]` and a start position, keeps its KV caches as
+state tensors, and returns the last row's logits. Most of its ops treat the S rows independently
+(linear, norms, elementwise, RoPE given each row's frequencies), so the steps of several sessions
+can run as one pass over their concatenated rows. Only a few ops are per sequence: the slice of a
+position table at the start position, `sdpa_with_kv_cache` (each session's own cache and length),
+and the selection of a sequence's last row. `plan_ragged` finds, from the graph alone, the token
+axis flowing through every op, and rewrites the per-sequence ops to read per-row tables:
+
+- `row_pos[r]`: the absolute position of row r in its sequence (a table slice becomes a gather);
+- `row_slot[r]`: the KV-cache slot of row r's session (caches become pools of slots);
+- `seq_last[b]`: the row index of sequence b's last row (the last-row select becomes a gather, and
+  the batch-1 axis before it becomes the sequence axis, up to `max_seqs`).
+
+A graph with any op that mixes rows (attention without a cache, a reduction over tokens, a view
+that moves the token axis, ...) does not qualify; `plan_ragged` says why, and it runs per session.
+"""
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from kernels import OPS
+from resize.values import Scalar, Tensor, ValueList
+
+from .graph import Graph
+
+INTS = {"int32", "int64"}
+ELEMENTWISE_MODULES = {"kernels.elementwise", "kernels.fusion"}
+# Ops that map each row to a row: their labelled inputs carry the token axis before the last dim
+# (features) or anywhere (integer indices), and their outputs keep it at the same position.
+ROW_WISE = {
+    "aten.linear.default",
+    "et_vk.linear_q4gsw.default",
+    "et_vk.linear_dq8ca_q4gsw.default",
+    "torchao.choose_qparams_affine.default",
+    "et_vk.rms_norm.default",
+    "aten.native_layer_norm.default",
+    "aten.embedding.default",
+    "et_vk.embedding_q4gsw.default",
+    "et_vk.apply_rotary_emb.default",
+}
+LAYER_NORM = "aten.native_layer_norm.default"
+SAME_SHAPE = {"aten.clone.default", "aten._to_copy.default", "dim_order_ops._to_dim_order_copy.default"}
+SLICE = "aten.slice_copy.Tensor"
+SELECT = "aten.select_copy.int"
+SDPA = "sdpa_with_kv_cache.default"
+VIEW = "aten.view_copy.default"
+GATHER_ROWS = "aten.embedding.default"  # table rows by index: what a position slice becomes
+
+
+class NotRagged(Exception):
+    """The graph cannot run ragged; the message says which op or value stops it."""
+
+
+@dataclass
+class Ragged:
+    graph: Graph  # the rewritten graph: inputs (tokens, row_pos, row_slot, seq_last)
+    tokens_input: int  # index of the token input among the method's inputs
+    pos_input: int  # index of the start-position input
+    output_axes: tuple  # per output: ("rows" | "seqs", axis)
+    caches: tuple  # value ids of the KV-cache state tensors (pooled by slot)
+    context: int  # positions every cache and position table holds
+    max_rows: int
+    max_seqs: int
+
+
+def plan_ragged(graph, max_seqs):
+    """The ragged form of `graph`, or NotRagged with the reason it does not qualify."""
+    return _Analysis(graph, max_seqs).run()
+
+
+class _Analysis:
+    def __init__(self, graph, max_seqs):
+        self.g, self.values = graph, graph.values
+        self.labels = {}  # vid -> ("rows"|"seqs", axis) for tensors; "pos", "end" or "count" for SymInts
+        self.calls = []
+        self.max_seqs = max_seqs
+        self.caches, self.context = [], []
+
+    def run(self):
+        tokens, pos = self._inputs()
+        self.max_rows = self.values[self.g.inputs[tokens]].dims[1]
+        self.max_seqs = max(1, min(self.max_seqs, self.max_rows))
+        values = self.values = list(self.values)
+        self.row_pos = self._new(Tensor("int32", (self.max_rows,)))
+        self.row_slot = self._new(Tensor("int32", (self.max_rows,)))
+        self.seq_last = self._new(Tensor("int32", (self.max_seqs,)))
+        for name, args in self.g.calls:
+            self._call(name, args)
+        axes = []
+        for vid in self.g.outputs:
+            label = self.labels.get(vid)
+            if not isinstance(label, tuple):
+                raise NotRagged(f"output value {vid} does not carry the token axis")
+            axes.append(label)
+        read_elsewhere = {a for name, args in self.calls if name != "pte_wgpu.ragged_sdpa" for a in args}
+        if read_elsewhere & set(self.caches):
+            raise NotRagged("a KV cache is read by an op other than sdpa_with_kv_cache")
+        for vid, label in self.labels.items():
+            if label[0] == "seqs":
+                v = values[vid]
+                dims = list(v.dims)
+                dims[label[1]] = self.max_seqs
+                values[vid] = dataclasses.replace(v, dims=tuple(dims))
+        inputs = (self.g.inputs[tokens], self.row_pos, self.row_slot, self.seq_last)
+        graph = Graph(values, inputs, self.g.outputs, self.calls, self.g.delegate_ops, self.g.kernel_ops, self.g.compile_specs)
+        if not self.caches:
+            raise NotRagged("no sdpa_with_kv_cache: nothing keeps per-session state")
+        return Ragged(graph, tokens, pos, tuple(axes), tuple(self.caches), min(self.context), self.max_rows, self.max_seqs)
+
+    def _new(self, value):
+        self.values.append(value)
+        return len(self.values) - 1
+
+    def _inputs(self):
+        tokens = pos = None
+        for i, vid in enumerate(self.g.inputs):
+            v = self.values[vid]
+            if not (isinstance(v, Tensor) and v.dtype in INTS):
+                raise NotRagged(f"input {i} is not an integer tensor")
+            if len(v.dims) == 2 and v.dims[0] == 1 and v.dims[1] > 1 and tokens is None:
+                tokens = i
+                self.labels[vid] = ("rows", 1)
+            elif len(v.dims) == 1 and v.dims[0] == 1 and pos is None:
+                pos = i
+                self.labels[vid] = "pos"
+            else:
+                raise NotRagged(f"input {i} {v.dtype}{list(v.dims)} is neither tokens [1, S] nor a position [1]")
+        if tokens is None or pos is None:
+            raise NotRagged("the method does not take tokens [1, S] and a start position [1]")
+        return tokens, pos
+
+    # --- one call -------------------------------------------------------------------------------
+    def _call(self, name, args):
+        touched = [a for a in self._operands(args) if a in self.labels]
+        if not touched:
+            self.calls.append((name, args))
+            return
+        if name in ("et_vk.select_as_symint.default", "add", "sym_size.int"):
+            return self._symint(name, args)
+        if name == SLICE:
+            return self._position_slice(args)
+        if name == SDPA:
+            return self._sdpa(args)
+        if name == SELECT:
+            return self._last_row(args)
+        kinds = {self.labels[a] for a in touched}
+        if name == VIEW:
+            self._view(args)
+        elif any(not isinstance(k, tuple) for k in kinds):
+            raise NotRagged(f"{name} reads a position or a token count")
+        elif getattr(OPS.get(name), "__module__", None) in ELEMENTWISE_MODULES or name in SAME_SHAPE:
+            self._elementwise(name, args)
+        elif name in ROW_WISE:
+            self._row_wise(name, args)
+        else:
+            raise NotRagged(f"{name} is not row-wise along the token axis")
+        self.calls.append((name, args))
+
+    def _operands(self, args):
+        for a in args[:-1]:
+            v = self.values[a]
+            if isinstance(v, ValueList):
+                yield from (i for i in v.items if i >= 0)
+            else:
+                yield a
+
+    def _label(self, vid, kind, axis):
+        v = self.values[vid]
+        if any(d != 1 for d in v.dims[:axis]) or axis >= len(v.dims):
+            raise NotRagged(f"value {vid} {list(v.dims)}: the token axis {axis} is not its outermost non-unit dim")
+        self.labels[vid] = (kind, axis)
+
+    def _outputs(self, out):
+        v = self.values[out]
+        return [i for i in v.items if i >= 0] if isinstance(v, ValueList) else [out]
+
+    def _symint(self, name, args):
+        out = args[-1]
+        labels = [self.labels.get(a) for a in args[:-1]]
+        if name == "sym_size.int" and labels[0] == ("rows", 1) and self.values[args[1]].value in (1, -1):
+            self.labels[out] = "count"
+            self.calls.append((name, args))
+        elif name == "et_vk.select_as_symint.default" and labels[0] == "pos":
+            self.labels[out] = "pos"
+        elif name == "add" and sorted(map(str, labels)) == ["count", "pos"]:
+            self.labels[out] = "end"
+        else:
+            raise NotRagged(f"{name} combines positions or token counts in a way a ragged pass cannot")
+
+    def _position_slice(self, args):
+        table, dim, start, end = args[:4]
+        v = self.values[table]
+        step = self.values[args[4]].value if len(args) > 5 else 1
+        if table in self.labels or self.values[dim].value != 0 or step not in (1, None):
+            raise NotRagged("a slice along the token axis that is not a position-table lookup")
+        if self.labels.get(start) != "pos" or self.labels.get(end) != "end" or len(v.dims) != 2 or v.dtype != "float32":
+            raise NotRagged("a slice of positions that is not table[pos : pos + S] of a 2-d float table")
+        self.context.append(v.dims[0])
+        self.calls.append((GATHER_ROWS, (table, self.row_pos, args[-1])))
+        self._label(args[-1], "rows", 0)
+
+    def _sdpa(self, args):
+        q, k, v, k_cache, v_cache, start = args[:6]
+        if any(self.labels.get(t) != ("rows", 1) for t in (q, k, v)) or self.labels.get(start) != "pos":
+            raise NotRagged("sdpa_with_kv_cache whose q, k, v or start position are not per row")
+        for cache in (k_cache, v_cache):
+            c = self.values[cache]
+            if cache in self.labels or c.constant is None or cache in self.caches:
+                raise NotRagged(f"KV cache {cache} is not a state tensor of its own")
+            self.caches.append(cache)
+            self.context.append(c.dims[1])
+        self.calls.append(("pte_wgpu.ragged_sdpa", (q, k, v, k_cache, v_cache, self.row_pos, self.row_slot, *args[7:])))
+        self._label(args[-1], "rows", 1)
+
+    def _last_row(self, args):
+        src, dim, index = args[:3]
+        label = self.labels.get(src)
+        axis = label[1] if isinstance(label, tuple) else -1
+        if label != ("rows", axis) or self.values[dim].value not in (axis, axis - len(self.values[src].dims)):
+            raise NotRagged("a select that is not along the token axis")
+        if self.values[index].value != -1 or axis < 1:
+            raise NotRagged("a select along the token axis of another row than the last")
+        axis_value = self._new(Scalar(axis))
+        self.calls.append(("pte_wgpu.last_rows", (src, axis_value, self.seq_last, args[-1])))
+        self._label(args[-1], "seqs", axis - 1)
+
+    def _view(self, args):
+        src, sizes, out = args
+        kind, axis = self.labels[src]
+        items = self.values[sizes].items if isinstance(self.values[sizes], ValueList) else ()
+        at = [j for j, i in enumerate(items) if self.labels.get(i) == "count"]
+        if kind != "rows" or len(at) != 1:
+            raise NotRagged(f"a view of value {src} that does not keep the token count as a dim")
+        j = at[0]
+        src_dims, out_dims = self.values[src].dims, self.values[out].dims
+        lead = all(isinstance(self.values[i], Scalar) and self.values[i].value == 1 for i in items[:j])
+        if not lead or math.prod(src_dims[axis + 1 :]) != math.prod(out_dims[j + 1 :]):
+            raise NotRagged(f"a view of value {src} that mixes the token axis with others")
+        self._label(out, "rows", j)
+
+    def _elementwise(self, name, args):
+        tensors = [a for a in args[:-1] if isinstance(self.values[a], Tensor)]
+        out = args[-1]
+        rank = len(self.values[out].dims)
+        found = set()
+        for t in tensors:
+            dims = self.values[t].dims
+            if t in self.labels:
+                kind, axis = self.labels[t]
+                found.add((kind, axis - len(dims)))
+            else:
+                found.add(None)
+        labelled = {f for f in found if f is not None}
+        if len(labelled) != 1:
+            raise NotRagged(f"{name} combines tensors with the token axis at different places")
+        kind, from_right = labelled.pop()
+        for t in tensors:
+            dims = self.values[t].dims
+            if t not in self.labels and len(dims) >= -from_right and dims[from_right] != 1:
+                raise NotRagged(f"{name} broadcasts a tensor along the token axis")
+        self._label(out, kind, rank + from_right)
+
+    def _row_wise(self, name, args):
+        kinds, axis = set(), None
+        for t in self._operands(args):
+            if t not in self.labels:
+                continue
+            kind, a = self.labels[t]
+            v = self.values[t]
+            if a == len(v.dims) - 1 and v.dtype not in INTS and axis is None:
+                raise NotRagged(f"{name} reduces along the token axis")
+            kinds.add(kind)
+            axis = a if axis is None else axis
+        if len(kinds) != 1:
+            raise NotRagged(f"{name} mixes per-row and per-sequence tensors")
+        if name == LAYER_NORM and len(self.values[args[1]].items) != 1:
+            raise NotRagged(f"{name} normalizes over more than the last dim")
+        (kind,) = kinds
+        for out in self._outputs(args[-1]):
+            self._label(out, kind, axis)
