@@ -150,6 +150,7 @@ class Batcher:
             step.taken += n
             c = step.session._counters
             c.submits, c.readbacks, c.dispatches = c.submits + 1, c.readbacks + 1, c.dispatches + runner._dispatch_count
+            c.hook_calls += ctx.hook_calls  # the pass's resize served every session in it
             if step.remaining == 0:
                 step.outputs = [
                     parts[0] if kind == "seqs" else np.concatenate(parts, axis=axis)
@@ -184,7 +185,7 @@ class BatchedSession:
         if self._busy:
             raise BusyResourceError("another execute is running on this session")
         ragged = model._batcher.ragged
-        arrays = check_inputs(model, inputs)
+        arrays = self._prepare(inputs)
         tokens, pos = arrays[ragged.tokens_input], int(arrays[ragged.pos_input].reshape(-1)[0])
         n = tokens.shape[1]
         if pos < 0 or pos + n > ragged.context:
@@ -212,6 +213,9 @@ class BatchedSession:
         if events:
             model._publish(events)
         return outputs
+
+    def _prepare(self, inputs):
+        return check_inputs(self._model, inputs)
 
     def statistics(self):
         return self._counters.freeze()

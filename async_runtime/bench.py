@@ -206,7 +206,7 @@ class CpuSplit:
         from .session import Session
 
         queue_cls = type(model.device.queue)
-        buffer_cls = type(model._default._staging)
+        buffer_cls = type(_engine(model, model._default)._staging)
         saved = []
         in_map = [False]
 
@@ -248,14 +248,15 @@ class CpuSplit:
             saved.append((cls, name, orig))
             setattr(cls, name, wrapper)
 
-        patch(Session, "_prepare", "prepare")
-        patch(Session, "_resize", "resize", "async")
+        session_cls = type(model._default)  # Session, or BatchedSession whose passes run on a Session
+        patch(session_cls, "_prepare", "prepare")
+        patch(Session, "_propagate", "resize", "async")
         patch(Session, "_stage", "stage")
         patch(Session, "_encode", "encode")
         patch(queue_cls, "submit", "submit")
         patch(buffer_cls, "map_async", "readback_wait", "awaitable")
         patch(Session, "_read_outputs", "read_outputs")
-        patch(Session, "execute", "execute", "async")
+        patch(session_cls, "execute", "execute", "async")
         try:
             yield self
         finally:
@@ -266,6 +267,11 @@ class CpuSplit:
         row = {k: 1e3 * v / max(executes, 1) for k, v in self.totals.items()}
         row["other"] = row["execute"] - sum(row[p] for p in SPLIT_PARTS)
         return row
+
+
+def _engine(model, session):
+    """The Session whose steps reach the GPU: the session itself, or the ragged batch's runner."""
+    return session if model._batcher is None else model._batcher.runner
 
 
 # --- wgpu scenarios ---------------------------------------------------------------------------
@@ -411,7 +417,8 @@ async def _profile(model, rng, vocab, prompts, p, units):
     if not profiler.supported:
         return {"supported": False, "units": units, "note": "the adapter has no timestamp-query: no GPU profile"}
     session = await model.open_session()
-    session.profiler = profiler
+    engine = _engine(model, session)
+    engine.profiler = profiler
     try:
         stream = wgpu_stream(session)
         max_prompt = model.inputs[0].max_shape[-1]
@@ -425,7 +432,7 @@ async def _profile(model, rng, vocab, prompts, p, units):
             tok = int(np.argmax(await stream.step(np.array([[tok]], np.int64), prompt + i)))
         await profiler.collect()
     finally:
-        session.profiler = None
+        engine.profiler = None
         await session.aclose()
     gpu_us = {}
     for s in range(profiler._steps):
