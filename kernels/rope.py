@@ -1,7 +1,8 @@
-"""Rotary position embeddings: `et_vk.apply_rotary_emb` (Llama's interleaved-pair layout).
+"""Rotary position embeddings: `et_vk.apply_rotary_emb` (Llama's interleaved-pair layout), and the
+`_hf` (rotate-half) and `_interleaved` (EdgeTAM, one tensor of cos/sin pairs) variants.
 
-x is [1, S, H, D]; freqs_cos and freqs_sin are [S, D/2] rows for the live positions (sliced
-upstream), and pairs (2i, 2i+1) of each head rotate by frequency i.
+In `apply_rotary_emb`, x is [1, S, H, D]; freqs_cos and freqs_sin are [S, D/2] rows for the live
+positions (sliced upstream), and pairs (2i, 2i+1) of each head rotate by frequency i.
 """
 
 import struct
@@ -65,5 +66,109 @@ def apply_rotary_emb(b):
             ctx.set_params(params, struct.pack("<4I", pairs, heads, half, 0))
             ctx.set_grid(d, flat_grid(pairs))
             ctx.set_dims(dst, shape)
+
+    b.hook(resize)
+
+
+# `et_vk.apply_rotary_emb_hf` (HuggingFace rotate-half): the first `rd` dims of each head rotate,
+# dim d < rd/2 pairing with d + rd/2; the rest pass through. cos and sin are [rows, rd] tables,
+# read at row start_pos + s (the full table and a SymInt start_pos, or a slice and 0).
+ROPE_HF = """
+struct P {{ numel: u32, dim: u32, heads: u32, seq: u32, rd: u32, start: u32, pad0: u32, pad1: u32 }}
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read> fcos: array<f32>;
+@group(0) @binding(2) var<storage, read> fsin: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<uniform> p: P;
+{FLAT_INDEX}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
+    let i = flat_index(gid, nwg, {WG}u);
+    if (i >= p.numel) {{ return; }}
+    let d = i % p.dim;
+    if (d >= p.rd) {{ out[i] = x[i]; return; }}
+    let half = p.rd / 2u;
+    let s = (i / p.dim / p.heads) % p.seq;
+    let t = (p.start + s) * p.rd + d;
+    var partner: f32;
+    if (d < half) {{ partner = -x[i + half]; }} else {{ partner = x[i - half]; }}
+    out[i] = x[i] * fcos[t] + partner * fsin[t];
+}}
+"""
+SHADER_HF = ROPE_HF.format(FLAT_INDEX=FLAT_INDEX, WG=WG)
+
+
+@op("et_vk.apply_rotary_emb_hf.default")
+def apply_rotary_emb_hf(b):
+    xq, xk, fcos, fsin, start_pos = b.args[:5]
+    outs = b.graph.values[b.out].items
+    jobs = []
+    for src, dst in ((xq, outs[0]), (xk, outs[1])):
+        params = b.params(32)
+        jobs.append((src, dst, params, b.dispatch(SHADER_HF, [src, fcos, fsin, dst, params])))
+
+    def resize(ctx):
+        rows, rd = ctx.dims(fcos)
+        start = ctx.int_value(start_pos)
+        for src, dst, params, d in jobs:
+            shape = ctx.dims(src)
+            if len(shape) != 4 or rd % 2 or rd > shape[3]:
+                raise ValueError(f"{b.name}: x of shape {list(shape)} with a rotary table of width {rd}")
+            _, s, heads, dim = shape
+            if start < 0 or start + s > rows:
+                raise ValueError(
+                    f"{b.name}: the rotary table has {rows} rows for positions {start}..{start + s - 1} "
+                    "(are the positions past the context?)"
+                )
+            n = numel_of(shape)
+            ctx.set_params(params, struct.pack("<8I", n, dim, heads, s, rd, start, 0, 0))
+            ctx.set_grid(d, flat_grid(n))
+            ctx.set_dims(dst, shape)
+
+    b.hook(resize)
+
+
+# `et_vk.apply_rotary_emb_interleaved` (EdgeTAM): x is [B, N, C] with (real, imag) pairs along C;
+# freqs_cis, of any rank, holds N * C values laid out as [N, C/2, (cos, sin)].
+ROPE_INTERLEAVED = """
+struct P {{ pairs: u32, half: u32, n: u32, pad: u32 }}
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read> cis: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+@group(0) @binding(3) var<uniform> p: P;
+{FLAT_INDEX}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
+    let i = flat_index(gid, nwg, {WG}u);
+    if (i >= p.pairs) {{ return; }}
+    let f = ((i / p.half) % p.n * p.half + i % p.half) * 2u;
+    let c = cis[f];
+    let sn = cis[f + 1u];
+    let a = x[2u * i];
+    let b = x[2u * i + 1u];
+    out[2u * i] = a * c - b * sn;
+    out[2u * i + 1u] = a * sn + b * c;
+}}
+"""
+SHADER_INTERLEAVED = ROPE_INTERLEAVED.format(FLAT_INDEX=FLAT_INDEX, WG=WG)
+
+
+@op("et_vk.apply_rotary_emb_interleaved.default")
+def apply_rotary_emb_interleaved(b):
+    x, cis = b.args[:2]
+    params = b.params(16)
+    d = b.dispatch(SHADER_INTERLEAVED, [x, cis, b.out, params])
+
+    def resize(ctx):
+        shape = ctx.dims(x)
+        if len(shape) != 3 or shape[2] % 2:
+            raise ValueError(f"{b.name}: expected x of shape [B, N, C] with an even C, got {list(shape)}")
+        _, n, c = shape
+        if numel_of(ctx.dims(cis)) != n * c:
+            raise ValueError(f"{b.name}: freqs_cis of shape {list(ctx.dims(cis))} for x of shape {list(shape)}")
+        pairs = numel_of(shape) // 2
+        ctx.set_params(params, struct.pack("<4I", pairs, c // 2, n, 0))
+        ctx.set_grid(d, flat_grid(pairs))
+        ctx.set_dims(b.out, shape)
 
     b.hook(resize)
