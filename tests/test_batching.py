@@ -17,7 +17,11 @@ from .test_llama import CONFIGS, CONTEXT, recorded
 
 pytestmark = pytest.mark.usefixtures("adapter")
 
-ATOL = 1e-5  # row-wise kernels are exact; a matrix product may take another route for more rows
+# Row-wise kernels are exact; a matrix product may take another route (GEMM for several rows,
+# GEMV for one) and so another summation order. In fp32 that stays within 1e-5. With 8-bit dynamic
+# activation quantization (8da4w) a last-bit difference can move an activation across an int8
+# rounding boundary, one quantization step, so only the greedy tokens and a looser bound hold.
+ATOL = {"fp32": 1e-5, "8da4w": 1e-2}
 
 
 async def _alone(model, prompt, decode_steps):
@@ -32,12 +36,12 @@ async def _alone(model, prompt, decode_steps):
     return logits
 
 
-def _same(got, want, what):
+def _same(got, want, what, atol=ATOL["fp32"]):
     assert len(got) == len(want), what
     for k, (g, w) in enumerate(zip(got, want)):
         assert g.shape == w.shape, f"{what}, step {k}: shape {g.shape} != {w.shape}"
         assert int(g.argmax()) == int(w.argmax()), f"{what}, step {k}: greedy token differs"
-        np.testing.assert_allclose(g, w, atol=ATOL, rtol=0, err_msg=f"{what}, step {k}")
+        np.testing.assert_allclose(g, w, atol=atol, rtol=0, err_msg=f"{what}, step {k}")
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +87,7 @@ async def test_concurrent_sessions_get_what_they_get_alone(llama, variant):
         stats = model.statistics()
         assert stats.executes == sum(d + 1 for _, d in plans)
     for i, (n, d) in enumerate(plans):
-        _same(got[i], want[i], f"session {i} (prompt {n}, {d} decode steps)")
+        _same(got[i], want[i], f"session {i} (prompt {n}, {d} decode steps)", ATOL[variant])
     assert stats.submits < stats.executes  # passes were shared
 
 
