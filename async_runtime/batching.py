@@ -6,6 +6,12 @@ caches; its step becomes rows of a pass: decode rows first, then prefill rows up
 budget, so a long prompt is split into chunks across passes and decodes keep flowing. Sessions
 join and leave between passes. A session's result is the rows of its own sequence, exactly what
 its own run computes (row-wise kernels; matrix products may pick another route for more rows).
+
+A pass whose row or sequence count differs from the last one re-runs every resize hook (~1.7 per
+op), which costs more than the GPU work of a decode pass. So passes are padded to power-of-two
+row and sequence counts, and the shape shrinks only after SHRINK_AFTER passes that would fit a
+smaller one (or at once when a quarter would do, as after a prefill): sessions drifting in and out
+of step then cost no resize at all. Padding rows run at position 0 of no slot.
 """
 
 from dataclasses import dataclass, field
@@ -22,6 +28,8 @@ from .stats import Counters
 from .storage import align
 
 STORAGE_OFFSET_ALIGN = 256  # minStorageBufferOffsetAlignment: slots start at multiples of it
+PADDING_SLOT = -1  # a padding row's slot: the cache update skips it
+SHRINK_AFTER = 16  # passes that would fit a smaller shape before the pass shape shrinks
 
 
 @dataclass(eq=False)
@@ -49,6 +57,7 @@ class Batcher:
                 self._replace(vid, size)
         self.capacity = 1
         self.free = [0]
+        self.shape, self.smaller = None, 0  # (rows, sequences) of the last pass
 
     # --- slots --------------------------------------------------------------------------------
     def acquire(self):
@@ -117,15 +126,30 @@ class Batcher:
             budget -= n
         return pieces
 
+    def _pass_shape(self, rows, seqs):
+        """(rows, sequences) of the next pass: padded, and kept while smaller passes come."""
+        want = (_bucket(rows, self.ragged.max_rows), _bucket(seqs, self.ragged.max_seqs))
+        cur = self.shape
+        if cur is not None and want[0] <= cur[0] and want[1] <= cur[1] and 4 * want[0] > cur[0]:
+            self.smaller = self.smaller + 1 if want != cur else 0
+            if self.smaller < SHRINK_AFTER:
+                return cur
+        elif cur is not None and 4 * want[0] > cur[0]:
+            want = (max(want[0], cur[0]), max(want[1], cur[1]))
+        self.shape, self.smaller = want, 0
+        return want
+
     async def run_pass(self, pieces, unless_lost):
         """Run one pass; returns the steps it finished."""
         model, runner, ragged = self.model, self.runner, self.ragged
         counts = [n for _, _, n in pieces]
+        rows, seqs = self._pass_shape(sum(counts), len(counts))
+        pad, pad_seqs = rows - sum(counts), seqs - len(counts)
         tables = (
-            np.concatenate([step.tokens[start : start + n] for step, start, n in pieces]).reshape(1, -1),
-            np.concatenate([np.arange(step.pos + start, step.pos + start + n) for step, start, n in pieces]),
-            np.concatenate([np.full(n, step.session.slot) for step, _, n in pieces]),
-            np.cumsum(counts) - 1,
+            np.concatenate([step.tokens[start : start + n] for step, start, n in pieces] + [np.zeros(pad)]).reshape(1, -1),
+            np.concatenate([np.arange(step.pos + start, step.pos + start + n) for step, start, n in pieces] + [np.zeros(pad)]),
+            np.concatenate([np.full(n, step.session.slot) for step, _, n in pieces] + [np.full(pad, PADDING_SLOT)]),
+            np.concatenate([np.cumsum(counts) - 1, np.zeros(pad_seqs)]),
         )
         host = {vid: np.ascontiguousarray(t, dtype=np.int32) for vid, t in zip(model.graph.inputs, tables)}
         ctx = await runner._propagate(host)
@@ -158,6 +182,11 @@ class Batcher:
                 ]
                 finished.append(step)
         return finished
+
+
+def _bucket(n, most):
+    """The power of two at or above n, at most `most`."""
+    return min(1 << (n - 1).bit_length(), most)
 
 
 class BatchedSession:

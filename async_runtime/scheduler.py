@@ -15,6 +15,7 @@ import anyio
 
 from .errors import BrokenResourceError, InputError, ResizeError
 
+COALESCE_CHECKPOINTS = 2  # event-loop turns a ragged pass waits for more steps to arrive
 LOST_CHECK_S = 0.05  # how often a pending readback checks that its device still exists
 
 
@@ -84,6 +85,8 @@ class Scheduler:
 
     async def _ragged_pass(self):
         """One pass of the model's ragged batch (async_runtime.batching): its finished steps end."""
+        for _ in range(COALESCE_CHECKPOINTS):  # the tasks of the last pass's steps send their next ones
+            await anyio.lowlevel.checkpoint()
         pieces = self.model._batcher.compose(self._ready)
         try:
             finished = await self.model._batcher.run_pass(pieces, self._unless_lost)

@@ -35,7 +35,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 """
 
 # Ragged batches (async_runtime.ragged): row r of the batch belongs to the session whose cache
-# is slot row_slot[r] of the pooled caches, at absolute position row_pos[r].
+# is slot row_slot[r] of the pooled caches, at absolute position row_pos[r]; slot -1 marks a
+# padding row, which writes nothing (and attends, harmlessly, to slot 0).
 RAGGED_TABLES = """
 @group(0) @binding(5) var<storage, read> row_pos: array<i32>;
 @group(0) @binding(6) var<storage, read> row_slot: array<i32>;
@@ -55,6 +56,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let i = flat_index(gid, nwg, {WG}u);
     if (i >= p.n) {{ return; }}
     let r = i / p.row;
+    if (row_slot[r] < 0) {{ return; }}  // a padding row
     let at = u32(row_slot[r]) * p.stride + u32(row_pos[r]) * p.row + i % p.row;
     kc[at] = k[i];
     vc[at] = v[i];
@@ -149,7 +151,7 @@ def _attention_shader(ragged):
     return ATTENTION.format(
         tables=RAGGED_TABLES if ragged else "",
         keys="u32(row_pos[s]) + 1u" if ragged else "p.pos + s + 1u",
-        cache_base="u32(row_slot[s]) * p.stride" if ragged else "0u",
+        cache_base="u32(max(row_slot[s], 0)) * p.stride" if ragged else "0u",  # padding rows: slot 0
         MAX_HEAD_DIM=MAX_HEAD_DIM,
         CHUNK=CHUNK,
         HALF=CHUNK // 2,
