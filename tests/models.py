@@ -1,6 +1,9 @@
-"""Small torch modules the tests export; odd and prime dims throughout."""
+"""Small torch modules the tests export, odd and prime dims throughout, and the dynamic exports
+that several test files share."""
 
 import torch
+
+from .exporting import export_pte
 
 
 class Elementwise(torch.nn.Module):
@@ -48,3 +51,30 @@ class RMSNorm(torch.nn.Module):
     def forward(self, x):
         x = x.float()
         return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+# -- exports several test files share: (pte bytes, eager module), cached per session ---------------
+# Each sample is the inputs at their maximum shapes; with its dynamic_shapes spec it is what
+# `async_runtime.testing.dynamic_shape_calls` draws live calls from.
+
+EW_S = torch.export.Dim("S", min=1, max=9)
+EW_SAMPLE = (torch.randn(3, 9, 7), torch.randn(9, 1))
+EW_DYNAMIC = ({1: EW_S}, {0: EW_S})  # x's dim 1 and y's dim 0 are one size
+BATCH = torch.export.Dim("batch", min=1, max=23)
+MLP_SAMPLE = (torch.randn(23, 13),)
+MLP_DYNAMIC = ({0: BATCH},)
+BLOCK_S = torch.export.Dim("S", min=1, max=11)
+BLOCK_SAMPLE = (torch.randn(1, 11, 15),)
+BLOCK_DYNAMIC = ({1: BLOCK_S},)
+
+
+def elementwise_dynamic():
+    return export_pte("ew_dyn", Elementwise, EW_SAMPLE, dynamic_shapes=EW_DYNAMIC)
+
+
+def mlp_dynamic():
+    return export_pte("mlp_dyn", MLP, MLP_SAMPLE, dynamic_shapes=MLP_DYNAMIC)
+
+
+def block_dynamic():
+    return export_pte("block_dyn", Block, BLOCK_SAMPLE, dynamic_shapes=BLOCK_DYNAMIC)

@@ -7,20 +7,14 @@ import re
 import anyio
 import numpy as np
 import pytest
-import torch
 
 import async_runtime as ar
+from async_runtime.testing import assert_matches_eager
 
-from .exporting import eager, export_pte
-from .models import Block
+from .models import BLOCK_S, block_dynamic
 
 pytestmark = pytest.mark.usefixtures("adapter")
-MAX_S = 11
-
-
-def block_dynamic():
-    s = torch.export.Dim("S", min=1, max=MAX_S)
-    return export_pte("block_dyn", Block, [torch.randn(1, MAX_S, 15)], dynamic_shapes=({1: s},))
+MAX_S = BLOCK_S.max
 
 
 def plan_for(seed, steps=4):
@@ -37,62 +31,62 @@ def test_no_blocking_gpu_calls_in_the_runtime():
     assert offenders == []
 
 
-async def test_32_concurrent_sessions_match_each_session_alone():
+async def test_32_concurrent_sessions_match_each_session_alone(load_pte):
     pte, module = block_dynamic()
-    async with await ar.load(pte) as model:
-        plans = [plan_for(seed) for seed in range(32)]
-        alone = []
+    model = await load_pte(pte)
+    plans = [plan_for(seed) for seed in range(32)]
+    alone = []
+    async with model.session() as s:
+        await assert_matches_eager(s, module, plans[0])  # a session alone gives eager's results
+        for plan in plans:
+            alone.append([(await s.execute(x))[0] for x in plan])
+    results = [None] * 32
+
+    async def stream(i):
         async with model.session() as s:
-            for plan in plans:
-                alone.append([(await s.execute(x))[0] for x in plan])
-        results = [None] * 32
+            results[i] = [(await s.execute(x))[0] for x in plans[i]]
 
-        async def stream(i):
-            async with model.session() as s:
-                results[i] = [(await s.execute(x))[0] for x in plans[i]]
-
-        before = model.statistics()
-        async with anyio.create_task_group() as tg:
-            for i in range(32):
-                tg.start_soon(stream, i)
-        after = model.statistics()
+    before = model.statistics()
+    async with anyio.create_task_group() as tg:
         for i in range(32):
-            for got, want in zip(results[i], alone[i]):
-                np.testing.assert_array_equal(got, want)
-        np.testing.assert_allclose(alone[0][0], eager(module, plans[0][0])[0], atol=1e-4)
-        executes = after.executes - before.executes
-        assert executes == 32 * 4
-        assert after.submits - before.submits < executes  # concurrent steps shared submits
+            tg.start_soon(stream, i)
+    after = model.statistics()
+    for i in range(32):
+        for got, want in zip(results[i], alone[i]):
+            np.testing.assert_array_equal(got, want)
+    executes = after.executes - before.executes
+    assert executes == 32 * 4
+    assert after.submits - before.submits < executes  # concurrent steps shared submits
 
 
-async def test_batching_off_gives_one_submit_per_step():
+async def test_batching_off_gives_one_submit_per_step(load_pte):
     pte, _ = block_dynamic()
-    async with await ar.load(pte, batch_submits=False) as model:
-        async with anyio.create_task_group() as tg:
-            for i in range(4):
-                tg.start_soon(model.session().execute, plan_for(i, 1)[0])
-        s = model.statistics()
-        assert s.submits == s.executes == 4
+    model = await load_pte(pte, batch_submits=False)
+    async with anyio.create_task_group() as tg:
+        for i in range(4):
+            tg.start_soon(model.session().execute, plan_for(i, 1)[0])
+    s = model.statistics()
+    assert s.submits == s.executes == 4
 
 
-async def test_two_executes_on_one_session_are_busy():
+async def test_two_executes_on_one_session_are_busy(load_pte):
     pte, _ = block_dynamic()
-    async with await ar.load(pte) as model:
-        x = plan_for(0, 1)[0]
-        errors = []
+    model = await load_pte(pte)
+    x = plan_for(0, 1)[0]
+    errors = []
 
-        async def call():
-            try:
-                await model.execute(x)
-            except ar.BusyResourceError as e:
-                errors.append(e)
+    async def call():
+        try:
+            await model.execute(x)
+        except ar.BusyResourceError as e:
+            errors.append(e)
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(call)
-            tg.start_soon(call)
-        assert len(errors) == 1
-        (out,) = await model.execute(x)  # and the session still works
-        assert out.shape == x.shape
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call)
+        tg.start_soon(call)
+    assert len(errors) == 1
+    (out,) = await model.execute(x)  # and the session still works
+    assert out.shape == x.shape
 
 
 async def test_closed_session_and_model():
@@ -109,31 +103,29 @@ async def test_closed_session_and_model():
         model.session()
 
 
-async def test_cancellation_storm_leaves_sessions_usable():
+async def test_cancellation_storm_leaves_sessions_usable(load_pte):
     pte, module = block_dynamic()
     rng = random.Random(5)
-    async with await ar.load(pte) as model:
-        sessions = [model.session() for _ in range(8)]
-        cancelled = completed = 0
+    model = await load_pte(pte)
+    sessions = [model.session() for _ in range(8)]
+    cancelled = completed = 0
 
-        async def worker(s, seed):
-            nonlocal cancelled, completed
-            local = random.Random(seed)
-            for _ in range(125):  # 8 x 125 = 1,000 executes under random deadlines
-                x = plan_for(local.randrange(10**6), 1)[0]
-                with anyio.move_on_after(local.choice([0, 0.0005, 0.002, 0.01, 1])) as scope:
-                    await s.execute(x)
-                cancelled += scope.cancelled_caught
-                completed += not scope.cancelled_caught
+    async def worker(s, seed):
+        nonlocal cancelled, completed
+        local = random.Random(seed)
+        for _ in range(125):  # 8 x 125 = 1,000 executes under random deadlines
+            x = plan_for(local.randrange(10**6), 1)[0]
+            with anyio.move_on_after(local.choice([0, 0.0005, 0.002, 0.01, 1])) as scope:
+                await s.execute(x)
+            cancelled += scope.cancelled_caught
+            completed += not scope.cancelled_caught
 
-        async with anyio.create_task_group() as tg:
-            for i, s in enumerate(sessions):
-                tg.start_soon(worker, s, rng.randrange(10**6))
-        assert cancelled > 0 and completed > 0
-        for i, s in enumerate(sessions):  # every session still gives the right answer
-            x = plan_for(1000 + i, 1)[0]
-            (out,) = await s.execute(x)
-            np.testing.assert_allclose(out, eager(module, x)[0], atol=1e-4)
+    async with anyio.create_task_group() as tg:
+        for i, s in enumerate(sessions):
+            tg.start_soon(worker, s, rng.randrange(10**6))
+    assert cancelled > 0 and completed > 0
+    for i, s in enumerate(sessions):  # every session still gives the right answer
+        await assert_matches_eager(s, module, plan_for(1000 + i, 1))
 
 
 async def test_event_loop_keeps_ticking_during_load_and_execute():

@@ -16,21 +16,15 @@ import torch
 import async_runtime as ar
 
 from .exporting import eager, export_pte
-from .models import MLP, Elementwise
+from .models import MLP, elementwise_dynamic
 
 pytestmark = pytest.mark.usefixtures("adapter")
 
-S_MAX = 9
 CONTEXT = 16
 
 
 def rand(*shape, seed=0):
     return np.random.default_rng(seed + sum(shape)).standard_normal(shape).astype(np.float32)
-
-
-def elementwise_dynamic():
-    s = torch.export.Dim("S", min=1, max=S_MAX)
-    return export_pte("ew_dyn", Elementwise, [torch.randn(3, S_MAX, 7), torch.randn(S_MAX, 1)], dynamic_shapes=({1: s}, {0: s}))
 
 
 class PositionTable(torch.nn.Module):
@@ -107,82 +101,82 @@ def _read_only(a):
     return a
 
 
-async def test_every_bad_input_is_named_and_the_next_call_works():
+async def test_every_bad_input_is_named_and_the_next_call_works(load_pte):
     pte, module = elementwise_dynamic()
     x, y = rand(3, 6, 7, seed=1), rand(6, 1, seed=1)
     want = eager(module, x, y)[0]
     failures = []
-    async with await ar.load(pte) as model:
-        for what, inputs, message in BAD:
-            try:
-                await model.execute(*inputs())
-                failures.append(f"{what}: no error")
-            except ar.InputError as e:
-                if not re.search(message, str(e)):
-                    failures.append(f"{what}: {e!s} does not match {message!r}")
-            except Exception as e:  # noqa: BLE001 - the point is to list every wrong kind of error
-                failures.append(f"{what}: {type(e).__name__}: {e}")
-            (out,) = await model.execute(x, y)  # the model keeps working
-            np.testing.assert_allclose(out, want, atol=1e-5, err_msg=f"after {what}")
+    model = await load_pte(pte)
+    for what, inputs, message in BAD:
+        try:
+            await model.execute(*inputs())
+            failures.append(f"{what}: no error")
+        except ar.InputError as e:
+            if not re.search(message, str(e)):
+                failures.append(f"{what}: {e!s} does not match {message!r}")
+        except Exception as e:  # noqa: BLE001 - the point is to list every wrong kind of error
+            failures.append(f"{what}: {type(e).__name__}: {e}")
+        (out,) = await model.execute(x, y)  # the model keeps working
+        np.testing.assert_allclose(out, want, atol=1e-5, err_msg=f"after {what}")
     assert failures == []
 
 
 @pytest.mark.parametrize("what, inputs", ACCEPTED, ids=[a[0] for a in ACCEPTED])
-async def test_accepted_inputs_are_copied(what, inputs):
+async def test_accepted_inputs_are_copied(what, inputs, load_pte):
     pte, module = elementwise_dynamic()
     args = inputs()
     plain = [np.ascontiguousarray(np.asarray(a, dtype=np.float32)) for a in args]
-    async with await ar.load(pte) as model:
-        (out,) = await model.execute(*args)
+    model = await load_pte(pte)
+    (out,) = await model.execute(*args)
     assert out.dtype == np.float32 and out.shape == np.broadcast_shapes(*(p.shape for p in plain))
     np.testing.assert_allclose(out, eager(module, *plain)[0], atol=1e-5)
 
 
-async def test_int64_inputs_out_of_the_int32_range_and_positions_past_the_context():
+async def test_int64_inputs_out_of_the_int32_range_and_positions_past_the_context(load_pte):
     """A position input (the Llama pattern): within the context it runs; past it, negative, or
     outside int32 it is an InputError, and the next call works. Other int kinds are accepted."""
     pte, module = position_table()
     x = rand(5, 5)
-    async with await ar.load(pte) as model:
-        for pos, message in [
-            (12, r"do not fit the model"),  # 12 + 5 > 16
-            (16, r"do not fit the model"),
-            (40, r"do not fit the model"),
-            (-1, r"do not fit the model"),
-            (2**40, r"input 1: values outside the int32 range"),
-        ]:
-            with pytest.raises(ar.InputError, match=message):
-                await model.execute(x, np.array([pos]))
-            (out,) = await model.execute(x, np.array([11]))  # the last position that fits
-            np.testing.assert_allclose(out, eager(module, x, np.array([11]))[0], atol=1e-6)
-        with pytest.raises(ar.InputError, match=r"input 1: dtype float64 given, expected int64"):
-            await model.execute(x, np.array([1.0]))
-        with pytest.raises(ar.InputError, match=r"input 1: dim 0 is 2, expected 1..1"):
-            await model.execute(x, np.array([1, 2]))
-        for pos in (np.array([3], np.int32), np.array([3], np.uint8), [3]):
-            (out,) = await model.execute(x, pos)
-            np.testing.assert_allclose(out, eager(module, x, np.array([3]))[0], atol=1e-6)
+    model = await load_pte(pte)
+    for pos, message in [
+        (12, r"do not fit the model"),  # 12 + 5 > 16
+        (16, r"do not fit the model"),
+        (40, r"do not fit the model"),
+        (-1, r"do not fit the model"),
+        (2**40, r"input 1: values outside the int32 range"),
+    ]:
+        with pytest.raises(ar.InputError, match=message):
+            await model.execute(x, np.array([pos]))
+        (out,) = await model.execute(x, np.array([11]))  # the last position that fits
+        np.testing.assert_allclose(out, eager(module, x, np.array([11]))[0], atol=1e-6)
+    with pytest.raises(ar.InputError, match=r"input 1: dtype float64 given, expected int64"):
+        await model.execute(x, np.array([1.0]))
+    with pytest.raises(ar.InputError, match=r"input 1: dim 0 is 2, expected 1..1"):
+        await model.execute(x, np.array([1, 2]))
+    for pos in (np.array([3], np.int32), np.array([3], np.uint8), [3]):
+        (out,) = await model.execute(x, pos)
+        np.testing.assert_allclose(out, eager(module, x, np.array([3]))[0], atol=1e-6)
 
 
-async def test_nan_and_inf():
+async def test_nan_and_inf(load_pte):
     """What NaN and Inf do (measured; RELIABILITY.md): Inf follows IEEE arithmetic as in torch.
     NaN propagates through arithmetic, matmul, softmax and exp as in torch, but max/min-based ops
     (relu, clamp) follow WGSL's `max`, which on the adapters we ran returns the non-NaN operand:
     relu(NaN) is 0 here and NaN in torch. No input is scanned for them."""
     pte, module = export_pte("mlp", MLP, [torch.randn(5, 13)])
-    async with await ar.load(pte) as model:
-        x = rand(5, 13)
-        x[1, 3] = np.inf
-        (out,) = await model.execute(x)
-        want = eager(module, x)[0]
-        np.testing.assert_allclose(out, want, atol=1e-4)  # Inf rows: the same Inf/NaN as torch
-        x = rand(5, 13)
-        x[1, 3] = np.nan
-        (out,) = await model.execute(x)
-        want = eager(module, x)[0]
-        np.testing.assert_allclose(np.delete(out, 1, 0), np.delete(want, 1, 0), atol=1e-4)  # other rows untouched
-        assert np.isnan(want[1]).all()
-        relu_keeps_nan = np.isnan(out[1]).all()
-        assert relu_keeps_nan or np.isfinite(out[1]).all()  # row 1: NaN as in torch, or finite where relu ate it
-        (again,) = await model.execute(rand(5, 13))
-        assert np.isfinite(again).all()  # nothing sticks
+    model = await load_pte(pte)
+    x = rand(5, 13)
+    x[1, 3] = np.inf
+    (out,) = await model.execute(x)
+    want = eager(module, x)[0]
+    np.testing.assert_allclose(out, want, atol=1e-4)  # Inf rows: the same Inf/NaN as torch
+    x = rand(5, 13)
+    x[1, 3] = np.nan
+    (out,) = await model.execute(x)
+    want = eager(module, x)[0]
+    np.testing.assert_allclose(np.delete(out, 1, 0), np.delete(want, 1, 0), atol=1e-4)  # other rows untouched
+    assert np.isnan(want[1]).all()
+    relu_keeps_nan = np.isnan(out[1]).all()
+    assert relu_keeps_nan or np.isfinite(out[1]).all()  # row 1: NaN as in torch, or finite where relu ate it
+    (again,) = await model.execute(rand(5, 13))
+    assert np.isfinite(again).all()  # nothing sticks
