@@ -6,23 +6,22 @@ one readback. Also the creation, scan and indexing kernels on their own (kernels
 scan.py, indexing.py)."""
 
 import os
-import random
 
 import numpy as np
 import pytest
 import torch
 
-import async_runtime as ar
+from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
 from kernels import build_node
 from resize import LiveState, Plan, ResizeContext
 from resize.values import IntList, Scalar, SymInt, Tensor, ValueList
 
-from .exporting import eager, export_pte
+from .exporting import export_pte
 
 pytestmark = pytest.mark.usefixtures("adapter")
 
 S_MAX = 63
-LENGTHS = [2, S_MAX, 5, 17, 40, 3, 31]
+LENGTHS = [17, 2, S_MAX]  # the minimum and the maximum; 7 executes (in order, shuffled, the first again)
 ATOL = 1e-4
 
 
@@ -79,30 +78,17 @@ def _gpt2():
     return export_pte("gpt2_tiny_dyn", make, [torch.randint(0, 97, (1, S_MAX))], dynamic_shapes=({1: seq},))
 
 
-async def _compare_at_lengths(pte, module, make_inputs, what):
-    lengths = list(LENGTHS)
-    random.Random(7).shuffle(lengths)
-    errors = {}
-    async with await ar.load(pte) as model:
-        before = model.statistics()
-        for n in lengths + lengths[:2]:
-            inputs = make_inputs(n)
-            outs = await model.execute(*inputs)
-            refs = eager(module, *inputs)
-            assert len(outs) == len(refs)
-            for o, r in zip(outs, refs):
-                assert o.shape == r.shape, f"{what} at length {n}: shape {o.shape}, expected {r.shape}"
-                errors[n] = max(errors.get(n, 0.0), float(np.abs(o - r).max()))
-                np.testing.assert_allclose(o, r, rtol=0, atol=ATOL, err_msg=f"{what} at length {n}")
-        after = model.statistics()
+async def _compare_at_lengths(model, module, calls):
+    """assert_matches_eager over the calls, and each execute is one submit and one readback."""
+    before = model.statistics()
+    after = await assert_matches_eager(model, module, calls, atol=ATOL, rtol=0)
     runs = after.executes - before.executes
-    assert runs == len(lengths) + 2
+    assert runs == 2 * len(calls) + 1  # in order, shuffled, the first again
     assert after.submits - before.submits == runs, "one submit per execute"
     assert after.readbacks - before.readbacks == runs, "one readback per execute"
-    return errors
 
 
-async def test_minilm_embeddings_match_eager_at_live_lengths():
+async def test_minilm_embeddings_match_eager_at_live_lengths(load_pte):
     pte, module = _minilm()
 
     def inputs(n):
@@ -114,17 +100,13 @@ async def test_minilm_embeddings_match_eager_at_live_lengths():
             mask[0, n - n // 4 :] = 0  # padded tail
         return ids, mask
 
-    errors = await _compare_at_lengths(pte, module, inputs, "MiniLM")
-    assert set(errors) == set(LENGTHS)
+    await _compare_at_lengths(await load_pte(pte), module, [inputs(n) for n in LENGTHS])
 
 
-async def test_gpt2_logits_match_eager_at_live_lengths():
+async def test_gpt2_logits_match_eager_at_live_lengths(load_pte):
     pte, module = _gpt2()
-
-    def inputs(n):
-        return (np.random.default_rng(n).integers(0, 97, (1, n)).astype(np.int64),)
-
-    await _compare_at_lengths(pte, module, inputs, "GPT-2")
+    calls = [np.random.default_rng(n).integers(0, 97, (1, n)).astype(np.int64) for n in LENGTHS]
+    await _compare_at_lengths(await load_pte(pte), module, calls)
 
 
 # -- the kernels on their own ----------------------------------------------------------------------
@@ -154,24 +136,19 @@ class CreationScanIndex(torch.nn.Module):
         )
 
 
+OPS_SAMPLE, OPS_SHAPES = (torch.randn(3, OPS_S, 5),), ({1: torch.export.Dim("S", min=2, max=OPS_S)},)
+
+
 def _ops():
-    seq = torch.export.Dim("S", min=2, max=OPS_S)
-    args = [torch.randn(3, OPS_S, 5), torch.tensor([4, 0, -1, 2]), torch.tensor([2, 0])]
-    return export_pte("creation_scan_index", CreationScanIndex, args, dynamic_shapes=({1: seq}, None, None))
+    args = [*OPS_SAMPLE, torch.tensor([4, 0, -1, 2]), torch.tensor([2, 0])]
+    return export_pte("creation_scan_index", CreationScanIndex, args, dynamic_shapes=(*OPS_SHAPES, None, None))
 
 
-async def test_creation_scan_and_index_ops_at_live_sizes():
+async def test_creation_scan_and_index_ops_at_live_sizes(load_pte):
     pte, module = _ops()
-    sizes = [2, OPS_S, 5, 3, 8]
-    random.Random(1).shuffle(sizes)
-    i, j = np.array([1, 0, -1, -2], np.int64), np.array([2, 0], np.int64)
-    async with await ar.load(pte) as model:
-        for s in sizes + sizes[:1]:
-            x = np.random.default_rng(s).standard_normal((3, s, 5)).astype(np.float32)
-            outs, refs = await model.execute(x, i, j), eager(module, x, i, j)
-            for k, (o, r) in enumerate(zip(outs, refs)):
-                assert o.shape == r.shape, f"S={s} output {k}: shape {o.shape}, expected {r.shape}"
-                np.testing.assert_allclose(o, r, rtol=1e-6, atol=1e-5, err_msg=f"S={s} output {k}")
+    i, j = np.array([1, 0, -1, -2], np.int64), np.array([2, 0], np.int64)  # in range at every live S
+    calls = [(x, i, j) for (x,) in dynamic_shape_calls(OPS_SAMPLE, OPS_SHAPES, n=5, seed=1)]
+    await assert_matches_eager(await load_pte(pte), module, calls, atol=1e-5, rtol=1e-6)
 
 
 # -- the hooks alone: no device -------------------------------------------------------------------

@@ -2,28 +2,17 @@
 run on WebGPU, compare with torch eager. Odd and prime sizes; a dynamic dim run at several live
 sizes in random order, including its minimum and maximum."""
 
-import random
-
 import numpy as np
-import pytest
 import torch
 
-from .exporting import eager, export_pte
+from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
+
+from .exporting import export_pte
 from .models import RMSNorm
 
-ATOL = 1e-4
+ATOL = 1e-4  # argmax outputs are integers: any difference fails
 S_MAX = 13
-
-
-def _check(outs, refs, what):
-    assert len(outs) == len(refs), what
-    for k, (o, r) in enumerate(zip(outs, refs)):
-        o = np.asarray(o)
-        assert o.shape == r.shape, f"{what}: output {k} has shape {o.shape}, expected {r.shape}"
-        if r.dtype.kind in "iu":
-            np.testing.assert_array_equal(o, r, err_msg=f"{what}: output {k}")
-        else:
-            np.testing.assert_allclose(o, r, atol=ATOL, rtol=1e-4, err_msg=f"{what}: output {k}")
+DYNAMIC = ({1: torch.export.Dim("S", min=1, max=S_MAX)},)
 
 
 class Reductions(torch.nn.Module):
@@ -76,56 +65,20 @@ class Norms(torch.nn.Module):
         return self.ln(x), self.rms(x), torch.nn.functional.layer_norm(x, x.shape[-2:])
 
 
-def _dyn():
-    return ({1: torch.export.Dim("S", min=1, max=S_MAX)},)
+async def test_reductions_static(load_pte):
+    pte, module = export_pte("reduce_static", Reductions, (torch.randn(3, 7, 11),))
+    rng = np.random.default_rng(0)
+    calls = [rng.standard_normal((3, 7, 11)).astype(np.float32) for _ in range(2)]
+    await assert_matches_eager(await load_pte(pte), module, calls, atol=ATOL)
 
 
-def _live_sizes(seed):
-    sizes = [1, S_MAX, 2, 7, 11, S_MAX, 1, 5]
-    random.Random(seed).shuffle(sizes)
-    return sizes
+async def test_reductions_dynamic(load_pte):
+    pte, module = export_pte("reduce_dyn", DynReductions, (torch.randn(2, 5, 13),), dynamic_shapes=DYNAMIC)
+    calls = dynamic_shape_calls(np.zeros((2, S_MAX, 13), np.float32), DYNAMIC, n=5, seed=1)
+    await assert_matches_eager(await load_pte(pte), module, [x * 3 for x in calls], atol=ATOL)
 
 
-@pytest.mark.anyio
-async def test_reductions_static(adapter):
-    import async_runtime as ar
-
-    buf, module = export_pte("reduce_static", Reductions, (torch.randn(3, 7, 11),))
-    model = await ar.load(buf)
-    try:
-        rng = np.random.default_rng(0)
-        for _ in range(2):
-            x = rng.standard_normal((3, 7, 11)).astype(np.float32)
-            _check(await model.execute(x), eager(module, x), "static reductions")
-    finally:
-        await model.aclose()
-
-
-@pytest.mark.anyio
-async def test_reductions_dynamic(adapter):
-    import async_runtime as ar
-
-    buf, module = export_pte("reduce_dyn", DynReductions, (torch.randn(2, 5, 13),), dynamic_shapes=_dyn())
-    model = await ar.load(buf)
-    try:
-        rng = np.random.default_rng(1)
-        for s in _live_sizes(1):
-            x = (rng.standard_normal((2, s, 13)) * 3).astype(np.float32)
-            _check(await model.execute(x), eager(module, x), f"dynamic reductions at S={s}")
-    finally:
-        await model.aclose()
-
-
-@pytest.mark.anyio
-async def test_norms_dynamic(adapter):
-    import async_runtime as ar
-
-    buf, module = export_pte("norms_dyn", lambda: Norms(13), (torch.randn(3, 5, 13),), dynamic_shapes=_dyn())
-    model = await ar.load(buf)
-    try:
-        rng = np.random.default_rng(2)
-        for s in _live_sizes(2):
-            x = (rng.standard_normal((3, s, 13)) * 2 + 0.5).astype(np.float32)
-            _check(await model.execute(x), eager(module, x), f"norms at S={s}")
-    finally:
-        await model.aclose()
+async def test_norms_dynamic(load_pte):
+    pte, module = export_pte("norms_dyn", lambda: Norms(13), (torch.randn(3, 5, 13),), dynamic_shapes=DYNAMIC)
+    calls = dynamic_shape_calls(np.zeros((3, S_MAX, 13), np.float32), DYNAMIC, n=5, seed=2)
+    await assert_matches_eager(await load_pte(pte), module, [x * 2 + 0.5 for x in calls], atol=ATOL)

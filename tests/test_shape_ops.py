@@ -2,34 +2,22 @@
 WebGPU, compare exactly with torch eager. Odd and prime sizes; dynamic dims run at several live
 sizes in random order, including their minimum and maximum."""
 
-import random
-
 import numpy as np
 import pytest
 import torch
 
-import async_runtime as ar
+from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
 from kernels import build_node
 from resize import LiveState, Plan, ResizeContext
 from resize.values import IntList, Scalar, SymInt, Tensor, ValueList
 
-from .exporting import eager, export_pte
-
-gpu = pytest.mark.usefixtures("adapter")
+from .exporting import export_pte
 
 S_MAX = 11
 
 
 def rand(*shape, seed=0):
     return np.random.default_rng(seed + sum(shape)).standard_normal(shape).astype(np.float32)
-
-
-def _check(outs, refs, what):
-    assert len(outs) == len(refs), what
-    for k, (o, r) in enumerate(zip(outs, refs)):
-        o = np.asarray(o)
-        assert o.shape == r.shape, f"{what}: output {k} has shape {o.shape}, expected {r.shape}"
-        np.testing.assert_array_equal(o, r.astype(o.dtype), err_msg=f"{what}: output {k}")
 
 
 class StaticShapes(torch.nn.Module):
@@ -88,49 +76,38 @@ def _static():
     return export_pte("shape_static", StaticShapes, [x, torch.tensor([6, 0, 3, 3]), torch.randint(0, 5, (3, 7, 2))])
 
 
+S, T = torch.export.Dim("S", min=1, max=S_MAX), torch.export.Dim("T", min=1, max=S_MAX)
+DYN_SAMPLE, DYN_SHAPES = (torch.randn(3, S_MAX, 5), torch.randn(3, S_MAX, 5)), ({1: S}, {1: T})
+S3 = torch.export.Dim("S", min=3, max=S_MAX)  # the slices' `* 2` guards out the live size 2
+SLICES_SAMPLE, SLICES_SHAPES = (torch.randn(3, S_MAX, 7),), ({1: S3},)
+
+
 def _dynamic():
-    s, t = torch.export.Dim("S", min=1, max=S_MAX), torch.export.Dim("T", min=1, max=S_MAX)
-    args = [torch.randn(3, S_MAX, 5), torch.randn(3, S_MAX, 5)]
-    return export_pte("shape_dyn", DynShapes, args, dynamic_shapes=({1: s}, {1: t}))
+    return export_pte("shape_dyn", DynShapes, DYN_SAMPLE, dynamic_shapes=DYN_SHAPES)
 
 
 def _dynamic_slices():
-    s = torch.export.Dim("S", min=3, max=S_MAX)  # the slices' `* 2` guards out the live size 2
-    return export_pte("shape_dyn_slices", DynSlices, [torch.randn(3, S_MAX, 7)], dynamic_shapes=({1: s},))
+    return export_pte("shape_dyn_slices", DynSlices, SLICES_SAMPLE, dynamic_shapes=SLICES_SHAPES)
 
 
-@gpu
-async def test_static_shape_ops_match_eager():
+async def test_static_shape_ops_match_eager(load_pte):
     pte, module = _static()
     x = rand(3, 7, 5)
     i = np.array([6, 0, 3, 3], np.int64)
     g = np.random.default_rng(1).integers(0, 5, (3, 7, 2)).astype(np.int64)
-    async with await ar.load(pte) as model:
-        for _ in range(2):
-            _check(await model.execute(x, i, g), eager(module, x, i, g), "static")
+    await assert_matches_eager(await load_pte(pte), module, [(x, i, g)], atol=0, rtol=0)
 
 
-@gpu
-async def test_dynamic_shape_ops_at_live_sizes_in_random_order():
+async def test_dynamic_shape_ops_at_live_sizes_in_random_order(load_pte):
     pte, module = _dynamic()
-    sizes = [1, S_MAX, 2, 7, 4, 5]
-    random.Random(3).shuffle(sizes)
-    async with await ar.load(pte) as model:
-        for k, s in enumerate(sizes + sizes[:2]):
-            t = sizes[(k + 2) % len(sizes)]
-            x, y = rand(3, s, 5), rand(3, t, 5, seed=1)
-            _check(await model.execute(x, y), eager(module, x, y), f"S={s} T={t}")
+    calls = dynamic_shape_calls(DYN_SAMPLE, DYN_SHAPES, n=6, seed=3)  # S and T drawn apart
+    await assert_matches_eager(await load_pte(pte), module, calls, atol=0, rtol=0)
 
 
-@gpu
-async def test_dynamic_slices_along_the_dynamic_dim():
+async def test_dynamic_slices_along_the_dynamic_dim(load_pte):
     pte, module = _dynamic_slices()
-    sizes = [3, S_MAX, 4, 8, 5]
-    random.Random(5).shuffle(sizes)
-    async with await ar.load(pte) as model:
-        for s in sizes + [3]:
-            x = rand(3, s, 7)
-            _check(await model.execute(x), eager(module, x), f"S={s}")
+    calls = dynamic_shape_calls(SLICES_SAMPLE, SLICES_SHAPES, n=5, seed=5)
+    await assert_matches_eager(await load_pte(pte), module, calls, atol=0, rtol=0)
 
 
 # -- the hooks alone: no device -------------------------------------------------------------------
