@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,26 +14,9 @@ import torch
 import async_runtime as ar
 from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
 
-from .exporting import export_pte
-from .models import MLP, Elementwise
+from .models import EW_DYNAMIC, EW_SAMPLE, MLP_DYNAMIC, MLP_SAMPLE, elementwise_dynamic, mlp_dynamic
 
-# The plugin's fixtures, until tests/conftest.py has `pytest_plugins = ["async_runtime.pytest_plugin"]`
-# (or the pytest11 entry point is installed); harmless after that, and then to be removed.
-
-S = torch.export.Dim("S", min=1, max=9)
-EW_SAMPLE = (torch.randn(3, 9, 7), torch.randn(9, 1))
-EW_DYNAMIC = ({1: S}, {0: S})
-BATCH = torch.export.Dim("batch", min=1, max=23)
-MLP_SAMPLE = (torch.randn(23, 13),)
-MLP_DYNAMIC = ({0: BATCH},)
-
-
-def elementwise_dynamic():
-    return export_pte("ew_dyn", Elementwise, list(EW_SAMPLE), dynamic_shapes=EW_DYNAMIC)
-
-
-def mlp_dynamic():
-    return export_pte("mlp_dyn", MLP, list(MLP_SAMPLE), dynamic_shapes=MLP_DYNAMIC)
+EXAMPLE = Path(__file__).parent.parent / "examples" / "test_my_model.py"
 
 
 # --- dynamic_shape_calls ------------------------------------------------------------------------
@@ -205,3 +189,12 @@ def test_plugin_without_an_adapter_skips_or_fails(tmp_path):
     assert "no WebGPU adapter matches 'no-such-adapter-anywhere'" in result.stdout
     strict = run_pytest(tmp_path, GPU_SOURCE, PTE_WGPU_REQUIRE_ADAPTER="1", **none)
     assert strict.returncode == 1 and "PTE_WGPU_REQUIRE_ADAPTER=1" in strict.stdout, strict.stdout
+
+
+def test_the_example_passes_on_asyncio_and_trio_in_a_directory_of_its_own(wgpu_adapter, tmp_path):
+    """examples/test_my_model.py alone, as a user's project would have it: it exports its model
+    (ExecuTorch needed) and its test passes on both backends."""
+    pytest.importorskip("executorch")
+    result = run_pytest(tmp_path, EXAMPLE.read_text(), "-v")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[asyncio] PASSED" in result.stdout and "[trio] PASSED" in result.stdout, result.stdout
