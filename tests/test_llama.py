@@ -71,69 +71,69 @@ async def generate_and_check(session, ids, logits, prompt_len):
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-async def test_llama_matches_eager_prompt_then_decode(name, tmp_path_factory):
+async def test_llama_matches_eager_prompt_then_decode(name, tmp_path_factory, load_pte):
     pte, runs = recorded(name, tmp_path_factory)
-    async with await ar.load(pte) as model:
-        assert model.inputs[0].max_shape == (1, CONTEXT - 1)
-        assert model.fused == CONFIGS[name]["n_layers"]  # each layer's SiLU gate is one dispatch
-        ids, logits = runs["short"]
-        await generate_and_check(model, ids, logits, SCENARIOS["short"][0])
+    model = await load_pte(pte)
+    assert model.inputs[0].max_shape == (1, CONTEXT - 1)
+    assert model.fused == CONFIGS[name]["n_layers"]  # each layer's SiLU gate is one dispatch
+    ids, logits = runs["short"]
+    await generate_and_check(model, ids, logits, SCENARIOS["short"][0])
 
 
-async def test_two_sessions_keep_their_own_kv_caches(tmp_path_factory):
+async def test_two_sessions_keep_their_own_kv_caches(tmp_path_factory, load_pte):
     """Two streams at once, one with a prompt longer than half the context: each matches eager."""
     pte, runs = recorded("fp32", tmp_path_factory)
-    async with await ar.load(pte) as model:
-        async with model.session() as a, model.session() as b, anyio.create_task_group() as tg:
-            for session, scenario in ((a, "short"), (b, "long")):
-                ids, logits = runs[scenario]
-                tg.start_soon(generate_and_check, session, ids, logits, SCENARIOS[scenario][0])
-        assert a.memory() > 0 and a.memory() == b.memory()
+    model = await load_pte(pte)
+    async with model.session() as a, model.session() as b, anyio.create_task_group() as tg:
+        for session, scenario in ((a, "short"), (b, "long")):
+            ids, logits = runs[scenario]
+            tg.start_soon(generate_and_check, session, ids, logits, SCENARIOS[scenario][0])
+    assert a.memory() > 0 and a.memory() == b.memory()
 
 
-async def test_positions_past_the_context_are_an_input_error(tmp_path_factory):
+async def test_positions_past_the_context_are_an_input_error(tmp_path_factory, load_pte):
     pte, runs = recorded("fp32", tmp_path_factory)
-    async with await ar.load(pte) as model:
-        ids, logits = runs["short"]
-        with pytest.raises(ar.InputError, match="past the context|do not fit the KV cache"):
-            await model.execute(np.ones((1, 5), np.int64), np.array([CONTEXT - 2], np.int64))
-        await generate_and_check(model, ids, logits, SCENARIOS["short"][0])  # and the model still works
+    model = await load_pte(pte)
+    ids, logits = runs["short"]
+    with pytest.raises(ar.InputError, match="past the context|do not fit the KV cache"):
+        await model.execute(np.ones((1, 5), np.int64), np.array([CONTEXT - 2], np.int64))
+    await generate_and_check(model, ids, logits, SCENARIOS["short"][0])  # and the model still works
 
 
-async def test_generate_gives_the_reference_greedy_tokens(tmp_path_factory):
+async def test_generate_gives_the_reference_greedy_tokens(tmp_path_factory, load_pte):
     pte, runs = recorded("fp32", tmp_path_factory)
     ids, _ = runs["short"]
     prompt_len, steps = SCENARIOS["short"]
-    async with await ar.load(pte) as model:
-        assert ar.context_length(model) == CONTEXT
-        stream = ar.generate(model.session(), ids[:prompt_len], max_new_tokens=steps)
-        tokens = [t async for t in stream]
-        assert tokens == list(ids[prompt_len:])
-        assert stream.stats.finish_reason == "length" and stream.stats.generated_tokens == steps
-        assert stream.position == prompt_len + steps - 1  # the last token is not fed back
+    model = await load_pte(pte)
+    assert ar.context_length(model) == CONTEXT
+    stream = ar.generate(model.session(), ids[:prompt_len], max_new_tokens=steps)
+    tokens = [t async for t in stream]
+    assert tokens == list(ids[prompt_len:])
+    assert stream.stats.finish_reason == "length" and stream.stats.generated_tokens == steps
+    assert stream.position == prompt_len + steps - 1  # the last token is not fed back
 
 
-async def test_sampling_is_seeded_and_bounded_by_the_context(tmp_path_factory):
+async def test_sampling_is_seeded_and_bounded_by_the_context(tmp_path_factory, load_pte):
     pte, runs = recorded("fp32", tmp_path_factory)
     ids, _ = runs["short"]
     prompt = list(ids[:7])
-    async with await ar.load(pte) as model:
+    model = await load_pte(pte)
 
-        async def sample(**kw):
-            return [t async for t in ar.generate(model.session(), prompt, max_new_tokens=8, **kw)]
+    async def sample(**kw):
+        return [t async for t in ar.generate(model.session(), prompt, max_new_tokens=8, **kw)]
 
-        a = await sample(temperature=1.3, top_k=20, seed=4)
-        assert a == await sample(temperature=1.3, top_k=20, seed=4)
-        assert await sample(temperature=5.0, top_k=1) == list(ids[7:15])  # top-k 1 is greedy
-        assert await sample(temperature=2.0, top_p=1e-9) == list(ids[7:15])  # so is a tiny top-p
-        stop = int(ids[9])
-        stream = ar.generate(model.session(), prompt, max_new_tokens=8, stop=[stop])
-        assert [t async for t in stream] == list(ids[7:10]) and stream.stats.finish_reason == "stop"
-        # the context is full after CONTEXT positions: generation ends there with "length"
-        stream = ar.generate(model.session(), list(ids), max_new_tokens=100)  # 39 tokens
-        assert len([t async for t in stream]) == CONTEXT - len(ids) + 1
-        assert stream.stats.finish_reason == "length"
-        with pytest.raises(ar.InputError, match="does not fit the context of 48"):
-            ar.generate(model.session(), [1] * 49)
-        with pytest.raises(ar.InputError, match="bad sampling"):
-            ar.generate(model.session(), prompt, top_p=0)
+    a = await sample(temperature=1.3, top_k=20, seed=4)
+    assert a == await sample(temperature=1.3, top_k=20, seed=4)
+    assert await sample(temperature=5.0, top_k=1) == list(ids[7:15])  # top-k 1 is greedy
+    assert await sample(temperature=2.0, top_p=1e-9) == list(ids[7:15])  # so is a tiny top-p
+    stop = int(ids[9])
+    stream = ar.generate(model.session(), prompt, max_new_tokens=8, stop=[stop])
+    assert [t async for t in stream] == list(ids[7:10]) and stream.stats.finish_reason == "stop"
+    # the context is full after CONTEXT positions: generation ends there with "length"
+    stream = ar.generate(model.session(), list(ids), max_new_tokens=100)  # 39 tokens
+    assert len([t async for t in stream]) == CONTEXT - len(ids) + 1
+    assert stream.stats.finish_reason == "length"
+    with pytest.raises(ar.InputError, match="does not fit the context of 48"):
+        ar.generate(model.session(), [1] * 49)
+    with pytest.raises(ar.InputError, match="bad sampling"):
+        ar.generate(model.session(), prompt, top_p=0)
