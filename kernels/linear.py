@@ -5,10 +5,10 @@ where B is either row-major [K, N] (mm, bmm, addmm) or a transposed [N, K] weigh
 layout is fixed at build time; M, N, K and the batch come from live shapes through one uniform.
 
 Each op records two dispatches, a route group the hook picks from by the live row count:
-- GEMV (M == 1, decode): a 256-thread workgroup reduces over K for a few outputs in shared memory;
+- GEMV (M == 1, decode; and each row of up to GEMV_MAX_ROWS): a 256-thread workgroup reduces over K for a few outputs in shared memory;
   for a [N, K] weight, 4 weight rows per workgroup with the input row reused from registers; for a
   [K, N] matrix, 32 columns per workgroup with K split over 8 slices.
-- GEMM (M > 1, prefill): a 64x64 output tile per 16x16 workgroup, each thread a 4x4 register tile,
+- GEMM (more rows, prefill): a 64x64 output tile per 16x16 workgroup, each thread a 4x4 register tile,
   A and B staged through shared memory in K steps of 16, zero-padded at the edges.
 The unused route gets a (0, 0, 0) grid.
 """
@@ -33,6 +33,10 @@ STRUCT = "struct P { " + ", ".join(f"{n}: {t}" for n, t in FIELDS) + " }"
 BM, BN, BK = 64, 64, 16  # GEMM tile
 GEMV_ROWS = 4  # outputs per workgroup, [N, K] weight
 GEMV_COLS, GEMV_SLICES = 32, 8  # outputs per workgroup and K slices, [K, N] matrix
+# Up to this many rows (and no batch), every row runs the GEMV: a 64x64 GEMM tile row leaves most
+# of a large GPU idle for a few rows (a ragged decode pass of several sessions), and each row then
+# gets bitwise what it gets alone.
+GEMV_MAX_ROWS = 32
 
 
 def _header(has_bias):
@@ -256,14 +260,14 @@ def add_matmul(b, a, bmat, bias, transposed_b, shape_fn, alpha=1.0, beta=1.0):
                     raise ValueError(f"does not broadcast to {(m, n)}")
             except ValueError as e:
                 raise ValueError(f"{b.name}: bias of shape {tuple(bias_dims)}: {e}") from None
-        ctx.set_params(
-            params,
-            struct.pack(PARAMS_FORMAT, m, n, k, batch, a_bs, b_bs, m * n, bias_bs, bias_sm, bias_sn, alpha, beta),
-        )
         empty = numel_of(out_dims) == 0
-        use_gemv = m == 1 and not empty
-        use_gemm = m > 1 and not empty
-        ctx.set_grid(gemv, gemv_grid(b.name, n, transposed_b, batch) if use_gemv else (0, 0, 0))
+        use_gemv = (m == 1 or (batch == 1 and m <= GEMV_MAX_ROWS)) and not empty
+        use_gemm = not use_gemv and not empty
+        fields = (m, n, k, batch, a_bs, b_bs, m * n, bias_bs, bias_sm, bias_sn, alpha, beta)
+        if use_gemv and m > 1:  # each row its own GEMV: rows become the batch, sharing B
+            fields = (1, n, k, m, k, 0, n, bias_sm, 0, bias_sn, alpha, beta)
+        ctx.set_params(params, struct.pack(PARAMS_FORMAT, *fields))
+        ctx.set_grid(gemv, gemv_grid(b.name, n, transposed_b, m if use_gemv and m > 1 else batch) if use_gemv else (0, 0, 0))
         ctx.set_grid(gemm, gemm_grid(b.name, m, n, batch) if use_gemm else (0, 0, 0))
         ctx.set_dims(b.out, out_dims)
 

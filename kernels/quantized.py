@@ -15,8 +15,8 @@ Formats (as `executorch.backends.vulkan.patterns` writes them):
   are done by `div_rn`, an integer long division that is correctly rounded on every GPU (WGSL
   allows 2.5 ULP for `/`), so the integer activations match the CPU reference exactly.
 
-The two linear ops record a GEMV route (M == 1: 256 threads reduce over K for 4 outputs, one u32
-word = 8 weights per thread step) and a GEMM route (M > 1: 64x64 tiles as in kernels/linear.py,
+The two linear ops record a GEMV route (up to GEMV_MAX_ROWS rows, each its own: 256 threads reduce
+over K for 4 outputs, one u32 word = 8 weights per thread step) and a GEMM route (more rows: 64x64 tiles as in kernels/linear.py,
 the B tile dequantized while staged). The hook zeroes the grid of the route not taken.
 """
 
@@ -24,6 +24,7 @@ import struct
 
 from resize.shapes import MAX_WORKGROUPS, fold_grid, numel_of
 
+from .linear import GEMV_MAX_ROWS
 from .registry import op
 from .wgsl import FLAT_INDEX, PACKED, WG, flat_grid, is_float
 
@@ -145,6 +146,8 @@ var<workgroup> red: array<vec4<f32>, 256>;
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
     let n0 = (wid.x + wid.y * nwg.x) * 4u;
+    let m = wid.z;  // the row: each row of a few is its own GEMV
+    let xo = m * p.K;
     let last = p.N - 1u;
     let c0 = min(n0, last);
     let c1 = min(n0 + 1u, last);
@@ -157,12 +160,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         var xa = vec4<f32>(0.0);
         var xb = vec4<f32>(0.0);
         if (k0 + 8u <= p.K) {
-            xa = vec4<f32>(x[k0], x[k0 + 1u], x[k0 + 2u], x[k0 + 3u]);
-            xb = vec4<f32>(x[k0 + 4u], x[k0 + 5u], x[k0 + 6u], x[k0 + 7u]);
+            xa = vec4<f32>(x[xo + k0], x[xo + k0 + 1u], x[xo + k0 + 2u], x[xo + k0 + 3u]);
+            xb = vec4<f32>(x[xo + k0 + 4u], x[xo + k0 + 5u], x[xo + k0 + 6u], x[xo + k0 + 7u]);
         } else {
             for (var j = 0u; j < 4u; j = j + 1u) {
-                if (k0 + j < p.K) { xa[j] = x[k0 + j]; }
-                if (k0 + 4u + j < p.K) { xb[j] = x[k0 + 4u + j]; }
+                if (k0 + j < p.K) { xa[j] = x[xo + k0 + j]; }
+                if (k0 + 4u + j < p.K) { xb[j] = x[xo + k0 + 4u + j]; }
             }
         }
 {X_TRANSFORM}
@@ -181,13 +184,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     if (li < 4u) {
         let n = n0 + li;
-        if (n < p.N) { out[n] = epilogue(red[0][li], n); }
+        if (n < p.N) { out[m * p.N + n] = epilogue(red[0][li], n); }
     }
 }
 """
 
-GEMV_DQ8_SETUP = """    let s_row = xs[0];
-    let zp_row = zp_at(0u);
+GEMV_DQ8_SETUP = """    let s_row = xs[m];
+    let zp_row = zp_at(m);
     let inv_row = div_rn(1.0, s_row);"""
 GEMV_DQ8_X = """        xa = vec4<f32>(xq(xa.x, inv_row, zp_row, s_row), xq(xa.y, inv_row, zp_row, s_row),
                        xq(xa.z, inv_row, zp_row, s_row), xq(xa.w, inv_row, zp_row, s_row));
@@ -336,11 +339,11 @@ def _add_q4_linear(b, x, xs, xz, weight, scales, group_size, bias):
         if has_bias and ctx.numel(bias) < n:
             _fail(name, f"bias of {ctx.numel(bias)} elements for N={n}")
         ctx.set_params(params, struct.pack(LIN_FORMAT, m, n, k, wpr, sn, groups, gs, -(-k // 8)))
-        use_gemv = m == 1
-        use_gemm = m > 1
+        use_gemv = m <= GEMV_MAX_ROWS
+        use_gemm = not use_gemv
         if use_gemm and max(-(-m // BM), -(-n // BN)) > MAX_WORKGROUPS:
             _fail(name, f"[{m}, {n}] exceeds the GEMM grid of {MAX_WORKGROUPS} workgroups per dimension")
-        ctx.set_grid(gemv, fold_grid(-(-n // GEMV_ROWS)) if use_gemv else (0, 0, 0))
+        ctx.set_grid(gemv, fold_grid(-(-n // GEMV_ROWS))[:2] + (m,) if use_gemv else (0, 0, 0))
         ctx.set_grid(gemm, (-(-n // BN), -(-m // BM), 1) if use_gemm else (0, 0, 0))
         ctx.set_dims(b.out, tuple(xd[:-1]) + (n,))
 
