@@ -23,8 +23,7 @@ from resize.events import InputResized
 
 from .errors import BusyResourceError, ClosedResourceError, InputError, MemoryBudgetError
 from .scheduler import Step
-from .session import check_inputs
-from .stats import Counters
+from .session import SessionBase, check_inputs
 from .storage import align
 
 STORAGE_OFFSET_ALIGN = 256  # minStorageBufferOffsetAlignment: slots start at multiples of it
@@ -189,17 +188,12 @@ def _bucket(n, most):
     return min(1 << (n - 1).bit_length(), most)
 
 
-class BatchedSession:
+class BatchedSession(SessionBase):
     """A session of a model that batches across sessions: its state is a KV-cache slot; its steps
     run in the model's ragged passes. Same interface as `Session`."""
 
     def __init__(self, model):
-        self._model = model
-        self.id = model._next_session_id
-        model._next_session_id += 1
-        self._closed = False
-        self._busy = False
-        self._counters = Counters()
+        super().__init__(model)
         self._shapes = [spec.max_shape for spec in model.inputs]  # for InputResized events
         self.slot = model._batcher.acquire()
         model._sessions.add(self)
@@ -246,9 +240,6 @@ class BatchedSession:
     def _prepare(self, inputs):
         return check_inputs(self._model, inputs)
 
-    def statistics(self):
-        return self._counters.freeze()
-
     def memory(self):
         """Bytes of GPU memory this session owns: its slot of the KV caches."""
         return self._model._batcher.slot_memory()
@@ -260,13 +251,3 @@ class BatchedSession:
         self._model._sessions.discard(self)
         if not self._busy:  # else the running step releases it when it ends
             self._model._batcher.release(self.slot)
-
-    async def aclose(self):
-        self._release()
-        await anyio.lowlevel.checkpoint()
-
-    async def __aenter__(self):
-        return self
-
-    async def __aexit__(self, *exc):
-        await self.aclose()

@@ -57,10 +57,8 @@ def check_inputs(model, inputs):
     return arrays
 
 
-class Session:
-    """One stream: `await session.execute(...)`; `async with model.session() as s:`."""
-
-    profiler = None  # an async_runtime.profile.Profiler set here encodes this session's steps (GPU timestamps)
+class SessionBase:
+    """What every kind of session shares: an id, counters, `aclose` and `async with`."""
 
     def __init__(self, model):
         self._model = model
@@ -69,6 +67,28 @@ class Session:
         self._closed = False
         self._busy = False
         self._counters = Counters()
+
+    def statistics(self):
+        return self._counters.freeze()
+
+    async def aclose(self):
+        self._release()
+        await anyio.lowlevel.checkpoint()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.aclose()
+
+
+class Session(SessionBase):
+    """One stream: `await session.execute(...)`; `async with model.session() as s:`."""
+
+    profiler = None  # an async_runtime.profile.Profiler set here encodes this session's steps (GPU timestamps)
+
+    def __init__(self, model):
+        super().__init__(model)
         self.state = model._initial_state.copy()
         graph, queue = model.graph, model.device.queue
         own_sizes = {vid: numel_of(graph.values[vid].dims) * elem_bytes(graph.values[vid].dtype) for vid in model._session_vids}
@@ -294,9 +314,6 @@ class Session:
         return np.frombuffer(raw, storage_dtype(v.dtype))[: numel_of(dims)].reshape(dims)
 
     # --- lifetime -----------------------------------------------------------------------------
-    def statistics(self):
-        return self._counters.freeze()
-
     def memory(self):
         """Bytes of GPU memory this session owns (parameters, staging, inputs, state tensors)."""
         return self._arena.size + self._staging.size + sum(b.size for b in self._own.values())
@@ -309,13 +326,3 @@ class Session:
         self._model._reserved -= self._reserved
         for b in (self._arena, self._staging, *self._own.values()):
             b.destroy()
-
-    async def aclose(self):
-        self._release()
-        await anyio.lowlevel.checkpoint()
-
-    async def __aenter__(self):
-        return self
-
-    async def __aexit__(self, *exc):
-        await self.aclose()
