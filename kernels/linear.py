@@ -5,7 +5,7 @@ where B is either row-major [K, N] (mm, bmm, addmm) or a transposed [N, K] weigh
 layout is fixed at build time; M, N, K and the batch come from live shapes through one uniform.
 
 Each op records two dispatches, a route group the hook picks from by the live row count:
-- GEMV (M == 1, decode; and each row of up to GEMV_MAX_ROWS): a 256-thread workgroup reduces over K for a few outputs in shared memory;
+- GEMV (M == 1, decode; and up to GEMV_MAX_ROWS rows with an [N, K] weight): a 256-thread workgroup reduces over K for a few outputs in shared memory;
   for a [N, K] weight, 4 weight rows per workgroup with the input row reused from registers; for a
   [K, N] matrix, 32 columns per workgroup with K split over 8 slices.
 - GEMM (more rows, prefill): a 64x64 output tile per 16x16 workgroup, each thread a 4x4 register tile,
@@ -33,10 +33,12 @@ STRUCT = "struct P { " + ", ".join(f"{n}: {t}" for n, t in FIELDS) + " }"
 BM, BN, BK = 64, 64, 16  # GEMM tile
 GEMV_ROWS = 4  # outputs per workgroup, [N, K] weight
 GEMV_COLS, GEMV_SLICES = 32, 8  # outputs per workgroup and K slices, [K, N] matrix
-# Up to this many rows (and no batch), every row runs the GEMV: a 64x64 GEMM tile row leaves most
-# of a large GPU idle for a few rows (a ragged decode pass of several sessions), and each row then
-# gets bitwise what it gets alone.
+# Up to this many rows, a product with an [N, K] weight runs the GEMV for every row: a 64x64 GEMM
+# tile row leaves most of a large GPU idle for a few rows (a ragged decode pass of several
+# sessions). A workgroup loads its 4 weight rows once for a group of GEMV_GROUP_ROWS input rows,
+# and sums each row in the same order as a single-row GEMV: bitwise what the row gets alone.
 GEMV_MAX_ROWS = 32
+GEMV_GROUP_ROWS = 8
 
 
 def _header(has_bias):
@@ -150,33 +152,40 @@ var<workgroup> red: array<vec4<f32>, 256>;
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
-    let b = wid.z;
+    let groups = (p.M + ROWSu - 1u) / ROWSu;  // z runs over (batch, group of ROWS rows)
+    let b = wid.z / groups;
+    let r0 = (wid.z % groups) * ROWSu;
+    let rows = min(ROWSu, p.M - r0);
     let n0 = (wid.x + wid.y * nwg.x) * 4u;
     let last = p.N - 1u;
-    let r0 = (b * p.b_bs + min(n0, last) * p.K);
-    let r1 = (b * p.b_bs + min(n0 + 1u, last) * p.K);
-    let r2 = (b * p.b_bs + min(n0 + 2u, last) * p.K);
-    let r3 = (b * p.b_bs + min(n0 + 3u, last) * p.K);
-    let aoff = b * p.a_bs;
-    var acc = vec4<f32>(0.0);
+    let w0 = (b * p.b_bs + min(n0, last) * p.K);
+    let w1 = (b * p.b_bs + min(n0 + 1u, last) * p.K);
+    let w2 = (b * p.b_bs + min(n0 + 2u, last) * p.K);
+    let w3 = (b * p.b_bs + min(n0 + 3u, last) * p.K);
+    let aoff = b * p.a_bs + r0 * p.K;
+    var acc: array<vec4<f32>, ROWS>;
     for (var k = li; k < p.K; k = k + 256u) {
-        let x = a[aoff + k];
-        acc = acc + x * vec4<f32>(bm[r0 + k], bm[r1 + k], bm[r2 + k], bm[r3 + k]);
+        let w = vec4<f32>(bm[w0 + k], bm[w1 + k], bm[w2 + k], bm[w3 + k]);
+        for (var r = 0u; r < ROWSu; r = r + 1u) {
+            if (r < rows) { acc[r] = acc[r] + a[aoff + r * p.K + k] * w; }
+        }
     }
-    red[li] = acc;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s = s >> 1u) {
-        if (li < s) { red[li] = red[li] + red[li + s]; }
+    for (var r = 0u; r < rows; r = r + 1u) {
+        red[li] = acc[r];
+        workgroupBarrier();
+        for (var s = 128u; s > 0u; s = s >> 1u) {
+            if (li < s) { red[li] = red[li] + red[li + s]; }
+            workgroupBarrier();
+        }
+        if (li < 4u) {
+            let n = n0 + li;
+            if (n < p.N) { out[b * p.c_bs + (r0 + r) * p.N + n] = epilogue(red[0][li], b, r0 + r, n); }
+        }
         workgroupBarrier();
     }
-    if (li < 4u) {
-        let n = n0 + li;
-        if (n < p.N) { out[b * p.c_bs + n] = epilogue(red[0][li], b, 0u, n); }
-    }
 }
-"""
+""".replace("ROWS", str(GEMV_GROUP_ROWS))
 
-# M == 1 with a [K, N] matrix: 32 consecutive columns per workgroup, K split over 8 slices.
 GEMV_N = """
 var<workgroup> red: array<f32, 256>;
 
@@ -261,13 +270,11 @@ def add_matmul(b, a, bmat, bias, transposed_b, shape_fn, alpha=1.0, beta=1.0):
             except ValueError as e:
                 raise ValueError(f"{b.name}: bias of shape {tuple(bias_dims)}: {e}") from None
         empty = numel_of(out_dims) == 0
-        use_gemv = (m == 1 or (batch == 1 and m <= GEMV_MAX_ROWS)) and not empty
+        use_gemv = (m == 1 or (transposed_b and m <= GEMV_MAX_ROWS)) and not empty
         use_gemm = not use_gemv and not empty
         fields = (m, n, k, batch, a_bs, b_bs, m * n, bias_bs, bias_sm, bias_sn, alpha, beta)
-        if use_gemv and m > 1:  # each row its own GEMV: rows become the batch, sharing B
-            fields = (1, n, k, m, k, 0, n, bias_sm, 0, bias_sn, alpha, beta)
         ctx.set_params(params, struct.pack(PARAMS_FORMAT, *fields))
-        ctx.set_grid(gemv, gemv_grid(b.name, n, transposed_b, m if use_gemv and m > 1 else batch) if use_gemv else (0, 0, 0))
+        ctx.set_grid(gemv, gemv_grid(b.name, n, transposed_b, batch * -(-m // GEMV_GROUP_ROWS)) if use_gemv else (0, 0, 0))
         ctx.set_grid(gemm, gemm_grid(b.name, m, n, batch) if use_gemm else (0, 0, 0))
         ctx.set_dims(b.out, out_dims)
 

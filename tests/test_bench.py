@@ -119,3 +119,10 @@ def test_normalization_after_an_adapter_exists_falls_back_to_ticks(adapter):
     from async_runtime.profile import enable_timestamp_normalization
 
     assert enable_timestamp_normalization() == "ticks"  # the adapter fixture created the instance
+
+
+def test_concurrency_plot_is_a_png(bench_run):
+    pytest.importorskip("matplotlib")
+    out, _ = bench_run
+    png = (out / "plots" / "concurrency.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
