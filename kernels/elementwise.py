@@ -8,6 +8,7 @@ uniform. The arithmetic runs in f32 unless every tensor operand and the output a
 import struct
 
 from resize.shapes import broadcast_shapes, numel_of
+from resize.values import SymInt
 
 from .registry import op
 from .wgsl import FLAT_INDEX, STRIDED, WG, flat_grid, is_float, pack_strides, pack_u32x8, wgsl_type
@@ -131,11 +132,14 @@ def _shader(expr, operand_types, out_type, ct, uses_erf=False):
 
 def add_elementwise(b, operands, expr, alpha=1.0, beta=0.0):
     """Record a broadcast elementwise op: `operands` are arg positions (or None for the Scalar in
-    `beta`), `expr` is over a, b, c."""
+    `beta`), `expr` is over a, b, c (or {compute type: expr}). `alpha` and `beta` are numbers or
+    `fn(ctx)` for live values (a SymInt clamp bound)."""
     out = b.tensor(len(b.args) - 1)
     tensors = [b.args[i] if i is not None else None for i in operands]
     dtypes = [b.graph.values[v].dtype for v in tensors if v is not None] + [out.dtype]
     ct = "f32" if any(is_float(d) for d in dtypes) else "i32"
+    if isinstance(expr, dict):
+        expr = expr[ct]
     if ct == "f32" and expr == BINARY["pow"]:
         expr = POW_F32
     types = [wgsl_type(b.graph.values[v].dtype) if v is not None else None for v in tensors]
@@ -143,10 +147,11 @@ def add_elementwise(b, operands, expr, alpha=1.0, beta=0.0):
     params = b.params(PARAMS_SIZE)
     live = [v for v in tensors if v is not None]
     d = b.dispatch(shader, live + [b.out, params])
-    if ct == "i32":
-        alpha, beta = float(int(alpha)), float(int(beta))
 
     def resize(ctx):
+        a, c = (x(ctx) if callable(x) else x for x in (alpha, beta))
+        if ct == "i32":
+            a, c = float(int(a)), float(int(c))
         shapes = [ctx.dims(v) for v in live]
         try:
             shape = broadcast_shapes(*shapes)
@@ -155,20 +160,26 @@ def add_elementwise(b, operands, expr, alpha=1.0, beta=0.0):
         n = numel_of(shape)
         strides = b"".join(pack_strides(s, shape) for s in shapes)
         strides += bytes(32 * (3 - len(shapes)))
-        ctx.set_params(params, struct.pack("<IIff", n, len(shape), alpha, beta) + pack_u32x8(shape) + strides)
+        ctx.set_params(params, struct.pack("<IIff", n, len(shape), a, c) + pack_u32x8(shape) + strides)
         ctx.set_grid(d, flat_grid(n))
         ctx.set_dims(b.out, shape)
 
     b.hook(resize)
 
 
+def _bound(b, i, default):
+    """A clamp bound: a number fixed in the file (None: `default`), or `fn(ctx)` for a SymInt."""
+    if isinstance(b.value(i), SymInt):
+        vid = b.args[i]
+        return lambda ctx: ctx.int_value(vid)
+    return b.scalar(i, default)
+
+
 def _unary(expr):
     def build(b):
         alpha, beta = -3.4e38, 3.4e38
         if b.name in ("aten.clamp.default", "aten.hardtanh.default"):
-            lo, hi = (b.scalar(1, None), b.scalar(2, None))
-            alpha = -3.4e38 if lo is None else lo
-            beta = 3.4e38 if hi is None else hi
+            alpha, beta = _bound(b, 1, alpha), _bound(b, 2, beta)
         elif b.name == "aten.leaky_relu.default":
             alpha = b.scalar(1, 0.01)
         add_elementwise(b, [0], expr, alpha, beta)
@@ -207,6 +218,25 @@ for _base, _expr in BINARY.items():
     if _base in ("logical_and", "logical_or"):
         names = [f"aten.{_base}.default", f"aten::{_base}.out"]
     op(*names)(_binary(_expr))
+
+
+# div with rounding_mode "trunc" or "floor"; WGSL integer division truncates.
+DIV_MODE = {
+    None: "a / b",
+    "trunc": {"f32": "trunc(a / b)", "i32": "a / b"},
+    "floor": {"f32": "floor(a / b)", "i32": "a / b - CT((a % b != CT(0)) && ((a < CT(0)) != (b < CT(0))))"},
+}
+
+
+@op("aten.div.Tensor_mode", "aten.div.Scalar_mode", "aten::div.out_mode", "aten::div.Scalar_mode_out")
+def div_mode(b):
+    mode = b.scalar(2, None)
+    if mode not in DIV_MODE:
+        raise ValueError(f"{b.name}: rounding mode {mode!r}")
+    if b.is_tensor(1):
+        add_elementwise(b, [0, 1], DIV_MODE[mode])
+    else:
+        add_elementwise(b, [0, None], DIV_MODE[mode], beta=b.scalar(1))
 
 
 @op("aten.where.self", "aten::where.self_out")
