@@ -137,3 +137,39 @@ async def test_update_cache_sessions_do_not_share(load_pte):
     want = np.zeros((1, CONTEXT, 3, 5), np.float32)
     want[:, 8] = 2.0
     np.testing.assert_array_equal(got, want)
+
+
+class Rearranged(torch.nn.Module):
+    """flip, repeat, constant_pad_nd (padding and cropping), div with rounding modes and a clamp
+    bound that is a SymInt, on x [3, S, 5] and an int32 tensor of the same shape."""
+
+    def forward(self, x, y, n):
+        return (
+            torch.flip(x, [0, 2]),
+            x.repeat(2, 1, 3),
+            x.repeat(2, 3, 1, 2),
+            torch.nn.functional.pad(x, (1, 2, 0, 3), value=2.5),
+            torch.nn.functional.pad(x, (-1, 2, 1, 0)),
+            torch.div(x, y, rounding_mode="floor"),
+            torch.div(x, y, rounding_mode="trunc"),
+            torch.div(n, 3, rounding_mode="floor"),
+            torch.div(n, -4, rounding_mode="trunc"),
+            torch.clamp(x * 10, max=x.shape[1]),
+        )
+
+
+async def test_flip_repeat_pad_div_mode_clamp_symint(load_pte):
+    S_MAX = 11
+    seq = torch.export.Dim("seq", min=1, max=S_MAX)
+    sample = (torch.randn(3, S_MAX, 5), torch.randn(3, S_MAX, 5), torch.randint(-50, 50, (3, S_MAX, 5), dtype=torch.int32))
+    pte, module = export_pte("rearranged", Rearranged, sample, ({1: seq}, {1: seq}, {1: seq}))
+    model = await load_pte(pte)
+    rng = np.random.default_rng(3)
+    for s in [7, S_MAX, 1, 4, S_MAX, 2]:
+        x, y = (rng.standard_normal((3, s, 5)).astype(np.float32) * 4 for _ in range(2))
+        n = rng.integers(-50, 50, (3, s, 5)).astype(np.int32)
+        got = await model.execute(x, y, n)
+        want = eager(module, x, y, n)
+        assert len(got) == len(want)
+        for k, (g, w) in enumerate(zip(got, want)):
+            np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6, err_msg=f"s={s} output {k}")
