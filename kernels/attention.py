@@ -3,19 +3,25 @@ caches at the live position, then causal attention of the S query rows over the 
 with grouped-query heads.
 
 The attention kernel streams the keys in chunks with an online softmax, so no scores matrix is
-ever materialized, whatever the context length: one workgroup per (query head, query row).
+ever materialized, whatever the context length: one workgroup per (query head, query row). For
+a few rows (decode) that is too few workgroups for a long cache, so up to SPLIT_MAX_ROWS rows
+take the split-K route ("flash decoding"): one workgroup per (head, row, key range) writes a
+partial softmax state, and a second kernel merges the ranges. The hook picks the route.
 """
 
 import math
 import struct
 
 from resize.shapes import numel_of
+from resize.values import Tensor
 
 from .registry import op
 from .wgsl import FLAT_INDEX, WG, flat_grid
 
 MAX_HEAD_DIM = 256
 CHUNK = 64  # keys per chunk = workgroup size
+MAX_SPLITS = 16  # split-K: the context is cut into this many key ranges (fewer if shorter)
+SPLIT_MAX_ROWS = 32  # up to this many query rows (decode, ragged decode passes) use split-K
 
 UPDATE_CACHE = f"""
 struct P {{ n: u32, offset: u32, pad0: u32, pad1: u32 }}
@@ -64,7 +70,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 """
 
 ATTENTION = """
-struct P {{ s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, pad: u32 }}
+struct P {{ s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }}
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read> kc: array<f32>;
 @group(0) @binding(2) var<storage, read> vc: array<f32>;
@@ -102,13 +108,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     workgroupBarrier();
     let keys = {keys};  // causal: the row at absolute position P sees keys 0..P
     let cbase = {cache_base};
+{key_range}
     var m = -3.0e38;
     var l = 0.0;
     var acc = array<f32, {SLICES}>();
-    for (var base = 0u; base < keys; base = base + {CHUNK}u) {{
+    for (var base = k_begin; base < k_end; base = base + {CHUNK}u) {{
         let j = base + t;
         var score = -3.0e38;
-        if (j < keys) {{
+        if (j < k_end) {{
             let kbase = cbase + (j * p.hkv + kvh) * p.d;
             var dot = 0.0;
             for (var d = 0u; d < p.d; d = d + 1u) {{ dot = dot + qs[d] * kc[kbase + d]; }}
@@ -118,14 +125,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         workgroupBarrier();
         let m_new = max(m, reduce_max(t));
         workgroupBarrier();
-        let e = select(0.0, exp(score - m_new), j < keys);
+        let e = select(0.0, exp(score - m_new), j < k_end);
         probs[t] = e;
         red[t] = e;
         workgroupBarrier();
         let total = reduce_sum(t);
         let corr = exp(m - m_new);
         l = l * corr + total;
-        let n = min({CHUNK}u, keys - base);
+        let n = min({CHUNK}u, k_end - base);
         for (var c = 0u; c < {SLICES}u; c = c + 1u) {{
             let d = t + c * {CHUNK}u;
             if (d < p.d) {{
@@ -139,16 +146,62 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         m = m_new;
         workgroupBarrier();
     }}
-    for (var c = 0u; c < {SLICES}u; c = c + 1u) {{
+{finish}
+}}
+"""
+
+
+WHOLE_RANGE = """    let k_begin = 0u;
+    let k_end = keys;"""
+WHOLE_FINISH = """    for (var c = 0u; c < {SLICES}u; c = c + 1u) {{
         let d = t + c * {CHUNK}u;
         if (d < p.d) {{ out[row + d] = acc[c] / l; }}
+    }}"""
+# Split-K ("flash decoding"): workgroup z takes one slice of the keys and writes its partial
+# softmax state (acc[0..d), running max m, sum l) to `out`, here the op's scratch tensor.
+SPLIT_RANGE = """    let k_begin = min(keys, wid.z * p.span);
+    let k_end = min(keys, k_begin + p.span);"""
+SPLIT_FINISH = """    let part = ((s * p.hq + h) * p.splits + wid.z) * (p.d + 2u);
+    for (var c = 0u; c < {SLICES}u; c = c + 1u) {{
+        let d = t + c * {CHUNK}u;
+        if (d < p.d) {{ out[part + d] = acc[c]; }}
+    }}
+    if (t == 0u) {{ out[part + p.d] = m; out[part + p.d + 1u] = l; }}"""
+
+# Merges the splits' partial states of one (head, row): rescaled to the overall max.
+COMBINE = f"""
+struct P {{ s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }}
+@group(0) @binding(0) var<storage, read> parts: array<f32>;
+@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+@group(0) @binding(2) var<uniform> p: P;
+
+@compute @workgroup_size({CHUNK})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{
+    let h = wid.x;
+    let s = wid.y;
+    let width = p.d + 2u;
+    let base = (s * p.hq + h) * p.splits * width;
+    var mx = -3.0e38;
+    for (var g = 0u; g < p.splits; g = g + 1u) {{ mx = max(mx, parts[base + g * width + p.d]); }}
+    var total = 0.0;
+    for (var g = 0u; g < p.splits; g = g + 1u) {{
+        total = total + parts[base + g * width + p.d + 1u] * exp(parts[base + g * width + p.d] - mx);
+    }}
+    for (var d = lid.x; d < p.d; d = d + {CHUNK}u) {{
+        var sum = 0.0;
+        for (var g = 0u; g < p.splits; g = g + 1u) {{
+            sum = sum + parts[base + g * width + d] * exp(parts[base + g * width + p.d] - mx);
+        }}
+        out[(s * p.hq + h) * p.d + d] = sum / total;
     }}
 }}
 """
 
 
-def _attention_shader(ragged):
+def _attention_shader(ragged, split=False):
     return ATTENTION.format(
+        key_range=SPLIT_RANGE if split else WHOLE_RANGE,
+        finish=(SPLIT_FINISH if split else WHOLE_FINISH).format(SLICES=MAX_HEAD_DIM // CHUNK, CHUNK=CHUNK),
         tables=RAGGED_TABLES if ragged else "",
         keys="u32(row_pos[s]) + 1u" if ragged else "p.pos + s + 1u",
         cache_base="u32(max(row_slot[s], 0)) * p.stride" if ragged else "0u",  # padding rows: slot 0
@@ -182,13 +235,38 @@ def _rows(b, ctx):
     return s
 
 
+def _add_attention(b, context, hkv, dim, hq, scale, tables=()):
+    """Record both attention routes (one pass, or split-K and its combine for up to
+    SPLIT_MAX_ROWS rows); returns `set_attention(ctx, s, pos, stride)` for the hook."""
+    q, k_cache, v_cache = b.args[0], b.args[3], b.args[4]
+    ragged = bool(tables)
+    splits = min(MAX_SPLITS, context)
+    span = -(-context // splits)
+    scratch = len(b.graph.values)  # the splits' partial states, this op's own
+    b.graph.values.append(Tensor("float32", (SPLIT_MAX_ROWS * hq * splits * (dim + 2),)))
+    b.writes(scratch)
+    params = b.params(48)
+    whole = b.dispatch(_attention_shader(ragged), [q, k_cache, v_cache, b.out, params, *tables])
+    split = b.dispatch(_attention_shader(ragged, split=True), [q, k_cache, v_cache, scratch, params, *tables])
+    combine = b.dispatch(COMBINE, [scratch, b.out, params])
+
+    def set_attention(ctx, s, pos, stride):
+        ctx.set_params(params, struct.pack("<5If5I", s, pos, hq, hkv, dim, scale, stride, splits, span, 0, 0))
+        use_split = s <= SPLIT_MAX_ROWS
+        ctx.set_grid(whole, (0, 0, 0) if use_split else (hq, s, 1))
+        ctx.set_grid(split, (hq, s, splits) if use_split else (0, 0, 0))
+        ctx.set_grid(combine, (hq, s, 1) if use_split else (0, 0, 0))
+
+    return set_attention
+
+
 @op("sdpa_with_kv_cache.default")
 def sdpa_with_kv_cache(b):
     q, k, v, k_cache, v_cache, input_pos = b.args[:6]
     context, hkv, dim, hq, scale = _attention_args(b)
-    p_update, p_attn = b.params(16), b.params(32)
+    p_update = b.params(16)
     d_update = b.dispatch(UPDATE_CACHE, [k, v, k_cache, v_cache, p_update])
-    d_attn = b.dispatch(_attention_shader(ragged=False), [q, k_cache, v_cache, b.out, p_attn])
+    set_attention = _add_attention(b, context, hkv, dim, hq, scale)
 
     def resize(ctx):
         s = _rows(b, ctx)
@@ -200,8 +278,7 @@ def sdpa_with_kv_cache(b):
         n = numel_of(ctx.dims(k))
         ctx.set_params(p_update, struct.pack("<4I", n, pos * hkv * dim, 0, 0))
         ctx.set_grid(d_update, flat_grid(n))
-        ctx.set_params(p_attn, struct.pack("<5If2I", s, pos, hq, hkv, dim, scale, 0, 0))
-        ctx.set_grid(d_attn, (hq, s, 1))
+        set_attention(ctx, s, pos, 0)
         ctx.set_dims(b.out, ctx.dims(q))
 
     b.hook(resize)
@@ -214,9 +291,9 @@ def ragged_sdpa(b):
     q, k, v, k_cache, v_cache, row_pos, row_slot = b.args[:7]
     context, hkv, dim, hq, scale = _attention_args(b)
     stride = context * hkv * dim
-    p_update, p_attn = b.params(16), b.params(32)
+    p_update = b.params(16)
     d_update = b.dispatch(RAGGED_UPDATE_CACHE, [k, v, k_cache, v_cache, p_update, row_pos, row_slot])
-    d_attn = b.dispatch(_attention_shader(ragged=True), [q, k_cache, v_cache, b.out, p_attn, row_pos, row_slot])
+    set_attention = _add_attention(b, context, hkv, dim, hq, scale, tables=(row_pos, row_slot))
 
     def resize(ctx):
         s = _rows(b, ctx)
@@ -225,8 +302,7 @@ def ragged_sdpa(b):
         n = numel_of(ctx.dims(k))
         ctx.set_params(p_update, struct.pack("<4I", n, hkv * dim, stride, 0))
         ctx.set_grid(d_update, flat_grid(n))
-        ctx.set_params(p_attn, struct.pack("<5If2I", s, 0, hq, hkv, dim, scale, stride, 0))
-        ctx.set_grid(d_attn, (hq, s, 1))
+        set_attention(ctx, s, 0, stride)
         ctx.set_dims(b.out, ctx.dims(q))
 
     b.hook(resize)
