@@ -14,13 +14,9 @@ from resize.shapes import contiguous_strides
 
 from .creation import fill_kernel
 from .registry import op
-from .shape import strided_copy
+from .shape import _dim, _fail, strided_copy
 
 U32 = 2**32
-
-
-def _fail(b, msg):
-    raise ValueError(f"{b.name}: {msg}")
 
 
 @op("aten.flip.default", "aten::flip.out")
@@ -30,12 +26,7 @@ def flip(b):
 
     def resize(ctx):
         dims = ctx.dims(src)
-        rank = len(dims)
-        flipped = set()
-        for d in ctx.int_list(b.args[1]):
-            if not -rank <= d < rank:
-                _fail(b, f"dim {d} out of range for rank {rank}")
-            flipped.add(d % rank)
+        flipped = {_dim(b, d, len(dims)) for d in ctx.int_list(b.args[1])}
         strides = list(contiguous_strides(dims))
         off = sum((dims[d] - 1) * strides[d] for d in flipped)
         for d in flipped:
