@@ -1,3 +1,5 @@
+import sys
+
 import pytest
 
 pytest_plugins = ["async_runtime.pytest_plugin"]  # also found through its entry point once installed
@@ -14,3 +16,11 @@ def adapter(wgpu_adapter):
     """The WebGPU adapter's summary (the plugin skips without one, or fails under
     PTE_WGPU_REQUIRE_ADAPTER=1)."""
     return wgpu_adapter.summary
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The pass count of ExecuTorch's Vulkan delegate tests (tests/test_vulkan_delegate_adapter.py)."""
+    adapter = sys.modules.get("tests.test_vulkan_delegate_adapter")
+    line = adapter and adapter.summary_line(terminalreporter.stats)
+    if line:
+        terminalreporter.write_sep("=", line)
