@@ -91,7 +91,8 @@ def _link_delegate(g, delegate, args, at):
         raise ModelFormatError(
             f"instruction {at}: delegate call has {len(args)} arguments, its graph has {n_in} inputs and {n_out} outputs"
         )
-    mapping = dict(zip(vk.inputs + vk.outputs, args))
+    mapping = dict(zip(vk.outputs, args[n_in:]))
+    mapping.update(zip(vk.inputs, args[:n_in]))  # an input that is also an output stays the input
     for local, value in enumerate(vk.values):
         if local in mapping:
             outer = mapping[local]
@@ -105,6 +106,9 @@ def _link_delegate(g, delegate, args, at):
     for call in vk.chain:
         g.calls.append((call.name, tuple(mapping[a] for a in call.args)))
         g.delegate_ops.append(call.name)
+    for k, local in enumerate(vk.outputs):
+        if local in vk.inputs:  # a delegate that returns its input (a clone lowered away): copy it out
+            g.calls.append(("move", (mapping[local], args[n_in + k])))
 
 
 def _merge_boundary(g, outer, inner, at):

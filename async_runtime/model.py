@@ -122,6 +122,14 @@ class Model:
 
         self._adapter, self.device, self.device_info = await open_device(device_name)
         state_vids = {w for n in nodes for w in n.writes if isinstance(values[w], Tensor) and values[w].constant is not None}
+        # A copy of a constant (et_vk.prepack) that an op then writes in place (a KV cache behind
+        # llama::update_cache) is state too: each session's starts from the constant, once.
+        in_place = {w for n in nodes for w in n.writes if w in n.reads}
+        self._state_copies = {
+            did: d for did, d in enumerate(graph.dispatches)
+            if d.shader is None and d.dst in in_place and isinstance(values[d.src], Tensor) and values[d.src].constant is not None
+        }
+        state_vids |= {d.dst for d in self._state_copies.values()}
         input_vids = {v for v in graph.inputs if isinstance(values[v], Tensor)}
         self._session_vids = sorted(state_vids | input_vids)  # each session has its own copy
         # Allocating and uploading weights and creating bind groups are synchronous wgpu calls that
@@ -194,7 +202,7 @@ class Model:
             if nbytes > limit:
                 raise ModelFormatError(f"tensor {vid} {v.dtype}{list(v.dims)} needs {nbytes} bytes; the device binds at most {limit}")
         memory = plan_memory(self.graph, self.plan.nodes, set(self._session_vids))
-        self._buffer_key, self._aliased = memory.keys, memory.aliased
+        self._buffer_key, self._aliased = memory.keys, memory.aliased | set(self._state_copies)
         shared = {  # the session-owned values are allocated by each session
             key: size for key, size in memory.sizes.items() if not (key[0] == "value" and key[1] in self._session_vids)
         }
@@ -205,6 +213,9 @@ class Model:
             if not (isinstance(v, Tensor) and v.constant is not None):
                 continue
             data = to_storage(v, _constant_bytes(v.constant, named, f"constant tensor {vid}"), f"tensor {vid}")
+            for d in self._state_copies.values():
+                if d.src == vid:
+                    self._constant_data[d.dst] = data
             if vid in self._session_vids:
                 self._constant_data[vid] = data
             elif data.nbytes:

@@ -122,12 +122,6 @@ async def test_update_cache(load_pte):
         np.testing.assert_array_equal(got, eager(module, *args)[0], err_msg=f"s={s} pos={pos}")
 
 
-@pytest.mark.xfail(
-    reason="runtime: the cache reaches update_cache through et_vk.prepack, and a written prepack "
-    "output aliased to its constant is not made per-session state (async_runtime/model.py "
-    "state_vids), so sessions share it",
-    strict=True,
-)
 async def test_update_cache_sessions_do_not_share(load_pte):
     pte, _ = _cache_pte()
     model = await load_pte(pte)

@@ -59,10 +59,7 @@ OUT_OF_SCOPE = {
     "test_vulkan_backend_cat_with_zero_size": "zero-size inputs: the runtime refuses live dims of 0 by design (README)",
 }
 # In scope, failing on a runtime bug outside kernels/: strict xfails, so a fix shows up.
-RUNTIME_BUGS = {
-    "test_vulkan_backend_clone": "runtime: a delegate whose output is its input (the clone lowered away) "
-    "links the method output to nothing (async_runtime/graph.py _link_delegate), so it reads zeros",
-}
+RUNTIME_BUGS = {}
 
 
 @dataclass
