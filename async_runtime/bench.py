@@ -643,9 +643,16 @@ def markdown(s):
         else:
             lines.append(f"Timestamps in {prof['units']}; profiled steps run one pass per dispatch, so use shares, not totals.")
             for phase, rows in prof["ops"].items():
-                lines += ["", f"### {phase}", "", "| op | dispatches | total µs | mean µs | share |", "| --- | --- | --- | --- | --- |"]
+                lines += [
+                    "", f"### {phase}", "",
+                    "| op | dispatches | total µs | mean µs | share | GB/s (bound tensors) |",
+                    "| --- | --- | --- | --- | --- | --- |",
+                ]
                 for r in rows[:25]:
-                    lines.append(f"| {r['op']} | {r['count']} | {r['total_us']:.1f} | {r['mean_us']:.2f} | {100 * r['share']:.1f}% |")
+                    lines.append(
+                        f"| {r['op']} | {r['count']} | {r['total_us']:.1f} | {r['mean_us']:.2f} | {100 * r['share']:.1f}% "
+                        f"| {r['gb_per_s']:.1f} |"
+                    )
     return "\n".join(lines) + "\n"
 
 

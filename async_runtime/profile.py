@@ -26,6 +26,9 @@ from collections import defaultdict
 import numpy as np
 import wgpu
 
+from kernels.wgsl import elem_bytes
+from resize.shapes import numel_of
+
 MAX_QUERIES = 4096  # WebGPU's limit on one query set
 
 
@@ -44,6 +47,14 @@ def enable_timestamp_normalization():
         return "ticks"
 
 
+def _bound_bytes(model, session, dispatch):
+    """Bytes of the tensors a dispatch binds, at the session's live shapes."""
+    values, dims = model.graph.values, session.state.dims
+    return sum(
+        numel_of(dims[b]) * elem_bytes(values[b].dtype) for b in dispatch.bindings if isinstance(b, int) and dims[b] is not None
+    )
+
+
 class _Pending:
     __slots__ = ("step", "session", "ops", "query_sets", "resolve", "read", "count")
 
@@ -57,6 +68,7 @@ class Profiler:
         self._pending = []
         self._steps = 0
         self.records = []  # (step, session id, dispatch id, op, begin, end) in timestamp units
+        self.bytes = {}  # (step, dispatch id) -> bytes of its tensors at live shapes
         self.step_labels = {}
 
     def label_next_step(self, label):
@@ -88,7 +100,7 @@ class Profiler:
                 compute.set_bind_group(0, session._bind_groups[did])
                 compute.dispatch_workgroups(*grid)
                 compute.end()
-                ops.append((did, d.op))
+                ops.append((did, d.op, _bound_bytes(model, session, d)))
                 k += 1
             else:
                 encoder.copy_buffer_to_buffer(session._buffer(d.src), 0, session._buffer(d.dst), 0, -(-grid[0] // 4) * 4)
@@ -116,8 +128,9 @@ class Profiler:
             await p.read.map_async("READ")
             ts = np.frombuffer(p.read.read_mapped(copy=True), np.uint64).astype(np.int64)
             p.read.unmap()
-            for k, (did, op) in enumerate(p.ops):
+            for k, (did, op, nbytes) in enumerate(p.ops):
                 self.records.append((p.step, p.session, did, op, int(ts[2 * k]), int(ts[2 * k + 1])))
+                self.bytes[(p.step, did)] = nbytes
             for b in (p.read, p.resolve):
                 b.destroy()
             for qs in p.query_sets:
@@ -127,18 +140,26 @@ class Profiler:
         return 1e-3  # ns (or 1 ns ticks) -> µs
 
     def op_table(self, steps=None):
-        """[{op, count, total_us, mean_us, share}] over the collected steps (or `steps`), by total."""
+        """[{op, count, total_us, mean_us, share, bytes, gb_per_s}] over the collected steps (or
+        `steps`), by total. `bytes` sums each dispatch's bound tensors at their live shapes (what a
+        kernel reads and writes if it touches each once; a KV cache counts whole), so `gb_per_s`
+        is the op family's achieved bandwidth by that measure."""
         scale = self._scale_us()
         total = defaultdict(float)
         count = defaultdict(int)
-        for step, _, _, op, b, e in self.records:
+        moved = defaultdict(int)
+        for step, _, did, op, b, e in self.records:
             if steps is not None and step not in steps:
                 continue
             total[op] += max(e - b, 0) * scale
             count[op] += 1
+            moved[op] += self.bytes.get((step, did), 0)
         grand = sum(total.values()) or 1.0
         rows = [
-            dict(op=op, count=count[op], total_us=total[op], mean_us=total[op] / count[op], share=total[op] / grand)
+            dict(
+                op=op, count=count[op], total_us=total[op], mean_us=total[op] / count[op], share=total[op] / grand,
+                bytes=moved[op], gb_per_s=moved[op] / (total[op] * 1e3) if total[op] else 0.0,
+            )
             for op in total
         ]
         return sorted(rows, key=lambda r: -r["total_us"])

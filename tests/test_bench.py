@@ -103,6 +103,8 @@ def test_trace_and_op_table(bench_run):
         rows = prof["ops"][phase]
         assert rows and all(r["count"] > 0 for r in rows)
         assert abs(sum(r["share"] for r in rows) - 1) < 1e-6
+        linear = next(r for r in rows if "linear" in r["op"])
+        assert linear["bytes"] > 0 and linear["gb_per_s"] > 0  # weights and activations, per op family
     ops = {r["op"] for r in prof["ops"]["decode"]}
     assert any("linear" in op for op in ops) and any("sdpa" in op for op in ops)
 
