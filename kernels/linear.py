@@ -37,10 +37,11 @@ GEMV_COLS, GEMV_SLICES = 32, 8  # outputs per workgroup and K slices, [K, N] mat
 # tile row leaves most of a large GPU idle for a few rows (a ragged decode pass of several
 # sessions). A workgroup loads its 4 weight rows once for a group of GEMV_GROUP_ROWS input rows,
 # and sums each row in the same order as a single-row GEMV: bitwise what the row gets alone.
-# Measured side by side on an H200 (16 SmolLM2-size sessions): 8 rows per group decoded 7-13%
-# slower than 1 (the pass is bound by dispatch latency, not weight traffic), so 1 it is.
+# Side by side on an H100 (16 and 32 SmolLM2-size sessions, two rounds each): 8 rows per group
+# with one accumulator variable per row decoded 6-16% faster than one row per workgroup. (An
+# accumulator array indexed in a loop was 7-13% slower than one row on an H200: spills.)
 GEMV_MAX_ROWS = 32
-GEMV_GROUP_ROWS = 1
+GEMV_GROUP_ROWS = 8
 
 
 def _header(has_bias):
@@ -148,16 +149,38 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 # M == 1 with a [N, K] weight: 4 weight rows per workgroup, the input element reused across them.
 # Rows past N are clamped to N - 1 (valid memory) and never written.
-GEMV_T = """
+def _gemv_t(rows):
+    """The [N, K]-weight GEMV for up to `rows` input rows per workgroup, one accumulator variable
+    per row (written out: a private array indexed in a loop can spill to local memory)."""
+    accs = "\n".join(f"    var acc{r} = vec4<f32>(0.0);" for r in range(rows))
+    fma = "\n".join(
+        f"        if ({r}u < rows) {{ acc{r} = acc{r} + a[aoff + {r}u * p.K + k] * w; }}" for r in range(rows)
+    )
+    write = "\n".join(f"    if ({r}u < rows) {{ reduce_write(acc{r}, li, b, r0 + {r}u, n0); }}" for r in range(rows))
+    return f"""
 var<workgroup> red: array<vec4<f32>, 256>;
+
+fn reduce_write(acc: vec4<f32>, li: u32, b: u32, m: u32, n0: u32) {{
+    red[li] = acc;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s = s >> 1u) {{
+        if (li < s) {{ red[li] = red[li] + red[li + s]; }}
+        workgroupBarrier();
+    }}
+    if (li < 4u) {{
+        let n = n0 + li;
+        if (n < p.N) {{ out[b * p.c_bs + m * p.N + n] = epilogue(red[0][li], b, m, n); }}
+    }}
+    workgroupBarrier();
+}}
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-    let groups = (p.M + ROWSu - 1u) / ROWSu;  // z runs over (batch, group of ROWS rows)
+        @builtin(local_invocation_index) li: u32) {{
+    let groups = (p.M + {rows}u - 1u) / {rows}u;  // z runs over (batch, group of rows)
     let b = wid.z / groups;
-    let r0 = (wid.z % groups) * ROWSu;
-    let rows = min(ROWSu, p.M - r0);
+    let r0 = (wid.z % groups) * {rows}u;
+    let rows = min({rows}u, p.M - r0);
     let n0 = (wid.x + wid.y * nwg.x) * 4u;
     let last = p.N - 1u;
     let w0 = (b * p.b_bs + min(n0, last) * p.K);
@@ -165,28 +188,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let w2 = (b * p.b_bs + min(n0 + 2u, last) * p.K);
     let w3 = (b * p.b_bs + min(n0 + 3u, last) * p.K);
     let aoff = b * p.a_bs + r0 * p.K;
-    var acc: array<vec4<f32>, ROWS>;
-    for (var k = li; k < p.K; k = k + 256u) {
+{accs}
+    for (var k = li; k < p.K; k = k + 256u) {{
         let w = vec4<f32>(bm[w0 + k], bm[w1 + k], bm[w2 + k], bm[w3 + k]);
-        for (var r = 0u; r < ROWSu; r = r + 1u) {
-            if (r < rows) { acc[r] = acc[r] + a[aoff + r * p.K + k] * w; }
-        }
-    }
-    for (var r = 0u; r < rows; r = r + 1u) {
-        red[li] = acc[r];
-        workgroupBarrier();
-        for (var s = 128u; s > 0u; s = s >> 1u) {
-            if (li < s) { red[li] = red[li] + red[li + s]; }
-            workgroupBarrier();
-        }
-        if (li < 4u) {
-            let n = n0 + li;
-            if (n < p.N) { out[b * p.c_bs + (r0 + r) * p.N + n] = epilogue(red[0][li], b, r0 + r, n); }
-        }
-        workgroupBarrier();
-    }
-}
-""".replace("ROWS", str(GEMV_GROUP_ROWS))
+{fma}
+    }}
+{write}
+}}
+"""
+
+
+GEMV_T = _gemv_t(GEMV_GROUP_ROWS)
 
 GEMV_N = """
 var<workgroup> red: array<f32, 256>;
