@@ -72,6 +72,9 @@ async def load(
     `model.batching_note` why not ragged. `batch_submits=False` gives every step its own submit
     and pass (for comparison). `memory_budget` caps the GPU bytes of the model and all its
     sessions: past it, load or `session()` raises MemoryBudgetError before allocating anything."""
+    for name, value in (("max_batch", max_batch), ("token_budget", token_budget)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"load(): {name} must be a positive int, got {value!r}")
     data = await _read_source(source)
     model = Model(on_resize, batch_submits, memory_budget)
     await model._build(data, method, device, max_batch, token_budget)

@@ -63,6 +63,13 @@ async def test_which_graphs_batch_ragged(llama):
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("option", [{"max_batch": 0}, {"token_budget": -3}, {"max_batch": 2.5}])
+async def test_batching_options_are_checked(llama, option):
+    with pytest.raises(ValueError, match=f"{next(iter(option))} must be a positive int"):
+        await ar.load(llama["fp32"], **option)
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize("variant", ["fp32", "8da4w"])
 async def test_concurrent_sessions_get_what_they_get_alone(llama, variant):
     vocab = CONFIGS[variant]["vocab_size"]
