@@ -23,7 +23,7 @@ from .errors import (
     UnsupportedOperatorError,
 )
 from .graph import link
-from .planning import plan_memory
+from .planning import plan_memory, written_in_place
 from .ragged import NotRagged, plan_ragged
 from .pte import read_program
 from .scheduler import Scheduler
@@ -127,7 +127,7 @@ class Model:
         state_vids = {w for n in nodes for w in n.writes if isinstance(values[w], Tensor) and values[w].constant is not None}
         # A copy of a constant (et_vk.prepack) that an op then writes in place (a KV cache behind
         # llama::update_cache) is state too: each session's starts from the constant, once.
-        in_place = {w for n in nodes for w in n.writes if w in n.reads}
+        in_place = written_in_place(nodes)
         self._state_copies = {
             did: d for did, d in enumerate(graph.dispatches)
             if d.shader is None and d.dst in in_place and isinstance(values[d.src], Tensor) and values[d.src].constant is not None

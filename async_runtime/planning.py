@@ -21,6 +21,11 @@ class MemoryPlan:
     aliased: frozenset  # copy dispatches that need not run
 
 
+def written_in_place(nodes):
+    """Values an op both reads and writes (KV caches)."""
+    return {w for n in nodes for w in n.writes if w in n.reads}
+
+
 def plan_memory(graph, nodes, own):
     """`own`: value ids with buffers of their own (per-session inputs and state tensors)."""
     values = graph.values
@@ -33,13 +38,13 @@ def plan_memory(graph, nodes, own):
             v = parent[v]
         return v
 
-    written_in_place = {w for n in nodes for w in n.writes if w in n.reads}  # KV caches
+    in_place = written_in_place(nodes)
     aliased = set()
     for did, d in enumerate(graph.dispatches):
         if d.shader is not None:
             continue
         src, dst = d.src, d.dst
-        if src in own or dst in own or src in written_in_place or values[dst].constant is not None:
+        if src in own or dst in own or src in in_place or values[dst].constant is not None:
             continue
         parent[root(dst)] = root(src)
         aliased.add(did)

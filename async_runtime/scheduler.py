@@ -5,8 +5,9 @@ owner becomes the owner; it encodes all ready steps back to back into one comman
 per submit with batching off), submits once and awaits the readbacks, until its own step is done.
 It then promotes the next waiting step's task to owner, so no background task is needed and every
 caller's task does its share. For a model that batches ragged (async_runtime.batching), the owner
-runs passes over all ready steps instead, each pass finishing some of them. Everything after the hand-over is shielded: a cancelled caller's
-step still completes, so a session is never left half-updated.
+runs passes over all ready steps instead, each pass finishing some of them. Everything after the
+hand-over is shielded: a cancelled caller's step still completes, so a session is never left
+half-updated.
 """
 
 from dataclasses import dataclass, field
