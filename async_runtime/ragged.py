@@ -32,6 +32,8 @@ ELEMENTWISE_MODULES = {"kernels.elementwise", "kernels.fusion"}
 # (features) or anywhere (integer indices), and their outputs keep it at the same position.
 ROW_WISE = {
     "aten.linear.default",
+    "pte_wgpu.linear_group",
+    "pte_wgpu.linear_silu_mul",
     "et_vk.linear_q4gsw.default",
     "et_vk.linear_dq8ca_q4gsw.default",
     "torchao.choose_qparams_affine.default",
@@ -42,6 +44,7 @@ ROW_WISE = {
     "et_vk.apply_rotary_emb.default",
 }
 LAYER_NORM = "aten.native_layer_norm.default"
+LINEAR_RESIDUAL = "pte_wgpu.linear_residual"  # row-wise; its output has the residual's shape
 SAME_SHAPE = {"aten.clone.default", "aten._to_copy.default", "dim_order_ops._to_dim_order_copy.default"}
 SLICE = "aten.slice_copy.Tensor"
 SELECT = "aten.select_copy.int"
@@ -155,6 +158,9 @@ class _Analysis:
             self._elementwise(name, args)
         elif name in ROW_WISE:
             self._row_wise(name, args)
+        elif name == LINEAR_RESIDUAL and args[2] in self.labels:
+            self._row_wise(name, args)
+            self._label(args[-1], *self.labels[args[2]])
         else:
             raise NotRagged(f"{name} is not row-wise along the token axis")
         self.calls.append((name, args))

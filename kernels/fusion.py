@@ -1,22 +1,41 @@
 """Graph rewrites that merge ops into one kernel where that is cheap and exact.
 
-SiLU arrives decomposed (`aten.silu` is not in Vulkan's registry): s = sigmoid(a), g = a * s,
-y = g * b. When s and g feed nothing else, the three become one `pte_wgpu.silu_mul` dispatch at
-the place of the last multiply (b is often computed in between).
+A decode step of a small model is bound by the number of dispatches (each costs microseconds on
+the GPU and on the host, whatever its size), so the rewrites below cut that number:
+
+- SiLU arrives decomposed (`aten.silu` is not in Vulkan's registry): s = sigmoid(a), g = a * s,
+  y = g * b. When s and g feed nothing else, the three become one `pte_wgpu.silu_mul` dispatch at
+  the place of the last multiply (b is often computed in between).
+- SwiGLU: silu_mul of two bias-free linears of one input (gate and up) becomes
+  `pte_wgpu.linear_silu_mul` (kernels/linear_fused.py).
+- A bias-free linear whose result only feeds `residual + linear(x)` becomes
+  `pte_wgpu.linear_residual`, the residual added in the linear's epilogue.
+- Bias-free linears of one input (attention's q, k and v) become one `pte_wgpu.linear_group`.
+
+Views that only fed a fused op are dropped with it. Each rewrite keeps every row's sums in the
+order of the ops it replaces.
 """
 
 from collections import Counter
 
-from resize.values import ValueList
+from resize.values import Scalar, ValueList
 
 from .elementwise import add_elementwise
 from .registry import op
 
 SIGMOID = ("aten.sigmoid.default",)
 MUL = ("aten.mul.Tensor",)
+LINEAR = "aten.linear.default"
+VIEW = "aten.view_copy.default"
+ADD = "aten.add.Tensor"
+SILU_MUL = "pte_wgpu.silu_mul"
+LINEAR_SILU_MUL = "pte_wgpu.linear_silu_mul"
+LINEAR_RESIDUAL = "pte_wgpu.linear_residual"
+LINEAR_GROUP = "pte_wgpu.linear_group"
+MAX_GROUP = 4  # products per linear_group (the kernel's code grows with each)
 
 
-@op("pte_wgpu.silu_mul")
+@op(SILU_MUL)
 def silu_mul(b):
     add_elementwise(b, [0, 1], "a / (1.0 + exp(-a)) * b")
 
@@ -31,10 +50,23 @@ def _uses(graph):
     return uses
 
 
+def _producers(graph):
+    return {args[-1]: i for i, (_, args) in enumerate(graph.calls) if args}
+
+
 def fuse(graph):
     """Rewrite `graph.calls` in place; returns how many patterns were fused."""
+    fused = _fuse_silu(graph)
+    fused += _fuse_swiglu(graph)
+    fused += _fuse_residual(graph)
+    fused += _fuse_groups(graph)
+    _drop_dead_views(graph)
+    return fused
+
+
+def _fuse_silu(graph):
     uses = _uses(graph)
-    producer = {args[-1]: i for i, (_, args) in enumerate(graph.calls) if args}
+    producer = _producers(graph)
     calls, drop, fused = graph.calls, set(), 0
     for k, (name, args) in enumerate(calls):
         if name not in MUL or len(args) != 3:
@@ -48,7 +80,7 @@ def fuse(graph):
                 j = producer.get(s)
                 if j is not None and j not in drop and calls[j][0] in SIGMOID and calls[j][1][0] == a and uses[s] == 1:
                     drop.update((i, j))
-                    calls[k] = ("pte_wgpu.silu_mul", (a, other, args[-1]))
+                    calls[k] = (SILU_MUL, (a, other, args[-1]))
                     fused += 1
                     break
             else:
@@ -56,3 +88,147 @@ def fuse(graph):
             break
     graph.calls[:] = [c for i, c in enumerate(calls) if i not in drop]
     return fused
+
+
+class _Linears:
+    """Lookups over the current calls for the linear rewrites."""
+
+    def __init__(self, graph):
+        self.g, self.values, self.calls = graph, graph.values, graph.calls
+        self.uses = _uses(graph)
+        self.producer = _producers(graph)
+
+    def linear(self, i):
+        """(x, weight, out) of call i if it is a bias-free fp32 linear with a 2-D weight."""
+        if i is None:
+            return None
+        name, args = self.calls[i]
+        if name != LINEAR or len(args) != 4:
+            return None
+        x, w, bias, out = args
+        v = self.values
+        if not (isinstance(v[bias], Scalar) and v[bias].value is None):
+            return None
+        if len(v[w].dims) != 2 or any(v[t].dtype != "float32" for t in (x, w, out)):
+            return None
+        return x, w, out
+
+    def before(self, vid, i):
+        """Whether `vid` exists before call i (an input, a constant, or produced earlier)."""
+        p = self.producer.get(vid)
+        return p is None or p < i
+
+    def through_views(self, vid):
+        """(linear call index, views between) when `vid` is a linear's result seen through views
+        that nothing else reads; (None, [])."""
+        views = []
+        while True:
+            i = self.producer.get(vid)
+            if i is None:
+                return None, []
+            name, args = self.calls[i]
+            if name == VIEW and self.uses[args[0]] == 1:
+                views.append(i)
+                vid = args[0]
+                continue
+            return (i, views) if self.linear(i) and self.uses[vid] == 1 else (None, [])
+
+    def view_root(self, vid):
+        """The value `vid` views, through views that keep the last dim."""
+        while (i := self.producer.get(vid)) is not None and self.calls[i][0] == VIEW:
+            src = self.calls[i][1][0]
+            if self.values[src].dims[-1:] != self.values[vid].dims[-1:]:
+                break
+            vid = src
+        return vid
+
+    def new_list(self, items):
+        self.values.append(ValueList(tuple(items)))
+        return len(self.values) - 1
+
+    def rewrite(self, replace, drop):
+        self.calls[:] = [replace.get(i, c) for i, c in enumerate(self.calls) if i not in drop]
+
+
+def _fuse_swiglu(graph):
+    """silu_mul(view(linear(x, w_gate)), view(linear(x', w_up))), x and x' views of one value."""
+    f = _Linears(graph)
+    values, replace, drop = graph.values, {}, set()
+    for k, (name, args) in enumerate(graph.calls):
+        if name != SILU_MUL:
+            continue
+        gate, up, out = args
+        (ig, vg), (iu, vu) = f.through_views(gate), f.through_views(up)
+        if ig is None or iu is None or {ig, iu} & drop or f.uses[gate] != 1 or f.uses[up] != 1:
+            continue
+        (xg, wg, _), (xu, wu, _) = f.linear(ig), f.linear(iu)
+        root = f.view_root(xg)
+        dims = values[root].dims[:-1] + values[wg].dims[:1]
+        if f.view_root(xu) != root or values[wu].dims != values[wg].dims:
+            continue
+        if not (values[out].dims == values[gate].dims == values[up].dims == dims):
+            continue
+        # gate and up hold the two products when the rows are too many for the fused GEMV
+        replace[k] = (LINEAR_SILU_MUL, (root, wg, wu, f.new_list((out, gate, up))))
+        drop.update((ig, iu, *vg, *vu))
+    f.rewrite(replace, drop)
+    return len(replace)
+
+
+def _fuse_residual(graph):
+    """residual + view(linear(x, w)) (either order, alpha 1), the residual computed before it."""
+    f = _Linears(graph)
+    values, replace, drop = graph.values, {}, set()
+    for k, (name, args) in enumerate(graph.calls):
+        if name != ADD or len(args) != 4 or values[args[2]].value not in (1, None):
+            continue
+        out = args[-1]
+        for e, residual in ((args[1], args[0]), (args[0], args[1])):
+            i, views = f.through_views(e)
+            if i is None or i in drop or not f.before(residual, i) or f.uses[e] != 1:
+                continue
+            if not (values[residual].dims == values[e].dims == values[out].dims) or values[out].dtype != "float32":
+                continue
+            x, w, _ = f.linear(i)
+            replace[i] = (LINEAR_RESIDUAL, (x, w, residual, out))
+            drop.update((k, *views))
+            break
+    f.rewrite(replace, drop)
+    return len(replace)
+
+
+def _fuse_groups(graph):
+    """Linears of views of one value (same dims), placed at the first, which gets all weights."""
+    f = _Linears(graph)
+    values, groups = graph.values, {}
+    for i in range(len(graph.calls)):
+        if found := f.linear(i):
+            x = found[0]
+            groups.setdefault((f.view_root(x), values[x].dims), []).append(i)
+    replace, drop = {}, set()
+    for members in groups.values():
+        while len(members) > 1:
+            first, chunk = members[0], [members[0]]
+            for i in members[1:]:
+                if len(chunk) < MAX_GROUP and f.before(f.linear(i)[1], first):
+                    chunk.append(i)
+            members = [i for i in members if i not in chunk]
+            if len(chunk) < 2:
+                continue
+            x = f.linear(first)[0]
+            weights = [f.linear(i)[1] for i in chunk]
+            outs = [f.linear(i)[2] for i in chunk]
+            replace[first] = (LINEAR_GROUP, (x, *weights, f.new_list(outs)))
+            drop.update(chunk[1:])
+    f.rewrite(replace, drop)
+    return len(replace)
+
+
+def _drop_dead_views(graph):
+    """Views whose result nothing reads any more (they fed a fused op's former inputs)."""
+    while True:
+        uses = _uses(graph)
+        dead = {i for i, (name, args) in enumerate(graph.calls) if name == VIEW and uses[args[-1]] == 0}
+        if not dead:
+            return
+        graph.calls[:] = [c for i, c in enumerate(graph.calls) if i not in dead]

@@ -147,58 +147,63 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-# M == 1 with a [N, K] weight: 4 weight rows per workgroup, the input element reused across them.
-# Rows past N are clamped to N - 1 (valid memory) and never written.
-def _gemv_t(rows):
-    """The [N, K]-weight GEMV for up to `rows` input rows per workgroup, one accumulator variable
-    per row (written out: a private array indexed in a loop can spill to local memory)."""
-    accs = "\n".join(f"    var acc{r} = vec4<f32>(0.0);" for r in range(rows))
-    fma = "\n".join(
-        f"        if ({r}u < rows) {{ acc{r} = acc{r} + a[aoff + {r}u * p.K + k] * w; }}" for r in range(rows)
-    )
-    write = "\n".join(f"    if ({r}u < rows) {{ reduce_write(acc{r}, li, b, r0 + {r}u, n0); }}" for r in range(rows))
-    return f"""
+# [N, K] weights: each workgroup computes 4 outputs (weight rows) for up to GEMV_GROUP_ROWS input
+# rows, the weight element reused across the rows; rows past N are clamped to N - 1 (valid memory)
+# and never written. `kernels/linear_fused.py` builds its fused products from the same pieces.
+GEMV_REDUCE = """
 var<workgroup> red: array<vec4<f32>, 256>;
 
-fn reduce_write(acc: vec4<f32>, li: u32, b: u32, m: u32, n0: u32) {{
+// The workgroup's sum of every thread's `acc`; thread li < 4 gets lane li of it.
+fn reduce4(acc: vec4<f32>, li: u32) -> f32 {
     red[li] = acc;
     workgroupBarrier();
-    for (var s = 128u; s > 0u; s = s >> 1u) {{
-        if (li < s) {{ red[li] = red[li] + red[li + s]; }}
+    for (var s = 128u; s > 0u; s = s >> 1u) {
+        if (li < s) { red[li] = red[li] + red[li + s]; }
         workgroupBarrier();
-    }}
-    if (li < 4u) {{
-        let n = n0 + li;
-        if (n < p.N) {{ out[b * p.c_bs + m * p.N + n] = epilogue(red[0][li], b, m, n); }}
-    }}
+    }
+    let v = red[0][min(li, 3u)];
     workgroupBarrier();
-}}
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {{
-    let groups = (p.M + {rows}u - 1u) / {rows}u;  // z runs over (batch, group of rows)
-    let b = wid.z / groups;
-    let r0 = (wid.z % groups) * {rows}u;
-    let rows = min({rows}u, p.M - r0);
-    let n0 = (wid.x + wid.y * nwg.x) * 4u;
-    let last = p.N - 1u;
-    let w0 = (b * p.b_bs + min(n0, last) * p.K);
-    let w1 = (b * p.b_bs + min(n0 + 1u, last) * p.K);
-    let w2 = (b * p.b_bs + min(n0 + 2u, last) * p.K);
-    let w3 = (b * p.b_bs + min(n0 + 3u, last) * p.K);
-    let aoff = b * p.a_bs + r0 * p.K;
-{accs}
-    for (var k = li; k < p.K; k = k + 256u) {{
-        let w = vec4<f32>(bm[w0 + k], bm[w1 + k], bm[w2 + k], bm[w3 + k]);
-{fma}
-    }}
-{write}
-}}
+    return v;
+}
 """
 
 
-GEMV_T = _gemv_t(GEMV_GROUP_ROWS)
+def gemv_t_body(weights, n, k, store, base="0u"):
+    """WGSL statements of the [N, K]-weight GEMV for the weight bindings `weights` (N rows of `n`,
+    K of `k`, from `base`): one accumulator variable per (weight, row), written out (a private
+    array indexed in a loop can spill to local memory). Expects `n0`, `rows`, `aoff` and `li`;
+    `store(r)` is the statement that writes row r's output n from lanes v0, v1, ... (one a weight)."""
+    rows = range(GEMV_GROUP_ROWS)
+    lines = []
+    for j, w in enumerate(weights):
+        lines += [f"let {w}_{i} = {base} + min(n0 + {i}u, {n} - 1u) * {k};" for i in range(4)]
+        lines += [f"var acc{j}_{r} = vec4<f32>(0.0);" for r in rows]
+    lines.append(f"for (var k = li; k < {k}; k = k + 256u) {{")
+    for j, w in enumerate(weights):
+        lines.append(f"    let wv{j} = vec4<f32>({w}[{w}_0 + k], {w}[{w}_1 + k], {w}[{w}_2 + k], {w}[{w}_3 + k]);")
+    for r in rows:
+        fma = " ".join(f"acc{j}_{r} = acc{j}_{r} + a[aoff + {r}u * {k} + k] * wv{j};" for j in range(len(weights)))
+        lines.append(f"    if ({r}u < rows) {{ {fma} }}")
+    lines.append("}")
+    for r in rows:
+        sums = " ".join(f"let v{j} = reduce4(acc{j}_{r}, li);" for j in range(len(weights)))
+        lines.append(f"if ({r}u < rows) {{ {sums} let n = n0 + li; if (li < 4u && n < {n}) {{ {store(r)} }} }}")
+    return "\n    ".join(lines)
+
+
+GEMV_T = GEMV_REDUCE + f"""
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {{
+    let groups = (p.M + {GEMV_GROUP_ROWS}u - 1u) / {GEMV_GROUP_ROWS}u;  // z runs over (batch, group of rows)
+    let b = wid.z / groups;
+    let r0 = (wid.z % groups) * {GEMV_GROUP_ROWS}u;
+    let rows = min({GEMV_GROUP_ROWS}u, p.M - r0);
+    let n0 = (wid.x + wid.y * nwg.x) * 4u;
+    let aoff = b * p.a_bs + r0 * p.K;
+    {gemv_t_body(["bm"], "p.N", "p.K", lambda r: f"out[b * p.c_bs + (r0 + {r}u) * p.N + n] = epilogue(v0, b, r0 + {r}u, n);", "b * p.b_bs")}
+}}
+"""
 
 GEMV_N = """
 var<workgroup> red: array<f32, 256>;
@@ -259,11 +264,13 @@ def _check_f32(b, positions):
             raise ValueError(f"{b.name}: argument {i} has dtype {t.dtype}; only floating point is supported")
 
 
-def add_matmul(b, a, bmat, bias, transposed_b, shape_fn, alpha=1.0, beta=1.0):
+def add_matmul(b, a, bmat, bias, transposed_b, shape_fn, alpha=1.0, beta=1.0, residual=False):
     """Record both routes of out = alpha * A @ B + beta * bias and the resize hook.
 
     `a`, `bmat`, `bias` are value ids (`bias` None for none); `shape_fn(a_dims, b_dims)` returns
-    (batch, M, N, K, a_batch_stride, b_batch_stride, out_dims) or raises ValueError."""
+    (batch, M, N, K, a_batch_stride, b_batch_stride, out_dims) or raises ValueError. With
+    `residual`, bias is a tensor of M * N elements in the output's row order (any shape), and the
+    output takes its shape."""
     has_bias = bias is not None
     params = b.params(PARAMS_SIZE)
     bindings = [a, bmat] + ([bias] if has_bias else []) + [b.out, params]
@@ -273,7 +280,12 @@ def add_matmul(b, a, bmat, bias, transposed_b, shape_fn, alpha=1.0, beta=1.0):
     def resize(ctx):
         batch, m, n, k, a_bs, b_bs, out_dims = shape_fn(ctx.dims(a), ctx.dims(bmat))
         bias_bs = bias_sm = bias_sn = 0
-        if has_bias:
+        if residual:
+            out_dims = ctx.dims(bias)
+            if numel_of(out_dims) != m * n:
+                raise ValueError(f"{b.name}: residual of shape {tuple(out_dims)} for a product of {m} x {n}")
+            bias_sm, bias_sn = n, 1
+        elif has_bias:
             bias_dims = ctx.dims(bias)
             try:
                 if len(bias_dims) > 2:
@@ -344,6 +356,14 @@ def linear(b):
     bias = None if b.is_none(2) else b.args[2]
     _check_f32(b, [0, 1] + ([2] if bias is not None else []))
     add_matmul(b, b.args[0], b.args[1], bias, True, linear_shapes(b.name))
+
+
+@op("pte_wgpu.linear_residual")
+def linear_residual(b):
+    """[x [..., K], weight [N, K], residual, out]: residual + x @ weight.T, out shaped as residual
+    (kernels/fusion.py: a linear whose result only fed that add)."""
+    _check_f32(b, [0, 1, 2])
+    add_matmul(b, b.args[0], b.args[1], b.args[2], True, linear_shapes(b.name), residual=True)
 
 
 @op("aten.mm.default", "aten::mm.out")

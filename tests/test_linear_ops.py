@@ -46,6 +46,22 @@ class AddMM(torch.nn.Module):
         return torch.addmm(self.bias, a, self.weight, beta=0.5, alpha=2.0)
 
 
+class FusedLinears(torch.nn.Module):
+    """What kernels/fusion.py merges: q/k/v of one input, a residual linear, SwiGLU."""
+
+    def __init__(self, k, n_q, n_kv, n_ff):
+        super().__init__()
+        self.q, self.k, self.v = (torch.nn.Linear(k, n, bias=False) for n in (n_q, n_kv, n_kv))
+        self.o = torch.nn.Linear(n_q, k, bias=False)
+        self.gate, self.up = (torch.nn.Linear(k, n_ff, bias=False) for _ in range(2))
+        self.down = torch.nn.Linear(n_ff, k, bias=False)
+
+    def forward(self, x):
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        h = x + self.o(q * 0.5)
+        return q, k, v, h + self.down(torch.nn.functional.silu(self.gate(h)) * self.up(h))
+
+
 def _m(max_m):
     return torch.export.Dim("m", min=1, max=max_m)
 
@@ -58,6 +74,7 @@ CASES = {
     "mm_dyn": (MM, [(17, 13), (13, 29)], ({0: _m(17)}, None)),
     "bmm_dyn": (BMM, [(3, 17, 13), (3, 13, 29)], ({1: _m(17)}, None)),
     "addmm_dyn": (lambda: AddMM(13, 29), [(17, 13)], ({0: _m(17)},)),
+    "fused_dyn": (lambda: FusedLinears(37, 41, 23, 53), [(1, 71, 37)], ({1: _m(71)},)),
 }
 # where live M sits in each input's shape (None: the input has no M)
 M_AXIS = {
@@ -66,6 +83,7 @@ M_AXIS = {
     "mm_dyn": [0, None],
     "bmm_dyn": [1, None],
     "addmm_dyn": [0],
+    "fused_dyn": [1],
 }
 
 
@@ -103,6 +121,17 @@ async def test_dynamic_rows_switch_routes(name, load_pte):
     rng = np.random.default_rng(7)
     calls = [_inputs(name, m, rng) for m in ms]  # run in this order, shuffled, then the first again
     await assert_matches_eager(await load_pte(data), module, calls, atol=ATOL, rtol=RTOL)
+
+
+async def test_fused_linears_run_as_fused_ops(load_pte):
+    """The graph of `fused_dyn` loads with its products merged (the routes are compared with
+    eager in test_dynamic_rows_switch_routes)."""
+    data, _ = _export("fused_dyn")
+    model = await load_pte(data)
+    names = [name for name, _ in model.graph.calls]
+    for fused in ("pte_wgpu.linear_group", "pte_wgpu.linear_residual", "pte_wgpu.linear_silu_mul"):
+        assert fused in names
+    assert "aten.linear.default" not in names and model.fused == 5  # silu, swiglu, 2 residuals, q/k/v
 
 
 def test_grids_stay_within_limits():
