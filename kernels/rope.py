@@ -12,30 +12,42 @@ from resize.shapes import numel_of
 from .registry import op
 from .wgsl import FLAT_INDEX, WG, flat_grid
 
+# One dispatch rotates both q and k: invocations past q's pairs continue into k's.
 ROPE = """
-struct P {{ pairs: u32, heads: u32, half: u32, pad: u32 }}
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> fcos: array<f32>;
-@group(0) @binding(2) var<storage, read> fsin: array<f32>;
-@group(0) @binding(3) var<storage, read_write> out: array<f32>;
-@group(0) @binding(4) var<uniform> p: P;
+struct P {{ q_pairs: u32, pairs: u32, q_heads: u32, k_heads: u32, half: u32, pad0: u32, pad1: u32, pad2: u32 }}
+@group(0) @binding(0) var<storage, read> xq: array<f32>;
+@group(0) @binding(1) var<storage, read> xk: array<f32>;
+@group(0) @binding(2) var<storage, read> fcos: array<f32>;
+@group(0) @binding(3) var<storage, read> fsin: array<f32>;
+@group(0) @binding(4) var<storage, read_write> oq: array<f32>;
+@group(0) @binding(5) var<storage, read_write> ok: array<f32>;
+@group(0) @binding(6) var<uniform> p: P;
 {FLAT_INDEX}
 @compute @workgroup_size({WG})
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
-    let i = flat_index(gid, nwg, {WG}u);
-    if (i >= p.pairs) {{ return; }}
+    let g = flat_index(gid, nwg, {WG}u);
+    if (g >= p.pairs) {{ return; }}
+    let in_q = g < p.q_pairs;
+    var i = g;
+    var heads = p.q_heads;
+    if (!in_q) {{ i = g - p.q_pairs; heads = p.k_heads; }}
     let k = i % p.half;            // frequency index
     let row = i / p.half;          // (b, s, h) row
-    let s = (row / p.heads);       // position row in the freqs table (batch 1)
+    let s = row / heads;           // position row in the freqs table (batch 1)
     let c = fcos[s * p.half + k];
     let sn = fsin[s * p.half + k];
-    let base = row * p.half * 2u;
-    let ia = 2u * k;
-    let ib = 2u * k + 1u;
-    let a = x[base + ia];
-    let b = x[base + ib];
-    out[base + ia] = a * c - b * sn;
-    out[base + ib] = a * sn + b * c;
+    let ia = row * p.half * 2u + 2u * k;
+    if (in_q) {{
+        let a = xq[ia];
+        let b = xq[ia + 1u];
+        oq[ia] = a * c - b * sn;
+        oq[ia + 1u] = a * sn + b * c;
+    }} else {{
+        let a = xk[ia];
+        let b = xk[ia + 1u];
+        ok[ia] = a * c - b * sn;
+        ok[ia + 1u] = a * sn + b * c;
+    }}
 }}
 """
 SHADER = ROPE.format(FLAT_INDEX=FLAT_INDEX, WG=WG)
@@ -44,28 +56,32 @@ SHADER = ROPE.format(FLAT_INDEX=FLAT_INDEX, WG=WG)
 @op("et_vk.apply_rotary_emb.default")
 def apply_rotary_emb(b):
     xq, xk, fcos, fsin = b.args[:4]
-    outs = b.graph.values[b.out].items
-    jobs = []
-    for src, dst in ((xq, outs[0]), (xk, outs[1])):
-        params = b.params(16)
-        jobs.append((src, dst, params, b.dispatch(SHADER, [src, fcos, fsin, dst, params])))
+    oq, ok = b.graph.values[b.out].items[:2]
+    params = b.params(32)
+    d = b.dispatch(SHADER, [xq, xk, fcos, fsin, oq, ok, params])
 
     def resize(ctx):
-        for src, dst, params, d in jobs:
+        shapes = []
+        for src in (xq, xk):
             shape = ctx.dims(src)
             if len(shape) != 4 or shape[0] != 1:
                 raise ValueError(f"{b.name}: expected x of shape [1, S, H, D], got {list(shape)}")
-            _, s, heads, dim = shape
-            half = dim // 2
-            if ctx.dims(fcos)[0] < s or ctx.dims(fcos)[-1] != half:
-                raise ValueError(
-                    f"{b.name}: the rotary table has {ctx.dims(fcos)[0]} rows for {s} positions "
-                    "(are the positions past the context?)"
-                )
-            pairs = numel_of(shape) // 2
-            ctx.set_params(params, struct.pack("<4I", pairs, heads, half, 0))
-            ctx.set_grid(d, flat_grid(pairs))
-            ctx.set_dims(dst, shape)
+            shapes.append(shape)
+        (_, s, q_heads, dim), (_, s_k, k_heads, dim_k) = shapes
+        half = dim // 2
+        if (s_k, dim_k) != (s, dim):
+            raise ValueError(f"{b.name}: q {list(shapes[0])} and k {list(shapes[1])} differ in positions or head size")
+        if ctx.dims(fcos)[0] < s or ctx.dims(fcos)[-1] != half:
+            raise ValueError(
+                f"{b.name}: the rotary table has {ctx.dims(fcos)[0]} rows for {s} positions "
+                "(are the positions past the context?)"
+            )
+        q_pairs = numel_of(shapes[0]) // 2
+        pairs = q_pairs + numel_of(shapes[1]) // 2
+        ctx.set_params(params, struct.pack("<8I", q_pairs, pairs, q_heads, k_heads, half, 0, 0, 0))
+        ctx.set_grid(d, flat_grid(pairs))
+        ctx.set_dims(oq, shapes[0])
+        ctx.set_dims(ok, shapes[1])
 
     b.hook(resize)
 
