@@ -150,22 +150,31 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 # [N, K] weights: each workgroup computes 4 outputs (weight rows) for up to GEMV_GROUP_ROWS input
 # rows, the weight element reused across the rows; rows past N are clamped to N - 1 (valid memory)
 # and never written. `kernels/linear_fused.py` builds its fused products from the same pieces.
-GEMV_REDUCE = """
-var<workgroup> red: array<vec4<f32>, 256>;
-
-// The workgroup's sum of every thread's `acc`; thread li < 4 gets lane li of it.
-fn reduce4(acc: vec4<f32>, li: u32) -> f32 {
-    red[li] = acc;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s = s >> 1u) {
-        if (li < s) { red[li] = red[li] + red[li + s]; }
-        workgroupBarrier();
-    }
-    let v = red[0][min(li, 3u)];
-    workgroupBarrier();
-    return v;
-}
+# The accumulators' sums: one shared-memory tree sums TREE_WIDTH of them at once (4 x 256 vec4s
+# is 16 KiB, WebGPU's default workgroup storage), each in the same order as a tree of its own.
+# Per-row trees cost ~9 barriers a row, which dominated a GEMV of 8 rows.
+TREE_WIDTH = 4
+GEMV_REDUCE = f"""
+var<workgroup> red: array<vec4<f32>, {TREE_WIDTH * 256}>;
 """
+
+
+def _trees(accs, rows_first):
+    """Sum `accs` (WGSL vec4 names) over the workgroup, TREE_WIDTH per tree; thread li < 4 gets lane
+    li of each in v<name>. A tree runs only if its first accumulator's row `rows_first[i]` is live."""
+    lines = [f"var v{acc} = 0.0;" for acc in accs]
+    for c in range(0, len(accs), TREE_WIDTH):
+        chunk = accs[c : c + TREE_WIDTH]
+        slots = [f"red[{i * 256}u + li]" for i in range(len(chunk))]
+        adds = " ".join(f"{x} = {x} + red[{i * 256}u + li + s];" for i, x in enumerate(slots))
+        lines.append(f"if ({rows_first[c]}u < rows) {{")
+        lines += [f"    {x} = {acc};" for x, acc in zip(slots, chunk)]
+        lines.append("    workgroupBarrier();")
+        lines.append(f"    for (var s = 128u; s > 0u; s = s >> 1u) {{ if (li < s) {{ {adds} }} workgroupBarrier(); }}")
+        lines += [f"    v{acc} = red[{i * 256}u][min(li, 3u)];" for i, acc in enumerate(chunk)]
+        lines.append("    workgroupBarrier();")
+        lines.append("}")
+    return lines
 
 
 def gemv_t_body(weights, n, k, store, base="0u"):
@@ -185,9 +194,11 @@ def gemv_t_body(weights, n, k, store, base="0u"):
         fma = " ".join(f"acc{j}_{r} = acc{j}_{r} + a[aoff + {r}u * {k} + k] * wv{j};" for j in range(len(weights)))
         lines.append(f"    if ({r}u < rows) {{ {fma} }}")
     lines.append("}")
+    order = [(j, r) for r in rows for j in range(len(weights))]
+    lines += _trees([f"acc{j}_{r}" for j, r in order], [r for _, r in order])
     for r in rows:
-        sums = " ".join(f"let v{j} = reduce4(acc{j}_{r}, li);" for j in range(len(weights)))
-        lines.append(f"if ({r}u < rows) {{ {sums} let n = n0 + li; if (li < 4u && n < {n}) {{ {store(r)} }} }}")
+        lanes = " ".join(f"let v{j} = vacc{j}_{r};" for j in range(len(weights)))
+        lines.append(f"if ({r}u < rows) {{ {lanes} let n = n0 + li; if (li < 4u && n < {n}) {{ {store(r)} }} }}")
     return "\n    ".join(lines)
 
 
