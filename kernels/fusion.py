@@ -11,6 +11,9 @@ the GPU and on the host, whatever its size), so the rewrites below cut that numb
 - A bias-free linear whose result only feeds `residual + linear(x)` becomes
   `pte_wgpu.linear_residual`, the residual added in the linear's epilogue.
 - Bias-free linears of one input (attention's q, k and v) become one `pte_wgpu.linear_group`.
+- An RMS norm that only feeds one of those two (through a view or not) is computed again inside
+  their GEMV (`pte_wgpu.rms_linear_group`, `pte_wgpu.rms_linear_silu_mul`), and the norm op itself
+  runs only when the rows are too many for the GEMV (`pte_wgpu.rms_norm_for_gemm`).
 
 Views that only fed a fused op are dropped with it. Each rewrite keeps every row's sums in the
 order of the ops it replaces.
@@ -32,6 +35,8 @@ SILU_MUL = "pte_wgpu.silu_mul"
 LINEAR_SILU_MUL = "pte_wgpu.linear_silu_mul"
 LINEAR_RESIDUAL = "pte_wgpu.linear_residual"
 LINEAR_GROUP = "pte_wgpu.linear_group"
+RMS_NORM = "et_vk.rms_norm.default"
+RMS_NORM_FOR_GEMM = "pte_wgpu.rms_norm_for_gemm"
 MAX_GROUP = 4  # products per linear_group (the kernel's code grows with each)
 
 
@@ -61,7 +66,7 @@ def fuse(graph):
     fused += _fuse_residual(graph)
     fused += _fuse_groups(graph)
     _drop_dead_views(graph)
-    return fused
+    return fused + _fuse_norms(graph)
 
 
 def _fuse_silu(graph):
@@ -222,6 +227,34 @@ def _fuse_groups(graph):
             drop.update(chunk[1:])
     f.rewrite(replace, drop)
     return len(replace)
+
+
+def _fuse_norms(graph):
+    """rms_norm(x, gamma, eps) whose result (or its one view, same last dim) only a fused linear
+    reads, as its input."""
+    calls, values, uses = graph.calls, graph.values, _uses(graph)
+    readers = {}
+    for i, (_, args) in enumerate(calls):
+        for a in args[:-1]:
+            readers.setdefault(a, []).append(i)
+    fused = 0
+    for i, (name, args) in enumerate(calls):
+        if name != RMS_NORM or len(args) != 4 or uses[args[-1]] != 1 or args[-1] not in readers:
+            continue
+        x, gamma, _, src = args
+        j = readers[src][0]
+        if calls[j][0] == VIEW and values[calls[j][1][-1]].dims[-1:] == values[src].dims[-1:]:
+            src = calls[j][1][-1]
+            j = readers.get(src, [None])[0] if uses[src] == 1 else None
+        if j is None or calls[j][0] not in (LINEAR_GROUP, LINEAR_SILU_MUL) or calls[j][1][0] != src:
+            continue
+        if values[x].dims != values[args[-1]].dims or values[x].dtype != "float32" or len(values[gamma].dims) != 1:
+            continue
+        fused_name, fused_args = calls[j]
+        calls[j] = (fused_name.replace("pte_wgpu.", "pte_wgpu.rms_"), (*fused_args[:-1], x, gamma, args[2], fused_args[-1]))
+        calls[i] = (RMS_NORM_FOR_GEMM, args)
+        fused += 1
+    return fused
 
 
 def _drop_dead_views(graph):

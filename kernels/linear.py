@@ -177,11 +177,12 @@ def _trees(accs, rows_first):
     return lines
 
 
-def gemv_t_body(weights, n, k, store, base="0u"):
+def gemv_t_body(weights, n, k, store, base="0u", scale=""):
     """WGSL statements of the [N, K]-weight GEMV for the weight bindings `weights` (N rows of `n`,
     K of `k`, from `base`): one accumulator variable per (weight, row), written out (a private
     array indexed in a loop can spill to local memory). Expects `n0`, `rows`, `aoff` and `li`;
-    `store(r)` is the statement that writes row r's output n from lanes v0, v1, ... (one a weight)."""
+    `store(r)` is the statement that writes row r's output n from lanes v0, v1, ... (one a weight).
+    `scale(r)`, if given, multiplies input element k of row r first (a fused norm)."""
     rows = range(GEMV_GROUP_ROWS)
     lines = []
     for j, w in enumerate(weights):
@@ -191,8 +192,9 @@ def gemv_t_body(weights, n, k, store, base="0u"):
     for j, w in enumerate(weights):
         lines.append(f"    let wv{j} = vec4<f32>({w}[{w}_0 + k], {w}[{w}_1 + k], {w}[{w}_2 + k], {w}[{w}_3 + k]);")
     for r in rows:
-        fma = " ".join(f"acc{j}_{r} = acc{j}_{r} + a[aoff + {r}u * {k} + k] * wv{j};" for j in range(len(weights)))
-        lines.append(f"    if ({r}u < rows) {{ {fma} }}")
+        fma = " ".join(f"acc{j}_{r} = acc{j}_{r} + x * wv{j};" for j in range(len(weights)))
+        x = f"a[aoff + {r}u * {k} + k]" + (scale(r) if scale else "")
+        lines.append(f"    if ({r}u < rows) {{ let x = {x}; {fma} }}")
     lines.append("}")
     order = [(j, r) for r in rows for j in range(len(weights))]
     lines += _trees([f"acc{j}_{r}" for j, r in order], [r for _, r in order])

@@ -10,6 +10,10 @@ order as the plain linear's GEMV, so results are bitwise those of the unfused op
 - `pte_wgpu.linear_silu_mul` [x, w_gate, w_up, (out, gate, up)]: out = silu(x @ w_gate.T) *
   (x @ w_up.T). The GEMV reads both weights' rows for the same outputs and applies the gate in its
   epilogue; the GEMM route writes gate and up, then one elementwise dispatch.
+- `pte_wgpu.rms_linear_group` and `pte_wgpu.rms_linear_silu_mul` take the input before an RMS
+  norm as well, after the weights: (x, gamma, eps). Their GEMV normalizes its rows itself, with
+  the sums and expression of et_vk.rms_norm's kernel, and the norm op before them
+  (`pte_wgpu.rms_norm_for_gemm`, kernels/reduce.py) runs only for the GEMM route.
 """
 
 import struct
@@ -26,25 +30,39 @@ from .wgsl import FLAT_INDEX, WG, flat_grid
 SILU = "v0 / (1.0 + exp(-v0)) * v1"  # the same expression as pte_wgpu.silu_mul's
 
 
-def _group_shader(count):
-    """GEMV over `count` products: params q = (M, K, then N_j and first workgroup S_j per product)."""
-    fields = ["M", "K"] + [f"N{j}" for j in range(count)] + [f"S{j}" for j in range(count)]
-    fields += [f"pad{i}" for i in range(-len(fields) % 4)]
-    lines = ["struct Q { " + ", ".join(f"{f}: u32" for f in fields) + " }"]
-    lines.append("@group(0) @binding(0) var<storage, read> a: array<f32>;")
-    lines += [f"@group(0) @binding({1 + j}) var<storage, read> w{j}: array<f32>;" for j in range(count)]
-    lines += [f"@group(0) @binding({1 + count + j}) var<storage, read_write> o{j}: array<f32>;" for j in range(count)]
-    lines.append(f"@group(0) @binding({1 + 2 * count}) var<uniform> q: Q;")
+def _group_shader(count, norm):
+    """GEMV over `count` products: params q = (M, K, eps, then N_j and first workgroup S_j per
+    product); with `norm`, binding 0 holds the rows before the RMS norm."""
+    fields = ["M: u32", "K: u32", "eps: f32"] + [f"N{j}: u32" for j in range(count)] + [f"S{j}: u32" for j in range(count)]
+    fields += [f"pad{i}: u32" for i in range(-len(fields) % 4)]
+    weights = [f"w{j}" for j in range(count)]
+    outs = [f"o{j}" for j in range(count)]
     branches = []
     for j in range(count):
-        body = gemv_t_body([f"w{j}"], f"q.N{j}", "q.K", lambda r, j=j: f"o{j}[(r0 + {r}u) * q.N{j} + n] = v0;")
+        body = gemv_t_body([f"w{j}"], f"q.N{j}", "q.K", lambda r, j=j: f"o{j}[(r0 + {r}u) * q.N{j} + n] = v0;", scale=_scale(norm))
         cond = f"if (wg < q.S{j + 1}) " if j + 1 < count else ""
         branches.append(f"{cond}{{\n    let n0 = (wg - q.S{j}) * 4u;\n    {body}\n    }}")
-    return "\n".join(lines) + GEMV_REDUCE + _gemv_main(" else ".join(branches))
+    return _gemv_shader(fields, weights, outs, norm, " else ".join(branches))
 
 
-def _gemv_main(body):
-    return f"""
+def _swiglu_shader(norm):
+    body = "let n0 = wg * 4u;\n    " + gemv_t_body(
+        ["wg_", "wu_"], "q.N", "q.K", lambda r: f"out[(r0 + {r}u) * q.N + n] = {SILU};", scale=_scale(norm)
+    )
+    return _gemv_shader(["M: u32", "K: u32", "eps: f32", "N: u32"], ["wg_", "wu_"], ["out"], norm, body)
+
+
+def _scale(norm):
+    return (lambda r: f" * rstd{r} * gamma[k]") if norm else None
+
+
+def _gemv_shader(fields, weights, outs, norm, body):
+    lines = ["struct Q { " + ", ".join(fields) + " }", "@group(0) @binding(0) var<storage, read> a: array<f32>;"]
+    names = weights + (["gamma"] if norm else [])
+    lines += [f"@group(0) @binding({1 + i}) var<storage, read> {w}: array<f32>;" for i, w in enumerate(names)]
+    lines += [f"@group(0) @binding({1 + len(names) + i}) var<storage, read_write> {o}: array<f32>;" for i, o in enumerate(outs)]
+    lines.append(f"@group(0) @binding({1 + len(names) + len(outs)}) var<uniform> q: Q;")
+    return "\n".join(lines) + GEMV_REDUCE + f"""
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {{
@@ -52,24 +70,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let rows = min({GEMV_GROUP_ROWS}u, q.M - r0);
     let wg = wid.x + wid.y * nwg.x;
     let aoff = r0 * q.K;
+    {_RMS if norm else ""}
     {body}
 }}
 """
 
 
-SWIGLU_GEMV = (
-    """struct Q { M: u32, K: u32, N: u32, pad: u32 }
-@group(0) @binding(0) var<storage, read> a: array<f32>;
-@group(0) @binding(1) var<storage, read> wg_: array<f32>;
-@group(0) @binding(2) var<storage, read> wu_: array<f32>;
-@group(0) @binding(3) var<storage, read_write> out: array<f32>;
-@group(0) @binding(4) var<uniform> q: Q;
-"""
-    + GEMV_REDUCE
-    + _gemv_main(
-        "let n0 = wg * 4u;\n    "
-        + gemv_t_body(["wg_", "wu_"], "q.N", "q.K", lambda r: f"out[(r0 + {r}u) * q.N + n] = {SILU};")
-    )
+# rstd0..7 of the workgroup's rows as et_vk.rms_norm computes them (kernels/reduce.py,
+# RMS_NORM_BODY): 128 invocations sum strided squares, a tree adds them; 4 rows per vec4.
+_RMS = "\n    ".join(
+    ["var sq0 = vec4<f32>(0.0);", "var sq1 = vec4<f32>(0.0);", "if (li < 128u) {", "for (var k = li; k < q.K; k = k + 128u) {"]
+    + [f"if ({r}u < rows) {{ let c = a[aoff + {r}u * q.K + k]; sq{r // 4}[{r % 4}] = sq{r // 4}[{r % 4}] + c * c; }}" for r in range(GEMV_GROUP_ROWS)]
+    + ["}", "}", "red[li] = sq0;", "red[256u + li] = sq1;", "workgroupBarrier();"]
+    + ["for (var s = 64u; s > 0u; s = s >> 1u) { if (li < s) { red[li] = red[li] + red[li + s]; red[256u + li] = red[256u + li] + red[256u + li + s]; } workgroupBarrier(); }"]
+    + ["let ss0 = red[0u];", "let ss1 = red[256u];", "workgroupBarrier();"]
+    + [f"let rstd{r} = inverseSqrt(ss{r // 4}[{r % 4}] / f32(q.K) + q.eps);" for r in range(GEMV_GROUP_ROWS)]
 )
 
 SWIGLU_ELEMENTWISE = f"""
@@ -116,34 +131,44 @@ def _gemv_grid(workgroups, m):
     return (x, y, -(-m // GEMV_GROUP_ROWS))
 
 
-@op("pte_wgpu.linear_group")
+def _norm_args(b, norm):
+    """(weights, GEMV bindings before the weights, after them, eps) of a fused op's args."""
+    if not norm:
+        return b.args[1:-1], [b.args[0]], [], 0.0
+    x, gamma = b.args[-4:-2]
+    return b.args[1:-4], [x], [gamma], float(b.scalar(len(b.args) - 2, 1e-6))
+
+
+@op("pte_wgpu.linear_group", "pte_wgpu.rms_linear_group")
 def linear_group(b):
-    x, weights = b.args[0], b.args[1:-1]
+    norm = b.name.startswith("pte_wgpu.rms_")
+    weights, head, tail, eps = _norm_args(b, norm)
     outs = b.graph.values[b.out].items
-    _check_f32(b, range(len(b.args) - 1))
-    products = _Products(b, x, weights, outs)
-    q = b.params(4 * (2 + 2 * len(weights)))
-    gemv = b.dispatch(_group_shader(len(weights)), [x, *weights, *outs, q])
+    _check_f32(b, range(1 + len(weights)))
+    products = _Products(b, b.args[0], weights, outs)
+    q = b.params(4 * (3 + 2 * len(weights)))
+    gemv = b.dispatch(_group_shader(len(weights), norm), [*head, *weights, *tail, *outs, q])
 
     def resize(ctx):
         use_gemv, m, k, ns = products.resize(ctx)
         starts = [0]
         for n in ns:
             starts.append(starts[-1] + -(-n // GEMV_ROWS))
-        ctx.set_params(q, struct.pack(f"<{2 + 2 * len(ns)}I", m, k, *ns, *starts[:-1]))
+        ctx.set_params(q, struct.pack(f"<2If{2 * len(ns)}I", m, k, eps, *ns, *starts[:-1]))
         ctx.set_grid(gemv, _gemv_grid(starts[-1], m) if use_gemv else (0, 0, 0))
 
     b.hook(resize)
 
 
-@op("pte_wgpu.linear_silu_mul")
+@op("pte_wgpu.linear_silu_mul", "pte_wgpu.rms_linear_silu_mul")
 def linear_silu_mul(b):
-    x, w_gate, w_up = b.args[:3]
+    norm = b.name.startswith("pte_wgpu.rms_")
+    (w_gate, w_up), head, tail, eps = _norm_args(b, norm)
     out, gate, up = b.graph.values[b.out].items
     _check_f32(b, range(3))
-    products = _Products(b, x, (w_gate, w_up), (gate, up))
+    products = _Products(b, b.args[0], (w_gate, w_up), (gate, up))
     q, e = b.params(16), b.params(16)
-    gemv = b.dispatch(SWIGLU_GEMV, [x, w_gate, w_up, out, q])
+    gemv = b.dispatch(_swiglu_shader(norm), [*head, w_gate, w_up, *tail, out, q])
     gate_up = b.dispatch(SWIGLU_ELEMENTWISE, [gate, up, out, e])
 
     def resize(ctx):
@@ -151,7 +176,7 @@ def linear_silu_mul(b):
         if n != n_up:
             raise ValueError(f"{b.name}: gate and up weights have {n} and {n_up} rows")
         out_dims = ctx.dims(gate)
-        ctx.set_params(q, struct.pack("<4I", m, k, n, 0))
+        ctx.set_params(q, struct.pack("<2IfI", m, k, eps, n))
         ctx.set_params(e, struct.pack("<4I", numel_of(out_dims), 0, 0, 0))
         ctx.set_grid(gemv, _gemv_grid(-(-n // GEMV_ROWS), m) if use_gemv else (0, 0, 0))
         ctx.set_grid(gate_up, flat_grid(numel_of(out_dims)) if not use_gemv and m else (0, 0, 0))
