@@ -21,7 +21,7 @@ def context_length(model):
     """Positions the model's KV cache holds (from sdpa_with_kv_cache's cache tensor)."""
     graph = model.graph
     for name, args in graph.calls:
-        if name in ("sdpa_with_kv_cache.default", "pte_wgpu.ragged_sdpa"):
+        if name in ("sdpa_with_kv_cache.default", "pte_wgpu.ragged_sdpa", "pte_wgpu.ragged_sdpa_cached"):
             return graph.values[args[3]].dims[1]
     raise InputError("this program has no KV cache (sdpa_with_kv_cache); it cannot generate")
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import anyio
 import numpy as np
 
-from kernels import build_node, fuse
+from kernels import build_node, fuse, fuse_ragged
 from kernels.wgsl import elem_bytes
 from resize.engine import LiveState, Plan, ResizeContext, run_all
 from resize.shapes import numel_of
@@ -107,6 +107,7 @@ class Model:
             try:
                 ragged = plan_ragged(graph, max_batch)
                 graph, self.batching = ragged.graph, "ragged"
+                self.fused += fuse_ragged(graph)
             except NotRagged as e:
                 self.batching_note = f"not ragged: {e}"
         self.graph = graph

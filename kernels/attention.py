@@ -284,24 +284,28 @@ def sdpa_with_kv_cache(b):
     b.hook(resize)
 
 
-@op("pte_wgpu.ragged_sdpa")
+@op("pte_wgpu.ragged_sdpa", "pte_wgpu.ragged_sdpa_cached")
 def ragged_sdpa(b):
     """`sdpa_with_kv_cache` over a ragged batch: args 5 and 6 are the row_pos and row_slot tables,
-    and the caches are pools of per-session slots (the runtime checks positions before a pass)."""
+    and the caches are pools of per-session slots (the runtime checks positions before a pass).
+    `pte_wgpu.ragged_sdpa_cached` finds k and v already in the caches (pte_wgpu.rope_into_cache)."""
     q, k, v, k_cache, v_cache, row_pos, row_slot = b.args[:7]
     context, hkv, dim, hq, scale = _attention_args(b)
     stride = context * hkv * dim
-    p_update = b.params(16)
-    d_update = b.dispatch(RAGGED_UPDATE_CACHE, [k, v, k_cache, v_cache, p_update, row_pos, row_slot])
+    cached = b.name == "pte_wgpu.ragged_sdpa_cached"
+    if not cached:
+        p_update = b.params(16)
+        d_update = b.dispatch(RAGGED_UPDATE_CACHE, [k, v, k_cache, v_cache, p_update, row_pos, row_slot])
     set_attention = _add_attention(b, context, hkv, dim, hq, scale, tables=(row_pos, row_slot))
 
     def resize(ctx):
         s = _rows(b, ctx)
         if ctx.dims(row_pos)[0] != s:
             raise ValueError(f"{b.name}: {s} rows but {ctx.dims(row_pos)[0]} row positions")
-        n = numel_of(ctx.dims(k))
-        ctx.set_params(p_update, struct.pack("<4I", n, hkv * dim, stride, 0))
-        ctx.set_grid(d_update, flat_grid(n))
+        if not cached:
+            n = numel_of(ctx.dims(k))
+            ctx.set_params(p_update, struct.pack("<4I", n, hkv * dim, stride, 0))
+            ctx.set_grid(d_update, flat_grid(n))
         set_attention(ctx, s, 0, stride)
         ctx.set_dims(b.out, ctx.dims(q))
 

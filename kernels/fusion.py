@@ -15,6 +15,9 @@ the GPU and on the host, whatever its size), so the rewrites below cut that numb
   their GEMV (`pte_wgpu.rms_linear_group`, `pte_wgpu.rms_linear_silu_mul`), and the norm op itself
   runs only when the rows are too many for the GEMV (`pte_wgpu.rms_norm_for_gemm`).
 
+After the ragged rewrite (async_runtime.ragged), `fuse_ragged` lets RoPE store this step's k and
+v in the KV caches (`pte_wgpu.rope_into_cache`), so attention skips its own cache update.
+
 Views that only fed a fused op are dropped with it. Each rewrite keeps every row's sums in the
 order of the ops it replaces.
 """
@@ -37,6 +40,10 @@ LINEAR_RESIDUAL = "pte_wgpu.linear_residual"
 LINEAR_GROUP = "pte_wgpu.linear_group"
 RMS_NORM = "et_vk.rms_norm.default"
 RMS_NORM_FOR_GEMM = "pte_wgpu.rms_norm_for_gemm"
+ROPE = "et_vk.apply_rotary_emb.default"
+ROPE_INTO_CACHE = "pte_wgpu.rope_into_cache"
+RAGGED_SDPA = "pte_wgpu.ragged_sdpa"
+RAGGED_SDPA_CACHED = "pte_wgpu.ragged_sdpa_cached"
 MAX_GROUP = 4  # products per linear_group (the kernel's code grows with each)
 
 
@@ -253,6 +260,28 @@ def _fuse_norms(graph):
         fused_name, fused_args = calls[j]
         calls[j] = (fused_name.replace("pte_wgpu.", "pte_wgpu.rms_"), (*fused_args[:-1], x, gamma, args[2], fused_args[-1]))
         calls[i] = (RMS_NORM_FOR_GEMM, args)
+        fused += 1
+    return fused
+
+
+def fuse_ragged(graph):
+    """RoPE whose rotated k (and q) feed a ragged_sdpa directly, with that sdpa's v computed before
+    the RoPE: one dispatch fewer a layer. Rewrites `graph.calls` in place; returns the count."""
+    calls, producer, fused = graph.calls, _producers(graph), 0
+    rope_of = {}
+    for i, (name, args) in enumerate(calls):
+        if name == ROPE and len(args) == 5:
+            rope_of.update((item, i) for item in graph.values[args[-1]].items[:2])
+    for j, (name, args) in enumerate(calls):
+        if name != RAGGED_SDPA:
+            continue
+        q, k, v, k_cache, v_cache, row_pos, row_slot = args[:7]
+        i = rope_of.get(k)
+        if i is None or rope_of.get(q) != i or not producer.get(v, -1) < i or len(graph.values[k_cache].dims) != 4:
+            continue
+        rope_args = calls[i][1]
+        calls[i] = (ROPE_INTO_CACHE, (*rope_args[:4], v, k_cache, v_cache, row_pos, row_slot, rope_args[-1]))
+        calls[j] = (RAGGED_SDPA_CACHED, args)
         fused += 1
     return fused
 

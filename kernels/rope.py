@@ -12,9 +12,12 @@ from resize.shapes import numel_of
 from .registry import op
 from .wgsl import FLAT_INDEX, WG, flat_grid
 
-# One dispatch rotates both q and k: invocations past q's pairs continue into k's.
+# One dispatch rotates both q and k: invocations past q's pairs continue into k's. The ragged
+# form (`pte_wgpu.rope_into_cache`) also stores this step's rotated k, and v, in the KV caches as
+# ragged_sdpa's own update would (kernels/attention.py RAGGED_UPDATE_CACHE), which then skips it.
 ROPE = """
-struct P {{ q_pairs: u32, pairs: u32, q_heads: u32, k_heads: u32, half: u32, pad0: u32, pad1: u32, pad2: u32 }}
+struct P {{ q_pairs: u32, pairs: u32, q_heads: u32, k_heads: u32, half: u32, row: u32, stride: u32, pad: u32 }}
+{CACHE_BINDINGS}
 @group(0) @binding(0) var<storage, read> xq: array<f32>;
 @group(0) @binding(1) var<storage, read> xk: array<f32>;
 @group(0) @binding(2) var<storage, read> fcos: array<f32>;
@@ -46,19 +49,46 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         let a = xk[ia];
         let b = xk[ia + 1u];
         ok[ia] = a * c - b * sn;
-        ok[ia + 1u] = a * sn + b * c;
+        ok[ia + 1u] = a * sn + b * c;{CACHE_STORE}
     }}
 }}
 """
-SHADER = ROPE.format(FLAT_INDEX=FLAT_INDEX, WG=WG)
+SHADER = ROPE.format(FLAT_INDEX=FLAT_INDEX, WG=WG, CACHE_BINDINGS="", CACHE_STORE="")
+CACHE_BINDINGS = """
+@group(0) @binding(7) var<storage, read> v: array<f32>;
+@group(0) @binding(8) var<storage, read_write> kc: array<f32>;
+@group(0) @binding(9) var<storage, read_write> vc: array<f32>;
+@group(0) @binding(10) var<storage, read> row_pos: array<i32>;
+@group(0) @binding(11) var<storage, read> row_slot: array<i32>;
+"""
+CACHE_STORE = """
+        let r = ia / p.row;  // the pass's token row
+        if (row_slot[r] >= 0) {{  // not a padding row
+            let at = u32(row_slot[r]) * p.stride + u32(row_pos[r]) * p.row + ia % p.row;
+            kc[at] = ok[ia];
+            kc[at + 1u] = ok[ia + 1u];
+            vc[at] = v[ia];
+            vc[at + 1u] = v[ia + 1u];
+        }}"""
+SHADER_CACHE = ROPE.format(FLAT_INDEX=FLAT_INDEX, WG=WG, CACHE_BINDINGS=CACHE_BINDINGS, CACHE_STORE=CACHE_STORE)
 
 
-@op("et_vk.apply_rotary_emb.default")
+@op("et_vk.apply_rotary_emb.default", "pte_wgpu.rope_into_cache")
 def apply_rotary_emb(b):
+    """`pte_wgpu.rope_into_cache` takes (v, k_cache, v_cache, row_pos, row_slot) after the four."""
     xq, xk, fcos, fsin = b.args[:4]
     oq, ok = b.graph.values[b.out].items[:2]
     params = b.params(32)
-    d = b.dispatch(SHADER, [xq, xk, fcos, fsin, oq, ok, params])
+    row = stride = 0
+    if b.name == "pte_wgpu.rope_into_cache":
+        v, k_cache, v_cache = b.args[4:7]
+        _, context, hkv, dim = b.graph.values[k_cache].dims
+        row, stride = hkv * dim, context * hkv * dim
+        b.writes(k_cache)
+        b.writes(v_cache)
+        d = b.dispatch(SHADER_CACHE, [xq, xk, fcos, fsin, oq, ok, params, *b.args[4:9]])
+    else:
+        d = b.dispatch(SHADER, [xq, xk, fcos, fsin, oq, ok, params])
 
     def resize(ctx):
         shapes = []
@@ -78,7 +108,9 @@ def apply_rotary_emb(b):
             )
         q_pairs = numel_of(shapes[0]) // 2
         pairs = q_pairs + numel_of(shapes[1]) // 2
-        ctx.set_params(params, struct.pack("<8I", q_pairs, pairs, q_heads, k_heads, half, 0, 0, 0))
+        if row and k_heads * dim != row:
+            raise ValueError(f"{b.name}: k rows of {k_heads} x {dim} do not match the cache's {row}")
+        ctx.set_params(params, struct.pack("<8I", q_pairs, pairs, q_heads, k_heads, half, row, stride, 0))
         ctx.set_grid(d, flat_grid(pairs))
         ctx.set_dims(oq, shapes[0])
         ctx.set_dims(ok, shapes[1])

@@ -56,7 +56,9 @@ async def test_which_graphs_batch_ragged(llama):
 
     async with await ar.load(llama["fp32"]) as model, await ar.load(llama["fp32"], batch_submits=False) as off:
         assert model.batching == "ragged" and off.batching == "off"
-        assert any(name == "pte_wgpu.ragged_sdpa" for name, _ in model.graph.calls)
+        names = [name for name, _ in model.graph.calls]
+        # attention over the slot pool, RoPE storing k and v into it
+        assert names.count("pte_wgpu.ragged_sdpa_cached") == names.count("pte_wgpu.rope_into_cache") == 2
     async with await ar.load(block_dynamic()[0]) as block:  # a float activation in, no KV cache
         assert block.batching == "submits"
         assert "not ragged" in block.batching_note
