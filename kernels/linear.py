@@ -177,13 +177,14 @@ def _trees(accs, rows_first):
     return lines
 
 
-def gemv_t_body(weights, n, k, store, base="0u", scale=""):
+def gemv_t_body(weights, n, k, store, base="0u", scale="", group_rows=GEMV_GROUP_ROWS):
     """WGSL statements of the [N, K]-weight GEMV for the weight bindings `weights` (N rows of `n`,
     K of `k`, from `base`): one accumulator variable per (weight, row), written out (a private
     array indexed in a loop can spill to local memory). Expects `n0`, `rows`, `aoff` and `li`;
     `store(r)` is the statement that writes row r's output n from lanes v0, v1, ... (one a weight).
-    `scale(r)`, if given, multiplies input element k of row r first (a fused norm)."""
-    rows = range(GEMV_GROUP_ROWS)
+    `scale(r)`, if given, multiplies input element k of row r first (a fused norm). The kernel
+    takes `group_rows` input rows per workgroup."""
+    rows = range(group_rows)
     lines = []
     for j, w in enumerate(weights):
         lines += [f"let {w}_{i} = {base} + min(n0 + {i}u, {n} - 1u) * {k};" for i in range(4)]
