@@ -165,10 +165,12 @@ class Batcher:
             for k, ((kind, axis), arr) in enumerate(zip(ragged.output_axes, outputs)):
                 if len(step.parts) <= k:
                     step.parts.append([])
+                # views of the pass's output (each step's own rows), no copies
+                at = (slice(None),) * axis
                 if kind == "seqs":  # only the last chunk's row counts
-                    step.parts[k] = [np.take(arr, [b], axis=axis)]
+                    step.parts[k] = [arr[(*at, slice(b, b + 1))]]
                 else:
-                    step.parts[k].append(np.take(arr, range(first, first + n), axis=axis))
+                    step.parts[k].append(arr[(*at, slice(first, first + n))])
             first += n
             step.taken += n
             c = step.session._counters
@@ -176,8 +178,8 @@ class Batcher:
             c.hook_calls += ctx.hook_calls  # the pass's resize served every session in it
             if step.remaining == 0:
                 step.outputs = [
-                    parts[0] if kind == "seqs" else np.concatenate(parts, axis=axis)
-                    for (kind, axis), parts in zip(ragged.output_axes, step.parts)
+                    parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
+                    for (_, axis), parts in zip(ragged.output_axes, step.parts)
                 ]
                 finished.append(step)
         return finished

@@ -284,7 +284,8 @@ class Session(SessionBase):
                 if dims is None:
                     outputs.append(self.state.symints.get(vid, getattr(v, "value", None)))
                     continue
-                raw = self._staging.read_mapped(offset, align(nbytes, 4), copy=True) if nbytes else b""
+                # a view of the mapped memory, copied once by astype before the unmap below
+                raw = self._staging.read_mapped(offset, align(nbytes, 4), copy=False) if nbytes else b""
                 stored = HOST_DTYPES[v.dtype] if v.dtype in PACKED else storage_dtype(v.dtype)
                 arr = np.frombuffer(raw, stored, numel_of(dims)).reshape(dims)
                 outputs.append(arr.astype(HOST_DTYPES[v.dtype]))
