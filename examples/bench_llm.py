@@ -34,8 +34,11 @@ async def bench_wgpu(path, args):
         rng = np.random.default_rng(0)
         vocab = model.outputs[0].max_shape[-1]
 
-        async def decode(session, steps, start=8):
+        async def decode(session, steps, prompted, go, start=8):
+            """A prompt, then (once every session has had its prompt, like torch's batch) decode."""
             await session.execute(rng.integers(0, vocab, (1, start)), np.array([0]))
+            prompted()
+            await go.wait()
             for p in range(start, start + steps):
                 await session.execute(np.array([[p % vocab]]), np.array([p]))
 
@@ -65,11 +68,20 @@ async def bench_wgpu(path, args):
                 rates = []
                 for _ in range(max(1, args.runs // 2)):
                     sessions = [await m.open_session() for _ in range(n)]
-                    before = m.statistics()
-                    t = time.perf_counter()
+                    go, all_prompted, waiting = anyio.Event(), anyio.Event(), [n]
+
+                    def prompted():
+                        waiting[0] -= 1
+                        if waiting[0] == 0:
+                            all_prompted.set()
+
                     async with anyio.create_task_group() as tg:
                         for s in sessions:
-                            tg.start_soon(decode, s, args.concurrent_steps)
+                            tg.start_soon(decode, s, args.concurrent_steps, prompted, go)
+                        await all_prompted.wait()
+                        before = m.statistics()
+                        t = time.perf_counter()
+                        go.set()
                     dt = time.perf_counter() - t
                     after = m.statistics()
                     rates.append(n * args.concurrent_steps / dt)
@@ -183,7 +195,7 @@ def main(argv=None):
     p.add_argument("--params", required=True)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--decode-steps", type=int, default=64)
-    p.add_argument("--concurrent-steps", type=int, default=32)
+    p.add_argument("--concurrent-steps", type=int, default=64)  # decode steps timed, as torch's batch
     p.add_argument("--sessions", default="1,2,4,8,16,32")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--json")
