@@ -13,10 +13,10 @@ prints it in pytest's terminal summary. `OUT_OF_SCOPE` names the tests whose ops
 tests upstream disables (`@disable_test`) are skipped with the reason. `RUNTIME_BUGS` are in-scope
 tests that fail on a bug outside kernels/: strict xfails.
 
-Exporting is the slow part: each test is lowered once per session for both backends, about 3.5
-minutes for the 71 tests on two CPU cores (16.5 before `tests/exporting.py`'s
-`cache_vulkan_pattern_graphs`). With the exports kept, the whole file runs in about 40 seconds on
-lavapipe.
+Exporting is the slow part: each test is lowered once per session for both backends, in worker
+processes (one per core) that start at the first test while the tests run on the adapter. On two
+CPU cores the file takes about 2.3 minutes (3.5 with one worker; 16.5 before `tests/exporting.py`'s
+`cache_vulkan_pattern_graphs`). With the exports kept, it runs in about 40 seconds on lavapipe.
 
 With PTE_WGPU_EXPORT_DIR set, each test's programs and eager results are kept under
 `<dir>/vulkan_delegate/<test>/` and a later run reuses them without ExecuTorch.
@@ -26,7 +26,10 @@ import ast
 import functools
 import importlib.util
 import json
+import multiprocessing
 import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
@@ -171,9 +174,16 @@ def _store(name, cases):
     (root / "manifest.json").write_text(json.dumps(manifest))
 
 
+def _kept(name):
+    """Test `name`'s directory in the export dir if it holds a whole export (the manifest is written
+    last), else None."""
+    root = Path(EXPORT_DIR, "vulkan_delegate", name) if EXPORT_DIR else None
+    return root if root is not None and (root / "manifest.json").exists() else None
+
+
 def _load_stored(name):
-    root = Path(EXPORT_DIR) / "vulkan_delegate" / name if EXPORT_DIR else None
-    if root is None or not (root / "manifest.json").exists():
+    root = _kept(name)
+    if root is None:
         return None
     cases = []
     for i, m in enumerate(json.loads((root / "manifest.json").read_text())):
@@ -186,24 +196,18 @@ def _load_stored(name):
     return cases
 
 
-def collect(name):
-    """The cases upstream test `name` lowers, exported once per session (and kept in the export dir)."""
-    if name in _CASES:
-        return _CASES[name]
-    cases = _load_stored(name)
-    if cases is None:
-        mod = _upstream()
-        if mod is None:
-            pytest.skip("ExecuTorch's test module cannot be imported and no stored export exists")
-        import torch
+def lower(name):
+    """The cases upstream test `name` lowers, or None without ExecuTorch's test stack (runs in a
+    worker process: see `lowerings`)."""
+    mod = _upstream()
+    if mod is None:
+        return None
+    import torch
 
-        cases = []
-        torch.manual_seed(0)
-        with mock.patch.object(mod.TestVulkanBackend, "lower_module_and_test_output", _record(cases)):
-            getattr(mod.TestVulkanBackend(name), name)()
-        if EXPORT_DIR:
-            _store(name, cases)
-    _CASES[name] = cases
+    cases = []
+    torch.manual_seed(0)
+    with mock.patch.object(mod.TestVulkanBackend, "lower_module_and_test_output", _record(cases)):
+        getattr(mod.TestVulkanBackend(name), name)()
     return cases
 
 
@@ -239,11 +243,50 @@ def _params():
         yield pytest.param(name, marks=marks, id=name)
 
 
+def _quiet():
+    """A lowering worker's stdout and stderr (ExecuTorch's INFO logs and warnings) go nowhere, not
+    into whichever test's output pytest is capturing; its errors come back through the future."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+
+
+@pytest.fixture(scope="session")
+def lowerings(request):
+    """{name: future of `lower(name)`} for every selected test with no stored export, lowered in
+    one worker process per core (up to 8) while the first tests already run on the adapter.
+    Spawned, not forked: this process already runs torch's and wgpu's threads."""
+    selected = [
+        item.callspec.params["name"]
+        for item in request.session.items
+        if getattr(item, "module", None) is sys.modules[__name__] and not item.get_closest_marker("skip")
+    ]
+    names = [n for n in dict.fromkeys(selected) if _kept(n) is None]
+    if not names:
+        yield {}
+        return
+    workers = min(os.cpu_count() or 1, 8, len(names))
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_quiet)
+    try:
+        yield {name: pool.submit(lower, name) for name in names}
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
 @pytest.fixture
-def cases(name):
-    """The upstream test's programs and eager results (exporting is synchronous: a sync fixture,
-    outside the event loop)."""
-    return collect(name)
+def cases(name, lowerings):
+    """The upstream test's programs and eager results: from the export dir, else from its worker
+    (then kept in the export dir). A sync fixture: waiting blocks, outside the event loop."""
+    if name not in _CASES:
+        cases = _load_stored(name)
+        if cases is None:
+            cases = lowerings[name].result()
+            if cases is None:
+                pytest.skip("ExecuTorch's test module cannot be imported and no stored export exists")
+            if EXPORT_DIR:
+                _store(name, cases)
+        _CASES[name] = cases
+    return _CASES[name]
 
 
 @pytest.mark.parametrize("name", list(_params()))
