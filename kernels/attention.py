@@ -69,6 +69,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 }}
 """
 
+# The workgroup's max and sum of red[0..CHUNK) (both attention kernels).
+REDUCTIONS = f"""
+fn reduce_max(t: u32) -> f32 {{
+    for (var stride = {CHUNK // 2}u; stride > 0u; stride = stride / 2u) {{
+        if (t < stride) {{ red[t] = max(red[t], red[t + stride]); }}
+        workgroupBarrier();
+    }}
+    return red[0];
+}}
+
+fn reduce_sum(t: u32) -> f32 {{
+    for (var stride = {CHUNK // 2}u; stride > 0u; stride = stride / 2u) {{
+        if (t < stride) {{ red[t] = red[t] + red[t + stride]; }}
+        workgroupBarrier();
+    }}
+    return red[0];
+}}
+"""
+
 ATTENTION = """
 struct P {{ s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }}
 @group(0) @binding(0) var<storage, read> q: array<f32>;
@@ -81,22 +100,7 @@ var<workgroup> qs: array<f32, {MAX_HEAD_DIM}>;
 var<workgroup> probs: array<f32, {CHUNK}>;
 var<workgroup> red: array<f32, {CHUNK}>;
 
-fn reduce_max(t: u32) -> f32 {{
-    for (var stride = {HALF}u; stride > 0u; stride = stride / 2u) {{
-        if (t < stride) {{ red[t] = max(red[t], red[t + stride]); }}
-        workgroupBarrier();
-    }}
-    return red[0];
-}}
-
-fn reduce_sum(t: u32) -> f32 {{
-    for (var stride = {HALF}u; stride > 0u; stride = stride / 2u) {{
-        if (t < stride) {{ red[t] = red[t] + red[t + stride]; }}
-        workgroupBarrier();
-    }}
-    return red[0];
-}}
-
+{reductions}
 @compute @workgroup_size({CHUNK})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{
     let h = wid.x;
@@ -168,6 +172,92 @@ SPLIT_FINISH = """    let part = ((s * p.hq + h) * p.splits + wid.z) * (p.d + 2u
     }}
     if (t == 0u) {{ out[part + p.d] = m; out[part + p.d + 1u] = l; }}"""
 
+# The split-K kernel for head dims of 4 * G with G dividing CHUNK (64 for SmolLM2 and Llama): a
+# decode row's attention is latency-bound, and the kernel above walks 64-long serial loops (a dot
+# product per key, a weighted sum per dim). Here the dot products read vec4s (G steps), and the
+# weighted sum splits each chunk's keys over CHUNK / G invocations per vec4 of dims, whose partial
+# sums are then added in a fixed order. Same partial-state layout as SPLIT_FINISH.
+SPLIT_VEC4 = """
+struct P {{ s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }}
+@group(0) @binding(0) var<storage, read> q: array<f32>;
+@group(0) @binding(1) var<storage, read> kc: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> vc: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<uniform> p: P;
+{tables}
+var<workgroup> qs: array<vec4<f32>, {G}>;
+var<workgroup> probs: array<f32, {CHUNK}>;
+var<workgroup> red: array<f32, {CHUNK}>;
+var<workgroup> part: array<vec4<f32>, {CHUNK}>;
+
+{reductions}
+@compute @workgroup_size({CHUNK})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{
+    let h = wid.x;
+    let s = wid.y;
+    let t = lid.x;
+    let kvh = h / (p.hq / p.hkv);
+    let row = (s * p.hq + h) * p.d;
+    if (t < {G}u) {{
+        let i = row + 4u * t;
+        qs[t] = vec4<f32>(q[i], q[i + 1u], q[i + 2u], q[i + 3u]) * p.scale;
+    }}
+    workgroupBarrier();
+    let keys = {keys};  // causal: the row at absolute position P sees keys 0..P
+    let cbase = ({cache_base}) / 4u;
+    let k_begin = min(keys, wid.z * p.span);
+    let k_end = min(keys, k_begin + p.span);
+    let g = t % {G}u;  // this invocation's vec4 of dims in the weighted sum
+    let sub = t / {G}u;  // and its share of each chunk's keys
+    var m = -3.0e38;
+    var l = 0.0;
+    var acc = vec4<f32>(0.0);
+    for (var base = k_begin; base < k_end; base = base + {CHUNK}u) {{
+        let j = base + t;
+        var score = -3.0e38;
+        if (j < k_end) {{
+            let kb = cbase + (j * p.hkv + kvh) * {G}u;
+            var sc = 0.0;
+            for (var e = 0u; e < {G}u; e = e + 1u) {{ sc = sc + dot(qs[e], kc[kb + e]); }}
+            score = sc;
+        }}
+        red[t] = score;
+        workgroupBarrier();
+        let m_new = max(m, reduce_max(t));
+        workgroupBarrier();
+        let e = select(0.0, exp(score - m_new), j < k_end);
+        probs[t] = e;
+        red[t] = e;
+        workgroupBarrier();
+        let total = reduce_sum(t);
+        let corr = exp(m - m_new);
+        l = l * corr + total;
+        let n = min({CHUNK}u, k_end - base);
+        var sum = vec4<f32>(0.0);
+        for (var jj = sub; jj < n; jj = jj + {SUBS}u) {{
+            sum = sum + probs[jj] * vc[cbase + ((base + jj) * p.hkv + kvh) * {G}u + g];
+        }}
+        part[t] = sum;
+        workgroupBarrier();
+        if (t < {G}u) {{
+            var all = part[t];
+            for (var k = 1u; k < {SUBS}u; k = k + 1u) {{ all = all + part[k * {G}u + t]; }}
+            acc = acc * corr + all;
+        }}
+        m = m_new;
+        workgroupBarrier();
+    }}
+    let at = ((s * p.hq + h) * p.splits + wid.z) * (p.d + 2u);
+    if (t < {G}u) {{
+        out[at + 4u * t] = acc.x;
+        out[at + 4u * t + 1u] = acc.y;
+        out[at + 4u * t + 2u] = acc.z;
+        out[at + 4u * t + 3u] = acc.w;
+    }}
+    if (t == 0u) {{ out[at + p.d] = m; out[at + p.d + 1u] = l; }}
+}}
+"""
+
 # Merges the splits' partial states of one (head, row): rescaled to the overall max.
 COMBINE = f"""
 struct P {{ s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }}
@@ -198,7 +288,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 """
 
 
-def _attention_shader(ragged, split=False):
+def _attention_shader(ragged, split=False, dim=None):
+    """The whole-range kernel, or the split-K one (SPLIT_VEC4 when `dim` allows it)."""
+    if split and dim % 4 == 0 and CHUNK % (dim // 4) == 0:
+        return SPLIT_VEC4.format(
+            tables=RAGGED_TABLES if ragged else "",
+            keys="u32(row_pos[s]) + 1u" if ragged else "p.pos + s + 1u",
+            cache_base="u32(max(row_slot[s], 0)) * p.stride" if ragged else "0u",
+            G=dim // 4,
+            reductions=REDUCTIONS,
+            SUBS=CHUNK // (dim // 4),
+            CHUNK=CHUNK,
+        )
     return ATTENTION.format(
         key_range=SPLIT_RANGE if split else WHOLE_RANGE,
         finish=(SPLIT_FINISH if split else WHOLE_FINISH).format(SLICES=MAX_HEAD_DIM // CHUNK, CHUNK=CHUNK),
@@ -207,8 +308,8 @@ def _attention_shader(ragged, split=False):
         cache_base="u32(max(row_slot[s], 0)) * p.stride" if ragged else "0u",  # padding rows: slot 0
         MAX_HEAD_DIM=MAX_HEAD_DIM,
         CHUNK=CHUNK,
-        HALF=CHUNK // 2,
         SLICES=MAX_HEAD_DIM // CHUNK,
+        reductions=REDUCTIONS,
     )
 
 
@@ -247,7 +348,7 @@ def _add_attention(b, context, hkv, dim, hq, scale, tables=()):
     b.writes(scratch)
     params = b.params(48)
     whole = b.dispatch(_attention_shader(ragged), [q, k_cache, v_cache, b.out, params, *tables])
-    split = b.dispatch(_attention_shader(ragged, split=True), [q, k_cache, v_cache, scratch, params, *tables])
+    split = b.dispatch(_attention_shader(ragged, split=True, dim=dim), [q, k_cache, v_cache, scratch, params, *tables])
     combine = b.dispatch(COMBINE, [scratch, b.out, params])
 
     def set_attention(ctx, s, pos, stride):
