@@ -88,6 +88,21 @@ fn reduce_sum(t: u32) -> f32 {{
 }}
 """
 
+# A chunk's scores (`score`, -3e38 past the key range) into the running max m and sum l:
+# probs[t] = exp(score - m_new), `corr` rescales what was accumulated, `n` keys are live.
+ONLINE_SOFTMAX = f"""        red[t] = score;
+        workgroupBarrier();
+        let m_new = max(m, reduce_max(t));
+        workgroupBarrier();
+        let e = select(0.0, exp(score - m_new), j < k_end);
+        probs[t] = e;
+        red[t] = e;
+        workgroupBarrier();
+        let total = reduce_sum(t);
+        let corr = exp(m - m_new);
+        l = l * corr + total;
+        let n = min({CHUNK}u, k_end - base);"""
+
 ATTENTION = """
 struct P {{ s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }}
 @group(0) @binding(0) var<storage, read> q: array<f32>;
@@ -125,18 +140,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             for (var d = 0u; d < p.d; d = d + 1u) {{ dot = dot + qs[d] * kc[kbase + d]; }}
             score = dot;
         }}
-        red[t] = score;
-        workgroupBarrier();
-        let m_new = max(m, reduce_max(t));
-        workgroupBarrier();
-        let e = select(0.0, exp(score - m_new), j < k_end);
-        probs[t] = e;
-        red[t] = e;
-        workgroupBarrier();
-        let total = reduce_sum(t);
-        let corr = exp(m - m_new);
-        l = l * corr + total;
-        let n = min({CHUNK}u, k_end - base);
+{online_softmax}
         for (var c = 0u; c < {SLICES}u; c = c + 1u) {{
             let d = t + c * {CHUNK}u;
             if (d < p.d) {{
@@ -221,18 +225,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             for (var e = 0u; e < {G}u; e = e + 1u) {{ sc = sc + dot(qs[e], kc[kb + e]); }}
             score = sc;
         }}
-        red[t] = score;
-        workgroupBarrier();
-        let m_new = max(m, reduce_max(t));
-        workgroupBarrier();
-        let e = select(0.0, exp(score - m_new), j < k_end);
-        probs[t] = e;
-        red[t] = e;
-        workgroupBarrier();
-        let total = reduce_sum(t);
-        let corr = exp(m - m_new);
-        l = l * corr + total;
-        let n = min({CHUNK}u, k_end - base);
+{online_softmax}
         var sum = vec4<f32>(0.0);
         for (var jj = sub; jj < n; jj = jj + {SUBS}u) {{
             sum = sum + probs[jj] * vc[cbase + ((base + jj) * p.hkv + kvh) * {G}u + g];
@@ -297,6 +290,7 @@ def _attention_shader(ragged, split=False, dim=None):
             cache_base="u32(max(row_slot[s], 0)) * p.stride" if ragged else "0u",
             G=dim // 4,
             reductions=REDUCTIONS,
+            online_softmax=ONLINE_SOFTMAX,
             SUBS=CHUNK // (dim // 4),
             CHUNK=CHUNK,
         )
@@ -310,6 +304,7 @@ def _attention_shader(ragged, split=False, dim=None):
         CHUNK=CHUNK,
         SLICES=MAX_HEAD_DIM // CHUNK,
         reductions=REDUCTIONS,
+        online_softmax=ONLINE_SOFTMAX,
     )
 
 
