@@ -283,28 +283,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 def _attention_shader(ragged, split=False, dim=None):
     """The whole-range kernel, or the split-K one (SPLIT_VEC4 when `dim` allows it)."""
-    if split and dim % 4 == 0 and CHUNK % (dim // 4) == 0:
-        return SPLIT_VEC4.format(
-            tables=RAGGED_TABLES if ragged else "",
-            keys="u32(row_pos[s]) + 1u" if ragged else "p.pos + s + 1u",
-            cache_base="u32(max(row_slot[s], 0)) * p.stride" if ragged else "0u",
-            G=dim // 4,
-            reductions=REDUCTIONS,
-            online_softmax=ONLINE_SOFTMAX,
-            SUBS=CHUNK // (dim // 4),
-            CHUNK=CHUNK,
-        )
-    return ATTENTION.format(
-        key_range=SPLIT_RANGE if split else WHOLE_RANGE,
-        finish=(SPLIT_FINISH if split else WHOLE_FINISH).format(SLICES=MAX_HEAD_DIM // CHUNK, CHUNK=CHUNK),
+    common = dict(
         tables=RAGGED_TABLES if ragged else "",
         keys="u32(row_pos[s]) + 1u" if ragged else "p.pos + s + 1u",
         cache_base="u32(max(row_slot[s], 0)) * p.stride" if ragged else "0u",  # padding rows: slot 0
-        MAX_HEAD_DIM=MAX_HEAD_DIM,
-        CHUNK=CHUNK,
-        SLICES=MAX_HEAD_DIM // CHUNK,
         reductions=REDUCTIONS,
         online_softmax=ONLINE_SOFTMAX,
+        CHUNK=CHUNK,
+    )
+    if split and dim % 4 == 0 and CHUNK % (dim // 4) == 0:
+        return SPLIT_VEC4.format(G=dim // 4, SUBS=CHUNK // (dim // 4), **common)
+    return ATTENTION.format(
+        key_range=SPLIT_RANGE if split else WHOLE_RANGE,
+        finish=(SPLIT_FINISH if split else WHOLE_FINISH).format(SLICES=MAX_HEAD_DIM // CHUNK, CHUNK=CHUNK),
+        MAX_HEAD_DIM=MAX_HEAD_DIM,
+        SLICES=MAX_HEAD_DIM // CHUNK,
+        **common,
     )
 
 

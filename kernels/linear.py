@@ -177,7 +177,7 @@ def _trees(accs, rows_first):
     return lines
 
 
-def gemv_t_body(weights, n, k, store, base="0u", scale="", group_rows=GEMV_GROUP_ROWS):
+def gemv_t_body(weights, n, k, store, base="0u", scale=None, group_rows=GEMV_GROUP_ROWS):
     """WGSL statements of the [N, K]-weight GEMV for the weight bindings `weights` (N rows of `n`,
     K of `k`, from `base`): one accumulator variable per (weight, row), written out (a private
     array indexed in a loop can spill to local memory). Expects `n0`, `rows`, `aoff` and `li`;
