@@ -34,11 +34,10 @@ async def bench_wgpu(path, args):
         rng = np.random.default_rng(0)
         vocab = model.outputs[0].max_shape[-1]
 
-        async def decode(session, steps, prompted, go, start=8):
-            """A prompt, then (once every session has had its prompt, like torch's batch) decode."""
+        async def prompt(session, start=8):
             await session.execute(rng.integers(0, vocab, (1, start)), np.array([0]))
-            prompted()
-            await go.wait()
+
+        async def decode(session, steps, start=8):
             for p in range(start, start + steps):
                 await session.execute(np.array([[p % vocab]]), np.array([p]))
 
@@ -68,20 +67,14 @@ async def bench_wgpu(path, args):
                 rates = []
                 for _ in range(max(1, args.runs // 2)):
                     sessions = [await m.open_session() for _ in range(n)]
-                    go, all_prompted, waiting = anyio.Event(), anyio.Event(), [n]
-
-                    def prompted():
-                        waiting[0] -= 1
-                        if waiting[0] == 0:
-                            all_prompted.set()
-
+                    async with anyio.create_task_group() as tg:  # every prompt first, untimed, as torch's batch
+                        for s in sessions:
+                            tg.start_soon(prompt, s)
+                    before = m.statistics()
+                    t = time.perf_counter()
                     async with anyio.create_task_group() as tg:
                         for s in sessions:
-                            tg.start_soon(decode, s, args.concurrent_steps, prompted, go)
-                        await all_prompted.wait()
-                        before = m.statistics()
-                        t = time.perf_counter()
-                        go.set()
+                            tg.start_soon(decode, s, args.concurrent_steps)
                     dt = time.perf_counter() - t
                     after = m.statistics()
                     rates.append(n * args.concurrent_steps / dt)
