@@ -22,7 +22,7 @@ from resize.shapes import fold_grid, numel_of
 
 from .linear import (
     GEMV_MAX_ROWS, GEMV_REDUCE, GEMV_ROWS, PARAMS_FORMAT, PARAMS_SIZE,
-    _check_f32, gemm_grid, gemm_shader, gemv_t_body, linear_shapes,
+    GemmRoute, _check_f32, gemv_t_body, linear_shapes,
 )  # fmt: skip
 from .registry import op
 from .wgsl import FLAT_INDEX, WG, flat_grid
@@ -116,21 +116,24 @@ class _Products:
     """The GEMM route of products out_j = x @ w_j.T, and the live (M, K, N_j) they share."""
 
     def __init__(self, b, x, weights, outs):
-        self.b, self.x = b, x
+        self.x = x
         self.shape_fn = linear_shapes(b.name)
-        self.routes = []
+        self.routes, scratch = [], None
         for w, out in zip(weights, outs):
             params = b.params(PARAMS_SIZE)
-            self.routes.append((w, out, params, b.dispatch(gemm_shader(True, False), [x, w, out, params])))
+            route = GemmRoute(b, [x, w], None, out, params, True, scratch)  # one after another: one scratch
+            self.routes.append((w, out, params, route))
+            scratch = route.scratch
 
     def resize(self, ctx):
         """Set each product's shape and GEMM params; returns (gemv?, M, K, [N_j])."""
         xd, ns = ctx.dims(self.x), []
         for w, out, params, gemm in self.routes:
             _, m, n, k, _, _, out_dims = self.shape_fn(xd, ctx.dims(w))
-            ctx.set_params(params, struct.pack(PARAMS_FORMAT, m, n, k, 1, 0, 0, m * n, 0, 0, 0, 1.0, 1.0))
-            gemv = 0 < m <= GEMV_MAX_ROWS
-            ctx.set_grid(gemm, gemm_grid(self.b.name, m, n, 1) if m > GEMV_MAX_ROWS else (0, 0, 0))
+            gemv, on = 0 < m <= GEMV_MAX_ROWS, m > GEMV_MAX_ROWS
+            splits, kspan = gemm.plan(m, n, k, 1, on)
+            ctx.set_params(params, struct.pack(PARAMS_FORMAT, m, n, k, 1, 0, 0, m * n, 0, 0, 0, 1.0, 1.0, splits, kspan))
+            gemm.set_grids(ctx, m, n, 1, splits, on)
             ctx.set_dims(out, out_dims)
             ns.append(n)
         return gemv, m, k, ns

@@ -73,6 +73,9 @@ CASES = {
     "linear_bias_dyn_large": (lambda: Linear(523, 67, True), [(70, 523)], ({0: _m(70)},)),
     "mm_dyn": (MM, [(17, 13), (13, 29)], ({0: _m(17)}, None)),
     "bmm_dyn": (BMM, [(3, 17, 13), (3, 13, 29)], ({1: _m(17)}, None)),
+    # K long enough for the GEMM to split it (gemm_split), B as [K, N]
+    "mm_dyn_split": (MM, [(70, 257), (257, 97)], ({0: _m(70)}, None)),
+    "bmm_dyn_split": (BMM, [(3, 67, 199), (3, 199, 71)], ({1: _m(67)}, None)),
     "addmm_dyn": (lambda: AddMM(13, 29), [(17, 13)], ({0: _m(17)},)),
     "fused_dyn": (lambda: FusedLinears(37, 41, 23, 53), [(1, 71, 37)], ({1: _m(71)},)),
 }
@@ -82,6 +85,8 @@ M_AXIS = {
     "linear_bias_dyn_large": [0],
     "mm_dyn": [0, None],
     "bmm_dyn": [1, None],
+    "mm_dyn_split": [0, None],
+    "bmm_dyn_split": [1, None],
     "addmm_dyn": [0],
     "fused_dyn": [1],
 }
@@ -144,6 +149,17 @@ def test_grids_stay_within_limits():
         L.gemm_grid("aten.bmm.default", 7, 29, 70_000)
 
 
+def test_gemm_splits_k_only_for_few_tiles():
+    assert L.gemm_split(2047, 1536, 576, 1) == (1, 576)  # 768 tiles: enough
+    splits, kspan = L.gemm_split(37, 576, 576, 1)  # 9 tiles
+    assert splits == 8 and kspan % L.BK == 0 and (splits - 1) * kspan < 576 <= splits * kspan
+    assert L.gemm_split(70, 67, 523, 1) == (7, 80)  # the last split is shorter
+    assert L.gemm_split(37, 576, 100, 1) == (1, 100)  # K too short to split
+    for m, n, k, batch in ((37, 576, 576, 1), (70, 67, 523, 1), (67, 71, 199, 3), (300, 300, 4096, 1)):
+        splits, _ = L.gemm_split(m, n, k, batch)  # the splits' sums fit the scratch
+        assert splits * batch * m * n <= L.SPLIT_TARGET * L.BM * L.BN
+
+
 def test_shape_errors_name_the_op():
     with pytest.raises(ValueError, match=r"aten.linear.default: input \(7, 12\) has K=12"):
         L.linear_shapes("aten.linear.default")((7, 12), (29, 13))
@@ -156,7 +172,7 @@ def test_shape_errors_name_the_op():
 
 
 def test_uniform_layout_matches_wgsl():
-    assert L.PARAMS_SIZE == 48 and L.PARAMS_SIZE % 16 == 0
+    assert L.PARAMS_SIZE == 56  # b.params rounds it up to 64
     for has_bias in (False, True):
         for transposed in (False, True):
             for src in (L.gemv_shader(transposed, has_bias), L.gemm_shader(transposed, has_bias)):
