@@ -2,15 +2,18 @@
 caches at the live position, then causal attention of the S query rows over the cache prefix,
 with grouped-query heads.
 
-The attention kernel streams the keys in chunks with an online softmax, so no scores matrix is
-ever materialized, whatever the context length: one workgroup per (query head, query row). For
-a few rows (decode) that is too few workgroups for a long cache, so up to SPLIT_MAX_ROWS rows
+The attention kernels stream the keys in blocks with an online softmax, so no scores matrix is
+ever materialized, whatever the context length. Prefill-sized passes take the query-tiled kernel
+("flash attention": one workgroup per query head and tile of TILE_ROWS rows, keys shared through
+workgroup memory), or, for head dims it does not take, one workgroup per (query head, query row).
+For a few rows (decode) that is too few workgroups for a long cache, so up to SPLIT_MAX_ROWS rows
 take the split-K route ("flash decoding"): one workgroup per (head, row, key range) writes a
 partial softmax state, and a second kernel merges the ranges. The hook picks the route.
 """
 
 import math
 import struct
+import textwrap
 
 from resize.shapes import numel_of
 from resize.values import Tensor
@@ -281,6 +284,175 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 """
 
 
+# The query-tiled kernel ("flash attention") for head dims d = 4 * G up to TILED_MAX_DIM: one
+# workgroup per (query head, tile of TILE_ROWS rows), TILE_SUBS invocations per row. Each one keeps
+# its row's q (pre-scaled) and its own online-softmax state (max m, sum l, accumulator a) in
+# registers, as separate vec4 variables (a private array indexed in a loop spills to local memory),
+# and takes keys sub * KPS .. sub * KPS + KPS - 1 of each block of BK keys, whose K and V rows the
+# workgroup loads into `kv` together. Invocation t is row t % TILE_ROWS of sub t / TILE_ROWS, so a
+# warp's invocations read the same K and V vec4 at once (a broadcast). `kv` is indexed
+# [sub][key][vec4] with constant inner indices: naga clamps each dynamic index into a workgroup
+# array, and this way that is one clamp per kernel, not one per read. Every row's result is the
+# same whatever the tile's other rows: blocks are aligned at key 0, masked keys add exact zeros.
+TILE_ROWS = 32
+TILE_SUBS = 4
+TILED_MAX_DIM = 64  # q and a take 2 * d registers per invocation
+KV_BYTES = 16384  # workgroup storage of a block's K and V rows (the WebGPU default limit)
+TILED = """
+struct P {{ s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }}
+@group(0) @binding(0) var<storage, read> q: array<f32>;
+@group(0) @binding(1) var<storage, read> kc: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> vc: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<uniform> p: P;
+{tables}
+// [sub][i] is the K row of key sub * KPS + i of the block, [SUBS + sub][i] its V row; the merge's
+// scratch afterwards, as 2 * BK rows of G vec4s
+var<workgroup> kv: array<array<array<vec4<f32>, {G}>, {KPS}>, {SUBS2}>;
+
+fn hsum(x: vec4<f32>) -> f32 {{ return (x.x + x.y) + (x.z + x.w); }}
+
+@compute @workgroup_size({THREADS})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{
+    let h = wid.x;
+    let r0 = ((p.s + {BQ}u - 1u) / {BQ}u - 1u - wid.y) * {BQ}u;  // the last (longest) tiles first
+    let r_end = min(r0 + {BQ}u, p.s);
+    let t = lid.x;
+    let lane = t % {BQ}u;
+    let sub = t / {BQ}u;
+    let vsub = {SUBS}u + sub;
+    let row = r0 + lane;
+    let r = min(row, p.s - 1u);
+    let kvh = h / (p.hq / p.hkv);
+    let qi = (r * p.hq + h) * {D}u;
+    {q}
+    {acc}
+    var m = -3.0e38;
+    var l = 0.0;
+{ranges}
+    // Merge the row's TILE_SUBS states: rescaled to their common max, then summed pairwise in a
+    // fixed order through kv (free: the last key block ended on a barrier).
+    {merge}
+}}
+"""
+
+# The key blocks of the rows `mine` (keys 0..keys-1 each) over the cache at `cbase` (in vec4s);
+# `kmax` bounds every row's key count and is the same for the whole workgroup.
+TILED_BLOCKS = """    for (var kb = 0u; kb < kmax; kb = kb + {BK}u) {{
+        for (var i = t; i < {BKG}u; i = i + {THREADS}u) {{
+            let key = i / {G}u;
+            let j = min(kb + key, kmax - 1u);  // past kmax: a live key's row, masked below
+            let at = cbase + (j * p.hkv + kvh) * {G}u + i % {G}u;
+            kv[key / {KPS}u][key % {KPS}u][i % {G}u] = kc[at];
+            kv[{SUBS}u + key / {KPS}u][key % {KPS}u][i % {G}u] = vc[at];
+        }}
+        workgroupBarrier();
+        let j0 = kb + sub * {KPS}u;
+        if (mine && j0 < keys) {{
+            {scores}
+            let m_new = max(m, {max});
+            let corr = exp(m - m_new);
+            {probs}
+            l = l * corr + {total};
+            {weighted}
+            m = m_new;
+        }}
+        workgroupBarrier();
+    }}"""
+
+TILED_PLAIN = """    let keys = p.pos + row + 1u;  // causal: the row at absolute position P sees keys 0..P
+    let mine = row < p.s;
+    let kmax = p.pos + r_end;
+    let cbase = 0u;
+{blocks}"""
+
+# Ragged: the tile's segments (maximal runs of rows of one slot) one after the other, each over
+# its own slot's cache; padding rows (slot -1) attend to nothing and write zeros.
+TILED_RAGGED = """    let keys = u32(row_pos[r]) + 1u;  // causal: the row at absolute position P sees keys 0..P
+    var seg = r0;
+    while (seg < r_end) {{
+        let slot = row_slot[seg];
+        var e = seg + 1u;
+        var kmax = u32(row_pos[seg]) + 1u;
+        while (e < r_end && row_slot[e] == slot) {{
+            kmax = max(kmax, u32(row_pos[e]) + 1u);
+            e = e + 1u;
+        }}
+        if (slot >= 0) {{
+            let mine = row >= seg && row < e;
+            let cbase = u32(slot) * (p.stride / 4u);
+{blocks}
+        }}
+        seg = e;
+    }}"""
+
+
+def _tiled_shader(ragged, dim):
+    """TILED for head dim `dim` (a multiple of 4, at most TILED_MAX_DIM), its G-long loops written out."""
+    g, bq, subs = dim // 4, TILE_ROWS, TILE_SUBS
+    bk = min(64, KV_BYTES // (8 * dim)) // subs * subs  # keys per block
+    kps = bk // subs  # of which each invocation takes kps
+    assert 2 * bk >= max(-(-bq * subs // g), bq * subs // 2), "kv must hold the merge's scratch"
+    n = "\n            "
+    vis = [f"j0 + {i}u < keys" for i in range(kps)]
+    blocks = TILED_BLOCKS.format(
+        BK=bk, BKG=bk * g, G=g, KPS=kps, SUBS=subs, THREADS=bq * subs,
+        scores=n.join(
+            f"let s{i} = select(-3.0e38, hsum({' + '.join(f'q{e} * kv[sub][{i}][{e}]' for e in range(g))}), {vis[i]});"
+            for i in range(kps)
+        ),
+        max=_max_tree([f"s{i}" for i in range(kps)]),
+        probs=n.join(f"let p{i} = select(0.0, exp(s{i} - m_new), {vis[i]});" for i in range(kps)),
+        total=" + ".join(f"p{i}" for i in range(kps)),
+        weighted=n.join(
+            f"a{e} = a{e} * corr + {' + '.join(f'p{i} * kv[vsub][{i}][{e}]' for i in range(kps))};" for e in range(g)
+        ),
+    )
+    ranges = TILED_RAGGED.format(blocks=textwrap.indent(blocks, " " * 8)) if ragged else TILED_PLAIN.format(blocks=blocks)
+
+    def flat(i):  # vec4 i of kv
+        return f"kv[{i} / {g * kps}u][{i} / {g}u % {kps}u][{i} % {g}u]"
+
+    states = [f"st{k}" for k in range(subs)]
+    merge = [f"{flat('t')} = vec4<f32>(m, l, 0.0, 0.0);", "workgroupBarrier();"]
+    merge += [f"let st{k} = {flat(f'({k * bq}u + lane)')};" for k in range(subs)]
+    merge.append(f"let mx = {_max_tree([f'{s}.x' for s in states])};")
+    merge.append(f"let total = {' + '.join(f'{s}.y * exp({s}.x - mx)' for s in states)};")
+    merge.append("let c = exp(m - mx);")
+    merge += [f"a{e} = a{e} * c;" for e in range(g)]
+    half = subs // 2
+    while half:  # subs [half, 2 * half) hand their a to subs [0, half)
+        put = " ".join(f"kv[at / {kps}u][at % {kps}u][{e}] = a{e};" for e in range(g))
+        add = " ".join(f"a{e} = a{e} + kv[at / {kps}u][at % {kps}u][{e}];" for e in range(g))
+        merge += [
+            "workgroupBarrier();",
+            f"if (sub >= {half}u && sub < {2 * half}u) {{ let at = (sub - {half}u) * {bq}u + lane; {put} }}",
+            "workgroupBarrier();",
+            f"if (sub < {half}u) {{ let at = sub * {bq}u + lane; {add} }}",
+        ]
+        half //= 2
+    # a real row's total is at least 1 (its largest score's exp(0)); a padding row's is 0, a = 0
+    writes = " ".join(f"out[o + {4 * e + c}u] = a{e}.{'xyzw'[c]} / w;" for e in range(g) for c in range(4))
+    merge.append(f"if (sub == 0u && row < p.s) {{ let o = (row * p.hq + h) * {dim}u; let w = max(total, 1e-30); {writes} }}")
+    n = "\n    "
+    q = [", ".join(f"q[qi + {4 * e + c}u]" for c in range(4)) for e in range(g)]
+    return TILED.format(
+        tables=RAGGED_TABLES if ragged else "",
+        G=g, KPS=kps, SUBS=subs, SUBS2=2 * subs, THREADS=bq * subs, BQ=bq, D=dim,
+        q=n.join(f"let q{e} = vec4<f32>({q[e]}) * p.scale;" for e in range(g)),
+        acc=n.join(f"var a{e} = vec4<f32>(0.0);" for e in range(g)),
+        ranges=ranges,
+        merge=n.join(merge),
+    )
+
+
+def _max_tree(terms):
+    """WGSL of the max of `terms`, as a balanced tree of max() calls."""
+    while len(terms) > 1:
+        terms = [f"max({a}, {b})" for a, b in zip(terms[::2], terms[1::2])] + terms[len(terms) - len(terms) % 2 :]
+    return terms[0]
+
+
 def _attention_shader(ragged, split=False, dim=None):
     """The whole-range kernel, or the split-K one (SPLIT_VEC4 when `dim` allows it)."""
     common = dict(
@@ -300,6 +472,13 @@ def _attention_shader(ragged, split=False, dim=None):
         SLICES=MAX_HEAD_DIM // CHUNK,
         **common,
     )
+
+
+def _whole_range(ragged, dim):
+    """(shader, query rows per workgroup) of the route for more than SPLIT_MAX_ROWS rows."""
+    if dim % 4 == 0 and dim <= TILED_MAX_DIM:
+        return _tiled_shader(ragged, dim), TILE_ROWS
+    return _attention_shader(ragged), 1
 
 
 def _attention_args(b):
@@ -326,8 +505,9 @@ def _rows(b, ctx):
 
 
 def _add_attention(b, context, hkv, dim, hq, scale, tables=()):
-    """Record both attention routes (one pass, or split-K and its combine for up to
-    SPLIT_MAX_ROWS rows); returns `set_attention(ctx, s, pos, stride)` for the hook."""
+    """Record both attention routes (one pass, query-tiled where the head dim allows, or split-K
+    and its combine for up to SPLIT_MAX_ROWS rows); returns `set_attention(ctx, s, pos, stride)`
+    for the hook."""
     q, k_cache, v_cache = b.args[0], b.args[3], b.args[4]
     ragged = bool(tables)
     splits = min(MAX_SPLITS, context)
@@ -336,14 +516,15 @@ def _add_attention(b, context, hkv, dim, hq, scale, tables=()):
     b.graph.values.append(Tensor("float32", (SPLIT_MAX_ROWS * hq * splits * (dim + 2),)))
     b.writes(scratch)
     params = b.params(48)
-    whole = b.dispatch(_attention_shader(ragged), [q, k_cache, v_cache, b.out, params, *tables])
+    whole_shader, rows_per_group = _whole_range(ragged, dim)
+    whole = b.dispatch(whole_shader, [q, k_cache, v_cache, b.out, params, *tables])
     split = b.dispatch(_attention_shader(ragged, split=True, dim=dim), [q, k_cache, v_cache, scratch, params, *tables])
     combine = b.dispatch(COMBINE, [scratch, b.out, params])
 
     def set_attention(ctx, s, pos, stride):
         ctx.set_params(params, struct.pack("<5If5I", s, pos, hq, hkv, dim, scale, stride, splits, span, 0, 0))
         use_split = s <= SPLIT_MAX_ROWS
-        ctx.set_grid(whole, (0, 0, 0) if use_split else (hq, s, 1))
+        ctx.set_grid(whole, (0, 0, 0) if use_split else (hq, -(-s // rows_per_group), 1))
         ctx.set_grid(split, (hq, s, splits) if use_split else (0, 0, 0))
         ctx.set_grid(combine, (hq, s, 1) if use_split else (0, 0, 0))
 

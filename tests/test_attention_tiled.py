@@ -1,0 +1,206 @@
+"""The query-tiled attention kernel (kernels/attention.py TILED), which takes passes of more than
+SPLIT_MAX_ROWS query rows, against float64 / torch eager attention.
+
+First the kernels alone on raw buffers: the plain form at a start position past 0, and ragged
+passes whose tiles span several sessions (prompt chunks, decode rows, padding), for head dims 64
+(SmolLM2's), 40 (G = 10, not a power of 2) and 80 (the whole-range fallback). Then an export:
+`llama::sdpa_with_kv_cache` of head dim 64 fed by token embeddings, run step by step at prime row
+counts (plain) and as concurrent sessions (ragged passes), against torch eager.
+"""
+
+import math
+import struct
+from pathlib import Path
+
+import anyio
+import numpy as np
+import pytest
+import torch
+import wgpu
+
+from async_runtime.device import find_adapter
+from kernels.attention import SPLIT_MAX_ROWS, TILE_ROWS, _whole_range
+
+from .exporting import EXPORT_DIR, export_pte
+
+pytestmark = pytest.mark.usefixtures("adapter")
+
+HQ, HKV = 6, 2
+DIMS = {64: TILE_ROWS, 40: TILE_ROWS, 80: 1}  # head dim: query rows per workgroup (80: the fallback)
+
+
+@pytest.fixture(scope="module")
+def device():
+    adapter = find_adapter()
+    return adapter.request_device_sync(required_limits=dict(adapter.limits))
+
+
+def _run_kernel(device, dim, q, kc, vc, pos=0, tables=None):
+    """The pass's attention output [S, HQ, dim] from the kernel the hook takes for S rows: q is
+    [S, HQ, dim]; kc, vc are [slots, context, HKV, dim]; tables (row_pos, row_slot) make it ragged."""
+    s, context = q.shape[0], kc.shape[1]
+    assert s > SPLIT_MAX_ROWS
+    shader, rows_per_group = _whole_range(tables is not None, dim)
+    assert rows_per_group == DIMS[dim]
+    usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+    out = device.create_buffer(size=q.nbytes, usage=usage)
+    device.queue.write_buffer(out, 0, np.full(q.size, np.nan, np.float32))
+    params = struct.pack("<5If6I", s, pos, HQ, HKV, dim, 1 / math.sqrt(dim), context * HKV * dim, 1, context, 0, 0, 0)
+    buffers = [device.create_buffer_with_data(data=a, usage=usage) for a in (q, kc, vc)]
+    buffers += [out, device.create_buffer_with_data(data=params, usage=wgpu.BufferUsage.UNIFORM)]
+    buffers += [device.create_buffer_with_data(data=t.astype(np.int32), usage=usage) for t in tables or ()]
+    pipe = device.create_compute_pipeline(
+        layout="auto", compute={"module": device.create_shader_module(code=shader), "entry_point": "main"}
+    )
+    group = device.create_bind_group(
+        layout=pipe.get_bind_group_layout(0),
+        entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(buffers)],
+    )
+    encoder = device.create_command_encoder()
+    compute = encoder.begin_compute_pass()
+    compute.set_pipeline(pipe)
+    compute.set_bind_group(0, group)
+    compute.dispatch_workgroups(HQ, -(-s // rows_per_group), 1)
+    compute.end()
+    device.queue.submit([encoder.finish()])
+    return np.frombuffer(device.queue.read_buffer(out), np.float32).reshape(q.shape)
+
+
+def _attend(q, k, v, positions):
+    """float64 causal attention: row i of q [S, HQ, d] at absolute position positions[i] over the
+    keys 0..positions[i] of k, v [context, HKV, d]."""
+    d = q.shape[-1]
+    k, v = (np.repeat(t.astype(np.float64), HQ // HKV, axis=1) for t in (k, v))
+    scores = np.einsum("shd,thd->sht", q.astype(np.float64), k) / math.sqrt(d)
+    hidden = np.arange(k.shape[0])[None, :] > np.asarray(positions)[:, None]
+    scores = np.where(hidden[:, None, :], -np.inf, scores)
+    w = np.exp(scores - scores.max(-1, keepdims=True))
+    return np.einsum("sht,thd->shd", w / w.sum(-1, keepdims=True), v)
+
+
+@pytest.mark.parametrize("dim", DIMS)
+def test_plain_pass_past_the_start(device, dim):
+    rng = np.random.default_rng(dim)
+    context = 224
+    kc, vc = (rng.standard_normal((1, context, HKV, dim), dtype=np.float32) for _ in range(2))
+    for s, pos in [(97, 113), (37, 0), (61, 163)]:
+        q = rng.standard_normal((s, HQ, dim), dtype=np.float32) * 2
+        got = _run_kernel(device, dim, q, kc, vc, pos=pos)
+        want = _attend(q, kc[0], vc[0], np.arange(pos, pos + s))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"s={s} pos={pos}")
+
+
+@pytest.mark.parametrize("dim", DIMS)
+def test_ragged_pass_of_several_sessions(device, dim):
+    """Tiles of rows of several slots: a long prompt chunk past position 0, decode rows, chunks
+    of other prompts, and padding rows at the end (slot -1), in a random order of sessions."""
+    rng = np.random.default_rng(dim + 1)
+    slots, context = 6, 200
+    kc, vc = (rng.standard_normal((slots, context, HKV, dim), dtype=np.float32) for _ in range(2))
+    pieces = [(2, 101, 67), (0, 199, 1), (1, 0, 31), (3, 5, 1), (5, 17, 13), (4, 150, 2)]  # (slot, start, rows)
+    rng.shuffle(pieces)
+    pad = 13
+    row_slot = np.concatenate([np.full(n, slot) for slot, _, n in pieces] + [np.full(pad, -1)])
+    row_pos = np.concatenate([np.arange(start, start + n) for _, start, n in pieces] + [np.zeros(pad, int)])
+    q = rng.standard_normal((len(row_pos), HQ, dim), dtype=np.float32) * 2
+    got = _run_kernel(device, dim, q, kc, vc, tables=(row_pos, row_slot))
+    first = 0
+    for slot, start, n in pieces:
+        rows = slice(first, first + n)
+        want = _attend(q[rows], kc[slot], vc[slot], row_pos[rows])
+        np.testing.assert_allclose(got[rows], want, rtol=1e-5, atol=1e-5, err_msg=f"slot {slot}, rows {rows}")
+        first += n
+    assert np.isfinite(got[first:]).all()  # padding rows: unused, but nothing undefined
+
+
+# -- an export: token embeddings as q, k, v, attended over the KV cache ----------------------------
+
+DIM, CONTEXT, VOCAB = 64, 192, 89
+S_MAX = 127
+
+
+class EmbeddedAttention(torch.nn.Module):
+    """q, k, v looked up per token (HQ / HKV heads of DIM), `llama::sdpa_with_kv_cache` over the
+    module's KV cache: the rows' attention outputs [1, S, HQ * DIM]."""
+
+    def __init__(self):
+        super().__init__()
+        self.q = torch.nn.Embedding(VOCAB, HQ * DIM)
+        self.k = torch.nn.Embedding(VOCAB, HKV * DIM)
+        self.v = torch.nn.Embedding(VOCAB, HKV * DIM)
+        self.register_buffer("k_cache", torch.zeros(1, CONTEXT, HKV, DIM))
+        self.register_buffer("v_cache", torch.zeros(1, CONTEXT, HKV, DIM))
+
+    def forward(self, tokens, input_pos):
+        s = tokens.shape[1]
+        pos = input_pos[0].item()
+        torch._check_is_size(pos)
+        torch._check(pos + s <= CONTEXT)
+        q = self.q(tokens).view(1, s, HQ, DIM)
+        k = self.k(tokens).view(1, s, HKV, DIM)
+        v = self.v(tokens).view(1, s, HKV, DIM)
+        y = torch.ops.llama.sdpa_with_kv_cache(q, k, v, self.k_cache, self.v_cache, pos, s, None, 0, True)
+        return y.view(1, s, HQ * DIM)
+
+
+def _export():
+    if not (EXPORT_DIR and (Path(EXPORT_DIR) / "attention_d64.pte").exists()):
+        pytest.importorskip("executorch.extension.llm.custom_ops.custom_ops")  # registers llama::
+    sample = (torch.randint(0, VOCAB, (1, 41)), torch.tensor([5]))
+    dynamic = ({1: torch.export.Dim("s", min=1, max=S_MAX)}, None)
+    return export_pte("attention_d64", EmbeddedAttention, sample, dynamic)
+
+
+def _eager(module, history, pos, s):
+    """torch eager attention of the rows at positions pos..pos+s-1 of the token `history`."""
+    with torch.no_grad():
+        tokens = torch.from_numpy(np.asarray(history[: pos + s], np.int64))
+        q, k, v = (e(tokens).double().view(pos + s, -1, DIM).transpose(0, 1) for e in (module.q, module.k, module.v))
+        k, v = (t.repeat_interleave(HQ // HKV, dim=0) for t in (k, v))
+        visible = torch.arange(pos + s)[None, :] <= torch.arange(pos, pos + s)[:, None]
+        y = torch.nn.functional.scaled_dot_product_attention(q[:, pos:], k, v, attn_mask=visible)
+    return y.transpose(0, 1).reshape(1, s, HQ * DIM).float().numpy()
+
+
+async def _steps(session, module, history, counts):
+    """Feed `history` in steps of `counts` rows; each step's output must match eager."""
+    pos = 0
+    for s in counts:
+        (got,) = await session.execute(np.asarray(history[pos : pos + s], np.int64)[None], np.array([pos], np.int64))
+        np.testing.assert_allclose(got, _eager(module, history, pos, s), rtol=1e-4, atol=1e-5, err_msg=f"{s} rows at {pos}")
+        pos += s
+
+
+PLANS = [[97, 1, 37, 41], [37, 61, 1, 53, 2], [61, 1, 1, 89], [127, 3, 59]]  # rows per step
+
+
+@pytest.mark.anyio
+async def test_export_plain_steps(load_pte):
+    pte, module = _export()
+    rng = np.random.default_rng(3)
+    model = await load_pte(pte, batch_submits=False)
+    for i in rng.permutation(len(PLANS)):
+        counts = PLANS[i]
+        history = rng.integers(0, VOCAB, sum(counts))
+        async with model.session() as session:
+            await _steps(session, module, history, counts)
+
+
+@pytest.mark.anyio
+async def test_export_ragged_sessions(load_pte):
+    """Concurrent sessions: their steps share ragged passes of up to S_MAX rows, whose tiles span
+    sessions (a prompt's chunks beside other prompts and decode rows)."""
+    pte, module = _export()
+    rng = np.random.default_rng(4)
+    model = await load_pte(pte)
+    assert model.batching == "ragged"
+
+    async def run(counts):
+        async with model.session() as session:
+            await _steps(session, module, rng.integers(0, VOCAB, sum(counts)), counts)
+
+    async with anyio.create_task_group() as tg:
+        for counts in PLANS:
+            tg.start_soon(run, counts)
+    stats = model.statistics()
+    assert stats.executes == sum(map(len, PLANS)) and stats.submits < stats.executes
