@@ -1,7 +1,8 @@
 """Elementwise ops: unary, binary and `where`, with NumPy broadcasting of up to 8 dims.
 
 One WGSL template serves every op: each output element is decomposed into coordinates and each
-operand is read through its broadcast strides (0 on broadcast dims). A Scalar operand becomes a
+operand is read through its broadcast strides (0 on broadcast dims), unless no operand broadcasts:
+then every operand is read at the output's own flat index. A Scalar operand becomes a
 uniform. The arithmetic runs in f32 unless every tensor operand and the output are integers.
 """
 
@@ -28,7 +29,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let i = flat_index(gid, nwg, {WG}u);
     if (i >= p.numel) {{ return; }}
     var rem = i;
-    var o0 = 0u; var o1 = 0u; var o2 = 0u;
+    var o0 = i; var o1 = i; var o2 = i;  // rank 0: no operand broadcasts (each output's own index)
+    if (p.rank > 0u) {{ o0 = 0u; o1 = 0u; o2 = 0u; }}
     for (var d = i32(p.rank) - 1; d >= 0; d = d - 1) {{
         let size = at8(p.sizes, u32(d));
         let c = rem % size;
@@ -160,7 +162,10 @@ def add_elementwise(b, operands, expr, alpha=1.0, beta=0.0):
         n = numel_of(shape)
         strides = b"".join(pack_strides(s, shape) for s in shapes)
         strides += bytes(32 * (3 - len(shapes)))
-        ctx.set_params(params, struct.pack("<IIff", n, len(shape), a, c) + pack_u32x8(shape) + strides)
+        # rank 0 when every operand has the output's elements (none broadcasts): the kernel then
+        # skips the coordinate loop, whose divisions cost more than the memory traffic
+        rank = len(shape) if any(numel_of(s) != n for s in shapes) else 0
+        ctx.set_params(params, struct.pack("<IIff", n, rank, a, c) + pack_u32x8(shape) + strides)
         ctx.set_grid(d, flat_grid(n))
         ctx.set_dims(b.out, shape)
 
