@@ -20,7 +20,9 @@ overhead (static export vs the dynamic export at the same [1, 1] shape vs cyclin
 with resize-hook calls per execute from `model.statistics()`), the CPU time of one execute split
 into prepare / resize / stage / encode / submit / readback wait / read outputs (the bench wraps the
 runtime's methods while it measures), and aggregate decode tokens/s of 1..32 concurrent sessions
-with `batch_submits` on and off. `--trace` adds GPU timestamp profiling (profile.py).
+with `batch_submits` on and off, and the streaming-kernel bandwidth of the project's elementwise,
+copy and GEMV kernels as a share of the device's copy bandwidth (bench_streaming.py; `--short`:
+tiny tensors). `--trace` adds GPU timestamp profiling (profile.py).
 """
 
 import json
@@ -559,6 +561,8 @@ def summarize(raw):
         mode: {str(n): dict(r, tokens_per_s=median(r["tokens_per_s"])) for n, r in rows.items()}
         for mode, rows in w["concurrency"].items()
     }
+    if "streaming" in w:
+        out["streaming"] = w["streaming"]
     if "profile" in w:
         prof = dict(w["profile"])
         prof.pop("trace", None)
@@ -653,6 +657,10 @@ def markdown(s):
                         f"| {r['op']} | {r['count']} | {r['total_us']:.1f} | {r['mean_us']:.2f} | {100 * r['share']:.1f}% "
                         f"| {r['gb_per_s']:.1f} |"
                     )
+    if s.get("streaming"):
+        from .bench_streaming import markdown_lines
+
+        lines += markdown_lines(s["streaming"])
     return "\n".join(lines) + "\n"
 
 
@@ -720,6 +728,7 @@ def add_arguments(p):
         help="which default models to export when missing (comma list of vulkan,static,xnnpack; vulkan is always needed)",
     )
     p.add_argument("--no-baselines", action="store_true", help="skip torch eager and the ExecuTorch runtime")
+    p.add_argument("--no-streaming", action="store_true", help="skip the streaming-kernel bandwidth scenario (bench_streaming.py)")
 
 
 def _versions():
@@ -739,19 +748,21 @@ def run(args):
     p = dict(SHORT if args.short else FULL)
     if args.runs:
         p["runs"] = args.runs
-    units = None
-    if args.trace:
-        # before any adapter is requested in this process: resolves then come out in ns
-        from .profile import enable_timestamp_normalization
+    # before any adapter is requested in this process: resolves then come out in ns
+    from .profile import enable_timestamp_normalization
 
-        units = enable_timestamp_normalization()
+    units = enable_timestamp_normalization()
     if "vulkan" not in args.exports.split(","):
         args.exports = "vulkan," + args.exports
     models, export_seconds = find_models(args, p["llama"], log)
     if not models.get("vulkan") or not Path(models["vulkan"]).exists():
         raise SystemExit("bench: no Vulkan .pte to run")
     t0 = time.perf_counter()
-    w = anyio.run(wgpu_scenarios, models, p, log, units)
+    w = anyio.run(wgpu_scenarios, models, p, log, units if args.trace else None)
+    if not args.no_streaming:
+        from . import bench_streaming as bs
+
+        w["streaming"] = anyio.run(bs.measure, bs.SHORT if args.short else bs.FULL, p["runs"], units, log)
     baselines = {"eager": {"cpu": {"error": "skipped (--no-baselines)"}}, "xnnpack": {"error": "skipped (--no-baselines)"}}
     if not args.no_baselines:
         vocab = w["model"]["vocab"]

@@ -5,7 +5,8 @@ on speed (resize events, submits per execute), and the trace format. The model i
 default export (ExecuTorch's export_llm, Vulkan, dynamic; ~1.5 min on 2 cores), kept under
 $PTE_WGPU_EXPORT_DIR/bench when that is set, so a machine without ExecuTorch reuses it. Only the
 Vulkan export is made here (the static and XNNPACK twins cost two more exports): their rows must
-then read n/a.
+then read n/a. The streaming-kernel scenario's kernels are also run directly and checked against
+numpy.
 """
 
 import json
@@ -14,9 +15,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anyio
+import numpy as np
 import pytest
 
+from async_runtime import bench_streaming
 from async_runtime.bench import FILES, SHORT, SPLIT_PARTS, llama_tag, markdown
+from async_runtime.device import open_device
 
 pytestmark = pytest.mark.usefixtures("adapter")
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,7 +85,8 @@ def test_markdown_has_every_table(bench_run):
     out, proc = bench_run
     md = (out / "bench.md").read_text()
     assert md in proc.stdout
-    for title in ("## Tokens/s", "## Resize overhead", "## CPU time per execute", "## Concurrency", "## GPU profile"):
+    titles = ("## Tokens/s", "## Resize overhead", "## CPU time per execute", "## Concurrency", "## GPU profile", "## Streaming kernels")
+    for title in titles:
         assert title in md
     assert "| decode (" in md and "| prefill " in md and "n/a" in md
 
@@ -128,3 +134,86 @@ def test_concurrency_plot_is_a_png(bench_run):
     out, _ = bench_run
     png = (out / "plots" / "concurrency.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
+
+
+def test_streaming_section_is_well_formed(bench_run):
+    """Every kernel has a row with bytes, both timings, GB/s and a share of the copy bandwidth (no
+    thresholds: lavapipe's numbers mean nothing), and its sampled outputs matched numpy."""
+    out, _ = bench_run
+    s = json.loads((out / "bench.json").read_text())["streaming"]
+    p = bench_streaming.SHORT
+    assert list(s["kernels"]) == [k.label for k in bench_streaming.kernels(p, s["limit_bytes"])]
+    assert s["runs"] == 1 and s["reps"] == p["reps"] and s["copy_gb_per_s"] > 0
+    assert s["timing"].startswith(("GPU timestamps", "wall clock"))
+    for label, r in s["kernels"].items():
+        assert "error" not in r, (label, r["error"])
+        assert r["bytes"] == sum(4 * int(np.prod(shape)) for shape in r["shapes"]) > 0, label  # f32 tensors, each once
+        assert r["gb_per_s"] > 0 and r["us_per_dispatch"] > 0 and len(r["seconds"]) == 1, label
+        assert r["us_wall"] > 0 and (r["us_timestamps"] is None or r["us_timestamps"] > 0), label
+        if r["timed_by"] == "timestamps":  # used only when wall clock agrees
+            assert abs(r["us_timestamps"] - r["us_wall"]) <= bench_streaming.AGREE * r["us_wall"], label
+            assert r["us_per_dispatch"] == r["us_timestamps"], label
+        else:
+            assert r["timed_by"] == "wall clock" and r["us_per_dispatch"] == r["us_wall"], label
+        assert isinstance(r["share_of_copy"], float) and r["share_of_copy"] > 0, label
+        assert r["dispatches_per_run"] >= max(p["reps"], r["copies"], p["span_bytes"] / r["bytes"]), label
+        assert r["max_rel_err"] < 1e-5, label
+    # the denominator is the faster copy, and says which
+    assert s["copy_reference"] in bench_streaming.COPIES
+    assert s["kernels"][s["copy_reference"]]["share_of_copy"] == 1.0
+    assert max(s["kernels"][c]["share_of_copy"] for c in bench_streaming.COPIES) == 1.0
+    assert any(r["copies"] > 1 for r in s["kernels"].values())  # small GEMVs cycle through weight copies
+    md = (out / "bench.md").read_text()
+    assert all(f"| {label} |" in md for label in s["kernels"])
+    assert f"from {s['copy_reference']}" in md
+
+
+@pytest.mark.parametrize("limit", [2_147_483_644, 128 << 20])  # the H100's and lavapipe's binding limits
+def test_streaming_grids_reach_every_element(limit, monkeypatch):
+    """At full size (1 GiB tensors: 4M workgroups of 64, folded into x and y) every kernel that
+    writes one element per invocation reaches all of its output, within 65,535 workgroups a
+    dimension; a grid that stops short is refused."""
+    full = bench_streaming.kernels(bench_streaming.FULL, limit)
+    for kernel in full:
+        _, _, active = bench_streaming.plan(kernel)  # raises on a short or oversized grid
+        grids = [g for d, g in active if d.shader is not None]
+        if kernel.per_invocation == 1 and limit > 1 << 30:
+            assert grids[0][1] > 1, kernel.label  # the fold is exercised
+    import kernels.wgsl
+
+    monkeypatch.setattr(kernels.wgsl, "fold_grid", lambda w: (min(w, 65535), 1, 1))  # a fold that truncates
+    with pytest.raises(ValueError, match="reaches fewer"):
+        bench_streaming.plan(next(k for k in full if k.label == "aten.add.Tensor"))
+
+
+async def test_streamed_kernels_compute_what_numpy_does(adapter):
+    """The scenario's kernels, on the data they stream: untouched outputs fail the sampled check
+    (so it would catch a kernel that does nothing), a dispatch one workgroup short fails it (so it
+    would catch a partial dispatch), and one dispatch per buffer copy passes it."""
+    _, device, info = await open_device()
+    p = bench_streaming.SHORT
+    for kernel in bench_streaming.kernels(p, min(info.max_storage_binding, info.max_buffer_size)):
+        op = await anyio.to_thread.run_sync(bench_streaming.OneOp, device, kernel, p["footprint"])
+        try:
+            assert await op.max_rel_err() == 1.0, kernel.label
+            if op.copies > 1:  # a dispatch missing from one copy is caught too
+                await anyio.to_thread.run_sync(_run, device, op, op.copies - 1)
+                assert await op.max_rel_err() == 1.0, kernel.label
+            if kernel.per_invocation:  # the last workgroup left out: the last elements stay zero
+                full, op.commands = op.commands, [
+                    [(r[0], [(pl, g, (x - 1, y, z) if x > 1 else (x, y - 1, z)) for pl, g, (x, y, z) in r[1]]) for r in runs]
+                    for runs in op.commands
+                ]
+                await anyio.to_thread.run_sync(_run, device, op, op.copies)
+                op.commands = full
+                assert await op.max_rel_err() > 0.05, kernel.label
+            await anyio.to_thread.run_sync(_run, device, op, op.copies)
+            assert await op.max_rel_err() < 1e-5, kernel.label
+        finally:
+            op.release()
+
+
+def _run(device, op, reps):
+    encoder = device.create_command_encoder()
+    op.encode(encoder, reps)
+    device.queue.submit([encoder.finish()])
