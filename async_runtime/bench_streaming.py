@@ -41,6 +41,7 @@ import numpy as np
 import wgpu
 
 from kernels import Params, build_node
+from kernels.elementwise import PER_INVOCATION
 from kernels.wgsl import elem_bytes
 from resize.engine import LiveState, Plan, ResizeContext
 from resize.shapes import MAX_WORKGROUPS, fold_grid, numel_of
@@ -107,8 +108,8 @@ def kernels(p, limit):
     out = [
         Kernel(COPY, "aten.clone.default", (x, x), copy),
         Kernel(WGSL_COPY, None, (x, x), copy, per_invocation=4 * VEC4S, wgsl=WGSL_COPY_SHADER),
-        Kernel("aten.add.Tensor", "aten.add.Tensor", (x, x, x), lambda inp, i: inp(0, i) + inp(1, i), per_invocation=1),
-        Kernel("aten.mul.Scalar (x * 2)", "aten.mul.Scalar", (x, Scalar(2.0), x), lambda inp, i: 2 * inp(0, i), per_invocation=1),
+        Kernel("aten.add.Tensor", "aten.add.Tensor", (x, x, x), lambda inp, i: inp(0, i) + inp(1, i), per_invocation=PER_INVOCATION),
+        Kernel("aten.mul.Scalar (x * 2)", "aten.mul.Scalar", (x, Scalar(2.0), x), lambda inp, i: 2 * inp(0, i), per_invocation=PER_INVOCATION),
         Kernel(
             "aten.slice_copy.Tensor (strided copy, all rows)", "aten.slice_copy.Tensor",
             (x, Scalar(0), Scalar(0), Scalar(rows), Scalar(1), x), copy, per_invocation=1,

@@ -170,14 +170,14 @@ def test_streaming_section_is_well_formed(bench_run):
 
 @pytest.mark.parametrize("limit", [2_147_483_644, 128 << 20])  # the H100's and lavapipe's binding limits
 def test_streaming_grids_reach_every_element(limit, monkeypatch):
-    """At full size (1 GiB tensors: 4M workgroups of 64, folded into x and y) every kernel that
-    writes one element per invocation reaches all of its output, within 65,535 workgroups a
+    """At full size (1 GiB tensors: 1M-4M workgroups of 64, folded into x and y) every kernel of the
+    registry reaches all of its output, within 65,535 workgroups a
     dimension; a grid that stops short is refused."""
     full = bench_streaming.kernels(bench_streaming.FULL, limit)
     for kernel in full:
         _, _, active = bench_streaming.plan(kernel)  # raises on a short or oversized grid
         grids = [g for d, g in active if d.shader is not None]
-        if kernel.per_invocation == 1 and limit > 1 << 30:
+        if kernel.per_invocation and kernel.wgsl is None and limit > 1 << 30:
             assert grids[0][1] > 1, kernel.label  # the fold is exercised
     import kernels.wgsl
 
