@@ -51,10 +51,14 @@ GEMV_MAX_ROWS = 32
 GEMV_GROUP_ROWS = 8
 
 
-def _header(has_bias, inputs=("a", "bm"), scratch=False):
-    """Bindings in order: `inputs` (read), bias, out, the uniform, and split-K's scratch `part`."""
+def _header(has_bias, inputs=("a", "bm"), scratch=False, vec4=()):
+    """Bindings in order: `inputs` (read; those in `vec4` as vec4s), bias, out, the uniform, and
+    split-K's scratch `part`."""
     lines = [STRUCT + ";"]
-    lines += [f"@group(0) @binding({i}) var<storage, read> {name}: array<f32>;" for i, name in enumerate(inputs)]
+    lines += [
+        f"@group(0) @binding({i}) var<storage, read> {name}: array<{'vec4<f32>' if name in vec4 else 'f32'}>;"
+        for i, name in enumerate(inputs)
+    ]
     n = len(inputs)
     if has_bias:
         lines.append(f"@group(0) @binding({n}) var<storage, read> bias: array<f32>;")
@@ -253,6 +257,51 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 }}
 """
 
+# [N, K] weights with K a multiple of 4 (aten.linear's decode route): 32 weight rows per workgroup,
+# 8 invocations a row, each summing every 8th vec4 of its row for up to GEMV_GROUP_ROWS input rows,
+# then the 8 partial sums of a row added in a fixed order. A row's sum does not depend on how many
+# rows the pass has, so a ragged batch's rows are bitwise what each row gets alone. Against the
+# 4-rows-per-workgroup kernel above (a 256-wide tree of barriers for 4 outputs): the 113 MB
+# SmolLM2 LM head 124 -> 49 us on an H100 (0.9 -> 2.3 TB/s). With few rows (N / 32 workgroups)
+# it is slower: a 576 x 1536 weight 7.6 -> 27 us. So only N >= GEMV_T4_MIN_N takes it (a fixed
+# choice per weight, whatever the row count).
+GEMV_T4_ROWS, GEMV_T4_LANES = 32, 8
+GEMV_T4_MIN_N = 8192
+GEMV_T4 = f"""
+var<workgroup> red: array<f32, {256 * GEMV_GROUP_ROWS}>;
+
+fn row_of_a(i: u32) -> vec4<f32> {{ return vec4<f32>(a[i], a[i + 1u], a[i + 2u], a[i + 3u]); }}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {{
+    let groups = (p.M + {GEMV_GROUP_ROWS}u - 1u) / {GEMV_GROUP_ROWS}u;  // z runs over (batch, group of rows)
+    let b = wid.z / groups;
+    let r0 = (wid.z % groups) * {GEMV_GROUP_ROWS}u;
+    let rows = min({GEMV_GROUP_ROWS}u, p.M - r0);
+    let lane = li % {GEMV_T4_LANES}u;
+    let n = (wid.x + wid.y * nwg.x) * {GEMV_T4_ROWS}u + li / {GEMV_T4_LANES}u;
+    let k4s = p.K / 4u;
+    let w0 = b * p.b_bs / 4u + min(n, p.N - 1u) * k4s;
+    let aoff = b * p.a_bs + r0 * p.K;
+    {"".join(f"var acc{r} = vec4<f32>(0.0);{chr(10)}    " for r in range(GEMV_GROUP_ROWS))}
+    for (var k4 = lane; k4 < k4s; k4 = k4 + {GEMV_T4_LANES}u) {{
+        let w = bm[w0 + k4];
+        {"".join(f"if ({r}u < rows) {{ acc{r} = acc{r} + w * row_of_a(aoff + {r}u * p.K + 4u * k4); }}{chr(10)}        " for r in range(GEMV_GROUP_ROWS))}
+    }}
+    {"".join(f"red[{r * 256}u + li] = (acc{r}.x + acc{r}.y) + (acc{r}.z + acc{r}.w);{chr(10)}    " for r in range(GEMV_GROUP_ROWS))}
+    workgroupBarrier();
+    let at = li % {GEMV_T4_ROWS}u * {GEMV_T4_LANES}u;  // invocation li adds row li % 32's lanes for input row li / 32
+    let r = li / {GEMV_T4_ROWS}u;
+    let o = (wid.x + wid.y * nwg.x) * {GEMV_T4_ROWS}u + li % {GEMV_T4_ROWS}u;
+    if (r < rows && o < p.N) {{
+        let e = r * 256u + at;
+        let v = ((red[e] + red[e + 1u]) + (red[e + 2u] + red[e + 3u])) + ((red[e + 4u] + red[e + 5u]) + (red[e + 6u] + red[e + 7u]));
+        out[b * p.c_bs + (r0 + r) * p.N + o] = epilogue(v, b, r0 + r, o);
+    }}
+}}
+"""
+
 GEMV_N = """
 var<workgroup> red: array<f32, 256>;
 
@@ -291,6 +340,10 @@ def gemm_reduce_shader(has_bias):
 
 def gemv_shader(transposed_b, has_bias):
     return _header(has_bias) + (GEMV_T if transposed_b else GEMV_N)
+
+
+def gemv_t4_shader(has_bias):
+    return _header(has_bias, vec4=("bm",)) + GEMV_T4
 
 
 def gemm_split(m, n, k, batch):
@@ -333,9 +386,9 @@ class GemmRoute:
         ctx.set_grid(self.reduce, flat_grid(batch * m * n) if on and splits > 1 else (0, 0, 0))
 
 
-def gemv_grid(name, n, transposed_b, batch):
-    """Output groups folded into (x, y), batch in z."""
-    per = GEMV_ROWS if transposed_b else GEMV_COLS
+def gemv_grid(name, n, transposed_b, batch, per=None):
+    """Output groups of `per` (by default the kernel's for the layout) folded into (x, y), batch in z."""
+    per = per or (GEMV_ROWS if transposed_b else GEMV_COLS)
     x, y, _ = fold_grid(-(-n // per))
     if batch > MAX_WORKGROUPS:
         raise ValueError(f"{name}: batch {batch} exceeds {MAX_WORKGROUPS} workgroups")
@@ -360,6 +413,7 @@ def add_matmul(b, a, bmat, bias, transposed_b, shape_fn, alpha=1.0, beta=1.0, re
     params = b.params(PARAMS_SIZE)
     bindings = [a, bmat] + ([bias] if has_bias else []) + [b.out, params]
     gemv = b.dispatch(gemv_shader(transposed_b, has_bias), bindings)
+    gemv4 = b.dispatch(gemv_t4_shader(has_bias), bindings) if transposed_b else None
     gemm = GemmRoute(b, [a, bmat], bias, b.out, params, transposed_b)
 
     def resize(ctx):
@@ -386,7 +440,11 @@ def add_matmul(b, a, bmat, bias, transposed_b, shape_fn, alpha=1.0, beta=1.0, re
         splits, kspan = gemm.plan(m, n, k, batch, use_gemm)
         fields = (m, n, k, batch, a_bs, b_bs, m * n, bias_bs, bias_sm, bias_sn, alpha, beta, splits, kspan)
         ctx.set_params(params, struct.pack(PARAMS_FORMAT, *fields))
-        ctx.set_grid(gemv, gemv_grid(b.name, n, transposed_b, batch * -(-m // GEMV_GROUP_ROWS)) if use_gemv else (0, 0, 0))
+        groups = batch * -(-m // GEMV_GROUP_ROWS)
+        vec4 = gemv4 is not None and k % 4 == 0 and b_bs % 4 == 0 and n >= GEMV_T4_MIN_N
+        ctx.set_grid(gemv, gemv_grid(b.name, n, transposed_b, groups) if use_gemv and not vec4 else (0, 0, 0))
+        if gemv4 is not None:
+            ctx.set_grid(gemv4, gemv_grid(b.name, n, True, groups, GEMV_T4_ROWS) if use_gemv and vec4 else (0, 0, 0))
         gemm.set_grids(ctx, m, n, batch, splits, use_gemm)
         ctx.set_dims(b.out, out_dims)
 

@@ -71,6 +71,8 @@ CASES = {
     "linear_bias_3d": (lambda: Linear(13, 29, True), [(3, 7, 13)], None),
     "linear_dyn": (lambda: Linear(13, 29, False), [(17, 13)], ({0: _m(17)},)),
     "linear_bias_dyn_large": (lambda: Linear(523, 67, True), [(70, 523)], ({0: _m(70)},)),
+    # K a multiple of 4 and N >= GEMV_T4_MIN_N: the vec4 GEMV (32 weight rows a workgroup) up to 32 rows
+    "linear_bias_dyn_k4": (lambda: Linear(76, 8209, True), [(41, 76)], ({0: _m(41)},)),
     "mm_dyn": (MM, [(17, 13), (13, 29)], ({0: _m(17)}, None)),
     "bmm_dyn": (BMM, [(3, 17, 13), (3, 13, 29)], ({1: _m(17)}, None)),
     # K long enough for the GEMM to split it (gemm_split), B as [K, N]
@@ -83,6 +85,7 @@ CASES = {
 M_AXIS = {
     "linear_dyn": [0],
     "linear_bias_dyn_large": [0],
+    "linear_bias_dyn_k4": [0],
     "mm_dyn": [0, None],
     "bmm_dyn": [1, None],
     "mm_dyn_split": [0, None],
@@ -147,6 +150,18 @@ def test_grids_stay_within_limits():
     assert L.gemm_grid("aten.bmm.default", 7, 29, 3) == (1, 1, 3)
     with pytest.raises(ValueError, match="aten.bmm.default"):
         L.gemm_grid("aten.bmm.default", 7, 29, 70_000)
+
+
+async def test_vec4_gemv_runs_for_few_rows_of_a_wide_weight(load_pte):
+    """linear_bias_dyn_k4 (N >= GEMV_T4_MIN_N, K % 4 == 0) takes the vec4 GEMV up to 32 rows,
+    and the GEMM past that (its values are checked in test_dynamic_rows_switch_routes)."""
+    data, _ = _export("linear_bias_dyn_k4")
+    model = await load_pte(data)
+    (vec4,) = [i for i, d in enumerate(model.graph.dispatches) if d.shader and "row_of_a" in d.shader]
+    rng = np.random.default_rng(3)
+    for m, on in ((1, True), (29, True), (41, False)):
+        await model.execute(*_inputs("linear_bias_dyn_k4", m, rng))
+        assert all(model._default.state.grids[vec4]) == on, m
 
 
 def test_gemm_splits_k_only_for_few_tiles():
