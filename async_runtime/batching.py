@@ -154,10 +154,10 @@ class Batcher:
         ctx = await runner._propagate(host)
         model._counters.hook_calls += ctx.hook_calls
         runner._stage(host, ctx)
-        encoder = model.device.create_command_encoder()
-        reads = runner._encode(encoder)
-        model.device.queue.submit([encoder.finish()])
+        buffer, reads = runner._command_buffer()
+        model.device.queue.submit([buffer])
         model._counters.submits += 1
+        runner._encode_ahead()
         await unless_lost(runner._staging.map_async("READ_NOSYNC"))
         outputs = runner._read_outputs(reads)
         finished, first = [], 0
