@@ -41,8 +41,7 @@ import numpy as np
 import wgpu
 
 from kernels import Params, build_node
-from kernels.elementwise import PER_INVOCATION
-from kernels.wgsl import elem_bytes
+from kernels.wgsl import PER_INVOCATION, elem_bytes
 from resize.engine import LiveState, Plan, ResizeContext
 from resize.shapes import MAX_WORKGROUPS, fold_grid, numel_of
 from resize.values import Scalar, Tensor
@@ -112,7 +111,7 @@ def kernels(p, limit):
         Kernel("aten.mul.Scalar (x * 2)", "aten.mul.Scalar", (x, Scalar(2.0), x), lambda inp, i: 2 * inp(0, i), per_invocation=PER_INVOCATION),
         Kernel(
             "aten.slice_copy.Tensor (strided copy, all rows)", "aten.slice_copy.Tensor",
-            (x, Scalar(0), Scalar(0), Scalar(rows), Scalar(1), x), copy, per_invocation=1,
+            (x, Scalar(0), Scalar(0), Scalar(rows), Scalar(1), x), copy, per_invocation=PER_INVOCATION,
         ),
     ]
     for n, k in p["gemv"]:

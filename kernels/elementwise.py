@@ -12,12 +12,9 @@ from resize.shapes import broadcast_shapes, numel_of
 from resize.values import SymInt
 
 from .registry import op
-from .wgsl import FLAT_INDEX, STRIDED, WG, flat_grid, is_float, pack_strides, pack_u32x8, wgsl_type
+from .wgsl import FLAT_INDEX, SPREAD_MAIN, STRIDED, is_float, pack_strides, pack_u32x8, spread_grid, wgsl_type
 
 PARAMS_SIZE = 16 + 32 * 4  # numel, rank, alpha, beta; sizes; 3 operand stride arrays
-# Elements per invocation, a grid's worth apart: a 1 GiB tensor one element per 64-invocation
-# workgroup is 4M workgroups, and launching them bounded an H100 at 850 GB/s (bench_streaming).
-PER_INVOCATION = 4
 
 TEMPLATE = """
 struct P {{ numel: u32, rank: u32, alpha: f32, beta: f32, sizes: array<vec4<u32>, 2>,
@@ -27,13 +24,7 @@ struct P {{ numel: u32, rank: u32, alpha: f32, beta: f32, sizes: array<vec4<u32>
 @group(0) @binding({p_binding}) var<uniform> p: P;
 {FLAT_INDEX}
 {STRIDED}
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
-    let first = flat_index(gid, nwg, {WG}u);
-    let threads = nwg.x * nwg.y * {WG}u;
-    for (var e = 0u; e < {PER}u; e = e + 1u) {{ element(first + e * threads); }}
-}}
-
+{MAIN}
 fn element(i: u32) {{
     if (i >= p.numel) {{ return; }}
     var rem = i;
@@ -131,8 +122,7 @@ def _shader(expr, operand_types, out_type, ct, uses_erf=False):
         p_binding=n + 1,
         TO=out_type,
         CT=ct,
-        WG=WG,
-        PER=PER_INVOCATION,
+        MAIN=SPREAD_MAIN,
         FLAT_INDEX=FLAT_INDEX,
         STRIDED=STRIDED,
         loads="\n".join(loads),
@@ -175,7 +165,7 @@ def add_elementwise(b, operands, expr, alpha=1.0, beta=0.0):
         # skips the coordinate loop, whose divisions cost more than the memory traffic
         rank = len(shape) if any(numel_of(s) != n for s in shapes) else 0
         ctx.set_params(params, struct.pack("<IIff", n, rank, a, c) + pack_u32x8(shape) + strides)
-        ctx.set_grid(d, flat_grid(-(-n // PER_INVOCATION)))
+        ctx.set_grid(d, spread_grid(n))
         ctx.set_dims(b.out, shape)
 
     b.hook(resize)

@@ -17,7 +17,7 @@ import struct
 from resize.shapes import broadcast_strides, contiguous_strides, normalize_dim, numel_of
 
 from .registry import op
-from .wgsl import FLAT_INDEX, STRIDED, WG, elem_bytes, flat_grid, pack_u32x8, wgsl_type
+from .wgsl import FLAT_INDEX, SPREAD_MAIN, STRIDED, WG, elem_bytes, flat_grid, pack_u32x8, spread_grid, wgsl_type
 
 INT64_MAX = 2**63 - 1
 
@@ -29,9 +29,8 @@ struct P {{ numel: u32, rank: u32, in_off: u32, out_off: u32, sizes: array<vec4<
 @group(0) @binding(2) var<uniform> p: P;
 {FLAT_INDEX}
 {STRIDED}
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
-    let i = flat_index(gid, nwg, {WG}u);
+{MAIN}
+fn element(i: u32) {{
     if (i >= p.numel) {{ return; }}
     var rem = i;
     var oi = p.in_off;
@@ -216,7 +215,7 @@ def strided_copy(b, src, dst):
         raise NotImplementedError(f"{b.name}: strided copies of packed {ti} -> {to} tensors")
     t_in, t_out = wgsl_type(ti), wgsl_type(to)
     shader = STRIDED_COPY.format(
-        TI=t_in, TO=t_out, CONVERT=_convert(t_in, t_out), WG=WG, FLAT_INDEX=FLAT_INDEX, STRIDED=STRIDED
+        TI=t_in, TO=t_out, CONVERT=_convert(t_in, t_out), MAIN=SPREAD_MAIN, FLAT_INDEX=FLAT_INDEX, STRIDED=STRIDED
     )
     params = b.params(PARAMS_SIZE)
     d = b.dispatch(shader, [src, dst, params])
@@ -231,7 +230,7 @@ def strided_copy(b, src, dst):
         except ValueError as e:
             _fail(b, str(e))
         ctx.set_params(params, data)
-        ctx.set_grid(d, flat_grid(n))
+        ctx.set_grid(d, spread_grid(n))
 
     return set_copy
 
