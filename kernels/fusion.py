@@ -32,7 +32,8 @@ from .registry import op
 SIGMOID = ("aten.sigmoid.default",)
 MUL = ("aten.mul.Tensor",)
 LINEAR = "aten.linear.default"
-VIEW = "aten.view_copy.default"
+# Ops that only reshape (the runtime aliases them): fusion looks through them
+VIEWS = ("aten.view_copy.default", "aten.squeeze_copy.dims", "aten.squeeze_copy.dim", "aten.unsqueeze_copy.default")
 ADD = "aten.add.Tensor"
 SILU_MUL = "pte_wgpu.silu_mul"
 LINEAR_SILU_MUL = "pte_wgpu.linear_silu_mul"
@@ -139,7 +140,7 @@ class _Linears:
             if i is None:
                 return None, []
             name, args = self.calls[i]
-            if name == VIEW and self.uses[args[0]] == 1:
+            if name in VIEWS and self.uses[args[0]] == 1:
                 views.append(i)
                 vid = args[0]
                 continue
@@ -147,7 +148,7 @@ class _Linears:
 
     def view_root(self, vid):
         """The value `vid` views, through views that keep the last dim."""
-        while (i := self.producer.get(vid)) is not None and self.calls[i][0] == VIEW:
+        while (i := self.producer.get(vid)) is not None and self.calls[i][0] in VIEWS:
             src = self.calls[i][1][0]
             if self.values[src].dims[-1:] != self.values[vid].dims[-1:]:
                 break
@@ -250,7 +251,7 @@ def _fuse_norms(graph):
             continue
         x, gamma, _, src = args
         j = readers[src][0]
-        if calls[j][0] == VIEW and values[calls[j][1][-1]].dims[-1:] == values[src].dims[-1:]:
+        if calls[j][0] in VIEWS and values[calls[j][1][-1]].dims[-1:] == values[src].dims[-1:]:
             src = calls[j][1][-1]
             j = readers.get(src, [None])[0] if uses[src] == 1 else None
         if j is None or calls[j][0] not in (LINEAR_GROUP, LINEAR_SILU_MUL) or calls[j][1][0] != src:
@@ -290,7 +291,7 @@ def _drop_dead_views(graph):
     """Views whose result nothing reads any more (they fed a fused op's former inputs)."""
     while True:
         uses = _uses(graph)
-        dead = {i for i, (name, args) in enumerate(graph.calls) if name == VIEW and uses[args[-1]] == 0}
+        dead = {i for i, (name, args) in enumerate(graph.calls) if name in VIEWS and uses[args[-1]] == 0}
         if not dead:
             return
         graph.calls[:] = [c for i, c in enumerate(graph.calls) if i not in dead]

@@ -149,13 +149,15 @@ def export_llama(
     multiple_of=32,
     norm_eps=1e-5,
     init_std=0.02,
+    dynamic=True,
 ):
     """(path of the Vulkan .pte, a fresh LlamaReference); exported once per session per config.
 
-    The .pte takes tokens int64 [1, S] (1 <= S < max_len) and input_pos int64 [1]; returns [1, vocab].
+    The .pte takes tokens int64 [1, S] (1 <= S < max_len; S = 1 when not `dynamic`) and input_pos
+    int64 [1]; returns [1, vocab].
     """
     key = (dim, n_heads, n_kv_heads, n_layers, vocab_size, max_len, qmode, group_size, seed,
-           multiple_of, norm_eps, init_std)
+           multiple_of, norm_eps, init_std, dynamic)
     if qmode is not None and vocab_size % 4:
         # ExecuTorch 1.5.1's Vulkan FusePatternsPass pads q4gsw scales to N % 4 == 0 and then fails
         # ("shape '[257, 2, 1]' is invalid for input of size 520") on the output projection.
@@ -168,13 +170,13 @@ def export_llama(
         if "int8" in base or "8da4w" in base:
             base = tempfile.mkdtemp(prefix="llama_")
         tag = f"d{dim}h{n_heads}kv{n_kv_heads}l{n_layers}v{vocab_size}m{max_len}s{seed}"
-        label = {"8da4w": "dq8a4w"}.get(qmode, qmode or "fp32")  # no "8da4w" in paths (see above)
+        label = {"8da4w": "dq8a4w"}.get(qmode, qmode or "fp32") + ("" if dynamic else "_static")  # no "8da4w" in paths (see above)
         out_dir = tempfile.mkdtemp(prefix=f"llama_{label}_{tag}_", dir=base)
         params_path, ckpt_path, state = _write_model(out_dir, params, max_len, seed, init_std)
         pte_path = os.path.join(out_dir, f"llama_{label}.pte")
         pt2_path = os.path.join(out_dir, "program.pt2")
         overrides = export_llm_args(params_path, ckpt_path, out_dir, os.path.basename(pte_path), max_len,
-                                  qmode=qmode, group_size=group_size)
+                                  qmode=qmode, group_size=group_size, dynamic=dynamic)
         seconds = run_export(overrides, pt2_path, cwd=out_dir)
         if not os.path.exists(pte_path):
             raise RuntimeError(f"export_llm wrote no {pte_path}")

@@ -82,6 +82,35 @@ async def test_llama_matches_eager_prompt_then_decode(name, tmp_path_factory, lo
     await generate_and_check(model, ids, logits, SCENARIOS["short"][0])
 
 
+async def test_static_export_fuses_through_squeezes_and_matches_eager(tmp_path_factory, load_pte):
+    """The same model exported without dynamic shapes ([1, 1] tokens: the prompt goes in one token
+    a step) wraps its linears in squeeze/unsqueeze copies; the fusions look through them, and
+    its logits are the dynamic export's reference (same weights)."""
+    store = Path(os.environ["PTE_WGPU_EXPORT_DIR"]) / "llama_fp32_static.pte" if os.environ.get("PTE_WGPU_EXPORT_DIR") else None
+    if store is not None and store.exists():
+        pte = store.read_bytes()
+    else:
+        from .llama import export_llama
+
+        path, _ = export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, dynamic=False, **CONFIGS["fp32"])
+        pte = Path(path).read_bytes()
+        if store is not None:
+            store.write_bytes(pte)
+    _, runs = recorded("fp32", tmp_path_factory)
+    model = await load_pte(pte)
+    assert model.inputs[0].max_shape == (1, 1)
+    names = {name for name, _ in model.graph.calls}
+    assert {"pte_wgpu.rms_linear_group", "pte_wgpu.rms_linear_silu_mul", "pte_wgpu.linear_residual"} <= names
+    assert "aten.linear.default" in names and sum(name == "aten.linear.default" for name, _ in model.graph.calls) == 1
+    ids, logits = runs["short"]
+    prompt_len = SCENARIOS["short"][0]
+    for p in range(len(ids)):
+        (got,) = await model.execute(ids[None, p : p + 1].astype(np.int64), np.array([p], np.int64))
+        if p >= prompt_len - 1:
+            want = logits[p - prompt_len + 1]
+            np.testing.assert_allclose(got, want, atol=2e-4, rtol=1e-3, err_msg=f"position {p}")
+
+
 async def test_two_sessions_keep_their_own_kv_caches(tmp_path_factory, load_pte):
     """Two streams at once, one with a prompt longer than half the context: each matches eager."""
     pte, runs = recorded("fp32", tmp_path_factory)
