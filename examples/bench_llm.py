@@ -1,7 +1,8 @@
 """LLM timings side by side in one run: pte-wgpu on a Llama-style `.pte` against a plain torch eager
-Llama of the same shape and weights (CUDA when available), as the H100 numbers in BENCHMARKS.md.
+Llama of the same shape and weights (CUDA when available), and with `--hf` HF transformers'
+LlamaForCausalLM (eager), as the H100 numbers in BENCHMARKS.md.
 
-    python examples/bench_llm.py model.pte --params model.json [--runs 5] [--json out.json]
+    python examples/bench_llm.py model.pte --params model.json [--runs 5] [--hf] [--json out.json]
 
 `--params` is the params.json of the export (examples/export_bench_model.py writes it); the torch
 model is built from it with the same tiled weights (see export_bench_model.synthetic weights: one
@@ -182,6 +183,64 @@ def bench_torch(params, args, context):
     return out
 
 
+def hf_llama(params, device):
+    """HF transformers' LlamaForCausalLM of the same shape, with the same tiled weight block (q and
+    k rows not permuted for HF's rotary layout: the timing is the same), eager, its default
+    attention (sdpa): the reference the issue's targets are stated against."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=params["vocab_size"], hidden_size=params["dim"], intermediate_size=params["hidden_dim"],
+        num_hidden_layers=params["n_layers"], num_attention_heads=params["n_heads"],
+        num_key_value_heads=params["n_kv_heads"], rms_norm_eps=params.get("norm_eps", 1e-5),
+        rope_theta=params.get("rope_theta", 10000.0), max_position_embeddings=2048, tie_word_embeddings=True,
+    )  # fmt: skip
+    model = LlamaForCausalLM(cfg)
+    block = torch.randn(BLOCK_FLOATS, generator=torch.Generator().manual_seed(0)) * 0.02
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(block.repeat(-(-p.numel() // BLOCK_FLOATS))[: p.numel()].reshape(p.shape))
+    return model.to(device).eval()
+
+
+def bench_hf(params, args):
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = hf_llama(params, device)
+    vocab = params["vocab_size"]
+    out = {"attention": model.config._attn_implementation}
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    with torch.no_grad():
+        for batch, key in ((1, "decode_tok_s"), (16, "batch16_decode_tok_s")):
+            rates = []
+            for _ in range(args.runs):
+                past = model(torch.randint(0, vocab, (batch, 8), device=device), use_cache=True).past_key_values
+                sync()
+                t = time.perf_counter()
+                tok = torch.zeros(batch, 1, dtype=torch.long, device=device)
+                for _ in range(args.decode_steps):
+                    o = model(tok, past_key_values=past, use_cache=True)
+                    past, tok = o.past_key_values, o.logits[:, -1].argmax(-1, keepdim=True)
+                    tok.cpu()  # each token read back, as a generation loop does
+                rates.append(batch * args.decode_steps / (time.perf_counter() - t))
+            out[key] = median_rate(rates)
+        for n in (32, 128, 512, 2048):
+            rates = []
+            for _ in range(args.runs + 1):
+                sync()
+                t = time.perf_counter()
+                model(torch.randint(0, vocab, (1, n), device=device), use_cache=True, logits_to_keep=1).logits.cpu()
+                rates.append(n / (time.perf_counter() - t))
+            out[f"prefill_{n}_tok_s"] = median_rate(rates[1:])
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("pte")
@@ -191,6 +250,7 @@ def main(argv=None):
     p.add_argument("--concurrent-steps", type=int, default=64)  # decode steps timed, as torch's batch
     p.add_argument("--sessions", default="1,2,4,8,16,32")
     p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--hf", action="store_true", help="also time HF transformers' LlamaForCausalLM (eager)")
     p.add_argument("--json")
     args = p.parse_args(argv)
     args.sessions = [int(s) for s in args.sessions.split(",")]
@@ -199,6 +259,8 @@ def main(argv=None):
     results = {"wgpu": anyio.run(bench_wgpu, args.pte, args)}
     if not args.no_torch:
         results["torch"] = bench_torch(params, args, context=2048)
+    if args.hf:
+        results["hf_eager"] = bench_hf(params, args)
     print(json.dumps(results, indent=1))
     if args.json:
         with open(args.json, "w") as f:
