@@ -53,9 +53,7 @@ async def bench_wgpu(path, args):
         out["decode_tok_s"] = median_rate(rates)
         st = model.statistics()
         out["dispatches_per_step"] = st.dispatches / max(st.executes, 1)
-        for n in (32, 128, 512, 2048):
-            if n > max_step or n > context:
-                continue
+        for n in sorted({min(n, max_step, context) for n in (32, 128, 512, 2048)}):  # 2047: the export's max
             rates = []
             async with model.session() as s:
                 for _ in range(args.runs + 1):

@@ -35,6 +35,7 @@ fn element(i: u32) {{
     var rem = i;
     var oi = p.in_off;
     var oo = p.out_off;
+    if (p.rank == 0u) {{ oi = oi + i; oo = oo + i; }}  // both sides contiguous: no coordinates
     for (var d = i32(p.rank) - 1; d >= 0; d = d - 1) {{
         let size = at8(p.sizes, u32(d));
         let c = rem % size;
@@ -224,8 +225,9 @@ def strided_copy(b, src, dst):
         if out_strides is None:
             out_strides = contiguous_strides(sizes)
         n = numel_of(sizes)
+        contiguous = tuple(in_strides) == tuple(out_strides) == tuple(contiguous_strides(sizes))
         try:
-            data = struct.pack("<4I", n, len(sizes), in_off, out_off)
+            data = struct.pack("<4I", n, 0 if contiguous else len(sizes), in_off, out_off)
             data += pack_u32x8(sizes) + pack_u32x8(in_strides) + pack_u32x8(out_strides)
         except ValueError as e:
             _fail(b, str(e))
