@@ -103,7 +103,7 @@ class ResizeContext:
 
     # writes
     def set_dims(self, vid, dims):
-        dims = tuple(int(d) for d in dims)
+        dims = tuple(map(int, dims))
         old = self.state.dims[vid]
         if old == dims:
             return
@@ -140,7 +140,7 @@ class ResizeContext:
         self.changed_params.add(pid)
 
     def set_grid(self, did, grid):
-        grid = tuple(int(g) for g in grid)
+        grid = tuple(map(int, grid))
         old = self.state.grids[did]
         if old == grid:
             return
