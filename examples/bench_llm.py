@@ -141,44 +141,63 @@ def torch_llama(params, device):
     return forward, new_cache
 
 
-def bench_torch(params, args, context):
+def time_baseline(args, device, vocab, begin, step, prefill):
+    """A torch baseline's scenarios: `begin(batch)` runs an 8-token prompt and returns the decode
+    state, `step(state, tokens, pos)` one decode step -> (state, next tokens), and `prefill(n)` a
+    thunk that runs an n-token prompt and returns its last logits (set up outside the timing)."""
     import torch
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    out = {"torch_device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
-    forward, new_cache = torch_llama(params, device)
-    vocab = params["vocab_size"]
 
     def sync():
         if device == "cuda":
             torch.cuda.synchronize()
 
+    out = {}
     with torch.no_grad():
         for batch, key in ((1, "decode_tok_s"), (16, "batch16_decode_tok_s")):
             rates = []
             for _ in range(args.runs):
-                cache = new_cache(batch, context)
-                forward(torch.randint(0, vocab, (batch, 8), device=device), 0, cache)
+                state = begin(batch)
                 sync()
                 t = time.perf_counter()
                 tok = torch.zeros(batch, 1, dtype=torch.long, device=device)
                 for p in range(8, 8 + args.decode_steps):
-                    tok = forward(tok, p, cache).argmax(-1, keepdim=True)
+                    state, tok = step(state, tok, p)
                     tok.cpu()  # each token read back, as a generation loop does
                 rates.append(batch * args.decode_steps / (time.perf_counter() - t))
             out[key] = median_rate(rates)
         for n in (32, 128, 512, 2048):
-            if n > context:
-                continue
             rates = []
             for _ in range(args.runs + 1):
-                cache = new_cache(1, context)
+                run = prefill(n)
                 sync()
                 t = time.perf_counter()
-                forward(torch.randint(0, vocab, (1, n), device=device), 0, cache).cpu()
+                run().cpu()
                 rates.append(n / (time.perf_counter() - t))
             out[f"prefill_{n}_tok_s"] = median_rate(rates[1:])
     return out
+
+
+def bench_torch(params, args, context):
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    forward, new_cache = torch_llama(params, device)
+    vocab = params["vocab_size"]
+
+    def begin(batch):
+        cache = new_cache(batch, context)
+        forward(torch.randint(0, vocab, (batch, 8), device=device), 0, cache)
+        return cache
+
+    def step(cache, tok, pos):
+        return cache, forward(tok, pos, cache).argmax(-1, keepdim=True)
+
+    def prefill(n):
+        cache = new_cache(1, context)
+        return lambda: forward(torch.randint(0, vocab, (1, n), device=device), 0, cache)
+
+    out = {"torch_device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
+    return out | time_baseline(args, device, vocab, begin, step, prefill)
 
 
 def hf_llama(params, device):
@@ -208,35 +227,19 @@ def bench_hf(params, args):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = hf_llama(params, device)
     vocab = params["vocab_size"]
+
+    def begin(batch):
+        return model(torch.randint(0, vocab, (batch, 8), device=device), use_cache=True).past_key_values
+
+    def step(past, tok, pos):
+        o = model(tok, past_key_values=past, use_cache=True)
+        return o.past_key_values, o.logits[:, -1].argmax(-1, keepdim=True)
+
+    def prefill(n):
+        return lambda: model(torch.randint(0, vocab, (1, n), device=device), use_cache=True, logits_to_keep=1).logits
+
     out = {"attention": model.config._attn_implementation}
-
-    def sync():
-        if device == "cuda":
-            torch.cuda.synchronize()
-
-    with torch.no_grad():
-        for batch, key in ((1, "decode_tok_s"), (16, "batch16_decode_tok_s")):
-            rates = []
-            for _ in range(args.runs):
-                past = model(torch.randint(0, vocab, (batch, 8), device=device), use_cache=True).past_key_values
-                sync()
-                t = time.perf_counter()
-                tok = torch.zeros(batch, 1, dtype=torch.long, device=device)
-                for _ in range(args.decode_steps):
-                    o = model(tok, past_key_values=past, use_cache=True)
-                    past, tok = o.past_key_values, o.logits[:, -1].argmax(-1, keepdim=True)
-                    tok.cpu()  # each token read back, as a generation loop does
-                rates.append(batch * args.decode_steps / (time.perf_counter() - t))
-            out[key] = median_rate(rates)
-        for n in (32, 128, 512, 2048):
-            rates = []
-            for _ in range(args.runs + 1):
-                sync()
-                t = time.perf_counter()
-                model(torch.randint(0, vocab, (1, n), device=device), use_cache=True, logits_to_keep=1).logits.cpu()
-                rates.append(n / (time.perf_counter() - t))
-            out[f"prefill_{n}_tok_s"] = median_rate(rates[1:])
-    return out
+    return out | time_baseline(args, device, vocab, begin, step, prefill)
 
 
 def main(argv=None):

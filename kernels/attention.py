@@ -179,12 +179,8 @@ SPLIT_FINISH = """    let part = ((s * p.hq + h) * p.splits + wid.z) * (p.d + 2u
     }}
     if (t == 0u) {{ out[part + p.d] = m; out[part + p.d + 1u] = l; }}"""
 
-# The split-K kernel for head dims of 4 * G with G dividing CHUNK (64 for SmolLM2 and Llama): a
-# decode row's attention is latency-bound, and the kernel above walks 64-long serial loops (a dot
-# product per key, a weighted sum per dim). Here the dot products read vec4s (G steps), and the
-# weighted sum splits each chunk's keys over CHUNK / G invocations per vec4 of dims, whose partial
-# sums are then added in a fixed order. Same partial-state layout as SPLIT_FINISH.
-SPLIT_VEC4 = """
+# The bindings of the kernels that read the caches as vec4s (split-K's SPLIT_VEC4 and TILED).
+VEC4_BINDINGS = """
 struct P {{ s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }}
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read> kc: array<vec4<f32>>;
@@ -192,7 +188,14 @@ struct P {{ s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 @group(0) @binding(4) var<uniform> p: P;
 {tables}
-var<workgroup> qs: array<vec4<f32>, {G}>;
+"""
+
+# The split-K kernel for head dims of 4 * G with G dividing CHUNK (64 for SmolLM2 and Llama): a
+# decode row's attention is latency-bound, and the kernel above walks 64-long serial loops (a dot
+# product per key, a weighted sum per dim). Here the dot products read vec4s (G steps), and the
+# weighted sum splits each chunk's keys over CHUNK / G invocations per vec4 of dims, whose partial
+# sums are then added in a fixed order. Same partial-state layout as SPLIT_FINISH.
+SPLIT_VEC4 = VEC4_BINDINGS + """var<workgroup> qs: array<vec4<f32>, {G}>;
 var<workgroup> probs: array<f32, {CHUNK}>;
 var<workgroup> red: array<f32, {CHUNK}>;
 var<workgroup> part: array<vec4<f32>, {CHUNK}>;
@@ -298,15 +301,7 @@ TILE_ROWS = 32
 TILE_SUBS = 4
 TILED_MAX_DIM = 64  # q and a take 2 * d registers per invocation
 KV_BYTES = 16384  # workgroup storage of a block's K and V rows (the WebGPU default limit)
-TILED = """
-struct P {{ s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }}
-@group(0) @binding(0) var<storage, read> q: array<f32>;
-@group(0) @binding(1) var<storage, read> kc: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> vc: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> out: array<f32>;
-@group(0) @binding(4) var<uniform> p: P;
-{tables}
-// [sub][i] is the K row of key sub * KPS + i of the block, [SUBS + sub][i] its V row; the merge's
+TILED = VEC4_BINDINGS + """// [sub][i] is the K row of key sub * KPS + i of the block, [SUBS + sub][i] its V row; the merge's
 // scratch afterwards, as 2 * BK rows of G vec4s
 var<workgroup> kv: array<array<array<vec4<f32>, {G}>, {KPS}>, {SUBS2}>;
 

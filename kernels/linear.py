@@ -243,7 +243,8 @@ def gemv_t_body(weights, n, k, store, base="0u", scale=None, group_rows=GEMV_GRO
     return "\n    ".join(lines)
 
 
-GEMV_T = GEMV_REDUCE + f"""
+# The [N, K] GEMVs' entry: workgroup z is (batch b, group of rows from r0, `rows` of them live).
+GEMV_ROWS_MAIN = f"""
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {{
@@ -251,7 +252,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let b = wid.z / groups;
     let r0 = (wid.z % groups) * {GEMV_GROUP_ROWS}u;
     let rows = min({GEMV_GROUP_ROWS}u, p.M - r0);
-    let n0 = (wid.x + wid.y * nwg.x) * 4u;
+"""
+
+GEMV_T = GEMV_REDUCE + GEMV_ROWS_MAIN + f"""    let n0 = (wid.x + wid.y * nwg.x) * 4u;
     let aoff = b * p.a_bs + r0 * p.K;
     {gemv_t_body(["bm"], "p.N", "p.K", lambda r: f"out[b * p.c_bs + (r0 + {r}u) * p.N + n] = epilogue(v0, b, r0 + {r}u, n);", "b * p.b_bs")}
 }}
@@ -271,15 +274,7 @@ GEMV_T4 = f"""
 var<workgroup> red: array<f32, {256 * GEMV_GROUP_ROWS}>;
 
 fn row_of_a(i: u32) -> vec4<f32> {{ return vec4<f32>(a[i], a[i + 1u], a[i + 2u], a[i + 3u]); }}
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {{
-    let groups = (p.M + {GEMV_GROUP_ROWS}u - 1u) / {GEMV_GROUP_ROWS}u;  // z runs over (batch, group of rows)
-    let b = wid.z / groups;
-    let r0 = (wid.z % groups) * {GEMV_GROUP_ROWS}u;
-    let rows = min({GEMV_GROUP_ROWS}u, p.M - r0);
-    let lane = li % {GEMV_T4_LANES}u;
+""" + GEMV_ROWS_MAIN + f"""    let lane = li % {GEMV_T4_LANES}u;
     let n = (wid.x + wid.y * nwg.x) * {GEMV_T4_ROWS}u + li / {GEMV_T4_LANES}u;
     let k4s = p.K / 4u;
     let w0 = b * p.b_bs / 4u + min(n, p.N - 1u) * k4s;
