@@ -11,8 +11,8 @@ one-op graph and its resize hook run at the tensors' shapes, so the WGSL, parame
 what a session would dispatch. Two copy references: the registry's `aten.clone` (which the runtime
 runs as `copy_buffer_to_buffer`) and a minimal hand-written WGSL copy (vec4 loads and stores, 256
 invocations of 4 vec4s each); the device's copy bandwidth is the better of the two. Bytes moved:
-every bound tensor once (read or written). Kernels whose outputs are one element per invocation
-are checked to reach every element with their folded grid (`plan`).
+every bound tensor once (read or written). Kernels that write a known number of output elements
+per invocation are checked to reach every element with their folded grid (`plan`).
 
 Timing: each run submits `R` back-to-back dispatches (or copies), R scaled so that a run moves at
 least `span_bytes` (about 20 ms on a 3 TB/s GPU), and times them two ways at once: GPU timestamps
