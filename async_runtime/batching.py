@@ -154,10 +154,9 @@ class Batcher:
         ctx = await runner._propagate(host)
         model._counters.hook_calls += ctx.hook_calls
         runner._stage(host, ctx)
-        buffer, reads = runner._command_buffer()
-        model.device.queue.submit([buffer])
+        buffers, reads = runner._command_buffers()
+        model.device.queue.submit(buffers)
         model._counters.submits += 1
-        runner._encode_ahead()
         await unless_lost(runner._staging.map_async("READ_NOSYNC"))
         outputs = runner._read_outputs(reads)
         finished, first = [], 0

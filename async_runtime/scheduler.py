@@ -2,7 +2,7 @@
 
 Sessions resize and upload their step themselves, then hand it here. Whichever task finds no
 owner becomes the owner; it submits the command buffers of all ready steps at once (one per submit
-with batching off), encodes each session's next step ahead while the GPU runs, and awaits the readbacks, until its own step is done.
+with batching off) and awaits the readbacks, until its own step is done.
 It then promotes the next waiting step's task to owner, so no background task is needed and every
 caller's task does its share. For a model that batches ragged (async_runtime.batching), the owner
 runs passes over all ready steps instead, each pass finishing some of them. Everything after the
@@ -67,14 +67,12 @@ class Scheduler:
         try:
             buffers = []
             for step in batch:
-                buffer, step.reads = step.session._command_buffer()
-                buffers.append(buffer)
+                step_buffers, step.reads = step.session._command_buffers()
+                buffers += step_buffers
             model.device.queue.submit(buffers)
             model._counters.submits += 1
             for step in batch:
                 step.session._counters.submits += 1
-                step.session._encode_ahead()
-            for step in batch:
                 # "READ" would first submit an empty command buffer, synchronously, and on lavapipe
                 # that waits for the whole step on the event loop; the poll thread maps it anyway.
                 await self._unless_lost(step.session._staging.map_async("READ_NOSYNC"))

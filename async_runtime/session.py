@@ -119,8 +119,6 @@ class Session(SessionBase):
         self._bind_groups = [self._bind_group(d) if d.shader else None for d in graph.dispatches]
         self._staging = model._create_buffer(staging_size, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST, "readback")
         self._commands = self._command_list()
-        self._ahead = None  # (commands, output dims, command buffer, reads): the next step, encoded ahead
-        self._steady = False  # the last step ran the commands of the one before
         model._sessions.add(self)
 
     # --- GPU objects ------------------------------------------------------------------------
@@ -244,7 +242,6 @@ class Session(SessionBase):
         """Write changed parameters and the inputs' live bytes (this session's own buffers)."""
         queue = self._model.device.queue
         self._write_params(ctx.changed_params)
-        self._steady = not ctx.changed_grids
         if ctx.changed_grids:
             self._commands = self._command_list()
         up = 0
@@ -255,36 +252,24 @@ class Session(SessionBase):
         for counters in (self._counters, self._model._counters):
             counters.bytes_up += up
 
-    def _command_buffer(self):
-        """This step as a finished command buffer, and what `_read_outputs` needs: the buffer
-        encoded ahead (`_encode_ahead`) if the step's commands and output shapes are still those
-        it was encoded for, else a fresh one."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead[0] is self._commands and ahead[1] == self._output_dims() and self.profiler is None:
-            buffer, reads = ahead[2:]
-        else:
-            buffer, reads = self._encode()
+    def _command_buffers(self):
+        """This step as finished command buffers (the graph's commands, then the outputs' live bytes
+        copied to staging) and what `_read_outputs` needs."""
+        readback, reads = self._encode_readback()
         for counters in (self._counters, self._model._counters):
             counters.dispatches += self._dispatch_count
-        return buffer, reads
-
-    def _encode_ahead(self):
-        """Encode the next step now, while the GPU runs this one. Steps of a steady shape (decode)
-        repeat the same commands (their inputs and parameters are written to buffers, not
-        encoded), so the encoding and its finish (~1.2 ms of host time a SmolLM2 step on an H100)
-        leave the step's critical path. Only after a step that reused its commands: a step whose
-        shape changed likely precedes another change."""
-        if self._ahead is None and self.profiler is None and self._steady:
-            self._ahead = (self._commands, self._output_dims(), *self._encode())
-
-    def _output_dims(self):
-        return tuple(self.state.dims[vid] for vid in self._model.graph.outputs)
+        return [self._encode(), readback], reads
 
     def _encode(self):
-        """Encode this step, then the outputs' live bytes into staging; returns the finished
-        command buffer and what `_read_outputs` needs."""
+        """This step's graph commands as a finished command buffer."""
         encoder = self._model.device.create_command_encoder()
         self._encode_commands(encoder)
+        return encoder.finish()
+
+    def _encode_readback(self):
+        """The outputs' live bytes into staging: a finished command buffer, and what
+        `_read_outputs` needs."""
+        encoder = self._model.device.create_command_encoder()
         graph, reads = self._model.graph, []
         for vid, offset in zip(graph.outputs, self._out_offsets):
             v = graph.values[vid]
@@ -359,7 +344,6 @@ class Session(SessionBase):
         if self._closed:
             return
         self._closed = True
-        self._ahead = None
         self._model._sessions.discard(self)
         self._model._reserved -= self._reserved
         for b in (self._arena, self._staging, *self._own.values()):
