@@ -67,14 +67,24 @@ def _producers(graph):
     return {args[-1]: i for i, (_, args) in enumerate(graph.calls) if args}
 
 
+# What a rewrite meets in a malformed file (a scalar where a pattern expects a tensor, an id out
+# of range): the graph is then left unfused, and the ops' own builds name what is wrong.
+MALFORMED = (AttributeError, TypeError, IndexError, KeyError)
+
+
 def fuse(graph):
     """Rewrite `graph.calls` in place; returns how many patterns were fused."""
-    fused = _fuse_silu(graph)
-    fused += _fuse_swiglu(graph)
-    fused += _fuse_residual(graph)
-    fused += _fuse_groups(graph)
-    _drop_dead_views(graph)
-    return fused + _fuse_norms(graph)
+    original = list(graph.calls)
+    try:
+        fused = _fuse_silu(graph)
+        fused += _fuse_swiglu(graph)
+        fused += _fuse_residual(graph)
+        fused += _fuse_groups(graph)
+        _drop_dead_views(graph)
+        return fused + _fuse_norms(graph)
+    except MALFORMED:
+        graph.calls[:] = original
+        return 0
 
 
 def _fuse_silu(graph):
@@ -275,6 +285,15 @@ def _fuse_norms(graph):
 def fuse_ragged(graph):
     """RoPE whose rotated k (and q) feed a ragged_sdpa directly, with that sdpa's v computed before
     the RoPE: one dispatch fewer a layer. Rewrites `graph.calls` in place; returns the count."""
+    original = list(graph.calls)
+    try:
+        return _fuse_ragged(graph)
+    except MALFORMED:
+        graph.calls[:] = original
+        return 0
+
+
+def _fuse_ragged(graph):
     calls, producer, fused = graph.calls, _producers(graph), 0
     rope_of = {}
     for i, (name, args) in enumerate(calls):
