@@ -193,3 +193,18 @@ def test_uniform_layout_matches_wgsl():
             for src in (L.gemv_shader(transposed, has_bias), L.gemm_shader(transposed, has_bias)):
                 assert L.STRUCT in src
                 assert ("var<storage, read> bias" in src) == has_bias
+
+
+def test_fusion_leaves_a_malformed_graph_unfused():
+    """A view with no operands and a linear whose weight is a scalar (what a corrupted file can
+    hold): the rewrites roll back and leave the calls as they were, for the ops' builds to refuse."""
+    from types import SimpleNamespace
+
+    from kernels.fusion import fuse, fuse_ragged
+    from resize.values import Scalar, Tensor
+
+    values = [Tensor("float32", (3, 5)), Scalar(2.0), Scalar(None), Tensor("float32", (3, 7))]
+    calls = [("aten.linear.default", (0, 1, 2, 3)), ("aten.squeeze_copy.dims", ()), ("aten.add.Tensor", (3, 3, 1, 3))]
+    graph = SimpleNamespace(calls=list(calls), values=values, outputs=[3])
+    assert fuse(graph) == 0 and fuse_ragged(graph) == 0
+    assert graph.calls == calls
