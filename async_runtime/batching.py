@@ -154,8 +154,9 @@ class Batcher:
         ctx = await runner._propagate(host)
         model._counters.hook_calls += ctx.hook_calls
         runner._stage(host, ctx)
-        buffers, reads = runner._command_buffers()
-        model.device.queue.submit(buffers)
+        encoder = model.device.create_command_encoder()
+        reads = runner._encode(encoder)
+        model.device.queue.submit([encoder.finish()])
         model._counters.submits += 1
         await unless_lost(runner._staging.map_async("READ_NOSYNC"))
         outputs = runner._read_outputs(reads)

@@ -1,8 +1,8 @@
 """The GPU owner: one task at a time encodes every ready step, submits once, reads back.
 
 Sessions resize and upload their step themselves, then hand it here. Whichever task finds no
-owner becomes the owner; it submits the command buffers of all ready steps at once (one per submit
-with batching off) and awaits the readbacks, until its own step is done.
+owner becomes the owner; it encodes all ready steps back to back into one command encoder (or one
+per submit with batching off), submits once and awaits the readbacks, until its own step is done.
 It then promotes the next waiting step's task to owner, so no background task is needed and every
 caller's task does its share. For a model that batches ragged (async_runtime.batching), the owner
 runs passes over all ready steps instead, each pass finishing some of them. Everything after the
@@ -65,11 +65,10 @@ class Scheduler:
     async def _submit(self, batch):
         model = self.model
         try:
-            buffers = []
+            encoder = model.device.create_command_encoder()
             for step in batch:
-                step_buffers, step.reads = step.session._command_buffers()
-                buffers += step_buffers
-            model.device.queue.submit(buffers)
+                step.reads = step.session._encode(encoder)
+            model.device.queue.submit([encoder.finish()])
             model._counters.submits += 1
             for step in batch:
                 step.session._counters.submits += 1

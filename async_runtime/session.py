@@ -252,24 +252,10 @@ class Session(SessionBase):
         for counters in (self._counters, self._model._counters):
             counters.bytes_up += up
 
-    def _command_buffers(self):
-        """This step as finished command buffers (the graph's commands, then the outputs' live bytes
-        copied to staging) and what `_read_outputs` needs."""
-        readback, reads = self._encode_readback()
-        for counters in (self._counters, self._model._counters):
-            counters.dispatches += self._dispatch_count
-        return [self._encode(), readback], reads
-
-    def _encode(self):
-        """This step's graph commands as a finished command buffer."""
-        encoder = self._model.device.create_command_encoder()
+    def _encode(self, encoder):
+        """Encode this step into `encoder`, then the outputs' live bytes into staging. Returns
+        what `_read_outputs` needs."""
         self._encode_commands(encoder)
-        return encoder.finish()
-
-    def _encode_readback(self):
-        """The outputs' live bytes into staging: a finished command buffer, and what
-        `_read_outputs` needs."""
-        encoder = self._model.device.create_command_encoder()
         graph, reads = self._model.graph, []
         for vid, offset in zip(graph.outputs, self._out_offsets):
             v = graph.values[vid]
@@ -281,7 +267,9 @@ class Session(SessionBase):
             if nbytes:
                 encoder.copy_buffer_to_buffer(self._buffer(vid), 0, self._staging, offset, align(nbytes, 4))
             reads.append((vid, dims, offset, nbytes))
-        return encoder.finish(), reads
+        for counters in (self._counters, self._model._counters):
+            counters.dispatches += self._dispatch_count
+        return reads
 
     def _encode_commands(self, encoder):
         """The graph's dispatches and copies: many dispatches per compute pass."""

@@ -66,4 +66,3 @@ async def test_a_non_converging_hook_gives_resize_error_and_keeps_the_state(load
     nodes[index] = original
     (again,) = await model.execute(x)  # the failed call left the previous state
     np.testing.assert_array_equal(again, good)
-
