@@ -357,17 +357,22 @@ def gemm_grid(name, m, n, batch, splits=1):
     return grid
 
 
-class GemmRoute:
-    """The GEMM route of one product: its dispatch and split-K's reduce, over the op's own scratch
-    (a value of the op alone, so the memory planner lets every product share one buffer)."""
+def gemm_scratch(b, outs):
+    """Split-K's scratch for an op whose products (run one after another) write `outs`: room for
+    the splits' sums of the largest, at most SPLIT_TARGET * BM * BN floats (gemm_split's bound). A
+    value of the op alone, so the memory planner lets every op's scratch share one buffer."""
+    most = max(numel_of(b.graph.values[o].dims) for o in outs)
+    vid = len(b.graph.values)
+    b.graph.values.append(Tensor("float32", (max(1, min(SPLIT_TARGET * BM * BN, MAX_SPLITS * most)),)))
+    b.writes(vid)
+    return vid
 
-    def __init__(self, b, inputs, bias, out, params, transposed_b, scratch=None):
+
+class GemmRoute:
+    """The GEMM route of one product: its dispatch and split-K's reduce over `scratch` (gemm_scratch)."""
+
+    def __init__(self, b, inputs, bias, out, params, transposed_b, scratch):
         self.name = b.name
-        if scratch is None:
-            scratch = len(b.graph.values)
-            b.graph.values.append(Tensor("float32", (SPLIT_TARGET * BM * BN,)))
-            b.writes(scratch)
-        self.scratch = scratch
         tail = [bias] if bias is not None else []
         self.gemm = b.dispatch(gemm_shader(transposed_b, bias is not None), [*inputs, *tail, out, params, scratch])
         self.reduce = b.dispatch(gemm_reduce_shader(bias is not None), [scratch, *tail, out, params])
@@ -409,7 +414,7 @@ def add_matmul(b, a, bmat, bias, transposed_b, shape_fn, alpha=1.0, beta=1.0, re
     bindings = [a, bmat] + ([bias] if has_bias else []) + [b.out, params]
     gemv = b.dispatch(gemv_shader(transposed_b, has_bias), bindings)
     gemv4 = b.dispatch(gemv_t4_shader(has_bias), bindings) if transposed_b else None
-    gemm = GemmRoute(b, [a, bmat], bias, b.out, params, transposed_b)
+    gemm = GemmRoute(b, [a, bmat], bias, b.out, params, transposed_b, gemm_scratch(b, [b.out]))
 
     def resize(ctx):
         batch, m, n, k, a_bs, b_bs, out_dims = shape_fn(ctx.dims(a), ctx.dims(bmat))

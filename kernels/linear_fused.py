@@ -22,7 +22,7 @@ from resize.shapes import fold_grid, numel_of
 
 from .linear import (
     GEMV_MAX_ROWS, GEMV_REDUCE, GEMV_ROWS, PARAMS_FORMAT, PARAMS_SIZE,
-    GemmRoute, _check_f32, gemv_t_body, linear_shapes,
+    GemmRoute, _check_f32, gemm_scratch, gemv_t_body, linear_shapes,
 )  # fmt: skip
 from .registry import op
 from .wgsl import FLAT_INDEX, WG, flat_grid
@@ -118,12 +118,10 @@ class _Products:
     def __init__(self, b, x, weights, outs):
         self.x = x
         self.shape_fn = linear_shapes(b.name)
-        self.routes, scratch = [], None
+        self.routes, scratch = [], gemm_scratch(b, outs)
         for w, out in zip(weights, outs):
             params = b.params(PARAMS_SIZE)
-            route = GemmRoute(b, [x, w], None, out, params, True, scratch)  # one after another: one scratch
-            self.routes.append((w, out, params, route))
-            scratch = route.scratch
+            self.routes.append((w, out, params, GemmRoute(b, [x, w], None, out, params, True, scratch)))
 
     def resize(self, ctx):
         """Set each product's shape and GEMM params; returns (gemv?, M, K, [N_j])."""
