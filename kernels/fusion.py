@@ -24,7 +24,7 @@ order of the ops it replaces.
 
 from collections import Counter
 
-from resize.values import Scalar, Tensor, ValueList
+from resize.values import Scalar, ValueList
 
 from .elementwise import add_elementwise
 from .registry import op
@@ -72,19 +72,28 @@ def _producers(graph):
 MALFORMED = (AttributeError, TypeError, IndexError, KeyError)
 
 
-def fuse(graph):
-    """Rewrite `graph.calls` in place; returns how many patterns were fused."""
+def _unless_malformed(rewrite, graph):
+    """`rewrite(graph)`, or, when it meets a malformed graph, the calls as they were and 0."""
     original = list(graph.calls)
     try:
-        fused = _fuse_silu(graph)
-        fused += _fuse_swiglu(graph)
-        fused += _fuse_residual(graph)
-        fused += _fuse_groups(graph)
-        _drop_dead_views(graph)
-        return fused + _fuse_norms(graph)
+        return rewrite(graph)
     except MALFORMED:
         graph.calls[:] = original
         return 0
+
+
+def fuse(graph):
+    """Rewrite `graph.calls` in place; returns how many patterns were fused."""
+    return _unless_malformed(_fuse_all, graph)
+
+
+def _fuse_all(graph):
+    fused = _fuse_silu(graph)
+    fused += _fuse_swiglu(graph)
+    fused += _fuse_residual(graph)
+    fused += _fuse_groups(graph)
+    _drop_dead_views(graph)
+    return fused + _fuse_norms(graph)
 
 
 def _fuse_silu(graph):
@@ -132,8 +141,6 @@ class _Linears:
         v = self.values
         if not (isinstance(v[bias], Scalar) and v[bias].value is None):
             return None
-        if not all(isinstance(v[t], Tensor) for t in (x, w, out)):  # a malformed file: the op's build says so
-            return None
         if len(v[w].dims) != 2 or any(v[t].dtype != "float32" for t in (x, w, out)):
             return None
         return x, w, out
@@ -162,7 +169,7 @@ class _Linears:
         """The value `vid` views, through views that keep the last dim."""
         while (i := self.producer.get(vid)) is not None and self.calls[i][0] in VIEWS:
             src = self.calls[i][1][0]
-            if not isinstance(self.values[src], Tensor) or self.values[src].dims[-1:] != self.values[vid].dims[-1:]:
+            if self.values[src].dims[-1:] != self.values[vid].dims[-1:]:
                 break
             vid = src
         return vid
@@ -191,7 +198,7 @@ def _fuse_swiglu(graph):
         dims = values[root].dims[:-1] + values[wg].dims[:1]
         if f.view_root(xu) != root or values[wu].dims != values[wg].dims:
             continue
-        if not isinstance(values[out], Tensor) or not (values[out].dims == values[gate].dims == values[up].dims == dims):
+        if not (values[out].dims == values[gate].dims == values[up].dims == dims):
             continue
         # gate and up hold the two products when the rows are too many for the fused GEMV
         replace[k] = (LINEAR_SILU_MUL, (root, wg, wu, f.new_list((out, gate, up))))
@@ -211,8 +218,6 @@ def _fuse_residual(graph):
         for e, residual in ((args[1], args[0]), (args[0], args[1])):
             i, views = f.through_views(e)
             if i is None or i in drop or not f.before(residual, i) or f.uses[e] != 1:
-                continue
-            if not all(isinstance(values[t], Tensor) for t in (residual, out)):
                 continue
             if not (values[residual].dims == values[e].dims == values[out].dims) or values[out].dtype != "float32":
                 continue
@@ -264,11 +269,8 @@ def _fuse_norms(graph):
         if name != RMS_NORM or len(args) != 4 or uses[args[-1]] != 1 or args[-1] not in readers:
             continue
         x, gamma, _, src = args
-        if not all(isinstance(values[a], Tensor) for a in (x, gamma, src)):  # a malformed file
-            continue
         j = readers[src][0]
-        view = calls[j][1][-1] if calls[j][0] in VIEWS else None
-        if view is not None and isinstance(values[view], Tensor) and values[view].dims[-1:] == values[src].dims[-1:]:
+        if calls[j][0] in VIEWS and values[calls[j][1][-1]].dims[-1:] == values[src].dims[-1:]:
             src = calls[j][1][-1]
             j = readers.get(src, [None])[0] if uses[src] == 1 else None
         if j is None or calls[j][0] not in (LINEAR_GROUP, LINEAR_SILU_MUL) or calls[j][1][0] != src:
@@ -285,12 +287,7 @@ def _fuse_norms(graph):
 def fuse_ragged(graph):
     """RoPE whose rotated k (and q) feed a ragged_sdpa directly, with that sdpa's v computed before
     the RoPE: one dispatch fewer a layer. Rewrites `graph.calls` in place; returns the count."""
-    original = list(graph.calls)
-    try:
-        return _fuse_ragged(graph)
-    except MALFORMED:
-        graph.calls[:] = original
-        return 0
+    return _unless_malformed(_fuse_ragged, graph)
 
 
 def _fuse_ragged(graph):
