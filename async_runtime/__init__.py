@@ -20,7 +20,7 @@ from .errors import (
     RuntimeFault,
     UnsupportedOperatorError,
 )
-from .generate import GenerationStats, Sampling, context_length, generate
+from .llm.generate import GenerationStats, Sampling, context_length, generate
 from .model import IOSpec, Model, load
 from .session import Session
 from .stats import Statistics

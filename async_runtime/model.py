@@ -22,10 +22,10 @@ from .errors import (
     RuntimeFault,
     UnsupportedOperatorError,
 )
-from .graph import link
-from .planning import plan_memory, written_in_place
+from .program.graph import link
+from .program.planning import plan_memory, written_in_place
 from .ragged import NotRagged, plan_ragged
-from .pte import read_program
+from .program.pte import read_program
 from .scheduler import Scheduler
 from .session import Session
 from .stats import Counters

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from kernels import OPS
 from resize.values import Scalar, Tensor, ValueList
 
-from .graph import Graph
+from .program.graph import Graph
 
 INTS = {"int32", "int64"}
 ELEMENTWISE_MODULES = {"kernels.elementwise", "kernels.fusion"}

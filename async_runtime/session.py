@@ -85,7 +85,7 @@ class SessionBase:
 class Session(SessionBase):
     """One stream: `await session.execute(...)`; `async with model.session() as s:`."""
 
-    profiler = None  # an async_runtime.profile.Profiler set here encodes this session's steps (GPU timestamps)
+    profiler = None  # an async_runtime.tools.profile.Profiler set here encodes this session's steps (GPU timestamps)
 
     def __init__(self, model):
         super().__init__(model)

@@ -15,7 +15,7 @@ import time
 import anyio
 
 import async_runtime as ar
-from async_runtime.tokenizer import Tokenizer
+from async_runtime.llm.tokenizer import Tokenizer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from export_smollm2 import export  # noqa: E402

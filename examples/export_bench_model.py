@@ -19,7 +19,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from export_smollm2 import default_gguf_path, gguf_params, run_llama_export  # noqa: E402
 
-from async_runtime.llm_export import export_llm_args  # noqa: E402
+from async_runtime.llm.export import export_llm_args  # noqa: E402
 
 BLOCK_FLOATS = (1 << 20) // 4
 

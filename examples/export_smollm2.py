@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 
-from async_runtime.llm_export import export_command, export_llm_args
+from async_runtime.llm.export import export_command, export_llm_args
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "pte-wgpu")
@@ -291,7 +291,7 @@ def export(gguf_path=None, *, cache_dir=None, max_context=2048, qmode=None, grou
 
     keep_program: also keep the pre-lowering ExportedProgram (`program.pt2`, for eager references)
     and the fp32 checkpoint. A cached export without program.pt2 is redone when keep_program is set."""
-    from async_runtime.tokenizer import Tokenizer
+    from async_runtime.llm.tokenizer import Tokenizer
 
     gguf_path = gguf_path or default_gguf_path()
     out_dir = export_dir(gguf_path, cache_dir=cache_dir, max_context=max_context, qmode=qmode,

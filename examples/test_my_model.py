@@ -1,7 +1,7 @@
 """Testing your own model with pte-wgpu's pytest plugin: copy this file next to your tests.
 
 Needs `pip install "pte-wgpu[export,test]"` (the plugin comes with pte-wgpu and is found by pytest
-on its own; from a checkout that is not installed, add `-p async_runtime.pytest_plugin`). Run:
+on its own; from a checkout that is not installed, add `-p async_runtime.testing.pytest_plugin`). Run:
 
     pytest examples/test_my_model.py        # every test runs on asyncio and on trio
 

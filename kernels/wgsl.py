@@ -48,7 +48,7 @@ def flat_grid(threads, wg=WG):
 
 # Flat kernels over many elements take PER_INVOCATION of them, a grid apart: one element per
 # 64-invocation workgroup made a 1 GiB tensor 4M workgroups, and launching them bounded an H100 at
-# 850 GB/s (bench_streaming) against 2.97 TB/s for a vec4 copy kernel. Such a kernel defines
+# 850 GB/s (tools/bench/streaming.py) against 2.97 TB/s for a vec4 copy kernel. Such a kernel defines
 # `fn element(i: u32)` and takes SPREAD_MAIN as its entry point, dispatched over `spread_grid(n)`.
 PER_INVOCATION = 4
 SPREAD_MAIN = f"""

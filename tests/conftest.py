@@ -2,7 +2,7 @@ import sys
 
 import pytest
 
-pytest_plugins = ["async_runtime.pytest_plugin"]  # also found through its entry point once installed
+pytest_plugins = ["async_runtime.testing.pytest_plugin"]  # also found through its entry point once installed
 
 
 @pytest.fixture(params=["asyncio", "trio"])

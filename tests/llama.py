@@ -33,7 +33,6 @@ One export takes ~55-125 s on a 2-core box (fp32 or quantized); `export_seconds`
 """
 
 import copy
-import json
 import os
 import subprocess
 import tempfile
@@ -42,30 +41,9 @@ import time
 import numpy as np
 import torch
 
-from async_runtime.llm_export import export_command, export_llm_args
+from async_runtime.llm.export import export_command, export_llm_args, write_tiny_llama
 
 _CACHE = {}
-
-def _write_model(dirname, params, max_len, seed, init_std):
-    from executorch.examples.models.llama.llama_transformer import construct_transformer
-    from executorch.examples.models.llama.model_args import ModelArgs
-
-    torch.manual_seed(seed)
-    model = construct_transformer(ModelArgs(max_seq_len=max_len, max_context_len=max_len, **params))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name.split(".")[-2]:
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, init_std)
-    state = {k: v.detach().clone() for k, v in model.named_parameters()}
-    params_path = os.path.join(dirname, "params.json")
-    ckpt_path = os.path.join(dirname, "ckpt.pth")
-    with open(params_path, "w") as f:
-        json.dump(params, f)
-    torch.save(state, ckpt_path)
-    return params_path, ckpt_path, state
-
 
 def run_export(overrides, pt2_path, cwd, timeout=900):
     """Run the CLI export in a subprocess; returns wall seconds. Raises with the log tail on failure."""
@@ -172,7 +150,7 @@ def export_llama(
         tag = f"d{dim}h{n_heads}kv{n_kv_heads}l{n_layers}v{vocab_size}m{max_len}s{seed}"
         label = {"8da4w": "dq8a4w"}.get(qmode, qmode or "fp32") + ("" if dynamic else "_static")  # no "8da4w" in paths (see above)
         out_dir = tempfile.mkdtemp(prefix=f"llama_{label}_{tag}_", dir=base)
-        params_path, ckpt_path, state = _write_model(out_dir, params, max_len, seed, init_std)
+        params_path, ckpt_path, state = write_tiny_llama(out_dir, params, max_len, seed, init_std)
         pte_path = os.path.join(out_dir, f"llama_{label}.pte")
         pt2_path = os.path.join(out_dir, "program.pt2")
         overrides = export_llm_args(params_path, ckpt_path, out_dir, os.path.basename(pte_path), max_len,

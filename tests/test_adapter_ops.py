@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from async_runtime.graph import link
-from async_runtime.pte import read_program
+from async_runtime.program.graph import link
+from async_runtime.program.pte import read_program
 
 from .exporting import eager, export_pte
 

@@ -19,8 +19,9 @@ import anyio
 import numpy as np
 import pytest
 
-from async_runtime import bench_streaming
-from async_runtime.bench import FILES, SHORT, SPLIT_PARTS, llama_tag, markdown
+from async_runtime.tools.bench import streaming as bench_streaming
+from async_runtime.tools.bench.models import FILES, SHORT, llama_tag
+from async_runtime.tools.bench.report import SPLIT_PARTS, markdown
 from async_runtime.device import open_device
 
 pytestmark = pytest.mark.usefixtures("adapter")
@@ -124,7 +125,7 @@ def test_markdown_without_timestamps(bench_run):
 
 
 def test_normalization_after_an_adapter_exists_falls_back_to_ticks(adapter):
-    from async_runtime.profile import enable_timestamp_normalization
+    from async_runtime.tools.profile import enable_timestamp_normalization
 
     assert enable_timestamp_normalization() == "ticks"  # the adapter fixture created the instance
 

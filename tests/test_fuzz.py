@@ -35,9 +35,10 @@ from hypothesis import strategies as st
 
 import async_runtime as ar
 import async_runtime.model as model_module
-from async_runtime import ModelFormatError, UnsupportedOperatorError, flatbuf
-from async_runtime.graph import link
-from async_runtime.pte import read_program
+from async_runtime import ModelFormatError, UnsupportedOperatorError
+from async_runtime.program import flatbuf
+from async_runtime.program.graph import link
+from async_runtime.program.pte import read_program
 
 from .exporting import export_pte
 from .models import MLP, Block

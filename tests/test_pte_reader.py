@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from async_runtime import ModelFormatError, UnsupportedOperatorError
-from async_runtime.cli import inspect
-from async_runtime.graph import link
-from async_runtime.pte import DelegateCall, KernelCall, read_program
-from async_runtime.vkgraph import read_vkgraph
+from async_runtime.tools.cli import inspect
+from async_runtime.program.graph import link
+from async_runtime.program.pte import DelegateCall, KernelCall, read_program
+from async_runtime.program.vkgraph import read_vkgraph
 from resize.values import SymInt, Tensor
 
 from .exporting import export_pte

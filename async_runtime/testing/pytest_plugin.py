@@ -1,5 +1,5 @@
 """pytest plugin for pte-wgpu (registered through the `pytest11` entry point when pte-wgpu is
-installed; otherwise `pytest -p async_runtime.pytest_plugin`).
+installed; otherwise `pytest -p async_runtime.testing.pytest_plugin`).
 
 Fixtures:
   `wgpu_adapter` (session): the `AdapterInfo` of the adapter `ar.load` would pick (honouring
@@ -52,7 +52,7 @@ def probe_adapter():
 
 
 def _probe_once():
-    from .device import find_adapter
+    from ..device import find_adapter
 
     try:
         adapter = find_adapter()  # pytest's own thread: no event loop runs here

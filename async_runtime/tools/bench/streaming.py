@@ -2,7 +2,7 @@
 (elementwise ops, the strided copy, the M=1 GEMV of `aten.linear`) on large tensors, in GB/s and as
 a share of that copy bandwidth (the issue's target: 70% or more).
 
-    python -m async_runtime.bench_streaming [--short] [--runs N] [--json FILE]
+    python -m async_runtime.tools.bench.streaming [--short] [--runs N] [--json FILE]
 
 Part of `python -m async_runtime bench` too (its "streaming" key and markdown section).
 
@@ -46,14 +46,13 @@ from resize.engine import LiveState, Plan, ResizeContext
 from resize.shapes import MAX_WORKGROUPS, fold_grid, numel_of
 from resize.values import Scalar, Tensor
 
-from .bench import _fmt, median
-from .device import open_device
-from .encoding import encode_dispatches, prepare
-from .profile import enable_timestamp_normalization
-from .session import UNIFORM_ALIGN
-from .storage import STORAGE_USAGE, align
+from ...device import open_device
+from ...encoding import encode_dispatches, prepare
+from ..profile import enable_timestamp_normalization
+from .report import MiB, median, streaming_lines
+from ...session import UNIFORM_ALIGN
+from ...storage import STORAGE_USAGE, align
 
-MiB = 1 << 20
 # tensor_bytes: each elementwise tensor (clamped to what the adapter binds); span_bytes: the least a
 # timed run moves (R = span_bytes / bytes per dispatch, at least `reps`); gemv: (N, K) weights,
 # SmolLM2-135M's LM head and MLP layers in full mode.
@@ -336,7 +335,7 @@ async def measure(p, runs, units="ns", log=print, device_name=None):
     timestamps = "timestamp-query" in info.features
     limit = min(info.max_storage_binding, info.max_buffer_size)
     res = dict(
-        device=info.name, runs=runs, reps=p["reps"], span_bytes=p["span_bytes"], footprint=p["footprint"], limit_bytes=limit,
+        device=info.name, runs=runs, agree=AGREE, reps=p["reps"], span_bytes=p["span_bytes"], footprint=p["footprint"], limit_bytes=limit,
         timing=f"GPU timestamps ({units}) cross-checked by wall clock" if timestamps else "wall clock (no timestamp-query)",
         kernels={},
     )
@@ -370,37 +369,8 @@ async def measure(p, runs, units="ns", log=print, device_name=None):
     return res
 
 
-def markdown_lines(s):
-    """The bench's markdown section for `measure`'s result."""
-    copy = "n/a" if s["copy_gb_per_s"] is None else f"{_fmt(s['copy_gb_per_s'], 2)} GB/s, from {s['copy_reference']}"
-    lines = [
-        "", "## Streaming kernels (GB/s, share of copy bandwidth)", "",
-        f"Median of {s['runs']} run(s), each of R back-to-back dispatches (R: at least {s['reps']}, and enough to move "
-        f"{s['span_bytes'] / 1e9:.3g} GB), timed by {s['timing']}: GB/s use the timestamps when the two agree within "
-        f"{AGREE:.0%}, else wall clock (\"timed by\"). Copy bandwidth (the better of the two copy rows): {copy}. "
-        "Bytes moved: every bound tensor once. Kernels moving less than "
-        f"{s['footprint'] / MiB:g} MiB a dispatch cycle through copies of their buffers (a weight is read from memory, "
-        f"not from cache). Tensors are capped at {s['limit_bytes'] / MiB:,.0f} MiB (the adapter's binding limit); "
-        "outputs are sampled (first, middle, last and scattered elements) and checked against numpy (max rel err).",
-        "", "| kernel | shapes | bytes moved | R | µs / dispatch (timestamps) | µs / dispatch (wall) | timed by | GB/s "
-        "| share of copy bandwidth | max rel err |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for label, r in s["kernels"].items():
-        if "error" in r:
-            lines.append(f"| {label} | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | {r['error'][:160]} |")
-            continue
-        shapes = " ".join(str(x) for x in r["shapes"])
-        share = "n/a" if r["share_of_copy"] is None else f"{100 * r['share_of_copy']:.1f}%"
-        lines.append(
-            f"| {label} | {shapes} | {r['bytes'] / MiB:,.1f} MiB | {r['dispatches_per_run']} | {_fmt(r['us_timestamps'])} "
-            f"| {_fmt(r['us_wall'])} | {r['timed_by']} | {_fmt(r['gb_per_s'], 2)} | {share} | {r['max_rel_err']:.1e} |"
-        )
-    return lines
-
-
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m async_runtime.bench_streaming", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m async_runtime.tools.bench.streaming", description=__doc__.split("\n\n")[0])
     ap.add_argument("--short", action="store_true", help="tiny sizes (a smoke test; numbers are not meaningful)")
     ap.add_argument("--runs", type=int, default=None, help="runs per kernel (the median is reported); default 5, 1 with --short")
     ap.add_argument("--device", help="adapter name substring (default $PTE_WGPU_ADAPTER or the preferred one)")
@@ -410,7 +380,7 @@ def main(argv=None):
     log = lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True)  # noqa: E731
     runs = args.runs or (1 if args.short else 5)
     res = anyio.run(measure, SHORT if args.short else FULL, runs, units, log, args.device)
-    print(f"# {res['device']}\n" + "\n".join(markdown_lines(res)))
+    print(f"# {res['device']}\n" + "\n".join(streaming_lines(res)))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)

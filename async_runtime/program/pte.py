@@ -6,7 +6,7 @@ Only the parts this runtime needs become Python objects; every offset is checked
 import struct
 from dataclasses import dataclass, field
 
-from .errors import ModelFormatError
+from ..errors import ModelFormatError
 from .flatbuf import Buffer
 from resize.values import ET_DTYPES, NONE, BoolList, Constant, DoubleList, Scalar, Tensor, ValueList
 

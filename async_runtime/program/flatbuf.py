@@ -7,7 +7,7 @@ raise IndexError or struct.error deep inside. Here every read is checked first a
 
 import struct
 
-from .errors import ModelFormatError
+from ..errors import ModelFormatError
 
 _U8 = struct.Struct("<B")
 _U16 = struct.Struct("<H")

@@ -4,6 +4,7 @@ Export time only: the subprocess needs torch and executorch, this module imports
 recipe for examples/export_smollm2.py, the bench's tiny models and the tests' Llama exports.
 """
 
+import json
 import os
 import sys
 import textwrap
@@ -61,3 +62,28 @@ def export_llm_args(params_path, ckpt_path, out_dir, pte_name, max_len, *, qmode
 def export_command(overrides, pt2_path="-"):
     """The subprocess command line; `pt2_path` also keeps the ExportedProgram there."""
     return [sys.executable, "-u", "-c", DRIVER, pt2_path or "-", *overrides]
+
+
+def write_tiny_llama(out_dir, params, max_len, seed=0, init_std=0.02):
+    """A random-weight Llama checkpoint for tests and the bench: every linear and embedding drawn
+    from N(0, init_std) under `seed`, every norm weight 1. Writes `ckpt.pth` (parameters only) and
+    `params.json` (the ModelArgs fields) into out_dir; returns (params_path, ckpt_path, state_dict).
+    Imports torch and ExecuTorch's Llama definition: export time only."""
+    import torch
+    from executorch.examples.models.llama.llama_transformer import construct_transformer
+    from executorch.examples.models.llama.model_args import ModelArgs
+
+    torch.manual_seed(seed)
+    model = construct_transformer(ModelArgs(max_seq_len=max_len, max_context_len=max_len, **params))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name.split(".")[-2]:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, init_std)
+    state = {k: v.detach().clone() for k, v in model.named_parameters()}
+    params_path, ckpt_path = os.path.join(out_dir, "params.json"), os.path.join(out_dir, "ckpt.pth")
+    with open(params_path, "w") as f:
+        json.dump(params, f)
+    torch.save(state, ckpt_path)
+    return params_path, ckpt_path, state

@@ -8,9 +8,9 @@ from kernels.wgsl import elem_bytes
 from resize.shapes import numel_of
 from resize.values import SymInt, Tensor
 
-from .errors import ModelFormatError
-from .graph import link
-from .pte import read_program
+from ..errors import ModelFormatError
+from ..program.graph import link
+from ..program.pte import read_program
 
 
 def _dynamic_dims(graph, vid):
@@ -67,9 +67,9 @@ def _serve(args):
 
     import anyio
 
-    from . import load
-    from .server import create_app, serve
-    from .tokenizer import Tokenizer
+    from .. import load
+    from ..llm.server import create_app, serve
+    from ..llm.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.load(args.tokenizer) if args.tokenizer else Tokenizer.for_model(args.pte)
 
@@ -89,7 +89,7 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("inspect", help="print methods, inputs, outputs, ops and memory of a .pte file")
     p.add_argument("pte")
-    from . import bench  # noqa: PLC0415  (the bench subcommand: async_runtime/bench.py)
+    from . import bench  # noqa: PLC0415  (the bench subcommand: async_runtime/tools/bench/)
 
     bench.add_arguments(sub.add_parser("bench", help="tokens/s, resize overhead, CPU split and concurrency on tiny Llama exports"))
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server for a Llama-style .pte")

@@ -7,6 +7,9 @@
 
 torch is an export-time dependency: this module imports without it, and needs it only when a
 torch module is given (or for `dynamic_shape_calls`, whose spec is made of `torch.export.Dim`s).
+
+The testing room holds these helpers and the pytest plugin (`pytest_plugin`). It uses only the
+public API (`import async_runtime as ar`) and `device`; the runtime never imports it.
 """
 
 import inspect

@@ -3,7 +3,7 @@
 import struct
 from dataclasses import dataclass
 
-from .errors import ModelFormatError
+from ..errors import ModelFormatError
 from .flatbuf import Buffer
 from resize.values import (
     NONE,

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from .errors import InputError
+from ..errors import InputError
 from .generate import context_length, generate
 
 

@@ -12,7 +12,7 @@ from kernels import OPS
 from kernels.wgsl import elem_bytes
 from resize.values import NONE, Scalar, SymInt, Tensor, ValueList
 
-from .errors import ModelFormatError, UnsupportedOperatorError
+from ..errors import ModelFormatError, UnsupportedOperatorError
 from .pte import DelegateCall, FreeCall, JumpFalseCall, KernelCall, MoveCall
 from .vkgraph import read_vkgraph
 
