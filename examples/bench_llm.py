@@ -3,6 +3,10 @@ Llama of the same shape and weights (CUDA when available), and with `--hf` HF tr
 LlamaForCausalLM (eager), as the H100 numbers in BENCHMARKS.md.
 
     python examples/bench_llm.py model.pte --params model.json [--runs 5] [--hf] [--json out.json]
+        [--peers PEERS_DIR [--peer-kits llamacpp,ort] [--peer-out DIR]]
+
+`--peers` also runs the peer runtimes' kits (llama.cpp Vulkan, ORT WebGPU; bench_peers.py) in the
+same call, after ours, and prints one table of the rows they share.
 
 `--params` is the params.json of the export (examples/export_bench_model.py writes it); the torch
 model is built from it with the same tiled weights (see export_bench_model.synthetic weights: one
@@ -62,7 +66,7 @@ async def bench_wgpu(path, args):
                     rates.append(n / (time.perf_counter() - t))
             out[f"prefill_{n}_tok_s"] = median_rate(rates[1:])
         for n in args.sessions:
-            for label, m in (("batched", model), ("unbatched", unbatched)):
+            for label, m in (("batched", model), ("unbatched", unbatched))[: 1 if args.batched_only else 2]:
                 rates = []
                 for _ in range(max(1, args.runs // 2)):
                     sessions = [await m.open_session() for _ in range(n)]
@@ -242,6 +246,14 @@ def bench_hf(params, args):
     return out | time_baseline(args, device, vocab, begin, step, prefill)
 
 
+def our_rows(w):
+    """Our figures under the rows the peers report (the export's longest prompt is 2,047 tokens)."""
+    rows = {"decode_1": w.get("decode_tok_s"), "prefill_512": w.get("prefill_512_tok_s"),
+            "prefill_2048": w.get("prefill_2048_tok_s", w.get("prefill_2047_tok_s"))}
+    rows.update({f"decode_{n}": w[f"sessions_{n}_batched_tok_s"] for n in (16, 32, 64) if f"sessions_{n}_batched_tok_s" in w})
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("pte")
@@ -252,6 +264,10 @@ def main(argv=None):
     p.add_argument("--sessions", default="1,2,4,8,16,32")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--hf", action="store_true", help="also time HF transformers' LlamaForCausalLM (eager)")
+    p.add_argument("--batched-only", action="store_true", help="skip the one-pass-per-session comparison")
+    p.add_argument("--peers", help="the folder holding the peer kits (llamacpp/, ort/): run them too")
+    p.add_argument("--peer-kits", default="llamacpp,ort")
+    p.add_argument("--peer-out", default="peer_results", help="where the kits write their raw output")
     p.add_argument("--json")
     args = p.parse_args(argv)
     args.sessions = [int(s) for s in args.sessions.split(",")]
@@ -262,7 +278,13 @@ def main(argv=None):
         results["torch"] = bench_torch(params, args, context=2048)
     if args.hf:
         results["hf_eager"] = bench_hf(params, args)
+    if args.peers:
+        import bench_peers
+
+        results["peers"] = bench_peers.bench_peers(args.peers, args.peer_out, args.peer_kits.split(","))
     print(json.dumps(results, indent=1))
+    if args.peers:
+        print(bench_peers.markdown(our_rows(results["wgpu"]), results["peers"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -218,3 +218,26 @@ def _run(device, op, reps):
     encoder = device.create_command_encoder()
     op.encode(encoder, reps)
     device.queue.submit([encoder.finish()])
+
+
+def test_peer_kit_outputs_become_rows(tmp_path):
+    """examples/bench_peers.py reads llama-bench's JSON, llama-batched-bench's JSONL and
+    bench_ort.py's JSON into the rows bench_llm.py reports for us."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_peers", Path(__file__).parent.parent / "examples" / "bench_peers.py")
+    peers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peers)
+    runs = [dict(n_prompt=512, n_gen=0, avg_ts=50000.0, flash_attn=True), dict(n_prompt=512, n_gen=0, avg_ts=1.0, flash_attn=False),
+            dict(n_prompt=0, n_gen=128, avg_ts=590.0, flash_attn=True), dict(n_prompt=2048, n_gen=0, avg_ts=45000.0, flash_attn=True)]
+    (tmp_path / "llamacpp_f32.json").write_text(json.dumps(runs))
+    (tmp_path / "llamacpp_batched_f32_faon.jsonl").write_text(
+        "\n".join(json.dumps(dict(pl=pl, speed_tg=s)) for pl, s in ((1, 500.0), (16, 3199.0), (32, 5992.0))))
+    assert peers.llamacpp_rows(tmp_path) == {"f32": {"prefill_512": 50000.0, "decode_1": 590.0, "prefill_2048": 45000.0,
+                                                     "decode_16": 3199.0, "decode_32": 5992.0}}
+    ort = {"engines": {"genai": {"decode_b1": {"tok_s": 119.0}, "prefill": {"512": {"tok_s": 27100.0}},
+                                 "decode_b16": {"agg_tok_s": 1330.0}}, "ort": {"error": "no adapter"}}}
+    (tmp_path / "ort_webgpu_int4.json").write_text(json.dumps(ort))
+    assert peers.ort_rows(tmp_path) == {"int4 (genai)": {"decode_1": 119.0, "prefill_512": 27100.0, "decode_16": 1330.0}}
+    table = peers.markdown({"decode_1": 300.0}, {"llamacpp": {"rows": peers.llamacpp_rows(tmp_path)}})
+    assert "| decode_1 | 300 | 590 |" in table and "| decode_32 | — | 5,992 |" in table
