@@ -22,6 +22,7 @@ import numpy as np
 from resize.events import InputResized
 
 from .errors import BusyResourceError, ClosedResourceError, InputError, MemoryBudgetError
+from .greedy import BURST_MAX, GreedyBursts
 from .scheduler import Step
 from .session import SessionBase, check_inputs
 from .storage import align
@@ -37,6 +38,8 @@ class RaggedStep(Step):
     pos: int = 0  # absolute position of its first token
     taken: int = 0  # rows already run in earlier passes
     parts: list = field(default_factory=list)  # per output: the arrays of its passes
+    greedy: int = 0  # greedy tokens still to pick (BatchedSession.greedy); 0: an ordinary step
+    ids: list = field(default_factory=list)  # the greedy tokens picked so far
 
     @property
     def remaining(self):
@@ -57,6 +60,7 @@ class Batcher:
         self.capacity = 1
         self.free = [0]
         self.shape, self.smaller = None, 0  # (rows, sequences) of the last pass
+        self.bursts = GreedyBursts(model, ragged, runner) if GreedyBursts.fits(model, ragged) else None
 
     # --- slots --------------------------------------------------------------------------------
     def acquire(self):
@@ -138,9 +142,10 @@ class Batcher:
         self.shape, self.smaller = want, 0
         return want
 
-    async def run_pass(self, pieces, unless_lost):
-        """Run one pass; returns the steps it finished."""
-        model, runner, ragged = self.model, self.runner, self.ragged
+    async def _stage_tables(self, pieces):
+        """Write the pass's tables (tokens, row positions, row slots, sequences' last rows) and
+        resize the runner to its padded shape; returns the resize context."""
+        model, runner = self.model, self.runner
         counts = [n for _, _, n in pieces]
         rows, seqs = self._pass_shape(sum(counts), len(counts))
         pad, pad_seqs = rows - sum(counts), seqs - len(counts)
@@ -154,6 +159,15 @@ class Batcher:
         ctx = await runner._propagate(host)
         model._counters.hook_calls += ctx.hook_calls
         runner._stage(host, ctx)
+        return ctx
+
+    async def run_pass(self, pieces, unless_lost):
+        """Run one pass, or a greedy burst when every piece is a greedy step's single decode
+        token; returns the steps it finished."""
+        if self.bursts is not None and all(step.greedy and n == 1 == step.remaining for step, _, n in pieces):
+            return await self._run_burst(pieces, unless_lost)
+        model, runner, ragged = self.model, self.runner, self.ragged
+        ctx = await self._stage_tables(pieces)
         encoder = model.device.create_command_encoder()
         reads = runner._encode(encoder)
         model.device.queue.submit([encoder.finish()])
@@ -173,16 +187,57 @@ class Batcher:
                     step.parts[k].append(arr[(*at, slice(first, first + n))])
             first += n
             step.taken += n
-            c = step.session._counters
-            c.submits, c.readbacks, c.dispatches = c.submits + 1, c.readbacks + 1, c.dispatches + runner._dispatch_count
-            c.hook_calls += ctx.hook_calls  # the pass's resize served every session in it
+            _count(step, ctx, runner._dispatch_count)
             if step.remaining == 0:
-                step.outputs = [
+                result = [
                     parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
                     for (_, axis), parts in zip(ragged.output_axes, step.parts)
                 ]
+                if step.greedy:  # its token is picked on the host, as the burst's kernel would
+                    _picked(step, [int(result[0].argmax())])
+                    if step.greedy:
+                        continue
+                    result = [np.array(step.ids, np.int64)]
+                step.outputs = result
                 finished.append(step)
         return finished
+
+    async def _run_burst(self, pieces, unless_lost):
+        """Up to BURST_MAX decode passes of these single-token greedy steps in one submit."""
+        model, bursts = self.model, self.bursts
+        passes = min(BURST_MAX, *(step.greedy for step, _, _ in pieces))
+        ctx = await self._stage_tables(pieces)
+        encoder = model.device.create_command_encoder()
+        bursts.encode(encoder, len(pieces), passes)
+        model.device.queue.submit([encoder.finish()])
+        dispatches = passes * (self.runner._dispatch_count + 1)
+        model._counters.submits += 1
+        model._counters.dispatches += dispatches
+        await unless_lost(bursts.staging.map_async("READ_NOSYNC"))
+        ids = bursts.read(len(pieces), passes)
+        finished = []
+        for b, (step, _, _) in enumerate(pieces):
+            step.taken += 1
+            _count(step, ctx, dispatches)
+            _picked(step, ids[b].tolist())
+            if not step.greedy:
+                step.outputs = [np.array(step.ids, np.int64)]
+                finished.append(step)
+        return finished
+
+
+def _count(step, ctx, dispatches):
+    c = step.session._counters
+    c.submits, c.readbacks, c.dispatches = c.submits + 1, c.readbacks + 1, c.dispatches + dispatches
+    c.hook_calls += ctx.hook_calls  # the pass's resize served every session in it
+
+
+def _picked(step, ids):
+    """A greedy step took these tokens: the last is its next input, at the position after."""
+    step.ids.extend(ids)
+    step.greedy -= len(ids)
+    step.pos += step.taken + len(ids) - 1
+    step.tokens, step.taken, step.parts = np.array(ids[-1:], np.int64), 0, []
 
 
 def _bucket(n, most):
@@ -202,6 +257,19 @@ class BatchedSession(SessionBase):
 
     async def execute(self, *inputs):
         """Run one step (see `Session.execute`); it shares a pass with other sessions' steps."""
+        return await self._run(inputs, 0)
+
+    async def greedy(self, *inputs, n):
+        """Feed these inputs (tokens [1, S] at input_pos, as `execute`), then pick `n` greedy tokens,
+        feeding each but the last: the ids [n] (int64) that a host loop of `execute` and
+        `logits.argmax()` would pick, bitwise. Decode passes run in bursts on the GPU when the
+        model allows (`model.greedy_bursts`), several passes a submit, reading back ids only.
+        After it, the KV cache holds the inputs and the first n - 1 ids."""
+        if int(n) < 1:
+            raise InputError(f"greedy needs n >= 1 tokens to pick, got {n}")
+        return (await self._run(inputs, int(n)))[0]
+
+    async def _run(self, inputs, greedy):
         await anyio.lowlevel.checkpoint_if_cancelled()
         model = self._model
         if self._closed:
@@ -212,7 +280,7 @@ class BatchedSession(SessionBase):
         ragged = model._batcher.ragged
         arrays = self._prepare(inputs)
         tokens, pos = arrays[ragged.tokens_input], int(arrays[ragged.pos_input].reshape(-1)[0])
-        n = tokens.shape[1]
+        n = tokens.shape[1] + max(greedy - 1, 0)  # the positions this call fills
         if pos < 0 or pos + n > ragged.context:
             raise InputError(
                 f"these inputs do not fit the model: positions {pos}..{pos + n - 1} "
@@ -225,7 +293,7 @@ class BatchedSession(SessionBase):
         ]
         self._busy = True
         try:
-            step = RaggedStep(self, tokens=tokens.reshape(-1), pos=pos)
+            step = RaggedStep(self, tokens=tokens.reshape(-1), pos=pos, greedy=greedy)
             outputs = await model._scheduler.run(step)
         finally:
             self._busy = False

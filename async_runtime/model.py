@@ -144,7 +144,7 @@ class Model:
         if ragged is not None:
             runner = await anyio.to_thread.run_sync(Session, self)
             self._sessions.discard(runner)  # the model's own: not a user session
-            self._batcher = Batcher(self, ragged, runner, token_budget)
+            self._batcher = await anyio.to_thread.run_sync(Batcher, self, ragged, runner, token_budget)  # compiles the sampler
         self._default = await self.open_session()
         await self._warm_up()
 
@@ -264,6 +264,11 @@ class Model:
     async def execute(self, *inputs):
         """Run the method on the default session; returns a list of numpy arrays."""
         return await self._default.execute(*inputs)
+
+    @property
+    def greedy_bursts(self):
+        """Whether greedy decoding runs in GPU bursts (`BatchedSession.greedy`, async_runtime/greedy.py)."""
+        return self._batcher is not None and self._batcher.bursts is not None
 
     def describe_inputs(self):
         return ", ".join(f"{s.dtype}{list(s.max_shape)}" for s in self.inputs)

@@ -3,7 +3,7 @@ WebGPU EP, run from their prebuilt kits (`../shared/peers/`, see `../shared/docs
 same SmolLM2-135M-shaped synthetic weights, and their figures read back into the rows bench_llm.py
 reports for pte-wgpu:
 
-    decode_1, prefill_512, prefill_2048, decode_16, decode_32   (tokens/s)
+    decode_1, prefill_512, prefill_2048, decode_16, decode_32, decode_64   (tokens/s)
 
     python examples/bench_llm.py model.pte --params p.json --peers PEERS_DIR [--peer-kits llamacpp,ort]
     python examples/bench_peers.py PEERS_DIR --out DIR [--kits llamacpp]   # the peers alone
@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-ROWS = ("decode_1", "prefill_512", "prefill_2048", "decode_16", "decode_32")
+ROWS = ("decode_1", "prefill_512", "prefill_2048", "decode_16", "decode_32", "decode_64")
 
 
 def run_kit(peers_dir, kit, out_dir, env=None, timeout=590):

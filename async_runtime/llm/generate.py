@@ -7,6 +7,11 @@ input_pos [1] in, last-token logits [1, vocab] out, the KV cache inside the sess
 Long prompts are fed in chunks of the largest step the export takes. Generation stops at a stop
 token, after `max_new_tokens`, or when the context is full (`finish_reason == "length"`); a prompt
 that does not fit the context is an InputError before anything runs.
+
+Greedy generation (temperature 0) on a model with GPU bursts (`model.greedy_bursts`) picks its
+tokens on the GPU, up to `burst` decode steps a submit (`BatchedSession.greedy`), and still yields
+them one by one; the tokens are those of the host loop, bitwise. After a stop token inside a burst
+the burst's later steps were computed for nothing, and `position` is where the host loop's would be.
 """
 
 import time
@@ -79,7 +84,7 @@ class generate:
     `position` are up to date as tokens come."""
 
     def __init__(self, session, prompt, *, max_new_tokens=256, temperature=0.0, top_k=0, top_p=1.0,
-                 seed=None, stop=(), start=0):
+                 seed=None, stop=(), start=0, burst=16):
         self.session = session
         self.prompt = [int(t) for t in prompt]
         self.max_new_tokens = int(max_new_tokens)
@@ -90,6 +95,7 @@ class generate:
         model = getattr(session, "_model", session)
         self.context = context_length(model)
         self.chunk = model.inputs[0].max_shape[1]
+        self.burst = int(burst) if temperature == 0 and getattr(model, "greedy_bursts", False) else 0
         if not self.prompt:
             raise InputError("the prompt is empty: give at least one token")
         if start + len(self.prompt) > self.context:
@@ -113,17 +119,28 @@ class generate:
             logits = await self._step(self.prompt[i : i + self.chunk])
         self.stats.prompt_seconds = time.perf_counter() - t0
         t0 = time.perf_counter()
-        for n in range(self.max_new_tokens):
-            token = self.sampling.pick(logits)
-            self.stats.generated_tokens += 1
-            self.stats.generate_seconds = time.perf_counter() - t0
-            if token in self.stop:
-                self.stats.finish_reason = "stop"
+        picked, left = [self.sampling.pick(logits)], self.max_new_tokens  # picked: not yet fed but the last
+        while True:
+            for i, token in enumerate(picked):
+                left -= 1
+                self.stats.generated_tokens += 1
+                self.stats.generate_seconds = time.perf_counter() - t0
                 yield token
-                return
-            yield token
-            if n + 1 == self.max_new_tokens or self.position >= self.context:
+                if token in self.stop:
+                    self.stats.finish_reason = "stop"
+                    return
+                if i + 1 < len(picked):
+                    self.position += 1
+            if not left or self.position >= self.context:
                 break
-            logits = await self._step([token])
+            picked = await self._feed(picked[-1], min(self.burst or 1, left, self.context - self.position))
             self.stats.generate_seconds = time.perf_counter() - t0
         self.stats.finish_reason = "length"
+
+    async def _feed(self, token, n):
+        """Feed `token`; the n tokens picked after it (a greedy burst feeds all but the last)."""
+        if not self.burst:
+            return [self.sampling.pick(await self._step([token]))]
+        ids = await self.session.greedy(np.array([[token]], np.int64), np.array([self.position], np.int64), n=n)
+        self.position += 1
+        return ids.tolist()

@@ -1,0 +1,85 @@
+"""Greedy decode bursts: several decode passes of the ragged batch in one submit, the host out of
+the per-token loop.
+
+A pass of single-token decode steps needs from the host only the next token of every sequence,
+and greedy sampling can pick that on the GPU (kernels/sampling.py): after each pass a small kernel
+writes every sequence's argmax into the token table and advances its position, so the next pass
+runs from the GPU's own tables. A burst of k passes is encoded once, submitted once, and reads back
+k token ids a sequence. The passes are the very passes a host loop would run (same shapes, same
+tables, same kernels), so the ids are bitwise those of picking `logits.argmax()` on the host.
+"""
+
+import struct
+
+import numpy as np
+import wgpu
+
+from kernels.sampling import GREEDY_ADVANCE
+from kernels.wgsl import is_float
+
+from .encoding import encode_dispatches, prepare
+from .storage import STORAGE_USAGE
+
+BURST_MAX = 32  # decode passes one burst runs at most
+PARAMS_ALIGN = 256  # minUniformBufferOffsetAlignment: one parameter block per pass of a burst
+
+
+class GreedyBursts:
+    """The GPU objects of bursts over one ragged runner: the sampler's pipeline, the ids buffer, its
+    staging, and one bind group per pass index."""
+
+    @staticmethod
+    def fits(model, ragged):
+        """A burst needs the logits of each sequence as one float row (a single output [..., seqs,
+        vocab]) and no resize hook that reads the tables' contents (the GPU changes them)."""
+        graph = model.graph
+        if model._data_dependent or len(graph.outputs) != 1 or ragged.output_axes[0][0] != "seqs":
+            return False
+        logits, axis = graph.values[graph.outputs[0]], ragged.output_axes[0][1]
+        return is_float(logits.dtype) and axis == len(logits.dims) - 2 and all(d == 1 for d in logits.dims[:axis])
+
+    def __init__(self, model, ragged, runner):
+        graph = model.graph
+        logits = graph.values[graph.outputs[0]]
+        self.vocab = logits.dims[-1]
+        self.model, self.runner = model, runner
+        tokens, row_pos, _, seq_last = graph.inputs
+        device = model.device
+        module = device.create_shader_module(code=GREEDY_ADVANCE)
+        self.pipeline = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+        size = BURST_MAX * ragged.max_seqs * 4
+        self.ids = model._create_buffer(size, STORAGE_USAGE, "burst token ids")
+        self.staging = model._create_buffer(size, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST, "burst readback")
+        self.params = model._create_buffer(BURST_MAX * PARAMS_ALIGN, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST, "burst params")
+        buffers = [runner._buffer(graph.outputs[0]), runner._buffer(seq_last), runner._buffer(tokens),
+                   runner._buffer(row_pos), self.ids]
+        layout = self.pipeline.get_bind_group_layout(0)
+        self.bind_groups = [
+            device.create_bind_group(layout=layout, entries=[
+                *({"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}} for i, b in enumerate(buffers)),
+                {"binding": len(buffers), "resource": {"buffer": self.params, "offset": k * PARAMS_ALIGN, "size": 16}},
+            ])
+            for k in range(BURST_MAX)
+        ]
+
+    def encode(self, encoder, seqs, passes):
+        """`passes` decode passes of the runner's current tables into `encoder`, each followed by
+        the sampler over `seqs` sequences, then the ids into staging."""
+        block = bytearray(passes * PARAMS_ALIGN)
+        for k in range(passes):
+            struct.pack_into("<4I", block, k * PARAMS_ALIGN, seqs, self.vocab, self.vocab, k)
+        self.model.device.queue.write_buffer(self.params, 0, block)
+        for k in range(passes):
+            self.runner._encode_commands(encoder)
+            compute = encoder.begin_compute_pass()
+            encode_dispatches(compute, [(*prepare(self.pipeline, self.bind_groups[k]), (seqs, 1, 1))])
+            compute.end()
+        encoder.copy_buffer_to_buffer(self.ids, 0, self.staging, 0, passes * seqs * 4)
+
+    def read(self, seqs, passes):
+        """The ids of the last burst, [seqs, passes] (mapped staging: map it first)."""
+        try:
+            raw = self.staging.read_mapped(0, passes * seqs * 4, copy=False)
+            return np.frombuffer(raw, np.int32).reshape(passes, seqs).T.astype(np.int64)
+        finally:
+            self.staging.unmap()

@@ -1,0 +1,96 @@
+"""Greedy decode bursts (async_runtime/greedy.py): the GPU picks each token and feeds it to the
+next pass, several passes a submit. The ids must be bitwise those of the host loop (execute, then
+`logits.argmax()`), which the reference runs on the same file loaded with `batch_submits=False`.
+"""
+
+import anyio
+import numpy as np
+import pytest
+
+import async_runtime as ar
+from async_runtime.errors import InputError
+from async_runtime.greedy import BURST_MAX
+
+from .test_llama import CONFIGS, CONTEXT, recorded
+
+pytestmark = pytest.mark.usefixtures("adapter")
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return recorded("fp32", tmp_path_factory)[0]
+
+
+async def _host_loop(model, prompt, n):
+    """The ids a host loop picks: the prompt, then n greedy tokens, each fed but the last."""
+    async with model.session() as s:
+        (logits,) = await s.execute(prompt[None], np.array([0]))
+        ids = [int(logits.argmax())]
+        for pos in range(len(prompt), len(prompt) + n - 1):
+            (logits,) = await s.execute(np.array([[ids[-1]]]), np.array([pos]))
+            ids.append(int(logits.argmax()))
+    return ids
+
+
+@pytest.mark.anyio
+async def test_bursts_pick_the_host_loops_tokens(llama):
+    vocab = CONFIGS["fp32"]["vocab_size"]
+    rng = np.random.default_rng(11)
+    # prompt length, tokens to pick: one burst, several (beyond BURST_MAX), to the end of the context
+    plans = [(5, 3), (1, BURST_MAX + 7), (13, CONTEXT - 13), (2, 1), (7, 19)]
+    rng.shuffle(plans)
+    prompts = [rng.integers(0, vocab, n).astype(np.int64) for n, _ in plans]
+    async with await ar.load(llama, batch_submits=False) as ref:
+        want = [await _host_loop(ref, p, k) for p, (_, k) in zip(prompts, plans)]
+    async with await ar.load(llama) as model:
+        assert model.greedy_bursts
+        got = [None] * len(plans)
+
+        async def run(i):
+            async with model.session() as s:
+                got[i] = (await s.greedy(prompts[i][None], np.array([0]), n=plans[i][1])).tolist()
+
+        before = model.statistics()
+        async with anyio.create_task_group() as tg:  # all at once: bursts over several sequences
+            for i in range(len(plans)):
+                tg.start_soon(run, i)
+        after = model.statistics()
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g == w, f"plan {plans[i]}: burst ids differ from the host loop's"
+    picked = sum(k for _, k in plans)
+    assert after.submits - before.submits < picked // 4, "bursts should take several passes a submit"
+
+
+@pytest.mark.anyio
+async def test_generate_streams_the_same_tokens_and_positions(llama):
+    vocab = CONFIGS["fp32"]["vocab_size"]
+    prompt = np.random.default_rng(3).integers(0, vocab, 9).tolist()
+    async with await ar.load(llama, batch_submits=False) as ref, await ar.load(llama) as model:
+        async with ref.session() as s:
+            free = ar.generate(s, prompt, max_new_tokens=30)
+            want = [t async for t in free]
+        stop = want[12]  # a stop token inside the first burst of 16 (its first occurrence)
+        cut = want.index(stop)
+        for m, burst in ((ref, 16), (model, 16), (model, 5), (model, 1)):
+            async with m.session() as s:
+                g = ar.generate(s, prompt, max_new_tokens=30, burst=burst)
+                assert [t async for t in g] == want and g.stats.finish_reason == "length"
+                assert g.position == free.position and g.stats.generated_tokens == 30
+                g = ar.generate(s, prompt, max_new_tokens=30, stop=[stop], burst=burst)
+                assert [t async for t in g] == want[: cut + 1] and g.stats.finish_reason == "stop"
+                assert g.position == len(prompt) + cut, "the position is the host loop's after a stop"
+                # the conversation goes on from there as it would after the host loop
+                (logits,) = await s.execute(np.array([[stop]]), np.array([g.position]))
+                assert int(logits.argmax()) == want[cut + 1]
+
+
+@pytest.mark.anyio
+async def test_bad_greedy_calls_change_nothing(llama):
+    async with await ar.load(llama) as model, model.session() as s:
+        with pytest.raises(InputError, match="n >= 1"):
+            await s.greedy(np.array([[1]]), np.array([0]), n=0)
+        with pytest.raises(InputError, match=f"do not fit the KV cache of {CONTEXT} positions"):
+            await s.greedy(np.array([[1, 2]]), np.array([CONTEXT - 5]), n=5)
+        ids = await s.greedy(np.array([[1, 2]]), np.array([0]), n=4)
+        async with await ar.load(llama, batch_submits=False) as ref:
+            assert ids.tolist() == await _host_loop(ref, np.array([1, 2]), 4)
