@@ -20,10 +20,8 @@ import struct
 
 from resize.shapes import fold_grid, numel_of
 
-from .linear import (
-    GEMV_MAX_ROWS, GEMV_REDUCE, GEMV_ROWS, PARAMS_FORMAT, PARAMS_SIZE,
-    GemmRoute, _check_f32, gemm_scratch, gemv_t_body, linear_shapes,
-)  # fmt: skip
+from .gemm import PARAMS_SIZE, GemmRoute, fp32_load, gemm_scratch, params_bytes
+from .linear import GEMV_MAX_ROWS, GEMV_REDUCE, GEMV_ROWS, _check_f32, gemv_t_body, linear_shapes
 from .registry import op
 from .wgsl import FLAT_INDEX, WG, flat_grid
 
@@ -121,7 +119,7 @@ class _Products:
         self.routes, scratch = [], gemm_scratch(b, outs)
         for w, out in zip(weights, outs):
             params = b.params(PARAMS_SIZE)
-            self.routes.append((w, out, params, GemmRoute(b, [x, w], None, out, params, True, scratch)))
+            self.routes.append((w, out, params, GemmRoute(b, fp32_load(True), [x, w], None, out, params, scratch)))
 
     def resize(self, ctx):
         """Set each product's shape and GEMM params; returns (gemv?, M, K, [N_j])."""
@@ -130,7 +128,7 @@ class _Products:
             _, m, n, k, _, _, out_dims = self.shape_fn(xd, ctx.dims(w))
             gemv, on = 0 < m <= GEMV_MAX_ROWS, m > GEMV_MAX_ROWS
             splits, kspan = gemm.plan(m, n, k, 1, on)
-            ctx.set_params(params, struct.pack(PARAMS_FORMAT, m, n, k, 1, 0, 0, m * n, 0, 0, 0, 1.0, 1.0, splits, kspan))
+            ctx.set_params(params, params_bytes(m, n, k, split=(splits, kspan)))
             gemm.set_grids(ctx, m, n, 1, splits, on)
             ctx.set_dims(out, out_dims)
             ns.append(n)

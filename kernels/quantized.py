@@ -16,20 +16,22 @@ Formats (as `executorch.backends.vulkan.patterns` writes them):
   allows 2.5 ULP for `/`), so the integer activations match the CPU reference exactly.
 
 The two linear ops record a GEMV route (up to GEMV_MAX_ROWS rows, each its own: 256 threads reduce
-over K for 4 outputs, one u32 word = 8 weights per thread step) and a GEMM route (more rows: 64x64 tiles as in kernels/linear.py,
-the B tile dequantized while staged). The hook zeroes the grid of the route not taken.
+over K for 4 outputs, one u32 word = 8 weights per thread step) and a GEMM route (more rows:
+kernels/gemm.py's template with a B load that dequantizes each weight as it is staged, and with
+dq8 an A load that quantizes each activation; split-K as for fp32). The hook zeroes the grid of
+the route not taken.
 """
 
 import struct
 
-from resize.shapes import MAX_WORKGROUPS, fold_grid, numel_of
+from resize.shapes import fold_grid, numel_of
 
+from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, gemm_scratch, params_bytes
 from .linear import GEMV_MAX_ROWS
 from .registry import op
 from .wgsl import FLAT_INDEX, PACKED, WG, flat_grid, is_float
 
 GEMV_ROWS = 4
-BM, BN = 64, 64
 
 # Correctly rounded a / b for finite a and normal b (subnormal quotients flush to 0, overflow
 # gives inf): the 24-bit quotient of the mantissas by restoring division, rounded to nearest even.
@@ -81,34 +83,23 @@ fn i8_at(i: u32) -> i32 {
 # ---------------------------------------------------------------- linear_q4gsw / linear_dq8ca_q4gsw
 
 LIN_FIELDS = ("M", "N", "K", "wpr", "sn", "groups", "gs", "kw")
-LIN_STRUCT = "struct P { " + ", ".join(f"{n}: u32" for n in LIN_FIELDS) + " }"
+LIN_STRUCT = "struct Q { " + ", ".join(f"{n}: u32" for n in LIN_FIELDS) + " }"
 LIN_FORMAT = "<" + "I" * len(LIN_FIELDS)
 LIN_SIZE = struct.calcsize(LIN_FORMAT)
 
 
-def _lin_header(dq8, zp_packed, has_bias, word_group):
-    lines = [LIN_STRUCT + ";", "@group(0) @binding(0) var<storage, read> x: array<f32>;"]
-    n = 1
-    if dq8:
-        lines.append(f"@group(0) @binding({n}) var<storage, read> xs: array<f32>;")
-        lines.append(f"@group(0) @binding({n + 1}) var<storage, read> xz: array<{'u32' if zp_packed else 'i32'}>;")
-        n += 2
-    lines.append(f"@group(0) @binding({n}) var<storage, read> wq: array<u32>;")
-    lines.append(f"@group(0) @binding({n + 1}) var<storage, read> ws: array<f32>;")
-    n += 2
-    if has_bias:
-        lines.append(f"@group(0) @binding({n}) var<storage, read> bias: array<f32>;")
-        n += 1
-    lines.append(f"@group(0) @binding({n}) var<storage, read_write> out: array<f32>;")
-    lines.append(f"@group(0) @binding({n + 1}) var<uniform> p: P;")
-    src = "\n".join(lines) + "\n"
-    if has_bias:
-        src += "fn epilogue(acc: f32, n: u32) -> f32 { return acc + bias[n]; }\n"
-    else:
-        src += "fn epilogue(acc: f32, n: u32) -> f32 { return acc; }\n"
-    src += """
+def _operands(dq8, zp_packed):
+    """The read bindings of both routes, (name, WGSL element type), in order."""
+    acts = (("xs", "f32"), ("xz", "u32" if zp_packed else "i32")) if dq8 else ()
+    return (("x", "f32"), *acts, ("wq", "u32"), ("ws", "f32"))
+
+
+def _dequant(dq8, zp_packed, word_group):
+    """WGSL both routes share: the weights' dequantization over uniform `q`, and with `dq8` the
+    activations' quantize-dequantize."""
+    src = """
 struct W8 { a: vec4<f32>, b: vec4<f32> }
-fn wscale(k: u32, n: u32) -> f32 { return ws[min(k / p.gs, p.groups - 1u) * p.sn + n]; }
+fn wscale(k: u32, n: u32) -> f32 { return ws[min(k / q.gs, q.groups - 1u) * q.sn + n]; }
 // The 8 weights of word `word` (k = k0 .. k0 + 7) of output row n, dequantized.
 fn dq8(word: u32, k0: u32, n: u32) -> W8 {
     let v = vec4<u32>(word);
@@ -139,6 +130,23 @@ fn xq(v: f32, inv: f32, zp: f32, s: f32) -> f32 {
     return src
 
 
+def _gemv_header(dq8, zp_packed, has_bias):
+    operands = _operands(dq8, zp_packed)
+    lines = [LIN_STRUCT + ";"]
+    lines += [f"@group(0) @binding({i}) var<storage, read> {name}: array<{t}>;" for i, (name, t) in enumerate(operands)]
+    n = len(operands)
+    if has_bias:
+        lines.append(f"@group(0) @binding({n}) var<storage, read> bias: array<f32>;")
+        n += 1
+    lines.append(f"@group(0) @binding({n}) var<storage, read_write> out: array<f32>;")
+    lines.append(f"@group(0) @binding({n + 1}) var<uniform> q: Q;")
+    if has_bias:
+        lines.append("fn epilogue(acc: f32, n: u32) -> f32 { return acc + bias[n]; }")
+    else:
+        lines.append("fn epilogue(acc: f32, n: u32) -> f32 { return acc; }")
+    return "\n".join(lines) + "\n"
+
+
 GEMV = """
 var<workgroup> red: array<vec4<f32>, 256>;
 
@@ -147,32 +155,32 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         @builtin(local_invocation_index) li: u32) {
     let n0 = (wid.x + wid.y * nwg.x) * 4u;
     let m = wid.z;  // the row: each row of a few is its own GEMV
-    let xo = m * p.K;
-    let last = p.N - 1u;
+    let xo = m * q.K;
+    let last = q.N - 1u;
     let c0 = min(n0, last);
     let c1 = min(n0 + 1u, last);
     let c2 = min(n0 + 2u, last);
     let c3 = min(n0 + 3u, last);
 {ROW_SETUP}
     var acc = vec4<f32>(0.0);
-    for (var w = li; w < p.kw; w = w + 256u) {
+    for (var w = li; w < q.kw; w = w + 256u) {
         let k0 = w * 8u;
         var xa = vec4<f32>(0.0);
         var xb = vec4<f32>(0.0);
-        if (k0 + 8u <= p.K) {
+        if (k0 + 8u <= q.K) {
             xa = vec4<f32>(x[xo + k0], x[xo + k0 + 1u], x[xo + k0 + 2u], x[xo + k0 + 3u]);
             xb = vec4<f32>(x[xo + k0 + 4u], x[xo + k0 + 5u], x[xo + k0 + 6u], x[xo + k0 + 7u]);
         } else {
             for (var j = 0u; j < 4u; j = j + 1u) {
-                if (k0 + j < p.K) { xa[j] = x[xo + k0 + j]; }
-                if (k0 + 4u + j < p.K) { xb[j] = x[xo + k0 + 4u + j]; }
+                if (k0 + j < q.K) { xa[j] = x[xo + k0 + j]; }
+                if (k0 + 4u + j < q.K) { xb[j] = x[xo + k0 + 4u + j]; }
             }
         }
 {X_TRANSFORM}
-        let d0 = dq8(wq[c0 * p.wpr + w], k0, c0);
-        let d1 = dq8(wq[c1 * p.wpr + w], k0, c1);
-        let d2 = dq8(wq[c2 * p.wpr + w], k0, c2);
-        let d3 = dq8(wq[c3 * p.wpr + w], k0, c3);
+        let d0 = dq8(wq[c0 * q.wpr + w], k0, c0);
+        let d1 = dq8(wq[c1 * q.wpr + w], k0, c1);
+        let d2 = dq8(wq[c2 * q.wpr + w], k0, c2);
+        let d3 = dq8(wq[c3 * q.wpr + w], k0, c3);
         acc = acc + vec4<f32>(dot(xa, d0.a) + dot(xb, d0.b), dot(xa, d1.a) + dot(xb, d1.b),
                               dot(xa, d2.a) + dot(xb, d2.b), dot(xa, d3.a) + dot(xb, d3.b));
     }
@@ -184,7 +192,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     if (li < 4u) {
         let n = n0 + li;
-        if (n < p.N) { out[m * p.N + n] = epilogue(red[0][li], n); }
+        if (n < q.N) { out[m * q.N + n] = epilogue(red[0][li], n); }
     }
 }
 """
@@ -197,97 +205,59 @@ GEMV_DQ8_X = """        xa = vec4<f32>(xq(xa.x, inv_row, zp_row, s_row), xq(xa.y
         xb = vec4<f32>(xq(xb.x, inv_row, zp_row, s_row), xq(xb.y, inv_row, zp_row, s_row),
                        xq(xb.z, inv_row, zp_row, s_row), xq(xb.w, inv_row, zp_row, s_row));"""
 
-GEMM = """
-var<workgroup> As: array<f32, 1024>;  // [16][64]
-var<workgroup> Bs: array<f32, 1024>;  // [16][64]
-{ROW_DECL}
-@compute @workgroup_size(16, 16)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-    let m0 = wid.y * 64u;
-    let n0 = wid.x * 64u;
-{ROW_SETUP}
-    var acc0 = vec4<f32>(0.0);
-    var acc1 = vec4<f32>(0.0);
-    var acc2 = vec4<f32>(0.0);
-    var acc3 = vec4<f32>(0.0);
-    let tiles = (p.K + 15u) / 16u;
-    for (var t = 0u; t < tiles; t = t + 1u) {
-        let k0 = t * 16u;
-        for (var i = 0u; i < 4u; i = i + 1u) {
-            let e = li + i * 256u;
-            let m = e / 16u;
-            let k = e % 16u;
-            let gm = m0 + m;
-            let gk = k0 + k;
-            var v = 0.0;
-            if (gm < p.M && gk < p.K) { v = {A_VALUE}; }
-            As[k * 64u + m] = v;
-        }
-        // Two weight words (k0 .. k0 + 15) of each of the 64 rows, by threads 0..127.
-        if (li < 128u) {
-            let n = li / 2u;
-            let j = li % 2u;
-            let gn = n0 + n;
-            let w = t * 2u + j;
-            var d = W8(vec4<f32>(0.0), vec4<f32>(0.0));
-            if (gn < p.N && w < p.kw) { d = dq8(wq[gn * p.wpr + w], w * 8u, gn); }
-            let kb = j * 8u;
-            for (var i = 0u; i < 4u; i = i + 1u) {
-                Bs[(kb + i) * 64u + n] = d.a[i];
-                Bs[(kb + 4u + i) * 64u + n] = d.b[i];
-            }
-        }
-        workgroupBarrier();
-        for (var k = 0u; k < 16u; k = k + 1u) {
-            let ar = k * 64u + lid.y;
-            let br = k * 64u + lid.x;
-            let bv = vec4<f32>(Bs[br], Bs[br + 16u], Bs[br + 32u], Bs[br + 48u]);
-            acc0 = acc0 + As[ar] * bv;
-            acc1 = acc1 + As[ar + 16u] * bv;
-            acc2 = acc2 + As[ar + 32u] * bv;
-            acc3 = acc3 + As[ar + 48u] * bv;
-        }
-        workgroupBarrier();
+
+def gemv_shader(dq8, zp_packed, has_bias, word_group):
+    gemv = GEMV.replace("{ROW_SETUP}", GEMV_DQ8_SETUP if dq8 else "").replace("{X_TRANSFORM}", GEMV_DQ8_X if dq8 else "")
+    return _gemv_header(dq8, zp_packed, has_bias) + _dequant(dq8, zp_packed, word_group) + gemv
+
+
+# The GEMM template's B load: one weight of row n at k, dequantized as dq8 does it.
+Q4_B_AT = """
+fn b_at(off: u32, n: u32, k: u32, kend: u32) -> f32 {
+    if (n < p.N && k < kend) {
+        let word = wq[n * q.wpr + k / 8u];
+        return (f32((word >> (4u * (k % 8u))) & 15u) - 8.0) * wscale(k, n);
     }
-    for (var i = 0u; i < 4u; i = i + 1u) {
-        let m = m0 + lid.y + 16u * i;
-        if (m >= p.M) { break; }
-        var row = acc0;
-        if (i == 1u) { row = acc1; } else if (i == 2u) { row = acc2; } else if (i == 3u) { row = acc3; }
-        for (var j = 0u; j < 4u; j = j + 1u) {
-            let n = n0 + lid.x + 16u * j;
-            if (n < p.N) { out[m * p.N + n] = epilogue(row[j], n); }
-        }
-    }
+    return 0.0;
 }
 """
-
-GEMM_DQ8_DECL = """var<workgroup> r_inv: array<f32, 64>;
-var<workgroup> r_zp: array<f32, 64>;
-var<workgroup> r_s: array<f32, 64>;"""
-# Each of the tile's 64 rows gets its (1 / scale, zero point, scale) once.
-GEMM_DQ8_SETUP = """    if (li < 64u) {
+# Its A load: fp32, or with dq8 quantized and dequantized with the row's (1 / scale, zero point,
+# scale), which each invocation computes once for its 4 rows (the setup) into private vec4s.
+A_AT = """
+fn a_at(off: u32, m: u32, k: u32, kend: u32) -> f32 {
+    if (m < p.M && k < kend) { return x[off + m * p.K + k]; }
+    return 0.0;
+}
+"""
+DQ8_A_AT = """
+var<private> r_inv: vec4<f32>;
+var<private> r_zp: vec4<f32>;
+var<private> r_s: vec4<f32>;
+fn a_at(off: u32, m: u32, k: u32, kend: u32) -> f32 {
+    let i = m % 4u;  // the invocation's rows are a_row0.. with a_row0 a multiple of 4
+    if (m < p.M && k < kend) { return xq(x[off + m * p.K + k], r_inv[i], r_zp[i], r_s[i]); }
+    return 0.0;
+}
+"""
+DQ8_SETUP = """    for (var i = 0u; i < 4u; i = i + 1u) {
         var s = 1.0;
         var zp = 0.0;
-        if (m0 + li < p.M) { s = xs[m0 + li]; zp = zp_at(m0 + li); }
-        r_s[li] = s;
-        r_zp[li] = zp;
-        r_inv[li] = div_rn(1.0, s);
+        if (a_row0 + i < p.M) { s = xs[a_row0 + i]; zp = zp_at(a_row0 + i); }
+        r_s[i] = s;
+        r_zp[i] = zp;
+        r_inv[i] = div_rn(1.0, s);
     }
-    workgroupBarrier();"""
+"""
 
 
-def linear_shaders(dq8, zp_packed, has_bias, word_group):
-    head = _lin_header(dq8, zp_packed, has_bias, word_group)
-    gemv = GEMV.replace("{ROW_SETUP}", GEMV_DQ8_SETUP if dq8 else "").replace("{X_TRANSFORM}", GEMV_DQ8_X if dq8 else "")
-    a_value = "xq(x[gm * p.K + gk], r_inv[m], r_zp[m], r_s[m])" if dq8 else "x[gm * p.K + gk]"
-    gemm = (
-        GEMM.replace("{ROW_DECL}", GEMM_DQ8_DECL if dq8 else "")
-        .replace("{ROW_SETUP}", GEMM_DQ8_SETUP if dq8 else "")
-        .replace("{A_VALUE}", a_value)
+def q4_load(dq8, zp_packed, word_group):
+    """The GEMM template's tile loads for 4-bit weights (kernels/gemm.py)."""
+    return TileLoad(
+        inputs=_operands(dq8, zp_packed),
+        functions=_dequant(dq8, zp_packed, word_group) + (DQ8_A_AT if dq8 else A_AT) + Q4_B_AT,
+        b_along_k=True,
+        setup=DQ8_SETUP if dq8 else "",
     )
-    return head + gemv, head + gemm
 
 
 def _fail(name, msg):
@@ -317,11 +287,14 @@ def _add_q4_linear(b, x, xs, xz, weight, scales, group_size, bias):
     if dq8:
         zp_packed = b.graph.values[xz].dtype in PACKED
     has_bias = bias is not None
-    params = b.params(LIN_SIZE)
-    bindings = [x] + ([xs, xz] if dq8 else []) + [weight, scales] + ([bias] if has_bias else []) + [b.out, params]
-    gemv_src, gemm_src = linear_shaders(dq8, zp_packed, has_bias, gs % 8 == 0)
-    gemv = b.dispatch(gemv_src, bindings)
-    gemm = b.dispatch(gemm_src, bindings)
+    q, p = b.params(LIN_SIZE), b.params(PARAMS_SIZE)
+    operands = [x] + ([xs, xz] if dq8 else []) + [weight, scales]
+    tail = [bias] if has_bias else []
+    word_group = gs % 8 == 0
+    gemv = b.dispatch(gemv_shader(dq8, zp_packed, has_bias, word_group), [*operands, *tail, b.out, q])
+    q_binding = len(operands) + len(tail) + 3  # after out, p and the scratch
+    q_wgsl = f"{LIN_STRUCT};\n@group(0) @binding({q_binding}) var<uniform> q: Q;\n"
+    gemm = GemmRoute(b, q4_load(dq8, zp_packed, word_group), operands, bias, b.out, p, gemm_scratch(b, [b.out]), [q], q_wgsl)
     wpr = row_bytes // 4
 
     def resize(ctx):
@@ -338,13 +311,13 @@ def _add_q4_linear(b, x, xs, xz, weight, scales, group_size, bias):
                     _fail(name, f"input {tuple(xd)} has {m} rows but its activation {what} have {ctx.numel(vid)}")
         if has_bias and ctx.numel(bias) < n:
             _fail(name, f"bias of {ctx.numel(bias)} elements for N={n}")
-        ctx.set_params(params, struct.pack(LIN_FORMAT, m, n, k, wpr, sn, groups, gs, -(-k // 8)))
         use_gemv = m <= GEMV_MAX_ROWS
         use_gemm = not use_gemv
-        if use_gemm and max(-(-m // BM), -(-n // BN)) > MAX_WORKGROUPS:
-            _fail(name, f"[{m}, {n}] exceeds the GEMM grid of {MAX_WORKGROUPS} workgroups per dimension")
+        splits, kspan = gemm.plan(m, n, k, 1, use_gemm)
+        ctx.set_params(q, struct.pack(LIN_FORMAT, m, n, k, wpr, sn, groups, gs, -(-k // 8)))
+        ctx.set_params(p, params_bytes(m, n, k, bias=(0, 0, 1), split=(splits, kspan)))
         ctx.set_grid(gemv, fold_grid(-(-n // GEMV_ROWS))[:2] + (m,) if use_gemv else (0, 0, 0))
-        ctx.set_grid(gemm, (-(-n // BN), -(-m // BM), 1) if use_gemm else (0, 0, 0))
+        gemm.set_grids(ctx, m, n, 1, splits, use_gemm)
         ctx.set_dims(b.out, tuple(xd[:-1]) + (n,))
 
     b.hook(resize)

@@ -1,0 +1,253 @@
+"""The register-tiled GEMM template, shared by every product that runs as tiles (fp32 linear, mm,
+bmm, addmm, the fused linears' prefill, 4-bit weights), and its split-K reduce.
+
+out[b, m, n] = epilogue(sum_k A[b, m, k] * B[b, k, n]): a 64x64 output tile per 16x16 workgroup,
+each invocation a 4x4 register tile (rows 4 * lid.y.., columns 4 * lid.x..). A and B go through
+workgroup memory in K steps of 16 as vec4s of 4 rows (columns of B), rows padded to 17 vec4s
+against bank conflicts. Each invocation loads one vec4 of each per step; the next step's loads are
+issued before this step's products, so their latency hides behind the arithmetic. A product with
+few tiles (a prompt of a few hundred rows on a GPU with over a hundred cores) also splits K
+(`gemm_split`): workgroup z = (batch, split) sums one K range into the op's scratch, and
+GEMM_REDUCE adds the ranges in split order and applies the epilogue. H100, SmolLM2 shapes: 1.5-2x
+the 64x64 kernel this replaced at 512-2047 rows, before splitting.
+
+How the tiles are read is a parameter, a `TileLoad`: WGSL functions `a_at(off, m, k, kend)` and
+`b_at(off, n, k, kend)` giving one element of A and B (0 outside the product), and so an fp32
+load, a 4-bit dequantizing load (kernels/quantized.py), and later f16, int8 or im2col loads.
+"""
+
+import struct
+from dataclasses import dataclass
+
+from resize.shapes import MAX_WORKGROUPS, numel_of
+from resize.values import Tensor
+
+from .wgsl import FLAT_INDEX, WG, flat_grid
+
+# The uniform, defined once: (name, WGSL type); struct.pack format follows from the type.
+FIELDS = (
+    ("M", "u32"), ("N", "u32"), ("K", "u32"), ("batch", "u32"),
+    ("a_bs", "u32"), ("b_bs", "u32"), ("c_bs", "u32"), ("bias_bs", "u32"),
+    ("bias_sm", "u32"), ("bias_sn", "u32"), ("alpha", "f32"), ("beta", "f32"),
+    ("splits", "u32"), ("kspan", "u32"),
+)  # fmt: skip
+PARAMS_FORMAT = "<" + "".join("I" if t == "u32" else "f" for _, t in FIELDS)
+PARAMS_SIZE = struct.calcsize(PARAMS_FORMAT)  # 56
+STRUCT = "struct P { " + ", ".join(f"{n}: {t}" for n, t in FIELDS) + " }"
+
+BM, BN, BK = 64, 64, 16  # GEMM tile
+# Split K while a product has fewer than SPLIT_TARGET workgroups, into at most MAX_SPLITS ranges
+# of at least MIN_SPLIT_K. The splits' sums then take at most SPLIT_TARGET * BM * BN floats.
+SPLIT_TARGET, MAX_SPLITS, MIN_SPLIT_K = 256, 8, 64
+
+
+def params_bytes(m, n, k, batch=1, a_bs=0, b_bs=0, bias=(0, 0, 0), alpha=1.0, beta=1.0, split=(1, 0)):
+    """The uniform P of one product; `bias` is its (batch, row, column) strides, `split` (splits, kspan)."""
+    splits, kspan = split
+    return struct.pack(PARAMS_FORMAT, m, n, k, batch, a_bs, b_bs, m * n, *bias, alpha, beta, splits, kspan or max(k, 1))
+
+
+def header(has_bias, inputs, scratch=False):
+    """Bindings in order: `inputs` ((name, WGSL element type), read), bias, out, the uniform p,
+    and split-K's scratch `part`; then `epilogue(acc, b, m, n)`: alpha * acc (+ beta * bias)."""
+    lines = [STRUCT + ";"]
+    lines += [f"@group(0) @binding({i}) var<storage, read> {name}: array<{t}>;" for i, (name, t) in enumerate(inputs)]
+    n = len(inputs)
+    if has_bias:
+        lines.append(f"@group(0) @binding({n}) var<storage, read> bias: array<f32>;")
+        n += 1
+    lines.append(f"@group(0) @binding({n}) var<storage, read_write> out: array<f32>;")
+    lines.append(f"@group(0) @binding({n + 1}) var<uniform> p: P;")
+    if scratch:
+        lines.append(f"@group(0) @binding({n + 2}) var<storage, read_write> part: array<f32>;")
+    if has_bias:
+        lines.append(
+            "fn epilogue(acc: f32, b: u32, m: u32, n: u32) -> f32 {\n"
+            "    return p.alpha * acc + p.beta * bias[b * p.bias_bs + m * p.bias_sm + n * p.bias_sn];\n}"
+        )
+    else:
+        lines.append("fn epilogue(acc: f32, b: u32, m: u32, n: u32) -> f32 { return p.alpha * acc; }")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class TileLoad:
+    """How the template reads A and B. `inputs`: the operand bindings, (name, WGSL element type);
+    `functions`: WGSL defining a_at and b_at (and anything they use; bindings past the scratch
+    start at `extra_binding`); `b_along_k`: B's neighbouring elements lie along K (an [N, K]
+    weight), so neighbouring invocations load along K; `setup`: statements run once per
+    invocation before the K loop, knowing `a_row0`, the first of the 4 A rows it loads."""
+
+    inputs: tuple
+    functions: str
+    b_along_k: bool
+    setup: str = ""
+
+
+def fp32_load(transposed_b):
+    """fp32 A [M, K] and B, an [N, K] weight (`transposed_b`) or a [K, N] matrix."""
+    b_index = "n * p.K + k" if transposed_b else "k * p.N + n"
+    return TileLoad(
+        inputs=(("a", "f32"), ("bm", "f32")),
+        functions=f"""
+fn a_at(off: u32, m: u32, k: u32, kend: u32) -> f32 {{
+    if (m < p.M && k < kend) {{ return a[off + m * p.K + k]; }}
+    return 0.0;
+}}
+fn b_at(off: u32, n: u32, k: u32, kend: u32) -> f32 {{
+    if (n < p.N && k < kend) {{ return bm[off + {b_index}]; }}
+    return 0.0;
+}}
+""",
+        b_along_k=transposed_b,
+    )
+
+
+QUADS = """
+fn a_quad(off: u32, m: u32, k: u32, kend: u32) -> vec4<f32> {
+    return vec4<f32>(a_at(off, m, k, kend), a_at(off, m + 1u, k, kend), a_at(off, m + 2u, k, kend), a_at(off, m + 3u, k, kend));
+}
+fn b_quad(off: u32, n: u32, k: u32, kend: u32) -> vec4<f32> {
+    return vec4<f32>(b_at(off, n, k, kend), b_at(off, n + 1u, k, kend), b_at(off, n + 2u, k, kend), b_at(off, n + 3u, k, kend));
+}
+"""
+# Which (column quad, k) of the B tile invocation li loads: along K for an [N, K] weight, along N
+# for a [K, N] matrix (so that neighbouring invocations read neighbouring addresses).
+B_SLOT_ALONG_K = "let bn4 = li / 16u; let bk = li % 16u;"
+B_SLOT_ALONG_N = "let bn4 = li % 16u; let bk = li / 16u;"
+
+GEMM = """
+var<workgroup> As: array<vec4<f32>, 272>;  // [k][m / 4], 16 x 17
+var<workgroup> Bs: array<vec4<f32>, 272>;  // [k][n / 4]
+
+@compute @workgroup_size(16, 16)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    let b = wid.z / p.splits;
+    let split = wid.z % p.splits;
+    let m0 = wid.y * 64u;
+    let n0 = wid.x * 64u;
+    let aoff = b * p.a_bs;
+    let boff = b * p.b_bs;
+    let kbeg = split * p.kspan;
+    let kend = min(p.K, kbeg + p.kspan);
+    let am4 = li / 16u;  // this invocation's loads: rows 4 * am4.. of A at k am, and B's slot
+    let ak = li % 16u;
+    {B_SLOT}
+{SETUP}
+    var ra = a_quad(aoff, m0 + 4u * am4, kbeg + ak, kend);
+    var rb = b_quad(boff, n0 + 4u * bn4, kbeg + bk, kend);
+    var c0 = vec4<f32>(0.0);
+    var c1 = vec4<f32>(0.0);
+    var c2 = vec4<f32>(0.0);
+    var c3 = vec4<f32>(0.0);
+    for (var k0 = kbeg; k0 < kend; k0 = k0 + 16u) {
+        As[ak * 17u + am4] = ra;
+        Bs[bk * 17u + bn4] = rb;
+        workgroupBarrier();
+        ra = a_quad(aoff, m0 + 4u * am4, k0 + 16u + ak, kend);
+        rb = b_quad(boff, n0 + 4u * bn4, k0 + 16u + bk, kend);
+        for (var k = 0u; k < 16u; k = k + 1u) {
+            let x = As[k * 17u + lid.y];
+            let y = Bs[k * 17u + lid.x];
+            c0 = c0 + x.x * y;
+            c1 = c1 + x.y * y;
+            c2 = c2 + x.z * y;
+            c3 = c3 + x.w * y;
+        }
+        workgroupBarrier();
+    }
+    let total = p.batch * p.M * p.N;
+    let n = n0 + 4u * lid.x;
+    for (var i = 0u; i < 4u; i = i + 1u) {
+        let m = m0 + 4u * lid.y + i;
+        if (m >= p.M) { break; }
+        var row = c0;
+        if (i == 1u) { row = c1; } else if (i == 2u) { row = c2; } else if (i == 3u) { row = c3; }
+        for (var j = 0u; j < 4u; j = j + 1u) {
+            if (n + j < p.N) {
+                if (p.splits == 1u) {
+                    out[b * p.c_bs + m * p.N + n + j] = epilogue(row[j], b, m, n + j);
+                } else {
+                    part[split * total + (b * p.M + m) * p.N + n + j] = row[j];
+                }
+            }
+        }
+    }
+}
+"""
+
+# Split-K's second dispatch: one invocation per output adds its K ranges in order.
+GEMM_REDUCE = f"""
+{FLAT_INDEX}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
+    let i = flat_index(gid, nwg, {WG}u);
+    let total = p.batch * p.M * p.N;
+    if (i >= total) {{ return; }}
+    var acc = 0.0;
+    for (var s = 0u; s < p.splits; s = s + 1u) {{ acc = acc + part[s * total + i]; }}
+    let b = i / (p.M * p.N);
+    let m = (i / p.N) % p.M;
+    let n = i % p.N;
+    out[b * p.c_bs + m * p.N + n] = epilogue(acc, b, m, n);
+}}
+"""
+
+
+def gemm_shader(load, has_bias, extra=""):
+    """The template with `load`'s tile reads; `extra`: WGSL bindings after the scratch."""
+    setup = "    let a_row0 = m0 + 4u * am4;\n" + load.setup if load.setup else ""
+    body = GEMM.replace("{B_SLOT}", B_SLOT_ALONG_K if load.b_along_k else B_SLOT_ALONG_N).replace("{SETUP}", setup)
+    return header(has_bias, load.inputs, scratch=True) + extra + load.functions + QUADS + body
+
+
+def gemm_reduce_shader(has_bias):
+    return header(has_bias, (("part", "f32"),)) + GEMM_REDUCE
+
+
+def gemm_split(m, n, k, batch):
+    """(splits, K per split) of a product: more workgroups for a GPU a few tiles leave idle."""
+    tiles = -(-n // BN) * -(-m // BM) * batch
+    splits = max(1, min(MAX_SPLITS, SPLIT_TARGET // tiles, k // MIN_SPLIT_K))
+    kspan = -(-k // splits // BK) * BK if splits > 1 else max(k, 1)
+    return -(-k // kspan) if splits > 1 else 1, kspan
+
+
+def gemm_grid(name, m, n, batch, splits=1):
+    """(N tiles, M tiles, batch * splits); ValueError past the per-dimension workgroup limit."""
+    grid = (-(-n // BN), -(-m // BM), batch * splits)
+    if max(grid) > MAX_WORKGROUPS:
+        raise ValueError(f"{name}: GEMM grid {grid} exceeds {MAX_WORKGROUPS} workgroups per dimension")
+    return grid
+
+
+def gemm_scratch(b, outs):
+    """Split-K's scratch for an op whose products (run one after another) write `outs`: room for
+    the splits' sums of the largest, at most SPLIT_TARGET * BM * BN floats (gemm_split's bound). A
+    value of the op alone, so the memory planner lets every op's scratch share one buffer."""
+    most = max(numel_of(b.graph.values[o].dims) for o in outs)
+    vid = len(b.graph.values)
+    b.graph.values.append(Tensor("float32", (max(1, min(SPLIT_TARGET * BM * BN, MAX_SPLITS * most)),)))
+    b.writes(vid)
+    return vid
+
+
+class GemmRoute:
+    """The GEMM route of one product: its dispatch, reading through `load`, and split-K's reduce
+    over `scratch` (gemm_scratch); `extra` are bindings after the scratch (WGSL `extra_wgsl`)."""
+
+    def __init__(self, b, load, inputs, bias, out, params, scratch, extra=(), extra_wgsl=""):
+        self.name = b.name
+        tail = [bias] if bias is not None else []
+        shader = gemm_shader(load, bias is not None, extra_wgsl)
+        self.gemm = b.dispatch(shader, [*inputs, *tail, out, params, scratch, *extra])
+        self.reduce = b.dispatch(gemm_reduce_shader(bias is not None), [scratch, *tail, out, params])
+
+    def plan(self, m, n, k, batch, on=True):
+        """(splits, kspan) for the uniform; (1, K) when the route is off."""
+        return gemm_split(m, n, k, batch) if on else (1, max(k, 1))
+
+    def set_grids(self, ctx, m, n, batch, splits, on=True):
+        ctx.set_grid(self.gemm, gemm_grid(self.name, m, n, batch, splits) if on else (0, 0, 0))
+        ctx.set_grid(self.reduce, flat_grid(batch * m * n) if on and splits > 1 else (0, 0, 0))
