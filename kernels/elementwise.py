@@ -27,17 +27,8 @@ struct P {{ numel: u32, rank: u32, alpha: f32, beta: f32, sizes: array<vec4<u32>
 {MAIN}
 fn element(i: u32) {{
     if (i >= p.numel) {{ return; }}
-    var rem = i;
-    var o0 = i; var o1 = i; var o2 = i;  // rank 0: no operand broadcasts (each output's own index)
-    if (p.rank > 0u) {{ o0 = 0u; o1 = 0u; o2 = 0u; }}
-    for (var d = i32(p.rank) - 1; d >= 0; d = d - 1) {{
-        let size = at8(p.sizes, u32(d));
-        let c = rem % size;
-        rem = rem / size;
-        o0 = o0 + c * at8(p.s0, u32(d));
-        o1 = o1 + c * at8(p.s1, u32(d));
-        o2 = o2 + c * at8(p.s2, u32(d));
-    }}
+    let o = strided_offsets(i, p.rank, p.sizes, p.s0, p.s1, p.s2);  // rank 0: no operand broadcasts
+    let o0 = o.x; let o1 = o.y; let o2 = o.z;
     let alpha = {CT}(p.alpha);
     let beta = {CT}(p.beta);
 {loads}

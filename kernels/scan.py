@@ -45,22 +45,11 @@ struct P {{ numel: u32, nr: u32, kr: u32, rr: u32, ksizes: array<vec4<u32>, 2>, 
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
     let i = flat_index(gid, nwg, {WG}u);
     if (i >= p.numel) {{ return; }}
-    var rem = i;
-    var base = 0u;
-    for (var d = i32(p.kr) - 1; d >= 0; d = d - 1) {{
-        let size = at8(p.ksizes, u32(d));
-        base = base + (rem % size) * at8(p.kstrides, u32(d));
-        rem = rem / size;
-    }}
+    // (a rank of 0 has one element, at offset 0)
+    let base = strided_offsets(i, p.kr, p.ksizes, p.kstrides, p.kstrides, p.kstrides).x;
     var result = {INIT};
     for (var r = 0u; r < p.nr; r = r + 1u) {{
-        var rr = r;
-        var off = base;
-        for (var d = i32(p.rr) - 1; d >= 0; d = d - 1) {{
-            let size = at8(p.rsizes, u32(d));
-            off = off + (rr % size) * at8(p.rstrides, u32(d));
-            rr = rr / size;
-        }}
+        let off = base + strided_offsets(r, p.rr, p.rsizes, p.rstrides, p.rstrides, p.rstrides).x;
         if ((src[off] != {TI}(0)) == {DECIDER}) {{
             result = {DECIDER};
             break;

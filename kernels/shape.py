@@ -32,26 +32,17 @@ struct P {{ numel: u32, rank: u32, in_off: u32, out_off: u32, sizes: array<vec4<
 {MAIN}
 fn element(i: u32) {{
     if (i >= p.numel) {{ return; }}
-    var rem = i;
-    var oi = p.in_off;
-    var oo = p.out_off;
-    if (p.rank == 0u) {{ oi = oi + i; oo = oo + i; }}  // both sides contiguous: no coordinates
-    for (var d = i32(p.rank) - 1; d >= 0; d = d - 1) {{
-        let size = at8(p.sizes, u32(d));
-        let c = rem % size;
-        rem = rem / size;
-        oi = oi + c * at8(p.in_strides, u32(d));
-        oo = oo + c * at8(p.out_strides, u32(d));
-    }}
-    let x = src[oi];
-    dst[oo] = {CONVERT};
+    // rank 0: both sides contiguous, no coordinates
+    let o = strided_offsets(i, p.rank, p.sizes, p.in_strides, p.out_strides, p.out_strides);
+    let x = src[p.in_off + o.x];
+    dst[p.out_off + o.y] = {CONVERT};
 }}
 """
 
 # out[c] = src[c with c[dim] replaced by idx[sum(c_d * idx_strides_d)]]; a negative index counts
-# from the end of the input's `dim`.
+# from the end of the input's `dim`. in_strides[dim] is 0 (dim_stride holds it).
 INDEXED_COPY = """
-struct P {{ numel: u32, rank: u32, dim: u32, dim_size: u32, sizes: array<vec4<u32>, 2>,
+struct P {{ numel: u32, rank: u32, dim_stride: u32, dim_size: u32, sizes: array<vec4<u32>, 2>,
            in_strides: array<vec4<u32>, 2>, idx_strides: array<vec4<u32>, 2> }}
 @group(0) @binding(0) var<storage, read> src: array<{T}>;
 @group(0) @binding(1) var<storage, read> idx: array<i32>;
@@ -63,20 +54,11 @@ struct P {{ numel: u32, rank: u32, dim: u32, dim_size: u32, sizes: array<vec4<u3
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
     let i = flat_index(gid, nwg, {WG}u);
     if (i >= p.numel) {{ return; }}
-    var rem = i;
-    var oi = 0u;
-    var ox = 0u;
-    for (var d = i32(p.rank) - 1; d >= 0; d = d - 1) {{
-        let size = at8(p.sizes, u32(d));
-        let c = rem % size;
-        rem = rem / size;
-        ox = ox + c * at8(p.idx_strides, u32(d));
-        if (u32(d) != p.dim) {{ oi = oi + c * at8(p.in_strides, u32(d)); }}
-    }}
-    var k = idx[ox];
+    let o = strided_offsets(i, p.rank, p.sizes, p.in_strides, p.idx_strides, p.idx_strides);
+    var k = idx[o.y];
     if (k < 0) {{ k = k + i32(p.dim_size); }}
     let kk = min(u32(max(k, 0)), p.dim_size - 1u);
-    dst[i] = src[oi + kk * at8(p.in_strides, p.dim)];
+    dst[i] = src[o.x + kk * p.dim_stride];
 }}
 """
 
@@ -440,8 +422,9 @@ def indexed_copy(b, src, index, dim_arg, out_shape_of, idx_strides_of):
         dim = _dim(b, ctx.int_value(dim_arg), len(dims))
         shape = tuple(out_shape_of(dims, idims, dim))
         n = numel_of(shape)
-        head = struct.pack("<4I", n, len(shape), dim, dims[dim])
-        data = head + pack_u32x8(shape) + pack_u32x8(contiguous_strides(dims))
+        in_strides = contiguous_strides(dims)
+        head = struct.pack("<4I", n, len(shape), in_strides[dim], dims[dim])
+        data = head + pack_u32x8(shape) + pack_u32x8([0 if k == dim else s for k, s in enumerate(in_strides)])
         ctx.set_params(params, data + pack_u32x8(idx_strides_of(shape, dim)))
         ctx.set_grid(d, flat_grid(n))
         ctx.set_dims(b.out, shape)

@@ -78,7 +78,23 @@ def pack_strides(shape, out_shape):
     return pack_u32x8(broadcast_strides(shape, out_shape))
 
 
-# Turning a flat output index into input offsets through broadcast strides (see pack_strides).
+# Turning a flat output index into operand offsets through strides (see pack_strides), in one
+# helper: `strided_offsets` gives i's offsets through up to three stride arrays (pass any array
+# for an unused one), its row-major coordinates over the first `rank` of `sizes` dotted with each.
+# Rank 0 means every operand is read at i itself (contiguous, nothing broadcast).
 STRIDED = """
 fn at8(a: array<vec4<u32>, 2>, i: u32) -> u32 { return a[i / 4u][i % 4u]; }
+fn strided_offsets(i: u32, rank: u32, sizes: array<vec4<u32>, 2>, s0: array<vec4<u32>, 2>,
+                   s1: array<vec4<u32>, 2>, s2: array<vec4<u32>, 2>) -> vec3<u32> {
+    if (rank == 0u) { return vec3<u32>(i); }
+    var rem = i;
+    var o = vec3<u32>(0u);
+    for (var d = i32(rank) - 1; d >= 0; d = d - 1) {
+        let size = at8(sizes, u32(d));
+        let c = rem % size;
+        rem = rem / size;
+        o = o + c * vec3<u32>(at8(s0, u32(d)), at8(s1, u32(d)), at8(s2, u32(d)));
+    }
+    return o;
+}
 """
