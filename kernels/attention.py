@@ -18,6 +18,7 @@ import textwrap
 from resize.shapes import numel_of
 from resize.values import Tensor
 
+from .cache import CACHE_SLOT
 from .registry import op
 from .wgsl import FLAT_INDEX, WG, flat_grid
 
@@ -59,6 +60,7 @@ struct P {{ n: u32, row: u32, stride: u32, pad: u32 }}
 @group(0) @binding(3) var<storage, read_write> vc: array<f32>;
 @group(0) @binding(4) var<uniform> p: P;
 {RAGGED_TABLES}
+{CACHE_SLOT}
 {FLAT_INDEX}
 @compute @workgroup_size({WG})
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
@@ -66,7 +68,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     if (i >= p.n) {{ return; }}
     let r = i / p.row;
     if (row_slot[r] < 0) {{ return; }}  // a padding row
-    let at = u32(row_slot[r]) * p.stride + u32(row_pos[r]) * p.row + i % p.row;
+    let at = cache_at(r, i % p.row);
     kc[at] = k[i];
     vc[at] = v[i];
 }}

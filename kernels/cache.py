@@ -13,6 +13,14 @@ from resize.shapes import numel_of
 from .registry import op
 from .wgsl import FLAT_INDEX, WG, flat_grid
 
+# The ragged KV-cache slot formula, for every kernel that stores a ragged pass's k and v
+# (kernels/attention.py RAGGED_UPDATE_CACHE, kernels/rope.py rope_into_cache): element e of the
+# pass's token row r (p.row floats a row) goes to slot row_slot[r] of the pooled cache (p.stride
+# floats a slot) at position row_pos[r]. A padding row (slot -1) has no place; callers skip it.
+CACHE_SLOT = """
+fn cache_at(r: u32, e: u32) -> u32 { return u32(row_slot[r]) * p.stride + u32(row_pos[r]) * p.row + e; }
+"""
+
 UPDATE = f"""
 struct P {{ numel: u32, per_batch: u32, cache_per_batch: u32, offset: u32 }}
 @group(0) @binding(0) var<storage, read> value: array<f32>;

@@ -9,6 +9,7 @@ import struct
 
 from resize.shapes import numel_of
 
+from .cache import CACHE_SLOT
 from .registry import op
 from .wgsl import FLAT_INDEX, WG, flat_grid
 
@@ -60,11 +61,11 @@ CACHE_BINDINGS = """
 @group(0) @binding(9) var<storage, read_write> vc: array<f32>;
 @group(0) @binding(10) var<storage, read> row_pos: array<i32>;
 @group(0) @binding(11) var<storage, read> row_slot: array<i32>;
-"""
+""" + CACHE_SLOT
 CACHE_STORE = """
         let r = ia / p.row;  // the pass's token row
         if (row_slot[r] >= 0) {{  // not a padding row
-            let at = u32(row_slot[r]) * p.stride + u32(row_pos[r]) * p.row + ia % p.row;
+            let at = cache_at(r, ia % p.row);
             kc[at] = ok[ia];
             kc[at + 1u] = ok[ia + 1u];
             vc[at] = v[ia];
