@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import anyio
 import numpy as np
 
-from kernels import build_node, fuse, fuse_ragged
+from kernels import adapter_class, build_node, fuse, fuse_ragged
 from kernels.wgsl import elem_bytes
 from resize.engine import LiveState, Plan, ResizeContext, run_all
 from resize.shapes import numel_of
@@ -112,10 +112,12 @@ class Model:
                 self.batching_note = f"not ragged: {e}"
         self.graph = graph
         values = graph.values
+        self._adapter, self.device, self.device_info = await open_device(device_name)
+        self.kernels = adapter_class(self.device_info.adapter_type)  # which kernel variants
         nodes = []
         for name, args in graph.calls:
             try:
-                nodes.append(build_node(graph, name, args))
+                nodes.append(build_node(graph, name, args, self.kernels))
             except NotImplementedError as e:
                 raise UnsupportedOperatorError([f"{name} ({e})"]) from e
             except Exception as e:  # a hostile file can break an op's argument reading in any way
@@ -124,7 +126,6 @@ class Model:
         self._data_dependent = any(n.data_dependent for n in nodes)
         self._initial_state = self._plan_at_max_shapes()
 
-        self._adapter, self.device, self.device_info = await open_device(device_name)
         state_vids = {w for n in nodes for w in n.writes if isinstance(values[w], Tensor) and values[w].constant is not None}
         # A copy of a constant (et_vk.prepack) that an op then writes in place (a KV cache behind
         # llama::update_cache) is state too: each session's starts from the constant, once.

@@ -3,5 +3,6 @@
 from . import attention, cache, creation, elementwise, embedding, indexing, linear, linear_fused, quantized, rearrange, reduce, rope, scan, shape, symint  # noqa: F401
 from .fusion import fuse, fuse_ragged
 from .registry import OPS, Dispatch, OpBuilder, Params, build_node, op
+from .variants import adapter_class
 
-__all__ = ["OPS", "Dispatch", "OpBuilder", "Params", "build_node", "fuse", "fuse_ragged", "op"]
+__all__ = ["OPS", "Dispatch", "OpBuilder", "Params", "adapter_class", "build_node", "fuse", "fuse_ragged", "op"]

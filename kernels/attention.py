@@ -14,12 +14,14 @@ partial softmax state, and a second kernel merges the ranges. The hook picks the
 import math
 import struct
 import textwrap
+from dataclasses import dataclass
 
 from resize.shapes import numel_of
 from resize.values import Tensor
 
 from .cache import CACHE_SLOT
 from .registry import op
+from .variants import ANY, CPU_ONLY, GPU_ONLY, Routes, Variant
 from .wgsl import FLAT_INDEX, WG, flat_grid
 
 MAX_HEAD_DIM = 256
@@ -259,6 +261,52 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }}
 """
 
+# The split-K kernel for CPU adapters (kernels/variants.py): no workgroup memory, no barrier. One
+# invocation per (head, row, key range), invocation z of a workgroup of MAX_SPLITS taking range z
+# (so SIMD lanes run different key ranges side by side), each key folded into its own online
+# softmax state (max m, sum l, accumulator acc[0..d)) in registers. Same partial-state layout as
+# SPLIT_FINISH, merged by COMBINE.
+SPLIT_CPU = """
+struct P {{ s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }}
+@group(0) @binding(0) var<storage, read> q: array<f32>;
+@group(0) @binding(1) var<storage, read> kc: array<f32>;
+@group(0) @binding(2) var<storage, read> vc: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<uniform> p: P;
+{tables}
+@compute @workgroup_size({MAX_SPLITS})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{
+    let h = wid.x;
+    let s = wid.y;
+    let z = lid.x;
+    if (z >= p.splits) {{ return; }}
+    let kvh = h / (p.hq / p.hkv);
+    let row = (s * p.hq + h) * p.d;
+    let keys = {keys};  // causal: the row at absolute position P sees keys 0..P
+    let cbase = {cache_base};
+    let k_begin = min(keys, z * p.span);
+    let k_end = min(keys, k_begin + p.span);
+    var m = -3.0e38;
+    var l = 0.0;
+    var acc = array<f32, {MAX_HEAD_DIM}>();
+    for (var j = k_begin; j < k_end; j = j + 1u) {{
+        let kbase = cbase + (j * p.hkv + kvh) * p.d;
+        var score = 0.0;
+        for (var d = 0u; d < p.d; d = d + 1u) {{ score = score + q[row + d] * p.scale * kc[kbase + d]; }}
+        let m_new = max(m, score);
+        let corr = exp(m - m_new);
+        let e = exp(score - m_new);
+        l = l * corr + e;
+        for (var d = 0u; d < p.d; d = d + 1u) {{ acc[d] = acc[d] * corr + e * vc[kbase + d]; }}
+        m = m_new;
+    }}
+    let at = ((s * p.hq + h) * p.splits + z) * (p.d + 2u);
+    for (var d = 0u; d < p.d; d = d + 1u) {{ out[at + d] = acc[d]; }}
+    out[at + p.d] = m;
+    out[at + p.d + 1u] = l;
+}}
+"""
+
 # Merges the splits' partial states of one (head, row): rescaled to the overall max.
 COMBINE = f"""
 struct P {{ s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }}
@@ -453,9 +501,7 @@ def _max_tree(terms):
 def _attention_shader(ragged, split=False, dim=None):
     """The whole-range kernel, or the split-K one (SPLIT_VEC4 when `dim` allows it)."""
     common = dict(
-        tables=RAGGED_TABLES if ragged else "",
-        keys="u32(row_pos[s]) + 1u" if ragged else "p.pos + s + 1u",
-        cache_base="u32(max(row_slot[s], 0)) * p.stride" if ragged else "0u",  # padding rows: slot 0
+        _row_exprs(ragged),
         reductions=REDUCTIONS,
         online_softmax=ONLINE_SOFTMAX,
         CHUNK=CHUNK,
@@ -501,29 +547,96 @@ def _rows(b, ctx):
     return s
 
 
+class _Launch:
+    """A route of dispatches with their grids for a live row count, as a variant's route."""
+
+    def __init__(self, *dispatches_and_grids):
+        self.parts = dispatches_and_grids
+
+    def set(self, ctx, s, on):
+        for d, grid in self.parts:
+            ctx.set_grid(d, grid(s) if on else (0, 0, 0))
+
+
+def _split_route(cpu):
+    """Split-K decode and its combine; on CPU adapters one invocation per key range (SPLIT_CPU)."""
+
+    def build(b, att):
+        if cpu:
+            shader = SPLIT_CPU.format(MAX_SPLITS=MAX_SPLITS, MAX_HEAD_DIM=MAX_HEAD_DIM, **att.common)
+            grid = lambda s: (att.hq, s, 1)  # noqa: E731
+        else:
+            shader = _attention_shader(att.ragged, split=True, dim=att.dim)
+            grid = lambda s: (att.hq, s, att.splits)  # noqa: E731
+        split = b.dispatch(shader, [att.q, att.k_cache, att.v_cache, att.scratch, att.params, *att.tables])
+        combine = b.dispatch(COMBINE, [att.scratch, b.out, att.params])
+        return _Launch((split, grid), (combine, lambda s: (att.hq, s, 1)))
+
+    return build
+
+
+def _whole_route(b, att):
+    shader, rows_per_group = _whole_range(att.ragged, att.dim)
+    whole = b.dispatch(shader, [att.q, att.k_cache, att.v_cache, b.out, att.params, *att.tables])
+    return _Launch((whole, lambda s: (att.hq, -(-s // rows_per_group), 1)))
+
+
+# The variants of attention by live query rows s, first match wins (kernels/variants.py).
+ATTENTION_VARIANTS = (
+    Variant("decode_split", GPU_ONLY, lambda s: s <= SPLIT_MAX_ROWS, _split_route(cpu=False)),
+    Variant("decode_split_cpu", CPU_ONLY, lambda s: s <= SPLIT_MAX_ROWS, _split_route(cpu=True)),
+    Variant("whole", ANY, lambda s: True, _whole_route),
+)
+
+
+@dataclass
+class _Attention:
+    """What the variants' builds need of one op."""
+
+    q: int
+    k_cache: int
+    v_cache: int
+    scratch: int
+    params: object
+    tables: tuple
+    hq: int
+    dim: int
+    splits: int
+
+    @property
+    def ragged(self):
+        return bool(self.tables)
+
+    @property
+    def common(self):
+        return _row_exprs(self.ragged)
+
+
+def _row_exprs(ragged):
+    """The per-row WGSL pieces of the one-row-per-(workgroup y) kernels: tables, key count, cache base."""
+    return dict(
+        tables=RAGGED_TABLES if ragged else "",
+        keys="u32(row_pos[s]) + 1u" if ragged else "p.pos + s + 1u",
+        cache_base="u32(max(row_slot[s], 0)) * p.stride" if ragged else "0u",  # padding rows: slot 0
+    )
+
+
 def _add_attention(b, context, hkv, dim, hq, scale, tables=()):
-    """Record both attention routes (one pass, query-tiled where the head dim allows, or split-K
-    and its combine for up to SPLIT_MAX_ROWS rows); returns `set_attention(ctx, s, pos, stride)`
-    for the hook."""
-    q, k_cache, v_cache = b.args[0], b.args[3], b.args[4]
-    ragged = bool(tables)
+    """Record the attention variants (one pass, query-tiled where the head dim allows; split-K and
+    its combine for up to SPLIT_MAX_ROWS rows); returns `set_attention(ctx, s, pos, stride)` for
+    the hook."""
     splits = min(MAX_SPLITS, context)
     span = -(-context // splits)
     scratch = len(b.graph.values)  # the splits' partial states, this op's own
     b.graph.values.append(Tensor("float32", (SPLIT_MAX_ROWS * hq * splits * (dim + 2),)))
     b.writes(scratch)
     params = b.params(48)
-    whole_shader, rows_per_group = _whole_range(ragged, dim)
-    whole = b.dispatch(whole_shader, [q, k_cache, v_cache, b.out, params, *tables])
-    split = b.dispatch(_attention_shader(ragged, split=True, dim=dim), [q, k_cache, v_cache, scratch, params, *tables])
-    combine = b.dispatch(COMBINE, [scratch, b.out, params])
+    att = _Attention(b.args[0], b.args[3], b.args[4], scratch, params, tuple(tables), hq, dim, splits)
+    routes = Routes(ATTENTION_VARIANTS, b, att)
 
     def set_attention(ctx, s, pos, stride):
         ctx.set_params(params, struct.pack("<5If5I", s, pos, hq, hkv, dim, scale, stride, splits, span, 0, 0))
-        use_split = s <= SPLIT_MAX_ROWS
-        ctx.set_grid(whole, (0, 0, 0) if use_split else (hq, -(-s // rows_per_group), 1))
-        ctx.set_grid(split, (hq, s, splits) if use_split else (0, 0, 0))
-        ctx.set_grid(combine, (hq, s, 1) if use_split else (0, 0, 0))
+        routes.set(ctx, s)
 
     return set_attention
 

@@ -47,19 +47,24 @@ def params_bytes(m, n, k, batch=1, a_bs=0, b_bs=0, bias=(0, 0, 0), alpha=1.0, be
     return struct.pack(PARAMS_FORMAT, m, n, k, batch, a_bs, b_bs, m * n, *bias, alpha, beta, splits, kspan or max(k, 1))
 
 
-def header(has_bias, inputs, scratch=False):
-    """Bindings in order: `inputs` ((name, WGSL element type), read), bias, out, the uniform p,
-    and split-K's scratch `part`; then `epilogue(acc, b, m, n)`: alpha * acc (+ beta * bias)."""
-    lines = [STRUCT + ";"]
-    lines += [f"@group(0) @binding({i}) var<storage, read> {name}: array<{t}>;" for i, (name, t) in enumerate(inputs)]
+def bindings(inputs, has_bias, uniform="p: P", scratch=False):
+    """WGSL binding lines in order: `inputs` ((name, WGSL element type), read), bias, out, the
+    `uniform` and split-K's scratch `part`. The products' GEMVs bind the same way."""
+    lines = [f"@group(0) @binding({i}) var<storage, read> {name}: array<{t}>;" for i, (name, t) in enumerate(inputs)]
     n = len(inputs)
     if has_bias:
         lines.append(f"@group(0) @binding({n}) var<storage, read> bias: array<f32>;")
         n += 1
     lines.append(f"@group(0) @binding({n}) var<storage, read_write> out: array<f32>;")
-    lines.append(f"@group(0) @binding({n + 1}) var<uniform> p: P;")
+    lines.append(f"@group(0) @binding({n + 1}) var<uniform> {uniform};")
     if scratch:
         lines.append(f"@group(0) @binding({n + 2}) var<storage, read_write> part: array<f32>;")
+    return lines
+
+
+def header(has_bias, inputs, scratch=False):
+    """The uniform P, `bindings`, and `epilogue(acc, b, m, n)`: alpha * acc (+ beta * bias)."""
+    lines = [STRUCT + ";", *bindings(inputs, has_bias, scratch=scratch)]
     if has_bias:
         lines.append(
             "fn epilogue(acc: f32, b: u32, m: u32, n: u32) -> f32 {\n"
@@ -73,8 +78,8 @@ def header(has_bias, inputs, scratch=False):
 @dataclass(frozen=True)
 class TileLoad:
     """How the template reads A and B. `inputs`: the operand bindings, (name, WGSL element type);
-    `functions`: WGSL defining a_at and b_at (and anything they use; bindings past the scratch
-    start at `extra_binding`); `b_along_k`: B's neighbouring elements lie along K (an [N, K]
+    `functions`: WGSL defining a_at and b_at (and anything they use; GemmRoute's `extra_wgsl`
+    declares bindings past the scratch); `b_along_k`: B's neighbouring elements lie along K (an [N, K]
     weight), so neighbouring invocations load along K; `setup`: statements run once per
     invocation before the K loop, knowing `a_row0`, the first of the 4 A rows it loads."""
 
@@ -243,6 +248,11 @@ class GemmRoute:
         shader = gemm_shader(load, bias is not None, extra_wgsl)
         self.gemm = b.dispatch(shader, [*inputs, *tail, out, params, scratch, *extra])
         self.reduce = b.dispatch(gemm_reduce_shader(bias is not None), [scratch, *tail, out, params])
+
+    def set(self, ctx, shape, on):
+        """As a variant's route (kernels/variants.py), for a shape with m, n, k and batch."""
+        splits, _ = self.plan(shape.m, shape.n, shape.k, shape.batch, on)
+        self.set_grids(ctx, shape.m, shape.n, shape.batch, splits, on)
 
     def plan(self, m, n, k, batch, on=True):
         """(splits, kspan) for the uniform; (1, K) when the route is off."""

@@ -14,11 +14,13 @@ The unused route gets a (0, 0, 0) grid.
 """
 
 import struct
+from dataclasses import dataclass
 
 from resize.shapes import MAX_WORKGROUPS, broadcast_strides, fold_grid, numel_of
 
-from .gemm import PARAMS_FORMAT, PARAMS_SIZE, GemmRoute, fp32_load, gemm_scratch, header
+from .gemm import PARAMS_FORMAT, PARAMS_SIZE, GemmRoute, fp32_load, gemm_scratch, gemm_split, header
 from .registry import op
+from .variants import ANY, CPU_ONLY, GPU_ONLY, Routes, Variant
 from .wgsl import is_float
 
 F32_OPERANDS = (("a", "f32"), ("bm", "f32"))
@@ -70,7 +72,7 @@ def gemv_t_body(weights, n, k, store, base="0u", scale=None, group_rows=GEMV_GRO
     K of `k`, from `base`): one accumulator variable per (weight, row), written out (a private
     array indexed in a loop can spill to local memory). Expects `n0`, `rows`, `aoff` and `li`;
     `store(r)` is the statement that writes row r's output n from lanes v0, v1, ... (one a weight).
-    `scale(r)`, if given, multiplies input element k of row r first (a fused norm). The kernel
+    `scale(r, i)`, if given, multiplies input element i of row r first (a fused norm). The kernel
     takes `group_rows` input rows per workgroup."""
     rows = range(group_rows)
     lines = []
@@ -82,7 +84,7 @@ def gemv_t_body(weights, n, k, store, base="0u", scale=None, group_rows=GEMV_GRO
         lines.append(f"    let wv{j} = vec4<f32>({w}[{w}_0 + k], {w}[{w}_1 + k], {w}[{w}_2 + k], {w}[{w}_3 + k]);")
     for r in rows:
         fma = " ".join(f"acc{j}_{r} = acc{j}_{r} + x * wv{j};" for j in range(len(weights)))
-        x = f"a[aoff + {r}u * {k} + k]" + (scale(r) if scale else "")
+        x = f"a[aoff + {r}u * {k} + k]" + (scale(r, "k") if scale else "")
         lines.append(f"    if ({r}u < rows) {{ let x = {x}; {fma} }}")
     lines.append("}")
     order = [(j, r) for r in rows for j in range(len(weights))]
@@ -174,8 +176,88 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 """
 
 
-def gemv_shader(transposed_b, has_bias):
-    return header(has_bias, F32_OPERANDS) + (GEMV_T if transposed_b else GEMV_N)
+# CPU adapters (kernels/variants.py): one invocation per output, its whole sum over K in registers,
+# no workgroup memory and no barrier. For an [N, K] weight, invocation n reads weight row n as
+# vec4 steps (lane c of the accumulator sums k = c mod 4), reused for the group's input rows, then
+# the 4 lanes and the K % 4 tail in a fixed order: a row's sum does not depend on the pass's other
+# rows. `kernels/linear_fused.py` builds its fused CPU products from the same body.
+CPU_WG = 64  # invocations (outputs) per workgroup
+# Input rows per invocation: side by side on lavapipe (2 cores, 1536 x 576, M = 1), one row took
+# 11 ms against 20 for a group of 8 (the group's branches and accumulators), and a decode step is
+# one row. A ragged pass of several rows reads each weight row once per input row.
+CPU_GROUP_ROWS = 1
+
+
+def gemv_t_cpu_body(weights, n, k, store, base="0u", scale=None, group_rows=CPU_GROUP_ROWS):
+    """`gemv_t_body`'s CPU variant, with the same arguments; expects `n` (this invocation's output,
+    possibly past the last: clamped for reads, not written), `rows` and `aoff`. `scale(r, i)`
+    multiplies input element i of row r."""
+    rows = range(group_rows)
+    lines = []
+    for j, w in enumerate(weights):
+        lines.append(f"let {w}_row = {base} + min(n, {n} - 1u) * {k};")
+        lines += [f"var acc{j}_{r} = vec4<f32>(0.0);" for r in rows]
+
+    def x_at(r, i):
+        return f"a[aoff + {r}u * {k} + {i}]" + (scale(r, i) if scale else "")
+
+    lines.append(f"let k4 = {k} / 4u * 4u;")
+    lines.append("for (var k = 0u; k < k4; k = k + 4u) {")
+    for j, w in enumerate(weights):
+        lines.append(f"    let wv{j} = vec4<f32>({', '.join(f'{w}[{w}_row + k + {c}u]' for c in range(4))});")
+    for r in rows:
+        x = ", ".join(x_at(r, f"k + {c}u") for c in range(4))
+        fma = " ".join(f"acc{j}_{r} = acc{j}_{r} + x * wv{j};" for j in range(len(weights)))
+        lines.append(f"    if ({r}u < rows) {{ let x = vec4<f32>({x}); {fma} }}")
+    lines.append("}")
+    for j in range(len(weights)):
+        lines += [f"var v{j}_{r} = (acc{j}_{r}.x + acc{j}_{r}.y) + (acc{j}_{r}.z + acc{j}_{r}.w);" for r in rows]
+    lines.append(f"for (var k = k4; k < {k}; k = k + 1u) {{")
+    for r in rows:
+        adds = " ".join(f"v{j}_{r} = v{j}_{r} + x * {w}[{w}_row + k];" for j, w in enumerate(weights))
+        lines.append(f"    if ({r}u < rows) {{ let x = {x_at(r, 'k')}; {adds} }}")
+    lines.append("}")
+    for r in rows:
+        lanes = " ".join(f"let v{j} = v{j}_{r};" for j in range(len(weights)))
+        lines.append(f"if ({r}u < rows && n < {n}) {{ {lanes} {store(r)} }}")
+    return "\n    ".join(lines)
+
+
+GEMV_T_CPU = f"""
+@compute @workgroup_size({CPU_WG})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {{
+    let groups = (p.M + {CPU_GROUP_ROWS}u - 1u) / {CPU_GROUP_ROWS}u;  // z runs over (batch, group of rows)
+    let b = wid.z / groups;
+    let r0 = (wid.z % groups) * {CPU_GROUP_ROWS}u;
+    let rows = min({CPU_GROUP_ROWS}u, p.M - r0);
+    let n = (wid.x + wid.y * nwg.x) * {CPU_WG}u + li;
+    let aoff = b * p.a_bs + r0 * p.K;
+    {gemv_t_cpu_body(["bm"], "p.N", "p.K", lambda r: f"out[b * p.c_bs + (r0 + {r}u) * p.N + n] = epilogue(v0, b, r0 + {r}u, n);", "b * p.b_bs")}
+}}
+"""
+
+# A [K, N] matrix on a CPU adapter: invocation n walks column n down K (neighbouring invocations
+# read neighbouring addresses).
+GEMV_N_CPU = f"""
+@compute @workgroup_size({CPU_WG})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {{
+    let b = wid.z;
+    let n = (wid.x + wid.y * nwg.x) * {CPU_WG}u + li;
+    if (n >= p.N) {{ return; }}
+    let col = b * p.b_bs + n;
+    let aoff = b * p.a_bs;
+    var acc = 0.0;
+    for (var k = 0u; k < p.K; k = k + 1u) {{ acc = acc + a[aoff + k] * bm[col + k * p.N]; }}
+    out[b * p.c_bs + n] = epilogue(acc, b, 0u, n);
+}}
+"""
+
+
+def gemv_shader(transposed_b, has_bias, cpu=False):
+    kernels = (GEMV_T_CPU, GEMV_N_CPU) if cpu else (GEMV_T, GEMV_N)
+    return header(has_bias, F32_OPERANDS) + kernels[0 if transposed_b else 1]
 
 
 def gemv_t4_shader(has_bias):
@@ -198,8 +280,92 @@ def _check_f32(b, positions):
             raise ValueError(f"{b.name}: argument {i} has dtype {t.dtype}; only floating point is supported")
 
 
+@dataclass(frozen=True)
+class Product:
+    """A product's live shape, which its variants choose by (`transposed`: an [N, K] weight)."""
+
+    m: int
+    n: int
+    k: int
+    batch: int
+    b_bs: int
+    transposed: bool
+
+    @property
+    def empty(self):
+        return self.m * self.n * self.batch == 0
+
+    @property
+    def gemv(self):
+        return not self.empty and (self.m == 1 or (self.transposed and self.m <= GEMV_MAX_ROWS))
+
+    @property
+    def wide(self):
+        """Rows the vec4 GEMV takes: K and the batch stride whole vec4s, N >= GEMV_T4_MIN_N."""
+        return self.transposed and self.k % 4 == 0 and self.b_bs % 4 == 0 and self.n >= GEMV_T4_MIN_N
+
+
+@dataclass
+class Matmul:
+    """What a variant's build needs of one op: its operands and uniform."""
+
+    b: object
+    a: int
+    bmat: int
+    bias: int | None
+    params: object
+    transposed: bool
+
+    @property
+    def bindings(self):
+        return [self.a, self.bmat] + ([self.bias] if self.bias is not None else []) + [self.b.out, self.params]
+
+
+class Grid:
+    """A one-dispatch route: `grid(shape)` when on."""
+
+    def __init__(self, dispatch, grid):
+        self.dispatch, self.grid = dispatch, grid
+
+    def set(self, ctx, shape, on):
+        ctx.set_grid(self.dispatch, self.grid(shape) if on else (0, 0, 0))
+
+
+def _gemv_groups(s, rows=GEMV_GROUP_ROWS):
+    return s.batch * -(-s.m // rows)
+
+
+def _gemv(cpu):
+    def build(b, mm):
+        shader = gemv_shader(mm.transposed, mm.bias is not None, cpu)
+        per, rows = (CPU_WG, CPU_GROUP_ROWS) if cpu else (None, GEMV_GROUP_ROWS)
+        return Grid(b.dispatch(shader, mm.bindings), lambda s: gemv_grid(b.name, s.n, s.transposed, _gemv_groups(s, rows), per))
+
+    return build
+
+
+def _gemv_t4(b, mm):
+    if not mm.transposed:
+        return None
+    shader = gemv_t4_shader(mm.bias is not None)
+    return Grid(b.dispatch(shader, mm.bindings), lambda s: gemv_grid(b.name, s.n, True, _gemv_groups(s), GEMV_T4_ROWS))
+
+
+def _gemm(b, mm):
+    return GemmRoute(b, fp32_load(mm.transposed), [mm.a, mm.bmat], mm.bias, b.out, mm.params, gemm_scratch(b, [b.out]))
+
+
+# The variants of a product, first match wins (kernels/variants.py).
+MATMUL_VARIANTS = (
+    Variant("gemv_vec4", GPU_ONLY, lambda s: s.gemv and s.wide, _gemv_t4),
+    Variant("gemv", GPU_ONLY, lambda s: s.gemv, _gemv(cpu=False)),
+    Variant("gemv_cpu", CPU_ONLY, lambda s: s.gemv, _gemv(cpu=True)),
+    Variant("gemm", ANY, lambda s: not s.empty, _gemm),
+)
+
+
 def add_matmul(b, a, bmat, bias, transposed_b, shape_fn, alpha=1.0, beta=1.0, residual=False):
-    """Record both routes of out = alpha * A @ B + beta * bias and the resize hook.
+    """Record the variants of out = alpha * A @ B + beta * bias and the resize hook.
 
     `a`, `bmat`, `bias` are value ids (`bias` None for none); `shape_fn(a_dims, b_dims)` returns
     (batch, M, N, K, a_batch_stride, b_batch_stride, out_dims) or raises ValueError. With
@@ -207,10 +373,7 @@ def add_matmul(b, a, bmat, bias, transposed_b, shape_fn, alpha=1.0, beta=1.0, re
     output takes its shape."""
     has_bias = bias is not None
     params = b.params(PARAMS_SIZE)
-    bindings = [a, bmat] + ([bias] if has_bias else []) + [b.out, params]
-    gemv = b.dispatch(gemv_shader(transposed_b, has_bias), bindings)
-    gemv4 = b.dispatch(gemv_t4_shader(has_bias), bindings) if transposed_b else None
-    gemm = GemmRoute(b, fp32_load(transposed_b), [a, bmat], bias, b.out, params, gemm_scratch(b, [b.out]))
+    routes = Routes(MATMUL_VARIANTS, b, Matmul(b, a, bmat, bias, params, transposed_b))
 
     def resize(ctx):
         batch, m, n, k, a_bs, b_bs, out_dims = shape_fn(ctx.dims(a), ctx.dims(bmat))
@@ -230,18 +393,11 @@ def add_matmul(b, a, bmat, bias, transposed_b, shape_fn, alpha=1.0, beta=1.0, re
                     raise ValueError(f"does not broadcast to {(m, n)}")
             except ValueError as e:
                 raise ValueError(f"{b.name}: bias of shape {tuple(bias_dims)}: {e}") from None
-        empty = numel_of(out_dims) == 0
-        use_gemv = (m == 1 or (transposed_b and m <= GEMV_MAX_ROWS)) and not empty
-        use_gemm = not use_gemv and not empty
-        splits, kspan = gemm.plan(m, n, k, batch, use_gemm)
+        shape = Product(m, n, k, batch, b_bs, transposed_b)
+        chosen = routes.set(ctx, shape)
+        splits, kspan = gemm_split(m, n, k, batch) if chosen == "gemm" else (1, max(k, 1))
         fields = (m, n, k, batch, a_bs, b_bs, m * n, bias_bs, bias_sm, bias_sn, alpha, beta, splits, kspan)
         ctx.set_params(params, struct.pack(PARAMS_FORMAT, *fields))
-        groups = batch * -(-m // GEMV_GROUP_ROWS)
-        vec4 = gemv4 is not None and k % 4 == 0 and b_bs % 4 == 0 and n >= GEMV_T4_MIN_N
-        ctx.set_grid(gemv, gemv_grid(b.name, n, transposed_b, groups) if use_gemv and not vec4 else (0, 0, 0))
-        if gemv4 is not None:
-            ctx.set_grid(gemv4, gemv_grid(b.name, n, True, groups, GEMV_T4_ROWS) if use_gemv and vec4 else (0, 0, 0))
-        gemm.set_grids(ctx, m, n, batch, splits, use_gemm)
         ctx.set_dims(b.out, out_dims)
 
     b.hook(resize)

@@ -21,8 +21,9 @@ import struct
 from resize.shapes import fold_grid, numel_of
 
 from .gemm import PARAMS_SIZE, GemmRoute, fp32_load, gemm_scratch, params_bytes
-from .linear import GEMV_MAX_ROWS, GEMV_REDUCE, GEMV_ROWS, _check_f32, gemv_t_body, linear_shapes
+from .linear import CPU_GROUP_ROWS, CPU_WG, GEMV_MAX_ROWS, GEMV_REDUCE, GEMV_ROWS, _check_f32, gemv_t_body, gemv_t_cpu_body, linear_shapes
 from .registry import op
+from .variants import CPU
 from .wgsl import FLAT_INDEX, WG, flat_grid
 
 SILU = "v0 / (1.0 + exp(-v0)) * v1"  # the same expression as pte_wgpu.silu_mul's
@@ -32,47 +33,60 @@ SILU = "v0 / (1.0 + exp(-v0)) * v1"  # the same expression as pte_wgpu.silu_mul'
 GROUP_ROWS = 4
 
 
-def _group_shader(count, norm):
+def _group_shader(count, norm, cpu):
     """GEMV over `count` products: params q = (M, K, eps, then N_j and first workgroup S_j per
     product); with `norm`, binding 0 holds the rows before the RMS norm."""
     fields = ["M: u32", "K: u32", "eps: f32"] + [f"N{j}: u32" for j in range(count)] + [f"S{j}: u32" for j in range(count)]
     fields += [f"pad{i}: u32" for i in range(-len(fields) % 4)]
     weights = [f"w{j}" for j in range(count)]
     outs = [f"o{j}" for j in range(count)]
+    body_of, first = (gemv_t_cpu_body, "n") if cpu else (gemv_t_body, "n0")
     branches = []
     for j in range(count):
-        body = gemv_t_body([f"w{j}"], f"q.N{j}", "q.K", lambda r, j=j: f"o{j}[(r0 + {r}u) * q.N{j} + n] = v0;", scale=_scale(norm), group_rows=GROUP_ROWS)
+        body = body_of([f"w{j}"], f"q.N{j}", "q.K", lambda r, j=j: f"o{j}[(r0 + {r}u) * q.N{j} + n] = v0;", scale=_scale(norm), group_rows=_rows(cpu))
         cond = f"if (wg < q.S{j + 1}) " if j + 1 < count else ""
-        branches.append(f"{cond}{{\n    let n0 = (wg - q.S{j}) * 4u;\n    {body}\n    }}")
-    return _gemv_shader(fields, weights, outs, norm, " else ".join(branches))
+        branches.append(f"{cond}{{\n    let {first} = {_first_output(f'wg - q.S{j}', cpu)};\n    {body}\n    }}")
+    return _gemv_shader(fields, weights, outs, norm, " else ".join(branches), cpu)
 
 
-def _swiglu_shader(norm):
-    body = "let n0 = wg * 4u;\n    " + gemv_t_body(
-        ["wg_", "wu_"], "q.N", "q.K", lambda r: f"out[(r0 + {r}u) * q.N + n] = {SILU};", scale=_scale(norm), group_rows=GROUP_ROWS
+def _swiglu_shader(norm, cpu):
+    body_of, first = (gemv_t_cpu_body, "n") if cpu else (gemv_t_body, "n0")
+    body = f"let {first} = {_first_output('wg', cpu)};\n    " + body_of(
+        ["wg_", "wu_"], "q.N", "q.K", lambda r: f"out[(r0 + {r}u) * q.N + n] = {SILU};", scale=_scale(norm), group_rows=_rows(cpu)
     )
-    return _gemv_shader(["M: u32", "K: u32", "eps: f32", "N: u32"], ["wg_", "wu_"], ["out"], norm, body)
+    return _gemv_shader(["M: u32", "K: u32", "eps: f32", "N: u32"], ["wg_", "wu_"], ["out"], norm, body, cpu)
+
+
+def _rows(cpu):
+    """Input rows per workgroup of the GPU GEMV, per invocation of the CPU one."""
+    return CPU_GROUP_ROWS if cpu else GROUP_ROWS
+
+
+def _first_output(group, cpu):
+    """The GPU GEMV's first output of 4-output workgroup `group`; the CPU one's invocation's own."""
+    return f"({group}) * {CPU_WG}u + li" if cpu else f"({group}) * 4u"
 
 
 def _scale(norm):
-    return (lambda r: f" * rstd{r} * gamma[k]") if norm else None
+    return (lambda r, i: f" * rstd{r} * gamma[{i}]") if norm else None
 
 
-def _gemv_shader(fields, weights, outs, norm, body):
+def _gemv_shader(fields, weights, outs, norm, body, cpu):
     lines = ["struct Q { " + ", ".join(fields) + " }", "@group(0) @binding(0) var<storage, read> a: array<f32>;"]
     names = weights + (["gamma"] if norm else [])
     lines += [f"@group(0) @binding({1 + i}) var<storage, read> {w}: array<f32>;" for i, w in enumerate(names)]
     lines += [f"@group(0) @binding({1 + len(names) + i}) var<storage, read_write> {o}: array<f32>;" for i, o in enumerate(outs)]
     lines.append(f"@group(0) @binding({1 + len(names) + len(outs)}) var<uniform> q: Q;")
-    return "\n".join(lines) + GEMV_REDUCE + f"""
-@compute @workgroup_size(256)
+    shared, size, rms = (_RMS_CPU_SHARED, CPU_WG, _rms_cpu(_rows(cpu))) if cpu else (GEMV_REDUCE, 256, _RMS)
+    return "\n".join(lines) + shared + f"""
+@compute @workgroup_size({size})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {{
-    let r0 = wid.z * {GROUP_ROWS}u;
-    let rows = min({GROUP_ROWS}u, q.M - r0);
+    let r0 = wid.z * {_rows(cpu)}u;
+    let rows = min({_rows(cpu)}u, q.M - r0);
     let wg = wid.x + wid.y * nwg.x;
     let aoff = r0 * q.K;
-    {_RMS if norm else ""}
+    {rms if norm else ""}
     {body}
 }}
 """
@@ -94,6 +108,28 @@ _RMS = "\n    ".join(
     + ["workgroupBarrier();"]
     + [f"let rstd{r} = inverseSqrt(ss{r // 4}[{r % 4}] / f32(q.K) + q.eps);" for r in range(GROUP_ROWS)]
 )
+
+# The CPU variant's rstd0..: the same sums in the same order, with CPU_WG = 64 invocations and one
+# barrier. Invocation li adds partials li and li + 64 (the tree's first step); then each invocation
+# runs the rest of the tree (32, 16, ..) over the 64 sums itself.
+_RMS_CPU_SHARED = "\nvar<workgroup> sq: array<vec4<f32>, 64>;\n"
+
+
+def _rms_cpu(rows):
+    """The CPU variant's rstd0.. of up to 4 rows (one vec4)."""
+    return "\n    ".join(
+        ["var lo = vec4<f32>(0.0);", "var hi = vec4<f32>(0.0);"]
+        + [f"for (var k = li + {h}u; k < q.K; k = k + 128u) {{" + "".join(
+            f" if ({r}u < rows) {{ let c = a[aoff + {r}u * q.K + k]; {v}[{r}] = {v}[{r}] + c * c; }}" for r in range(rows)
+        ) + " }" for h, v in ((0, "lo"), (64, "hi"))]
+        + ["sq[li] = lo + hi;", "workgroupBarrier();", "var t: array<vec4<f32>, 32>;"]
+        + ["for (var j = 0u; j < 32u; j = j + 1u) { t[j] = sq[j] + sq[j + 32u]; }"]
+        + ["for (var s = 16u; s > 0u; s = s >> 1u) { for (var j = 0u; j < s; j = j + 1u) { t[j] = t[j] + t[j + s]; } }"]
+        + [f"let rstd{r} = inverseSqrt(t[0][{r}] / f32(q.K) + q.eps);" for r in range(rows)]
+    )
+
+
+assert CPU_GROUP_ROWS <= 4 and CPU_WG == 64  # one vec4 of rows; invocations li and li + 64 span the 128 partials
 
 SWIGLU_ELEMENTWISE = f"""
 struct E {{ n: u32, pad0: u32, pad1: u32, pad2: u32 }}
@@ -135,9 +171,9 @@ class _Products:
         return gemv, m, k, ns
 
 
-def _gemv_grid(workgroups, m):
+def _gemv_grid(workgroups, m, cpu):
     x, y, _ = fold_grid(workgroups)
-    return (x, y, -(-m // GROUP_ROWS))
+    return (x, y, -(-m // _rows(cpu)))
 
 
 def _norm_args(b, norm):
@@ -156,15 +192,17 @@ def linear_group(b):
     _check_f32(b, range(1 + len(weights)))
     products = _Products(b, b.args[0], weights, outs)
     q = b.params(4 * (3 + 2 * len(weights)))
-    gemv = b.dispatch(_group_shader(len(weights), norm), [*head, *weights, *tail, *outs, q])
+    cpu = b.adapter == CPU  # the GEMV variant (kernels/variants.py); outputs per workgroup
+    per = CPU_WG if cpu else GEMV_ROWS
+    gemv = b.dispatch(_group_shader(len(weights), norm, cpu), [*head, *weights, *tail, *outs, q])
 
     def resize(ctx):
         use_gemv, m, k, ns = products.resize(ctx)
         starts = [0]
         for n in ns:
-            starts.append(starts[-1] + -(-n // GEMV_ROWS))
+            starts.append(starts[-1] + -(-n // per))
         ctx.set_params(q, struct.pack(f"<2If{2 * len(ns)}I", m, k, eps, *ns, *starts[:-1]))
-        ctx.set_grid(gemv, _gemv_grid(starts[-1], m) if use_gemv else (0, 0, 0))
+        ctx.set_grid(gemv, _gemv_grid(starts[-1], m, cpu) if use_gemv else (0, 0, 0))
 
     b.hook(resize)
 
@@ -177,7 +215,9 @@ def linear_silu_mul(b):
     _check_f32(b, range(3))
     products = _Products(b, b.args[0], (w_gate, w_up), (gate, up))
     q, e = b.params(16), b.params(16)
-    gemv = b.dispatch(_swiglu_shader(norm), [*head, w_gate, w_up, *tail, out, q])
+    cpu = b.adapter == CPU  # the GEMV variant (kernels/variants.py); outputs per workgroup
+    per = CPU_WG if cpu else GEMV_ROWS
+    gemv = b.dispatch(_swiglu_shader(norm, cpu), [*head, w_gate, w_up, *tail, out, q])
     gate_up = b.dispatch(SWIGLU_ELEMENTWISE, [gate, up, out, e])
 
     def resize(ctx):
@@ -187,7 +227,7 @@ def linear_silu_mul(b):
         out_dims = ctx.dims(gate)
         ctx.set_params(q, struct.pack("<2IfI", m, k, eps, n))
         ctx.set_params(e, struct.pack("<4I", numel_of(out_dims), 0, 0, 0))
-        ctx.set_grid(gemv, _gemv_grid(-(-n // GEMV_ROWS), m) if use_gemv else (0, 0, 0))
+        ctx.set_grid(gemv, _gemv_grid(-(-n // per), m, cpu) if use_gemv else (0, 0, 0))
         ctx.set_grid(gate_up, flat_grid(numel_of(out_dims)) if not use_gemv and m else (0, 0, 0))
         ctx.set_dims(out, out_dims)
 

@@ -26,7 +26,7 @@ import struct
 
 from resize.shapes import fold_grid, numel_of
 
-from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, gemm_scratch, params_bytes
+from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, bindings, gemm_scratch, params_bytes
 from .linear import GEMV_MAX_ROWS
 from .registry import op
 from .wgsl import FLAT_INDEX, PACKED, WG, flat_grid, is_float
@@ -131,15 +131,7 @@ fn xq(v: f32, inv: f32, zp: f32, s: f32) -> f32 {
 
 
 def _gemv_header(dq8, zp_packed, has_bias):
-    operands = _operands(dq8, zp_packed)
-    lines = [LIN_STRUCT + ";"]
-    lines += [f"@group(0) @binding({i}) var<storage, read> {name}: array<{t}>;" for i, (name, t) in enumerate(operands)]
-    n = len(operands)
-    if has_bias:
-        lines.append(f"@group(0) @binding({n}) var<storage, read> bias: array<f32>;")
-        n += 1
-    lines.append(f"@group(0) @binding({n}) var<storage, read_write> out: array<f32>;")
-    lines.append(f"@group(0) @binding({n + 1}) var<uniform> q: Q;")
+    lines = [LIN_STRUCT + ";", *bindings(_operands(dq8, zp_packed), has_bias, uniform="q: Q")]
     if has_bias:
         lines.append("fn epilogue(acc: f32, n: u32) -> f32 { return acc + bias[n]; }")
     else:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from resize.engine import Node
 from resize.values import Scalar, SymInt, Tensor, ValueList
 
+from .variants import GPU
+
 OPS = {}
 
 
@@ -48,8 +50,9 @@ class Dispatch:
 
 
 class OpBuilder:
-    def __init__(self, graph, name, args):
+    def __init__(self, graph, name, args, adapter=GPU):
         self.graph, self.name, self.args = graph, name, args
+        self.adapter = adapter  # the adapter class whose kernel variants to build (kernels/variants.py)
         self._hook = None
         self._extra_writes = []
 
@@ -104,10 +107,11 @@ class OpBuilder:
         self._hook = fn
 
 
-def build_node(graph, name, args):
-    """Build one op into `graph` and return its resize-plan `Node`."""
+def build_node(graph, name, args, adapter=GPU):
+    """Build one op into `graph`, with the kernel variants of adapter class `adapter`, and return
+    its resize-plan `Node`."""
     fn = OPS[name]
-    b = OpBuilder(graph, name, args)
+    b = OpBuilder(graph, name, args, adapter)
     fn(b)
     if b._hook is None:
         raise RuntimeError(f"{name} registered no resize hook")

@@ -11,6 +11,14 @@ def anyio_backend(request):
     return request.param
 
 
+@pytest.fixture(params=["gpu", "cpu"])
+def kernel_variants(request, monkeypatch):
+    """Runs a test with the GPU kernel variants and with the CPU adapters' (kernels/variants.py),
+    whatever the adapter: CI on lavapipe covers both."""
+    monkeypatch.setenv("PTE_WGPU_KERNELS", request.param)
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def adapter(wgpu_adapter):
     """The WebGPU adapter's summary (the plugin skips without one, or fails under

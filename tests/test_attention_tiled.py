@@ -175,10 +175,12 @@ PLANS = [[97, 1, 37, 41], [37, 61, 1, 53, 2], [61, 1, 1, 89], [127, 3, 59]]  # r
 
 
 @pytest.mark.anyio
-async def test_export_plain_steps(load_pte):
+async def test_export_plain_steps(load_pte, kernel_variants):
+    """Decode steps (up to SPLIT_MAX_ROWS rows) take each adapter class's split-K variant."""
     pte, module = _export()
     rng = np.random.default_rng(3)
     model = await load_pte(pte, batch_submits=False)
+    assert model.kernels == kernel_variants
     for i in rng.permutation(len(PLANS)):
         counts = PLANS[i]
         history = rng.integers(0, VOCAB, sum(counts))
@@ -187,7 +189,7 @@ async def test_export_plain_steps(load_pte):
 
 
 @pytest.mark.anyio
-async def test_export_ragged_sessions(load_pte):
+async def test_export_ragged_sessions(load_pte, kernel_variants):
     """Concurrent sessions: their steps share ragged passes of up to S_MAX rows, whose tiles span
     sessions (a prompt's chunks beside other prompts and decode rows)."""
     pte, module = _export()

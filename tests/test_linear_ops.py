@@ -13,7 +13,7 @@ from kernels import linear as L
 
 from .exporting import export_pte
 
-pytestmark = pytest.mark.usefixtures("adapter")
+pytestmark = pytest.mark.usefixtures("adapter", "kernel_variants")
 
 ATOL = RTOL = 1e-4
 
@@ -153,16 +153,20 @@ def test_grids_stay_within_limits():
         G.gemm_grid("aten.bmm.default", 7, 29, 70_000)
 
 
-async def test_vec4_gemv_runs_for_few_rows_of_a_wide_weight(load_pte):
-    """linear_bias_dyn_k4 (N >= GEMV_T4_MIN_N, K % 4 == 0) takes the vec4 GEMV up to 32 rows,
-    and the GEMM past that (its values are checked in test_dynamic_rows_switch_routes)."""
+async def test_gemv_variant_runs_for_few_rows_of_a_wide_weight(load_pte, kernel_variants):
+    """linear_bias_dyn_k4 (N >= GEMV_T4_MIN_N, K % 4 == 0) takes the vec4 GEMV on GPUs, the
+    one-invocation-per-output GEMV on CPU adapters, up to 32 rows, and the GEMM past that (its
+    values are checked in test_dynamic_rows_switch_routes)."""
     data, _ = _export("linear_bias_dyn_k4")
     model = await load_pte(data)
-    (vec4,) = [i for i, d in enumerate(model.graph.dispatches) if d.shader and "row_of_a" in d.shader]
+    assert model.kernels == kernel_variants
+    shader = L.gemv_t4_shader(True) if kernel_variants == "gpu" else L.gemv_shader(True, True, cpu=True)
+    (gemv,) = [i for i, d in enumerate(model.graph.dispatches) if d.shader == shader]
+    assert any("row_of_a" in (d.shader or "") for d in model.graph.dispatches) == (kernel_variants == "gpu")
     rng = np.random.default_rng(3)
     for m, on in ((1, True), (29, True), (41, False)):
         await model.execute(*_inputs("linear_bias_dyn_k4", m, rng))
-        assert all(model._default.state.grids[vec4]) == on, m
+        assert all(model._default.state.grids[gemv]) == on, m
 
 
 def test_gemm_splits_k_only_for_few_tiles():
