@@ -110,15 +110,26 @@ ONLINE_SOFTMAX = f"""        red[t] = score;
         l = l * corr + total;
         let n = min({CHUNK}u, k_end - base);"""
 
-ATTENTION = """
+
+
+def _bindings(cache_type):
+    """The attention kernels' uniform and bindings, the caches read as `cache_type` (f32 or vec4)."""
+    return """
 struct P {{ s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }}
 @group(0) @binding(0) var<storage, read> q: array<f32>;
-@group(0) @binding(1) var<storage, read> kc: array<f32>;
-@group(0) @binding(2) var<storage, read> vc: array<f32>;
+@group(0) @binding(1) var<storage, read> kc: array<CACHE>;
+@group(0) @binding(2) var<storage, read> vc: array<CACHE>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 @group(0) @binding(4) var<uniform> p: P;
 {tables}
-var<workgroup> qs: array<f32, {MAX_HEAD_DIM}>;
+""".replace("CACHE", cache_type)
+
+
+F32_BINDINGS = _bindings("f32")
+# The bindings of the kernels that read the caches as vec4s (split-K's SPLIT_VEC4 and TILED).
+VEC4_BINDINGS = _bindings("vec4<f32>")
+
+ATTENTION = F32_BINDINGS + """var<workgroup> qs: array<f32, {MAX_HEAD_DIM}>;
 var<workgroup> probs: array<f32, {CHUNK}>;
 var<workgroup> red: array<f32, {CHUNK}>;
 
@@ -183,16 +194,6 @@ SPLIT_FINISH = """    let part = ((s * p.hq + h) * p.splits + wid.z) * (p.d + 2u
     }}
     if (t == 0u) {{ out[part + p.d] = m; out[part + p.d + 1u] = l; }}"""
 
-# The bindings of the kernels that read the caches as vec4s (split-K's SPLIT_VEC4 and TILED).
-VEC4_BINDINGS = """
-struct P {{ s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }}
-@group(0) @binding(0) var<storage, read> q: array<f32>;
-@group(0) @binding(1) var<storage, read> kc: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> vc: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> out: array<f32>;
-@group(0) @binding(4) var<uniform> p: P;
-{tables}
-"""
 
 # The split-K kernel for head dims of 4 * G with G dividing CHUNK (64 for SmolLM2 and Llama): a
 # decode row's attention is latency-bound, and the kernel above walks 64-long serial loops (a dot
@@ -266,15 +267,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 # (so SIMD lanes run different key ranges side by side), each key folded into its own online
 # softmax state (max m, sum l, accumulator acc[0..d)) in registers. Same partial-state layout as
 # SPLIT_FINISH, merged by COMBINE.
-SPLIT_CPU = """
-struct P {{ s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }}
-@group(0) @binding(0) var<storage, read> q: array<f32>;
-@group(0) @binding(1) var<storage, read> kc: array<f32>;
-@group(0) @binding(2) var<storage, read> vc: array<f32>;
-@group(0) @binding(3) var<storage, read_write> out: array<f32>;
-@group(0) @binding(4) var<uniform> p: P;
-{tables}
-@compute @workgroup_size({MAX_SPLITS})
+SPLIT_CPU = F32_BINDINGS + """@compute @workgroup_size({MAX_SPLITS})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{
     let h = wid.x;
     let s = wid.y;

@@ -95,16 +95,20 @@ def gemv_t_body(weights, n, k, store, base="0u", scale=None, group_rows=GEMV_GRO
     return "\n    ".join(lines)
 
 
-# The [N, K] GEMVs' entry: workgroup z is (batch b, group of rows from r0, `rows` of them live).
-GEMV_ROWS_MAIN = f"""
-@compute @workgroup_size(256)
+def rows_main(size, group_rows):
+    """The [N, K] GEMVs' entry: workgroup z is (batch b, group of rows from r0, `rows` of them live)."""
+    return f"""
+@compute @workgroup_size({size})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {{
-    let groups = (p.M + {GEMV_GROUP_ROWS}u - 1u) / {GEMV_GROUP_ROWS}u;  // z runs over (batch, group of rows)
+    let groups = (p.M + {group_rows}u - 1u) / {group_rows}u;  // z runs over (batch, group of rows)
     let b = wid.z / groups;
-    let r0 = (wid.z % groups) * {GEMV_GROUP_ROWS}u;
-    let rows = min({GEMV_GROUP_ROWS}u, p.M - r0);
+    let r0 = (wid.z % groups) * {group_rows}u;
+    let rows = min({group_rows}u, p.M - r0);
 """
+
+
+GEMV_ROWS_MAIN = rows_main(256, GEMV_GROUP_ROWS)
 
 GEMV_T = GEMV_REDUCE + GEMV_ROWS_MAIN + f"""    let n0 = (wid.x + wid.y * nwg.x) * 4u;
     let aoff = b * p.a_bs + r0 * p.K;
@@ -223,15 +227,7 @@ def gemv_t_cpu_body(weights, n, k, store, base="0u", scale=None, group_rows=CPU_
     return "\n    ".join(lines)
 
 
-GEMV_T_CPU = f"""
-@compute @workgroup_size({CPU_WG})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {{
-    let groups = (p.M + {CPU_GROUP_ROWS}u - 1u) / {CPU_GROUP_ROWS}u;  // z runs over (batch, group of rows)
-    let b = wid.z / groups;
-    let r0 = (wid.z % groups) * {CPU_GROUP_ROWS}u;
-    let rows = min({CPU_GROUP_ROWS}u, p.M - r0);
-    let n = (wid.x + wid.y * nwg.x) * {CPU_WG}u + li;
+GEMV_T_CPU = rows_main(CPU_WG, CPU_GROUP_ROWS) + f"""    let n = (wid.x + wid.y * nwg.x) * {CPU_WG}u + li;
     let aoff = b * p.a_bs + r0 * p.K;
     {gemv_t_cpu_body(["bm"], "p.N", "p.K", lambda r: f"out[b * p.c_bs + (r0 + {r}u) * p.N + n] = epilogue(v0, b, r0 + {r}u, n);", "b * p.b_bs")}
 }}
