@@ -35,7 +35,8 @@ def median_rate(samples):
 
 async def bench_wgpu(path, args):
     out = {}
-    async with await ar.load(path) as model, await ar.load(path, batch_submits=False) as unbatched:
+    most = max(32, *args.sessions)  # every session in one ragged pass
+    async with await ar.load(path, max_batch=most) as model, await ar.load(path, batch_submits=False) as unbatched:
         out["device"] = model.device_info.name
         max_step = model.inputs[0].max_shape[1]
         context = ar.context_length(model)

@@ -24,12 +24,12 @@ ROWS = ("decode_1", "prefill_512", "prefill_2048", "decode_16", "decode_32", "de
 
 def run_kit(peers_dir, kit, out_dir, env=None, timeout=590):
     """Run `peers_dir/kit/run.sh` with OUT=out_dir/kit; returns (seconds, return code)."""
-    out = os.path.join(out_dir, kit)
+    peers_dir, out = os.path.abspath(peers_dir), os.path.abspath(os.path.join(out_dir, kit))
     os.makedirs(out, exist_ok=True)
     t = time.perf_counter()
     with open(os.path.join(out, "bench_peers.log"), "w") as log:
         rc = subprocess.run(["bash", os.path.join(peers_dir, kit, "run.sh")], env=dict(os.environ, OUT=out, **(env or {})),
-                            cwd=os.path.dirname(os.path.abspath(peers_dir)), stdout=log, stderr=subprocess.STDOUT,
+                            cwd=os.path.dirname(peers_dir), stdout=log, stderr=subprocess.STDOUT,
                             timeout=timeout).returncode
     return time.perf_counter() - t, rc
 
