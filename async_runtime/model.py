@@ -1,6 +1,7 @@
 """`load` and `Model`: the shared, read-only part of a loaded program (weights, pipelines, plan)."""
 
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import anyio
@@ -90,6 +91,7 @@ class Model:
         self.memory_budget = memory_budget
         self._reserved = 0  # bytes of the model and its open sessions
         self._counters = Counters()
+        self._resized = OrderedDict()  # input shapes -> the LiveState the hooks computed for them
         self._sessions = set()
         self._next_session_id = 0
         self._event_sinks = [on_resize] if on_resize is not None else []

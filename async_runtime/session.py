@@ -22,6 +22,7 @@ from .scheduler import Step
 from .stats import Counters
 from .storage import STORAGE_USAGE, align, storage_dtype
 
+RESIZED_KEPT = 64  # live states kept per model, by input shapes (the least recently used goes)
 UNIFORM_ALIGN = 256  # minUniformBufferOffsetAlignment
 COPY_ALIGN = 256  # spacing of outputs in the readback staging buffer
 
@@ -224,10 +225,21 @@ class Session(SessionBase):
         return ctx, events
 
     async def _propagate(self, host):
-        """The resize sweep for new host inputs: only when a shape changed or hooks read host data."""
+        """The resize sweep for new host inputs: only when a shape changed or hooks read host data.
+        Without data-dependent hooks the live state is a function of the input shapes alone, so a
+        shape set seen before (by any session of the model) is restored without running a hook:
+        a server's prompts and a ragged batch's padded pass shapes come back again and again."""
         model = self._model
         ctx = ResizeContext(model.plan, self.state, host)
         if model._data_dependent or any(arr.shape != self.state.dims[vid] for vid, arr in host.items()):
+            key = None if model._data_dependent else tuple(arr.shape for arr in host.values())
+            known = model._resized.get(key)
+            if known is not None:
+                model._resized.move_to_end(key)
+                ctx.restore(known)
+                for counters in (self._counters, model._counters):
+                    counters.resize_reuses += 1
+                return ctx
             for vid, arr in host.items():
                 ctx.set_dims(vid, arr.shape)
             try:
@@ -236,6 +248,10 @@ class Session(SessionBase):
                 raise ResizeError(str(e)) from None
             except (ValueError, IndexError) as e:
                 raise InputError(f"these inputs do not fit the model: {e}") from None
+            if key is not None:
+                model._resized[key] = self.state.copy()
+                if len(model._resized) > RESIZED_KEPT:
+                    model._resized.popitem(last=False)
         return ctx
 
     def _stage(self, host, ctx):

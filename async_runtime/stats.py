@@ -8,6 +8,7 @@ class Statistics:
     executes: int = 0
     resize_events: int = 0
     hook_calls: int = 0
+    resize_reuses: int = 0  # shape changes served from a state computed before for the same input shapes
     buffer_allocations: int = 0
     bytes_up: int = 0
     bytes_down: int = 0

@@ -148,6 +148,16 @@ class ResizeContext:
         self.state.grids[did] = grid
         self.changed_grids.add(did)
 
+    def restore(self, known):
+        """Take the state `known` that the hooks computed before for the same input dims (a
+        LiveState copy): what differs from the current one is reported as changed, no hook runs."""
+        s = self.state
+        self.changed_params.update(i for i, (a, b) in enumerate(zip(s.params, known.params)) if a is not b and a != b)
+        self.changed_grids.update(i for i, (a, b) in enumerate(zip(s.grids, known.grids)) if a != b)
+        self.changed_values.update(i for i, (a, b) in enumerate(zip(s.dims, known.dims)) if a != b)
+        s.dims[:], s.params[:], s.grids[:] = known.dims, known.params, known.grids
+        s.symints = dict(known.symints)
+
     def rollback(self):
         s = self.state
         for kind, key, old in reversed(self.journal):

@@ -46,6 +46,24 @@ async def test_dynamic_elementwise_at_live_shapes_in_random_order(load_pte):
     assert stats.resize_events > 0 and stats.hook_calls > 0
 
 
+async def test_shapes_seen_before_are_restored_as_the_hooks_compute_them(load_pte):
+    pte, module = elementwise_dynamic()
+    calls = dynamic_shape_calls(EW_SAMPLE, EW_DYNAMIC, n=5, seed=13)
+    model, fresh = await load_pte(pte), await load_pte(pte)
+    stats = await assert_matches_eager(model, module, calls, atol=1e-5)  # each call 2-3 times, shuffled
+    assert stats.resize_reuses > 0 and stats.hook_calls > 0
+    for x, y in calls[::-1] + calls:  # the states a fresh sweep computes, every time, for the same calls
+        fresh._resized.clear()
+        out_fresh = await fresh.execute(x, y)
+        hooks = model.statistics().hook_calls
+        out = await model.execute(x, y)
+        assert model.statistics().hook_calls == hooks, "a shape seen before runs no hook"
+        np.testing.assert_array_equal(out[0], out_fresh[0])
+        a, b = model._default.state, fresh._default.state
+        assert (a.dims, a.params, a.grids, a.symints) == (b.dims, b.params, b.grids, b.symints)
+    assert fresh.statistics().resize_reuses == 0
+
+
 async def test_same_shape_again_runs_no_hooks(load_pte):
     pte, _ = elementwise_dynamic()
     model = await load_pte(pte)
