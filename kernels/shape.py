@@ -129,6 +129,12 @@ def clone(b):
     flat_copy(b, b.args[0], _same)
 
 
+@op("aten.copy.default")
+def copy(b):
+    """`self.copy_(src)` as the partitioner takes it: src has self's dtype and shape."""
+    flat_copy(b, b.args[1], _same)
+
+
 @op("aten.view_copy.default", "aten::view_copy.out")
 def view_copy(b):
     size_arg = b.args[1]
@@ -237,7 +243,7 @@ def to_copy(b):
     b.hook(resize)
 
 
-@op("aten.permute_copy.default", "aten::permute_copy.out")
+@op("aten.permute_copy.default", "aten.permute.default", "aten::permute_copy.out")
 def permute_copy(b):
     src = b.args[0]
     set_copy = strided_copy(b, src, b.out)
@@ -251,6 +257,23 @@ def permute_copy(b):
         strides = contiguous_strides(dims)
         shape = tuple(dims[p] for p in perm)
         set_copy(ctx, shape, [strides[p] for p in perm])
+        ctx.set_dims(b.out, shape)
+
+    b.hook(resize)
+
+
+@op("aten.t_copy.default", "aten::t_copy.out")
+def t_copy(b):
+    """The transpose of a matrix; a vector or a scalar is copied as it is."""
+    src = b.args[0]
+    set_copy = strided_copy(b, src, b.out)
+
+    def resize(ctx):
+        dims = ctx.dims(src)
+        if len(dims) > 2:
+            _fail(b, f"expects a tensor of at most 2 dims, got {dims}")
+        shape, strides = dims[::-1], contiguous_strides(dims)[::-1]
+        set_copy(ctx, shape, strides)
         ctx.set_dims(b.out, shape)
 
     b.hook(resize)
