@@ -49,11 +49,12 @@ def check_inputs(model, inputs):
                 f"input {i}: rank {arr.ndim} (shape {list(arr.shape)}) given, expected rank {len(limit)} with shape up to {limit}"
             )
         for d, (n, m) in enumerate(zip(arr.shape, limit)):
-            if not 1 <= n <= m:
-                raise InputError(f"input {i}: dim {d} is {n}, expected 1..{m} (shape {list(arr.shape)}, max {limit})")
-        if want in "iu" and arr.size and (arr.min() < -(2**31) or arr.max() >= 2**31):
-            raise InputError(f"input {i}: values outside the int32 range the device stores")
-        arrays.append(np.ascontiguousarray(arr, dtype=storage_dtype(spec.dtype)))
+            if not (1 <= n <= m or n == m == 0):  # a dim exported as 0 (an empty input) stays 0
+                raise InputError(f"input {i}: dim {d} is {n}, expected {f'1..{m}' if m else 0} (shape {list(arr.shape)}, max {limit})")
+        stored = np.dtype(HOST_DTYPES[spec.dtype] if spec.dtype in PACKED else storage_dtype(spec.dtype))
+        if want in "iu" and arr.size and (arr.min() < np.iinfo(stored).min or arr.max() > np.iinfo(stored).max):
+            raise InputError(f"input {i}: values outside the {stored} range the device stores")
+        arrays.append(np.ascontiguousarray(arr, dtype=stored))
     return arrays
 
 
@@ -246,6 +247,8 @@ class Session(SessionBase):
             self._commands = self._command_list()
         up = 0
         for vid, arr in host.items():
+            if arr.nbytes % 4:  # 8-bit elements, packed: whole words only
+                arr = np.concatenate([arr.view(np.uint8).ravel(), np.zeros(-arr.nbytes % 4, np.uint8)])
             if arr.nbytes:
                 queue.write_buffer(self._own[vid], 0, arr)
                 up += arr.nbytes
