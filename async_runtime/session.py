@@ -20,7 +20,7 @@ from .encoding import encode_dispatches, prepare
 from .errors import BrokenResourceError, BusyResourceError, ClosedResourceError, InputError, ResizeError
 from .scheduler import Step
 from .stats import Counters
-from .storage import STORAGE_USAGE, align, storage_dtype
+from .storage import STORAGE_USAGE, align, input_words, storage_dtype
 
 UNIFORM_ALIGN = 256  # minUniformBufferOffsetAlignment
 COPY_ALIGN = 256  # spacing of outputs in the readback staging buffer
@@ -247,9 +247,8 @@ class Session(SessionBase):
             self._commands = self._command_list()
         up = 0
         for vid, arr in host.items():
-            if arr.nbytes % 4:  # 8-bit elements, packed: whole words only
-                arr = np.concatenate([arr.view(np.uint8).ravel(), np.zeros(-arr.nbytes % 4, np.uint8)])
             if arr.nbytes:
+                arr = input_words(arr)
                 queue.write_buffer(self._own[vid], 0, arr)
                 up += arr.nbytes
         for counters in (self._counters, self._model._counters):
