@@ -117,8 +117,17 @@ class LinearReluAdd(torch.nn.Module):
         return self.l2(h) + h
 
 
-def export_quantized(name, quantizer, sample, dynamic_shapes=None):
-    """(pte bytes, the converted eager program) of LinearReluAdd quantized by `quantizer()` with
+class LinearAddRelu(LinearReluAdd):
+    """Add then relu: XNNPACK's quantizer gives the sum an output range from 0, so the relu is
+    the requantizing clamp of q8ta_add and leaves the graph."""
+
+    def forward(self, x):
+        h = torch.relu(self.l1(x))
+        return torch.relu(self.l2(h) + h)
+
+
+def export_quantized(name, quantizer, sample, dynamic_shapes=None, make_module=LinearReluAdd):
+    """(pte bytes, the converted eager program) of `make_module()` quantized by `quantizer()` with
     ExecuTorch's PT2E flow (as its Vulkan tests quantize_and_lower_module), once per session."""
     if name in _QUANTIZED:
         return _QUANTIZED[name]
@@ -128,7 +137,7 @@ def export_quantized(name, quantizer, sample, dynamic_shapes=None):
 
     cache_vulkan_pattern_graphs()
     torch.manual_seed(0)
-    module = LinearReluAdd().eval()
+    module = make_module().eval()
     graph = torch.export.export(module, sample, dynamic_shapes=dynamic_shapes, strict=True).module()
     graph = prepare_pt2e(graph, quantizer())
     graph(*sample)
@@ -168,20 +177,46 @@ def _delegate_ops(pte):
     return {name for method in read_program(pte).methods.values() for name, _ in link(method, check=False).calls}
 
 
-async def test_int8_static_quantized_linear_relu_add_matches_the_eager_quantized_program(load_pte):
-    """q8ta_linear (relu fused), q8ta_add, quantize/dequantize_per_tensor. The int8 accumulation is
-    exact; the reference sums dequantized floats, so an output may sit one quantization step away
-    where it lands on a rounding boundary: atol is one output step, and nearly all are exact."""
-    pte, graph = export_quantized("q8_static", _xnnpack_static, Q_SAMPLE)  # q8ta ops have no resize
-    assert {"et_vk.q8ta_linear.default", "et_vk.q8ta_add.default"} <= _delegate_ops(pte)
+@pytest.mark.parametrize(
+    "rows, make_module, linear_op",
+    [(9, LinearReluAdd, "et_vk.q8ta_linear.default"), (1, LinearAddRelu, "et_vk.q8ta_linear_gemv.default")],
+)
+async def test_int8_static_quantized_model_matches_the_eager_quantized_program(load_pte, rows, make_module, linear_op):
+    """q8ta_linear (relu fused) or its one-row form, q8ta_add, quantize/dequantize_per_tensor. The
+    int8 accumulation is exact; the reference sums dequantized floats, so an output may sit one
+    quantization step away where it lands on a rounding boundary: atol is one output step, and
+    nearly all outputs are exact."""
+    sample = (torch.randn(rows, 20),)
+    pte, graph = export_quantized(f"q8_{rows}", _xnnpack_static, sample, make_module=make_module)  # q8ta: no resize
+    assert {linear_op, "et_vk.q8ta_add.default"} <= _delegate_ops(pte)
     step = float(graph.graph.find_nodes(op="call_function", target=QD.dequantize_per_tensor.default)[-1].args[1])
     model = await load_pte(pte)
-    x = torch.randn(9, 20)
+    x = torch.randn(rows, 20)
     await assert_matches_eager(model, graph, [(x,), (x * 4,)], atol=step * 1.001, rtol=0)
-    (got,) = await model.execute(x)
+    (got,) = await model.execute(x * 4)
     with torch.no_grad():
-        want = graph(x).numpy()
-    assert np.mean(np.abs(got - want) < step / 2) > 0.97
+        want = graph(x * 4).numpy()
+    assert np.mean(np.abs(got - want) < step / 2) > 0.95
+
+
+class Q8taElementwise(torch.nn.Module):
+    """q8ta_relu and q8ta_add called directly on int8 inputs; eager runs their reference
+    decompositions (dequantize, op, quantize)."""
+
+    def forward(self, a, b):
+        vk = torch.ops.et_vk
+        return (
+            vk.q8ta_relu.default(a, 0.031, -3, 0.017, -128),
+            vk.q8ta_add.default(a, b, 0.031, -3, 0.02, 7, 0.045, 2, 1.0),
+        )
+
+
+async def test_q8ta_relu_and_add_are_exact(load_pte):
+    import executorch.backends.vulkan.custom_ops_lib  # noqa: F401  (registers the et_vk ops)
+
+    sample = tuple(torch.randint(-128, 128, (3, 5, 7), dtype=torch.int8) for _ in range(2))
+    pte, module = export_pte("more_q8ta", Q8taElementwise, sample)
+    await assert_matches_eager(await load_pte(pte), module, [sample], atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("bits, op", [(8, "aten._weight_int8pack_mm.default"), (4, "et_vk.linear_qcs4w.default")])
