@@ -20,7 +20,7 @@ from .encoding import encode_dispatches, prepare
 from .errors import BrokenResourceError, BusyResourceError, ClosedResourceError, InputError, ResizeError
 from .scheduler import Step
 from .stats import Counters
-from .storage import STORAGE_USAGE, align, storage_dtype
+from .storage import STORAGE_USAGE, align, input_words, storage_dtype
 
 RESIZED_KEPT = 64  # live states kept per model, by input shapes (the least recently used goes)
 UNIFORM_ALIGN = 256  # minUniformBufferOffsetAlignment
@@ -50,11 +50,12 @@ def check_inputs(model, inputs):
                 f"input {i}: rank {arr.ndim} (shape {list(arr.shape)}) given, expected rank {len(limit)} with shape up to {limit}"
             )
         for d, (n, m) in enumerate(zip(arr.shape, limit)):
-            if not 1 <= n <= m:
-                raise InputError(f"input {i}: dim {d} is {n}, expected 1..{m} (shape {list(arr.shape)}, max {limit})")
-        if want in "iu" and arr.size and (arr.min() < -(2**31) or arr.max() >= 2**31):
-            raise InputError(f"input {i}: values outside the int32 range the device stores")
-        arrays.append(np.ascontiguousarray(arr, dtype=storage_dtype(spec.dtype)))
+            if not (1 <= n <= m or n == m == 0):  # a dim exported as 0 (an empty input) stays 0
+                raise InputError(f"input {i}: dim {d} is {n}, expected {f'1..{m}' if m else 0} (shape {list(arr.shape)}, max {limit})")
+        stored = np.dtype(HOST_DTYPES[spec.dtype] if spec.dtype in PACKED else storage_dtype(spec.dtype))
+        if want in "iu" and arr.size and (arr.min() < np.iinfo(stored).min or arr.max() > np.iinfo(stored).max):
+            raise InputError(f"input {i}: values outside the {stored} range the device stores")
+        arrays.append(np.ascontiguousarray(arr, dtype=stored))
     return arrays
 
 
@@ -263,6 +264,7 @@ class Session(SessionBase):
         up = 0
         for vid, arr in host.items():
             if arr.nbytes:
+                arr = input_words(arr)
                 queue.write_buffer(self._own[vid], 0, arr)
                 up += arr.nbytes
         for counters in (self._counters, self._model._counters):

@@ -22,6 +22,14 @@ def storage_dtype(dtype):
     return STORAGE_NP[STORAGE[dtype]]
 
 
+def input_words(arr):
+    """A host input's bytes as written to its buffer: 8-bit elements packed, zero-padded to a
+    whole word (writes are in words)."""
+    if arr.nbytes % 4 == 0:
+        return arr
+    return np.concatenate([arr.view(np.uint8).ravel(), np.zeros(-arr.nbytes % 4, np.uint8)])
+
+
 def to_storage(tensor, raw, what):
     """A constant's bytes from the file as the device stores them; packed bytes are kept as is."""
     n = numel_of(tensor.dims)

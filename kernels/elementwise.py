@@ -49,6 +49,7 @@ UNARY = {
     "aten.sin.default": "sin(a)",
     "aten.cos.default": "cos(a)",
     "aten.log.default": "log(a)",
+    "aten.log10.default": "log2(a) * 0.30102999566398120",
     "aten.reciprocal.default": "1.0 / a",
     "aten.round.default": "round(a)",
     "aten.logical_not.default": "CT(a == CT(0))",
@@ -58,6 +59,7 @@ UNARY = {
     "aten.clamp.default": "clamp(a, alpha, beta)",
     "aten.leaky_relu.default": "select(a * alpha, a, a >= CT(0))",
     "aten.hardswish.default": "a * clamp(a + 3.0, 0.0, 6.0) / 6.0",
+    "aten.hardshrink.default": "select(a, CT(0), abs(a) <= alpha)",
 }
 GELU = {
     "none": "0.5 * a * (1.0 + erf_approx(a * 0.70710678118654752))",
@@ -177,6 +179,8 @@ def _unary(expr):
             alpha, beta = _bound(b, 1, alpha), _bound(b, 2, beta)
         elif b.name == "aten.leaky_relu.default":
             alpha = b.scalar(1, 0.01)
+        elif b.name == "aten.hardshrink.default":
+            alpha = b.scalar(1, 0.5)
         add_elementwise(b, [0], expr, alpha, beta)
 
     return build
@@ -212,6 +216,8 @@ for _base, _expr in BINARY.items():
         names = [f"aten.{_base}.default", f"aten::{_base}.out"]
     if _base in ("logical_and", "logical_or"):
         names = [f"aten.{_base}.default", f"aten::{_base}.out"]
+    if _base in ("eq", "ne", "lt", "le", "gt", "ge"):
+        names.append(f"aten::{_base}.Tensor_out")  # the portable kernels' name for the Tensor form
     op(*names)(_binary(_expr))
 
 

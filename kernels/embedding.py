@@ -4,6 +4,7 @@ import struct
 
 from resize.shapes import numel_of
 
+from .quantized import EMBEDDING_Q4
 from .registry import op
 from .wgsl import FLAT_INDEX, WG, flat_grid
 
@@ -59,6 +60,33 @@ def last_rows(b):
         shape = dims[: axis - 1] + (seqs,) + dims[axis + 1 :]
         ctx.set_params(params, struct.pack("<4I", seqs * row, row, dims[axis], 0))
         ctx.set_grid(d, flat_grid(seqs * row))
+        ctx.set_dims(b.out, shape)
+
+    b.hook(resize)
+
+
+@op("quantized_decomposed.embedding_4bit.dtype")
+def embedding_4bit(b):
+    """[weight uint8 [V, D/2], scales [V] or [V, groups], zero_points (None), quant_min, quant_max,
+    indices, dtype, out [..., D]]: rows of 4-bit weights, the even element in the high nibble,
+    stored as q + 8, times their group's scale (the q4gsw embedding kernel's non-linear layout)."""
+    wt, st = b.tensor(0), b.tensor(1)
+    if not b.is_none(2):
+        raise NotImplementedError(f"{b.name}: zero points")
+    rows, row_bytes = wt.dims
+    if row_bytes % 4:
+        raise NotImplementedError(f"{b.name}: rows of {row_bytes} bytes are not whole u32 words")
+    groups = st.dims[1] if len(st.dims) == 2 else 1
+    dim, gs = row_bytes * 2, row_bytes * 2 // groups
+    indices = b.args[5]
+    params = b.params(32)
+    d = b.dispatch(EMBEDDING_Q4, [b.args[0], b.args[1], indices, b.out, params])
+
+    def resize(ctx):
+        shape = ctx.dims(indices) + (dim,)
+        n = numel_of(shape)
+        ctx.set_params(params, struct.pack("<8I", n, dim, rows, row_bytes // 4, groups, gs, 0, 0))
+        ctx.set_grid(d, flat_grid(n))
         ctx.set_dims(b.out, shape)
 
     b.hook(resize)

@@ -129,6 +129,12 @@ def clone(b):
     flat_copy(b, b.args[0], _same)
 
 
+@op("aten.copy.default")
+def copy(b):
+    """`self.copy_(src)` as the partitioner takes it: src has self's dtype and shape."""
+    flat_copy(b, b.args[1], _same)
+
+
 @op("aten.view_copy.default", "aten::view_copy.out")
 def view_copy(b):
     size_arg = b.args[1]
@@ -237,23 +243,43 @@ def to_copy(b):
     b.hook(resize)
 
 
-@op("aten.permute_copy.default", "aten::permute_copy.out")
-def permute_copy(b):
+def _permuted(b, perm_of):
+    """Record out = src with its dims reordered by `perm_of(ctx, rank)`."""
     src = b.args[0]
     set_copy = strided_copy(b, src, b.out)
 
     def resize(ctx):
         dims = ctx.dims(src)
-        rank = len(dims)
-        perm = [_dim(b, p, rank) for p in ctx.int_list(b.args[1])]
-        if sorted(perm) != list(range(rank)):
-            _fail(b, f"{list(ctx.int_list(b.args[1]))} is not a permutation of rank {rank}")
+        perm = perm_of(ctx, len(dims))
         strides = contiguous_strides(dims)
         shape = tuple(dims[p] for p in perm)
         set_copy(ctx, shape, [strides[p] for p in perm])
         ctx.set_dims(b.out, shape)
 
     b.hook(resize)
+
+
+@op("aten.permute_copy.default", "aten.permute.default", "aten::permute_copy.out")
+def permute_copy(b):
+    def perm_of(ctx, rank):
+        perm = [_dim(b, p, rank) for p in ctx.int_list(b.args[1])]
+        if sorted(perm) != list(range(rank)):
+            _fail(b, f"{list(ctx.int_list(b.args[1]))} is not a permutation of rank {rank}")
+        return perm
+
+    _permuted(b, perm_of)
+
+
+@op("aten.t_copy.default", "aten::t_copy.out")
+def t_copy(b):
+    """The transpose of a matrix; a vector or a scalar is copied as it is."""
+
+    def perm_of(ctx, rank):
+        if rank > 2:
+            _fail(b, f"expects a tensor of at most 2 dims, got rank {rank}")
+        return list(range(rank))[::-1]
+
+    _permuted(b, perm_of)
 
 
 @op("aten.expand_copy.default", "aten::expand_copy.out")

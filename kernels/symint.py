@@ -34,7 +34,10 @@ def _arith(fn):
     return build
 
 
-for _name, _fn in {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "floordiv": operator.floordiv}.items():
+# SymInt arithmetic and comparisons (a comparison's SymBool is a SymInt holding 0 or 1).
+SYMINT_OPS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "floordiv": operator.floordiv,
+              "eq": operator.eq, "lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge}  # fmt: skip
+for _name, _fn in SYMINT_OPS.items():
     op(_name)(_arith(_fn))
 
 

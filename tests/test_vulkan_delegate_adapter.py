@@ -9,7 +9,7 @@ then an async test loads each `.pte` with `ar.load` and compares every output wi
 test's own tolerances (upstream compares with `torch.allclose`, NaNs equal).
 
 One pytest test per upstream method (on asyncio and trio), so the pass count shows: tests/conftest.py
-prints it in pytest's terminal summary. `OUT_OF_SCOPE` names the tests whose ops issue 4 does not cover; they and the
+prints it in pytest's terminal summary. `OUT_OF_SCOPE` names the tests whose ops are not covered yet (the vision family); they and the
 tests upstream disables (`@disable_test`) are skipped with the reason. `RUNTIME_BUGS` are in-scope
 tests that fail on a bug outside kernels/: strict xfails.
 
@@ -60,7 +60,6 @@ OUT_OF_SCOPE = {
     "test_vulkan_backend_group_norm_different_groups": "aten.native_group_norm: group norm is not in issue 4's op list",
     "test_vulkan_backend_grid_priors": "et_vk.grid_priors: an object-detection anchor op",
     "test_vulkan_backend_upsample_nearest2d": "aten.upsample_nearest2d: upsampling is not in issue 4's op list",
-    "test_vulkan_backend_cat_with_zero_size": "zero-size inputs: the runtime refuses live dims of 0 by design (README)",
 }
 # In scope, failing on a runtime bug outside kernels/: strict xfails, so a fix shows up.
 RUNTIME_BUGS = {}

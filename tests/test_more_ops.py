@@ -1,0 +1,252 @@
+"""Issue 19's ops end to end: elementwise, comparison and logic ops, transposes and copies, the
+quantize/dequantize family, and int8 PT2E-quantized models, each exported with the
+VulkanPartitioner and compared with torch eager on the same inputs. Prime and odd sizes; dynamic
+dims run at several live sizes in random order, their minimum and maximum included."""
+
+import numpy as np
+import pytest
+import torch
+
+from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
+from resize.values import Scalar, SymInt
+
+from .exporting import cache_vulkan_pattern_graphs, export_pte
+from .test_shape_ops import _Graph, _resize
+
+pytestmark = pytest.mark.anyio
+S = torch.export.Dim("S", min=1, max=11)
+
+
+class Pointwise(torch.nn.Module):
+    """The elementwise, comparison and logic ops the registry names, and the transposes."""
+
+    def forward(self, x, y, m):
+        pos = x.abs() + 0.5
+        big = x > 0.3
+        return (
+            torch.minimum(x, y),
+            torch.log10(pos),
+            torch.nn.functional.hardshrink(x, 0.4),
+            *(op(x, y).float() for op in (torch.eq, torch.ne, torch.lt, torch.le, torch.gt, torch.ge)),
+            *(op(x, 0.25).float() for op in (torch.eq, torch.ne, torch.lt, torch.le, torch.gt, torch.ge)),
+            torch.eq(torch.round(x), 0.0).float(),  # an Int-valued Scalar meets a float tensor
+            torch.bitwise_and(big, m).float(),
+            torch.bitwise_or(big, m).float(),
+            torch.logical_and(big, m).float(),
+            torch.logical_or(x, m).float(),
+            x[0].t() * 2,
+        )
+
+
+POINTWISE_SAMPLE = (torch.randn(3, 11, 5), torch.randn(3, 11, 5), torch.rand(3, 11, 5) > 0.5)
+POINTWISE_SHAPES = ({1: S}, {1: S}, {1: S})
+
+
+async def test_pointwise_comparison_and_logic_ops_at_live_sizes(load_pte):
+    pte, module = export_pte("more_pointwise", Pointwise, POINTWISE_SAMPLE, POINTWISE_SHAPES)
+    calls = dynamic_shape_calls(POINTWISE_SAMPLE, POINTWISE_SHAPES, n=5, seed=2)
+    calls.append((torch.full((3, 7, 5), 0.25), torch.full((3, 7, 5), 0.25), torch.ones(3, 7, 5, dtype=torch.bool)))
+    await assert_matches_eager(await load_pte(pte), module, calls, atol=1e-6, rtol=1e-6)
+
+
+# -- quantize / dequantize -------------------------------------------------------------------------
+
+QD = torch.ops.quantized_decomposed
+
+
+class QuantizeOps(torch.nn.Module):
+    """quantize per channel (axis 1) and per token of a float input, dequantize per channel (zero
+    points given or None) and per token of an int8 input, choose_qparams per tensor and per token,
+    torchao's quantize_affine / dequantize_affine per row, and embedding_4bit. A dequantize
+    never meets its own quantize here: ExecuTorch's Vulkan preprocess folds such a pair away."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scales", torch.tensor([0.011, 0.02, 0.0137, 0.05, 0.009, 0.031, 0.0071]))
+        self.register_buffer("zps", torch.tensor([3, -7, 0, 12, -128, 127, 1], dtype=torch.int32))
+        self.register_buffer("table", torch.randint(0, 256, (6, 8), dtype=torch.uint8))  # 6 rows of 16 nibbles
+        self.register_buffer("table_scales", torch.rand(6, 2) + 0.1)
+
+    def forward(self, x, q, idx):
+        i8 = torch.int8
+        ts = (x.abs().amax(-1, keepdim=True) / 100 + 0.001).to(torch.float64)
+        tz = torch.round(x[..., :1] * 10).to(torch.int64)
+        row_scale = x.abs().amax(-1, keepdim=True) / 127 + 0.01
+        row_zp = torch.round(x[..., :1]).to(torch.int32)
+        block = (1, 1, x.shape[-1])
+        return (
+            QD.quantize_per_channel.default(x, self.scales, self.zps, 1, -128, 127, i8),
+            QD.dequantize_per_channel.default(q, self.scales, self.zps, 1, -128, 127, i8),
+            QD.dequantize_per_channel.default(q, self.scales, None, 1, -128, 127, i8),
+            QD.quantize_per_token.default(x, ts, tz, -128, 127, i8),
+            QD.dequantize_per_token.default(q, ts, tz, -128, 127, i8, torch.float32),
+            *QD.choose_qparams.tensor(x, -128, 127, 1e-7, i8),
+            *QD.choose_qparams_per_token_asymmetric.default(x, i8),
+            torch.ops.torchao.quantize_affine(x, block, row_scale, row_zp, i8, -128, 127),
+            torch.ops.torchao.dequantize_affine(q, block, row_scale, row_zp, i8, -128, 127),
+            QD.embedding_4bit.dtype(self.table, self.table_scales, None, -8, 7, idx, dtype=torch.float32),
+        )
+
+
+QUANT_SAMPLE = (torch.randn(5, 7, 13) * 3, torch.randint(-128, 128, (5, 7, 13), dtype=torch.int8), torch.tensor([5, 0, 3]))
+K = torch.export.Dim("K", min=1, max=13)
+QUANT_SHAPES = ({2: K}, {2: K}, None)
+
+
+async def test_quantize_dequantize_and_choose_qparams(load_pte):
+    pte, module = export_pte("more_quantize", QuantizeOps, QUANT_SAMPLE, QUANT_SHAPES)
+    calls = dynamic_shape_calls(QUANT_SAMPLE, QUANT_SHAPES, n=4, seed=1)
+    calls = [(x * 40, q, i) for x, q, i in calls]  # past the int8 range: clamping
+    calls[0][0].view(-1)[:4] = torch.tensor([0.5, 1.5, -0.5, 2.5]) * 0.011  # near halfway
+    # Integer outputs exact; per-token's eager math is in double (its scales are), f32 here.
+    await assert_matches_eager(await load_pte(pte), module, calls, atol=1e-6, rtol=1e-6)
+
+
+# -- PT2E-quantized models -------------------------------------------------------------------------
+
+_QUANTIZED = {}
+
+
+class LinearReluAdd(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = torch.nn.Linear(20, 12), torch.nn.Linear(12, 12)
+
+    def forward(self, x):
+        h = torch.relu(self.l1(x))
+        return self.l2(h) + h
+
+
+class LinearAddRelu(LinearReluAdd):
+    """Add then relu: XNNPACK's quantizer gives the sum an output range from 0, so the relu is
+    the requantizing clamp of q8ta_add and leaves the graph."""
+
+    def forward(self, x):
+        h = torch.relu(self.l1(x))
+        return torch.relu(self.l2(h) + h)
+
+
+def export_quantized(name, quantizer, sample, dynamic_shapes=None, make_module=LinearReluAdd):
+    """(pte bytes, the converted eager program) of `make_module()` quantized by `quantizer()` with
+    ExecuTorch's PT2E flow (as its Vulkan tests quantize_and_lower_module), once per session."""
+    if name in _QUANTIZED:
+        return _QUANTIZED[name]
+    from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    cache_vulkan_pattern_graphs()
+    torch.manual_seed(0)
+    module = make_module().eval()
+    graph = torch.export.export(module, sample, dynamic_shapes=dynamic_shapes, strict=True).module()
+    graph = prepare_pt2e(graph, quantizer())
+    graph(*sample)
+    graph = convert_pt2e(graph)
+    ep = torch.export.export(graph, sample, dynamic_shapes=dynamic_shapes)
+    spec = {"require_dynamic_shapes": dynamic_shapes is not None}
+    program = to_edge_transform_and_lower(
+        ep, compile_config=EdgeCompileConfig(_skip_dim_order=False), partitioner=[VulkanPartitioner(spec)]
+    )
+    _QUANTIZED[name] = (bytes(program.to_executorch().buffer), graph)
+    return _QUANTIZED[name]
+
+
+def _xnnpack_static():
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer, get_symmetric_quantization_config
+
+    return XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True, is_dynamic=False))
+
+
+def _vulkan_weight_only(bits):
+    def make():
+        from executorch.backends.vulkan.quantizer.vulkan_quantizer import VulkanQuantizer, get_symmetric_quantization_config
+
+        return VulkanQuantizer().set_global(get_symmetric_quantization_config(is_dynamic=False, weight_bits=bits))
+
+    return make
+
+
+Q_SAMPLE = (torch.randn(9, 20),)
+Q_SHAPES = ({0: torch.export.Dim("M", min=1, max=9)},)
+
+
+def _delegate_ops(pte):
+    from async_runtime.program.graph import link
+    from async_runtime.program.pte import read_program
+
+    return {name for method in read_program(pte).methods.values() for name, _ in link(method, check=False).calls}
+
+
+@pytest.mark.parametrize(
+    "rows, make_module, linear_op",
+    [(9, LinearReluAdd, "et_vk.q8ta_linear.default"), (1, LinearAddRelu, "et_vk.q8ta_linear_gemv.default")],
+)
+async def test_int8_static_quantized_model_matches_the_eager_quantized_program(load_pte, rows, make_module, linear_op):
+    """q8ta_linear (relu fused) or its one-row form, q8ta_add, quantize/dequantize_per_tensor. The
+    int8 accumulation is exact; the reference sums dequantized floats, so an output may sit one
+    quantization step away where it lands on a rounding boundary: atol is one output step, and
+    nearly all outputs are exact."""
+    sample = (torch.randn(rows, 20),)
+    pte, graph = export_quantized(f"q8_{rows}", _xnnpack_static, sample, make_module=make_module)  # q8ta: no resize
+    assert {linear_op, "et_vk.q8ta_add.default"} <= _delegate_ops(pte)
+    step = float(graph.graph.find_nodes(op="call_function", target=QD.dequantize_per_tensor.default)[-1].args[1])
+    model = await load_pte(pte)
+    x = torch.randn(rows, 20)
+    await assert_matches_eager(model, graph, [(x,), (x * 4,)], atol=step * 1.001, rtol=0)
+    (got,) = await model.execute(x * 4)
+    with torch.no_grad():
+        want = graph(x * 4).numpy()
+    assert np.mean(np.abs(got - want) < step / 2) > 0.95
+
+
+class Q8taElementwise(torch.nn.Module):
+    """q8ta_relu and q8ta_add called directly on int8 inputs; eager runs their reference
+    decompositions (dequantize, op, quantize)."""
+
+    def forward(self, a, b):
+        vk = torch.ops.et_vk
+        return (
+            vk.q8ta_relu.default(a, 0.031, -3, 0.017, -128),
+            vk.q8ta_add.default(a, b, 0.031, -3, 0.02, 7, 0.045, 2, 1.0),
+        )
+
+
+async def test_q8ta_relu_and_add_are_exact(load_pte):
+    import executorch.backends.vulkan.custom_ops_lib  # noqa: F401  (registers the et_vk ops)
+
+    sample = tuple(torch.randint(-128, 128, (3, 5, 7), dtype=torch.int8) for _ in range(2))
+    pte, module = export_pte("more_q8ta", Q8taElementwise, sample)
+    await assert_matches_eager(await load_pte(pte), module, [sample], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("bits, op", [(8, "aten._weight_int8pack_mm.default"), (4, "et_vk.linear_qcs4w.default")])
+async def test_weight_only_quantized_linear(load_pte, bits, op):
+    pte, graph = export_quantized(f"w{bits}", _vulkan_weight_only(bits), Q_SAMPLE, Q_SHAPES)
+    assert op in _delegate_ops(pte)
+    calls = dynamic_shape_calls(Q_SAMPLE, Q_SHAPES, n=4, seed=6)
+    await assert_matches_eager(await load_pte(pte), graph, calls, atol=1e-5, rtol=1e-5)
+
+
+# -- hooks alone: no device ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, expected", [("eq", [0, 1, 0]), ("lt", [1, 0, 0]), ("le", [1, 1, 0]), ("gt", [0, 0, 1]), ("ge", [0, 1, 1])])
+def test_symint_comparisons(name, expected):
+    g = _Graph()
+    a, b, out = g.add(SymInt()), g.add(Scalar(5)), g.add(SymInt())
+    got = [_resize(g, name, [a, b, out], {}, {a: value}).symints[out] for value in (4, 5, 6)]
+    assert got == expected
+
+
+def test_inspect_names_an_op_without_a_kernel(monkeypatch):
+    import io
+
+    import kernels
+    from async_runtime.tools.cli import inspect
+
+    pte, _ = export_pte("more_pointwise", Pointwise, POINTWISE_SAMPLE, POINTWISE_SHAPES)
+    monkeypatch.delitem(kernels.OPS, "aten.log10.default")
+    out = io.StringIO()
+    inspect(pte, out)
+    assert "aten.log10.default  UNSUPPORTED" in out.getvalue()
+    assert "unsupported: aten.log10.default" in out.getvalue()
