@@ -203,15 +203,14 @@ class Batcher:
         return finished
 
     async def _run_burst(self, pieces, unless_lost):
-        """Up to BURST_MAX decode passes of these single-token greedy steps in one submit."""
+        """Up to BURST_MAX decode passes of these single-token greedy steps, one readback."""
         model, bursts = self.model, self.bursts
         passes = min(BURST_MAX, *(step.greedy for step, _, _ in pieces))
         ctx = await self._stage_tables(pieces)
-        encoder = model.device.create_command_encoder()
-        bursts.encode(encoder, len(pieces), passes)
-        model.device.queue.submit([encoder.finish()])
+        bursts.submit(len(pieces), passes)
         dispatches = passes * (self.runner._dispatch_count + 1)
-        model._counters.submits += 1
+        model._counters.submits += passes
+        model._counters.readbacks += 1
         model._counters.dispatches += dispatches
         await unless_lost(bursts.staging.map_async("READ_NOSYNC"))
         ids = bursts.read(len(pieces), passes)

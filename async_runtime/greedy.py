@@ -1,11 +1,11 @@
-"""Greedy decode bursts: several decode passes of the ragged batch in one submit, the host out of
-the per-token loop.
+"""Greedy decode bursts: several decode passes of the ragged batch with one readback, the host out
+of the per-token loop.
 
 A pass of single-token decode steps needs from the host only the next token of every sequence,
 and greedy sampling can pick that on the GPU (kernels/sampling.py): after each pass a small kernel
 writes every sequence's argmax into the token table and advances its position, so the next pass
-runs from the GPU's own tables. A burst of k passes is encoded once, submitted once, and reads back
-k token ids a sequence. The passes are the very passes a host loop would run (same shapes, same
+runs from the GPU's own tables. A burst of k passes waits for the GPU once and reads back k token
+ids a sequence; the host encodes each pass while the GPU runs the one before. The passes are the very passes a host loop would run (same shapes, same
 tables, same kernels), so the ids are bitwise those of picking `logits.argmax()` on the host.
 """
 
@@ -62,19 +62,25 @@ class GreedyBursts:
             for k in range(BURST_MAX)
         ]
 
-    def encode(self, encoder, seqs, passes):
-        """`passes` decode passes of the runner's current tables into `encoder`, each followed by
-        the sampler over `seqs` sequences, then the ids into staging."""
+    def submit(self, seqs, passes):
+        """`passes` decode passes of the runner's current tables, each followed by the sampler over
+        `seqs` sequences, the last one by the ids' copy into staging. Each pass is submitted as
+        soon as it is encoded, so the GPU runs it while the host encodes the next (every encoded
+        command buffer is submitted: wgpu-native on NVIDIA crashes on dropping one unsubmitted)."""
+        device = self.model.device
         block = bytearray(passes * PARAMS_ALIGN)
         for k in range(passes):
             struct.pack_into("<4I", block, k * PARAMS_ALIGN, seqs, self.vocab, self.vocab, k)
-        self.model.device.queue.write_buffer(self.params, 0, block)
+        device.queue.write_buffer(self.params, 0, block)
         for k in range(passes):
+            encoder = device.create_command_encoder()
             self.runner._encode_commands(encoder)
             compute = encoder.begin_compute_pass()
             encode_dispatches(compute, [(*prepare(self.pipeline, self.bind_groups[k]), (seqs, 1, 1))])
             compute.end()
-        encoder.copy_buffer_to_buffer(self.ids, 0, self.staging, 0, passes * seqs * 4)
+            if k == passes - 1:
+                encoder.copy_buffer_to_buffer(self.ids, 0, self.staging, 0, passes * seqs * 4)
+            device.queue.submit([encoder.finish()])
 
     def read(self, seqs, passes):
         """The ids of the last burst, [seqs, passes] (mapped staging: map it first)."""

@@ -9,7 +9,7 @@ token, after `max_new_tokens`, or when the context is full (`finish_reason == "l
 that does not fit the context is an InputError before anything runs.
 
 Greedy generation (temperature 0) on a model with GPU bursts (`model.greedy_bursts`) picks its
-tokens on the GPU, up to `burst` decode steps a submit (`BatchedSession.greedy`), and still yields
+tokens on the GPU, up to `burst` decode steps a readback (`BatchedSession.greedy`), and still yields
 them one by one; the tokens are those of the host loop, bitwise. After a stop token inside a burst
 the burst's later steps were computed for nothing, and `position` is where the host loop's would be.
 """
