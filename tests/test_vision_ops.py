@@ -127,3 +127,109 @@ async def test_vision_op_variants_match_eager(case, load_pte):
     model = await load_pte(pte)
     other = tuple(a + 0.5 * rand(*a.shape, seed=7) for a in sample)  # the same shapes, other values
     await assert_matches_eager(model, module, [sample, other], atol=tol, rtol=tol)
+
+
+class SmallCNN(nn.Module):
+    """conv-bn-relu-pool blocks, depthwise + pointwise, an upsample and a pixel shuffle on an image
+    of dynamic height and width; a global-pool head; and a 1-D branch on its own dynamic input."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2))
+        self.block = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.Conv2d(8, 16, 1), nn.BatchNorm2d(16), nn.ReLU6())
+        self.pool = nn.AvgPool2d(3, 2, padding=1, count_include_pad=False)  # ceil_mode guards H and W at export
+        self.head = nn.Linear(16, 5)
+        self.norm = nn.GroupNorm(2, 4)
+        self.signal = nn.Conv1d(2, 4, 5, padding=2)
+        randomize_batch_norms(self, seed=2)
+
+    def forward(self, x, s):
+        y = self.block(self.stem(x))
+        up = F.pixel_shuffle(F.interpolate(y, scale_factor=2, mode="nearest"), 2)
+        logits = self.head(F.adaptive_avg_pool2d(self.pool(y), 1).flatten(1))
+        return self.norm(up), logits, torch.relu(self.signal(s))
+
+
+H, W = torch.export.Dim("H", min=6, max=29), torch.export.Dim("W", min=6, max=23)
+L = torch.export.Dim("L", min=3, max=31)
+CNN_SAMPLE = (torch.randn(1, 3, 29, 23), torch.randn(1, 2, 31))
+CNN_DYNAMIC = ({2: H, 3: W}, {2: L})
+
+
+def _cnn():
+    # ExecuTorch 1.5.1 cannot export a dynamic upsample with require_dynamic_shapes: the partitioner
+    # keeps it from decomposing, then refuses it because its own runtime cannot resize it. pte-wgpu
+    # resizes it, so the CNN is lowered without that requirement.
+    return export_pte("vision_cnn_dynamic", SmallCNN, CNN_SAMPLE, dynamic_shapes=CNN_DYNAMIC, require_dynamic_shapes=False)
+
+
+async def test_cnn_at_dynamic_heights_and_widths(load_pte):
+    pte, module = _cnn()
+    calls = dynamic_shape_calls(CNN_SAMPLE, CNN_DYNAMIC, n=6, seed=4)  # min, max, then random
+    stats = await assert_matches_eager(await load_pte(pte), module, calls, atol=1e-4, rtol=1e-4)
+    assert stats.resize_events > 0
+
+
+async def test_cnn_resizes_run_only_the_affected_hooks(load_pte):
+    """A new signal length re-runs the 1-D branch's hooks only; a new image size the image's, but
+    not the head's after the global pool, whose shapes do not change."""
+    pte, _ = _cnn()
+    model = await load_pte(pte)
+    nodes, ran = model.plan.nodes, []
+    for i, node in enumerate(nodes):
+        nodes[i] = dataclasses.replace(node, hook=lambda ctx, hook=node.hook, i=i: (ran.append(i), hook(ctx)))
+    image, signal = model.graph.inputs
+    downstream = {image: _downstream(nodes, image), signal: _downstream(nodes, signal)}
+    assert downstream[image] and downstream[signal] and not downstream[image] & downstream[signal]
+
+    await model.execute(rand(1, 3, 12, 9), rand(1, 2, 7))
+    ran.clear()
+    await model.execute(rand(1, 3, 12, 9), rand(1, 2, 19))
+    assert set(ran) == downstream[signal]
+    ran.clear()
+    await model.execute(rand(1, 3, 17, 11), rand(1, 2, 19))
+    head = {i for i in downstream[image] if nodes[i].name in ("aten.linear.default", "aten.addmm.default", "aten.mm.default")}
+    assert head and set(ran) and set(ran) <= downstream[image] - head
+    ran.clear()
+    await model.execute(rand(1, 3, 17, 11), rand(1, 2, 19))
+    assert ran == []
+
+
+def _downstream(nodes, vid):
+    """Indices of the nodes that (transitively) read `vid`."""
+    reached, found = {vid}, set()
+    for i, node in enumerate(nodes):
+        if reached & set(node.reads):
+            found.add(i)
+            reached |= set(node.writes)
+    return found
+
+
+@pytest.mark.parametrize(
+    "shape, message", [((1, 3, 30, 23), "dim 2 is 30"), ((3, 29, 23), "rank 3")]
+)
+async def test_cnn_refuses_inputs_outside_its_shapes(shape, message, load_pte):
+    pte, module = _cnn()
+    model = await load_pte(pte)
+    with pytest.raises(ar.InputError, match=message):
+        await model.execute(rand(*shape), rand(1, 2, 5))
+    await assert_matches_eager(model, module, [(rand(1, 3, 6, 7), rand(1, 2, 3))], atol=1e-4, rtol=1e-4)
+
+
+IMAGE = torch.export.Dim("side", min=64, max=96)
+ZOO_SAMPLE, ZOO_DYNAMIC = (torch.randn(1, 3, 96, 96),), ({2: IMAGE, 3: IMAGE},)
+
+
+def _mobilenet_v2():
+    return randomize_batch_norms(MobileNetV2(classes=10))
+
+
+def _resnet18():
+    return randomize_batch_norms(ResNet18(classes=10))
+
+
+@pytest.mark.parametrize("name, make", [("mobilenet_v2", _mobilenet_v2), ("resnet18", _resnet18)])
+async def test_model_zoo_at_square_sizes_64_to_96(name, make, load_pte):
+    pte, module = export_pte(f"vision_{name}", make, ZOO_SAMPLE, dynamic_shapes=ZOO_DYNAMIC)
+    calls = dynamic_shape_calls(ZOO_SAMPLE, ZOO_DYNAMIC, n=3, seed=1)  # 64, 96 and one between
+    await assert_matches_eager(await load_pte(pte), module, calls, atol=1e-4, rtol=1e-3)
