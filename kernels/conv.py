@@ -2,8 +2,9 @@
 
 The VkGraph keeps the original arguments: the weight is the unpacked torch tensor, [Cout, Cin/g,
 kh(, kw)] or, transposed, [Cin, Cout/g, kh(, kw)]. A 1-D convolution is the 2-D one with a height of
-1. Each output element is one invocation; the kernel is picked once at load by the weight and the
-arguments, which no live shape changes:
+1. One invocation computes one output position for a block of 4 output channels (1 where a group
+has fewer than a multiple of 4), so each input load serves 4 products. The kernel is picked once at
+load by the weight and the arguments, which no live shape changes:
 - pointwise (1x1, stride 1, no padding, one group): a dot product over the input channels;
 - direct: any kernel, stride, dilation, padding and groups (depthwise is groups == Cin);
 - transposed: each output gathers the inputs that scatter onto it, `oy + pad - ky * dil` being a
@@ -20,7 +21,7 @@ F32_MAX = 3.4028234663852886e38
 HEADER = """
 struct P {{ numel: u32, cout: u32, oh: u32, ow: u32, cin: u32, ih: u32, iw: u32, cin_g: u32,
            cout_g: u32, kh: u32, kw: u32, sh: u32, sw: u32, ph: u32, pw: u32, dh: u32,
-           dw: u32, lo: f32, hi: f32, pad0: u32 }}
+           dw: u32, blocks: u32, wstep: u32, lo: f32, hi: f32, pad0: u32, pad1: u32, pad2: u32 }}
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read> w: array<f32>;
 {BIAS_DECL}
@@ -28,18 +29,33 @@ struct P {{ numel: u32, cout: u32, oh: u32, ow: u32, cin: u32, ih: u32, iw: u32,
 @group(0) @binding({P}) var<uniform> p: P;
 {FLAT_INDEX}
 {MAIN}
+fn weights(k: u32) -> {ACC} {{ return {WEIGHTS}; }}
+fn bias_of(c: u32) -> f32 {{ return {BIAS}; }}
 fn element(i: u32) {{
     if (i >= p.numel) {{ return; }}
     let ox = i % p.ow;
     let oy = (i / p.ow) % p.oh;
-    let co = (i / (p.ow * p.oh)) % p.cout;
-    let n = i / (p.ow * p.oh * p.cout);
+    let co = (i / (p.ow * p.oh)) % p.blocks * {B}u;
+    let n = i / (p.ow * p.oh * p.blocks);
     let g = co / p.cout_g;
-    var acc = {BIAS};
+    var acc = {INIT};
 {BODY}
-    out[i] = clamp(acc, p.lo, p.hi);
+    let at = ((n * p.cout + co) * p.oh + oy) * p.ow + ox;
+    acc = clamp(acc, {ACC}(p.lo), {ACC}(p.hi));
+{STORE}
 }}
 """
+
+# Blocks of 4 output channels share each input load: a vec4 of the 4 channels' weights, `wstep` apart.
+BLOCK = {
+    1: {"ACC": "f32", "WEIGHTS": "w[k]", "INIT": "bias_of(co)", "STORE": "    out[at] = acc;"},
+    4: {
+        "ACC": "vec4<f32>",
+        "WEIGHTS": "vec4<f32>(w[k], w[k + p.wstep], w[k + 2u * p.wstep], w[k + 3u * p.wstep])",
+        "INIT": "vec4<f32>(bias_of(co), bias_of(co + 1u), bias_of(co + 2u), bias_of(co + 3u))",
+        "STORE": "    for (var j = 0u; j < 4u; j = j + 1u) { out[at + j * p.oh * p.ow] = acc[j]; }",
+    },
+}
 
 POINTWISE = """
     let plane = p.ih * p.iw;
@@ -47,7 +63,7 @@ POINTWISE = """
     var xi = n * p.cin * plane + pix;
     var wi = co * p.cin;
     for (var ci = 0u; ci < p.cin; ci = ci + 1u) {
-        acc = acc + x[xi] * w[wi];
+        acc = acc + x[xi] * weights(wi);
         xi = xi + plane;
         wi = wi + 1u;
     }
@@ -67,7 +83,7 @@ DIRECT = """
             for (var kx = 0u; kx < p.kw; kx = kx + 1u) {
                 let ix = ix0 + i32(kx * p.dw);
                 if (ix < 0 || ix >= i32(p.iw)) { continue; }
-                acc = acc + x[xrow + u32(ix)] * w[wrow + kx];
+                acc = acc + x[xrow + u32(ix)] * weights(wrow + kx);
             }
         }
     }
@@ -91,7 +107,7 @@ TRANSPOSED = """
                 if (tx < 0 || u32(tx) % p.sw != 0u) { continue; }
                 let ix = u32(tx) / p.sw;
                 if (ix >= p.iw) { continue; }
-                acc = acc + x[xrow + ix] * w[wrow + kx];
+                acc = acc + x[xrow + ix] * weights(wrow + kx);
             }
         }
     }
@@ -148,20 +164,25 @@ def convolution(b):
     pointwise = not transposed and groups == 1 and w[2:] == (1,) * spatial and stride == (1,) * spatial
     pointwise = pointwise and padding == (0,) * spatial
     body = TRANSPOSED if transposed else POINTWISE if pointwise else DIRECT
+    cout_g = w[1] if transposed else w[0] // groups
+    block = 4 if cout_g % 4 == 0 else 1
     bindings = [x, weight] + ([bias] if bias is not None else []) + [out]
     shader = HEADER.format(
         BIAS_DECL="@group(0) @binding(2) var<storage, read> bias: array<f32>;" if bias is not None else "",
-        BIAS="bias[co]" if bias is not None else "0.0",
+        BIAS="bias[c]" if bias is not None else "0.0",
+        B=block,
+        **BLOCK[block],
         OUT=len(bindings) - 1,
         P=len(bindings),
         BODY=body,
         FLAT_INDEX=FLAT_INDEX,
         MAIN=SPREAD_MAIN,
     )
-    params = b.params(80)
+    params = b.params(96)
     d = b.dispatch(shader, bindings + [params])
-    # a 1-D convolution runs as a 2-D one of height 1
+
     def as_2d(t, fill=1):
+        """A 1-D convolution's sizes as the 2-D ones of height 1."""
         return tuple(t) if spatial == 2 else (fill, *t)
 
     def resize(ctx):
@@ -174,9 +195,11 @@ def convolution(b):
         _, cout, oh, ow = oshape[:2] + as_2d(oshape[2:])
         kh, kw = as_2d(w[2:])
         (sh, sw), (ph, pw), (dh, dw) = as_2d(stride), as_2d(padding, 0), as_2d(dilation)
-        numel = n * cout * oh * ow
-        data = struct.pack("<17I", numel, cout, oh, ow, cin, ih, iw, cin // groups, cout // groups, kh, kw, sh, sw, ph, pw, dh, dw)
-        ctx.set_params(params, data + struct.pack("<ffI", lo, hi, 0))
+        blocks = cout // block
+        numel = n * blocks * oh * ow
+        wstep = kh * kw if transposed else cin // groups * kh * kw
+        data = struct.pack("<19I", numel, cout, oh, ow, cin, ih, iw, cin // groups, cout_g, kh, kw, sh, sw, ph, pw, dh, dw, blocks, wstep)
+        ctx.set_params(params, data + struct.pack("<ff", lo, hi))
         ctx.set_grid(d, spread_grid(numel))
         ctx.set_dims(out, oshape)
 

@@ -33,11 +33,11 @@ class Convolutions(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.general = nn.Conv2d(6, 10, 3, stride=2, padding=1)
+        self.general = nn.Conv2d(6, 12, 3, stride=2, padding=1)  # blocks of 4 channels
         self.grouped = nn.Conv2d(6, 4, (3, 5), dilation=(2, 1), padding=(2, 0), groups=2, bias=False)
         self.depthwise = nn.Conv2d(6, 6, 3, padding=1, groups=6)
-        self.pointwise = nn.Conv2d(6, 9, 1, bias=False)
-        self.strided_1x1 = nn.Conv2d(6, 5, 1, stride=2)
+        self.pointwise = nn.Conv2d(6, 8, 1, bias=False)
+        self.strided_1x1 = nn.Conv2d(6, 5, 1, stride=2)  # 5 channels: no blocks
         self.transposed = nn.ConvTranspose2d(6, 4, 3, stride=2, padding=1, output_padding=1)
         self.transposed_grouped = nn.ConvTranspose2d(6, 6, (2, 3), stride=(2, 3), groups=3, dilation=(1, 2), bias=False)
         self.conv1d = nn.Conv1d(6, 8, 3, stride=2, padding=2, dilation=2, groups=2)
