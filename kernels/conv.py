@@ -13,6 +13,8 @@ load by the weight and the arguments, which no live shape changes:
 
 import struct
 
+from resize.values import ValueList
+
 from .registry import op
 from .wgsl import FLAT_INDEX, SPREAD_MAIN, spread_grid
 
@@ -137,9 +139,18 @@ def conv_out_shape(x, w, stride, padding, dilation, transposed, output_padding, 
     return (x[0], cout, *sizes)
 
 
+def static_ints(b, i):
+    """An int list argument fixed in the file: an IntList in a delegate, a list of Int values
+    outside one."""
+    v = b.value(i)
+    if isinstance(v, ValueList):
+        return tuple(int(b.graph.values[k].value) for k in v.items)
+    return tuple(v.items)
+
+
 def _per_dim(items, spatial, default):
     """A stride/padding/dilation list as one value per spatial dim (a single value is repeated)."""
-    items = tuple(items) or (default,)
+    items = items or (default,)
     return items * spatial if len(items) == 1 else items
 
 
@@ -155,7 +166,7 @@ def convolution(b):
     if spatial not in (1, 2):
         raise NotImplementedError(f"{b.name}: {spatial}-D convolution")
     stride, padding, dilation, output_padding = (
-        _per_dim(b.value(i).items, spatial, default) for i, default in ((3, 1), (4, 0), (5, 1), (7, 0))
+        _per_dim(static_ints(b, i), spatial, default) for i, default in ((3, 1), (4, 0), (5, 1), (7, 0))
     )
     transposed, groups = bool(b.scalar(6, False)), int(b.scalar(8, 1))
     lo, hi = -F32_MAX, F32_MAX

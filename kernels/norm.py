@@ -54,7 +54,7 @@ def _channels(b, ctx, x, per_channel, what):
     return shape
 
 
-@op("aten._native_batch_norm_legit_no_training.default", "aten::_native_batch_norm_legit_no_training.out")
+@op("aten._native_batch_norm_legit_no_training.default")
 def batch_norm(b):
     x = b.args[0]
     out = op_outputs(b, 3)[0]
@@ -122,7 +122,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 """
 
 
-@op("aten.native_group_norm.default", "aten::native_group_norm.out")
+@op("aten.native_group_norm.default")
 def group_norm(b):
     x = b.args[0]
     out, mean_out, rstd_out = op_outputs(b, 3)

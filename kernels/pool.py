@@ -8,6 +8,7 @@ import struct
 from resize.shapes import numel_of
 from resize.values import ValueList
 
+from .conv import static_ints
 from .registry import op
 from .wgsl import FLAT_INDEX, SPREAD_MAIN, spread_grid
 
@@ -121,29 +122,27 @@ def add_pool(b, kind, outs, kernel, stride, padding, dilation, ceil_mode, includ
 
 
 def op_outputs(b, n):
-    """The `n` outputs of a multi-output op: a ValueList inside a delegate, the last `n` arguments
-    of its out variant outside one."""
+    """The `n` outputs of a multi-output op, a ValueList."""
     v = b.graph.values[b.out]
-    items = list(v.items) if isinstance(v, ValueList) else list(b.args[-n:])
-    if len(items) != n:
-        raise ValueError(f"{b.name}: expected {n} outputs, found {len(items)}")
-    return items
+    if not isinstance(v, ValueList) or len(v.items) != n:
+        raise ValueError(f"{b.name}: expected a list of {n} outputs")
+    return list(v.items)
 
 
-@op("aten.max_pool2d_with_indices.default", "aten::max_pool2d_with_indices.out")
+@op("aten.max_pool2d_with_indices.default")
 def max_pool2d_with_indices(b):
-    ints = [b.value(i).items for i in range(1, 5)]
+    ints = [static_ints(b, i) for i in range(1, 5)]
     add_pool(b, "max", op_outputs(b, 2), *ints, bool(b.scalar(5, False)))
 
 
-@op("aten.max_pool2d.default", "aten::max_pool2d.out")
+@op("aten.max_pool2d.default")
 def max_pool2d(b):
-    ints = [b.value(i).items for i in range(1, 5)]
+    ints = [static_ints(b, i) for i in range(1, 5)]
     add_pool(b, "max", [b.out], *ints, bool(b.scalar(5, False)))
 
 
-@op("aten.avg_pool2d.default", "aten::avg_pool2d.out")
+@op("aten.avg_pool2d.default")
 def avg_pool2d(b):
-    ints = [b.value(i).items for i in range(1, 4)]
+    ints = [static_ints(b, i) for i in range(1, 4)]
     divisor = int(b.scalar(6, 0) or 0)
     add_pool(b, "avg", [b.out], *ints, (1,), bool(b.scalar(4, False)), bool(b.scalar(5, True)), divisor)

@@ -112,12 +112,12 @@ def add_upsample(b, body, align_corners, scales_arg):
     b.hook(resize)
 
 
-@op("aten.upsample_nearest2d.vec", "aten::upsample_nearest2d.vec_out")
+@op("aten.upsample_nearest2d.vec")
 def upsample_nearest2d(b):
     add_upsample(b, NEAREST, False, 2)
 
 
-@op("aten.upsample_bilinear2d.vec", "aten::upsample_bilinear2d.vec_out")
+@op("aten.upsample_bilinear2d.vec")
 def upsample_bilinear2d(b):
     add_upsample(b, BILINEAR, bool(b.scalar(2, False)), 3)
 
@@ -221,7 +221,7 @@ fn element(i: u32) {
 """
 
 
-@op("et_vk.grid_priors.default", "et_vk::grid_priors.out")
+@op("et_vk.grid_priors.default")
 def grid_priors(b):
     x, out = b.args[0], b.out
     stride, offset = float(b.scalar(1)), float(b.scalar(2))

@@ -40,17 +40,17 @@ def _shuffle(b, unshuffle):
     b.hook(resize)
 
 
-@op("aten.pixel_shuffle.default", "aten::pixel_shuffle.out")
+@op("aten.pixel_shuffle.default")
 def pixel_shuffle(b):
     _shuffle(b, unshuffle=False)
 
 
-@op("aten.pixel_unshuffle.default", "aten::pixel_unshuffle.out")
+@op("aten.pixel_unshuffle.default")
 def pixel_unshuffle(b):
     _shuffle(b, unshuffle=True)
 
 
-@op("aten.unfold_copy.default", "aten::unfold_copy.out")
+@op("aten.unfold_copy.default")
 def unfold_copy(b):
     """Windows of `size` every `step` along `dimension`, as a new last dim."""
     src = b.args[0]

@@ -106,25 +106,49 @@ class Norms(nn.Module):
         return self.bn(x), self.gn(x), self.gn_plain(x * 3 + 1)
 
 
+class OutsideDelegates(nn.Module):
+    """Convolutions the partitioner leaves to ExecuTorch's portable kernels (aten::convolution.out):
+    a 2-D one over a batch of 3 and a transposed 1-D one. The norms beside them are delegated."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 8, 3, padding=1)
+        self.transposed_1d = nn.ConvTranspose1d(4, 6, 3, stride=2, output_padding=1)
+        self.bn = nn.BatchNorm1d(4)
+        self.gn = nn.GroupNorm(2, 4)
+        randomize_batch_norms(self, seed=3)
+
+    def forward(self, x, z):
+        return self.conv(x), self.transposed_1d(z), self.bn(z), self.gn(x)
+
+
 def _grid_priors_op():
     from executorch.backends.vulkan import custom_ops_lib  # noqa: F401  (defines torch.ops.et_vk)
 
 
+# case -> (module, inputs, tolerance, the ops left outside the delegate)
 CASES = {
-    "convolution": (Convolutions, lambda: (rand(1, 6, 11, 13), rand(1, 6, 17, seed=1)), 1e-5),
-    "pool": (Pools, lambda: (rand(1, 5, 13, 11),), 1e-6),  # max and avg exact; the mean is reduce.py's
-    "resample": (Resampling, lambda: (rand(1, 4, 5, 7), rand(1, 3, 6, 9), rand(1, 3, 5, 2) * 0.7), 1e-5),
-    "norm": (Norms, lambda: (rand(1, 6, 7, 5),), 1e-5),
+    "convolution": (Convolutions, lambda: (rand(1, 6, 11, 13), rand(1, 6, 17, seed=1)), 1e-5, set()),
+    "pool": (Pools, lambda: (rand(1, 5, 13, 11),), 1e-6, set()),  # max and avg exact; the mean is reduce.py's
+    "resample": (
+        Resampling,
+        lambda: (rand(1, 4, 5, 7), rand(1, 3, 6, 9), rand(1, 3, 5, 2) * 0.7),
+        1e-5,
+        {"aten::grid_sampler_2d.out"},  # all but the one configuration ET-VK implements
+    ),
+    "norm": (Norms, lambda: (rand(1, 6, 7, 5),), 1e-5, set()),
+    "outside": (OutsideDelegates, lambda: (rand(3, 4, 7, 9), rand(2, 4, 11, seed=2)), 1e-5, {"aten::convolution.out"}),
 }
 
 
 @pytest.mark.parametrize("case", CASES)
 async def test_vision_op_variants_match_eager(case, load_pte):
-    make, inputs, tol = CASES[case]
+    make, inputs, tol, outside = CASES[case]
     _grid_priors_op()
     sample = inputs()
     pte, module = export_pte(f"vision_{case}", make, [torch.from_numpy(a) for a in sample])
     model = await load_pte(pte)
+    assert set(model.graph.kernel_ops) == outside
     other = tuple(a + 0.5 * rand(*a.shape, seed=7) for a in sample)  # the same shapes, other values
     await assert_matches_eager(model, module, [sample, other], atol=tol, rtol=tol)
 
@@ -228,6 +252,7 @@ def _resnet18():
     return randomize_batch_norms(ResNet18(classes=10))
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the kernels are the same on trio
 @pytest.mark.parametrize("name, make", [("mobilenet_v2", _mobilenet_v2), ("resnet18", _resnet18)])
 async def test_model_zoo_at_square_sizes_64_to_96(name, make, load_pte):
     pte, module = export_pte(f"vision_{name}", make, ZOO_SAMPLE, dynamic_shapes=ZOO_DYNAMIC)
