@@ -13,8 +13,7 @@ load by the weight and the arguments, which no live shape changes:
 
 import struct
 
-from resize.values import ValueList
-
+from .image import OUTPUT_PIXEL, static_ints
 from .registry import op
 from .wgsl import FLAT_INDEX, SPREAD_MAIN, spread_grid
 
@@ -34,11 +33,9 @@ struct P {{ numel: u32, cout: u32, oh: u32, ow: u32, cin: u32, ih: u32, iw: u32,
 fn weights(k: u32) -> {ACC} {{ return {WEIGHTS}; }}
 fn bias_of(c: u32) -> f32 {{ return {BIAS}; }}
 fn element(i: u32) {{
-    if (i >= p.numel) {{ return; }}
-    let ox = i % p.ow;
-    let oy = (i / p.ow) % p.oh;
-    let co = (i / (p.ow * p.oh)) % p.blocks * {B}u;
-    let n = i / (p.ow * p.oh * p.blocks);
+{OUTPUT_PIXEL}
+    let co = nc % p.blocks * {B}u;
+    let n = nc / p.blocks;
     let g = co / p.cout_g;
     var acc = {INIT};
 {BODY}
@@ -60,13 +57,13 @@ BLOCK = {
 }
 
 POINTWISE = """
-    let plane = p.ih * p.iw;
+    let area = p.ih * p.iw;
     let pix = oy * p.iw + ox;
-    var xi = n * p.cin * plane + pix;
+    var xi = n * p.cin * area + pix;
     var wi = co * p.cin;
     for (var ci = 0u; ci < p.cin; ci = ci + 1u) {
         acc = acc + x[xi] * weights(wi);
-        xi = xi + plane;
+        xi = xi + area;
         wi = wi + 1u;
     }
 """
@@ -139,15 +136,6 @@ def conv_out_shape(x, w, stride, padding, dilation, transposed, output_padding, 
     return (x[0], cout, *sizes)
 
 
-def static_ints(b, i):
-    """An int list argument fixed in the file: an IntList in a delegate, a list of Int values
-    outside one."""
-    v = b.value(i)
-    if isinstance(v, ValueList):
-        return tuple(int(b.graph.values[k].value) for k in v.items)
-    return tuple(v.items)
-
-
 def _per_dim(items, spatial, default):
     """A stride/padding/dilation list as one value per spatial dim (a single value is repeated)."""
     items = items or (default,)
@@ -187,6 +175,7 @@ def convolution(b):
         P=len(bindings),
         BODY=body,
         FLAT_INDEX=FLAT_INDEX,
+        OUTPUT_PIXEL=OUTPUT_PIXEL,
         MAIN=SPREAD_MAIN,
     )
     params = b.params(96)

@@ -11,7 +11,7 @@ import struct
 
 from resize.shapes import fold_grid, numel_of
 
-from .pool import op_outputs
+from .image import op_outputs
 from .registry import op
 from .wgsl import FLAT_INDEX, SPREAD_MAIN, spread_grid
 

@@ -6,9 +6,8 @@ average pooling reaches the delegate as `mean.dim` (kernels/reduce.py)."""
 import struct
 
 from resize.shapes import numel_of
-from resize.values import ValueList
 
-from .conv import static_ints
+from .image import OUTPUT_PIXEL, op_outputs, static_ints
 from .registry import op
 from .wgsl import FLAT_INDEX, SPREAD_MAIN, spread_grid
 
@@ -20,10 +19,7 @@ struct P {{ numel: u32, oh: u32, ow: u32, ih: u32, iw: u32, kh: u32, kw: u32, sh
 {FLAT_INDEX}
 {MAIN}
 fn element(i: u32) {{
-    if (i >= p.numel) {{ return; }}
-    let ox = i % p.ow;
-    let oy = (i / p.ow) % p.oh;
-    let plane = (i / (p.ow * p.oh)) * p.ih * p.iw;
+{OUTPUT_PIXEL}
     let iy0 = i32(oy * p.sh) - i32(p.ph);
     let ix0 = i32(ox * p.sw) - i32(p.pw);
 {BODY}
@@ -97,7 +93,7 @@ def add_pool(b, kind, outs, kernel, stride, padding, dilation, ceil_mode, includ
         decls.append("@group(0) @binding(2) var<storage, read_write> indices: array<i32>;")
         body += "    indices[i] = i32(at);\n"
     decls.append(f"@group(0) @binding({len(outs) + 1}) var<uniform> p: P;")
-    shader = HEADER.format(OUTS="\n".join(decls), BODY=body, FLAT_INDEX=FLAT_INDEX, MAIN=SPREAD_MAIN)
+    shader = HEADER.format(OUTS="\n".join(decls), BODY=body, FLAT_INDEX=FLAT_INDEX, OUTPUT_PIXEL=OUTPUT_PIXEL, MAIN=SPREAD_MAIN)
     params = b.params(64)
     d = b.dispatch(shader, [x, *outs, params])
 
@@ -119,14 +115,6 @@ def add_pool(b, kind, outs, kernel, stride, padding, dilation, ceil_mode, includ
             ctx.set_dims(v, oshape)
 
     b.hook(resize)
-
-
-def op_outputs(b, n):
-    """The `n` outputs of a multi-output op, a ValueList."""
-    v = b.graph.values[b.out]
-    if not isinstance(v, ValueList) or len(v.items) != n:
-        raise ValueError(f"{b.name}: expected a list of {n} outputs")
-    return list(v.items)
 
 
 @op("aten.max_pool2d_with_indices.default")

@@ -13,6 +13,7 @@ import numpy as np
 
 from resize.shapes import numel_of
 
+from .image import OUTPUT_PIXEL
 from .registry import op
 from .wgsl import FLAT_INDEX, SPREAD_MAIN, spread_grid
 
@@ -24,10 +25,7 @@ struct P {{ numel: u32, oh: u32, ow: u32, ih: u32, iw: u32, align: u32, scale_h:
 {FLAT_INDEX}
 {MAIN}
 fn element(i: u32) {{
-    if (i >= p.numel) {{ return; }}
-    let ox = i % p.ow;
-    let oy = (i / p.ow) % p.oh;
-    let plane = (i / (p.ow * p.oh)) * p.ih * p.iw;
+{OUTPUT_PIXEL}
 {BODY}
 }}
 """
@@ -89,7 +87,7 @@ def upsample_out_size(shape, output_size, scale_factors):
 
 def add_upsample(b, body, align_corners, scales_arg):
     x, out = b.args[0], b.out
-    shader = UPSAMPLE.format(BODY=body, FLAT_INDEX=FLAT_INDEX, MAIN=SPREAD_MAIN)
+    shader = UPSAMPLE.format(BODY=body, FLAT_INDEX=FLAT_INDEX, OUTPUT_PIXEL=OUTPUT_PIXEL, MAIN=SPREAD_MAIN)
     params = b.params(32)
     d = b.dispatch(shader, [x, out, params])
     scales = None if b.is_none(scales_arg) else tuple(b.value(scales_arg).items)
@@ -154,15 +152,11 @@ fn at(plane: u32, yy: f32, xx: f32) -> f32 {
 {FLAT_INDEX}
 {MAIN}
 fn element(i: u32) {
-    if (i >= p.numel) { return; }
-    let ox = i % p.ow;
-    let oy = (i / p.ow) % p.oh;
-    let nc = i / (p.ow * p.oh);
+{OUTPUT_PIXEL}
     let n = nc / p.c;
     let g = ((n * p.oh + oy) * p.ow + ox) * 2u;
     let sx = source(grid[g], p.iw);
     let sy = source(grid[g + 1u], p.ih);
-    let plane = nc * p.ih * p.iw;
 {BODY}
 }
 """
@@ -188,7 +182,8 @@ def grid_sampler_2d(b):
     if mode not in (0, 1) or padding not in (0, 1, 2):
         raise NotImplementedError(f"{b.name}: interpolation mode {mode}, padding mode {padding}")
     body = GRID_BILINEAR if mode == 0 else GRID_NEAREST
-    shader = GRID_SAMPLE.replace("{BODY}", body).replace("{FLAT_INDEX}", FLAT_INDEX).replace("{MAIN}", SPREAD_MAIN)
+    shader = GRID_SAMPLE.replace("{BODY}", body).replace("{FLAT_INDEX}", FLAT_INDEX).replace("{OUTPUT_PIXEL}", OUTPUT_PIXEL)
+    shader = shader.replace("{MAIN}", SPREAD_MAIN)
     params = b.params(32)
     d = b.dispatch(shader, [x, grid, out, params])
 
