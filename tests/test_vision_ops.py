@@ -2,9 +2,10 @@
 with the VulkanPartitioner, run on WebGPU, compare with torch eager in fp32. Prime and odd sizes;
 dynamic heights and widths run at several live sizes in random order, including min and max.
 
-Tolerances (fp32): single ops atol = rtol = 1e-5 (copies and max pooling exactly); the small CNN
-1e-4; MobileNet V2 and ResNet-18 (random weights, outputs of order 1) atol 1e-4, rtol 1e-3: the
-GPU sums a convolution's products in another order than torch's GEMM."""
+Tolerances (fp32): single ops atol = rtol = 1e-5 (pools 1e-6: max and avg match exactly, the
+adaptive pool's mean does not); the small CNN 1e-4; MobileNet V2 and ResNet-18 (random weights and
+batch-norm statistics) atol 1e-4, rtol 1e-3: the GPU sums a convolution's products in another
+order than torch does."""
 
 import dataclasses
 
@@ -258,3 +259,35 @@ async def test_model_zoo_at_square_sizes_64_to_96(name, make, load_pte):
     pte, module = export_pte(f"vision_{name}", make, ZOO_SAMPLE, dynamic_shapes=ZOO_DYNAMIC)
     calls = dynamic_shape_calls(ZOO_SAMPLE, ZOO_DYNAMIC, n=3, seed=1)  # 64, 96 and one between
     await assert_matches_eager(await load_pte(pte), module, calls, atol=1e-4, rtol=1e-3)
+
+
+# -- the shape functions alone: no device ---------------------------------------------------------
+
+
+def test_shape_functions_follow_torch():
+    """conv_out_shape, pool_out_size and upsample_out_size against torch's own output shapes over
+    odd sizes, strides, paddings, dilations and ceil modes."""
+    from kernels.conv import conv_out_shape
+    from kernels.pool import pool_out_size
+    from kernels.resample import upsample_out_size
+
+    for size in (5, 7, 11, 13):
+        for k, s, p, d in ((3, 2, 1, 1), (2, 3, 0, 2), (5, 1, 2, 1), (3, 3, 1, 2)):
+            x = torch.zeros(1, 2, size, size + 2)
+            w = (4, 2, k, k)
+            want = F.conv2d(x, torch.zeros(w), stride=s, padding=p, dilation=d).shape
+            assert conv_out_shape(x.shape, w, (s, s), (p, p), (d, d), False, (0, 0), 1) == tuple(want)
+            op = min(s, d) - 1
+            want = F.conv_transpose2d(x, torch.zeros(2, 3, k, k), stride=s, padding=p, dilation=d, output_padding=op).shape
+            assert conv_out_shape(x.shape, (2, 3, k, k), (s, s), (p, p), (d, d), True, (op, op), 1) == tuple(want)
+            if p <= k // 2 and (k - 1) * d < size:
+                for ceil in (False, True):
+                    want = F.max_pool2d(x, k, s, p, d, ceil_mode=ceil).shape[-2:]
+                    got = (pool_out_size(size, k, s, p, d, ceil), pool_out_size(size + 2, k, s, p, d, ceil))
+                    assert got == tuple(want)
+        want = F.interpolate(torch.zeros(1, 1, size, size + 2), scale_factor=(1.7, 0.6)).shape
+        assert upsample_out_size((1, 1, size, size + 2), None, (1.7, 0.6)) == tuple(want[2:])
+    with pytest.raises(ValueError, match="channels"):
+        conv_out_shape((1, 3, 9, 9), (4, 2, 3, 3), (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    with pytest.raises(ValueError, match="too small"):
+        conv_out_shape((1, 2, 2, 9), (4, 2, 3, 3), (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
