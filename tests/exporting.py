@@ -16,8 +16,10 @@ _CACHE = {}
 EXPORT_DIR = os.environ.get("PTE_WGPU_EXPORT_DIR")
 
 
-def export_pte(name, make_module, example_args, dynamic_shapes=None, seed=0):
-    """(bytes of the .pte, the eager module) for `make_module()`; built once per session per name."""
+def export_pte(name, make_module, example_args, dynamic_shapes=None, seed=0, require_dynamic_shapes=None):
+    """(bytes of the .pte, the eager module) for `make_module()`; built once per session per name.
+    `require_dynamic_shapes` (default: whether `dynamic_shapes` is given) is the partitioner's
+    option: False also delegates the ops that ExecuTorch's Vulkan runtime cannot resize."""
     if name in _CACHE:
         return _CACHE[name]
     torch.manual_seed(seed)
@@ -32,7 +34,9 @@ def export_pte(name, make_module, example_args, dynamic_shapes=None, seed=0):
 
     cache_vulkan_pattern_graphs()
     ep = torch.export.export(module, tuple(example_args), dynamic_shapes=dynamic_shapes)
-    partitioner = VulkanPartitioner({"require_dynamic_shapes": dynamic_shapes is not None})
+    if require_dynamic_shapes is None:
+        require_dynamic_shapes = dynamic_shapes is not None
+    partitioner = VulkanPartitioner({"require_dynamic_shapes": require_dynamic_shapes})
     pte = bytes(to_edge_transform_and_lower(ep, partitioner=[partitioner]).to_executorch().buffer)
     if stored is not None:
         stored.parent.mkdir(parents=True, exist_ok=True)
