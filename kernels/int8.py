@@ -156,3 +156,43 @@ fn value(i: u32) -> i32 {
 """
     )
     add_word_map(b, [b.args[0]], body, lambda ctx: ((si, inv(so), 0.0, 0.0), (zi, zo, 0, 0)))
+
+
+# ---------------------------------------------------------------- q8ta_pixel_shuffle
+
+PIXEL_SHUFFLE = """
+struct P { n: u32, oh: u32, ow: u32, r: u32, x_zp: i32, out_zp: i32, x_scale: f32, inv_out: f32 }
+@group(0) @binding(1) var<storage, read_write> out: array<u32>;
+@group(0) @binding(2) var<uniform> p: P;
+fn value(e: u32) -> i32 {
+    let ox = e % p.ow;
+    let oy = (e / p.ow) % p.oh;
+    let nc = e / (p.ow * p.oh);
+    let c = (nc * p.r + oy % p.r) * p.r + ox % p.r;  // the input plane: channel c * r * r + (oy % r) * r + ox % r
+    let q = in0_at((c * (p.oh / p.r) + oy / p.r) * (p.ow / p.r) + ox / p.r);
+    return quantize(dequantize(q, p.x_scale, p.x_zp), p.inv_out, p.out_zp, -128, 127);
+}
+"""
+
+
+@op("et_vk.q8ta_pixel_shuffle.default")
+def q8ta_pixel_shuffle(b):
+    """[x int8 [N, C * r * r, H, W], input_scale, input_zp, output_inv_scale, output_zp, r,
+    out int8 [N, C, H * r, W * r]]: the bytes moved and requantized. The reference quantizes with
+    output_scale = 1 / output_inv_scale, so the multiplier is that scale's inverse again."""
+    x_scale, x_zp, out_inv_scale, out_zp, r = (b.scalar(i) for i in range(1, 6))
+    inv_out = inv(1.0 / float(out_inv_scale))
+    params = b.params(32)
+    d = b.dispatch(reader("in0", "int8", 0) + QUANT_FNS + PIXEL_SHUFFLE + word_main("int8"), [b.args[0], b.out, params])
+
+    def resize(ctx):
+        n, c, h, w = ctx.dims(b.args[0])
+        if c % (r * r):
+            raise ValueError(f"{b.name}: {c} channels do not divide by the upscale factor {r} squared")
+        shape = (n, c // (r * r), h * r, w * r)
+        total = numel_of(shape)
+        ctx.set_params(params, struct.pack("<4I2i2f", total, h * r, w * r, r, x_zp, out_zp, x_scale, inv_out))
+        ctx.set_grid(d, word_grid(total))
+        ctx.set_dims(b.out, shape)
+
+    b.hook(resize)

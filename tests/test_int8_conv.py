@@ -1,0 +1,234 @@
+"""Issue 19's last ops: the int8 convolutions and pixel shuffle (`et_vk.q8ta_*`), and attention
+without a KV-cache update (`et_vk.sdpa`, `llama::custom_sdpa`).
+
+The convolutions come from ExecuTorch's own flow: a module quantized by the XNNPACKQuantizer
+(static int8 activations, per-channel weights), converted, and lowered with the VulkanPartitioner,
+which fuses dequantize -> conv [-> relu] -> quantize into one q8ta op. The flow quantizes no pixel
+shuffle (the float op runs between a dequantize and a quantize), so q8ta_pixel_shuffle is called
+directly, as is et_vk.sdpa, which no pass of the partitioner emits. custom_sdpa without an
+update_cache cannot be lowered as is (the partitioner's causal_sdpa fusion asserts on it), so that
+test lowers it with the fusion turned off.
+"""
+
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+
+from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
+
+from .exporting import export_pte
+from .test_more_ops import _delegate_ops, _xnnpack_static, export_quantized
+
+pytestmark = pytest.mark.anyio
+
+
+def _output_steps(graph):
+    """The quantization step of each output of a converted program (its last dequantize's scale)."""
+    (output,) = graph.graph.find_nodes(op="output")
+    return [float(node.args[1]) for node in output.args[0]]
+
+
+async def _assert_within_one_step(model, graph, x):
+    """Every output within one quantization step of the eager quantized program, and at least
+    95% of them exact: the int8 sums are exact, the reference sums dequantized floats, so an
+    output can land on the other side of a rounding boundary."""
+    got = await model.execute(x)
+    with torch.no_grad():
+        want = graph(x)
+    want = want if isinstance(want, tuple) else (want,)
+    for g, w, step in zip(got, want, _output_steps(graph), strict=True):
+        w = w.numpy()
+        assert g.shape == w.shape
+        assert np.max(np.abs(g - w)) <= step * 1.001
+        assert np.mean(np.abs(g - w) < step / 2) >= 0.95
+
+
+class Conv(torch.nn.Module):
+    """A 3x3-ish grouped convolution with stride, padding and dilation."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(6, 8, (3, 2), stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+class Depthwise(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=8)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+
+
+class Pointwise(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(5, 7, 1)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+
+
+class Transposed(torch.nn.Module):
+    """5 output channels: the partitioner pads the weight rows and scales to a multiple of 4."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.ConvTranspose2d(6, 5, 3, stride=2, padding=1, output_padding=1)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+@pytest.mark.parametrize(
+    "make_module, cin, op",
+    [
+        (Conv, 6, "et_vk.q8ta_conv2d.default"),
+        (Depthwise, 8, "et_vk.q8ta_conv2d_dw.default"),
+        (Pointwise, 5, "et_vk.q8ta_conv2d_pw.default"),
+        (Transposed, 6, "et_vk.q8ta_conv2d_transposed.default"),
+    ],
+)
+async def test_each_int8_convolution_matches_the_eager_quantized_program(load_pte, make_module, cin, op):
+    sample = (torch.randn(2, cin, 7, 11),)
+    pte, graph = export_quantized(f"q8conv_{op}", _xnnpack_static, sample, make_module=make_module)
+    assert op in _delegate_ops(pte)
+    model = await load_pte(pte)
+    torch.manual_seed(3)
+    for x in (torch.randn(2, cin, 7, 11), torch.randn(2, cin, 7, 11) * 3):  # * 3: past the calibrated range
+        await _assert_within_one_step(model, graph, x)
+
+
+class SmallCNN(torch.nn.Module):
+    """conv + relu, depthwise + relu, two pointwise branches added, a transposed conv, pixel shuffle."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.dw = torch.nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=8)
+        self.pw, self.pw2 = torch.nn.Conv2d(8, 12, 1), torch.nn.Conv2d(8, 12, 1)
+        self.up = torch.nn.ConvTranspose2d(12, 8, 2, stride=2)
+        self.shuffle = torch.nn.PixelShuffle(2)
+
+    def forward(self, x):
+        h = torch.relu(self.dw(torch.relu(self.conv(x))))
+        p = self.pw(h) + self.pw2(h)
+        return self.shuffle(self.up(p)), p
+
+
+async def test_small_int8_cnn_end_to_end(load_pte):
+    """Five layers deep a one-step difference can grow: outputs within 3 steps, 90% exact."""
+    sample = (torch.randn(1, 3, 7, 9),)
+    pte, graph = export_quantized("q8_cnn", _xnnpack_static, sample, make_module=SmallCNN)
+    ops = _delegate_ops(pte)
+    convs = {f"et_vk.q8ta_conv2d{kind}.default" for kind in ("", "_dw", "_pw", "_transposed")}
+    assert convs | {"et_vk.q8ta_add.default", "aten.pixel_shuffle.default"} <= ops
+    model = await load_pte(pte)
+    x = torch.randn(1, 3, 7, 9)
+    got = await model.execute(x)
+    with torch.no_grad():
+        want = graph(x)
+    for g, w, step in zip(got, want, _output_steps(graph), strict=True):
+        w = w.numpy()
+        assert g.shape == w.shape
+        assert np.max(np.abs(g - w)) <= 3 * step * 1.001
+        assert np.mean(np.abs(g - w) < step / 2) >= 0.9
+
+
+class Q8taPixelShuffle(torch.nn.Module):
+    """Called directly; eager runs the op's reference (dequantize, pixel_shuffle, quantize)."""
+
+    def forward(self, x):
+        vk = torch.ops.et_vk
+        return (
+            vk.q8ta_pixel_shuffle.default(x, 0.031, -3, 1 / 0.045, 2, 3),  # requantized
+            vk.q8ta_pixel_shuffle.default(x, 0.02, 5, 1 / 0.02, 5, 3),  # bytes moved as they are
+        )
+
+
+async def test_q8ta_pixel_shuffle_is_exact(load_pte):
+    import executorch.backends.vulkan.custom_ops_lib  # noqa: F401  (registers the et_vk ops)
+
+    sample = (torch.randint(-128, 128, (2, 18, 5, 7), dtype=torch.int8),)
+    pte, module = export_pte("q8ta_pixel_shuffle", Q8taPixelShuffle, sample)
+    assert "et_vk.q8ta_pixel_shuffle.default" in _delegate_ops(pte)
+    await assert_matches_eager(await load_pte(pte), module, [sample], atol=0, rtol=0)
+
+
+# -- attention without a KV-cache update ----------------------------------------------------------
+
+
+class VkSdpa(torch.nn.Module):
+    """et_vk.sdpa with an additive mask and the default scale, and with one kv head shared by the
+    three query heads and an explicit scale."""
+
+    def forward(self, q, k, v, mask, k1, v1):
+        vk = torch.ops.et_vk
+        return vk.sdpa.default(q, k, v, mask, None), vk.sdpa.default(q, k1, v1, None, 0.3)
+
+
+S = torch.export.Dim("S", min=1, max=7)
+VK_SDPA_SAMPLE = (
+    torch.randn(2, 3, 7, 12),
+    torch.randn(2, 3, 11, 12),
+    torch.randn(2, 3, 11, 12),
+    torch.randn(7, 11),
+    torch.randn(2, 1, 11, 12),
+    torch.randn(2, 1, 11, 12),
+)
+VK_SDPA_SHAPES = ({2: S}, None, None, {0: S}, None, None)
+
+
+async def test_et_vk_sdpa_matches_eager_at_live_query_lengths(load_pte):
+    import executorch.backends.vulkan.custom_ops_lib  # noqa: F401
+
+    pte, module = export_pte("vk_sdpa", VkSdpa, VK_SDPA_SAMPLE, VK_SDPA_SHAPES)
+    assert "et_vk.sdpa.default" in _delegate_ops(pte)
+    calls = dynamic_shape_calls(VK_SDPA_SAMPLE, VK_SDPA_SHAPES, n=3, seed=4)
+    await assert_matches_eager(await load_pte(pte), module, calls, atol=1e-5, rtol=1e-4)
+
+
+class CustomSdpa(torch.nn.Module):
+    """custom_sdpa over caches of 13 positions from position 3, causal and not, 4 query heads on
+    2 kv heads."""
+
+    def forward(self, q, k_cache, v_cache):
+        llama = torch.ops.llama
+        return (
+            llama.custom_sdpa.default(q, k_cache, v_cache, 3, None, 0.0, True, None),
+            llama.custom_sdpa.default(q, k_cache, v_cache, 3, None, 0.0, False, 0.25),
+        )
+
+
+CUSTOM_SAMPLE = (torch.randn(1, 5, 4, 8), torch.randn(1, 13, 2, 8), torch.randn(1, 13, 2, 8))
+CUSTOM_SHAPES = ({1: torch.export.Dim("Q", min=1, max=10)}, None, None)
+
+
+async def test_custom_sdpa_matches_eager_at_live_query_lengths(load_pte):
+    from executorch.backends.vulkan.patterns import fusable_patterns
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (registers llama ops)
+
+    with mock.patch.dict(fusable_patterns):
+        del fusable_patterns["causal_sdpa"]  # it expects an update_cache beside every custom_sdpa
+        pte, module = export_pte("custom_sdpa", CustomSdpa, CUSTOM_SAMPLE, CUSTOM_SHAPES)
+    assert "custom_sdpa.default" in _delegate_ops(pte)
+    calls = dynamic_shape_calls(CUSTOM_SAMPLE, CUSTOM_SHAPES, n=3, seed=5)
+    await assert_matches_eager(await load_pte(pte), module, calls, atol=1e-5, rtol=1e-4)
+
+
+def test_int8_ops_reject_what_they_cannot_take():
+    """Shape errors name the op (hooks alone, no device)."""
+    from resize.values import Scalar, Tensor
+
+    from .test_shape_ops import _Graph, _resize
+
+    g = _Graph()
+    x = g.add(Tensor("int8", (1, 10, 3, 5)))
+    args = [x] + [g.add(Scalar(v)) for v in (0.1, 0, 10.0, 0, 3)] + [g.add(Tensor("int8", (1, 1, 9, 15)))]
+    with pytest.raises(ValueError, match="q8ta_pixel_shuffle"):
+        _resize(g, "et_vk.q8ta_pixel_shuffle.default", args, {})
