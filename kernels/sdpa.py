@@ -21,10 +21,10 @@ from .attention import MAX_HEAD_DIM
 from .registry import op
 from .wgsl import FLAT_INDEX, WG, flat_grid
 
-SDPA_PARAMS = "<6If2I4I4I4I"
+SDPA_PARAMS = "<6IfI4I4I4I"
 SDPA = f"""
 struct P {{ rows: u32, s: u32, hq: u32, group: u32, dim: u32, keys: u32, scale: f32, causal_pos: u32,
-           pad: u32, qs: vec4<u32>, ks: vec4<u32>, ms: vec4<u32> }}
+           qs: vec4<u32>, ks: vec4<u32>, ms: vec4<u32> }}
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read> k: array<f32>;
 @group(0) @binding(2) var<storage, read> v: array<f32>;
@@ -94,7 +94,7 @@ def _add_sdpa(b, q, k, v, mask, scale, geometry):
                 raise ValueError(f"{b.name}: a mask of shape {shape} for scores of shape {scores}")
             mask_strides = broadcast_strides(shape, scores)
         rows = batch * hq * s
-        data = struct.pack(SDPA_PARAMS, rows, s, hq, hq // hkv, dim, keys, scale(dim), causal_pos, 0, *q_strides, 0, *kv_strides, 0, *mask_strides)
+        data = struct.pack(SDPA_PARAMS, rows, s, hq, hq // hkv, dim, keys, scale(dim), causal_pos, *q_strides, 0, *kv_strides, 0, *mask_strides)
         ctx.set_params(params, data)
         ctx.set_grid(d, flat_grid(rows))
         ctx.set_dims(b.out, ctx.dims(q))
@@ -119,7 +119,7 @@ def sdpa(b):
     _add_sdpa(b, q, k, v, mask, _scale(b.scalar(4, None)), geometry)
 
 
-@op("custom_sdpa.default")
+@op("custom_sdpa.default", "llama.custom_sdpa.default")
 def custom_sdpa(b):
     """[q, k_cache, v_cache, start_pos, attn_mask (None), dropout_p (0), is_causal, scale, out]."""
     q, k, v, start_pos = b.args[:4]

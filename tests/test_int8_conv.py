@@ -216,7 +216,7 @@ async def test_custom_sdpa_matches_eager_at_live_query_lengths(load_pte):
     with mock.patch.dict(fusable_patterns):
         del fusable_patterns["causal_sdpa"]  # it expects an update_cache beside every custom_sdpa
         pte, module = export_pte("custom_sdpa", CustomSdpa, CUSTOM_SAMPLE, CUSTOM_SHAPES)
-    assert "custom_sdpa.default" in _delegate_ops(pte)
+    assert "llama.custom_sdpa.default" in _delegate_ops(pte)
     calls = dynamic_shape_calls(CUSTOM_SAMPLE, CUSTOM_SHAPES, n=3, seed=5)
     await assert_matches_eager(await load_pte(pte), module, calls, atol=1e-5, rtol=1e-4)
 
