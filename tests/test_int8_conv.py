@@ -232,3 +232,45 @@ def test_int8_ops_reject_what_they_cannot_take():
     args = [x] + [g.add(Scalar(v)) for v in (0.1, 0, 10.0, 0, 3)] + [g.add(Tensor("int8", (1, 1, 9, 15)))]
     with pytest.raises(ValueError, match="q8ta_pixel_shuffle"):
         _resize(g, "et_vk.q8ta_pixel_shuffle.default", args, {})
+
+
+class Q8taConvRelu(torch.nn.Module):
+    """q8ta_conv2d_pw and q8ta_conv2d_dw called directly with relu and output zero points inside
+    the int8 range: from the flow, a relu's output range starts at 0, so the requantizing clamp
+    alone would hide a missing relu. Weights as the partitioner stores them: pointwise [Cout, Cin]
+    with rows padded to 8, depthwise [kh, kw, C]; scales and bias padded to a multiple of 4."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("w_pw", torch.randint(-127, 128, (7, 8), dtype=torch.int8))
+        self.register_buffer("s_pw", torch.rand(8) * 0.01 + 0.002)
+        self.register_buffer("b_pw", torch.randn(8))
+        self.register_buffer("w_dw", torch.randint(-127, 128, (3, 3, 8), dtype=torch.int8))
+        self.register_buffer("s_dw", torch.rand(8) * 0.01 + 0.002)
+        self.register_buffer("sums", torch.zeros(8, dtype=torch.int32))  # unused by both
+
+    def forward(self, x5, x8):
+        vk = torch.ops.et_vk
+        pw = vk.q8ta_conv2d_pw.default(
+            x5, 0.05, -3, self.w_pw, self.sums, self.s_pw, 0.04, 9, self.b_pw, [1, 1], [1, 1], [0, 0], [1, 1], 1, "relu"
+        )
+        dw = vk.q8ta_conv2d_dw.default(
+            x8, 0.03, 4, self.w_dw, self.sums, self.s_dw, 0.05, -11, None, [3, 3], [2, 1], [1, 1], [1, 2], 8, "relu"
+        )
+        return pw, dw
+
+
+async def test_q8ta_convolutions_apply_relu_before_requantizing(load_pte):
+    import executorch.backends.vulkan.custom_ops_lib  # noqa: F401
+
+    sample = (torch.randint(-128, 128, (1, 5, 7, 9), dtype=torch.int8), torch.randint(-128, 128, (2, 8, 11, 7), dtype=torch.int8))
+    pte, module = export_pte("q8ta_conv_relu", Q8taConvRelu, sample)
+    assert {"et_vk.q8ta_conv2d_pw.default", "et_vk.q8ta_conv2d_dw.default"} <= _delegate_ops(pte)
+    got = await (await load_pte(pte)).execute(*sample)
+    with torch.no_grad():
+        want = module(*sample)
+    for g, w, zp in zip(got, want, (9, -11), strict=True):
+        w = w.numpy().astype(np.int32)
+        assert g.shape == w.shape and g.min() == zp  # the relu's zero, not the int8 minimum
+        assert np.max(np.abs(g.astype(np.int32) - w)) <= 1
+        assert np.mean(g == w) >= 0.95
