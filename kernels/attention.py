@@ -262,6 +262,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }}
 """
 
+def online_softmax_step(dim, value):
+    """WGSL folding one key into the online softmax state (max m, sum l, accumulator acc[0..dim))
+    of a kernel that keeps it in registers: `score` is the key's score, `value` its value at d."""
+    return f"""        let m_new = max(m, score);
+        let corr = exp(m - m_new);
+        let e = exp(score - m_new);
+        l = l * corr + e;
+        for (var d = 0u; d < {dim}; d = d + 1u) {{ acc[d] = acc[d] * corr + e * {value}; }}
+        m = m_new;"""
+
+
 # The split-K kernel for CPU adapters (kernels/variants.py): no workgroup memory, no barrier. One
 # invocation per (head, row, key range), invocation z of a workgroup of MAX_SPLITS taking range z
 # (so SIMD lanes run different key ranges side by side), each key folded into its own online
@@ -286,12 +297,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let kbase = cbase + (j * p.hkv + kvh) * p.d;
         var score = 0.0;
         for (var d = 0u; d < p.d; d = d + 1u) {{ score = score + q[row + d] * p.scale * kc[kbase + d]; }}
-        let m_new = max(m, score);
-        let corr = exp(m - m_new);
-        let e = exp(score - m_new);
-        l = l * corr + e;
-        for (var d = 0u; d < p.d; d = d + 1u) {{ acc[d] = acc[d] * corr + e * vc[kbase + d]; }}
-        m = m_new;
+{online_step}
     }}
     let at = ((s * p.hq + h) * p.splits + z) * (p.d + 2u);
     for (var d = 0u; d < p.d; d = d + 1u) {{ out[at + d] = acc[d]; }}
@@ -556,7 +562,8 @@ def _split_route(cpu):
 
     def build(b, att):
         if cpu:
-            shader = SPLIT_CPU.format(MAX_SPLITS=MAX_SPLITS, MAX_HEAD_DIM=MAX_HEAD_DIM, **att.common)
+            step = online_softmax_step("p.d", "vc[kbase + d]")
+            shader = SPLIT_CPU.format(MAX_SPLITS=MAX_SPLITS, MAX_HEAD_DIM=MAX_HEAD_DIM, online_step=step, **att.common)
             grid = lambda s: (att.hq, s, 1)  # noqa: E731
         else:
             shader = _attention_shader(att.ragged, split=True, dim=att.dim)

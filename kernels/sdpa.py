@@ -17,7 +17,7 @@ import struct
 
 from resize.shapes import broadcast_strides
 
-from .attention import MAX_HEAD_DIM
+from .attention import MAX_HEAD_DIM, online_softmax_step
 from .registry import op
 from .wgsl import FLAT_INDEX, WG, flat_grid
 
@@ -53,12 +53,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         var dot = 0.0;
         for (var d = 0u; d < p.dim; d = d + 1u) {{ dot = dot + q[qrow + d] * k[krow + d]; }}
         let score = dot * p.scale + MASK;
-        let m_new = max(m, score);
-        let corr = exp(m - m_new);
-        let e = exp(score - m_new);
-        l = l * corr + e;
-        for (var d = 0u; d < p.dim; d = d + 1u) {{ acc[d] = acc[d] * corr + e * v[krow + d]; }}
-        m = m_new;
+{online_softmax_step("p.dim", "v[krow + d]")}
     }}
     let orow = b * p.qs.x + h * p.qs.y + s * p.qs.z;
     for (var d = 0u; d < p.dim; d = d + 1u) {{ out[orow + d] = acc[d] / l; }}
