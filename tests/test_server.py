@@ -251,3 +251,20 @@ def test_the_cli_refuses_an_open_port_without_a_key(capsys, monkeypatch):
     monkeypatch.delenv("PTE_WGPU_API_KEY", raising=False)
     assert cli(["serve", "missing.pte", "--host", "0.0.0.0"]) == 2
     assert "refusing to serve on 0.0.0.0 without an API key" in capsys.readouterr().err
+
+
+async def test_a_lost_device_ends_the_stream_and_fails_the_health_check(model):
+    async with running(tiny_app(model)) as url, httpx.AsyncClient(base_url=url, timeout=60) as client:
+        body = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 30}
+        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            events = []
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    events.append(json.loads(line[6:]))
+                    if len(events) == 2:
+                        model.device.destroy()  # mid-stream
+        assert "the GPU device was lost" in events[-1]["error"]["message"]
+        r = await client.get("/health")  # what a Ray replica's check_health reports too: it gets replaced
+        assert r.status_code == 503 and r.json()["status"] == "unhealthy"
+        r = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3})
+        assert r.status_code == 503 and "the GPU device was lost" in r.json()["error"]["message"]

@@ -134,6 +134,10 @@ class LocalEngine:
 
     async def stream(self, prompt, settings, stop_strings):
         async with self.slots:
+            try:
+                self.check_health()
+            except BrokenResourceError as e:
+                raise GenerationFailed(str(e)) from e
             yield ADMITTED
             try:
                 async with self.model.session() as session:
