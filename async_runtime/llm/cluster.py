@@ -152,7 +152,6 @@ class Ingress:
     async def __init__(self, replicas, tokenizer, options):
         self.options = dict(options)
         max_waiting = self.options.pop("max_waiting")
-        self.replicas = replicas
         description = await replicas.describe.remote()
         self.engine = ClusterEngine(replicas, description, max_waiting)
         self.tokenizer = tokenizer

@@ -113,12 +113,6 @@ class LocalEngine:
     def waiting(self):
         return self.slots.waiting
 
-    def full(self):
-        return self.slots.full()
-
-    def busy_message(self):
-        return busy_message(self.slots.in_use, self.slots.waiting)
-
     def check_health(self):
         """Raises BrokenResourceError once the device is lost (a replica's health check)."""
         if self.device_lost is not None:
