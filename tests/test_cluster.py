@@ -100,7 +100,7 @@ async def test_8_streamed_chats_answer_as_one_local_server_does(cluster, model):
                 await anyio.sleep(0.5)
         metrics = await scrape(client)
     assert metrics[("pte_wgpu:time_to_first_token_seconds_count", ())] == 8
-    assert metrics[("pte_wgpu:kv_slots_max", ())] == SESSIONS
+    assert metrics[("pte_wgpu:kv_slots_max", ())] == REPLICAS * SESSIONS
 
 
 async def test_a_full_cluster_answers_429_like_one_server(cluster):

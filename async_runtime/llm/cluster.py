@@ -60,8 +60,7 @@ class ModelReplica:
 
     def report(self):
         """This replica's GPU memory and runtime counters, for the ingress's /metrics."""
-        return {"memory": self.engine.gpu_memory(), "statistics": self.engine.statistics(),
-                "running": self.engine.running(), "device": self.engine.device_name}
+        return {"memory": self.engine.gpu_memory(), "statistics": self.engine.statistics()}
 
     async def _report_to_ingress(self):
         ingress = serve.get_deployment_handle(Ingress.__name__, APP_NAME)
@@ -90,12 +89,11 @@ def _as_busy_or_failed(error, busy):
 class ClusterEngine:
     """The engine interface (engine.py) over the replicas' handle."""
 
-    def __init__(self, handle, description, max_waiting):
+    def __init__(self, handle, description):
         self.handle = handle
         self.context = description["context"]
         self.device_name = description["device"]
-        self.capacity = description["capacity"]
-        self.max_waiting = max_waiting
+        self.replica_capacity = description["capacity"]
         self.reports = {}  # replica id -> (monotonic time, report)
         self._running = self._waiting = 0
 
@@ -104,6 +102,11 @@ class ClusterEngine:
 
     def waiting(self):
         return self._waiting
+
+    @property
+    def capacity(self):
+        """KV-cache slots of the replicas that reported lately (one replica's before any did)."""
+        return self.replica_capacity * max(1, len(self._fresh_reports()))
 
     def check_health(self):
         pass  # the replicas' health is Ray Serve's to check (ModelReplica.check_health)
@@ -149,11 +152,12 @@ class ClusterEngine:
 
 
 class Ingress:
+    """The routes of server.py over `ClusterEngine`; replicas push their `report()` here. One
+    replica of it, so its queue (`max_queued_requests` counts per caller) is the cluster's."""
+
     async def __init__(self, replicas, tokenizer, options):
-        self.options = dict(options)
-        max_waiting = self.options.pop("max_waiting")
-        description = await replicas.describe.remote()
-        self.engine = ClusterEngine(replicas, description, max_waiting)
+        self.options = options
+        self.engine = ClusterEngine(replicas, await replicas.describe.remote())
         self.tokenizer = tokenizer
         log_requests_to_stderr()
 
@@ -195,4 +199,4 @@ def application(pte, tokenizer, *, replicas=1, min_replicas=None, max_replicas=N
         max_ongoing_requests=100_000,  # it only relays; the replicas' limits are the ones that count
         graceful_shutdown_timeout_s=5,
     )
-    return ingress.bind(model, tokenizer, dict(app_options, model_name=model_name, max_waiting=max_waiting))
+    return ingress.bind(model, tokenizer, dict(app_options, model_name=model_name))
