@@ -155,3 +155,28 @@ async def test_a_killed_replica_ends_its_streams_with_an_error_and_comes_back(cl
                 await anyio.sleep(0.5)
         again = await chat_answers(cluster, REPLICAS * SESSIONS, 4)
         assert len(again) == REPLICAS * SESSIONS and all(finish in ("length", "stop") for _, finish in again.values())
+
+
+@pytest.mark.xfail(reason="open: after clients leave mid-stream, the replicas free their sessions but later "
+                          "generations on them hang (not seen on one server); last in this module, as it leaves "
+                          "the replicas stuck", strict=False)
+async def test_clients_that_leave_free_their_slots_on_the_replicas(cluster):
+    body = {"messages": CHAT, "stream": True, "max_tokens": 28}
+
+    async def leave_after_a_token(client):
+        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                    break  # the connection closes mid-stream
+
+    sessions = ("pte_wgpu:gpu_memory_bytes", (("part", "sessions"),))
+    async with httpx.AsyncClient(base_url=cluster, timeout=60) as client:
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for _ in range(REPLICAS * SESSIONS):  # every slot of the cluster: a leaked one would show
+                    tg.start_soon(leave_after_a_token, client)
+            while (metrics := await scrape(client))[sessions] or metrics[("pte_wgpu:num_requests_running", ())]:
+                await anyio.sleep(0.5)  # the replicas report every 2 s
+    with anyio.fail_after(30):
+        again = await chat_answers(cluster, REPLICAS * SESSIONS, 4)
+    assert len(again) == REPLICAS * SESSIONS

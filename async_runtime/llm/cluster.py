@@ -8,8 +8,9 @@ the request log and /metrics in one place for the whole cluster.
 Routing: a replica takes at most `max_sessions` requests at once (`max_ongoing_requests`): that is
 its batch, the sessions that decode together in one ragged pass; a request past it would only wait
 inside the replica, where a less loaded replica could have taken it. Requests that find every
-replica full wait in the ingress's queue (`max_queued_requests` = `max_waiting`); past that they
-get the same 429 as one server. With autoscaling, Ray Serve adds replicas when a replica's ongoing
+replica full wait in Ray's queue at the ingress; the ingress counts them, and one past
+`max_waiting` gets the same 429 as one server. (Ray's own `max_queued_requests` is not used: it
+also counts requests still being assigned, so a burst that fits would be turned away.) With autoscaling, Ray Serve adds replicas when a replica's ongoing
 requests pass `target_ongoing_requests` = `max_sessions`, i.e. when requests start to queue.
 
 Ray hides GPUs from each other with CUDA_VISIBLE_DEVICES, which Vulkan ignores: a replica opens
@@ -20,10 +21,10 @@ never share a GPU. Without GPUs, replicas take a CPU each and run on lavapipe.
 import asyncio
 import os
 import time
+from contextlib import aclosing
 
 import ray
 from ray import serve
-from ray.serve.exceptions import BackPressureError
 
 from .. import load
 from ..stats import Statistics
@@ -72,13 +73,16 @@ class ModelReplica:
             await asyncio.sleep(REPORT_EVERY_S)
 
     async def generate(self, prompt, settings, stop_strings):
-        async for piece in self.engine.stream(prompt, settings, stop_strings):
-            yield tuple(piece)
+        # Ray throws CancelledError in at our `yield` when the client leaves: aclosing passes it on,
+        # so the slot and the session are freed now, not when the inner generator is collected.
+        async with aclosing(self.engine.stream(prompt, settings, stop_strings)) as pieces:
+            async for piece in pieces:
+                yield tuple(piece)
 
 
 def _as_busy_or_failed(error, busy):
     """The exception the HTTP layer understands for an error that came through Ray."""
-    if isinstance(error, (Busy, BackPressureError)):
+    if isinstance(error, Busy):
         return Busy(busy)
     if isinstance(error, GenerationFailed):  # the replica's own message, without Ray's traceback
         return GenerationFailed(str(getattr(error, "cause", None) or error).splitlines()[-1])
@@ -89,8 +93,10 @@ def _as_busy_or_failed(error, busy):
 class ClusterEngine:
     """The engine interface (engine.py) over the replicas' handle."""
 
-    def __init__(self, handle, description):
+    def __init__(self, handle, description, replicas, max_waiting):
         self.handle = handle
+        self.replicas = replicas  # deployed (autoscaling: the minimum); more count once they report
+        self.max_waiting = max_waiting
         self.context = description["context"]
         self.device_name = description["device"]
         self.replica_capacity = description["capacity"]
@@ -105,8 +111,8 @@ class ClusterEngine:
 
     @property
     def capacity(self):
-        """KV-cache slots of the replicas that reported lately (one replica's before any did)."""
-        return self.replica_capacity * max(1, len(self._fresh_reports()))
+        """KV-cache slots of the replicas: those deployed, or those that reported lately if more."""
+        return self.replica_capacity * max(self.replicas, len(self._fresh_reports()))
 
     def check_health(self):
         pass  # the replicas' health is Ray Serve's to check (ModelReplica.check_health)
@@ -124,6 +130,8 @@ class ClusterEngine:
         return Statistics(**{k: sum(getattr(r["statistics"], k) for r in reports) for k in Statistics.__dataclass_fields__})
 
     async def stream(self, prompt, settings, stop_strings):
+        if self._running + self._waiting >= self.capacity + self.max_waiting:
+            raise Busy(busy_message(self._running, self._waiting))
         response = self.handle.options(stream=True).generate.remote(prompt, settings, stop_strings)
         ended = False  # the replica's stream ended (its last piece, or an error): nothing to cancel
         self._waiting += 1
@@ -153,11 +161,11 @@ class ClusterEngine:
 
 class Ingress:
     """The routes of server.py over `ClusterEngine`; replicas push their `report()` here. One
-    replica of it, so its queue (`max_queued_requests` counts per caller) is the cluster's."""
+    replica of it, so its count of running and waiting requests is the cluster's."""
 
-    async def __init__(self, replicas, tokenizer, options):
+    async def __init__(self, replicas, tokenizer, options, deployed, max_waiting):
         self.options = options
-        self.engine = ClusterEngine(replicas, await replicas.describe.remote())
+        self.engine = ClusterEngine(replicas, await replicas.describe.remote(), deployed, max_waiting)
         self.tokenizer = tokenizer
         log_requests_to_stderr()
 
@@ -168,7 +176,7 @@ class Ingress:
         self.engine.reports[replica_id] = (time.monotonic(), report)
 
 
-def application(pte, tokenizer, *, replicas=1, min_replicas=None, max_replicas=None, use_gpus=None,
+def application(pte, tokenizer, *, replicas=1, min_replicas=1, max_replicas=None, use_gpus=None,
                 max_sessions=8, max_waiting=32, model_name="model", **app_options):
     """The Ray Serve application: `serve.run(application(...), name=APP_NAME)`.
 
@@ -187,7 +195,6 @@ def application(pte, tokenizer, *, replicas=1, min_replicas=None, max_replicas=N
         # Ray's default uvloop is not one it knows: replicas run asyncio's own loop.
         ray_actor_options={"num_gpus" if use_gpus else "num_cpus": 1, "runtime_env": {"env_vars": {"RAY_USE_UVLOOP": "0"}}},
         max_ongoing_requests=max_sessions,
-        max_queued_requests=max_waiting,
         health_check_period_s=5,
         graceful_shutdown_timeout_s=5,
         **scaling,
@@ -199,4 +206,5 @@ def application(pte, tokenizer, *, replicas=1, min_replicas=None, max_replicas=N
         max_ongoing_requests=100_000,  # it only relays; the replicas' limits are the ones that count
         graceful_shutdown_timeout_s=5,
     )
-    return ingress.bind(model, tokenizer, dict(app_options, model_name=model_name))
+    return ingress.bind(model, tokenizer, dict(app_options, model_name=model_name), min_replicas if max_replicas else replicas,
+                        max_waiting)

@@ -9,6 +9,7 @@ An engine's `stream(prompt, settings, stop_strings)` is an async generator: its 
 the device or of a replica after admission is `GenerationFailed`.
 """
 
+from contextlib import aclosing
 from typing import NamedTuple
 
 import anyio
@@ -137,8 +138,9 @@ class LocalEngine:
                 async with self.model.session() as session:
                     self.sessions.add(session)
                     try:
-                        async for piece in text_pieces(session, self.tokenizer, prompt, settings, stop_strings):
-                            yield piece
+                        async with aclosing(text_pieces(session, self.tokenizer, prompt, settings, stop_strings)) as pieces:
+                            async for piece in pieces:
+                                yield piece
                     finally:
                         self.sessions.discard(session)
             except BrokenResourceError as e:
