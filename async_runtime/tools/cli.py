@@ -1,6 +1,7 @@
 """`python -m async_runtime inspect model.pte`: what a program holds and what this runtime lacks."""
 
 import argparse
+import os
 import sys
 from collections import Counter
 
@@ -62,25 +63,65 @@ def inspect(data, out=sys.stdout):
         print(f"  unsupported: {', '.join(sorted(missing)) if missing else 'none'}", file=out)
 
 
+def _refuse_open_server(args):
+    """Why this server must not start (an open port beyond loopback without a key), or None."""
+    import ipaddress
+
+    if args.api_key or args.no_auth:
+        return None
+    try:
+        loopback = args.host == "localhost" or ipaddress.ip_address(args.host).is_loopback
+    except ValueError:
+        loopback = False
+    if loopback:
+        return None
+    return (f"refusing to serve on {args.host} without an API key: pass --api-key KEY (or set $PTE_WGPU_API_KEY), "
+            "or --no-auth to serve without one")
+
+
 def _serve(args):
-    import os
+    from ..llm.middleware import log_requests_to_stderr
+    from ..llm.tokenizer import Tokenizer
+
+    refusal = _refuse_open_server(args)
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
+    tokenizer = Tokenizer.load(args.tokenizer) if args.tokenizer else Tokenizer.for_model(args.pte)
+    options = dict(model_name=os.path.splitext(os.path.basename(args.pte))[0], max_sessions=args.max_sessions,
+                   max_waiting=args.max_waiting, api_key=args.api_key, max_body_bytes=args.max_body_bytes)
+    log_requests_to_stderr()
+    if args.replicas or args.max_replicas:
+        return _serve_on_ray(args, tokenizer, options)
 
     import anyio
 
     from .. import load
     from ..llm.server import create_app, serve
-    from ..llm.tokenizer import Tokenizer
-
-    tokenizer = Tokenizer.load(args.tokenizer) if args.tokenizer else Tokenizer.for_model(args.pte)
 
     async def run():
         async with await load(args.pte) as model:
-            app = create_app(model, tokenizer, model_name=os.path.splitext(os.path.basename(args.pte))[0],
-                             max_sessions=args.max_sessions, max_waiting=args.max_waiting)
+            app = create_app(model, tokenizer, **options)
             print(f"serving {args.pte} on http://{args.host}:{args.port} ({model.device_info.name})")
             await serve(app, args.host, args.port)
 
     anyio.run(run, backend=args.backend)
+    return 0
+
+
+def _serve_on_ray(args, tokenizer, options):
+    import ray
+    from ray import serve
+
+    from ..llm.cluster import APP_NAME, application
+
+    ray.init(address=args.address)  # None starts a local cluster; "auto" joins this host's; "ray://..." a remote one
+    serve.start(http_options={"host": args.host, "port": args.port})
+    app = application(os.path.abspath(args.pte), tokenizer, replicas=args.replicas or 1,
+                      min_replicas=args.min_replicas, max_replicas=args.max_replicas, **options)
+    print(f"serving {args.pte} on http://{args.host}:{args.port} with Ray Serve "
+          f"({args.replicas or f'{args.min_replicas}-{args.max_replicas}'} replicas)")
+    serve.run(app, name=APP_NAME, route_prefix="/", blocking=True)
     return 0
 
 
@@ -100,6 +141,14 @@ def main(argv=None):
     p.add_argument("--max-sessions", type=int, default=8, help="requests generating at once")
     p.add_argument("--max-waiting", type=int, default=32, help="requests waiting for a slot; past it, 429")
     p.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    p.add_argument("--api-key", default=os.environ.get("PTE_WGPU_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/ (default: $PTE_WGPU_API_KEY)")
+    p.add_argument("--no-auth", action="store_true", help="serve beyond loopback without an API key")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
+    p.add_argument("--replicas", type=int, help="serve with Ray Serve: this many replicas, one GPU each")
+    p.add_argument("--min-replicas", type=int, default=1, help="with --max-replicas: autoscaling's lower bound")
+    p.add_argument("--max-replicas", type=int, help="autoscale with Ray Serve from the requests queued")
+    p.add_argument("--address", help="the Ray cluster to join ('auto', 'ray://host:10001'); default: start one here")
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)

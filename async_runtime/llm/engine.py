@@ -1,0 +1,148 @@
+"""What the HTTP layer asks of a generator of text: admission (or `Busy`), then pieces of text.
+
+`LocalEngine` runs on a model in this process: at most `max_sessions` requests generate at once
+(each in its own session, hence its own KV-cache slot), at most `max_waiting` more wait for a slot.
+The cluster's engine (`cluster.py`) has the same interface over Ray Serve replicas.
+
+An engine's `stream(prompt, settings, stop_strings)` is an async generator: its first item is
+`ADMITTED` once the request holds a slot (or it raises `Busy` first), then `Piece`s. A failure of
+the device or of a replica after admission is `GenerationFailed`.
+"""
+
+from contextlib import aclosing
+from typing import NamedTuple
+
+import anyio
+
+from ..errors import BrokenResourceError
+from .generate import context_length, generate
+
+
+class Busy(Exception):
+    """Every slot is taken and the waiting line is full: 429."""
+
+
+class GenerationFailed(Exception):
+    """The generation broke after it started (a lost device, a dead replica): 500, or an error event."""
+
+
+class Piece(NamedTuple):
+    text: str  # the new text (may be empty: an unfinished UTF-8 sequence, or the final piece)
+    finish: str | None  # "stop" or "length" on the last piece
+    tokens: int  # tokens generated so far
+
+
+ADMITTED = Piece("", None, 0)
+
+
+def busy_message(running, waiting):
+    return f"the server is busy: {running} requests are generating and {waiting} are waiting; try again later"
+
+
+class Slots:
+    """At most `running` requests generate at once; at most `waiting` more wait their turn."""
+
+    def __init__(self, running, waiting):
+        self.semaphore = anyio.Semaphore(running)
+        self.running = running
+        self.max_waiting = waiting
+        self.waiting = 0
+
+    @property
+    def in_use(self):
+        return self.running - self.semaphore.value
+
+    def full(self):
+        return self.semaphore.value == 0 and self.waiting >= self.max_waiting
+
+    async def __aenter__(self):
+        try:
+            self.semaphore.acquire_nowait()
+            return
+        except anyio.WouldBlock:
+            pass
+        if self.full():
+            raise Busy(busy_message(self.in_use, self.waiting))
+        self.waiting += 1
+        try:
+            await self.semaphore.acquire()
+        finally:
+            self.waiting -= 1
+
+    async def __aexit__(self, *exc):
+        self.semaphore.release()
+
+
+async def text_pieces(session, tokenizer, prompt, settings, stop_strings):
+    """`Piece`s as tokens come, with the tokenizer's stop tokens and the stop strings cut."""
+    ids, sent = [], ""
+    gen = generate(session, prompt, stop=tokenizer.stop_ids, **settings)
+    async for token in gen:
+        if token in tokenizer.stop_ids:
+            break
+        ids.append(token)
+        text = tokenizer.decode(ids)
+        if text.endswith("\ufffd"):
+            continue  # an unfinished UTF-8 sequence: wait for its next byte
+        cut = min((text.find(s) for s in stop_strings if s and s in text), default=-1)
+        if cut >= 0:
+            yield Piece(text[len(sent):cut], "stop", gen.stats.generated_tokens)
+            return
+        if text[len(sent):]:
+            yield Piece(text[len(sent):], None, gen.stats.generated_tokens)
+            sent = text
+    yield Piece("", gen.stats.finish_reason or "length", gen.stats.generated_tokens)
+
+
+class LocalEngine:
+    def __init__(self, model, tokenizer, max_sessions=8, max_waiting=32):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.slots = Slots(max_sessions, max_waiting)
+        self.context = context_length(model)
+        self.device_name = model.device_info.name
+        self.sessions = set()  # the open sessions of requests, each holding a KV-cache slot
+        self.device_lost = None  # the BrokenResourceError that a generation met, if any
+
+    @property
+    def capacity(self):
+        return self.slots.running
+
+    def running(self):
+        return self.slots.in_use
+
+    def waiting(self):
+        return self.slots.waiting
+
+    def check_health(self):
+        """Raises BrokenResourceError once the device is lost (a replica's health check)."""
+        if self.device_lost is not None:
+            raise BrokenResourceError(f"the GPU device was lost: {self.device_lost}")
+        self.model._check_open()
+
+    def gpu_memory(self):
+        """{"model": bytes shared by all sessions, "sessions": bytes the requests' sessions own}."""
+        return {"model": self.model.memory(), "sessions": sum(s.memory() for s in list(self.sessions))}
+
+    def statistics(self):
+        return self.model.statistics()
+
+    async def stream(self, prompt, settings, stop_strings):
+        async with self.slots:
+            try:
+                self.check_health()
+            except BrokenResourceError as e:
+                raise GenerationFailed(str(e)) from e
+            yield ADMITTED
+            try:
+                async with self.model.session() as session:
+                    self.sessions.add(session)
+                    try:
+                        async with aclosing(text_pieces(session, self.tokenizer, prompt, settings, stop_strings)) as pieces:
+                            async for piece in pieces:
+                                yield piece
+                    finally:
+                        self.sessions.discard(session)
+            except BrokenResourceError as e:
+                self.device_lost = e
+                raise GenerationFailed(f"the GPU device was lost: {e}") from e

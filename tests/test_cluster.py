@@ -1,0 +1,182 @@
+"""The server on Ray Serve: a local Ray cluster of two simulated nodes on loopback, one lavapipe
+replica of the tiny Llama on each, real clients through Ray's HTTP proxy."""
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from .byte_tokenizer import ByteTokenizer
+from .test_llama import recorded
+from .test_server import free_port, model, running, scrape, tiny_app  # noqa: F401 (model is a fixture)
+
+# Ray resolves 127.0.0.1 to the host's address, which the cluster would then use (and this sandbox may not
+# reach); set before Ray is imported, this keeps every node, the proxy and the clients on loopback.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+ray = pytest.importorskip("ray")
+serve = pytest.importorskip("ray.serve")
+
+pytestmark = pytest.mark.usefixtures("adapter")
+REPLICAS, SESSIONS, WAITING = 2, 2, 4  # per replica, and the cluster's waiting line
+CHAT = [{"role": "user", "content": "tell me"}]
+
+
+@pytest.fixture
+def anyio_backend():
+    """The client side runs on asyncio only: the cluster is the same whatever the test's loop."""
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """The base url of the cluster's HTTP proxy; Ray and the cluster go away after the module."""
+    from ray.cluster_utils import Cluster
+
+    from async_runtime.llm.cluster import APP_NAME, application
+
+    pte = tmp_path_factory.mktemp("cluster") / "tiny.pte"
+    pte.write_bytes(recorded("fp32", tmp_path_factory)[0])
+    saved = dict(os.environ)
+    # Ray's workers import this checkout (not another one installed in the venv) and the tests' tokenizer.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parents[1]), saved.get("PYTHONPATH")]))
+    os.environ.update(RAY_USAGE_STATS_ENABLED="0", XDG_RUNTIME_DIR=saved.get("XDG_RUNTIME_DIR", "/tmp"))
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                          "node_ip_address": "127.0.0.1"})
+    nodes.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+    try:
+        ray.init(address=nodes.address, log_to_driver=False)
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
+        app = application(pte, ByteTokenizer(), replicas=REPLICAS, use_gpus=False, max_sessions=SESSIONS,
+                          max_waiting=WAITING, max_tokens=8, model_name="tiny")
+        deployed = threading.Thread(target=serve.run, args=(app,), kwargs=dict(name=APP_NAME, route_prefix="/"), daemon=True)
+        deployed.start()
+        deployed.join(timeout=180)  # Ray retries a failing replica's constructor for a long time
+        assert not deployed.is_alive(), "the replicas did not start within 3 minutes (see /tmp/ray/session_latest/logs)"
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        if ray.is_initialized():
+            serve.shutdown()
+            ray.shutdown()
+        nodes.shutdown()
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+async def chat_answers(url, n, max_tokens):
+    """{i: (text, finish reason)} of `n` streamed greedy chats at once through the openai client."""
+    from openai import AsyncOpenAI
+
+    answers = {}
+
+    async def one(client, i):
+        messages = [{"role": "user", "content": f"question {i}"}]
+        stream = await client.chat.completions.create(model="tiny", messages=messages, stream=True,
+                                                      max_tokens=max_tokens, temperature=0)
+        chunks = [c async for c in stream]
+        answers[i] = ("".join(c.choices[0].delta.content or "" for c in chunks), chunks[-1].choices[0].finish_reason)
+
+    async with AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120) as client:
+        async with anyio.create_task_group() as tg:
+            for i in range(n):
+                tg.start_soon(one, client, i)
+    return answers
+
+
+async def test_8_streamed_chats_answer_as_one_local_server_does(cluster, model):
+    with anyio.fail_after(120):
+        on_cluster = await chat_answers(cluster, 8, 8)  # 4 generate, 4 wait in the ingress's queue
+    async with running(tiny_app(model)) as url:
+        local = await chat_answers(url, 8, 8)
+    assert on_cluster == local
+    assert all(finish in ("length", "stop") for _, finish in on_cluster.values())
+    async with httpx.AsyncClient(base_url=cluster, timeout=30) as client:
+        with anyio.fail_after(30):  # both replicas report their memory to the ingress
+            while (await scrape(client))[("pte_wgpu:gpu_memory_bytes", (("part", "model"),))] != REPLICAS * model.memory():
+                await anyio.sleep(0.5)
+        metrics = await scrape(client)
+    assert metrics[("pte_wgpu:time_to_first_token_seconds_count", ())] == 8
+    assert metrics[("pte_wgpu:kv_slots_max", ())] == REPLICAS * SESSIONS
+
+
+async def test_a_full_cluster_answers_429_like_one_server(cluster):
+    async with httpx.AsyncClient(base_url=cluster, timeout=120) as client:
+        answers = []
+
+        async def post():
+            r = await client.post("/v1/completions", json={"prompt": "load", "max_tokens": 8})
+            answers.append((r.status_code, r.json() if r.headers.get("content-type") == "application/json" else r.text))
+
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                for _ in range(16):  # 4 generate, 4 wait, the rest are turned away
+                    tg.start_soon(post)
+    assert {status for status, _ in answers} == {200, 429}, answers
+    busy = [body for status, body in answers if status == 429]
+    assert busy and any(status == 200 for status, _ in answers)
+    assert all(b["error"]["type"] == "server_busy" and b["error"]["message"].startswith("the server is busy: ") for b in busy)
+
+
+def replica_actors():
+    return [a for a in ray.util.list_named_actors(all_namespaces=True) if "ModelReplica" in a["name"]]
+
+
+async def test_a_killed_replica_ends_its_streams_with_an_error_and_comes_back(cluster):
+    async def stream(client, i, events):
+        body = {"messages": CHAT, "stream": True, "max_tokens": 28, "temperature": 0}
+        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    events[i].append(json.loads(line[6:]))
+
+    events = {i: [] for i in range(REPLICAS * SESSIONS)}  # every slot of both replicas
+    async with httpx.AsyncClient(base_url=cluster, timeout=120) as client:
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                for i in events:
+                    tg.start_soon(stream, client, i, events)
+                while sum(len(e) > 1 for e in events.values()) < len(events):
+                    await anyio.sleep(0.02)  # every stream has its first token
+                victim = replica_actors()[0]
+                await anyio.to_thread.run_sync(lambda: ray.kill(ray.get_actor(victim["name"], victim["namespace"]), no_restart=True))
+        failed = [e[-1]["error"]["message"] for e in events.values() if "error" in e[-1]]
+        finished = [e for e in events.values() if "error" not in e[-1]]
+        assert failed and all("the replica serving this request failed" in m for m in failed)
+        assert finished and all(e[-1]["choices"][0]["finish_reason"] for e in finished)  # the other replica went on
+        with anyio.fail_after(90):  # Ray Serve replaces the dead replica
+            while len(replica_actors()) < REPLICAS or victim in replica_actors():
+                await anyio.sleep(0.5)
+            while (await client.get("/health")).status_code != 200:
+                await anyio.sleep(0.5)
+        again = await chat_answers(cluster, REPLICAS * SESSIONS, 4)
+        assert len(again) == REPLICAS * SESSIONS and all(finish in ("length", "stop") for _, finish in again.values())
+
+
+@pytest.mark.xfail(reason="open: after clients leave mid-stream, the replicas free their sessions but later "
+                          "generations on them hang (not seen on one server); last in this module, as it leaves "
+                          "the replicas stuck", strict=False)
+async def test_clients_that_leave_free_their_slots_on_the_replicas(cluster):
+    body = {"messages": CHAT, "stream": True, "max_tokens": 28}
+
+    async def leave_after_a_token(client):
+        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                    break  # the connection closes mid-stream
+
+    sessions = ("pte_wgpu:gpu_memory_bytes", (("part", "sessions"),))
+    async with httpx.AsyncClient(base_url=cluster, timeout=60) as client:
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for _ in range(REPLICAS * SESSIONS):  # every slot of the cluster: a leaked one would show
+                    tg.start_soon(leave_after_a_token, client)
+            while (metrics := await scrape(client))[sessions] or metrics[("pte_wgpu:num_requests_running", ())]:
+                await anyio.sleep(0.5)  # the replicas report every 2 s
+    with anyio.fail_after(30):
+        again = await chat_answers(cluster, REPLICAS * SESSIONS, 4)
+    assert len(again) == REPLICAS * SESSIONS
