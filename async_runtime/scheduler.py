@@ -7,8 +7,13 @@ It then promotes the next waiting step's task to owner, so no background task is
 caller's task does its share. For a model that batches ragged (async_runtime.batching), the owner
 runs passes over all ready steps instead, each pass finishing some of them. Everything after the
 hand-over is shielded: a cancelled caller's step still completes, so a session is never left
-half-updated.
+half-updated. anyio's shield stops anyio's (and trio's) cancellation; a native asyncio
+`Task.cancel()` from code outside anyio (Ray Serve cancels a request's task that way when its
+client leaves) would still break through it, so on asyncio the hand-over runs in a task of its
+own that the caller waits for, cancelled or not.
 """
+
+import asyncio
 
 from dataclasses import dataclass, field
 
@@ -41,6 +46,20 @@ class Scheduler:
     async def run(self, step):
         if self.broken is not None:
             raise BrokenResourceError("the GPU device was lost") from self.broken
+        if not _on_asyncio():
+            return await self._run(step)
+        handed_over = asyncio.ensure_future(self._run(step))
+        cancelled = None
+        while not handed_over.done():
+            try:
+                await asyncio.shield(handed_over)
+            except asyncio.CancelledError as e:  # a native cancel: the step completes first
+                cancelled = cancelled or e
+        if cancelled is not None:
+            raise cancelled
+        return handed_over.result()
+
+    async def _run(self, step):
         self._ready.append(step)
         with anyio.CancelScope(shield=True):
             if self._owned:
@@ -129,3 +148,10 @@ class Scheduler:
             step.error.__cause__ = error
             step.done = True
             step.wake.set()
+
+
+def _on_asyncio():
+    try:
+        return asyncio.current_task() is not None
+    except RuntimeError:  # no asyncio loop runs this code: trio
+        return False

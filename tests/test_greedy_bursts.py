@@ -3,6 +3,8 @@ next pass, several passes a submit. The ids must be bitwise those of the host lo
 `logits.argmax()`), which the reference runs on the same file loaded with `batch_submits=False`.
 """
 
+import asyncio
+
 import anyio
 import numpy as np
 import pytest
@@ -94,3 +96,25 @@ async def test_bad_greedy_calls_change_nothing(llama):
         ids = await s.greedy(np.array([[1, 2]]), np.array([0]), n=4)
         async with await ar.load(llama, batch_submits=False) as ref:
             assert ids.tolist() == await _host_loop(ref, np.array([1, 2]), 4)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_native_asyncio_cancel_leaves_every_session_consistent(llama):
+    """Task.cancel() from outside anyio (as Ray Serve does when a client leaves) reaches through
+    anyio's shield; the cancelled step must still complete, and the others go on exactly."""
+    async with await ar.load(llama, batch_submits=False) as ref:
+        want = await _host_loop(ref, np.array([3, 1, 4]), 20)
+    async with await ar.load(llama) as model:
+        sessions = [await model.open_session() for _ in range(3)]
+        tasks = [asyncio.ensure_future(s.greedy(np.array([[3, 1, 4]]), np.array([0]), n=20)) for s in sessions]
+        for _ in range(3):
+            await asyncio.sleep(0)
+        tasks[0].cancel()
+        with anyio.fail_after(120):  # a lost owner would hang every later step: fail instead
+            with pytest.raises(asyncio.CancelledError):
+                await tasks[0]
+            assert [(await t).tolist() for t in tasks[1:]] == [want, want]
+            await sessions[0].aclose()
+            async with model.session() as s:  # a new session on the freed slot, and the survivors, still run
+                assert (await s.greedy(np.array([[3, 1, 4]]), np.array([0]), n=20)).tolist() == want
+            assert (await sessions[1].greedy(np.array([[3, 1, 4]]), np.array([0]), n=20)).tolist() == want
