@@ -46,7 +46,8 @@ from async_runtime.llm.export import export_command, export_llm_args, write_tiny
 _CACHE = {}
 
 def run_export(overrides, pt2_path, cwd, timeout=900):
-    """Run the CLI export in a subprocess; returns wall seconds. Raises with the log tail on failure."""
+    """Run the CLI export in a subprocess; returns (wall seconds, its output). Raises with the log
+    tail on failure."""
     t0 = time.perf_counter()
     proc = subprocess.run(
         export_command(overrides, pt2_path),
@@ -59,7 +60,7 @@ def run_export(overrides, pt2_path, cwd, timeout=900):
     if proc.returncode != 0:
         tail = (proc.stdout + proc.stderr)[-6000:]
         raise RuntimeError(f"export_llm failed (rc={proc.returncode}):\n{tail}")
-    return seconds
+    return seconds, proc.stdout + proc.stderr
 
 
 def load_program(pt2_path):
@@ -155,13 +156,13 @@ def export_llama(
         pt2_path = os.path.join(out_dir, "program.pt2")
         overrides = export_llm_args(params_path, ckpt_path, out_dir, os.path.basename(pte_path), max_len,
                                   qmode=qmode, group_size=group_size, dynamic=dynamic)
-        seconds = run_export(overrides, pt2_path, cwd=out_dir)
+        seconds, log = run_export(overrides, pt2_path, cwd=out_dir)
         if not os.path.exists(pte_path):
             raise RuntimeError(f"export_llm wrote no {pte_path}")
         _CACHE[key] = dict(pte_path=pte_path, program=load_program(pt2_path), state=state,
-                           params=params, export_seconds=seconds, out_dir=out_dir)
+                           params=params, export_seconds=seconds, export_log=log, out_dir=out_dir)
     entry = _CACHE[key]
     ref = LlamaReference(copy.deepcopy(entry["program"]), entry["state"], entry["params"])
-    ref.export_seconds = entry["export_seconds"]
+    ref.export_seconds, ref.export_log = entry["export_seconds"], entry["export_log"]
     ref.out_dir = entry["out_dir"]
     return entry["pte_path"], ref

@@ -168,3 +168,20 @@ async def test_sampling_is_seeded_and_bounded_by_the_context(tmp_path_factory, l
         ar.generate(model.session(), [1] * 49)
     with pytest.raises(ar.InputError, match="bad sampling"):
         ar.generate(model.session(), prompt, top_p=0)
+
+
+def test_the_export_announces_each_stage_in_order(tmp_path_factory):
+    """The export subprocess (async_runtime.llm.export_driver) prints a line as each stage starts,
+    including each partition's Vulkan lowering: what examples/export_smollm2.py shows."""
+    pytest.importorskip("executorch")
+    from async_runtime.llm.export_driver import PREPROCESS_STAGE, STAGE_MARK, STAGES
+
+    from .llama import export_llama
+
+    _, ref = export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, **CONFIGS["fp32"])  # cached
+    announced = [line[len(STAGE_MARK):] for line in ref.export_log.splitlines() if line.startswith(STAGE_MARK)]
+    partitions = [s for s in announced if s.startswith(PREPROCESS_STAGE.split("{")[0])]
+    assert partitions and partitions[0] == PREPROCESS_STAGE.format(1), announced
+    assert [s for s in announced if s not in partitions] == [stage for _, stage in STAGES], announced
+    to_backend = announced.index("partitioning for Vulkan")
+    assert all(to_backend < announced.index(p) < announced.index("saving") for p in partitions), announced
