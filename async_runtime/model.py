@@ -20,13 +20,14 @@ from .errors import (
     ClosedResourceError,
     MemoryBudgetError,
     ModelFormatError,
-    RuntimeFault,
     UnsupportedOperatorError,
 )
 from .program.graph import link
 from .program.planning import plan_memory, written_in_place
 from .ragged import NotRagged, plan_ragged
+from .pipelines import compile_pipelines, dispatch_each_once
 from .program.pte import read_program
+from .progress import LoadProgress
 from .scheduler import Scheduler
 from .session import Session
 from .stats import Counters
@@ -42,14 +43,36 @@ class IOSpec:
     max_shape: tuple
 
 
-async def _read_source(source):
+READ_CHUNK = 1 << 24  # bytes per read of a file, between progress reports
+
+
+async def _read_source(source, progress):
     if isinstance(source, (bytes, bytearray, memoryview)):
+        progress("read", 1, 1)
         return bytes(source)
     if isinstance(source, (str, os.PathLike)):
-        return await anyio.Path(source).read_bytes()
+        return await anyio.to_thread.run_sync(_read_file, source, progress)
     if hasattr(source, "read"):
-        return await anyio.to_thread.run_sync(source.read)
+        data = await anyio.to_thread.run_sync(source.read)
+        progress("read", 1, 1)
+        return data
     raise TypeError(f"load() takes a path, bytes or a binary file object, not {type(source).__name__}")
+
+
+def _read_file(path, progress):
+    """The file's bytes, read in chunks with a progress report after each (a worker thread)."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        data, done = bytearray(size), 0
+        view = memoryview(data)
+        progress.from_worker("read", 0, size)
+        while done < size:
+            n = f.readinto(view[done : done + READ_CHUNK])
+            if not n:
+                raise ModelFormatError(f"{path}: the file shrank to {done} bytes while it was read")
+            done += n
+            progress.from_worker("read", done, size)
+    return data
 
 
 async def load(
@@ -62,6 +85,7 @@ async def load(
     memory_budget=None,
     max_batch=32,
     token_budget=None,
+    progress=None,
 ):
     """Load a `.pte` program and build its GPU plan.
 
@@ -72,13 +96,16 @@ async def load(
     maximum sequence length); `model.batching` says which ("ragged", "submits" or "off") and
     `model.batching_note` why not ragged. `batch_submits=False` gives every step its own submit
     and pass (for comparison). `memory_budget` caps the GPU bytes of the model and all its
-    sessions: past it, load or `session()` raises MemoryBudgetError before allocating anything."""
+    sessions: past it, load or `session()` raises MemoryBudgetError before allocating anything.
+    `progress(phase, done, total)` is called on the event loop's thread as the load goes through
+    "read", "upload", "compile" and "warm-up" (see `async_runtime.progress`)."""
     for name, value in (("max_batch", max_batch), ("token_budget", token_budget)):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ValueError(f"load(): {name} must be a positive int, got {value!r}")
-    data = await _read_source(source)
+    report = LoadProgress(progress)
+    data = await _read_source(source, report)
     model = Model(on_resize, batch_submits, memory_budget)
-    await model._build(data, method, device, max_batch, token_budget)
+    await model._build(data, method, device, max_batch, token_budget, report)
     return model
 
 
@@ -98,7 +125,8 @@ class Model:
         self._scheduler = Scheduler(self, batch_submits)
 
     # --- load ---------------------------------------------------------------------------------
-    async def _build(self, data, method, device_name, max_batch=32, token_budget=None):
+    async def _build(self, data, method, device_name, max_batch=32, token_budget=None, progress=None):
+        progress = progress or LoadProgress()
         program = await anyio.to_thread.run_sync(read_program, data)
         graph = link(program.method(method))
         self.fused = fuse(graph)
@@ -141,32 +169,28 @@ class Model:
         self._session_vids = sorted(state_vids | input_vids)  # each session has its own copy
         # Allocating and uploading weights and creating bind groups are synchronous wgpu calls that
         # take hundreds of ms for a real model: worker threads, so the event loop keeps running.
-        await anyio.to_thread.run_sync(self._make_buffers, program.named_data)
-        self._pipelines = await self._compile_pipelines()
+        await anyio.to_thread.run_sync(self._make_buffers, program.named_data, progress)
+        self._pipelines = await compile_pipelines(self.device, graph.dispatches, progress)
         self._batcher = None
         if ragged is not None:
             runner = await anyio.to_thread.run_sync(Session, self)
             self._sessions.discard(runner)  # the model's own: not a user session
             self._batcher = await anyio.to_thread.run_sync(Batcher, self, ragged, runner, token_budget)  # compiles the sampler
         self._default = await self.open_session()
-        await self._warm_up()
+        await self._warm_up(progress)
 
-    async def _warm_up(self):
-        """Run one step at the maximum shapes on a throwaway session, encoded and submitted in a
-        worker thread: drivers that compile shaders lazily at first use (lavapipe does, for
-        hundreds of ms) do it now, off the event loop, not in the first execute."""
+    async def _warm_up(self, progress):
+        """Every pipeline dispatched once on a throwaway session, in a worker thread: drivers that
+        compile shaders at first use do it now, off the event loop, not in the first execute."""
 
-        def run_one_step():
+        def warm_up():
             session = Session(self)
-            encoder = self.device.create_command_encoder()
-            session._encode_commands(encoder)
-            self.device.queue.submit([encoder.finish()])
-            session._staging.map_sync("READ")  # worker thread: waits until the step has run
-            session._staging.read_mapped(copy=True)  # the first read of mapped memory is slow too
-            session._staging.unmap()
-            session._release()
+            try:
+                dispatch_each_once(session, progress)
+            finally:
+                session._release()
 
-        await anyio.to_thread.run_sync(run_one_step)
+        await anyio.to_thread.run_sync(warm_up)
 
     def _plan_at_max_shapes(self):
         """Run every hook once with the inputs at their maximum shapes: the initial live state."""
@@ -201,7 +225,7 @@ class Model:
         self._counters.buffer_allocations += 1
         return self.device.create_buffer(size=max(align(size, 4), 4), usage=usage, label=label)
 
-    def _make_buffers(self, named):
+    def _make_buffers(self, named, progress):
         values = self.graph.values
         limit = self.device_info.max_storage_binding
         for vid, v in enumerate(values):
@@ -216,9 +240,10 @@ class Model:
         self._reserve(sum(align(size, 4) for size in shared.values()), "the model's weights and activations")
         self._buffers = {key: self._create_buffer(size, STORAGE_USAGE, str(key)) for key, size in shared.items()}
         self._constant_data = {}  # initial contents of the session-owned constants (state tensors)
-        for vid, v in enumerate(values):
-            if not (isinstance(v, Tensor) and v.constant is not None):
-                continue
+        constants = [(vid, v) for vid, v in enumerate(values) if isinstance(v, Tensor) and v.constant is not None]
+        total, done = sum(numel_of(v.dims) * elem_bytes(v.dtype) for _, v in constants), 0
+        progress.from_worker("upload", 0, total)
+        for vid, v in constants:
             data = to_storage(v, _constant_bytes(v.constant, named, f"constant tensor {vid}"), f"tensor {vid}")
             for d in self._state_copies.values():
                 if d.src == vid:
@@ -227,23 +252,8 @@ class Model:
                 self._constant_data[vid] = data
             elif data.nbytes:
                 self.device.queue.write_buffer(self._buffers[self._buffer_key[vid]], 0, data)
-
-    async def _compile_pipelines(self):
-        """Shader modules and pipelines, compiled in worker threads so the event loop stays free."""
-        pipelines, device = {}, self.device
-
-        def compile_one(src):
-            module = device.create_shader_module(code=src)
-            return device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
-
-        for d in self.graph.dispatches:
-            if d.shader is None or d.shader in pipelines:
-                continue
-            try:
-                pipelines[d.shader] = await anyio.to_thread.run_sync(compile_one, d.shader)
-            except Exception as e:
-                raise RuntimeFault(f"the kernel of {d.op} failed to compile: {e}\n--- shader ---\n{d.shader}") from e
-        return pipelines
+            done += numel_of(v.dims) * elem_bytes(v.dtype)
+            progress.from_worker("upload", done, total)
 
     def buffer(self, vid):
         return self._buffers[self._buffer_key[vid]]

@@ -39,12 +39,32 @@ async def answer(model, tokenizer, messages, args):
         return "".join(pieces)
 
 
+class LoadBar:
+    """`ar.load`'s progress (read, upload, compile, warm-up) as one bar on stderr; without a
+    terminal, one line as each phase ends."""
+
+    def __init__(self):
+        self.t0 = time.perf_counter()
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, phase, done, total):
+        if not self.tty and done < total:
+            return
+        share = done / total if total else 1.0
+        bar = "#" * int(share * 25) + "." * (25 - int(share * 25))
+        count = f"{done / 2**20:.0f}/{total / 2**20:.0f} MiB" if phase in ("read", "upload") else f"{done}/{total}"
+        line = f"[{bar}] {phase:8} {count:>15} {time.perf_counter() - self.t0:6.1f}s"
+        print(f"\r{line}" if self.tty else line, end="" if self.tty else "\n", file=sys.stderr, flush=True)
+
+
 async def main(args):
     pte = export(max_context=args.max_context, qmode=args.qmode)
     tokenizer = Tokenizer.for_model(pte)
-    print(f"loading {pte} and compiling its pipelines ...", file=sys.stderr, flush=True)
+    print(f"loading {pte}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    async with await ar.load(pte) as model:
+    async with await ar.load(pte, progress=LoadBar()) as model:
+        if sys.stderr.isatty():
+            print(file=sys.stderr)  # past the bar
         print(f"ready on {model.device_info.name} in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
         messages = []
         prompts = [args.prompt] if args.prompt else None

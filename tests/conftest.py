@@ -1,3 +1,4 @@
+import importlib.util
 import sys
 
 import pytest
@@ -17,6 +18,19 @@ def kernel_variants(request, monkeypatch):
     whatever the adapter: CI on lavapipe covers both."""
     monkeypatch.setenv("PTE_WGPU_KERNELS", request.param)
     return request.param
+
+
+@pytest.fixture(scope="session", autouse=True)
+def llama_exports_under_way(request, tmp_path_factory):
+    """test_llama's tiny Llama exports (minutes each, in subprocesses; test_batching, test_server
+    and test_greedy_bursts use two of them) start with the first test, side by side, when
+    test_llama is selected and ExecuTorch is here to make them."""
+    if importlib.util.find_spec("executorch") is None:
+        return
+    if any(item.path.name == "test_llama.py" for item in request.session.items):
+        from .test_llama import start_exports
+
+        start_exports(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -44,22 +44,38 @@ import torch
 from async_runtime.llm.export import export_command, export_llm_args, write_tiny_llama
 
 _CACHE = {}
+_PENDING = {}  # key -> _Export under way (start_export)
 
-def run_export(overrides, pt2_path, cwd, timeout=900):
-    """Run the CLI export in a subprocess; returns wall seconds. Raises with the log tail on failure."""
-    t0 = time.perf_counter()
-    proc = subprocess.run(
-        export_command(overrides, pt2_path),
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    seconds = time.perf_counter() - t0
-    if proc.returncode != 0:
-        tail = (proc.stdout + proc.stderr)[-6000:]
-        raise RuntimeError(f"export_llm failed (rc={proc.returncode}):\n{tail}")
-    return seconds
+class _Export:
+    """One export_llm subprocess, started now and waited for when its result is first needed, so
+    several exports (single-threaded Python, mostly) overlap each other and the tests."""
+
+    def __init__(self, overrides, out_dir, pte_path, state, params):
+        self.out_dir, self.pte_path, self.state, self.params = out_dir, pte_path, state, params
+        self.pt2_path = os.path.join(out_dir, "program.pt2")
+        self.log_path = os.path.join(out_dir, "export.log")
+        self.t0 = time.perf_counter()
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(export_command(overrides, self.pt2_path), cwd=out_dir,
+                                         stdout=log, stderr=subprocess.STDOUT)
+
+    def finish(self, timeout=1800):
+        """The cache entry once the export is done; raises with the log tail on failure."""
+        try:
+            rc = self.proc.wait(timeout=max(1.0, timeout - (time.perf_counter() - self.t0)))
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        seconds = time.perf_counter() - self.t0
+        with open(self.log_path) as f:
+            log = f.read()
+        if rc != 0:
+            raise RuntimeError(f"export_llm failed (rc={rc}):\n{log[-6000:]}")
+        if not os.path.exists(self.pte_path):
+            raise RuntimeError(f"export_llm wrote no {self.pte_path}")
+        return dict(pte_path=self.pte_path, program=load_program(self.pt2_path), state=self.state,
+                    params=self.params, export_seconds=seconds, export_log=log, out_dir=self.out_dir)
 
 
 def load_program(pt2_path):
@@ -112,7 +128,24 @@ class LlamaReference:
         return ids, logits
 
 
-def export_llama(
+def export_llama(tmpdir, **config):
+    """(path of the Vulkan .pte, a fresh LlamaReference); exported once per session per config
+    (the keyword arguments of `start_export`).
+
+    The .pte takes tokens int64 [1, S] (1 <= S < max_len; S = 1 when not `dynamic`) and input_pos
+    int64 [1]; returns [1, vocab].
+    """
+    key = start_export(tmpdir, **config)
+    if key not in _CACHE:
+        _CACHE[key] = _PENDING.pop(key).finish()
+    entry = _CACHE[key]
+    ref = LlamaReference(copy.deepcopy(entry["program"]), entry["state"], entry["params"])
+    ref.export_seconds, ref.export_log = entry["export_seconds"], entry["export_log"]
+    ref.out_dir = entry["out_dir"]
+    return entry["pte_path"], ref
+
+
+def start_export(
     tmpdir,
     *,
     dim=64,
@@ -129,39 +162,27 @@ def export_llama(
     init_std=0.02,
     dynamic=True,
 ):
-    """(path of the Vulkan .pte, a fresh LlamaReference); exported once per session per config.
-
-    The .pte takes tokens int64 [1, S] (1 <= S < max_len; S = 1 when not `dynamic`) and input_pos
-    int64 [1]; returns [1, vocab].
-    """
+    """Start exporting this config in a subprocess unless it is done or under way; its cache key."""
     key = (dim, n_heads, n_kv_heads, n_layers, vocab_size, max_len, qmode, group_size, seed,
            multiple_of, norm_eps, init_std, dynamic)
     if qmode is not None and vocab_size % 4:
         # ExecuTorch 1.5.1's Vulkan FusePatternsPass pads q4gsw scales to N % 4 == 0 and then fails
         # ("shape '[257, 2, 1]' is invalid for input of size 520") on the output projection.
         raise ValueError(f"qmode={qmode!r} needs vocab_size % 4 == 0 for the Vulkan export (got {vocab_size})")
-    if key not in _CACHE:
-        params = dict(dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads, n_layers=n_layers,
-                      vocab_size=vocab_size, multiple_of=multiple_of, norm_eps=norm_eps)
-        base = str(tmpdir)
-        os.makedirs(base, exist_ok=True)
-        if "int8" in base or "8da4w" in base:
-            base = tempfile.mkdtemp(prefix="llama_")
-        tag = f"d{dim}h{n_heads}kv{n_kv_heads}l{n_layers}v{vocab_size}m{max_len}s{seed}"
-        label = {"8da4w": "dq8a4w"}.get(qmode, qmode or "fp32") + ("" if dynamic else "_static")  # no "8da4w" in paths (see above)
-        out_dir = tempfile.mkdtemp(prefix=f"llama_{label}_{tag}_", dir=base)
-        params_path, ckpt_path, state = write_tiny_llama(out_dir, params, max_len, seed, init_std)
-        pte_path = os.path.join(out_dir, f"llama_{label}.pte")
-        pt2_path = os.path.join(out_dir, "program.pt2")
-        overrides = export_llm_args(params_path, ckpt_path, out_dir, os.path.basename(pte_path), max_len,
-                                  qmode=qmode, group_size=group_size, dynamic=dynamic)
-        seconds = run_export(overrides, pt2_path, cwd=out_dir)
-        if not os.path.exists(pte_path):
-            raise RuntimeError(f"export_llm wrote no {pte_path}")
-        _CACHE[key] = dict(pte_path=pte_path, program=load_program(pt2_path), state=state,
-                           params=params, export_seconds=seconds, out_dir=out_dir)
-    entry = _CACHE[key]
-    ref = LlamaReference(copy.deepcopy(entry["program"]), entry["state"], entry["params"])
-    ref.export_seconds = entry["export_seconds"]
-    ref.out_dir = entry["out_dir"]
-    return entry["pte_path"], ref
+    if key in _CACHE or key in _PENDING:
+        return key
+    params = dict(dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads, n_layers=n_layers,
+                  vocab_size=vocab_size, multiple_of=multiple_of, norm_eps=norm_eps)
+    base = str(tmpdir)
+    os.makedirs(base, exist_ok=True)
+    if "int8" in base or "8da4w" in base:
+        base = tempfile.mkdtemp(prefix="llama_")
+    tag = f"d{dim}h{n_heads}kv{n_kv_heads}l{n_layers}v{vocab_size}m{max_len}s{seed}"
+    label = {"8da4w": "dq8a4w"}.get(qmode, qmode or "fp32") + ("" if dynamic else "_static")  # no "8da4w" in paths (see above)
+    out_dir = tempfile.mkdtemp(prefix=f"llama_{label}_{tag}_", dir=base)
+    params_path, ckpt_path, state = write_tiny_llama(out_dir, params, max_len, seed, init_std)
+    pte_path = os.path.join(out_dir, f"llama_{label}.pte")
+    overrides = export_llm_args(params_path, ckpt_path, out_dir, os.path.basename(pte_path), max_len,
+                                qmode=qmode, group_size=group_size, dynamic=dynamic)
+    _PENDING[key] = _Export(overrides, out_dir, pte_path, state, params)
+    return key

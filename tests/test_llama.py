@@ -29,11 +29,28 @@ SCENARIOS = {"short": (7, 32), "long": (30, 12)}  # prompt length, decode steps
 _CACHE = {}
 
 
+def _store(name):
+    """Where PTE_WGPU_EXPORT_DIR keeps llama_`name` (an export's files), or None without it."""
+    return Path(os.environ["PTE_WGPU_EXPORT_DIR"]) / f"llama_{name}" if os.environ.get("PTE_WGPU_EXPORT_DIR") else None
+
+
+def start_exports(tmp_path_factory):
+    """Start the exports that this file, test_batching and test_server use and that are not
+    stored, so they run side by side and alongside the tests before them."""
+    from .llama import start_export
+
+    wanted = [(f"{name}.npz", config, True) for name, config in CONFIGS.items()]
+    wanted.append(("fp32_static.pte", CONFIGS["fp32"], False))
+    for stored_as, config, dynamic in wanted:
+        if _store(stored_as) is None or not _store(stored_as).exists():
+            start_export(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, dynamic=dynamic, **config)
+
+
 def recorded(name, tmp_path_factory):
     """(pte bytes, {scenario: (token ids fed, logits per step)}) from the eager reference."""
     if name in _CACHE:
         return _CACHE[name]
-    store = Path(os.environ["PTE_WGPU_EXPORT_DIR"]) / f"llama_{name}" if os.environ.get("PTE_WGPU_EXPORT_DIR") else None
+    store = _store(name)
     if store is not None and store.with_suffix(".npz").exists():
         data = np.load(store.with_suffix(".npz"))
         runs = {s: (data[f"{s}_ids"], list(data[f"{s}_logits"])) for s in SCENARIOS}
@@ -86,7 +103,7 @@ async def test_static_export_fuses_through_squeezes_and_matches_eager(tmp_path_f
     """The same model exported without dynamic shapes ([1, 1] tokens: the prompt goes in one token
     a step) wraps its linears in squeeze/unsqueeze copies; the fusions look through them, and
     its logits are the dynamic export's reference (same weights)."""
-    store = Path(os.environ["PTE_WGPU_EXPORT_DIR"]) / "llama_fp32_static.pte" if os.environ.get("PTE_WGPU_EXPORT_DIR") else None
+    store = _store("fp32_static.pte")
     if store is not None and store.exists():
         pte = store.read_bytes()
     else:
@@ -168,3 +185,20 @@ async def test_sampling_is_seeded_and_bounded_by_the_context(tmp_path_factory, l
         ar.generate(model.session(), [1] * 49)
     with pytest.raises(ar.InputError, match="bad sampling"):
         ar.generate(model.session(), prompt, top_p=0)
+
+
+def test_the_export_announces_each_stage_in_order(tmp_path_factory):
+    """The export subprocess (async_runtime.llm.export_driver) prints a line as each stage starts,
+    including each partition's Vulkan lowering: what examples/export_smollm2.py shows."""
+    pytest.importorskip("executorch")
+    from async_runtime.llm.export_driver import PREPROCESS_STAGE, STAGE_MARK, STAGES
+
+    from .llama import export_llama
+
+    _, ref = export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, **CONFIGS["fp32"])  # cached
+    announced = [line[len(STAGE_MARK):] for line in ref.export_log.splitlines() if line.startswith(STAGE_MARK)]
+    partitions = [s for s in announced if s.startswith(PREPROCESS_STAGE.split("{")[0])]
+    assert partitions and partitions[0] == PREPROCESS_STAGE.format(1), announced
+    assert [s for s in announced if s not in partitions] == [stage for _, stage in STAGES], announced
+    to_backend = announced.index("partitioning for Vulkan")
+    assert all(to_backend < announced.index(p) < announced.index("saving") for p in partitions), announced

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
+from async_runtime.vulkan_patterns import cache_vulkan_pattern_graphs
 from resize.values import Scalar, SymInt
 
-from .exporting import cache_vulkan_pattern_graphs, export_pte
+from .exporting import export_pte
 from .test_shape_ops import _Graph, _resize
 
 pytestmark = pytest.mark.anyio

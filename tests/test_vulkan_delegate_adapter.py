@@ -15,8 +15,8 @@ tests that fail on a bug outside kernels/: strict xfails.
 
 Exporting is the slow part: each test is lowered once per session for both backends, in worker
 processes (one per core) that start at the first test while the tests run on the adapter. On two
-CPU cores the file takes about 2.3 minutes (3.5 with one worker; 16.5 before `tests/exporting.py`'s
-`cache_vulkan_pattern_graphs`). With the exports kept, it runs in about 40 seconds on lavapipe.
+CPU cores the file takes about 2.3 minutes (3.5 with one worker; 16.5 before
+`async_runtime.vulkan_patterns.cache_vulkan_pattern_graphs`). With the exports kept, it runs in about 40 seconds on lavapipe.
 
 With PTE_WGPU_EXPORT_DIR set, each test's programs and eager results are kept under
 `<dir>/vulkan_delegate/<test>/` and a later run reuses them without ExecuTorch.
@@ -69,7 +69,7 @@ def _upstream():
         mod = __import__(UPSTREAM_MODULE, fromlist=["TestVulkanBackend"])
     except Exception:  # no ExecuTorch export stack here (a GPU machine that reuses exports)
         return None
-    from .exporting import cache_vulkan_pattern_graphs
+    from async_runtime.vulkan_patterns import cache_vulkan_pattern_graphs
 
     cache_vulkan_pattern_graphs()
     return mod

@@ -7,32 +7,9 @@ recipe for examples/export_smollm2.py, the bench's tiny models and the tests' Ll
 import json
 import os
 import sys
-import textwrap
 
-# The CLI entry point, plus saving the pre-lowering ExportedProgram (the program that is then
-# lowered, so it is a like-for-like eager reference) when a path other than "-" is given.
-DRIVER = textwrap.dedent(
-    """
-    import sys, torch
-    from executorch.extension.llm.export import builder
-
-    _pt2 = sys.argv.pop(1)
-    if _pt2 not in ("", "-"):
-        _orig = builder.LLMEdgeManager._export
-
-        def _export(self, module=None):
-            ep = _orig(self, module)
-            if module is None:
-                torch.export.save(ep, _pt2)
-            return ep
-
-        builder.LLMEdgeManager._export = _export
-    from executorch.extension.llm.export.export_llm import main
-
-    sys.argv[0] = "export_llm"
-    main()
-    """
-)
+# Runs async_runtime.llm.export_driver from this copy of the package, whatever is installed.
+DRIVER = "import sys; sys.path.insert(0, sys.argv[1]); from async_runtime.llm.export_driver import main; main(sys.argv[2:])"
 
 
 def export_llm_args(params_path, ckpt_path, out_dir, pte_name, max_len, *, qmode=None, group_size=32,
@@ -60,8 +37,10 @@ def export_llm_args(params_path, ckpt_path, out_dir, pte_name, max_len, *, qmode
 
 
 def export_command(overrides, pt2_path="-"):
-    """The subprocess command line; `pt2_path` also keeps the ExportedProgram there."""
-    return [sys.executable, "-u", "-c", DRIVER, pt2_path or "-", *overrides]
+    """The subprocess command line (async_runtime.llm.export_driver); `pt2_path` also keeps the
+    ExportedProgram there."""
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return [sys.executable, "-u", "-c", DRIVER, package_root, pt2_path or "-", *overrides]
 
 
 def write_tiny_llama(out_dir, params, max_len, seed=0, init_std=0.02):

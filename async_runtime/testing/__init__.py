@@ -386,14 +386,21 @@ def _random_like(x, shape, rng):
 
 
 # --- export_pte ---------------------------------------------------------------------------------
-def export_pte(module, sample, dynamic_shapes=None):
+def export_pte(module, sample, dynamic_shapes=None, *, require_dynamic_shapes=None):
     """The bytes of a `.pte` for `module` lowered with ExecuTorch's VulkanPartitioner (needs the
-    `export` extra: torch and executorch)."""
+    `export` extra: torch and executorch). `require_dynamic_shapes` (default: whether
+    `dynamic_shapes` is given) is the partitioner's option: False also delegates the ops that
+    ExecuTorch's Vulkan runtime cannot resize."""
     import torch
     from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
+    from ..vulkan_patterns import cache_vulkan_pattern_graphs
+
+    cache_vulkan_pattern_graphs()
     sample = tuple(sample) if isinstance(sample, (tuple, list)) else (sample,)
     ep = torch.export.export(module, sample, dynamic_shapes=dynamic_shapes)
-    partitioner = VulkanPartitioner({"require_dynamic_shapes": dynamic_shapes is not None})
+    if require_dynamic_shapes is None:
+        require_dynamic_shapes = dynamic_shapes is not None
+    partitioner = VulkanPartitioner({"require_dynamic_shapes": require_dynamic_shapes})
     return bytes(to_edge_transform_and_lower(ep, partitioner=[partitioner]).to_executorch().buffer)

@@ -1,0 +1,78 @@
+"""A graph's kernels at load: compiled in parallel worker threads, then each dispatched once.
+
+Every route a shape can select (GEMV and GEMM, attention's one-pass and split-K) is a dispatch of
+its own in the graph, so compiling every dispatch's shader covers all of them. Drivers that
+compile at first use (lavapipe turns a pipeline into machine code at its first dispatch, 0.1-0.8 s
+each) are then made to do it at load: one workgroup of each pipeline, whatever the live shapes,
+so the warm-up costs the same for a 128- or a 2,048-token export.
+"""
+
+import os
+
+import anyio
+
+from .encoding import encode_dispatches, prepare
+from .errors import RuntimeFault
+
+# Worker threads compiling at once: wgpu-core serializes part of pipeline creation, and anyio
+# keeps idle threads for reuse, so a few suffice.
+COMPILE_THREADS = min(4, os.cpu_count() or 1)
+
+
+def _compile(device, src):
+    module = device.create_shader_module(code=src)
+    return device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+
+
+async def compile_pipelines(device, dispatches, progress):
+    """{shader source: pipeline} for every dispatch with a shader; RuntimeFault names the op of
+    the first kernel that fails to compile, with its source."""
+    ops = {}
+    for d in dispatches:
+        if d.shader is not None:
+            ops.setdefault(d.shader, d.op)
+    pipelines, failures = {}, []
+    limiter = anyio.CapacityLimiter(COMPILE_THREADS)
+    progress("compile", 0, len(ops))
+
+    async def compile_one(src, op, scope):
+        try:
+            pipelines[src] = await anyio.to_thread.run_sync(_compile, device, src, limiter=limiter)
+        except Exception as e:
+            failures.append(RuntimeFault(f"the kernel of {op} failed to compile: {e}\n--- shader ---\n{src}"))
+            failures[-1].__cause__ = e
+            scope.cancel()
+            return
+        progress("compile", len(pipelines), len(ops))
+
+    async with anyio.create_task_group() as tg:
+        for src, op in ops.items():
+            tg.start_soon(compile_one, src, op, tg.cancel_scope)
+    if failures:
+        raise failures[0]
+    return pipelines
+
+
+def dispatch_each_once(session, progress):
+    """Run one workgroup of every pipeline of the graph on `session` (a throwaway one: kernels
+    write its state tensors), one submit per pipeline so `progress` moves as the driver compiles.
+    Blocking: call it from a worker thread."""
+    model = session._model
+    first = {}  # shader -> the first dispatch that runs it (its bind group fits the pipeline)
+    for did, d in enumerate(model.graph.dispatches):
+        if d.shader is not None:
+            first.setdefault(d.shader, did)
+    device = model.device
+    progress.from_worker("warm-up", 0, len(first))
+    for done, (src, did) in enumerate(first.items(), 1):
+        encoder = device.create_command_encoder()
+        compute = encoder.begin_compute_pass()
+        encode_dispatches(compute, [(*prepare(model._pipelines[src], session._bind_groups[did]), (1, 1, 1))])
+        compute.end()
+        device.queue.submit([encoder.finish()])
+        session._staging.map_sync("READ")  # waits until the dispatch (and the driver's compile) ran
+        session._staging.unmap()
+        progress.from_worker("warm-up", done, len(first))
+    session._staging.map_sync("READ")
+    session._staging.read_mapped(copy=True)  # the first read of mapped memory is slow too
+    session._staging.unmap()
