@@ -61,6 +61,18 @@ class GreedyBursts:
             ])
             for k in range(BURST_MAX)
         ]
+        self._warm_up()
+
+    def _warm_up(self):
+        """One dispatch over no sequence: a driver that compiles a pipeline at its first dispatch
+        (lavapipe) does it now, at load, not in the first burst."""
+        device = self.model.device
+        device.queue.write_buffer(self.params, 0, struct.pack("<4I", 0, self.vocab, self.vocab, 0))
+        encoder = device.create_command_encoder()
+        compute = encoder.begin_compute_pass()
+        encode_dispatches(compute, [(*prepare(self.pipeline, self.bind_groups[0]), (1, 1, 1))])
+        compute.end()
+        device.queue.submit([encoder.finish()])
 
     def submit(self, seqs, passes):
         """`passes` decode passes of the runner's current tables, each followed by the sampler over
