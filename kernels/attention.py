@@ -9,6 +9,8 @@ workgroup memory), or, for head dims it does not take, one workgroup per (query 
 For a few rows (decode) that is too few workgroups for a long cache, so up to SPLIT_MAX_ROWS rows
 take the split-K route ("flash decoding"): one workgroup per (head, row, key range) writes a
 partial softmax state, and a second kernel merges the ranges. The hook picks the route.
+
+Kept as one module past 400 lines: its variants (tiled prefill, split-K decode for GPUs and CPUs, plain) share one bindings header, the online-softmax step and one route table.
 """
 
 import math

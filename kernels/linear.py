@@ -11,6 +11,8 @@ Each op records a route group the hook picks from by the live row count:
   workgroup with K split over 8 slices.
 - GEMM (more rows, prefill): kernels/gemm.py's register-tiled template with fp32 tile loads.
 The unused route gets a (0, 0, 0) grid.
+
+Kept as one module past 400 lines: the GEMV kernels and the route table of every product live together (the fused linears build on them).
 """
 
 import struct

@@ -20,6 +20,8 @@ over K for 4 outputs, one u32 word = 8 weights per thread step) and a GEMM route
 kernels/gemm.py's template with a B load that dequantizes each weight as it is staged, and with
 dq8 an A load that quantizes each activation; split-K as for fp32). The hook zeroes the grid of
 the route not taken.
+
+Kept as one module past 400 lines: the 4-bit formats are read by every kernel here, and the family's variants share them.
 """
 
 import struct

@@ -10,6 +10,8 @@ torch module is given (or for `dynamic_shape_calls`, whose spec is made of `torc
 
 The testing room holds these helpers and the pytest plugin (`pytest_plugin`). It uses only the
 public API (`import async_runtime as ar`) and `device`; the runtime never imports it.
+
+Kept as one module past 400 lines: it is the public `async_runtime.testing` API, one import for users.
 """
 
 import inspect
