@@ -270,3 +270,20 @@ async def test_a_lost_device_ends_the_stream_and_fails_the_health_check(model):
         assert r.status_code == 503 and r.json()["status"] == "unhealthy"
         r = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3})
         assert r.status_code == 503 and "the GPU device was lost" in r.json()["error"]["message"]
+
+
+class EveryTokenStops(ByteTokenizer):
+    stop_ids = set(range(257))
+
+
+async def test_ignore_eos_generates_max_tokens_past_stop_tokens(model):
+    app = create_app(model, EveryTokenStops(), model_name="tiny", max_sessions=4, max_waiting=4, max_tokens=8)
+    async with running(app) as url, httpx.AsyncClient(base_url=url, timeout=60) as client:
+        body = {"prompt": "hello", "max_tokens": 7, "temperature": 0}
+        stopped = (await client.post("/v1/completions", json=body)).json()
+        assert stopped["choices"][0]["finish_reason"] == "stop" and stopped["usage"]["completion_tokens"] <= 1
+        r = await client.post("/v1/completions", json=dict(body, ignore_eos=True))
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 7 and r.json()["choices"][0]["finish_reason"] == "length"
+        r = await client.post("/v1/completions", json=dict(body, ignore_eos="yes"))
+        assert r.status_code == 400 and "ignore_eos" in r.text

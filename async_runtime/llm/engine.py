@@ -76,9 +76,11 @@ class Slots:
 async def text_pieces(session, tokenizer, prompt, settings, stop_strings):
     """`Piece`s as tokens come, with the tokenizer's stop tokens and the stop strings cut."""
     ids, sent = [], ""
-    gen = generate(session, prompt, stop=tokenizer.stop_ids, **settings)
+    settings = dict(settings)
+    stop_ids = () if settings.pop("ignore_eos", False) else tokenizer.stop_ids
+    gen = generate(session, prompt, stop=stop_ids, **settings)
     async for token in gen:
-        if token in tokenizer.stop_ids:
+        if token in stop_ids:
             break
         ids.append(token)
         text = tokenizer.decode(ids)

@@ -125,10 +125,11 @@ class generate:
                 left -= 1
                 self.stats.generated_tokens += 1
                 self.stats.generate_seconds = time.perf_counter() - t0
-                yield token
-                if token in self.stop:
+                if token in self.stop:  # said before the yield: a caller may stop reading at it
                     self.stats.finish_reason = "stop"
+                    yield token
                     return
+                yield token
                 if i + 1 < len(picked):
                     self.position += 1
             if not left or self.position >= self.context:

@@ -86,6 +86,10 @@ def build_app(engine, tokenizer, *, model_name="model", max_tokens=256, api_key=
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise RequestError("'stream' must be true or false")
+        # vLLM's and llama-server's extension, for benchmarks: generate max_tokens whatever comes
+        settings["ignore_eos"] = body.get("ignore_eos", False)
+        if not isinstance(settings["ignore_eos"], bool):
+            raise RequestError("'ignore_eos' must be true or false")
         return prompt, settings, [stop] if isinstance(stop, str) else (stop or []), stream
 
     async def run(request, chat):
