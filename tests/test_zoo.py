@@ -1,0 +1,71 @@
+"""ExecuTorch's model zoo architectures end to end (tests/vision_models.py, inception_v3.py,
+zoo_models.py; random weights, nothing downloaded): export with the VulkanPartitioner, run on
+WebGPU, compare with torch eager at the exported program's live sizes.
+
+Tolerance (fp32), every model: atol 1e-4, rtol 1e-3, as for MobileNet V2 and ResNet-18 in
+test_vision_ops.py: the GPU sums a convolution's or a matmul's products in another order than torch.
+The large models (a minute or more of lowering each on two cores) run only with PTE_WGPU_SLOW=1."""
+
+import os
+
+import pytest
+import torch
+from torch.export import Dim
+
+from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
+
+from .exporting import export_pte
+from .inception_v3 import InceptionV3
+from .vision_models import DeepLabV3, MobileNetV3Small, ResNet50, randomize_batch_norms
+from .zoo_models import EDSR, MobileBert, Wav2Letter, deit_tiny, vit_b16
+
+pytestmark = [pytest.mark.usefixtures("adapter"), pytest.mark.parametrize("anyio_backend", ["asyncio"])]
+SLOW = pytest.mark.skipif(os.environ.get("PTE_WGPU_SLOW") != "1", reason="slow (minutes); set PTE_WGPU_SLOW=1")
+
+
+def image(lo, hi):
+    """A square image input whose side is dynamic in lo..hi."""
+    s = Dim(f"side_{lo}_{hi}", min=lo, max=hi)
+    return (torch.randn(1, 3, hi, hi),), ({2: s, 3: s},)
+
+
+def static_image(side):
+    return (torch.randn(1, 3, side, side),), None
+
+
+def waveform(lo, hi):
+    return (torch.randn(1, 1, hi),), ({2: Dim("samples", min=lo, max=hi)},)
+
+
+def tokens(lo, hi):
+    return (torch.randint(0, 30522, (1, hi)),), ({1: Dim("seq", min=lo, max=hi)},)
+
+
+# name -> (module factory, (sample, dynamic shapes), require_dynamic_shapes, marks)
+ZOO = {
+    "mobilenet_v3_small": (lambda: MobileNetV3Small(10), image(64, 96), True, ()),
+    "deit_tiny": (lambda: deit_tiny(64, 10), static_image(64), True, ()),
+    "edsr": (EDSR, image(12, 24), True, ()),
+    "wav2letter": (Wav2Letter, waveform(1600, 3200), True, ()),
+    "resnet50": (lambda: ResNet50(10), image(64, 96), True, SLOW),
+    "inception_v3": (lambda: InceptionV3(10), image(75, 107), True, SLOW),
+    # the final upsample to the input's size: ExecuTorch 1.5.1 refuses a dynamic one under
+    # require_dynamic_shapes (test_vision_ops.py's SmallCNN); pte-wgpu resizes it
+    "deeplab_v3": (DeepLabV3, image(64, 96), False, SLOW),
+    "vit_b16": (lambda: vit_b16(64, 10), static_image(64), True, SLOW),
+    "mobilebert": (MobileBert, tokens(4, 16), True, SLOW),
+}
+
+
+def make(name):
+    factory = ZOO[name][0]
+    return lambda: randomize_batch_norms(factory())
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=ZOO[n][3]) for n in ZOO])
+async def test_zoo_model_matches_eager(name, load_pte):
+    _, (sample, dynamic), require_dynamic, _ = ZOO[name]
+    pte, module = export_pte(f"zoo_{name}", make(name), sample, dynamic_shapes=dynamic, require_dynamic_shapes=require_dynamic)
+    model = await load_pte(pte)
+    calls = dynamic_shape_calls(sample, dynamic, n=3, seed=1) if dynamic else [sample, (torch.randn_like(sample[0]),)]
+    await assert_matches_eager(model, module, calls, atol=1e-4, rtol=1e-3)
