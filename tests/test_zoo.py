@@ -6,7 +6,12 @@ Tolerance (fp32), every model: atol 1e-4, rtol 1e-3, as for MobileNet V2 and Res
 test_vision_ops.py: the GPU sums a convolution's or a matmul's products in another order than torch.
 The large models (a minute or more of lowering each on two cores) run only with PTE_WGPU_SLOW=1."""
 
+import json
+import lzma
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +24,10 @@ from .inception_v3 import InceptionV3
 from .vision_models import DeepLabV3, MobileNetV3Small, ResNet50, randomize_batch_norms
 from .zoo_models import EDSR, MobileBert, Wav2Letter, deit_tiny, vit_b16
 
-pytestmark = [pytest.mark.usefixtures("adapter"), pytest.mark.parametrize("anyio_backend", ["asyncio"])]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from bench_vision import COLUMNS  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("adapter")
 SLOW = pytest.mark.skipif(os.environ.get("PTE_WGPU_SLOW") != "1", reason="slow (minutes); set PTE_WGPU_SLOW=1")
 
 
@@ -62,6 +70,7 @@ def make(name):
     return lambda: randomize_batch_norms(factory())
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the kernels are the same on trio
 @pytest.mark.parametrize("name", [pytest.param(n, marks=ZOO[n][3]) for n in ZOO])
 async def test_zoo_model_matches_eager(name, load_pte):
     _, (sample, dynamic), require_dynamic, _ = ZOO[name]
@@ -69,3 +78,38 @@ async def test_zoo_model_matches_eager(name, load_pte):
     model = await load_pte(pte)
     calls = dynamic_shape_calls(sample, dynamic, n=3, seed=1) if dynamic else [sample, (torch.randn_like(sample[0]),)]
     await assert_matches_eager(model, module, calls, atol=1e-4, rtol=1e-3)
+
+
+# -- examples/bench_vision.py: its export and run modes at tiny sizes ------------------------------
+
+BENCH = Path(__file__).resolve().parents[1] / "examples" / "bench_vision.py"
+
+
+def bench(*args):
+    proc = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    return proc.stdout
+
+
+def test_vision_bench_exports_compressible_files_and_runs(tmp_path):
+    """MobileNet V2 at 32 px: both batches exported, the tiled weights compress (the bench's files
+    must cross to the GPU machine), and the run's table and JSON are well formed, with pte-wgpu
+    matching torch on the first output."""
+    pytest.importorskip("executorch.backends.vulkan", reason="the export mode needs ExecuTorch")
+    models = tmp_path / "models"
+    bench("export", "--short", "--models", "mobilenet_v2", "--out", str(models))
+    manifest = json.loads((models / "manifest.json").read_text())
+    assert [(e["model"], e["batch"]) for e in manifest["entries"]] == [("mobilenet_v2", 1), ("mobilenet_v2", 8)]
+    raw = (models / "mobilenet_v2_b1.pte").read_bytes()
+    assert len(lzma.compress(raw, preset=6)) < len(raw) / 8
+
+    table = bench("run", str(models), "--short", "--json", str(tmp_path / "vision.json"))
+    rows = json.loads((tmp_path / "vision.json").read_text())["rows"]
+    assert [(r["model"], r["batch"]) for r in rows] == [("mobilenet_v2", 1), ("mobilenet_v2", 8)]
+    for r in rows:
+        assert r["matches"] and r["max_abs_err"] <= 1e-3, r
+        assert r["wgpu_ms"] > 0 and r["torch_ms"] > 0
+        assert r["wgpu_images_s"] == pytest.approx(r["batch"] * 1e3 / r["wgpu_ms"])
+    header = next(line for line in table.splitlines() if line.startswith("| model"))
+    assert header.split("|")[1:-1] == [f" {c} " for c in COLUMNS]
+    assert sum(line.startswith("| mobilenet_v2 |") for line in table.splitlines()) == 4  # streamed, then the table
