@@ -29,6 +29,11 @@ from bench_vision import COLUMNS  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("adapter")
 SLOW = pytest.mark.skipif(os.environ.get("PTE_WGPU_SLOW") != "1", reason="slow (minutes); set PTE_WGPU_SLOW=1")
+WRONG_WIDE_3X3 = pytest.mark.xfail(
+    strict=True,
+    reason="a 3x3 convolution over 1024 or more input channels is wrong on the GPU (ASPP's 2048-channel "
+    "dilated branches, dilation 1 too): 1024 -> 16 at 8x8 gets output channels 12-15 wrong from row 1 on",
+)
 
 
 def image(lo, hi):
@@ -45,8 +50,8 @@ def waveform(lo, hi):
     return (torch.randn(1, 1, hi),), ({2: Dim("samples", min=lo, max=hi)},)
 
 
-def tokens(lo, hi):
-    return (torch.randint(0, 30522, (1, hi)),), ({1: Dim("seq", min=lo, max=hi)},)
+def tokens(seq):
+    return (torch.randint(0, 30522, (1, seq)),), None
 
 
 # name -> (module factory, (sample, dynamic shapes), require_dynamic_shapes, marks)
@@ -56,12 +61,15 @@ ZOO = {
     "edsr": (EDSR, image(12, 24), True, ()),
     "wav2letter": (Wav2Letter, waveform(1600, 3200), True, ()),
     "resnet50": (lambda: ResNet50(10), image(64, 96), True, SLOW),
-    "inception_v3": (lambda: InceptionV3(10), image(75, 107), True, SLOW),
+    # from 107 px: the last feature map is at least 2 x 2 (torch.export specializes a size of 1)
+    "inception_v3": (lambda: InceptionV3(10), image(107, 139), True, SLOW),
     # the final upsample to the input's size: ExecuTorch 1.5.1 refuses a dynamic one under
     # require_dynamic_shapes (test_vision_ops.py's SmallCNN); pte-wgpu resizes it
-    "deeplab_v3": (DeepLabV3, image(64, 96), False, SLOW),
+    "deeplab_v3": (DeepLabV3, image(64, 96), False, (SLOW, WRONG_WIDE_3X3)),
     "vit_b16": (lambda: vit_b16(64, 10), static_image(64), True, SLOW),
-    "mobilebert": (MobileBert, tokens(4, 16), True, SLOW),
+    # static: with a dynamic sequence length, ExecuTorch 1.5.1's Vulkan preprocess fails in memory
+    # planning ("graph_output_allocated not set") before anything reaches pte-wgpu
+    "mobilebert": (MobileBert, tokens(16), True, SLOW),
 }
 
 
@@ -70,14 +78,29 @@ def make(name):
     return lambda: randomize_batch_norms(factory())
 
 
+def other_values(x):
+    """An input of `x`'s shape and dtype with other values (token ids within x's range)."""
+    if x.is_floating_point():
+        return torch.randn_like(x)
+    return torch.randint(int(x.min()), int(x.max()) + 1, x.shape, generator=torch.Generator().manual_seed(1))
+
+
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the kernels are the same on trio
 @pytest.mark.parametrize("name", [pytest.param(n, marks=ZOO[n][3]) for n in ZOO])
 async def test_zoo_model_matches_eager(name, load_pte):
     _, (sample, dynamic), require_dynamic, _ = ZOO[name]
     pte, module = export_pte(f"zoo_{name}", make(name), sample, dynamic_shapes=dynamic, require_dynamic_shapes=require_dynamic)
     model = await load_pte(pte)
-    calls = dynamic_shape_calls(sample, dynamic, n=3, seed=1) if dynamic else [sample, (torch.randn_like(sample[0]),)]
+    calls = dynamic_shape_calls(sample, dynamic, n=3, seed=1) if dynamic else [sample, (other_values(sample[0]),)]
     await assert_matches_eager(model, module, calls, atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("cin", [512, pytest.param(1024, marks=WRONG_WIDE_3X3), pytest.param(2048, marks=WRONG_WIDE_3X3)])
+async def test_wide_3x3_convolution(cin, load_pte):
+    """DeepLab V3's failure alone: one 3x3 convolution at 8 x 8 over `cin` input channels."""
+    pte, module = export_pte(f"zoo_conv3x3_{cin}", lambda: torch.nn.Conv2d(cin, 16, 3, padding=1), (torch.randn(1, cin, 8, 8),))
+    await assert_matches_eager(await load_pte(pte), module, [(torch.randn(1, cin, 8, 8),)], atol=1e-4, rtol=1e-3)
 
 
 # -- examples/bench_vision.py: its export and run modes at tiny sizes ------------------------------
