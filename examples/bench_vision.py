@@ -165,7 +165,7 @@ def run(args):
         rows.append(dict(model=e["model"], batch=e["batch"], image=e["image"],
                          wgpu_ms=ours * 1e3, wgpu_images_s=e["batch"] / ours,
                          torch_ms=theirs * 1e3, torch_images_s=e["batch"] / theirs,
-                         max_abs_err=float(np.abs(got - want).max()),
+                         max_abs_err=float(np.abs(got - want).max()), max_abs_torch=float(np.abs(want).max()),
                          matches=bool(np.allclose(got, want, atol=ATOL, rtol=RTOL))))  # fmt: skip
         print(markdown_row(rows[-1]), flush=True)
     return dict(meta=meta, rows=rows)
