@@ -47,7 +47,7 @@ def _gpu_by_index(index):
     any, in the driver's enumeration order (NVIDIA's Vulkan driver: PCI bus order, like nvidia-smi)."""
     if not index.isdigit():
         raise RuntimeError(f"{ADAPTER_ENV}={GPU_INDEX_PREFIX}{index}: the index must be a number")
-    gpus = [a for a in wgpu.gpu.enumerate_adapters_sync() if a.info.get("adapter_type") in ("DiscreteGPU", "IntegratedGPU")]
+    gpus = [a for a in wgpu.gpu.enumerate_adapters_sync() if a.info.get("adapter_type") in ("DiscreteGPU", "IntegratedGPU")]  # worker thread (find_adapter)
     backends = [a.info.get("backend_type") for a in gpus]
     gpus = [a for a, b in zip(gpus, backends) if b == backends[0]] if gpus else []
     if int(index) >= len(gpus):

@@ -70,9 +70,9 @@ def dispatch_each_once(session, progress):
         encode_dispatches(compute, [(*prepare(model._pipelines[src], session._bind_groups[did]), (1, 1, 1))])
         compute.end()
         device.queue.submit([encoder.finish()])
-        session._staging.map_sync("READ")  # waits until the dispatch (and the driver's compile) ran
+        session._staging.map_sync("READ")  # worker thread: waits until the dispatch (and the driver's compile) ran
         session._staging.unmap()
         progress.from_worker("warm-up", done, len(first))
-    session._staging.map_sync("READ")
+    session._staging.map_sync("READ")  # worker thread
     session._staging.read_mapped(copy=True)  # the first read of mapped memory is slow too
     session._staging.unmap()

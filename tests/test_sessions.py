@@ -27,7 +27,7 @@ def test_no_blocking_gpu_calls_in_the_runtime():
     except on lines that run in a worker thread and say so."""
     root = pathlib.Path(__file__).parent.parent / "async_runtime"
     banned = re.compile(r"read_buffer\(|(?<!\.run)_sync\(|sync_wait\(")  # anyio.to_thread.run_sync is fine
-    offenders = [f"{p.name}:{i}" for p in root.glob("*.py") for i, line in enumerate(p.read_text().splitlines(), 1) if banned.search(line) and "# worker thread" not in line]
+    offenders = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py") for i, line in enumerate(p.read_text().splitlines(), 1) if banned.search(line) and "# worker thread" not in line]
     assert offenders == []
 
 
