@@ -9,6 +9,13 @@ load by the weight and the arguments, which no live shape changes:
 - direct: any kernel, stride, dilation, padding and groups (depthwise is groups == Cin);
 - transposed: each output gathers the inputs that scatter onto it, `oy + pad - ky * dil` being a
   multiple of the stride.
+
+The kernel's height and width are WGSL constants, so the shader compiler can unroll the window's
+loops. That matters on lavapipe: llvmpipe silently ends every loop of an invocation once they have
+iterated 65535 times together (LP_MAX_TGSI_LOOP_ITERATIONS). With the window's loops left in, a 3x3
+window cost 13 iterations per input channel, and a 3x3 convolution over 1024 input channels lost
+the end of its invocations' 4th output position (an invocation computes 4, kernels/wgsl.py's
+PER_INVOCATION); unrolled, it iterates once per input channel and position, 4 * Cin/g in all.
 """
 
 import struct
@@ -21,8 +28,10 @@ F32_MAX = 3.4028234663852886e38
 
 HEADER = """
 struct P {{ numel: u32, cout: u32, oh: u32, ow: u32, cin: u32, ih: u32, iw: u32, cin_g: u32,
-           cout_g: u32, kh: u32, kw: u32, sh: u32, sw: u32, ph: u32, pw: u32, dh: u32,
-           dw: u32, blocks: u32, wstep: u32, lo: f32, hi: f32, pad0: u32, pad1: u32, pad2: u32 }}
+           cout_g: u32, sh: u32, sw: u32, ph: u32, pw: u32, dh: u32, dw: u32, blocks: u32,
+           wstep: u32, lo: f32, hi: f32, pad0: u32 }}
+const KH = {KH}u;
+const KW = {KW}u;
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read> w: array<f32>;
 {BIAS_DECL}
@@ -73,13 +82,13 @@ DIRECT = """
     let ix0 = i32(ox * p.sw) - i32(p.pw);
     for (var ci = 0u; ci < p.cin_g; ci = ci + 1u) {
         let xplane = (n * p.cin + g * p.cin_g + ci) * p.ih;
-        let wbase = (co * p.cin_g + ci) * p.kh;
-        for (var ky = 0u; ky < p.kh; ky = ky + 1u) {
+        let wbase = (co * p.cin_g + ci) * KH;
+        for (var ky = 0u; ky < KH; ky = ky + 1u) {
             let iy = iy0 + i32(ky * p.dh);
             if (iy < 0 || iy >= i32(p.ih)) { continue; }
             let xrow = (xplane + u32(iy)) * p.iw;
-            let wrow = (wbase + ky) * p.kw;
-            for (var kx = 0u; kx < p.kw; kx = kx + 1u) {
+            let wrow = (wbase + ky) * KW;
+            for (var kx = 0u; kx < KW; kx = kx + 1u) {
                 let ix = ix0 + i32(kx * p.dw);
                 if (ix < 0 || ix >= i32(p.iw)) { continue; }
                 acc = acc + x[xrow + u32(ix)] * weights(wrow + kx);
@@ -93,15 +102,15 @@ TRANSPOSED = """
     for (var ci = 0u; ci < p.cin_g; ci = ci + 1u) {
         let c = g * p.cin_g + ci;
         let xplane = (n * p.cin + c) * p.ih;
-        let wbase = (c * p.cout_g + co_g) * p.kh;
-        for (var ky = 0u; ky < p.kh; ky = ky + 1u) {
+        let wbase = (c * p.cout_g + co_g) * KH;
+        for (var ky = 0u; ky < KH; ky = ky + 1u) {
             let ty = i32(oy + p.ph) - i32(ky * p.dh);
             if (ty < 0 || u32(ty) % p.sh != 0u) { continue; }
             let iy = u32(ty) / p.sh;
             if (iy >= p.ih) { continue; }
             let xrow = (xplane + iy) * p.iw;
-            let wrow = (wbase + ky) * p.kw;
-            for (var kx = 0u; kx < p.kw; kx = kx + 1u) {
+            let wrow = (wbase + ky) * KW;
+            for (var kx = 0u; kx < KW; kx = kx + 1u) {
                 let tx = i32(ox + p.pw) - i32(kx * p.dw);
                 if (tx < 0 || u32(tx) % p.sw != 0u) { continue; }
                 let ix = u32(tx) / p.sw;
@@ -166,7 +175,15 @@ def convolution(b):
     cout_g = w[1] if transposed else w[0] // groups
     block = 4 if cout_g % 4 == 0 else 1
     bindings = [x, weight] + ([bias] if bias is not None else []) + [out]
+
+    def as_2d(t, fill=1):
+        """A 1-D convolution's sizes as the 2-D ones of height 1."""
+        return tuple(t) if spatial == 2 else (fill, *t)
+
+    kh, kw = as_2d(w[2:])
     shader = HEADER.format(
+        KH=kh,
+        KW=kw,
         BIAS_DECL="@group(0) @binding(2) var<storage, read> bias: array<f32>;" if bias is not None else "",
         BIAS="bias[c]" if bias is not None else "0.0",
         B=block,
@@ -178,12 +195,8 @@ def convolution(b):
         OUTPUT_PIXEL=OUTPUT_PIXEL,
         MAIN=SPREAD_MAIN,
     )
-    params = b.params(96)
+    params = b.params(80)
     d = b.dispatch(shader, bindings + [params])
-
-    def as_2d(t, fill=1):
-        """A 1-D convolution's sizes as the 2-D ones of height 1."""
-        return tuple(t) if spatial == 2 else (fill, *t)
 
     def resize(ctx):
         shape = ctx.dims(x)
@@ -193,12 +206,11 @@ def convolution(b):
             raise ValueError(f"{b.name}: {e}") from None
         n, cin, ih, iw = shape[:2] + as_2d(shape[2:])
         _, cout, oh, ow = oshape[:2] + as_2d(oshape[2:])
-        kh, kw = as_2d(w[2:])
         (sh, sw), (ph, pw), (dh, dw) = as_2d(stride), as_2d(padding, 0), as_2d(dilation)
         blocks = cout // block
         numel = n * blocks * oh * ow
         wstep = kh * kw if transposed else cin // groups * kh * kw
-        data = struct.pack("<19I", numel, cout, oh, ow, cin, ih, iw, cin // groups, cout_g, kh, kw, sh, sw, ph, pw, dh, dw, blocks, wstep)
+        data = struct.pack("<17I", numel, cout, oh, ow, cin, ih, iw, cin // groups, cout_g, sh, sw, ph, pw, dh, dw, blocks, wstep)
         ctx.set_params(params, data + struct.pack("<ff", lo, hi))
         ctx.set_grid(d, spread_grid(numel))
         ctx.set_dims(out, oshape)

@@ -54,7 +54,9 @@ def _channels(b, ctx, x, per_channel, what):
     return shape
 
 
-@op("aten._native_batch_norm_legit_no_training.default")
+# The portable kernel's out variant (a batch norm the partitioner leaves out, as at batch 8) has
+# the same arguments, its three outputs given before their list, which it returns.
+@op("aten._native_batch_norm_legit_no_training.default", "aten::_native_batch_norm_legit_no_training.out")
 def batch_norm(b):
     x = b.args[0]
     out = op_outputs(b, 3)[0]

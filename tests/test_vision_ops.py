@@ -124,6 +124,21 @@ class OutsideDelegates(nn.Module):
         return self.conv(x), self.transposed_1d(z), self.bn(z), self.gn(x)
 
 
+class ConvBatchNormBatch8(nn.Module):
+    """A conv-bn over a batch of 8 (input [8, 4, 3, 3]): both left to the portable kernels. The
+    partitioner takes no convolution over a batch, nor this batch norm: its channels-packed texture
+    would be 8 * 1028 / 4 = 2056 layers deep, past the default limit of 2048."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 1028, 1)
+        self.bn = nn.BatchNorm2d(1028)
+        randomize_batch_norms(self, seed=4)
+
+    def forward(self, x):
+        return self.bn(self.conv(x))
+
+
 def _grid_priors_op():
     from executorch.backends.vulkan import custom_ops_lib  # noqa: F401  (defines torch.ops.et_vk)
 
@@ -140,6 +155,12 @@ CASES = {
     ),
     "norm": (Norms, lambda: (rand(1, 6, 7, 5),), 1e-5, set()),
     "outside": (OutsideDelegates, lambda: (rand(3, 4, 7, 9), rand(2, 4, 11, seed=2)), 1e-5, {"aten::convolution.out"}),
+    "outside_bn": (
+        ConvBatchNormBatch8,
+        lambda: (rand(8, 4, 3, 3),),
+        1e-5,
+        {"aten::convolution.out", "aten::_native_batch_norm_legit_no_training.out"},
+    ),
 }
 
 
