@@ -72,9 +72,9 @@ def add_word_map(b, inputs, body, consts_of, qparams=(), coords_of=None):
     `inputs` (value ids, all of one shape) read in WGSL as `in0_at(i)`, `in1_at(i)`, ...; `qparams`
     (per-tensor, per-channel or per-token scale and zero point tensors) as `q0_at(j)`, ... .
     `body` defines `fn value(i: u32) -> <i32 for an 8-bit output, f32 otherwise>` over them and
-    the uniform `p`: p.f and p.k are `consts_of(ctx)` -> (4 floats, 4 ints); element i's
-    parameter index is (i / p.inner) % p.channels, with `coords_of(ctx, dims)` -> (inner,
-    channels), (1, 1) without it."""
+    the uniform `p`: p.f and p.k are `consts_of(ctx)` -> (4 floats, 4 integral numbers: zero
+    points may come as Doubles, see `zero_point`); element i's parameter index is
+    (i / p.inner) % p.channels, with `coords_of(ctx, dims)` -> (inner, channels), (1, 1) without it."""
     values = b.graph.values
     out = values[b.out]
     named = [(f"in{k}", v) for k, v in enumerate(inputs)] + [(f"q{k}", v) for k, v in enumerate(qparams)]
@@ -99,7 +99,7 @@ def add_word_map(b, inputs, body, consts_of, qparams=(), coords_of=None):
         n = numel_of(dims)
         floats, ints = consts_of(ctx)
         inner, channels = coords_of(ctx, dims) if coords_of else (1, 1)
-        ctx.set_params(params, struct.pack(MAP_PARAMS, n, inner, channels, 0, *floats, *ints))
+        ctx.set_params(params, struct.pack(MAP_PARAMS, n, inner, channels, 0, *floats, *map(int, ints)))
         ctx.set_grid(d, word_grid(n))
         ctx.set_dims(b.out, dims)
 
@@ -119,6 +119,12 @@ fn dequantize(q: i32, scale: f32, zp: i32) -> f32 { return (f32(q) - f32(zp)) * 
 def inv(scale):
     """1 / scale as torch computes it for a Python scale: in double, then used as float32."""
     return 1.0 / float(scale)
+
+
+def zero_point(b, i):
+    """Argument `i`, a zero point, as an int. ExecuTorch's Vulkan serializer shares one value
+    between equal constant scalars, so a zero point of 6 can arrive as a ReLU6's 6.0 (a Double)."""
+    return int(b.scalar(i))
 
 
 # ---------------------------------------------------------------- q8ta_add / q8ta_relu
@@ -180,7 +186,7 @@ def q8ta_pixel_shuffle(b):
     """[x int8 [N, C * r * r, H, W], input_scale, input_zp, output_inv_scale, output_zp, r,
     out int8 [N, C, H * r, W * r]]: the bytes moved and requantized. The reference quantizes with
     output_scale = 1 / output_inv_scale, so the multiplier is that scale's inverse again."""
-    x_scale, x_zp, out_inv_scale, out_zp, r = (b.scalar(i) for i in range(1, 6))
+    x_scale, x_zp, out_inv_scale, out_zp, r = b.scalar(1), zero_point(b, 2), b.scalar(3), zero_point(b, 4), b.scalar(5)
     inv_out = inv(1.0 / float(out_inv_scale))
     params = b.params(32)
     d = b.dispatch(reader("in0", "int8", 0) + QUANT_FNS + PIXEL_SHUFFLE + word_main("int8"), [b.args[0], b.out, params])

@@ -20,7 +20,7 @@ from resize.shapes import numel_of
 
 from .conv import conv_out_shape
 from .image import static_ints
-from .int8 import QUANT_FNS, inv, reader, word_grid, word_main
+from .int8 import QUANT_FNS, inv, reader, word_grid, word_main, zero_point
 from .registry import op
 
 CONV_PARAMS = "<18I2i2f"
@@ -89,7 +89,7 @@ def _q8ta_conv(b, transposed=False, depthwise=False):
     bias = None if b.is_none(8) else b.args[8]
     if bias is not None and values[bias].dtype != "float32":
         raise NotImplementedError(f"{b.name}: {values[bias].dtype} bias")
-    x_scale, x_zp, out_scale, out_zp = b.scalar(1), b.scalar(2), b.scalar(6), b.scalar(7)
+    x_scale, x_zp, out_scale, out_zp = b.scalar(1), zero_point(b, 2), b.scalar(6), zero_point(b, 7)
     kh, kw = static_ints(b, 9)
     stride, padding = static_ints(b, 10), static_ints(b, 11)
     output_padding = static_ints(b, 12) if transposed else (0, 0)
