@@ -127,9 +127,10 @@ class LinearAddRelu(LinearReluAdd):
         return torch.relu(self.l2(h) + h)
 
 
-def export_quantized(name, quantizer, sample, dynamic_shapes=None, make_module=LinearReluAdd):
+def export_quantized(name, quantizer, sample, dynamic_shapes=None, make_module=LinearReluAdd, calibration=()):
     """(pte bytes, the converted eager program) of `make_module()` quantized by `quantizer()` with
-    ExecuTorch's PT2E flow (as its Vulkan tests quantize_and_lower_module), once per session."""
+    ExecuTorch's PT2E flow (as its Vulkan tests quantize_and_lower_module), calibrated on `sample`
+    and the input tuples of `calibration`, once per session."""
     if name in _QUANTIZED:
         return _QUANTIZED[name]
     from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
@@ -141,7 +142,8 @@ def export_quantized(name, quantizer, sample, dynamic_shapes=None, make_module=L
     module = make_module().eval()
     graph = torch.export.export(module, sample, dynamic_shapes=dynamic_shapes, strict=True).module()
     graph = prepare_pt2e(graph, quantizer())
-    graph(*sample)
+    for inputs in (sample, *calibration):
+        graph(*inputs)
     graph = convert_pt2e(graph)
     ep = torch.export.export(graph, sample, dynamic_shapes=dynamic_shapes)
     spec = {"require_dynamic_shapes": dynamic_shapes is not None}
