@@ -20,7 +20,7 @@ import struct
 
 from resize.shapes import numel_of
 
-from .int8 import QUANT_FNS, inv, reader, word_grid, word_main
+from .int8 import QUANT_FNS, inv, reader, word_grid, word_main, zero_point
 from .registry import op
 from .wgsl import wgsl_type
 
@@ -111,7 +111,7 @@ SCALED = "f32(acc) * p.f.x * ws_at(n) + BIAS"
 def linear_q8ta_q8csw(b):
     """[x float [..., K], input_scale, input_zp, weight int8 [N, K], weight_sums (unused),
     weight_scales [>= N], bias or None, out float]."""
-    scale, zp = b.scalar(1), b.scalar(2)
+    scale, zp = b.scalar(1), zero_point(b, 2)
     bias = None if b.is_none(6) else b.args[6]
     xq = "quantize(x_at(m * p.K + k), p.f.y, p.k.x, -128, 127)"
     consts = ((scale, inv(scale), 0.0, 0.0), (zp, 0, 0, 0))
@@ -122,7 +122,7 @@ def linear_q8ta_q8csw(b):
 def q8ta_linear(b):
     """[x int8 [..., K], input_scale, input_zp, weight int8 [N, K], weight_sums (unused),
     weight_scales [>= N], output_scale, output_zp, bias or None, activation Str, out int8]."""
-    scale, zp, out_scale, out_zp = b.scalar(1), b.scalar(2), b.scalar(6), b.scalar(7)
+    scale, zp, out_scale, out_zp = b.scalar(1), zero_point(b, 2), b.scalar(6), zero_point(b, 7)
     bias = None if b.is_none(8) else b.args[8]
     activation = b.scalar(9, "none")
     if activation not in ("none", "relu"):
