@@ -50,11 +50,12 @@ class Scheduler:
             return await self._run(step)
         handed_over = asyncio.ensure_future(self._run(step))
         cancelled = None
-        while not handed_over.done():
-            try:
-                await asyncio.shield(handed_over)
-            except asyncio.CancelledError as e:  # a native cancel: the step completes first
-                cancelled = cancelled or e
+        with anyio.CancelScope(shield=True):  # anyio's own cancellation waits outside, as on trio
+            while not handed_over.done():
+                try:
+                    await asyncio.shield(handed_over)
+                except asyncio.CancelledError as e:  # a native cancel: the step completes first
+                    cancelled = cancelled or e
         if cancelled is not None:
             raise cancelled
         return handed_over.result()
