@@ -5,8 +5,9 @@ A pass of single-token decode steps needs from the host only the next token of e
 and greedy sampling can pick that on the GPU (kernels/sampling.py): after each pass a small kernel
 writes every sequence's argmax into the token table and advances its position, so the next pass
 runs from the GPU's own tables. A burst of k passes waits for the GPU once and reads back k token
-ids a sequence; the host encodes each pass while the GPU runs the one before. The passes are the very passes a host loop would run (same shapes, same
-tables, same kernels), so the ids are bitwise those of picking `logits.argmax()` on the host.
+ids a sequence; the host encodes each pass while the GPU runs the one before. The passes are the
+very passes a host loop would run (same shapes, same tables, same kernels), so the ids are
+bitwise those of picking `logits.argmax()` on the host.
 """
 
 import struct
@@ -18,10 +19,11 @@ from kernels.sampling import GREEDY_ADVANCE
 from kernels.wgsl import is_float
 
 from .encoding import encode_dispatches, prepare
+from .pipelines import compile_pipeline, dispatch_once
+from .session import UNIFORM_ALIGN as PARAMS_ALIGN  # one parameter block per pass of a burst
 from .storage import STORAGE_USAGE
 
 BURST_MAX = 32  # decode passes one burst runs at most
-PARAMS_ALIGN = 256  # minUniformBufferOffsetAlignment: one parameter block per pass of a burst
 
 
 class GreedyBursts:
@@ -45,8 +47,7 @@ class GreedyBursts:
         self.model, self.runner = model, runner
         tokens, row_pos, _, seq_last = graph.inputs
         device = model.device
-        module = device.create_shader_module(code=GREEDY_ADVANCE)
-        self.pipeline = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+        self.pipeline = compile_pipeline(device, GREEDY_ADVANCE)
         size = BURST_MAX * ragged.max_seqs * 4
         self.ids = model._create_buffer(size, STORAGE_USAGE, "burst token ids")
         self.staging = model._create_buffer(size, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST, "burst readback")
@@ -68,11 +69,7 @@ class GreedyBursts:
         (lavapipe) does it now, at load, not in the first burst."""
         device = self.model.device
         device.queue.write_buffer(self.params, 0, struct.pack("<4I", 0, self.vocab, self.vocab, 0))
-        encoder = device.create_command_encoder()
-        compute = encoder.begin_compute_pass()
-        encode_dispatches(compute, [(*prepare(self.pipeline, self.bind_groups[0]), (1, 1, 1))])
-        compute.end()
-        device.queue.submit([encoder.finish()])
+        dispatch_once(device, self.pipeline, self.bind_groups[0])
 
     def submit(self, seqs, passes):
         """`passes` decode passes of the runner's current tables, each followed by the sampler over

@@ -19,9 +19,18 @@ from .errors import RuntimeFault
 COMPILE_THREADS = min(4, os.cpu_count() or 1)
 
 
-def _compile(device, src):
+def compile_pipeline(device, src):
     module = device.create_shader_module(code=src)
     return device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+
+
+def dispatch_once(device, pipeline, bind_group):
+    """Submit one workgroup of `pipeline`: a driver that compiles at first use does it now."""
+    encoder = device.create_command_encoder()
+    compute = encoder.begin_compute_pass()
+    encode_dispatches(compute, [(*prepare(pipeline, bind_group), (1, 1, 1))])
+    compute.end()
+    device.queue.submit([encoder.finish()])
 
 
 async def compile_pipelines(device, dispatches, progress):
@@ -37,7 +46,7 @@ async def compile_pipelines(device, dispatches, progress):
 
     async def compile_one(src, op, scope):
         try:
-            pipelines[src] = await anyio.to_thread.run_sync(_compile, device, src, limiter=limiter)
+            pipelines[src] = await anyio.to_thread.run_sync(compile_pipeline, device, src, limiter=limiter)
         except Exception as e:
             failures.append(RuntimeFault(f"the kernel of {op} failed to compile: {e}\n--- shader ---\n{src}"))
             failures[-1].__cause__ = e
@@ -65,11 +74,7 @@ def dispatch_each_once(session, progress):
     device = model.device
     progress.from_worker("warm-up", 0, len(first))
     for done, (src, did) in enumerate(first.items(), 1):
-        encoder = device.create_command_encoder()
-        compute = encoder.begin_compute_pass()
-        encode_dispatches(compute, [(*prepare(model._pipelines[src], session._bind_groups[did]), (1, 1, 1))])
-        compute.end()
-        device.queue.submit([encoder.finish()])
+        dispatch_once(device, model._pipelines[src], session._bind_groups[did])
         session._staging.map_sync("READ")  # worker thread: waits until the dispatch (and the driver's compile) ran
         session._staging.unmap()
         progress.from_worker("warm-up", done, len(first))
