@@ -20,6 +20,7 @@ class DeviceInfo:
     max_storage_binding: int
     max_buffer_size: int
     max_workgroups_per_dimension: int
+    precision: str = "f32"  # how a loaded model stores float16 tensors: "f16" or "f32" (Model.precision)
 
 
 def find_adapter(name=None, power_preference="high-performance"):

@@ -2,12 +2,13 @@
 
 import os
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import anyio
 import numpy as np
 
 from kernels import adapter_class, build_node, fuse, fuse_ragged
+from kernels.registry import HalfUnsupported
 from kernels.wgsl import elem_bytes
 from resize.engine import LiveState, Plan, ResizeContext, run_all
 from resize.shapes import numel_of
@@ -22,7 +23,7 @@ from .errors import (
     ModelFormatError,
     UnsupportedOperatorError,
 )
-from .program.graph import link
+from .program.graph import has_half, link, widen_half
 from .program.planning import plan_memory, written_in_place
 from .ragged import NotRagged, plan_ragged
 from .pipelines import compile_pipelines, dispatch_each_once
@@ -86,6 +87,7 @@ async def load(
     max_batch=32,
     token_budget=None,
     progress=None,
+    precision="auto",
 ):
     """Load a `.pte` program and build its GPU plan.
 
@@ -98,14 +100,19 @@ async def load(
     and pass (for comparison). `memory_budget` caps the GPU bytes of the model and all its
     sessions: past it, load or `session()` raises MemoryBudgetError before allocating anything.
     `progress(phase, done, total)` is called on the event loop's thread as the load goes through
-    "read", "upload", "compile" and "warm-up" (see `async_runtime.progress`)."""
+    "read", "upload", "compile" and "warm-up" (see `async_runtime.progress`).
+    `precision="auto"` stores float16 tensors as f16 where the adapter has `shader-f16` (and every
+    op of the model an f16 kernel), else as f32; "f32" always widens them. `model.precision` says
+    which was chosen and `model.precision_note` why f32."""
+    if precision not in ("auto", "f32"):
+        raise ValueError(f'load(): precision must be "auto" or "f32", got {precision!r}')
     for name, value in (("max_batch", max_batch), ("token_budget", token_budget)):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ValueError(f"load(): {name} must be a positive int, got {value!r}")
     report = LoadProgress(progress)
     data = await _read_source(source, report)
     model = Model(on_resize, batch_submits, memory_budget)
-    await model._build(data, method, device, max_batch, token_budget, report)
+    await model._build(data, method, device, max_batch, token_budget, report, precision)
     return model
 
 
@@ -125,33 +132,24 @@ class Model:
         self._scheduler = Scheduler(self, batch_submits)
 
     # --- load ---------------------------------------------------------------------------------
-    async def _build(self, data, method, device_name, max_batch=32, token_budget=None, progress=None):
+    async def _build(self, data, method, device_name, max_batch=32, token_budget=None, progress=None, precision="auto"):
         progress = progress or LoadProgress()
         program = await anyio.to_thread.run_sync(read_program, data)
-        graph = link(program.method(method))
-        self.fused = fuse(graph)
-        self.inputs = tuple(_io_spec(graph.values[v], f"input {i}") for i, v in enumerate(graph.inputs))
-        self.outputs = tuple(_io_spec(graph.values[v], f"output {i}") for i, v in enumerate(graph.outputs))
-        self.batching, self.batching_note, ragged = ("submits" if self._scheduler.batching else "off"), "", None
-        if self._scheduler.batching:
-            try:
-                ragged = plan_ragged(graph, max_batch)
-                graph, self.batching = ragged.graph, "ragged"
-                self.fused += fuse_ragged(graph)
-            except NotRagged as e:
-                self.batching_note = f"not ragged: {e}"
-        self.graph = graph
+        linked = link(program.method(method))
+        self.inputs = tuple(_io_spec(linked.values[v], f"input {i}") for i, v in enumerate(linked.inputs))
+        self.outputs = tuple(_io_spec(linked.values[v], f"output {i}") for i, v in enumerate(linked.outputs))
+        self._adapter, self.device, info = await open_device(device_name)
+        self.kernels = adapter_class(info.adapter_type)  # which kernel variants
+        half = precision == "auto" and has_half(linked) and "shader-f16" in info.features
+        self.precision_note = "" if half else _why_f32(precision, linked, info)
+        try:
+            graph, nodes, ragged = self._build_nodes(linked, half, max_batch)
+        except HalfUnsupported as e:  # the ops already built changed `linked`: link afresh
+            half, self.precision_note = False, f"f32: {e}"
+            graph, nodes, ragged = self._build_nodes(link(program.method(method)), half, max_batch)
+        self.precision = "f16" if half else "f32"
+        self.device_info = replace(info, precision=self.precision)
         values = graph.values
-        self._adapter, self.device, self.device_info = await open_device(device_name)
-        self.kernels = adapter_class(self.device_info.adapter_type)  # which kernel variants
-        nodes = []
-        for name, args in graph.calls:
-            try:
-                nodes.append(build_node(graph, name, args, self.kernels))
-            except NotImplementedError as e:
-                raise UnsupportedOperatorError([f"{name} ({e})"]) from e
-            except Exception as e:  # a hostile file can break an op's argument reading in any way
-                raise ModelFormatError(f"operator {name} with args {args}: {type(e).__name__}: {e}") from e
         self.plan = Plan(nodes, values)
         self._data_dependent = any(n.data_dependent for n in nodes)
         self._initial_state = self._plan_at_max_shapes()
@@ -178,6 +176,34 @@ class Model:
             self._batcher = await anyio.to_thread.run_sync(Batcher, self, ragged, runner, token_budget)  # compiles the sampler
         self._default = await self.open_session()
         await self._warm_up(progress)
+
+    def _build_nodes(self, graph, half, max_batch):
+        """The linked `graph` fused and planned ragged where it can be, and its op nodes; float16
+        tensors stored as f16 (`half`) or widened to f32. HalfUnsupported: an op has no f16 kernel."""
+        if not half:
+            widen_half(graph)
+        self._input_storage = tuple(getattr(graph.values[v], "dtype", None) for v in graph.inputs)  # float16 may be widened
+        self.fused = fuse(graph)
+        self.batching, self.batching_note, ragged = ("submits" if self._scheduler.batching else "off"), "", None
+        if self._scheduler.batching:
+            try:
+                ragged = plan_ragged(graph, max_batch)
+                graph, self.batching = ragged.graph, "ragged"
+                self.fused += fuse_ragged(graph)
+            except NotRagged as e:
+                self.batching_note = f"not ragged: {e}"
+        self.graph = graph
+        nodes = []
+        for name, args in graph.calls:
+            try:
+                nodes.append(build_node(graph, name, args, self.kernels))
+            except HalfUnsupported:
+                raise
+            except NotImplementedError as e:
+                raise UnsupportedOperatorError([f"{name} ({e})"]) from e
+            except Exception as e:  # a hostile file can break an op's argument reading in any way
+                raise ModelFormatError(f"operator {name} with args {args}: {type(e).__name__}: {e}") from e
+        return graph, nodes, ragged
 
     async def _warm_up(self, progress):
         """Every pipeline dispatched once on a throwaway session, in a worker thread: drivers that
@@ -354,3 +380,12 @@ def _constant_bytes(const, named, what):
         except KeyError:
             raise ModelFormatError(f"{what}: named data {const.key!r} is not in the program") from None
     return const.blob[const.offset : const.offset + const.length]
+
+
+def _why_f32(precision, graph, info):
+    """Why a load stores float16 tensors as f32 (empty: the model has none)."""
+    if not has_half(graph):
+        return ""
+    if precision == "f32":
+        return 'f32: load(precision="f32")'
+    return "f32: the adapter has no shader-f16"

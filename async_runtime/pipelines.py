@@ -8,6 +8,7 @@ so the warm-up costs the same for a 128- or a 2,048-token export.
 """
 
 import os
+import re
 
 import anyio
 
@@ -19,7 +20,12 @@ from .errors import RuntimeFault
 COMPILE_THREADS = min(4, os.cpu_count() or 1)
 
 
+USES_F16 = re.compile(r"\bf16\b")
+
+
 def compile_pipeline(device, src):
+    if USES_F16.search(src):  # kernels name f16 only for float16 tensors, on devices with shader-f16
+        src = "enable f16;\n" + src
     module = device.create_shader_module(code=src)
     return device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
 

@@ -34,7 +34,7 @@ def check_inputs(model, inputs):
     if len(inputs) != len(specs):
         raise InputError(f"expected {len(specs)} inputs ({model.describe_inputs()}), got {len(inputs)}")
     arrays = []
-    for i, (spec, x) in enumerate(zip(specs, inputs)):
+    for i, (spec, device_dtype, x) in enumerate(zip(specs, model._input_storage, inputs)):
         if spec.dtype not in HOST_DTYPES:
             raise InputError(f"input {i}: non-tensor method inputs are not supported ({spec.dtype})")
         try:
@@ -52,7 +52,7 @@ def check_inputs(model, inputs):
         for d, (n, m) in enumerate(zip(arr.shape, limit)):
             if not (1 <= n <= m or n == m == 0):  # a dim exported as 0 (an empty input) stays 0
                 raise InputError(f"input {i}: dim {d} is {n}, expected {f'1..{m}' if m else 0} (shape {list(arr.shape)}, max {limit})")
-        stored = np.dtype(HOST_DTYPES[spec.dtype] if spec.dtype in PACKED else storage_dtype(spec.dtype))
+        stored = np.dtype(HOST_DTYPES[spec.dtype] if spec.dtype in PACKED else storage_dtype(device_dtype))
         if want in "iu" and arr.size and (arr.min() < np.iinfo(stored).min or arr.max() > np.iinfo(stored).max):
             raise InputError(f"input {i}: values outside the {stored} range the device stores")
         arrays.append(np.ascontiguousarray(arr, dtype=stored))
@@ -306,7 +306,7 @@ class Session(SessionBase):
         """Copy the outputs out of the mapped staging buffer, then unmap it."""
         graph, outputs, down = self._model.graph, [], 0
         try:
-            for vid, dims, offset, nbytes in reads:
+            for spec, (vid, dims, offset, nbytes) in zip(self._model.outputs, reads):
                 v = graph.values[vid]
                 if dims is None:
                     outputs.append(self.state.symints.get(vid, getattr(v, "value", None)))
@@ -315,7 +315,7 @@ class Session(SessionBase):
                 raw = self._staging.read_mapped(offset, align(nbytes, 4), copy=False) if nbytes else b""
                 stored = HOST_DTYPES[v.dtype] if v.dtype in PACKED else storage_dtype(v.dtype)
                 arr = np.frombuffer(raw, stored, numel_of(dims)).reshape(dims)
-                outputs.append(arr.astype(HOST_DTYPES[v.dtype]))
+                outputs.append(arr.astype(HOST_DTYPES[spec.dtype]))  # float16 may be stored widened
                 down += nbytes
         finally:
             self._staging.unmap()

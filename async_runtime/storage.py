@@ -9,8 +9,12 @@ from resize.values import HOST_DTYPES
 
 from .errors import ModelFormatError
 
-STORAGE_NP = {"f32": np.float32, "i32": np.int32, "u32": np.uint32}
+STORAGE_NP = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "u32": np.uint32}
 STORAGE_USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
+
+
+# The element types a constant's bytes may have been written in, by the kind of its declared dtype.
+SAME_KIND = {"f": (np.float64, np.float32, np.float16), "i": (np.int64, np.int32), "u": (), "b": ()}
 
 
 def align(n, a):
@@ -39,8 +43,9 @@ def to_storage(tensor, raw, what):
         data = np.zeros(align(max(n, 4), 4), np.uint8)
         data[:n] = np.frombuffer(raw, np.uint8, n)
         return data
-    # The delegate may declare INT32/FLOAT32 for bytes that were serialized as 64-bit values.
-    for source in (HOST_DTYPES[tensor.dtype], np.int64, np.float64, np.int32, np.float32):
+    # The delegate may declare INT32/FLOAT32 for bytes that were serialized as 64-bit values, and a
+    # float16 tensor widened to float32 at load (no shader-f16) still has 2-byte bytes in the file.
+    for source in (HOST_DTYPES[tensor.dtype], *SAME_KIND[np.dtype(HOST_DTYPES[tensor.dtype]).kind]):
         if len(raw) == n * np.dtype(source).itemsize:
             return np.frombuffer(raw, source, n).astype(storage_dtype(tensor.dtype))
     need = n * np.dtype(HOST_DTYPES[tensor.dtype]).itemsize

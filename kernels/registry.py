@@ -17,14 +17,21 @@ from .variants import GPU
 OPS = {}
 
 
-def op(*names):
-    """Register a build function under one or more operator names."""
+class HalfUnsupported(NotImplementedError):
+    """An op met a float16 tensor but has no f16 kernel: the load widens the model to f32."""
+
+
+def op(*names, half=False):
+    """Register a build function under one or more operator names; `half`: its kernels read and
+    write float16 tensors as f16 (every storage type from `wgsl.wgsl_type`, f32 arithmetic where
+    precision needs it)."""
 
     def register(fn):
         for name in names:
             if name in OPS:
                 raise RuntimeError(f"operator {name} registered twice")
             OPS[name] = fn
+        fn.half = half
         return fn
 
     return register
@@ -111,11 +118,13 @@ def build_node(graph, name, args, adapter=GPU):
     """Build one op into `graph`, with the kernel variants of adapter class `adapter`, and return
     its resize-plan `Node`."""
     fn = OPS[name]
+    values = graph.values
+    if not fn.half and any(values[t].dtype == "float16" for t in _tensors(values, args)):
+        raise HalfUnsupported(f"{name} has no f16 kernel")
     b = OpBuilder(graph, name, args, adapter)
     fn(b)
     if b._hook is None:
         raise RuntimeError(f"{name} registered no resize hook")
-    values = graph.values
     out = args[-1] if args else None
     outs = set(values[out].items) if out is not None and isinstance(values[out], ValueList) else {out}
     reads = []
@@ -127,3 +136,13 @@ def build_node(graph, name, args, adapter=GPU):
             reads.extend(i for i in v.items if i >= 0 and isinstance(values[i], (Tensor, SymInt)))  # -1: None
     writes = tuple(outs - {None}) + tuple(b._extra_writes)
     return Node(name, b._hook, tuple(dict.fromkeys(reads)), writes, data_dependent=getattr(fn, "data_dependent", False))
+
+
+def _tensors(values, args):
+    """The tensor value ids among `args`, list items included."""
+    for a in args:
+        v = values[a]
+        if isinstance(v, Tensor):
+            yield a
+        elif isinstance(v, ValueList):
+            yield from (i for i in v.items if i >= 0 and isinstance(values[i], Tensor))

@@ -6,11 +6,13 @@ from resize.shapes import broadcast_strides, fold_grid
 
 WG = 64  # workgroup size of the flat elementwise-style kernels
 
-# How each tensor dtype is stored on the GPU: 4-byte elements, except raw bytes of packed weights.
+# How each tensor dtype is stored on the GPU: 4-byte elements, except raw bytes of packed weights
+# and float16 (f16, 2 bytes). A device without `shader-f16` never sees float16: the load widens
+# those tensors to float32 first (async_runtime/program/graph.py widen_half).
 STORAGE = {
     "float32": "f32",
     "float64": "f32",
-    "float16": "f32",
+    "float16": "f16",
     "int32": "i32",
     "int64": "i32",
     "int16": "i32",
@@ -22,7 +24,7 @@ PACKED = {"uint8", "int8"}
 
 
 def elem_bytes(dtype):
-    return 1 if dtype in PACKED else 4
+    return 1 if dtype in PACKED else 2 if dtype == "float16" else 4
 
 
 def wgsl_type(dtype):
@@ -30,7 +32,7 @@ def wgsl_type(dtype):
 
 
 def is_float(dtype):
-    return STORAGE[dtype] == "f32"
+    return STORAGE[dtype] in ("f32", "f16")
 
 
 # The flat invocation index of a folded (x, y) grid; `WG` must match the kernel's workgroup size.

@@ -6,7 +6,7 @@ them run as one GPU plan. Values inside a delegate get fresh ids. The delegates'
 """
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kernels import OPS
 from kernels.wgsl import elem_bytes
@@ -62,6 +62,19 @@ def link(method, check=True):
     if check and missing:
         raise UnsupportedOperatorError(missing)
     return g
+
+
+def widen_half(graph):
+    """Store every float16 tensor as float32: for a device without `shader-f16`, an op without an
+    f16 kernel, or `load(precision="f32")`. The file's bytes stay float16 (`storage.to_storage`
+    widens them) and so do the method's inputs and outputs (`Model.inputs`, `Model.outputs`)."""
+    for vid, v in enumerate(graph.values):
+        if isinstance(v, Tensor) and v.dtype == "float16":
+            graph.values[vid] = replace(v, dtype="float32")
+
+
+def has_half(graph):
+    return any(isinstance(v, Tensor) and v.dtype == "float16" for v in graph.values)
 
 
 def _check_values(g):
