@@ -93,3 +93,25 @@ def test_inspect_lists_ops_and_shapes():
     text = out.getvalue()
     assert "input 0: float32[1, <=11, 15] (dynamic)" in text
     assert "aten::expand_copy.out" in text and "aten.bmm.default" in text
+
+
+def test_inspect_shows_dtypes_and_how_float16_is_stored(monkeypatch):
+    import io
+
+    from kernels import OPS
+
+    data = export_pte("mlp_half", lambda: MLP().half(), [torch.randn(5, 13).half()])[0]
+    out = io.StringIO()
+    inspect(data, out)
+    text = out.getvalue()
+    assert "input 0: float16[5, 13]" in text
+    assert "float16" in next(line for line in text.splitlines() if line.startswith("  dtypes: "))
+    for fn in {OPS[name] for name in OPS}:  # every op with an f16 kernel: stored as f16
+        monkeypatch.setattr(fn, "half", True)
+    out = io.StringIO()
+    inspect(data, out)
+    assert "float16 storage: f16 on adapters with shader-f16" in out.getvalue()
+    monkeypatch.setattr(OPS["aten.linear.default"], "half", False)
+    out = io.StringIO()
+    inspect(data, out)
+    assert "float16 storage: f32 (widened: no f16 kernel for aten.linear.default)" in out.getvalue()

@@ -5,9 +5,10 @@ import os
 import sys
 from collections import Counter
 
+from kernels import OPS
 from kernels.wgsl import elem_bytes
 from resize.shapes import numel_of
-from resize.values import SymInt, Tensor
+from resize.values import SymInt, Tensor, ValueList
 
 from ..errors import ModelFormatError
 from ..program.graph import link
@@ -53,6 +54,7 @@ def inspect(data, out=sys.stdout):
                 else:
                     activations += n
         print(f"  weights: {weights / 2**20:.2f} MiB, activations (max shapes, before sharing): {activations / 2**20:.2f} MiB", file=out)
+        _describe_dtypes(graph, out)
         missing = set(graph.missing_ops())
         for title, ops in (("delegate ops", graph.delegate_ops), ("ops outside delegates", graph.kernel_ops)):
             if ops:
@@ -61,6 +63,28 @@ def inspect(data, out=sys.stdout):
                     mark = "  UNSUPPORTED" if op in missing else ""
                     print(f"    {count:5d}  {op}{mark}", file=out)
         print(f"  unsupported: {', '.join(sorted(missing)) if missing else 'none'}", file=out)
+
+
+def _describe_dtypes(graph, out):
+    """The tensors' dtypes, and how float16 ones will be stored (`load(precision=...)`)."""
+    counts = Counter(v.dtype for v in graph.values if isinstance(v, Tensor))
+    print("  dtypes: " + ", ".join(f"{n} {dtype}" for dtype, n in sorted(counts.items())), file=out)
+    if not counts["float16"]:
+        return
+    lacking = sorted({name for name, args in graph.calls if name in OPS and not OPS[name].half and _touches_half(graph, args)})
+    if lacking:
+        print(f"  float16 storage: f32 (widened: no f16 kernel for {', '.join(lacking)})", file=out)
+    else:
+        print("  float16 storage: f16 on adapters with shader-f16, else f32 (widened)", file=out)
+
+
+def _touches_half(graph, args):
+    for a in args:
+        v = graph.values[a]
+        items = v.items if isinstance(v, ValueList) else (a,)
+        if any(i >= 0 and getattr(graph.values[i], "dtype", None) == "float16" for i in items):
+            return True
+    return False
 
 
 def _refuse_open_server(args):
