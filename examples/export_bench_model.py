@@ -5,7 +5,7 @@ make the same graph, the same shapes and the same byte counts, while the file co
 1 MiB with xz: every tensor repeats one block, and one element per tensor is distinct so the named
 data (keyed by SHA-256) is not deduplicated. Timings only; the text it would produce is noise.
 
-    python examples/export_bench_model.py --out bench_models [--max-context 2048] [--qmode 4w] [--static]
+    python examples/export_bench_model.py --out bench_models [--max-context 2048] [--qmode 4w] [--dtype fp16] [--static]
 
 `--static` exports the same model without dynamic shapes (one token per call): the static twin
 the bench's resize-overhead scenario compares the dynamic export against.
@@ -46,6 +46,7 @@ def main(argv=None):
     p.add_argument("--out", required=True)
     p.add_argument("--max-context", type=int, default=2048)
     p.add_argument("--qmode", choices=["4w"])
+    p.add_argument("--dtype", choices=["fp32", "fp16"], default="fp32", help="fp16: weights, activations and KV cache in float16")
     p.add_argument("--static", action="store_true", help="no dynamic shapes: [1, 1] tokens per call")
     args = p.parse_args(argv)
     import torch
@@ -55,13 +56,15 @@ def main(argv=None):
     params = {k: v for k, v in params.items() if k != "use_hf_rope"}
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
-    name = f"smollm2_synthetic_{args.qmode or 'fp32'}_ctx{args.max_context}" + ("_static" if args.static else "")
+    kind = args.qmode + ("" if args.dtype == "fp32" else f"_{args.dtype}") if args.qmode else args.dtype
+    name = f"smollm2_synthetic_{kind}_ctx{args.max_context}" + ("_static" if args.static else "")
     params_path, ckpt_path = os.path.join(out, f"{name}.json"), os.path.join(out, f"{name}.pth")
     with open(params_path, "w") as f:
         json.dump(params, f)
     torch.save(synthetic_state_dict(params), ckpt_path)
     overrides = export_llm_args(
-        params_path, ckpt_path, out, f"{name}.pte", args.max_context, qmode=args.qmode, dynamic=not args.static
+        params_path, ckpt_path, out, f"{name}.pte", args.max_context, qmode=args.qmode, dynamic=not args.static,
+        dtype=args.dtype,
     )
     seconds = run_llama_export(overrides, cwd=out)
     os.remove(ckpt_path)
