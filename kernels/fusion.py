@@ -46,9 +46,10 @@ ROPE_INTO_CACHE = "pte_wgpu.rope_into_cache"
 RAGGED_SDPA = "pte_wgpu.ragged_sdpa"
 RAGGED_SDPA_CACHED = "pte_wgpu.ragged_sdpa_cached"
 MAX_GROUP = 4  # products per linear_group (the kernel's code grows with each)
+FLOATS = ("float32", "float16")  # the dtypes the fused linears store as they are (f32, f16)
 
 
-@op(SILU_MUL)
+@op(SILU_MUL, half=True)
 def silu_mul(b):
     add_elementwise(b, [0, 1], "a / (1.0 + exp(-a)) * b")
 
@@ -131,7 +132,7 @@ class _Linears:
         self.producer = _producers(graph)
 
     def linear(self, i):
-        """(x, weight, out) of call i if it is a bias-free fp32 linear with a 2-D weight."""
+        """(x, weight, out) of call i if it is a bias-free f32 or f16 linear with a 2-D weight."""
         if i is None:
             return None
         name, args = self.calls[i]
@@ -141,7 +142,7 @@ class _Linears:
         v = self.values
         if not (isinstance(v[bias], Scalar) and v[bias].value is None):
             return None
-        if len(v[w].dims) != 2 or any(v[t].dtype != "float32" for t in (x, w, out)):
+        if len(v[w].dims) != 2 or any(v[t].dtype not in FLOATS for t in (x, w, out)):
             return None
         return x, w, out
 
@@ -219,7 +220,7 @@ def _fuse_residual(graph):
             i, views = f.through_views(e)
             if i is None or i in drop or not f.before(residual, i) or f.uses[e] != 1:
                 continue
-            if not (values[residual].dims == values[e].dims == values[out].dims) or values[out].dtype != "float32":
+            if not (values[residual].dims == values[e].dims == values[out].dims) or values[out].dtype not in FLOATS:
                 continue
             x, w, _ = f.linear(i)
             replace[i] = (LINEAR_RESIDUAL, (x, w, residual, out))
@@ -275,7 +276,9 @@ def _fuse_norms(graph):
             j = readers.get(src, [None])[0] if uses[src] == 1 else None
         if j is None or calls[j][0] not in (LINEAR_GROUP, LINEAR_SILU_MUL) or calls[j][1][0] != src:
             continue
-        if values[x].dims != values[args[-1]].dims or values[x].dtype != "float32" or len(values[gamma].dims) != 1:
+        # the fused GEMV rounds the normalized rows to x's type, the type the norm would write
+        normed = values[args[-1]]
+        if values[x].dims != normed.dims or values[x].dtype not in FLOATS or values[x].dtype != normed.dtype or len(values[gamma].dims) != 1:
             continue
         fused_name, fused_args = calls[j]
         calls[j] = (fused_name.replace("pte_wgpu.", "pte_wgpu.rms_"), (*fused_args[:-1], x, gamma, args[2], fused_args[-1]))

@@ -1,5 +1,5 @@
-"""The register-tiled GEMM template, shared by every product that runs as tiles (fp32 linear, mm,
-bmm, addmm, the fused linears' prefill, 4-bit weights), and its split-K reduce.
+"""The register-tiled GEMM template, shared by every product that runs as tiles (linear, mm, bmm,
+addmm, the fused linears' prefill, 4-bit weights), and its split-K reduce.
 
 out[b, m, n] = epilogue(sum_k A[b, m, k] * B[b, k, n]): a 64x64 output tile per 16x16 workgroup,
 each invocation a 4x4 register tile (rows 4 * lid.y.., columns 4 * lid.x..). A and B go through
@@ -13,7 +13,9 @@ the 64x64 kernel this replaced at 512-2047 rows, before splitting.
 
 How the tiles are read is a parameter, a `TileLoad`: WGSL functions `a_at(off, m, k, kend)` and
 `b_at(off, n, k, kend)` giving one element of A and B (0 outside the product), and so an fp32
-load, a 4-bit dequantizing load (kernels/quantized.py), and later f16, int8 or im2col loads.
+load (f32 or f16 storage), a 4-bit dequantizing load (kernels/quantized.py), and later int8 or
+im2col loads. Whatever the storage, the tiles, sums and split-K's scratch are f32; `epilogue`
+converts to the output's storage type.
 """
 
 import struct
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from resize.shapes import MAX_WORKGROUPS, numel_of
 from resize.values import Tensor
 
-from .wgsl import FLAT_INDEX, WG, flat_grid
+from .wgsl import FLAT_INDEX, WG, flat_grid, wgsl_type
 
 # The uniform, defined once: (name, WGSL type); struct.pack format follows from the type.
 FIELDS = (
@@ -47,31 +49,38 @@ def params_bytes(m, n, k, batch=1, a_bs=0, b_bs=0, bias=(0, 0, 0), alpha=1.0, be
     return struct.pack(PARAMS_FORMAT, m, n, k, batch, a_bs, b_bs, m * n, *bias, alpha, beta, splits, kspan or max(k, 1))
 
 
-def bindings(inputs, has_bias, uniform="p: P", scratch=False):
-    """WGSL binding lines in order: `inputs` ((name, WGSL element type), read), bias, out, the
-    `uniform` and split-K's scratch `part`. The products' GEMVs bind the same way."""
+def storage(b, vid):
+    """The WGSL storage type of value `vid` of op builder `b` (f32, f16, ...)."""
+    return wgsl_type(b.graph.values[vid].dtype)
+
+
+def bindings(inputs, has_bias, uniform="p: P", scratch=False, bias="f32", out="f32"):
+    """WGSL binding lines in order: `inputs` ((name, WGSL element type), read), bias, out (of
+    storage types `bias` and `out`), the `uniform` and split-K's scratch `part`. The products'
+    GEMVs bind the same way."""
     lines = [f"@group(0) @binding({i}) var<storage, read> {name}: array<{t}>;" for i, (name, t) in enumerate(inputs)]
     n = len(inputs)
     if has_bias:
-        lines.append(f"@group(0) @binding({n}) var<storage, read> bias: array<f32>;")
+        lines.append(f"@group(0) @binding({n}) var<storage, read> bias: array<{bias}>;")
         n += 1
-    lines.append(f"@group(0) @binding({n}) var<storage, read_write> out: array<f32>;")
+    lines.append(f"@group(0) @binding({n}) var<storage, read_write> out: array<{out}>;")
     lines.append(f"@group(0) @binding({n + 1}) var<uniform> {uniform};")
     if scratch:
         lines.append(f"@group(0) @binding({n + 2}) var<storage, read_write> part: array<f32>;")
     return lines
 
 
-def header(has_bias, inputs, scratch=False):
-    """The uniform P, `bindings`, and `epilogue(acc, b, m, n)`: alpha * acc (+ beta * bias)."""
-    lines = [STRUCT + ";", *bindings(inputs, has_bias, scratch=scratch)]
+def header(has_bias, inputs, scratch=False, bias="f32", out="f32"):
+    """The uniform P, `bindings`, and `epilogue(acc, b, m, n)`: alpha * acc (+ beta * bias) in f32,
+    converted to the output's storage type `out`."""
+    lines = [STRUCT + ";", *bindings(inputs, has_bias, scratch=scratch, bias=bias, out=out)]
     if has_bias:
         lines.append(
-            "fn epilogue(acc: f32, b: u32, m: u32, n: u32) -> f32 {\n"
-            "    return p.alpha * acc + p.beta * bias[b * p.bias_bs + m * p.bias_sm + n * p.bias_sn];\n}"
+            f"fn epilogue(acc: f32, b: u32, m: u32, n: u32) -> {out} {{\n"
+            f"    return {out}(p.alpha * acc + p.beta * f32(bias[b * p.bias_bs + m * p.bias_sm + n * p.bias_sn]));\n}}"
         )
     else:
-        lines.append("fn epilogue(acc: f32, b: u32, m: u32, n: u32) -> f32 { return p.alpha * acc; }")
+        lines.append(f"fn epilogue(acc: f32, b: u32, m: u32, n: u32) -> {out} {{ return {out}(p.alpha * acc); }}")
     return "\n".join(lines) + "\n"
 
 
@@ -89,18 +98,19 @@ class TileLoad:
     setup: str = ""
 
 
-def fp32_load(transposed_b):
-    """fp32 A [M, K] and B, an [N, K] weight (`transposed_b`) or a [K, N] matrix."""
+def fp32_load(transposed_b, a="f32", b="f32"):
+    """A [M, K] and B, an [N, K] weight (`transposed_b`) or a [K, N] matrix, stored as WGSL types
+    `a` and `b` (f32 or f16), loaded as f32."""
     b_index = "n * p.K + k" if transposed_b else "k * p.N + n"
     return TileLoad(
-        inputs=(("a", "f32"), ("bm", "f32")),
+        inputs=(("a", a), ("bm", b)),
         functions=f"""
 fn a_at(off: u32, m: u32, k: u32, kend: u32) -> f32 {{
-    if (m < p.M && k < kend) {{ return a[off + m * p.K + k]; }}
+    if (m < p.M && k < kend) {{ return f32(a[off + m * p.K + k]); }}
     return 0.0;
 }}
 fn b_at(off: u32, n: u32, k: u32, kend: u32) -> f32 {{
-    if (n < p.N && k < kend) {{ return bm[off + {b_index}]; }}
+    if (n < p.N && k < kend) {{ return f32(bm[off + {b_index}]); }}
     return 0.0;
 }}
 """,
@@ -200,15 +210,16 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 """
 
 
-def gemm_shader(load, has_bias, extra=""):
-    """The template with `load`'s tile reads; `extra`: WGSL bindings after the scratch."""
+def gemm_shader(load, has_bias, extra="", bias="f32", out="f32"):
+    """The template with `load`'s tile reads; `extra`: WGSL bindings after the scratch; `bias` and
+    `out` their storage types."""
     setup = "    let a_row0 = m0 + 4u * am4;\n" + load.setup if load.setup else ""
     body = GEMM.replace("{B_SLOT}", B_SLOT_ALONG_K if load.b_along_k else B_SLOT_ALONG_N).replace("{SETUP}", setup)
-    return header(has_bias, load.inputs, scratch=True) + extra + load.functions + QUADS + body
+    return header(has_bias, load.inputs, scratch=True, bias=bias, out=out) + extra + load.functions + QUADS + body
 
 
-def gemm_reduce_shader(has_bias):
-    return header(has_bias, (("part", "f32"),)) + GEMM_REDUCE
+def gemm_reduce_shader(has_bias, bias="f32", out="f32"):
+    return header(has_bias, (("part", "f32"),), bias=bias, out=out) + GEMM_REDUCE
 
 
 def gemm_split(m, n, k, batch):
@@ -245,9 +256,10 @@ class GemmRoute:
     def __init__(self, b, load, inputs, bias, out, params, scratch, extra=(), extra_wgsl=""):
         self.name = b.name
         tail = [bias] if bias is not None else []
-        shader = gemm_shader(load, bias is not None, extra_wgsl)
+        types = {"bias": storage(b, bias) if tail else "f32", "out": storage(b, out)}
+        shader = gemm_shader(load, bias is not None, extra_wgsl, **types)
         self.gemm = b.dispatch(shader, [*inputs, *tail, out, params, scratch, *extra])
-        self.reduce = b.dispatch(gemm_reduce_shader(bias is not None), [scratch, *tail, out, params])
+        self.reduce = b.dispatch(gemm_reduce_shader(bias is not None, **types), [scratch, *tail, out, params])
 
     def set(self, ctx, shape, on):
         """As a variant's route (kernels/variants.py), for a shape with m, n, k and batch."""

@@ -1,4 +1,4 @@
-"""Matrix multiplication: linear, mm, bmm and addmm, fp32, with a GEMV route and a GEMM route.
+"""Matrix multiplication: linear, mm, bmm and addmm, with a GEMV route and a GEMM route.
 
 Every op is one batched product out[b, m, n] = alpha * sum_k A[b, m, k] * B[b, k, n] + beta * bias,
 where B is either row-major [K, N] (mm, bmm, addmm) or a transposed [N, K] weight (linear). Which
@@ -12,6 +12,9 @@ Each op records a route group the hook picks from by the live row count:
 - GEMM (more rows, prefill): kernels/gemm.py's register-tiled template with fp32 tile loads.
 The unused route gets a (0, 0, 0) grid.
 
+Each operand and the output is stored as its tensor's type (f32, or f16 for float16: `Storage`);
+every kernel converts at the load and the store and sums in f32.
+
 Kept as one module past 400 lines: the GEMV kernels and the route table of every product live together (the fused linears build on them).
 """
 
@@ -20,12 +23,24 @@ from dataclasses import dataclass
 
 from resize.shapes import MAX_WORKGROUPS, broadcast_strides, fold_grid, numel_of
 
-from .gemm import PARAMS_FORMAT, PARAMS_SIZE, GemmRoute, fp32_load, gemm_scratch, gemm_split, header
+from .gemm import PARAMS_FORMAT, PARAMS_SIZE, GemmRoute, fp32_load, gemm_scratch, gemm_split, header, storage
 from .registry import op
 from .variants import ANY, CPU_ONLY, GPU_ONLY, Routes, Variant
 from .wgsl import is_float
 
-F32_OPERANDS = (("a", "f32"), ("bm", "f32"))
+
+@dataclass(frozen=True)
+class Storage:
+    """The WGSL storage types of a product's A, B, bias and output (f32 or f16 each)."""
+
+    a: str = "f32"
+    b: str = "f32"
+    bias: str = "f32"
+    out: str = "f32"
+
+
+F32 = Storage()
+
 GEMV_ROWS = 4  # outputs per workgroup, [N, K] weight
 GEMV_COLS, GEMV_SLICES = 32, 8  # outputs per workgroup and K slices, [K, N] matrix
 # Up to this many rows, a product with an [N, K] weight runs the GEMV for every row: a 64x64 GEMM
@@ -74,7 +89,8 @@ def gemv_t_body(weights, n, k, store, base="0u", scale=None, group_rows=GEMV_GRO
     K of `k`, from `base`): one accumulator variable per (weight, row), written out (a private
     array indexed in a loop can spill to local memory). Expects `n0`, `rows`, `aoff` and `li`;
     `store(r)` is the statement that writes row r's output n from lanes v0, v1, ... (one a weight).
-    `scale(r, i)`, if given, multiplies input element i of row r first (a fused norm). The kernel
+    `scale(r, i, x)`, if given, turns input element i of row r, loaded as f32 expression x, into
+    what is multiplied (a fused norm). The kernel
     takes `group_rows` input rows per workgroup."""
     rows = range(group_rows)
     lines = []
@@ -83,10 +99,11 @@ def gemv_t_body(weights, n, k, store, base="0u", scale=None, group_rows=GEMV_GRO
         lines += [f"var acc{j}_{r} = vec4<f32>(0.0);" for r in rows]
     lines.append(f"for (var k = li; k < {k}; k = k + 256u) {{")
     for j, w in enumerate(weights):
-        lines.append(f"    let wv{j} = vec4<f32>({w}[{w}_0 + k], {w}[{w}_1 + k], {w}[{w}_2 + k], {w}[{w}_3 + k]);")
+        lines.append(f"    let wv{j} = vec4<f32>({', '.join(f'f32({w}[{w}_{i} + k])' for i in range(4))});")
     for r in rows:
         fma = " ".join(f"acc{j}_{r} = acc{j}_{r} + x * wv{j};" for j in range(len(weights)))
-        x = f"a[aoff + {r}u * {k} + k]" + (scale(r, "k") if scale else "")
+        x = f"f32(a[aoff + {r}u * {k} + k])"
+        x = scale(r, "k", x) if scale else x
         lines.append(f"    if ({r}u < rows) {{ let x = {x}; {fma} }}")
     lines.append("}")
     order = [(j, r) for r in rows for j in range(len(weights))]
@@ -126,21 +143,39 @@ GEMV_T = GEMV_REDUCE + GEMV_ROWS_MAIN + f"""    let n0 = (wid.x + wid.y * nwg.x)
 # SmolLM2 LM head 124 -> 49 us on an H100 (0.9 -> 2.3 TB/s). With few rows (N / 32 workgroups)
 # it is slower: a 576 x 1536 weight 7.6 -> 27 us. So only N >= GEMV_T4_MIN_N takes it (a fixed
 # choice per weight, whatever the row count).
+# An f16 weight with K a multiple of 8 is read 8 weights (16 bytes) a load, as a vec4<u32> of f16
+# pairs: a vec4<f16> load moves half the bytes of the f32 kernel's vec4 per loop step.
 GEMV_T4_ROWS, GEMV_T4_LANES = 32, 8
 GEMV_T4_MIN_N = 8192
-GEMV_T4 = f"""
+# The loop step's weight load and each row's accumulation, per weights a load (4 or 8).
+T4_STEPS = {
+    4: ("let w = vec4<f32>(bm[w0 + kv]);", "w * row_of_a(x)"),
+    8: (
+        (
+            "let u = bm[w0 + kv]; let w = vec4<f32>(unpack2x16float(u.x), unpack2x16float(u.y)); "
+            "let w1 = vec4<f32>(unpack2x16float(u.z), unpack2x16float(u.w));"
+        ),
+        "w * row_of_a(x) + w1 * row_of_a(x + 4u)",
+    ),
+}
+
+
+def gemv_t4(step):
+    """The vec4 GEMV's WGSL, `step` weights a load (T4_STEPS)."""
+    load, fma = T4_STEPS[step]
+    return f"""
 var<workgroup> red: array<f32, {256 * GEMV_GROUP_ROWS}>;
 
-fn row_of_a(i: u32) -> vec4<f32> {{ return vec4<f32>(a[i], a[i + 1u], a[i + 2u], a[i + 3u]); }}
+fn row_of_a(i: u32) -> vec4<f32> {{ return vec4<f32>(f32(a[i]), f32(a[i + 1u]), f32(a[i + 2u]), f32(a[i + 3u])); }}
 """ + GEMV_ROWS_MAIN + f"""    let lane = li % {GEMV_T4_LANES}u;
     let n = (wid.x + wid.y * nwg.x) * {GEMV_T4_ROWS}u + li / {GEMV_T4_LANES}u;
-    let k4s = p.K / 4u;
-    let w0 = b * p.b_bs / 4u + min(n, p.N - 1u) * k4s;
+    let kvs = p.K / {step}u;
+    let w0 = b * p.b_bs / {step}u + min(n, p.N - 1u) * kvs;
     let aoff = b * p.a_bs + r0 * p.K;
     {"".join(f"var acc{r} = vec4<f32>(0.0);{chr(10)}    " for r in range(GEMV_GROUP_ROWS))}
-    for (var k4 = lane; k4 < k4s; k4 = k4 + {GEMV_T4_LANES}u) {{
-        let w = bm[w0 + k4];
-        {"".join(f"if ({r}u < rows) {{ acc{r} = acc{r} + w * row_of_a(aoff + {r}u * p.K + 4u * k4); }}{chr(10)}        " for r in range(GEMV_GROUP_ROWS))}
+    for (var kv = lane; kv < kvs; kv = kv + {GEMV_T4_LANES}u) {{
+        {load}
+        {"".join(f"if ({r}u < rows) {{ let x = aoff + {r}u * p.K + {step}u * kv; acc{r} = acc{r} + {fma}; }}{chr(10)}        " for r in range(GEMV_GROUP_ROWS))}
     }}
     {"".join(f"red[{r * 256}u + li] = (acc{r}.x + acc{r}.y) + (acc{r}.z + acc{r}.w);{chr(10)}    " for r in range(GEMV_GROUP_ROWS))}
     workgroupBarrier();
@@ -154,6 +189,7 @@ fn row_of_a(i: u32) -> vec4<f32> {{ return vec4<f32>(a[i], a[i + 1u], a[i + 2u],
     }}
 }}
 """
+
 
 GEMV_N = """
 var<workgroup> red: array<f32, 256>;
@@ -169,7 +205,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let aoff = b * p.a_bs;
     var acc = 0.0;
     for (var k = s; k < p.K; k = k + 8u) {
-        acc = acc + a[aoff + k] * bm[col + k * p.N];
+        acc = acc + f32(a[aoff + k]) * f32(bm[col + k * p.N]);
     }
     red[li] = acc;
     workgroupBarrier();
@@ -196,8 +232,8 @@ CPU_GROUP_ROWS = 1
 
 def gemv_t_cpu_body(weights, n, k, store, base="0u", scale=None, group_rows=CPU_GROUP_ROWS):
     """`gemv_t_body`'s CPU variant, with the same arguments; expects `n` (this invocation's output,
-    possibly past the last: clamped for reads, not written), `rows` and `aoff`. `scale(r, i)`
-    multiplies input element i of row r."""
+    possibly past the last: clamped for reads, not written), `rows` and `aoff`. `scale(r, i, x)`
+    turns input element i of row r, loaded as x."""
     rows = range(group_rows)
     lines = []
     for j, w in enumerate(weights):
@@ -205,12 +241,13 @@ def gemv_t_cpu_body(weights, n, k, store, base="0u", scale=None, group_rows=CPU_
         lines += [f"var acc{j}_{r} = vec4<f32>(0.0);" for r in rows]
 
     def x_at(r, i):
-        return f"a[aoff + {r}u * {k} + {i}]" + (scale(r, i) if scale else "")
+        x = f"f32(a[aoff + {r}u * {k} + {i}])"
+        return scale(r, i, x) if scale else x
 
     lines.append(f"let k4 = {k} / 4u * 4u;")
     lines.append("for (var k = 0u; k < k4; k = k + 4u) {")
     for j, w in enumerate(weights):
-        lines.append(f"    let wv{j} = vec4<f32>({', '.join(f'{w}[{w}_row + k + {c}u]' for c in range(4))});")
+        lines.append(f"    let wv{j} = vec4<f32>({', '.join(f'f32({w}[{w}_row + k + {c}u])' for c in range(4))});")
     for r in rows:
         x = ", ".join(x_at(r, f"k + {c}u") for c in range(4))
         fma = " ".join(f"acc{j}_{r} = acc{j}_{r} + x * wv{j};" for j in range(len(weights)))
@@ -220,7 +257,7 @@ def gemv_t_cpu_body(weights, n, k, store, base="0u", scale=None, group_rows=CPU_
         lines += [f"var v{j}_{r} = (acc{j}_{r}.x + acc{j}_{r}.y) + (acc{j}_{r}.z + acc{j}_{r}.w);" for r in rows]
     lines.append(f"for (var k = k4; k < {k}; k = k + 1u) {{")
     for r in rows:
-        adds = " ".join(f"v{j}_{r} = v{j}_{r} + x * {w}[{w}_row + k];" for j, w in enumerate(weights))
+        adds = " ".join(f"v{j}_{r} = v{j}_{r} + x * f32({w}[{w}_row + k]);" for j, w in enumerate(weights))
         lines.append(f"    if ({r}u < rows) {{ let x = {x_at(r, 'k')}; {adds} }}")
     lines.append("}")
     for r in rows:
@@ -247,19 +284,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let col = b * p.b_bs + n;
     let aoff = b * p.a_bs;
     var acc = 0.0;
-    for (var k = 0u; k < p.K; k = k + 1u) {{ acc = acc + a[aoff + k] * bm[col + k * p.N]; }}
+    for (var k = 0u; k < p.K; k = k + 1u) {{ acc = acc + f32(a[aoff + k]) * f32(bm[col + k * p.N]); }}
     out[b * p.c_bs + n] = epilogue(acc, b, 0u, n);
 }}
 """
 
 
-def gemv_shader(transposed_b, has_bias, cpu=False):
+def gemv_shader(transposed_b, has_bias, cpu=False, types=F32):
     kernels = (GEMV_T_CPU, GEMV_N_CPU) if cpu else (GEMV_T, GEMV_N)
-    return header(has_bias, F32_OPERANDS) + kernels[0 if transposed_b else 1]
+    return header(has_bias, (("a", types.a), ("bm", types.b)), bias=types.bias, out=types.out) + kernels[0 if transposed_b else 1]
 
 
-def gemv_t4_shader(has_bias):
-    return header(has_bias, (("a", "f32"), ("bm", "vec4<f32>"))) + GEMV_T4
+def gemv_t4_shader(has_bias, types=F32, step=4):
+    weights = f"vec4<{types.b}>" if step == 4 else "vec4<u32>"  # step 8: f16 pairs
+    return header(has_bias, (("a", types.a), ("bm", weights)), bias=types.bias, out=types.out) + gemv_t4(step)
 
 
 def gemv_grid(name, n, transposed_b, batch, per=None):
@@ -271,7 +309,7 @@ def gemv_grid(name, n, transposed_b, batch, per=None):
     return (x, y, batch)
 
 
-def _check_f32(b, positions):
+def _check_float(b, positions):
     for i in positions:
         t = b.tensor(i)
         if not is_float(t.dtype):
@@ -318,6 +356,11 @@ class Matmul:
     def bindings(self):
         return [self.a, self.bmat] + ([self.bias] if self.bias is not None else []) + [self.b.out, self.params]
 
+    @property
+    def types(self):
+        b = self.b
+        return Storage(storage(b, self.a), storage(b, self.bmat), storage(b, self.bias) if self.bias is not None else "f32", storage(b, b.out))
+
 
 class Grid:
     """A one-dispatch route: `grid(shape)` when on."""
@@ -335,27 +378,32 @@ def _gemv_groups(s, rows=GEMV_GROUP_ROWS):
 
 def _gemv(cpu):
     def build(b, mm):
-        shader = gemv_shader(mm.transposed, mm.bias is not None, cpu)
+        shader = gemv_shader(mm.transposed, mm.bias is not None, cpu, mm.types)
         per, rows = (CPU_WG, CPU_GROUP_ROWS) if cpu else (None, GEMV_GROUP_ROWS)
         return Grid(b.dispatch(shader, mm.bindings), lambda s: gemv_grid(b.name, s.n, s.transposed, _gemv_groups(s, rows), per))
 
     return build
 
 
-def _gemv_t4(b, mm):
-    if not mm.transposed:
-        return None
-    shader = gemv_t4_shader(mm.bias is not None)
-    return Grid(b.dispatch(shader, mm.bindings), lambda s: gemv_grid(b.name, s.n, True, _gemv_groups(s), GEMV_T4_ROWS))
+def _gemv_t4(step):
+    def build(b, mm):
+        if not mm.transposed or (step == 8 and mm.types.b != "f16"):
+            return None
+        shader = gemv_t4_shader(mm.bias is not None, mm.types, step)
+        return Grid(b.dispatch(shader, mm.bindings), lambda s: gemv_grid(b.name, s.n, True, _gemv_groups(s), GEMV_T4_ROWS))
+
+    return build
 
 
 def _gemm(b, mm):
-    return GemmRoute(b, fp32_load(mm.transposed), [mm.a, mm.bmat], mm.bias, b.out, mm.params, gemm_scratch(b, [b.out]))
+    load = fp32_load(mm.transposed, mm.types.a, mm.types.b)
+    return GemmRoute(b, load, [mm.a, mm.bmat], mm.bias, b.out, mm.params, gemm_scratch(b, [b.out]))
 
 
 # The variants of a product, first match wins (kernels/variants.py).
 MATMUL_VARIANTS = (
-    Variant("gemv_vec4", GPU_ONLY, lambda s: s.gemv and s.wide, _gemv_t4),
+    Variant("gemv_vec8_f16", GPU_ONLY, lambda s: s.gemv and s.wide and s.k % 8 == 0 and s.b_bs % 8 == 0, _gemv_t4(8)),
+    Variant("gemv_vec4", GPU_ONLY, lambda s: s.gemv and s.wide, _gemv_t4(4)),
     Variant("gemv", GPU_ONLY, lambda s: s.gemv, _gemv(cpu=False)),
     Variant("gemv_cpu", CPU_ONLY, lambda s: s.gemv, _gemv(cpu=True)),
     Variant("gemm", ANY, lambda s: not s.empty, _gemm),
@@ -444,41 +492,41 @@ def bmm_shapes(name):
     return shape_fn
 
 
-@op("aten.linear.default")
+@op("aten.linear.default", half=True)
 def linear(b):
     """[x [..., K], weight [N, K], bias [N] or None, out [..., N]]."""
     bias = None if b.is_none(2) else b.args[2]
-    _check_f32(b, [0, 1] + ([2] if bias is not None else []))
+    _check_float(b, [0, 1] + ([2] if bias is not None else []))
     add_matmul(b, b.args[0], b.args[1], bias, True, linear_shapes(b.name))
 
 
-@op("pte_wgpu.linear_residual")
+@op("pte_wgpu.linear_residual", half=True)
 def linear_residual(b):
     """[x [..., K], weight [N, K], residual, out]: residual + x @ weight.T, out shaped as residual
     (kernels/fusion.py: a linear whose result only fed that add)."""
-    _check_f32(b, [0, 1, 2])
+    _check_float(b, [0, 1, 2])
     add_matmul(b, b.args[0], b.args[1], b.args[2], True, linear_shapes(b.name), residual=True)
 
 
-@op("aten.mm.default", "aten::mm.out")
+@op("aten.mm.default", "aten::mm.out", half=True)
 def mm(b):
     """[a [M, K], b [K, N], out [M, N]]."""
-    _check_f32(b, [0, 1])
+    _check_float(b, [0, 1])
     add_matmul(b, b.args[0], b.args[1], None, False, mm_shapes(b.name))
 
 
-@op("aten.bmm.default", "aten::bmm.out")
+@op("aten.bmm.default", "aten::bmm.out", half=True)
 def bmm(b):
     """[a [B, M, K], b [B, K, N], out [B, M, N]]."""
-    _check_f32(b, [0, 1])
+    _check_float(b, [0, 1])
     add_matmul(b, b.args[0], b.args[1], None, False, bmm_shapes(b.name))
 
 
-@op("aten.addmm.default", "aten::addmm.out")
+@op("aten.addmm.default", "aten::addmm.out", half=True)
 def addmm(b):
     """[bias, a [M, K], b [K, N], beta, alpha, out]: beta * bias + alpha * a @ b, bias broadcast."""
     beta, alpha = float(b.scalar(3, 1.0)), float(b.scalar(4, 1.0))
     # beta == 0 ignores bias entirely (torch does not propagate its NaNs).
     bias = b.args[0] if beta != 0.0 else None
-    _check_f32(b, [0, 1, 2])
+    _check_float(b, [0, 1, 2])
     add_matmul(b, b.args[1], b.args[2], bias, False, mm_shapes(b.name), alpha=alpha, beta=beta)

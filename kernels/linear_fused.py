@@ -14,14 +14,16 @@ order as the plain linear's GEMV, so results are bitwise those of the unfused op
   norm as well, after the weights: (x, gamma, eps). Their GEMV normalizes its rows itself, with
   the sums and expression of et_vk.rms_norm's kernel, and the norm op before them
   (`pte_wgpu.rms_norm_for_gemm`, kernels/reduce.py) runs only for the GEMM route.
+
+Every binding is stored as its tensor's type (f32, or f16 for float16), summed in f32.
 """
 
 import struct
 
 from resize.shapes import fold_grid, numel_of
 
-from .gemm import PARAMS_SIZE, GemmRoute, fp32_load, gemm_scratch, params_bytes
-from .linear import CPU_GROUP_ROWS, CPU_WG, GEMV_MAX_ROWS, GEMV_REDUCE, GEMV_ROWS, _check_f32, gemv_t_body, gemv_t_cpu_body, linear_shapes
+from .gemm import PARAMS_SIZE, GemmRoute, fp32_load, gemm_scratch, params_bytes, storage
+from .linear import CPU_GROUP_ROWS, CPU_WG, GEMV_MAX_ROWS, GEMV_REDUCE, GEMV_ROWS, _check_float, gemv_t_body, gemv_t_cpu_body, linear_shapes
 from .registry import op
 from .variants import CPU
 from .wgsl import FLAT_INDEX, WG, flat_grid
@@ -33,9 +35,10 @@ SILU = "v0 / (1.0 + exp(-v0)) * v1"  # the same expression as pte_wgpu.silu_mul'
 GROUP_ROWS = 4
 
 
-def _group_shader(count, norm, cpu):
+def _group_shader(count, norm, cpu, types):
     """GEMV over `count` products: params q = (M, K, eps, then N_j and first workgroup S_j per
-    product); with `norm`, binding 0 holds the rows before the RMS norm."""
+    product); with `norm`, binding 0 holds the rows before the RMS norm. `types`: the bindings'
+    storage types in order, the uniform left out."""
     fields = ["M: u32", "K: u32", "eps: f32"] + [f"N{j}: u32" for j in range(count)] + [f"S{j}: u32" for j in range(count)]
     fields += [f"pad{i}: u32" for i in range(-len(fields) % 4)]
     weights = [f"w{j}" for j in range(count)]
@@ -43,18 +46,19 @@ def _group_shader(count, norm, cpu):
     body_of, first = (gemv_t_cpu_body, "n") if cpu else (gemv_t_body, "n0")
     branches = []
     for j in range(count):
-        body = body_of([f"w{j}"], f"q.N{j}", "q.K", lambda r, j=j: f"o{j}[(r0 + {r}u) * q.N{j} + n] = v0;", scale=_scale(norm), group_rows=_rows(cpu))
+        store = lambda r, j=j: f"o{j}[(r0 + {r}u) * q.N{j} + n] = {types[-count + j]}(v0);"
+        body = body_of([f"w{j}"], f"q.N{j}", "q.K", store, scale=_scale(norm, types[0]), group_rows=_rows(cpu))
         cond = f"if (wg < q.S{j + 1}) " if j + 1 < count else ""
         branches.append(f"{cond}{{\n    let {first} = {_first_output(f'wg - q.S{j}', cpu)};\n    {body}\n    }}")
-    return _gemv_shader(fields, weights, outs, norm, " else ".join(branches), cpu)
+    return _gemv_shader(fields, weights, outs, norm, " else ".join(branches), cpu, types)
 
 
-def _swiglu_shader(norm, cpu):
+def _swiglu_shader(norm, cpu, types):
     body_of, first = (gemv_t_cpu_body, "n") if cpu else (gemv_t_body, "n0")
     body = f"let {first} = {_first_output('wg', cpu)};\n    " + body_of(
-        ["wg_", "wu_"], "q.N", "q.K", lambda r: f"out[(r0 + {r}u) * q.N + n] = {SILU};", scale=_scale(norm), group_rows=_rows(cpu)
+        ["wg_", "wu_"], "q.N", "q.K", lambda r: f"out[(r0 + {r}u) * q.N + n] = {types[-1]}({SILU});", scale=_scale(norm, types[0]), group_rows=_rows(cpu)
     )
-    return _gemv_shader(["M: u32", "K: u32", "eps: f32", "N: u32"], ["wg_", "wu_"], ["out"], norm, body, cpu)
+    return _gemv_shader(["M: u32", "K: u32", "eps: f32", "N: u32"], ["wg_", "wu_"], ["out"], norm, body, cpu, types)
 
 
 def _rows(cpu):
@@ -67,16 +71,18 @@ def _first_output(group, cpu):
     return f"({group}) * {CPU_WG}u + li" if cpu else f"({group}) * 4u"
 
 
-def _scale(norm):
-    return (lambda r, i: f" * rstd{r} * gamma[{i}]") if norm else None
+def _scale(norm, rows):
+    """A fused norm's x * rstd * gamma as et_vk.rms_norm computes it, rounded to the storage type
+    `rows` of the normalized rows that the op it replaced would have written."""
+    return (lambda r, i, x: f"f32({rows}({x} * rstd{r} * f32(gamma[{i}])))") if norm else None
 
 
-def _gemv_shader(fields, weights, outs, norm, body, cpu):
-    lines = ["struct Q { " + ", ".join(fields) + " }", "@group(0) @binding(0) var<storage, read> a: array<f32>;"]
-    names = weights + (["gamma"] if norm else [])
-    lines += [f"@group(0) @binding({1 + i}) var<storage, read> {w}: array<f32>;" for i, w in enumerate(names)]
-    lines += [f"@group(0) @binding({1 + len(names) + i}) var<storage, read_write> {o}: array<f32>;" for i, o in enumerate(outs)]
-    lines.append(f"@group(0) @binding({1 + len(names) + len(outs)}) var<uniform> q: Q;")
+def _gemv_shader(fields, weights, outs, norm, body, cpu, types):
+    lines = ["struct Q { " + ", ".join(fields) + " }"]
+    reads = ["a"] + weights + (["gamma"] if norm else [])
+    lines += [f"@group(0) @binding({i}) var<storage, read> {w}: array<{t}>;" for i, (w, t) in enumerate(zip(reads, types))]
+    lines += [f"@group(0) @binding({len(reads) + i}) var<storage, read_write> {o}: array<{t}>;" for i, (o, t) in enumerate(zip(outs, types[len(reads):]))]
+    lines.append(f"@group(0) @binding({len(reads) + len(outs)}) var<uniform> q: Q;")
     shared, size, rms = (_RMS_CPU_SHARED, CPU_WG, _rms_cpu(_rows(cpu))) if cpu else (GEMV_REDUCE, 256, _RMS)
     return "\n".join(lines) + shared + f"""
 @compute @workgroup_size({size})
@@ -98,7 +104,7 @@ _SQ = range(-(-GROUP_ROWS // 4))
 _RMS = "\n    ".join(
     [f"var sq{i} = vec4<f32>(0.0);" for i in _SQ]
     + ["if (li < 128u) {", "for (var k = li; k < q.K; k = k + 128u) {"]
-    + [f"if ({r}u < rows) {{ let c = a[aoff + {r}u * q.K + k]; sq{r // 4}[{r % 4}] = sq{r // 4}[{r % 4}] + c * c; }}" for r in range(GROUP_ROWS)]
+    + [f"if ({r}u < rows) {{ let c = f32(a[aoff + {r}u * q.K + k]); sq{r // 4}[{r % 4}] = sq{r // 4}[{r % 4}] + c * c; }}" for r in range(GROUP_ROWS)]
     + ["}", "}"]
     + [f"red[{i * 256}u + li] = sq{i};" for i in _SQ]
     + ["workgroupBarrier();", "for (var s = 64u; s > 0u; s = s >> 1u) {", "if (li < s) {"]
@@ -120,7 +126,7 @@ def _rms_cpu(rows):
     return "\n    ".join(
         ["var lo = vec4<f32>(0.0);", "var hi = vec4<f32>(0.0);"]
         + [f"for (var k = li + {h}u; k < q.K; k = k + 128u) {{" + "".join(
-            f" if ({r}u < rows) {{ let c = a[aoff + {r}u * q.K + k]; {v}[{r}] = {v}[{r}] + c * c; }}" for r in range(rows)
+            f" if ({r}u < rows) {{ let c = f32(a[aoff + {r}u * q.K + k]); {v}[{r}] = {v}[{r}] + c * c; }}" for r in range(rows)
         ) + " }" for h, v in ((0, "lo"), (64, "hi"))]
         + ["sq[li] = lo + hi;", "workgroupBarrier();", "var t: array<vec4<f32>, 32>;"]
         + ["for (var j = 0u; j < 32u; j = j + 1u) { t[j] = sq[j] + sq[j + 32u]; }"]
@@ -131,17 +137,21 @@ def _rms_cpu(rows):
 
 assert CPU_GROUP_ROWS <= 4 and CPU_WG == 64  # one vec4 of rows; invocations li and li + 64 span the 128 partials
 
-SWIGLU_ELEMENTWISE = f"""
+
+
+def swiglu_elementwise(gate, up, out):
+    """The GEMM route's silu(gate) * up over storage types `gate`, `up` and `out`."""
+    return f"""
 struct E {{ n: u32, pad0: u32, pad1: u32, pad2: u32 }}
-@group(0) @binding(0) var<storage, read> gate: array<f32>;
-@group(0) @binding(1) var<storage, read> up: array<f32>;
-@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+@group(0) @binding(0) var<storage, read> gate: array<{gate}>;
+@group(0) @binding(1) var<storage, read> up: array<{up}>;
+@group(0) @binding(2) var<storage, read_write> out: array<{out}>;
 @group(0) @binding(3) var<uniform> e: E;
 {FLAT_INDEX}
 @compute @workgroup_size({WG})
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
     let i = flat_index(gid, nwg, {WG}u);
-    if (i < e.n) {{ let v0 = gate[i]; let v1 = up[i]; out[i] = {SILU}; }}
+    if (i < e.n) {{ let v0 = f32(gate[i]); let v1 = f32(up[i]); out[i] = {out}({SILU}); }}
 }}
 """
 
@@ -155,7 +165,8 @@ class _Products:
         self.routes, scratch = [], gemm_scratch(b, outs)
         for w, out in zip(weights, outs):
             params = b.params(PARAMS_SIZE)
-            self.routes.append((w, out, params, GemmRoute(b, fp32_load(True), [x, w], None, out, params, scratch)))
+            load = fp32_load(True, storage(b, x), storage(b, w))
+            self.routes.append((w, out, params, GemmRoute(b, load, [x, w], None, out, params, scratch)))
 
     def resize(self, ctx):
         """Set each product's shape and GEMM params; returns (gemv?, M, K, [N_j])."""
@@ -184,17 +195,18 @@ def _norm_args(b, norm):
     return b.args[1:-4], [x], [gamma], float(b.scalar(len(b.args) - 2, 1e-6))
 
 
-@op("pte_wgpu.linear_group", "pte_wgpu.rms_linear_group")
+@op("pte_wgpu.linear_group", "pte_wgpu.rms_linear_group", half=True)
 def linear_group(b):
     norm = b.name.startswith("pte_wgpu.rms_")
     weights, head, tail, eps = _norm_args(b, norm)
     outs = b.graph.values[b.out].items
-    _check_f32(b, range(1 + len(weights)))
+    _check_float(b, range(1 + len(weights)))
     products = _Products(b, b.args[0], weights, outs)
     q = b.params(4 * (3 + 2 * len(weights)))
     cpu = b.adapter == CPU  # the GEMV variant (kernels/variants.py); outputs per workgroup
     per = CPU_WG if cpu else GEMV_ROWS
-    gemv = b.dispatch(_group_shader(len(weights), norm, cpu), [*head, *weights, *tail, *outs, q])
+    bound = [*head, *weights, *tail, *outs]
+    gemv = b.dispatch(_group_shader(len(weights), norm, cpu, [storage(b, v) for v in bound]), [*bound, q])
 
     def resize(ctx):
         use_gemv, m, k, ns = products.resize(ctx)
@@ -207,18 +219,19 @@ def linear_group(b):
     b.hook(resize)
 
 
-@op("pte_wgpu.linear_silu_mul", "pte_wgpu.rms_linear_silu_mul")
+@op("pte_wgpu.linear_silu_mul", "pte_wgpu.rms_linear_silu_mul", half=True)
 def linear_silu_mul(b):
     norm = b.name.startswith("pte_wgpu.rms_")
     (w_gate, w_up), head, tail, eps = _norm_args(b, norm)
     out, gate, up = b.graph.values[b.out].items
-    _check_f32(b, range(3))
+    _check_float(b, range(3))
     products = _Products(b, b.args[0], (w_gate, w_up), (gate, up))
     q, e = b.params(16), b.params(16)
     cpu = b.adapter == CPU  # the GEMV variant (kernels/variants.py); outputs per workgroup
     per = CPU_WG if cpu else GEMV_ROWS
-    gemv = b.dispatch(_swiglu_shader(norm, cpu), [*head, w_gate, w_up, *tail, out, q])
-    gate_up = b.dispatch(SWIGLU_ELEMENTWISE, [gate, up, out, e])
+    bound = [*head, w_gate, w_up, *tail, out]
+    gemv = b.dispatch(_swiglu_shader(norm, cpu, [storage(b, v) for v in bound]), [*bound, q])
+    gate_up = b.dispatch(swiglu_elementwise(*(storage(b, v) for v in (gate, up, out))), [gate, up, out, e])
 
     def resize(ctx):
         use_gemv, m, k, (n, n_up) = products.resize(ctx)

@@ -21,17 +21,30 @@ kernels/gemm.py's template with a B load that dequantizes each weight as it is s
 dq8 an A load that quantizes each activation; split-K as for fp32). The hook zeroes the grid of
 the route not taken.
 
+Activations, scales, bias and outputs are stored as their tensors' types (f32, or f16 for
+float16, in any mix); every kernel converts at the load and the store, and dequantizes and sums
+in f32.
+
 Kept as one module past 400 lines: the 4-bit formats are read by every kernel here, and the family's variants share them.
 """
 
 import struct
+from dataclasses import dataclass
 
 from resize.shapes import fold_grid, numel_of
 
-from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, bindings, gemm_scratch, params_bytes
+from .gemm import (
+    PARAMS_SIZE,
+    GemmRoute,
+    TileLoad,
+    bindings,
+    gemm_scratch,
+    params_bytes,
+    storage,
+)
 from .linear import GEMV_MAX_ROWS
 from .registry import op
-from .wgsl import FLAT_INDEX, PACKED, WG, flat_grid, is_float
+from .wgsl import FLAT_INDEX, PACKED, WG, flat_grid, is_float, wgsl_type
 
 GEMV_ROWS = 4
 
@@ -90,10 +103,22 @@ LIN_FORMAT = "<" + "I" * len(LIN_FIELDS)
 LIN_SIZE = struct.calcsize(LIN_FORMAT)
 
 
-def _operands(dq8, zp_packed):
+@dataclass(frozen=True)
+class Storage:
+    """The WGSL storage types of a 4-bit linear's activations, activation scales (dq8), weight
+    scales, bias and output (f32 or f16 each)."""
+
+    x: str = "f32"
+    xs: str = "f32"
+    ws: str = "f32"
+    bias: str = "f32"
+    out: str = "f32"
+
+
+def _operands(dq8, zp_packed, types):
     """The read bindings of both routes, (name, WGSL element type), in order."""
-    acts = (("xs", "f32"), ("xz", "u32" if zp_packed else "i32")) if dq8 else ()
-    return (("x", "f32"), *acts, ("wq", "u32"), ("ws", "f32"))
+    acts = (("xs", types.xs), ("xz", "u32" if zp_packed else "i32")) if dq8 else ()
+    return (("x", types.x), *acts, ("wq", "u32"), ("ws", types.ws))
 
 
 def _dequant(dq8, zp_packed, word_group):
@@ -101,7 +126,7 @@ def _dequant(dq8, zp_packed, word_group):
     activations' quantize-dequantize."""
     src = """
 struct W8 { a: vec4<f32>, b: vec4<f32> }
-fn wscale(k: u32, n: u32) -> f32 { return ws[min(k / q.gs, q.groups - 1u) * q.sn + n]; }
+fn wscale(k: u32, n: u32) -> f32 { return f32(ws[min(k / q.gs, q.groups - 1u) * q.sn + n]); }
 // The 8 weights of word `word` (k = k0 .. k0 + 7) of output row n, dequantized.
 fn dq8(word: u32, k0: u32, n: u32) -> W8 {
     let v = vec4<u32>(word);
@@ -132,12 +157,10 @@ fn xq(v: f32, inv: f32, zp: f32, s: f32) -> f32 {
     return src
 
 
-def _gemv_header(dq8, zp_packed, has_bias):
-    lines = [LIN_STRUCT + ";", *bindings(_operands(dq8, zp_packed), has_bias, uniform="q: Q")]
-    if has_bias:
-        lines.append("fn epilogue(acc: f32, n: u32) -> f32 { return acc + bias[n]; }")
-    else:
-        lines.append("fn epilogue(acc: f32, n: u32) -> f32 { return acc; }")
+def _gemv_header(dq8, zp_packed, has_bias, types):
+    lines = [LIN_STRUCT + ";", *bindings(_operands(dq8, zp_packed, types), has_bias, uniform="q: Q", bias=types.bias, out=types.out)]
+    total = "acc + f32(bias[n])" if has_bias else "acc"
+    lines.append(f"fn epilogue(acc: f32, n: u32) -> {types.out} {{ return {types.out}({total}); }}")
     return "\n".join(lines) + "\n"
 
 
@@ -162,12 +185,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         var xa = vec4<f32>(0.0);
         var xb = vec4<f32>(0.0);
         if (k0 + 8u <= q.K) {
-            xa = vec4<f32>(x[xo + k0], x[xo + k0 + 1u], x[xo + k0 + 2u], x[xo + k0 + 3u]);
-            xb = vec4<f32>(x[xo + k0 + 4u], x[xo + k0 + 5u], x[xo + k0 + 6u], x[xo + k0 + 7u]);
+            xa = vec4<f32>(f32(x[xo + k0]), f32(x[xo + k0 + 1u]), f32(x[xo + k0 + 2u]), f32(x[xo + k0 + 3u]));
+            xb = vec4<f32>(f32(x[xo + k0 + 4u]), f32(x[xo + k0 + 5u]), f32(x[xo + k0 + 6u]), f32(x[xo + k0 + 7u]));
         } else {
             for (var j = 0u; j < 4u; j = j + 1u) {
-                if (k0 + j < q.K) { xa[j] = x[xo + k0 + j]; }
-                if (k0 + 4u + j < q.K) { xb[j] = x[xo + k0 + 4u + j]; }
+                if (k0 + j < q.K) { xa[j] = f32(x[xo + k0 + j]); }
+                if (k0 + 4u + j < q.K) { xb[j] = f32(x[xo + k0 + 4u + j]); }
             }
         }
 {X_TRANSFORM}
@@ -191,7 +214,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 }
 """
 
-GEMV_DQ8_SETUP = """    let s_row = xs[m];
+GEMV_DQ8_SETUP = """    let s_row = f32(xs[m]);
     let zp_row = zp_at(m);
     let inv_row = div_rn(1.0, s_row);"""
 GEMV_DQ8_X = """        xa = vec4<f32>(xq(xa.x, inv_row, zp_row, s_row), xq(xa.y, inv_row, zp_row, s_row),
@@ -200,9 +223,9 @@ GEMV_DQ8_X = """        xa = vec4<f32>(xq(xa.x, inv_row, zp_row, s_row), xq(xa.y
                        xq(xb.z, inv_row, zp_row, s_row), xq(xb.w, inv_row, zp_row, s_row));"""
 
 
-def gemv_shader(dq8, zp_packed, has_bias, word_group):
+def gemv_shader(dq8, zp_packed, has_bias, word_group, types=Storage()):
     gemv = GEMV.replace("{ROW_SETUP}", GEMV_DQ8_SETUP if dq8 else "").replace("{X_TRANSFORM}", GEMV_DQ8_X if dq8 else "")
-    return _gemv_header(dq8, zp_packed, has_bias) + _dequant(dq8, zp_packed, word_group) + gemv
+    return _gemv_header(dq8, zp_packed, has_bias, types) + _dequant(dq8, zp_packed, word_group) + gemv
 
 
 # The GEMM template's B load: one weight of row n at k, dequantized as dq8 does it.
@@ -219,7 +242,7 @@ fn b_at(off: u32, n: u32, k: u32, kend: u32) -> f32 {
 # scale), which each invocation computes once for its 4 rows (the setup) into private vec4s.
 A_AT = """
 fn a_at(off: u32, m: u32, k: u32, kend: u32) -> f32 {
-    if (m < p.M && k < kend) { return x[off + m * p.K + k]; }
+    if (m < p.M && k < kend) { return f32(x[off + m * p.K + k]); }
     return 0.0;
 }
 """
@@ -229,14 +252,14 @@ var<private> r_zp: vec4<f32>;
 var<private> r_s: vec4<f32>;
 fn a_at(off: u32, m: u32, k: u32, kend: u32) -> f32 {
     let i = m % 4u;  // the invocation's rows are a_row0.. with a_row0 a multiple of 4
-    if (m < p.M && k < kend) { return xq(x[off + m * p.K + k], r_inv[i], r_zp[i], r_s[i]); }
+    if (m < p.M && k < kend) { return xq(f32(x[off + m * p.K + k]), r_inv[i], r_zp[i], r_s[i]); }
     return 0.0;
 }
 """
 DQ8_SETUP = """    for (var i = 0u; i < 4u; i = i + 1u) {
         var s = 1.0;
         var zp = 0.0;
-        if (a_row0 + i < p.M) { s = xs[a_row0 + i]; zp = zp_at(a_row0 + i); }
+        if (a_row0 + i < p.M) { s = f32(xs[a_row0 + i]); zp = zp_at(a_row0 + i); }
         r_s[i] = s;
         r_zp[i] = zp;
         r_inv[i] = div_rn(1.0, s);
@@ -244,10 +267,10 @@ DQ8_SETUP = """    for (var i = 0u; i < 4u; i = i + 1u) {
 """
 
 
-def q4_load(dq8, zp_packed, word_group):
+def q4_load(dq8, zp_packed, word_group, types=Storage()):
     """The GEMM template's tile loads for 4-bit weights (kernels/gemm.py)."""
     return TileLoad(
-        inputs=_operands(dq8, zp_packed),
+        inputs=_operands(dq8, zp_packed, types),
         functions=_dequant(dq8, zp_packed, word_group) + (DQ8_A_AT if dq8 else A_AT) + Q4_B_AT,
         b_along_k=True,
         setup=DQ8_SETUP if dq8 else "",
@@ -285,10 +308,11 @@ def _add_q4_linear(b, x, xs, xz, weight, scales, group_size, bias):
     operands = [x] + ([xs, xz] if dq8 else []) + [weight, scales]
     tail = [bias] if has_bias else []
     word_group = gs % 8 == 0
-    gemv = b.dispatch(gemv_shader(dq8, zp_packed, has_bias, word_group), [*operands, *tail, b.out, q])
+    types = Storage(*(storage(b, v) if v is not None else "f32" for v in (x, xs, scales, bias, b.out)))
+    gemv = b.dispatch(gemv_shader(dq8, zp_packed, has_bias, word_group, types), [*operands, *tail, b.out, q])
     q_binding = len(operands) + len(tail) + 3  # after out, p and the scratch
     q_wgsl = f"{LIN_STRUCT};\n@group(0) @binding({q_binding}) var<uniform> q: Q;\n"
-    gemm = GemmRoute(b, q4_load(dq8, zp_packed, word_group), operands, bias, b.out, p, gemm_scratch(b, [b.out]), [q], q_wgsl)
+    gemm = GemmRoute(b, q4_load(dq8, zp_packed, word_group, types), operands, bias, b.out, p, gemm_scratch(b, [b.out]), [q], q_wgsl)
     wpr = row_bytes // 4
 
     def resize(ctx):
@@ -317,14 +341,14 @@ def _add_q4_linear(b, x, xs, xz, weight, scales, group_size, bias):
     b.hook(resize)
 
 
-@op("et_vk.linear_q4gsw.default")
+@op("et_vk.linear_q4gsw.default", half=True)
 def linear_q4gsw(b):
     """[x [..., K], weight u8 [N, Kp/2], scales f32 [groups, Np], group_size Int, bias or None, out]."""
     bias = None if b.is_none(4) else b.args[4]
     _add_q4_linear(b, b.args[0], None, None, b.args[1], b.args[2], b.scalar(3), bias)
 
 
-@op("et_vk.linear_dq8ca_q4gsw.default")
+@op("et_vk.linear_dq8ca_q4gsw.default", half=True)
 def linear_dq8ca_q4gsw(b):
     """[x [..., K], input_scale f32 [M], input_zp int8 [M], weight u8 [N, Kp/2], weight_sums i32
     [groups, N8] (unused: for integer accumulation), scales f32 [groups, Np], group_size Int,
@@ -344,8 +368,8 @@ MODES = {"ASYMMETRIC": 0, "SYMMETRIC": 1, "SYMMETRIC_NO_CLIPPING_ERR": 2}
 # 4 blocks per workgroup, 64 threads each: min/max, then torchao's scale and zero point.
 CHOOSE_QPARAMS = """
 struct P { blocks: u32, block: u32, mode: u32, qmin: i32, qmax: i32, eps: f32, divisor: f32, zp_sym: f32 }
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> scale: array<f32>;
+@group(0) @binding(0) var<storage, read> x: array<X_TYPE>;
+@group(0) @binding(1) var<storage, read_write> scale: array<SCALE_TYPE>;
 @group(0) @binding(2) var<storage, read_write> zpo: array<ZP_TYPE>;
 @group(0) @binding(3) var<uniform> p: P;
 DIV_RN
@@ -366,7 +390,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (blk < p.blocks) {
         let base = blk * p.block;
         for (var k = lane; k < p.block; k = k + 64u) {
-            let v = x[base + k];
+            let v = f32(x[base + k]);
             mn = min(mn, v);
             mx = max(mx, v);
         }
@@ -401,7 +425,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 sc = select(smax, smin, smin > smax);
                 sc = max(sc, p.eps);
             }
-            scale[blk] = sc;
+            scale[blk] = SCALE_TYPE(sc);
             zp = i32(z);
             ZP_STORE
         }
@@ -417,7 +441,7 @@ ZP_PACK = """workgroupBarrier();
     }"""
 
 
-@op("torchao.choose_qparams_affine.default")
+@op("torchao.choose_qparams_affine.default", half=True)
 def choose_qparams_affine(b):
     """[input, mapping_type Str, block_size IntList, target_dtype (None), quant_min, quant_max,
     eps Double or None, scale_dtype, zero_point_dtype, keepdim, ValueList[scale, zero_point]]."""
@@ -450,6 +474,8 @@ def choose_qparams_affine(b):
     src = (
         CHOOSE_QPARAMS.replace("DIV_RN", DIV_RN)
         .replace("ZP_TYPE", "u32" if zp_packed else "i32")
+        .replace("X_TYPE", wgsl_type(xt.dtype))
+        .replace("SCALE_TYPE", wgsl_type(st.dtype))
         .replace("ZP_STORE", "" if zp_packed else "zpo[blk] = zp;")
         .replace("ZP_PACK", ZP_PACK if zp_packed else "")
     )
@@ -482,9 +508,9 @@ def choose_qparams_affine(b):
 EMBEDDING_Q4 = f"""
 struct P {{ n: u32, dim: u32, rows: u32, wpr: u32, groups: u32, gs: u32, linear: u32, pad: u32 }}
 @group(0) @binding(0) var<storage, read> wq: array<u32>;
-@group(0) @binding(1) var<storage, read> ws: array<f32>;
+@group(0) @binding(1) var<storage, read> ws: array<WS_TYPE>;
 @group(0) @binding(2) var<storage, read> index: array<i32>;
-@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<OUT_TYPE>;
 @group(0) @binding(4) var<uniform> p: P;
 {FLAT_INDEX}
 @compute @workgroup_size({WG})
@@ -499,12 +525,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     // linear packing: even element in the low nibble; otherwise in the high nibble
     let high = ((d % 2u) == 1u) == (p.linear == 1u);
     let q = select(byte & 15u, byte >> 4u, high);
-    out[i] = (f32(q) - 8.0) * ws[row * p.groups + min(d / p.gs, p.groups - 1u)];
+    out[i] = OUT_TYPE((f32(q) - 8.0) * f32(ws[row * p.groups + min(d / p.gs, p.groups - 1u)]));
 }}
 """
 
 
-@op("et_vk.embedding_q4gsw.default")
+@op("et_vk.embedding_q4gsw.default", half=True)
 def embedding_q4gsw(b):
     """[weight u8 [V, Dp/2], scales f32 [V, groups] (or [V]), group_size Int, indices, is_linear_weight
     Bool, out [..., D]]."""
@@ -523,7 +549,8 @@ def embedding_q4gsw(b):
     if dim > row_bytes * 2 or -(-dim // gs) > groups:
         _fail(name, f"embedding dim {dim} does not fit weight {list(wt.dims)} / scales {list(st.dims)}")
     params = b.params(32)
-    d = b.dispatch(EMBEDDING_Q4, [b.args[0], b.args[1], indices, b.out, params])
+    shader = EMBEDDING_Q4.replace("WS_TYPE", wgsl_type(st.dtype)).replace("OUT_TYPE", storage(b, b.out))
+    d = b.dispatch(shader, [b.args[0], b.args[1], indices, b.out, params])
 
     def resize(ctx):
         shape = ctx.dims(indices) + (dim,)

@@ -1,8 +1,9 @@
 """Streaming-kernel bandwidth: the device's copy bandwidth, and the project's own streaming kernels
-(elementwise ops, the strided copy, the M=1 GEMV of `aten.linear`) on large tensors, in GB/s and as
-a share of that copy bandwidth (the issue's target: 70% or more).
+(elementwise ops, the strided copy, the M=1 GEMV of `aten.linear` with f32 and, where the adapter
+has shader-f16, f16 tensors) on large tensors, in GB/s and as a share of that copy bandwidth (the
+issue's target: 70% or more).
 
-    python -m async_runtime.tools.bench.streaming [--short] [--runs N] [--json FILE]
+    python -m async_runtime.tools.bench.streaming [--short] [--runs N] [--only TEXT] [--json FILE]
 
 Part of `python -m async_runtime bench` too (its "streaming" key and markdown section).
 
@@ -48,19 +49,21 @@ from resize.values import Scalar, Tensor
 
 from ...device import open_device
 from ...encoding import encode_dispatches, prepare
+from ...pipelines import compile_pipeline
 from ..profile import enable_timestamp_normalization
 from .report import MiB, median, streaming_lines
 from ...session import UNIFORM_ALIGN
-from ...storage import STORAGE_USAGE, align
+from ...storage import STORAGE_USAGE, align, storage_dtype
 
 # tensor_bytes: each elementwise tensor (clamped to what the adapter binds); span_bytes: the least a
 # timed run moves (R = span_bytes / bytes per dispatch, at least `reps`); gemv: (N, K) weights,
-# SmolLM2-135M's LM head and MLP layers in full mode.
+# SmolLM2-135M's LM head, MLP and attention layers in full mode.
 FULL = dict(
-    tensor_bytes=1024 * MiB, footprint=256 * MiB, reps=10, span_bytes=64e9, gemv=((49152, 576), (1536, 576), (576, 1536))
+    tensor_bytes=1024 * MiB, footprint=256 * MiB, reps=10, span_bytes=64e9,
+    gemv=((49152, 576), (1536, 576), (576, 1536), (576, 576)),
 )
 SHORT = dict(tensor_bytes=4 * MiB, footprint=8 * MiB, reps=2, span_bytes=16 * MiB, gemv=((2048, 576), (1536, 576)))
-PATTERN = 1 << 18  # f32 elements of the repeating input pattern (1 MiB)
+PATTERN = 1 << 18  # elements of the repeating input pattern (1 MiB of f32)
 SAMPLE = 256  # output elements checked at the start, middle and end of every output copy
 SCATTER = 64  # and single elements at random places
 AGREE = 0.2  # timestamps are used when within this fraction of wall clock
@@ -95,11 +98,16 @@ class Kernel:
     ref: object  # ref(inp, idx): expected output at flat indices idx; inp(k, idx) reads input tensor k
     per_invocation: int = 0  # output elements each invocation writes (0: the grid is not checked)
     wgsl: str = None  # a hand-written kernel: bindings = the tensors in order
+    rtol: float = 1e-5  # what max_rel_err may be: f32 sums; an f16 output is rounded (2^-11 relative)
 
 
-def kernels(p, limit):
+F16_RTOL = 2e-3
+
+
+def kernels(p, limit, f16=True):
     """The measured kernels at the sizes of `p` (FULL or SHORT); `limit`: the most bytes a tensor
-    may have (the adapter's binding and buffer limits)."""
+    may have (the adapter's binding and buffer limits); `f16`: the GEMVs with float16 tensors too
+    (the adapter has shader-f16)."""
     rows = min(p["tensor_bytes"], limit) // MiB * MiB // 4096
     x = Tensor("float32", (rows, 1024))
     copy = lambda inp, i: inp(0, i)  # noqa: E731
@@ -114,11 +122,13 @@ def kernels(p, limit):
         ),
     ]
     for n, k in p["gemv"]:
-        out.append(Kernel(
-            f"aten.linear.default GEMV [1, {k}] x [{n}, {k}]^T", "aten.linear.default",
-            (Tensor("float32", (1, k)), Tensor("float32", (n, k)), Scalar(None), Tensor("float32", (1, n))),
-            lambda inp, i, k=k: inp(1, i[:, None] * k + np.arange(k)) @ inp(0, np.arange(k)),
-        ))
+        for dtype in ("float32", "float16")[: 1 + f16]:
+            out.append(Kernel(
+                f"aten.linear.default GEMV [1, {k}] x [{n}, {k}]^T" + (" f16" if dtype == "float16" else ""), "aten.linear.default",
+                (Tensor(dtype, (1, k)), Tensor(dtype, (n, k)), Scalar(None), Tensor(dtype, (1, n))),
+                lambda inp, i, k=k: inp(1, i[:, None] * k + np.arange(k)) @ inp(0, np.arange(k)),
+                rtol=F16_RTOL if dtype == "float16" else Kernel.rtol,
+            ))
     return out
 
 
@@ -151,8 +161,9 @@ def plan(kernel):
     return values, params, active
 
 
-def _pattern(k):
-    return np.random.default_rng(k).standard_normal(PATTERN).astype(np.float32)
+def _pattern(k, dtype="float32"):
+    """Input k's repeating pattern, as the device stores a `dtype` tensor."""
+    return np.random.default_rng(k).standard_normal(PATTERN).astype(storage_dtype(dtype))
 
 
 class OneOp:
@@ -164,6 +175,7 @@ class OneOp:
         values, params, active = plan(kernel)
         args = [vid for vid, v in enumerate(kernel.args) if isinstance(v, Tensor)]
         self.kernel, self.device, self.inputs, self.out = kernel, device, args[:-1], args[-1]
+        self.dtypes = [values[vid].dtype for vid in args]
         self.shapes = [list(values[vid].dims) for vid in args]
         self.grids = [list(g) for d, g in active if d.shader is not None]
         bound = set(args) | {b for d, _ in active for b in (d.bindings if d.shader else (d.src, d.dst)) if isinstance(b, int)}
@@ -179,18 +191,19 @@ class OneOp:
         pipelines = {}
         for d, _ in active:
             if d.shader is not None and d.shader not in pipelines:
-                module = device.create_shader_module(code=d.shader)
-                pipelines[d.shader] = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
-        patterns = [self._create(PATTERN * 4, STORAGE_USAGE) for _ in self.inputs]
-        for k, buf in enumerate(patterns):
-            device.queue.write_buffer(buf, 0, _pattern(k))
+                pipelines[d.shader] = compile_pipeline(device, d.shader)
+        patterns = []
+        for k, dtype in enumerate(self.dtypes[:-1]):
+            data = _pattern(k, dtype)
+            patterns.append(self._create(data.nbytes, STORAGE_USAGE))
+            device.queue.write_buffer(patterns[-1], 0, data)
         self.sets, self.commands = [], []  # per copy: {vid: buffer}; its runs, as in Session._command_list
         encoder, groups = device.create_command_encoder(), []
         for _ in range(self.copies):
             bufs = {vid: self._create(size, STORAGE_USAGE) for vid, size in sizes.items()}
             for vid, pattern in zip(self.inputs, patterns):  # inputs: the pattern repeated
-                for offset in range(0, sizes[vid], PATTERN * 4):
-                    encoder.copy_buffer_to_buffer(pattern, 0, bufs[vid], offset, min(PATTERN * 4, sizes[vid] - offset))
+                for offset in range(0, sizes[vid], pattern.size):
+                    encoder.copy_buffer_to_buffer(pattern, 0, bufs[vid], offset, min(pattern.size, align(sizes[vid], 4) - offset))
             runs = []
             for d, grid in active:
                 if d.shader is None:
@@ -249,28 +262,29 @@ class OneOp:
     async def max_rel_err(self):
         """max |GPU - numpy| / max |numpy| over SAMPLE output elements at the start, middle and end
         of every copy's output and SCATTER single ones spread over it (1.0 for an output left at zero)."""
-        n = numel_of(self.shapes[-1])
-        s = min(SAMPLE, n)
-        spans = [(start, s) for start in (0, (n - s) // 2, n - s)]
-        spans += [(int(i), 1) for i in np.random.default_rng(0).integers(0, n, SCATTER)]
+        n, eb = numel_of(self.shapes[-1]), elem_bytes(self.dtypes[-1])
+        per_word = 4 // eb  # copies are in words: f16 elements two at a time (the GEMVs' N are even)
+        s = min(SAMPLE, n // per_word * per_word)
+        spans = [(start // per_word * per_word, s) for start in (0, (n - s) // 2, n - s)]
+        spans += [(int(i) // per_word * per_word, per_word) for i in np.random.default_rng(0).integers(0, n, SCATTER)]
         idx = np.concatenate([np.arange(start, start + length) for start, length in spans])
-        read = self._create(self.copies * idx.size * 4, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        read = self._create(self.copies * idx.size * eb, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
 
         def submit():
             encoder, offset = self.device.create_command_encoder(), 0
             for bufs in self.sets:
                 for start, length in spans:
-                    encoder.copy_buffer_to_buffer(bufs[self.out], start * 4, read, offset, length * 4)
-                    offset += length * 4
+                    encoder.copy_buffer_to_buffer(bufs[self.out], start * eb, read, offset, length * eb)
+                    offset += length * eb
             self.device.queue.submit([encoder.finish()])
 
         await anyio.to_thread.run_sync(submit)
         await read.map_async("READ")
-        got = np.frombuffer(read.read_mapped(copy=True), np.float32).reshape(self.copies, idx.size)
+        got = np.frombuffer(read.read_mapped(copy=True), storage_dtype(self.dtypes[-1])).reshape(self.copies, idx.size)
         read.unmap()
-        patterns = [_pattern(k).astype(np.float64) for k in range(len(self.inputs))]
+        patterns = [_pattern(k, dtype).astype(np.float64) for k, dtype in enumerate(self.dtypes[:-1])]
         want = self.kernel.ref(lambda k, i: patterns[k][i % PATTERN], idx)
-        return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+        return float(np.abs(got.astype(np.float64) - want).max() / max(np.abs(want).max(), 1e-30))
 
     def release(self):
         for buf in self._buffers:
@@ -327,10 +341,10 @@ async def _timed_runs(device, op, reps, runs, timestamps):
     return out
 
 
-async def measure(p, runs, units="ns", log=print, device_name=None):
+async def measure(p, runs, units="ns", log=print, device_name=None, only=None):
     """The scenario: {device, timing, ..., copy_gb_per_s, copy_reference, kernels: {label: row}}
     (JSON-able). `units`: what `enable_timestamp_normalization()` returned before the first
-    adapter request."""
+    adapter request; `only`: measure only the kernels whose label contains it (and the copies)."""
     _, device, info = await open_device(device_name)
     timestamps = "timestamp-query" in info.features
     limit = min(info.max_storage_binding, info.max_buffer_size)
@@ -339,7 +353,9 @@ async def measure(p, runs, units="ns", log=print, device_name=None):
         timing=f"GPU timestamps ({units}) cross-checked by wall clock" if timestamps else "wall clock (no timestamp-query)",
         kernels={},
     )
-    for kernel in kernels(p, limit):
+    for kernel in kernels(p, limit, "shader-f16" in info.features):
+        if only and only not in kernel.label and kernel.label not in COPIES:
+            continue
         log(f"streaming: {kernel.label}")
         row = res["kernels"][kernel.label] = {"op": kernel.op or "hand-written WGSL"}
         op = None
@@ -374,12 +390,13 @@ def main(argv=None):
     ap.add_argument("--short", action="store_true", help="tiny sizes (a smoke test; numbers are not meaningful)")
     ap.add_argument("--runs", type=int, default=None, help="runs per kernel (the median is reported); default 5, 1 with --short")
     ap.add_argument("--device", help="adapter name substring (default $PTE_WGPU_ADAPTER or the preferred one)")
+    ap.add_argument("--only", metavar="TEXT", help="only the kernels whose label contains TEXT (and the copies), e.g. GEMV")
     ap.add_argument("--json", metavar="FILE", help="write the results as JSON")
     args = ap.parse_args(argv)
     units = enable_timestamp_normalization()  # before the first adapter request
     log = lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True)  # noqa: E731
     runs = args.runs or (1 if args.short else 5)
-    res = anyio.run(measure, SHORT if args.short else FULL, runs, units, log, args.device)
+    res = anyio.run(measure, SHORT if args.short else FULL, runs, units, log, args.device, args.only)
     print(f"# {res['device']}\n" + "\n".join(streaming_lines(res)))
     if args.json:
         with open(args.json, "w") as f:

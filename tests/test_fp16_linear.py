@@ -1,0 +1,149 @@
+"""f16 storage for the matrix products (linear, mm, bmm, addmm, the fused linears, the 4-bit
+linears): fp16 modules exported as they are, run with `model.precision == "f16"`, against torch
+eager fp16 of the same module and inputs, on every route (the GEMV at 1 row and up to
+GEMV_MAX_ROWS, the vec4 GEMV, the tiled GEMM, split-K) with live M changing in random order, under
+both kernel variant sets.
+
+Tolerances: the kernels sum in f32 and round once to f16 at the store, and torch's CPU fp16 matmul
+does the same, so an output differs by at most an f16 ulp or so (2^-10 relative, about 1e-3):
+rtol = atol = 2e-3. The 4-bit linears: eager rounds each dequantized weight (scale * nibble) to f16
+first and computes the dynamic activation quantization's scales in f16, the kernels do both in f32
+(the scales rounded to f16 once); the fused SwiGLU's GEMV computes g * sigmoid(g) * up in f32 where
+eager rounds each step to f16: a few f16 ulps of the largest output, atol = rtol = 1e-2.
+"""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from async_runtime.testing import assert_matches_eager
+from kernels import linear as L
+
+from . import test_linear_ops as linear_ops
+from .exporting import export_pte
+from .test_linear_ops import BMM, MM, Linear
+from .test_quantized_ops import Linear as QLinear
+from .test_quantized_ops import quantized
+
+pytestmark = pytest.mark.usefixtures("adapter", "kernel_variants")
+
+ATOL = RTOL = 2e-3
+Q_ATOL = Q_RTOL = 1e-2
+
+
+def _m(max_m):
+    return torch.export.Dim("m", min=1, max=max_m)
+
+
+class AddMM(torch.nn.Module):
+    """addmm of inputs only (a parameter would arrive through et_vk.prepack, a copy op of its own)."""
+
+    def forward(self, bias, a, b):
+        return torch.addmm(bias, a, b, beta=0.5, alpha=2.0)
+
+
+class FusedLinears(linear_ops.FusedLinears):
+    """What kernels/fusion.py merges, on 2-D rows (no views): q/k/v of one input, residual linears,
+    SwiGLU with SiLU spelled as g * sigmoid(g) (torch's fp16 SiLU goes through f32 casts, which
+    the SwiGLU pattern does not look through)."""
+
+    def forward(self, x):
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        h = x + self.o(q)
+        g = self.gate(h)
+        return q, k, v, h + self.down(g * torch.sigmoid(g) * self.up(h))
+
+
+# name -> (fp16 module factory, example shapes at max M, axis of live M per input (None: fixed))
+CASES = {
+    # odd K and N; the GEMM's rows past GEMV_MAX_ROWS split K (gemm_split)
+    "f16_linear_bias": (lambda: Linear(523, 67, True).half(), [(70, 523)], [0]),
+    # K a multiple of 4, N >= GEMV_T4_MIN_N: the vec4 GEMV, vec4<f16> weight loads; with K a
+    # multiple of 8, 8 weights a load (vec4<u32> of f16 pairs)
+    "f16_linear_wide_k4": (lambda: Linear(76, 8209, True).half(), [(41, 76)], [0]),
+    "f16_linear_wide_k8": (lambda: Linear(80, 8209, False).half(), [(41, 80)], [0]),
+    "f16_mm_split": (MM, [(70, 257), (257, 97)], [0, None]),
+    "f16_bmm": (BMM, [(3, 67, 199), (3, 199, 71)], [1, None]),
+    "f16_addmm": (AddMM, [(29,), (17, 13), (13, 29)], [None, 0, None]),
+    # q/k/v group, residual linears, SwiGLU (kernels/fusion.py)
+    "f16_fused": (lambda: FusedLinears(37, 41, 23, 53).half(), [(71, 37)], [0]),
+    # 4-bit weights with fp16 activations, scales and bias; K padded, a group straddling words
+    "f16_q4": (quantized(lambda: QLinear(36, 28, True).half(), "4w", 12), [(70, 36)], [0]),
+    "f16_dq8": (quantized(lambda: QLinear(160, 76, True).half(), "8da4w", 32), [(70, 160)], [0]),
+}
+
+
+def _export(name):
+    make, shapes, axes = CASES[name]
+    dyn = tuple({a: _m(s[a])} if a is not None else None for s, a in zip(shapes, axes))
+    return export_pte(name, make, [torch.randn(*s).half() for s in shapes], dynamic_shapes=dyn)
+
+
+def _inputs(name, m, rng):
+    _, shapes, axes = CASES[name]
+    out = []
+    for shape, axis in zip(shapes, axes):
+        shape = list(shape)
+        if axis is not None:
+            shape[axis] = m
+        out.append(rng.standard_normal(shape).astype(np.float16))
+    return out
+
+
+def _live_ms(name):
+    _, shapes, axes = CASES[name]
+    top = next(s[a] for s, a in zip(shapes, axes) if a is not None)
+    ms = sorted(m for m in {1, 2, 3, L.GEMV_MAX_ROWS, L.GEMV_MAX_ROWS + 1, top - 1, top} if m <= top)
+    random.Random(name).shuffle(ms)
+    return ms
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+async def test_fp16_products_match_eager_fp16(name, load_pte):
+    data, module = _export(name)
+    model = await load_pte(data)
+    assert model.precision == "f16", model.precision_note
+    tol = (Q_ATOL, Q_RTOL) if name in ("f16_q4", "f16_dq8", "f16_fused") else (ATOL, RTOL)
+    rng = np.random.default_rng(5)
+    calls = [_inputs(name, m, rng) for m in _live_ms(name)]
+    await assert_matches_eager(model, module, calls, atol=tol[0], rtol=tol[1])
+    outs = await model.execute(*calls[0])
+    assert all(o.dtype == np.float16 for o in outs)
+
+
+@pytest.mark.parametrize("name, k, vector", [("f16_linear_wide_k4", 76, "vec4<f16>"), ("f16_linear_wide_k8", 80, "vec4<u32>")])
+async def test_fp16_weights_are_stored_as_f16(name, k, vector, load_pte, kernel_variants):
+    """The weight is bound as f16 (half the bytes of the f32 fallback), and the GPU variants'
+    vec4 GEMV loads it 4 weights a load (K % 8 != 0) or 8 (vec4<u32>: f16 pairs)."""
+    data, _ = _export(name)
+    model = await load_pte(data)
+    shaders = [d.shader or "" for d in model.graph.dispatches]
+    assert all("var<storage, read> bm: array<f32>" not in s for s in shaders)
+    assert any(f"var<storage, read> bm: array<{vector}>" in s for s in shaders) == (kernel_variants == "gpu")
+    (weight,) = [v for v in model.graph.values if getattr(v, "dims", None) == (8209, k)]
+    assert weight.dtype == "float16"
+    gemv = [i for i, s in enumerate(shaders) if f"bm: array<{vector}>" in s]
+    rng = np.random.default_rng(3)
+    for m, on in ((1, True), (32, True), (33, False)):  # the vector GEMV runs up to GEMV_MAX_ROWS rows
+        await model.execute(*_inputs(name, m, rng))
+        assert all(all(model._default.state.grids[i]) == on for i in gemv), m
+
+
+async def test_fp16_fused_linears_run_fused(load_pte):
+    data, _ = _export("f16_fused")
+    model = await load_pte(data)
+    names = {name for name, _ in model.graph.calls}
+    assert {"pte_wgpu.linear_group", "pte_wgpu.linear_residual", "pte_wgpu.linear_silu_mul"} <= names
+    assert "aten.linear.default" not in names and model.fused == 5  # silu, swiglu, 2 residuals, q/k/v
+
+
+@pytest.mark.parametrize("name", ["f16_linear_bias", "f16_q4"])
+async def test_fp16_products_fall_back_to_f32(name, load_pte):
+    """load(precision="f32") widens the same export: float16 in and out, f32 on the device."""
+    data, module = _export(name)
+    model = await load_pte(data, precision="f32")
+    assert model.precision == "f32"
+    rng = np.random.default_rng(6)
+    await assert_matches_eager(model, module, [_inputs(name, m, rng) for m in (1, 33)], atol=Q_ATOL, rtol=Q_RTOL)
