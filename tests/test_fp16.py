@@ -125,7 +125,7 @@ async def test_fp16_sessions_batched_get_bitwise_what_they_get_alone(precision, 
     async with await ar.load(pte, batch_submits=False, precision=precision) as ref:
         want = [await _alone(ref, p, d) for p, (_, d) in zip(prompts, plans)]
     async with await ar.load(pte, max_batch=4, token_budget=GEMV_MAX_ROWS, precision=precision) as model:
-        assert model.batching == "ragged" and model.precision == chosen(model, precision)
+        assert model.batching == "ragged" and model.precision == chosen(model, precision), model.batching_note
         got = [None] * len(plans)
 
         async def run(i):
