@@ -3,6 +3,7 @@ Vulkan `.pte`, then a streamed chat answer on the WebGPU adapter, with tokens/s.
 
     bash examples/setup.sh python examples/chat.py --prompt "What is the capital of France?"
     bash examples/setup.sh python examples/chat.py          # an interactive loop in a terminal
+    bash examples/setup.sh python examples/chat.py --dtype fp16 --prompt "..."   # the fp16 export
 
 The export (minutes, once) is cached; see examples/export_smollm2.py for its options.
 """
@@ -58,7 +59,7 @@ class LoadBar:
 
 
 async def main(args):
-    pte = export(max_context=args.max_context, qmode=args.qmode)
+    pte = export(max_context=args.max_context, qmode=args.qmode, dtype=args.dtype)
     tokenizer = Tokenizer.for_model(pte)
     print(f"loading {pte}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
@@ -94,6 +95,8 @@ if __name__ == "__main__":
     p.add_argument("--seed", type=int)
     p.add_argument("--max-context", type=int, default=2048)
     p.add_argument("--qmode", choices=["4w"], help="4-bit weights (group size 32)")
+    p.add_argument("--dtype", choices=["fp32", "fp16"], default="fp32",
+                   help="fp16: float16 weights, activations and KV cache on the device (with --qmode 4w: activations)")
     args = p.parse_args()
     if not args.prompt and not sys.stdin.isatty():
         args.prompt = "What is the capital of France? Answer in one sentence."

@@ -24,11 +24,16 @@ def kernel_variants(request, monkeypatch):
 def llama_exports_under_way(request, tmp_path_factory):
     """test_llama's tiny Llama exports (minutes each, in subprocesses; test_batching, test_server
     and test_greedy_bursts use two of them) start with the first test, side by side, when
-    test_llama is selected and ExecuTorch is here to make them."""
+    test_llama is selected and ExecuTorch is here to make them; test_fp16's likewise."""
     if importlib.util.find_spec("executorch") is None:
         return
-    if any(item.path.name == "test_llama.py" for item in request.session.items):
+    selected = {item.path.name for item in request.session.items}
+    if "test_llama.py" in selected:
         from .test_llama import start_exports
+
+        start_exports(tmp_path_factory)
+    if "test_fp16.py" in selected:
+        from .test_fp16 import start_exports
 
         start_exports(tmp_path_factory)
 

@@ -16,10 +16,11 @@ _CACHE = {}
 EXPORT_DIR = os.environ.get("PTE_WGPU_EXPORT_DIR")
 
 
-def export_pte(name, make_module, example_args, dynamic_shapes=None, seed=0, require_dynamic_shapes=None):
+def export_pte(name, make_module, example_args, dynamic_shapes=None, seed=0, require_dynamic_shapes=None,
+               force_fp16=False):
     """(bytes of the .pte, the eager module) for `make_module()`; built once per session per name.
-    `require_dynamic_shapes` (default: whether `dynamic_shapes` is given) is the partitioner's
-    option: False also delegates the ops that ExecuTorch's Vulkan runtime cannot resize."""
+    `require_dynamic_shapes` (default: whether `dynamic_shapes` is given) and `force_fp16` are the
+    partitioner's options (`async_runtime.testing.export_pte`)."""
     if name in _CACHE:
         return _CACHE[name]
     torch.manual_seed(seed)
@@ -29,7 +30,8 @@ def export_pte(name, make_module, example_args, dynamic_shapes=None, seed=0, req
         module.load_state_dict(torch.load(stored.with_suffix(".pt"), weights_only=True))
         _CACHE[name] = (stored.with_suffix(".pte").read_bytes(), module)
         return _CACHE[name]
-    pte = lower(module, tuple(example_args), dynamic_shapes, require_dynamic_shapes=require_dynamic_shapes)
+    pte = lower(module, tuple(example_args), dynamic_shapes, require_dynamic_shapes=require_dynamic_shapes,
+                force_fp16=force_fp16)
     if stored is not None:
         stored.parent.mkdir(parents=True, exist_ok=True)
         stored.with_suffix(".pte").write_bytes(pte)

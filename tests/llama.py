@@ -1,6 +1,6 @@
 """Tiny Llama `.pte` exports (ExecuTorch's own LLM export, Vulkan delegate) plus a torch reference.
 
-    pte_path, ref = export_llama(tmp_path)                # fp32; qmode="4w" / "8da4w" for quantized
+    pte_path, ref = export_llama(tmp_path)                # fp32; qmode="4w" / "8da4w" for quantized, dtype="fp16"
     logits = ref.step(prompt_int64[1, S], input_pos=0)    # [1, vocab] float32, last-token logits
     logits = ref.step(np.array([[tok]]), input_pos=S)     # decode; ref keeps its own KV cache
 
@@ -161,10 +161,12 @@ def start_export(
     norm_eps=1e-5,
     init_std=0.02,
     dynamic=True,
+    dtype="fp32",
 ):
-    """Start exporting this config in a subprocess unless it is done or under way; its cache key."""
+    """Start exporting this config in a subprocess unless it is done or under way; its cache key.
+    `dtype` "fp16": float16 inside the delegates (`async_runtime.llm.export.export_llm_args`)."""
     key = (dim, n_heads, n_kv_heads, n_layers, vocab_size, max_len, qmode, group_size, seed,
-           multiple_of, norm_eps, init_std, dynamic)
+           multiple_of, norm_eps, init_std, dynamic, dtype)
     if qmode is not None and vocab_size % 4:
         # ExecuTorch 1.5.1's Vulkan FusePatternsPass pads q4gsw scales to N % 4 == 0 and then fails
         # ("shape '[257, 2, 1]' is invalid for input of size 520") on the output projection.
@@ -178,11 +180,12 @@ def start_export(
     if "int8" in base or "8da4w" in base:
         base = tempfile.mkdtemp(prefix="llama_")
     tag = f"d{dim}h{n_heads}kv{n_kv_heads}l{n_layers}v{vocab_size}m{max_len}s{seed}"
-    label = {"8da4w": "dq8a4w"}.get(qmode, qmode or "fp32") + ("" if dynamic else "_static")  # no "8da4w" in paths (see above)
+    label = "_".join(filter(None, ({"8da4w": "dq8a4w"}.get(qmode, qmode), dtype if dtype != "fp32" or not qmode else None)))
+    label += "" if dynamic else "_static"  # no "8da4w" in paths (see above)
     out_dir = tempfile.mkdtemp(prefix=f"llama_{label}_{tag}_", dir=base)
     params_path, ckpt_path, state = write_tiny_llama(out_dir, params, max_len, seed, init_std)
     pte_path = os.path.join(out_dir, f"llama_{label}.pte")
     overrides = export_llm_args(params_path, ckpt_path, out_dir, os.path.basename(pte_path), max_len,
-                                qmode=qmode, group_size=group_size, dynamic=dynamic)
+                                qmode=qmode, group_size=group_size, dynamic=dynamic, dtype=dtype)
     _PENDING[key] = _Export(overrides, out_dir, pte_path, state, params)
     return key

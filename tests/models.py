@@ -78,3 +78,41 @@ def mlp_dynamic():
 
 def block_dynamic():
     return export_pte("block_dyn", Block, BLOCK_SAMPLE, dynamic_shapes=BLOCK_DYNAMIC)
+
+
+class HalfBlock(torch.nn.Module):
+    """A pre-norm transformer block without convolutions for the fp16 exports: layer norm,
+    attention (3 heads of 7), a GELU MLP of 37, two residual adds."""
+
+    def __init__(self, dim=21, heads=3, hidden=37):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.proj = torch.nn.Linear(dim, dim)
+        self.up, self.down = torch.nn.Linear(dim, hidden), torch.nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(d, dim=-1)
+        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        a = torch.softmax(q @ k.transpose(-1, -2) * (d // self.heads) ** -0.5, dim=-1)
+        x = x + self.proj((a @ v).transpose(1, 2).reshape(b, s, d))
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm2(x))))
+
+
+HALF_S = torch.export.Dim("S", min=1, max=13)
+HALF_SAMPLE = (torch.randn(2, 13, 21),)
+HALF_DYNAMIC = ({1: HALF_S},)
+
+
+def half_block():
+    """HalfBlock cast with `.half()` before export: float16 weights, inputs and outputs."""
+    return export_pte("half_block_fp16", lambda: HalfBlock().half(), (HALF_SAMPLE[0].half(),),
+                      dynamic_shapes=HALF_DYNAMIC)
+
+
+def forced_fp16_block():
+    """The float32 HalfBlock with the partitioner's force_fp16 (same weights as half_block's
+    before the cast: same seed)."""
+    return export_pte("half_block_forced", HalfBlock, HALF_SAMPLE, dynamic_shapes=HALF_DYNAMIC, force_fp16=True)

@@ -46,8 +46,10 @@ def start_exports(tmp_path_factory):
             start_export(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, dynamic=dynamic, **config)
 
 
-def recorded(name, tmp_path_factory):
-    """(pte bytes, {scenario: (token ids fed, logits per step)}) from the eager reference."""
+def recorded(name, tmp_path_factory, config=None):
+    """(pte bytes, {scenario: (token ids fed, logits per step)}) from the eager reference;
+    `config` (default CONFIGS[name]) is the export's, for configs of other files."""
+    config = config or CONFIGS[name]
     if name in _CACHE:
         return _CACHE[name]
     store = _store(name)
@@ -58,9 +60,9 @@ def recorded(name, tmp_path_factory):
         return _CACHE[name]
     from .llama import export_llama
 
-    path, ref = export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, **CONFIGS[name])
+    path, ref = export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, **config)
     runs = {}
-    vocab = CONFIGS[name]["vocab_size"]
+    vocab = config["vocab_size"]
     for s, (prompt_len, steps) in SCENARIOS.items():
         ref.reset()
         prompt = np.random.default_rng(prompt_len).integers(0, vocab, (1, prompt_len))
@@ -76,13 +78,14 @@ def recorded(name, tmp_path_factory):
     return _CACHE[name]
 
 
-async def generate_and_check(session, ids, logits, prompt_len):
-    """Feed the prompt, then each generated token; our argmax must pick the reference's token."""
+async def generate_and_check(session, ids, logits, prompt_len, atol=2e-4, rtol=1e-3):
+    """Feed the prompt, then each generated token; our argmax must pick the reference's token and
+    the logits match the reference's within atol, rtol at every step."""
     steps = [(ids[None, :prompt_len], 0)] + [(ids[None, p : p + 1], p) for p in range(prompt_len, len(ids))]
     for k, ((tokens, pos), want) in enumerate(zip(steps, logits)):
         (got,) = await session.execute(tokens.astype(np.int64), np.array([pos], np.int64))
         assert got.shape == want.shape
-        np.testing.assert_allclose(got, want, atol=2e-4, rtol=1e-3, err_msg=f"step {k} (position {pos})")
+        np.testing.assert_allclose(got, want, atol=atol, rtol=rtol, err_msg=f"step {k} (position {pos})")
         if k + 1 < len(steps):
             assert int(got.argmax()) == int(steps[k + 1][0][0, 0]) or k == 0 and prompt_len == 0
 

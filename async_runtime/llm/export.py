@@ -12,9 +12,21 @@ import sys
 DRIVER = "import sys; sys.path.insert(0, sys.argv[1]); from async_runtime.llm.export_driver import main; main(sys.argv[2:])"
 
 
+DTYPES = ("fp32", "fp16")
+
+
 def export_llm_args(params_path, ckpt_path, out_dir, pte_name, max_len, *, qmode=None, group_size=32,
-                    backend="vulkan", dynamic=True):
-    """The `export_llm` overrides: Llama 3 with the KV cache and sdpa_with_kv_cache, fp32."""
+                    backend="vulkan", dynamic=True, dtype="fp32"):
+    """The `export_llm` overrides: Llama 3 with the KV cache and sdpa_with_kv_cache.
+
+    dtype "fp16" is the Vulkan partitioner's `force_fp16` (`backend.vulkan.force_fp16=true`): the
+    model stays fp32 (its eager program too), the delegates hold every float tensor, weight and KV
+    cache in float16, the logits come out float32; with a qmode, the activations and the groups'
+    scales are float16. `model.dtype_override=fp16` is no route in ExecuTorch 1.5.1: its export
+    asserts fp32 for Vulkan, and past that assertion the Vulkan preprocess fails on the fp16 RoPE
+    (FuseBatchNormPass: "Could not guard on data-dependent expression u77 < 0")."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: expected one of {DTYPES}")
     args = [
         f"base.params={params_path}",
         f"base.checkpoint={ckpt_path}",
@@ -29,6 +41,8 @@ def export_llm_args(params_path, ckpt_path, out_dir, pte_name, max_len, *, qmode
         f"export.output_dir={out_dir}",
         f"export.output_name={os.path.join(out_dir, pte_name)}",
     ]
+    if dtype == "fp16":
+        args.append(f"backend.{backend}.force_fp16=true")
     if qmode in ("4w", "8da4w"):
         args += [f"quantization.qmode={qmode}", f"quantization.group_size={group_size}"]
     elif qmode is not None:

@@ -388,11 +388,13 @@ def _random_like(x, shape, rng):
 
 
 # --- export_pte ---------------------------------------------------------------------------------
-def export_pte(module, sample, dynamic_shapes=None, *, require_dynamic_shapes=None):
+def export_pte(module, sample, dynamic_shapes=None, *, require_dynamic_shapes=None, force_fp16=False):
     """The bytes of a `.pte` for `module` lowered with ExecuTorch's VulkanPartitioner (needs the
     `export` extra: torch and executorch). `require_dynamic_shapes` (default: whether
     `dynamic_shapes` is given) is the partitioner's option: False also delegates the ops that
-    ExecuTorch's Vulkan runtime cannot resize."""
+    ExecuTorch's Vulkan runtime cannot resize. `force_fp16` is the partitioner's option too: the
+    delegate holds its float32 tensors and constants as float16, its inputs and outputs stay
+    float32 (their staging dtype). A module cast with `.half()` gives float16 inputs and outputs."""
     import torch
     from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
     from executorch.exir import to_edge_transform_and_lower
@@ -404,5 +406,5 @@ def export_pte(module, sample, dynamic_shapes=None, *, require_dynamic_shapes=No
     ep = torch.export.export(module, sample, dynamic_shapes=dynamic_shapes)
     if require_dynamic_shapes is None:
         require_dynamic_shapes = dynamic_shapes is not None
-    partitioner = VulkanPartitioner({"require_dynamic_shapes": require_dynamic_shapes})
+    partitioner = VulkanPartitioner({"require_dynamic_shapes": require_dynamic_shapes, "force_fp16": force_fp16})
     return bytes(to_edge_transform_and_lower(ep, partitioner=[partitioner]).to_executorch().buffer)
