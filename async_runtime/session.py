@@ -55,6 +55,8 @@ def check_inputs(model, inputs):
         stored = np.dtype(HOST_DTYPES[spec.dtype] if spec.dtype in PACKED else storage_dtype(device_dtype))
         if want in "iu" and arr.size and (arr.min() < np.iinfo(stored).min or arr.max() > np.iinfo(stored).max):
             raise InputError(f"input {i}: values outside the {stored} range the device stores")
+        if want == "f":  # a float input's values are those of its own dtype, whatever the device stores
+            arr = arr.astype(HOST_DTYPES[spec.dtype], copy=False)
         arrays.append(np.ascontiguousarray(arr, dtype=stored))
     return arrays
 
