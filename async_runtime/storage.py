@@ -45,6 +45,7 @@ def to_storage(tensor, raw, what):
         return data
     # The delegate may declare INT32/FLOAT32 for bytes that were serialized as 64-bit values, and a
     # float16 tensor widened to float32 at load (no shader-f16) still has 2-byte bytes in the file.
+    # An odd number of f16 elements is padded to a whole word, as buffer writes need.
     for source in (HOST_DTYPES[tensor.dtype], *SAME_KIND[np.dtype(HOST_DTYPES[tensor.dtype]).kind]):
         if len(raw) == n * np.dtype(source).itemsize:
             return input_words(np.frombuffer(raw, source, n).astype(storage_dtype(tensor.dtype)))

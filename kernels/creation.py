@@ -1,8 +1,9 @@
 """Creation ops: full, full_like, zeros, ones, zeros_like, ones_like, scalar_tensor and arange.
 
 They read no tensor data: one kernel writes `out[i] = start + i * step` in the output's compute
-type (a fill is step 0). The live shape comes from a size list (Ints and SymInts), from another
-tensor's live shape (the `_like` ops), or from arange's live start/end/step.
+type (a fill is step 0; a float16 output computes in f32 and converts at the store). The live
+shape comes from a size list (Ints and SymInts), from another tensor's live shape (the `_like`
+ops), or from arange's live start/end/step.
 """
 
 import math
@@ -11,7 +12,7 @@ import struct
 from resize.shapes import numel_of
 
 from .registry import op
-from .wgsl import FLAT_INDEX, WG, elem_bytes, flat_grid, wgsl_type
+from .wgsl import FLAT_INDEX, PACKED, WG, flat_grid, is_float, wgsl_type
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
@@ -35,8 +36,7 @@ def _fail(b, msg):
 
 
 def _compute_type(dtype):
-    t = wgsl_type(dtype)
-    return "f32" if t == "f32" else "i32"
+    return "f32" if is_float(dtype) else "i32"
 
 
 def _pack(ct, start, step):
@@ -64,11 +64,11 @@ def _i32(x):
 def fill_kernel(b):
     """Record the fill/ramp dispatch into the output; returns `set(ctx, shape, start, step)`."""
     out = b.graph.values[b.out]
-    if elem_bytes(out.dtype) != 4:
+    if out.dtype in PACKED:
         raise NotImplementedError(f"{b.name}: {out.dtype} output")
     to = wgsl_type(out.dtype)
     ct = _compute_type(out.dtype)
-    store = "select(0u, 1u, x != 0)" if to == "u32" else "x"
+    store = "select(0u, 1u, x != 0)" if to == "u32" else f"{to}(x)"
     shader = FILL.format(CT=ct, TO=to, STORE=store, WG=WG, FLAT_INDEX=FLAT_INDEX)
     params = b.params(16)
     d = b.dispatch(shader, [b.out, params])
@@ -121,37 +121,37 @@ def _like(b, value):
     b.hook(resize)
 
 
-@op("aten.full.default", "aten::full.out")
+@op("aten.full.default", "aten::full.out", half=True)
 def full(b):
     _full(b, b.args[0], _scalar_value(b, 1))
 
 
-@op("aten.zeros.default", "aten::zeros.out")
+@op("aten.zeros.default", "aten::zeros.out", half=True)
 def zeros(b):
     _full(b, b.args[0], lambda ctx: 0)
 
 
-@op("aten.ones.default", "aten::ones.out")
+@op("aten.ones.default", "aten::ones.out", half=True)
 def ones(b):
     _full(b, b.args[0], lambda ctx: 1)
 
 
-@op("aten.full_like.default", "aten::full_like.out")
+@op("aten.full_like.default", "aten::full_like.out", half=True)
 def full_like(b):
     _like(b, _scalar_value(b, 1))
 
 
-@op("aten.zeros_like.default", "aten::zeros_like.out")
+@op("aten.zeros_like.default", "aten::zeros_like.out", half=True)
 def zeros_like(b):
     _like(b, lambda ctx: 0)
 
 
-@op("aten.ones_like.default", "aten::ones_like.out")
+@op("aten.ones_like.default", "aten::ones_like.out", half=True)
 def ones_like(b):
     _like(b, lambda ctx: 1)
 
 
-@op("aten.scalar_tensor.default", "aten::scalar_tensor.out")
+@op("aten.scalar_tensor.default", "aten::scalar_tensor.out", half=True)
 def scalar_tensor(b):
     value = _scalar_value(b, 0)
     set_fill = fill_kernel(b)
@@ -196,13 +196,13 @@ def _number(b, i, default):
     return lambda ctx: ctx.int_value(vid)
 
 
-@op("aten.arange.start_step", "aten.arange.start", "aten::arange.start_out")
+@op("aten.arange.start_step", "aten.arange.start", "aten::arange.start_out", half=True)
 def arange_start_step(b):
     # aten.arange.start has no step: (start, end, dtype, layout, device, pin_memory, out)
     step = (lambda ctx: 1) if b.name == "aten.arange.start" else _number(b, 2, 1)
     _arange(b, _number(b, 0, 0), _number(b, 1, None), step)
 
 
-@op("aten.arange.default", "aten::arange.out")
+@op("aten.arange.default", "aten::arange.out", half=True)
 def arange_end(b):
     _arange(b, lambda ctx: 0, _number(b, 0, None), lambda ctx: 1)

@@ -16,7 +16,7 @@ from resize.shapes import broadcast_shapes, broadcast_strides, contiguous_stride
 from resize.values import Scalar, Tensor
 
 from .registry import op
-from .wgsl import FLAT_INDEX, STRIDED, WG, elem_bytes, flat_grid, pack_u32x8, wgsl_type
+from .wgsl import FLAT_INDEX, PACKED, STRIDED, WG, flat_grid, pack_u32x8, wgsl_type
 
 MAX_INDICES = 8
 
@@ -79,7 +79,7 @@ def _optional_tensors(b, i):
     return out
 
 
-@op("aten.index.Tensor", "aten::index.Tensor_out")
+@op("aten.index.Tensor", "aten::index.Tensor_out", half=True)
 def index(b):
     src = b.args[0]
     t = b.tensor(0).dtype
@@ -89,7 +89,7 @@ def index(b):
         _fail(b, "no index tensors")
     if len(indexed) > MAX_INDICES:
         raise NotImplementedError(f"{b.name}: {len(indexed)} index tensors (at most {MAX_INDICES})")
-    if elem_bytes(t) != 4 or wgsl_type(t) != wgsl_type(b.graph.values[b.out].dtype):
+    if t in PACKED or wgsl_type(t) != wgsl_type(b.graph.values[b.out].dtype):
         raise NotImplementedError(f"{b.name}: {t} source, {b.graph.values[b.out].dtype} output")
     for _, vid in indexed:
         dtype = b.graph.values[vid].dtype

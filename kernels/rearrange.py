@@ -19,7 +19,7 @@ from .shape import _dim, _fail, strided_copy
 U32 = 2**32
 
 
-@op("aten.flip.default", "aten::flip.out")
+@op("aten.flip.default", "aten::flip.out", half=True)
 def flip(b):
     src = b.args[0]
     set_copy = strided_copy(b, src, b.out)
@@ -37,7 +37,7 @@ def flip(b):
     b.hook(resize)
 
 
-@op("aten.repeat.default", "aten::repeat.out")
+@op("aten.repeat.default", "aten::repeat.out", half=True)
 def repeat(b):
     src = b.args[0]
     set_copy = strided_copy(b, src, b.out)
@@ -67,7 +67,7 @@ def repeat(b):
     b.hook(resize)
 
 
-@op("aten.constant_pad_nd.default", "aten::constant_pad_nd.out")
+@op("aten.constant_pad_nd.default", "aten::constant_pad_nd.out", half=True)
 def constant_pad_nd(b):
     src = b.args[0]
     value = b.scalar(2, 0)

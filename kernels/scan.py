@@ -1,7 +1,7 @@
 """Scans and boolean reductions: cumsum along one dim, any/all over some or all dims.
 
 cumsum: one invocation per line along `dim` runs the prefix sum sequentially in the output's
-compute type (bool and int inputs sum as i32, floats as f32).
+compute type (bool and int inputs sum as i32, floats, float16 included, as f32).
 any/all: one invocation per output element walks the reduced elements through their strides and
 stops at the first element that decides the answer.
 """
@@ -11,7 +11,7 @@ import struct
 from resize.shapes import contiguous_strides, normalize_dim, numel_of
 
 from .registry import op
-from .wgsl import FLAT_INDEX, STRIDED, WG, elem_bytes, flat_grid, pack_u32x8, wgsl_type
+from .wgsl import FLAT_INDEX, PACKED, STRIDED, WG, flat_grid, is_float, pack_u32x8, wgsl_type
 
 CUMSUM = """
 struct P {{ lines: u32, size: u32, inner: u32, pad: u32 }}
@@ -64,20 +64,20 @@ def _fail(b, msg):
     raise ValueError(f"{b.name}: {msg}")
 
 
-def _check_words(b, *vids):
+def _check_unpacked(b, *vids):
     for v in vids:
         dtype = b.graph.values[v].dtype
-        if elem_bytes(dtype) != 4:
+        if dtype in PACKED:
             raise NotImplementedError(f"{b.name}: {dtype} tensors")
 
 
-@op("aten.cumsum.default", "aten::cumsum.out")
+@op("aten.cumsum.default", "aten::cumsum.out", half=True)
 def cumsum(b):
     src = b.args[0]
-    _check_words(b, src, b.out)
+    _check_unpacked(b, src, b.out)
     ti, to = wgsl_type(b.tensor(0).dtype), wgsl_type(b.graph.values[b.out].dtype)
-    ct = "f32" if to == "f32" else "i32"
-    store = "select(0u, 1u, acc != 0)" if to == "u32" else "acc"
+    ct = "f32" if is_float(b.graph.values[b.out].dtype) else "i32"
+    store = "select(0u, 1u, acc != 0)" if to == "u32" else f"{to}(acc)"
     shader = CUMSUM.format(TI=ti, TO=to, CT=ct, STORE=store, WG=WG, FLAT_INDEX=FLAT_INDEX)
     params = b.params(16)
     d = b.dispatch(shader, [src, b.out, params])
@@ -99,7 +99,7 @@ def cumsum(b):
 def _bool_reduce(b, is_any, dims_of, keepdim):
     """`dims_of(ctx, rank)`: the reduced dims (None or empty for all); `keepdim`: a bool."""
     src = b.args[0]
-    _check_words(b, src, b.out)
+    _check_unpacked(b, src, b.out)
     ti, to = wgsl_type(b.tensor(0).dtype), wgsl_type(b.graph.values[b.out].dtype)
     decider = "true" if is_any else "false"
     shader = BOOL_REDUCE.format(
@@ -144,15 +144,15 @@ def _keepdim(b, i):
 def _register(kind):
     is_any = kind == "any"
 
-    @op(f"aten.{kind}.default", f"aten::{kind}.all_out")
+    @op(f"aten.{kind}.default", f"aten::{kind}.all_out", half=True)
     def reduce_all(b):
         _bool_reduce(b, is_any, lambda ctx, rank: None, False)
 
-    @op(f"aten.{kind}.dim", f"aten::{kind}.out")
+    @op(f"aten.{kind}.dim", f"aten::{kind}.out", half=True)
     def reduce_dim(b):
         _bool_reduce(b, is_any, lambda ctx, rank: (ctx.int_value(b.args[1]),), _keepdim(b, 2))
 
-    @op(f"aten.{kind}.dims", f"aten::{kind}.dims_out")
+    @op(f"aten.{kind}.dims", f"aten::{kind}.dims_out", half=True)
     def reduce_dims(b):
         arg = b.args[1]
         if b.is_none(1):

@@ -10,6 +10,8 @@ Two ways to move data:
   select, split (one dispatch per output), cat (one dispatch per input) and casts are all this
   kernel with different sizes, strides and offsets.
 index_select and gather read one input coordinate from an index tensor (`INDEXED_COPY`).
+Every op here takes float16 (f16 storage, 2-byte elements; a cast converts at the store) and
+excludes the packed int8/uint8 bytes.
 
 Kept as one module past 400 lines: every op here is the same two kernels with other sizes and strides.
 """
@@ -19,7 +21,7 @@ import struct
 from resize.shapes import broadcast_strides, contiguous_strides, normalize_dim, numel_of
 
 from .registry import op
-from .wgsl import FLAT_INDEX, SPREAD_MAIN, STRIDED, WG, elem_bytes, flat_grid, pack_u32x8, spread_grid, wgsl_type
+from .wgsl import FLAT_INDEX, PACKED, SPREAD_MAIN, STRIDED, WG, copy_bytes, elem_bytes, flat_grid, pack_u32x8, spread_grid, wgsl_type
 
 INT64_MAX = 2**63 - 1
 
@@ -99,7 +101,6 @@ def flat_copy(b, src, live_shape):
     if (wgsl_type(ti), elem_bytes(ti)) != (wgsl_type(to), elem_bytes(to)):
         _fail(b, f"cannot copy {ti} into {to}")
     d = b.copy(src, b.out)
-    eb = elem_bytes(ti)
     rank = len(b.graph.values[b.out].dims)
 
     def resize(ctx):
@@ -109,7 +110,7 @@ def flat_copy(b, src, live_shape):
         if numel_of(shape) != n or len(shape) != rank:
             _fail(b, f"input shape {dims} cannot become {shape} (output rank {rank})")
         ctx.set_dims(b.out, shape)
-        ctx.set_grid(d, (-(-n * eb // 4) * 4, 1, 1))
+        ctx.set_grid(d, (copy_bytes(n, ti), 1, 1))
 
     b.hook(resize)
 
@@ -126,18 +127,19 @@ def _same(ctx, dims):
     "aten::clone.out",
     "aten::alias_copy.out",
     "dim_order_ops::_clone_dim_order.out",
+    half=True,
 )
 def clone(b):
     flat_copy(b, b.args[0], _same)
 
 
-@op("aten.copy.default")
+@op("aten.copy.default", half=True)
 def copy(b):
     """`self.copy_(src)` as the partitioner takes it: src has self's dtype and shape."""
     flat_copy(b, b.args[1], _same)
 
 
-@op("aten.view_copy.default", "aten::view_copy.out")
+@op("aten.view_copy.default", "aten::view_copy.out", half=True)
 def view_copy(b):
     size_arg = b.args[1]
 
@@ -168,24 +170,24 @@ def _squeeze(b, dims_of):
     flat_copy(b, b.args[0], live_shape)
 
 
-@op("aten.squeeze_copy.dims", "aten::squeeze_copy.dims_out")
+@op("aten.squeeze_copy.dims", "aten::squeeze_copy.dims_out", half=True)
 def squeeze_dims(b):
     _squeeze(b, lambda ctx, dims: ctx.int_list(b.args[1]))
 
 
-@op("aten.squeeze_copy.dim", "aten::squeeze_copy.dim_out")
+@op("aten.squeeze_copy.dim", "aten::squeeze_copy.dim_out", half=True)
 def squeeze_dim(b):
     _squeeze(b, lambda ctx, dims: (ctx.int_value(b.args[1]),))
 
 
-@op("aten.squeeze_copy.default", "aten::squeeze_copy.out")
+@op("aten.squeeze_copy.default", "aten::squeeze_copy.out", half=True)
 def squeeze_all(b):
     # The dims that were 1 at export (the maximum shape) are the ones squeezed.
     static = [k for k, s in enumerate(b.tensor(0).dims) if s == 1]
     _squeeze(b, lambda ctx, dims: static)
 
 
-@op("aten.unsqueeze_copy.default", "aten::unsqueeze_copy.out")
+@op("aten.unsqueeze_copy.default", "aten::unsqueeze_copy.out", half=True)
 def unsqueeze(b):
     def live_shape(ctx, dims):
         d = _dim(b, ctx.int_value(b.args[1]), len(dims) + 1)
@@ -202,7 +204,7 @@ def strided_copy(b, src, dst):
     `set(ctx, sizes, in_strides, in_off=0, out_strides=None, out_off=0)` (contiguous output by
     default)."""
     ti, to = _dtype(b, src), _dtype(b, dst)
-    if elem_bytes(ti) != 4 or elem_bytes(to) != 4:
+    if ti in PACKED or to in PACKED:
         raise NotImplementedError(f"{b.name}: strided copies of packed {ti} -> {to} tensors")
     t_in, t_out = wgsl_type(ti), wgsl_type(to)
     shader = STRIDED_COPY.format(
@@ -228,7 +230,7 @@ def strided_copy(b, src, dst):
 
 
 @op("aten._to_copy.default", "dim_order_ops._to_dim_order_copy.default", "aten::_to_copy.out",
-    "dim_order_ops::_to_dim_order_copy.out")  # fmt: skip
+    "dim_order_ops::_to_dim_order_copy.out", half=True)  # fmt: skip
 def to_copy(b):
     src, ti, to = b.args[0], _dtype(b, b.args[0]), _dtype(b, b.out)
     if (wgsl_type(ti), elem_bytes(ti)) == (wgsl_type(to), elem_bytes(to)):
@@ -261,7 +263,7 @@ def _permuted(b, perm_of):
     b.hook(resize)
 
 
-@op("aten.permute_copy.default", "aten.permute.default", "aten::permute_copy.out")
+@op("aten.permute_copy.default", "aten.permute.default", "aten::permute_copy.out", half=True)
 def permute_copy(b):
     def perm_of(ctx, rank):
         perm = [_dim(b, p, rank) for p in ctx.int_list(b.args[1])]
@@ -272,7 +274,7 @@ def permute_copy(b):
     _permuted(b, perm_of)
 
 
-@op("aten.t_copy.default", "aten::t_copy.out")
+@op("aten.t_copy.default", "aten::t_copy.out", half=True)
 def t_copy(b):
     """The transpose of a matrix; a vector or a scalar is copied as it is."""
 
@@ -284,7 +286,7 @@ def t_copy(b):
     _permuted(b, perm_of)
 
 
-@op("aten.expand_copy.default", "aten::expand_copy.out")
+@op("aten.expand_copy.default", "aten::expand_copy.out", half=True)
 def expand_copy(b):
     src = b.args[0]
     set_copy = strided_copy(b, src, b.out)
@@ -324,7 +326,7 @@ def _slice_bounds(start, end, step, size):
     return start, (end - start + step - 1) // step
 
 
-@op("aten.slice_copy.Tensor", "aten::slice_copy.Tensor_out")
+@op("aten.slice_copy.Tensor", "aten::slice_copy.Tensor_out", half=True)
 def slice_copy(b):
     src = b.args[0]
     set_copy = strided_copy(b, src, b.out)
@@ -350,7 +352,7 @@ def slice_copy(b):
     b.hook(resize)
 
 
-@op("aten.select_copy.int", "aten::select_copy.int_out")
+@op("aten.select_copy.int", "aten::select_copy.int_out", half=True)
 def select_copy(b):
     src = b.args[0]
     set_copy = strided_copy(b, src, b.out)
@@ -394,12 +396,12 @@ def _split(b, sizes_of):
     b.hook(resize)
 
 
-@op("aten.split_with_sizes_copy.default", "aten::split_with_sizes_copy.out")
+@op("aten.split_with_sizes_copy.default", "aten::split_with_sizes_copy.out", half=True)
 def split_with_sizes_copy(b):
     _split(b, lambda ctx, n: ctx.int_list(b.args[1]))
 
 
-@op("aten.split_copy.Tensor", "aten::split_copy.Tensor_out")
+@op("aten.split_copy.Tensor", "aten::split_copy.Tensor_out", half=True)
 def split_copy(b):
     def sizes_of(ctx, n):
         step = ctx.int_value(b.args[1])
@@ -410,7 +412,7 @@ def split_copy(b):
     _split(b, sizes_of)
 
 
-@op("aten.cat.default", "aten::cat.out")
+@op("aten.cat.default", "aten::cat.out", half=True)
 def cat(b):
     ins = b.graph.values[b.args[0]].items
     setters = [strided_copy(b, i, b.out) for i in ins]
@@ -439,7 +441,7 @@ def cat(b):
 def indexed_copy(b, src, index, dim_arg, out_shape_of, idx_strides_of):
     """out[c] = src[c with c[dim] <- index[c . idx_strides]]."""
     t, to = _dtype(b, src), _dtype(b, b.out)
-    if elem_bytes(t) != 4 or wgsl_type(t) != wgsl_type(to) or wgsl_type(_dtype(b, index)) != "i32":
+    if t in PACKED or wgsl_type(t) != wgsl_type(to) or wgsl_type(_dtype(b, index)) != "i32":
         raise NotImplementedError(f"{b.name}: {t} source, {_dtype(b, index)} index, {to} output")
     shader = INDEXED_COPY.format(T=wgsl_type(t), WG=WG, FLAT_INDEX=FLAT_INDEX, STRIDED=STRIDED)
     params = b.params(PARAMS_SIZE)
@@ -460,7 +462,7 @@ def indexed_copy(b, src, index, dim_arg, out_shape_of, idx_strides_of):
     b.hook(resize)
 
 
-@op("aten.index_select.default", "aten::index_select.out")
+@op("aten.index_select.default", "aten::index_select.out", half=True)
 def index_select(b):
     def out_shape(dims, idims, dim):
         if len(idims) > 1:
@@ -473,7 +475,7 @@ def index_select(b):
     indexed_copy(b, b.args[0], b.args[2], b.args[1], out_shape, idx_strides)
 
 
-@op("aten.gather.default", "aten::gather.out")
+@op("aten.gather.default", "aten::gather.out", half=True)
 def gather(b):
     def out_shape(dims, idims, dim):
         if len(idims) != len(dims) or any(i > s for k, (i, s) in enumerate(zip(idims, dims)) if k != dim):

@@ -40,17 +40,17 @@ def _shuffle(b, unshuffle):
     b.hook(resize)
 
 
-@op("aten.pixel_shuffle.default")
+@op("aten.pixel_shuffle.default", half=True)
 def pixel_shuffle(b):
     _shuffle(b, unshuffle=False)
 
 
-@op("aten.pixel_unshuffle.default")
+@op("aten.pixel_unshuffle.default", half=True)
 def pixel_unshuffle(b):
     _shuffle(b, unshuffle=True)
 
 
-@op("aten.unfold_copy.default")
+@op("aten.unfold_copy.default", half=True)
 def unfold_copy(b):
     """Windows of `size` every `step` along `dimension`, as a new last dim."""
     src = b.args[0]

@@ -9,9 +9,10 @@ import operator
 from resize.shapes import normalize_dim
 
 from .registry import op
+from .wgsl import copy_bytes
 
 
-@op("sym_size.int")
+@op("sym_size.int", half=True)
 def sym_size(b):
     src, dim = b.args[0], b.scalar(1)
 
@@ -41,7 +42,7 @@ for _name, _fn in SYMINT_OPS.items():
     op(_name)(_arith(_fn))
 
 
-@op("et_vk.select_as_symint.default")
+@op("et_vk.select_as_symint.default", half=True)
 def select_as_symint(b):
     src, dim, index = b.args[0], b.scalar(1), b.scalar(2)
 
@@ -65,16 +66,17 @@ def select_as_symint(b):
 select_as_symint.data_dependent = True
 
 
-@op("move")
+@op("move", half=True)
 def move(b):
     """A MoveCall: the destination takes the source's value (a tensor copy or a SymInt)."""
     src, dst = b.args
     if b.is_tensor(0):
+        dtype = b.tensor(0).dtype
         d = b.copy(src, dst)
 
         def resize(ctx):
             ctx.set_dims(dst, ctx.dims(src))
-            ctx.set_grid(d, (ctx.numel(src) * 4, 1, 1))
+            ctx.set_grid(d, (copy_bytes(ctx.numel(src), dtype), 1, 1))
 
     else:
 
