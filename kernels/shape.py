@@ -96,11 +96,15 @@ def _dtype(b, vid):
 
 
 def flat_copy(b, src, live_shape):
-    """Copy the live bytes of `src` into the output; `live_shape(ctx, in_dims)` gives its shape."""
+    """Copy the live bytes of `src` into the output; `live_shape(ctx, in_dims)` gives its shape.
+    Across storage types (a float32 method input read by a view inside a force_fp16 delegate) it is
+    one converting strided copy instead."""
     ti, to = _dtype(b, src), _dtype(b, b.out)
-    if (wgsl_type(ti), elem_bytes(ti)) != (wgsl_type(to), elem_bytes(to)):
-        _fail(b, f"cannot copy {ti} into {to}")
-    d = b.copy(src, b.out)
+    same = (wgsl_type(ti), elem_bytes(ti)) == (wgsl_type(to), elem_bytes(to))
+    if same:
+        d = b.copy(src, b.out)
+    else:
+        set_copy = strided_copy(b, src, b.out)
     rank = len(b.graph.values[b.out].dims)
 
     def resize(ctx):
@@ -110,7 +114,10 @@ def flat_copy(b, src, live_shape):
         if numel_of(shape) != n or len(shape) != rank:
             _fail(b, f"input shape {dims} cannot become {shape} (output rank {rank})")
         ctx.set_dims(b.out, shape)
-        ctx.set_grid(d, (copy_bytes(n, ti), 1, 1))
+        if same:
+            ctx.set_grid(d, (copy_bytes(n, ti), 1, 1))
+        else:
+            set_copy(ctx, (n,), (1,))
 
     b.hook(resize)
 
@@ -232,19 +239,7 @@ def strided_copy(b, src, dst):
 @op("aten._to_copy.default", "dim_order_ops._to_dim_order_copy.default", "aten::_to_copy.out",
     "dim_order_ops::_to_dim_order_copy.out", half=True)  # fmt: skip
 def to_copy(b):
-    src, ti, to = b.args[0], _dtype(b, b.args[0]), _dtype(b, b.out)
-    if (wgsl_type(ti), elem_bytes(ti)) == (wgsl_type(to), elem_bytes(to)):
-        flat_copy(b, src, _same)
-        return
-    set_copy = strided_copy(b, src, b.out)
-
-    def resize(ctx):
-        dims = ctx.dims(src)
-        n = numel_of(dims)
-        set_copy(ctx, (n,), (1,))
-        ctx.set_dims(b.out, dims)
-
-    b.hook(resize)
+    flat_copy(b, b.args[0], _same)
 
 
 def _permuted(b, perm_of):
