@@ -2,9 +2,13 @@
 
 The VkGraph keeps the original arguments: the weight is the unpacked torch tensor, [Cout, Cin/g,
 kh(, kw)] or, transposed, [Cin, Cout/g, kh(, kw)]. A 1-D convolution is the 2-D one with a height of
-1. One invocation computes one output position for a block of 4 output channels (1 where a group
-has fewer than a multiple of 4), so each input load serves 4 products. The kernel is picked once at
-load by the weight and the arguments, which no live shape changes:
+1. Two routes (kernels/variants.py), chosen in the hook by the live shape:
+- gemm (one group, not transposed, at least GEMM_MIN_COUT output channels): an implicit GEMM,
+  kernels/conv_gemm.py;
+- direct, every other convolution (depthwise and grouped, transposed, few output channels).
+The direct kernels: one invocation computes one output position for a block of 4 output channels
+(1 where a group has fewer than a multiple of 4), so each input load serves 4 products. Which one
+is picked once at load by the weight and the arguments:
 - pointwise (1x1, stride 1, no padding, one group): a dot product over the input channels;
 - direct: any kernel, stride, dilation, padding and groups (depthwise is groups == Cin);
 - transposed: each output gathers the inputs that scatter onto it, `oy + pad - ky * dil` being a
@@ -249,9 +253,19 @@ def _gemm(b, conv):
     return None if conv.transposed or conv.groups != 1 else ConvGemm(b, conv)
 
 
+# The GEMM's tiles are 64 output channels high: below this many, the direct kernel (4 channels an
+# invocation) wastes less. Side by side on lavapipe, 3x3 over 64 channels at 64 x 64, the GEMM took
+# 3.3x the direct kernel's time at 3 output channels, 1.3x at 16, 0.52x at 64
+# (examples/bench_conv_routes.py); in ResNet-50 (64 to 2048) it was faster at all but a few layers,
+# by less than the noise.
+GEMM_MIN_COUT = 32
+# lavapipe ends an invocation's loops once they have iterated 65535 times together (ARCHITECTURE.md):
+# the GEMM's K loop runs K / 16 steps of 16 (17 iterations a step if the inner loop is not unrolled).
+GEMM_MAX_K = 16 * (65535 // 17)
+
 # The routes of a convolution, first match wins (kernels/variants.py).
 CONV_VARIANTS = (
-    Variant("gemm", ANY, lambda s: s.batch * s.m * s.n > 0, _gemm),
+    Variant("gemm", ANY, lambda s: s.cout >= GEMM_MIN_COUT and s.k <= GEMM_MAX_K and s.batch * s.n > 0, _gemm),
     Variant("direct", ANY, lambda s: True, Direct),
 )
 
