@@ -3,7 +3,7 @@ against torch eager (CUDA when available) on the same modules with the same weig
 
     python examples/bench_vision.py export --out vision_models [--short] [--models mobilenet_v2,...]
     tar -C vision_models -cf - . | xz -9 > vision_models.tar.xz      # a few MB: carry this
-    python examples/bench_vision.py run vision_models [--runs 20] [--json vision.json]
+    python examples/bench_vision.py run vision_models [--runs 20] [--json vision.json] [--profile]
 
 `export` needs ExecuTorch (the VulkanPartitioner); `run` needs only pte-wgpu and torch: the modules
 come from tests/vision_models.py and tests/zoo_models.py, and their weights from `tiled_weights`
@@ -16,7 +16,9 @@ Batch 1 and batch 8 are separate static exports: ExecuTorch delegates a convolut
 1, so the batch-8 CNNs run their convolutions as portable ops (on the GPU here too). Latency is the
 median of `--runs` calls after `--warmup`, from a numpy input to a numpy output, for torch too
 (input upload, forward, output read back). The check compares the first output of pte-wgpu with
-torch's (TF32 off) on one input.
+torch's (TF32 off) on one input. With `--profile`, one more execute of each model runs under the
+GPU timestamp profiler (async_runtime/tools/profile.py) and its top ops by GPU time are printed
+and written to the JSON (per-dispatch passes: use the shares, not the sum, as the step's time).
 """
 
 import argparse
@@ -112,9 +114,14 @@ def export(args):
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
 
 
-async def time_wgpu(path, x, runs, warmup):
-    """(median seconds of an execute, the first output, the adapter's name)."""
+TOP_OPS = 8
+
+
+async def time_wgpu(path, x, runs, warmup, profile=False):
+    """(median seconds of an execute, the first output, the adapter's name, the profile's top ops
+    or None)."""
     import async_runtime as ar
+    from async_runtime.tools.profile import Profiler
 
     async with await ar.load(path) as model:
         for _ in range(warmup):
@@ -124,7 +131,17 @@ async def time_wgpu(path, x, runs, warmup):
             t = time.perf_counter()
             (out, *_) = await model.execute(x)
             times.append(time.perf_counter() - t)
-        return statistics.median(times), out, model.device_info.name
+        ops = None
+        profiler = Profiler(model)
+        if profile and profiler.supported:
+            session = await model.open_session()
+            session.profiler = profiler
+            await session.execute(x)
+            await profiler.collect()
+            await session.aclose()
+            keep = ("op", "count", "total_us", "share")
+            ops = [{k: r[k] for k in keep} for r in profiler.op_table()[:TOP_OPS]]
+        return statistics.median(times), out, model.device_info.name, ops
 
 
 def time_torch(module, x, runs, warmup, device):
@@ -150,6 +167,10 @@ def time_torch(module, x, runs, warmup, device):
 def run(args):
     import torch
 
+    from async_runtime.tools.profile import enable_timestamp_normalization
+
+    if args.profile:
+        enable_timestamp_normalization()  # before the first adapter
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     device = "cuda" if torch.cuda.is_available() else "cpu"
     folder = Path(args.folder)
@@ -160,7 +181,7 @@ def run(args):
             continue
         x = np.random.default_rng(0).standard_normal((e["batch"], 3, e["image"], e["image"])).astype(np.float32)
         module = tiled_weights(build(e["model"], e["image"], e["classes"]), manifest["seed"])
-        ours, got, meta["wgpu_device"] = anyio.run(time_wgpu, str(folder / e["file"]), x, args.runs, args.warmup)
+        ours, got, meta["wgpu_device"], ops = anyio.run(time_wgpu, str(folder / e["file"]), x, args.runs, args.warmup, args.profile)
         theirs, want = time_torch(module, x, args.runs, args.warmup, device)
         rows.append(dict(model=e["model"], batch=e["batch"], image=e["image"],
                          wgpu_ms=ours * 1e3, wgpu_images_s=e["batch"] / ours,
@@ -168,6 +189,10 @@ def run(args):
                          max_abs_err=float(np.abs(got - want).max()), max_abs_torch=float(np.abs(want).max()),
                          matches=bool(np.allclose(got, want, atol=ATOL, rtol=RTOL))))  # fmt: skip
         print(markdown_row(rows[-1]), flush=True)
+        if ops:
+            rows[-1]["top_ops"] = ops
+            for r in ops:
+                print(f"    {r['op']:<40} {r['count']:>4} dispatches {r['total_us'] / 1e3:9.2f} ms {r['share']:6.1%}", flush=True)
     return dict(meta=meta, rows=rows)
 
 
@@ -196,6 +221,7 @@ def main(argv=None):
     r.add_argument("--runs", type=int, default=20)
     r.add_argument("--warmup", type=int, default=3)
     r.add_argument("--json")
+    r.add_argument("--profile", action="store_true", help="also print each model's top ops by GPU time")
     for s in (e, r):
         s.add_argument("--models", type=lambda v: v.split(","), default=None, help=f"a subset of {','.join(MODELS)}")
         s.add_argument("--short", action="store_true", help="tiny sizes (export: 32 px, 10 classes; run: 2 runs)")

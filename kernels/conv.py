@@ -2,9 +2,15 @@
 
 The VkGraph keeps the original arguments: the weight is the unpacked torch tensor, [Cout, Cin/g,
 kh(, kw)] or, transposed, [Cin, Cout/g, kh(, kw)]. A 1-D convolution is the 2-D one with a height of
-1. One invocation computes one output position for a block of 4 output channels (1 where a group
-has fewer than a multiple of 4), so each input load serves 4 products. The kernel is picked once at
-load by the weight and the arguments, which no live shape changes:
+1. Two routes (kernels/variants.py), chosen in the hook by the live shape:
+- gemm (one group, not transposed, at least GEMM_MIN_COUT output channels): an implicit GEMM,
+  kernels/conv_gemm.py;
+- direct, every other convolution (depthwise and grouped, transposed, few output channels).
+Both read and write f32 or f16 storage, each tensor its own type (half=True): loads convert to f32,
+sums are f32 and the store converts to the output's type.
+The direct kernels: one invocation computes one output position for a block of 4 output channels
+(1 where a group has fewer than a multiple of 4), so each input load serves 4 products. Which one
+is picked once at load by the weight and the arguments:
 - pointwise (1x1, stride 1, no padding, one group): a dot product over the input channels;
 - direct: any kernel, stride, dilation, padding and groups (depthwise is groups == Cin);
 - transposed: each output gathers the inputs that scatter onto it, `oy + pad - ky * dil` being a
@@ -19,9 +25,12 @@ PER_INVOCATION); unrolled, it iterates once per input channel and position, 4 * 
 """
 
 import struct
+from dataclasses import dataclass
 
+from .conv_gemm import ConvGemm
 from .image import OUTPUT_PIXEL, float_types, load_store, static_ints
 from .registry import op
+from .variants import ANY, Routes, Variant
 from .wgsl import FLAT_INDEX, SPREAD_MAIN, spread_grid
 
 F32_MAX = 3.4028234663852886e38
@@ -153,6 +162,126 @@ def _per_dim(items, spatial, default):
     return items * spatial if len(items) == 1 else items
 
 
+@dataclass(frozen=True)
+class Conv:
+    """What a variant's build needs of one convolution: its value ids, and its arguments as 2-D
+    sizes (a 1-D convolution has height 1); `clamp` (lo, hi) for et_vk.conv_with_clamp, else None;
+    `tx`, `tw`, `tb`, `to` the WGSL storage types (f32 or f16) of x, weight, bias and out."""
+
+    x: int
+    weight: int
+    bias: int | None
+    out: int
+    w: tuple
+    kernel: tuple
+    stride: tuple
+    padding: tuple
+    dilation: tuple
+    transposed: bool
+    groups: int
+    clamp: tuple | None
+    tx: str
+    tw: str
+    tb: str
+    to: str
+
+    @property
+    def bindings(self):
+        return [self.x, self.weight] + ([self.bias] if self.bias is not None else []) + [self.out]
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """A convolution's live sizes (2-D), and its product's as the GEMM sees it: m output channels,
+    n output pixels, k = input channels x window, over `batch` images."""
+
+    batch: int
+    cin: int
+    ih: int
+    iw: int
+    cout: int
+    oh: int
+    ow: int
+    k: int
+
+    @property
+    def m(self):
+        return self.cout
+
+    @property
+    def n(self):
+        return self.oh * self.ow
+
+
+class Direct:
+    """The direct kernels' route (pointwise, direct or transposed, picked at build)."""
+
+    def __init__(self, b, conv):
+        self.conv = conv
+        w = conv.w
+        pointwise = not conv.transposed and conv.groups == 1 and conv.kernel == (1, 1) and conv.stride == (1, 1)
+        pointwise = pointwise and conv.padding == (0, 0)
+        body = TRANSPOSED if conv.transposed else POINTWISE if pointwise else DIRECT
+        self.cout_g = w[1] if conv.transposed else w[0] // conv.groups
+        self.block = 4 if self.cout_g % 4 == 0 else 1
+        bindings = conv.bindings
+        shader = HEADER.format(
+            KH=conv.kernel[0],
+            KW=conv.kernel[1],
+            TX=conv.tx,
+            TW=conv.tw,
+            TO=conv.to,
+            IO=load_store(conv.to),
+            BIAS_DECL=f"@group(0) @binding(2) var<storage, read> bias: array<{conv.tb}>;" if conv.bias is not None else "",
+            BIAS="f32(bias[c])" if conv.bias is not None else "0.0",
+            B=self.block,
+            **BLOCK[self.block],
+            OUT=len(bindings) - 1,
+            P=len(bindings),
+            BODY=body,
+            FLAT_INDEX=FLAT_INDEX,
+            OUTPUT_PIXEL=OUTPUT_PIXEL,
+            MAIN=SPREAD_MAIN,
+        )
+        self.params = b.params(80)
+        self.dispatch = b.dispatch(shader, bindings + [self.params])
+
+    def set(self, ctx, s, on):
+        c = self.conv
+        if not on:
+            ctx.set_grid(self.dispatch, (0, 0, 0))
+            return
+        kh, kw = c.kernel
+        blocks = s.cout // self.block
+        numel = s.batch * blocks * s.oh * s.ow
+        wstep = kh * kw if c.transposed else s.cin // c.groups * kh * kw
+        lo, hi = c.clamp or (-F32_MAX, F32_MAX)
+        fields = (numel, s.cout, s.oh, s.ow, s.cin, s.ih, s.iw, s.cin // c.groups, self.cout_g, *c.stride, *c.padding, *c.dilation)
+        ctx.set_params(self.params, struct.pack("<17I", *fields, blocks, wstep) + struct.pack("<ff", lo, hi))
+        ctx.set_grid(self.dispatch, spread_grid(numel))
+
+
+def _gemm(b, conv):
+    return None if conv.transposed or conv.groups != 1 else ConvGemm(b, conv)
+
+
+# The GEMM's tiles are 64 output channels high: below this many, the direct kernel (4 channels an
+# invocation) wastes less. Side by side on lavapipe, 3x3 over 64 channels at 64 x 64, the GEMM took
+# 3.3x the direct kernel's time at 3 output channels, 1.3x at 16, 0.52x at 64
+# (examples/bench_conv_routes.py); in ResNet-50 (64 to 2048) it was faster at all but a few layers,
+# by less than the noise.
+GEMM_MIN_COUT = 32
+# lavapipe ends an invocation's loops once they have iterated 65535 times together (ARCHITECTURE.md):
+# the GEMM's K loop runs K / 16 steps of 16 (17 iterations a step if the inner loop is not unrolled).
+GEMM_MAX_K = 16 * (65535 // 17)
+
+# The routes of a convolution, first match wins (kernels/variants.py).
+CONV_VARIANTS = (
+    Variant("gemm", ANY, lambda s: s.cout >= GEMM_MIN_COUT and s.k <= GEMM_MAX_K and s.batch * s.n > 0, _gemm),
+    Variant("direct", ANY, lambda s: True, Direct),
+)
+
+
 @op("aten.convolution.default", "et_vk.conv_with_clamp.default", "aten::convolution.out", half=True)
 def convolution(b):
     x, weight, out = b.args[0], b.args[1], b.out
@@ -166,41 +295,19 @@ def convolution(b):
         _per_dim(static_ints(b, i), spatial, default) for i, default in ((3, 1), (4, 0), (5, 1), (7, 0))
     )
     transposed, groups = bool(b.scalar(6, False)), int(b.scalar(8, 1))
-    lo, hi = -F32_MAX, F32_MAX
+    clamp = None
     if b.name == "et_vk.conv_with_clamp.default":
-        lo, hi = max(float(b.scalar(9, lo)), lo), min(float(b.scalar(10, hi)), hi)
-    pointwise = not transposed and groups == 1 and w[2:] == (1,) * spatial and stride == (1,) * spatial
-    pointwise = pointwise and padding == (0,) * spatial
-    body = TRANSPOSED if transposed else POINTWISE if pointwise else DIRECT
-    cout_g = w[1] if transposed else w[0] // groups
-    block = 4 if cout_g % 4 == 0 else 1
-    bindings = [x, weight] + ([bias] if bias is not None else []) + [out]
+        clamp = max(float(b.scalar(9, -F32_MAX)), -F32_MAX), min(float(b.scalar(10, F32_MAX)), F32_MAX)
 
     def as_2d(t, fill=1):
         """A 1-D convolution's sizes as the 2-D ones of height 1."""
         return tuple(t) if spatial == 2 else (fill, *t)
 
-    kh, kw = as_2d(w[2:])
-    shader = HEADER.format(
-        KH=kh,
-        KW=kw,
-        TX=tx,
-        TW=tw,
-        TO=to,
-        IO=load_store(to),
-        BIAS_DECL=f"@group(0) @binding(2) var<storage, read> bias: array<{tb}>;" if bias is not None else "",
-        BIAS="f32(bias[c])" if bias is not None else "0.0",
-        B=block,
-        **BLOCK[block],
-        OUT=len(bindings) - 1,
-        P=len(bindings),
-        BODY=body,
-        FLAT_INDEX=FLAT_INDEX,
-        OUTPUT_PIXEL=OUTPUT_PIXEL,
-        MAIN=SPREAD_MAIN,
-    )
-    params = b.params(80)
-    d = b.dispatch(shader, bindings + [params])
+    conv = Conv(
+        x, weight, bias, out, w, as_2d(w[2:]), as_2d(stride), as_2d(padding, 0), as_2d(dilation), transposed, groups, clamp,
+        tx, tw, tb, to,
+    )  # fmt: skip
+    routes = Routes(CONV_VARIANTS, b, conv)
 
     def resize(ctx):
         shape = ctx.dims(x)
@@ -210,13 +317,7 @@ def convolution(b):
             raise ValueError(f"{b.name}: {e}") from None
         n, cin, ih, iw = shape[:2] + as_2d(shape[2:])
         _, cout, oh, ow = oshape[:2] + as_2d(oshape[2:])
-        (sh, sw), (ph, pw), (dh, dw) = as_2d(stride), as_2d(padding, 0), as_2d(dilation)
-        blocks = cout // block
-        numel = n * blocks * oh * ow
-        wstep = kh * kw if transposed else cin // groups * kh * kw
-        data = struct.pack("<17I", numel, cout, oh, ow, cin, ih, iw, cin // groups, cout_g, sh, sw, ph, pw, dh, dw, blocks, wstep)
-        ctx.set_params(params, data + struct.pack("<ff", lo, hi))
-        ctx.set_grid(d, spread_grid(numel))
+        routes.set(ctx, ConvShape(n, cin, ih, iw, cout, oh, ow, cin // groups * conv.kernel[0] * conv.kernel[1]))
         ctx.set_dims(out, oshape)
 
     b.hook(resize)

@@ -13,9 +13,10 @@ the 64x64 kernel this replaced at 512-2047 rows, before splitting.
 
 How the tiles are read is a parameter, a `TileLoad`: WGSL functions `a_at(off, m, k, kend)` and
 `b_at(off, n, k, kend)` giving one element of A and B (0 outside the product), and so an fp32
-load (f32 or f16 storage), a 4-bit dequantizing load (kernels/quantized.py), and later int8 or
-im2col loads. Whatever the storage, the tiles, sums and split-K's scratch are f32; `epilogue`
-converts to the output's storage type.
+load (f32 or f16 storage), a 4-bit dequantizing load (kernels/quantized.py), an implicit im2col
+load (kernels/conv_gemm.py), and later int8 loads. Whatever the storage, the tiles, sums and
+split-K's scratch are f32; `epilogue` ends with an optional clamp (a fused activation) and converts
+to the output's storage type.
 """
 
 import struct
@@ -70,17 +71,14 @@ def bindings(inputs, has_bias, uniform="p: P", scratch=False, bias="f32", out="f
     return lines
 
 
-def header(has_bias, inputs, scratch=False, bias="f32", out="f32"):
+def header(has_bias, inputs, scratch=False, bias="f32", out="f32", clamp=None):
     """The uniform P, `bindings`, and `epilogue(acc, b, m, n)`: alpha * acc (+ beta * bias) in f32,
-    converted to the output's storage type `out`."""
+    clamped to `clamp` (lo, hi) if given, converted to the output's storage type `out`."""
     lines = [STRUCT + ";", *bindings(inputs, has_bias, scratch=scratch, bias=bias, out=out)]
-    if has_bias:
-        lines.append(
-            f"fn epilogue(acc: f32, b: u32, m: u32, n: u32) -> {out} {{\n"
-            f"    return {out}(p.alpha * acc + p.beta * f32(bias[b * p.bias_bs + m * p.bias_sm + n * p.bias_sn]));\n}}"
-        )
-    else:
-        lines.append(f"fn epilogue(acc: f32, b: u32, m: u32, n: u32) -> {out} {{ return {out}(p.alpha * acc); }}")
+    value = "p.alpha * acc" + (" + p.beta * f32(bias[b * p.bias_bs + m * p.bias_sm + n * p.bias_sn])" if has_bias else "")
+    if clamp is not None:
+        value = f"clamp({value}, {float(clamp[0])!r}, {float(clamp[1])!r})"
+    lines.append(f"fn epilogue(acc: f32, b: u32, m: u32, n: u32) -> {out} {{ return {out}({value}); }}")
     return "\n".join(lines) + "\n"
 
 
@@ -90,7 +88,8 @@ class TileLoad:
     `functions`: WGSL defining a_at and b_at (and anything they use; GemmRoute's `extra_wgsl`
     declares bindings past the scratch); `b_along_k`: B's neighbouring elements lie along K (an [N, K]
     weight), so neighbouring invocations load along K; `setup`: statements run once per
-    invocation before the K loop, knowing `a_row0`, the first of the 4 A rows it loads."""
+    invocation before the K loop, knowing `a_row0` and `b_col0`, the first of the 4 A rows and of
+    the 4 B columns it loads."""
 
     inputs: tuple
     functions: str
@@ -210,16 +209,16 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 """
 
 
-def gemm_shader(load, has_bias, extra="", bias="f32", out="f32"):
+def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None):
     """The template with `load`'s tile reads; `extra`: WGSL bindings after the scratch; `bias` and
-    `out` their storage types."""
-    setup = "    let a_row0 = m0 + 4u * am4;\n" + load.setup if load.setup else ""
+    `out` their storage types; `clamp`: the epilogue's (lo, hi)."""
+    setup = "    let a_row0 = m0 + 4u * am4;\n    let b_col0 = n0 + 4u * bn4;\n" + load.setup if load.setup else ""
     body = GEMM.replace("{B_SLOT}", B_SLOT_ALONG_K if load.b_along_k else B_SLOT_ALONG_N).replace("{SETUP}", setup)
-    return header(has_bias, load.inputs, scratch=True, bias=bias, out=out) + extra + load.functions + QUADS + body
+    return header(has_bias, load.inputs, scratch=True, bias=bias, out=out, clamp=clamp) + extra + load.functions + QUADS + body
 
 
-def gemm_reduce_shader(has_bias, bias="f32", out="f32"):
-    return header(has_bias, (("part", "f32"),), bias=bias, out=out) + GEMM_REDUCE
+def gemm_reduce_shader(has_bias, bias="f32", out="f32", clamp=None):
+    return header(has_bias, (("part", "f32"),), bias=bias, out=out, clamp=clamp) + GEMM_REDUCE
 
 
 def gemm_split(m, n, k, batch):
@@ -251,15 +250,16 @@ def gemm_scratch(b, outs):
 
 class GemmRoute:
     """The GEMM route of one product: its dispatch, reading through `load`, and split-K's reduce
-    over `scratch` (gemm_scratch); `extra` are bindings after the scratch (WGSL `extra_wgsl`)."""
+    over `scratch` (gemm_scratch); `extra` are bindings after the scratch (WGSL `extra_wgsl`);
+    `clamp` the epilogue's (lo, hi) or None."""
 
-    def __init__(self, b, load, inputs, bias, out, params, scratch, extra=(), extra_wgsl=""):
+    def __init__(self, b, load, inputs, bias, out, params, scratch, extra=(), extra_wgsl="", clamp=None):
         self.name = b.name
         tail = [bias] if bias is not None else []
-        types = {"bias": storage(b, bias) if tail else "f32", "out": storage(b, out)}
-        shader = gemm_shader(load, bias is not None, extra_wgsl, **types)
+        epilogue = {"bias": storage(b, bias) if tail else "f32", "out": storage(b, out), "clamp": clamp}
+        shader = gemm_shader(load, bias is not None, extra_wgsl, **epilogue)
         self.gemm = b.dispatch(shader, [*inputs, *tail, out, params, scratch, *extra])
-        self.reduce = b.dispatch(gemm_reduce_shader(bias is not None, **types), [scratch, *tail, out, params])
+        self.reduce = b.dispatch(gemm_reduce_shader(bias is not None, **epilogue), [scratch, *tail, out, params])
 
     def set(self, ctx, shape, on):
         """As a variant's route (kernels/variants.py), for a shape with m, n, k and batch."""

@@ -1,7 +1,7 @@
-"""float16 on f16 storage for the vision families: convolutions (kernels/conv.py), pools (pool.py)
-and resampling (resample.py, with spatial_copy.py's shuffles), `.half()` exported with the
-VulkanPartitioner and compared with torch eager fp16 on the same weights and inputs; then a
-MobileNet-like block at dynamic heights and widths.
+"""float16 on f16 storage for the vision families: convolutions (kernels/conv.py, the direct kernels
+and the implicit GEMM), pools (pool.py) and resampling (resample.py, with spatial_copy.py's
+shuffles), `.half()` exported with the VulkanPartitioner and compared with torch eager fp16 on the
+same weights and inputs; then a MobileNet-like block at dynamic heights and widths.
 
 Tolerances: pools are exact. A convolution sums in f32 and rounds once; torch's CPU fp16
 convolution rounds its own way, so the two differ by an f16 rounding or two of the output (2**-10
@@ -21,7 +21,10 @@ from torch import nn
 from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
 
 from .exporting import export_pte
-from .test_vision_ops import Convolutions, Pools, Resampling, _grid_priors_op, rand
+from .test_vision_ops import (
+    GEMM_DYNAMIC, GEMM_SAMPLE, Convolutions, GemmConvolutions, Pools, Resampling, _grid_priors_op, _live_convolution_kernels,
+    rand,
+)  # fmt: skip
 
 pytestmark = pytest.mark.usefixtures("adapter")
 
@@ -57,6 +60,25 @@ async def test_vision_ops_on_f16_storage_match_eager_fp16(case, load_pte):
     if fp32_reference:
         module = _on_fp32(module.float())
     await assert_matches_eager(model, module, [sample, other], atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the kernels are the same on trio
+async def test_implicit_gemm_convolutions_on_f16_storage(load_pte):
+    """test_vision_ops' implicit-GEMM convolutions `.half()` (at least 32 output channels; the
+    narrow one on the direct kernel) read and write f16, at sizes 17, 37 and a random one: within
+    atol = rtol = 2e-3 of eager fp16, as the convolutions above."""
+    sample = tuple(a.half() for a in GEMM_SAMPLE)
+    pte, module = export_pte("f16gen_vision_conv_routes", lambda: GemmConvolutions().half(), sample,
+                             dynamic_shapes=GEMM_DYNAMIC)  # fmt: skip
+    model = await load_pte(pte)
+    assert model.precision == "f16", model.precision_note
+    calls = dynamic_shape_calls(sample, GEMM_DYNAMIC, n=3, seed=3)
+    await assert_matches_eager(model, module, calls, atol=2e-3, rtol=2e-3)
+    session = await model.open_session()
+    await session.execute(*(c.numpy() for c in calls[1]))
+    gemms, _, directs = _live_convolution_kernels(model, session)
+    assert (gemms, directs) == (10, 1)
+    await session.aclose()
 
 
 def _on_fp32(module):

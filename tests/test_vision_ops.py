@@ -263,6 +263,67 @@ async def test_cnn_refuses_inputs_outside_its_shapes(shape, message, load_pte):
     await assert_matches_eager(model, module, [(rand(1, 3, 6, 7), rand(1, 2, 3))], atol=1e-4, rtol=1e-4)
 
 
+class GemmConvolutions(nn.Module):
+    """The implicit-GEMM route's shape classes (kernels/conv_gemm.py) at prime channel counts:
+    ResNet's stem (7x7, stride 2, 3 input channels), 3x3 with padding 1, stride 2, dilation 2, an
+    asymmetric window, 1x1 (a plain GEMM), strided 1x1, a deep one few tiles split over K, a 1-D
+    one; ReLU and a clamp fused (et_vk.conv_with_clamp); a batch of 2 left to the portable kernel
+    (aten::convolution.out), through the same route; and 5 output channels, too few for the GEMM's
+    tiles (conv.GEMM_MIN_COUT): the direct kernel."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 37, 7, stride=2, padding=3)
+        self.same = nn.Conv2d(37, 67, 3, padding=1)
+        self.strided = nn.Conv2d(67, 41, 3, stride=2, padding=1, bias=False)
+        self.dilated = nn.Conv2d(41, 37, 3, padding=2, dilation=2)
+        self.asymmetric = nn.Conv2d(37, 43, (3, 5), stride=(2, 1), padding=(1, 4), dilation=(1, 2))
+        self.pointwise = nn.Conv2d(37, 131, 1)
+        self.strided_1x1 = nn.Conv2d(131, 47, 1, stride=2)
+        self.deep = nn.Conv2d(67, 41, 3, stride=3, padding=1)  # K = 603 over a few pixels: split K
+        self.conv1d = nn.Conv1d(5, 53, 3, stride=2, padding=1, dilation=2)
+        self.batched = nn.Conv2d(5, 59, 3, padding=1)
+        self.narrow = nn.Conv2d(37, 5, 3, padding=1)
+
+    def forward(self, x, z, pair):
+        y = F.relu(self.stem(x))
+        wide = F.hardtanh(self.same(y), -0.5, 0.75)
+        d = self.dilated(self.strided(wide))
+        return (
+            y, wide, d, self.asymmetric(d), self.strided_1x1(self.pointwise(d)), self.deep(wide),
+            self.conv1d(z), self.batched(pair), self.narrow(d),
+        )  # fmt: skip
+
+
+GEMM_SIDE = torch.export.Dim("gemm_side", min=17, max=37)
+GEMM_SAMPLE = (torch.randn(1, 3, 37, 37), torch.randn(1, 5, 29), torch.randn(2, 5, 9, 11))
+GEMM_DYNAMIC = ({2: GEMM_SIDE, 3: GEMM_SIDE}, None, None)
+
+
+def _live_convolution_kernels(model, session):
+    """How many GEMMs, split-K reduces and direct kernels of the convolutions have a grid in `session`."""
+    ops = ("aten.convolution.default", "et_vk.conv_with_clamp.default", "aten::convolution.out")
+    live = [d.shader for did, d in enumerate(model.graph.dispatches) if d.op in ops and all(session.state.grids[did])]
+    gemms, directs = sum("fn b_at" in s for s in live), sum("fn element(" in s for s in live)
+    return gemms, len(live) - gemms - directs, directs
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the kernels are the same on trio
+async def test_convolutions_run_as_implicit_gemms(load_pte):
+    """Every convolution above but the narrow one runs through the GEMM route, at square sizes
+    17..37 (min, max, then random), and all match eager."""
+    pte, module = export_pte("vision_conv_routes", GemmConvolutions, GEMM_SAMPLE, dynamic_shapes=GEMM_DYNAMIC)
+    model = await load_pte(pte)
+    assert set(model.graph.kernel_ops) == {"aten::convolution.out"}
+    calls = dynamic_shape_calls(GEMM_SAMPLE, GEMM_DYNAMIC, n=4, seed=3)
+    await assert_matches_eager(model, module, calls, atol=1e-4, rtol=1e-4)
+    session = await model.open_session()
+    await session.execute(*(c.numpy() for c in calls[1]))
+    gemms, reduces, directs = _live_convolution_kernels(model, session)
+    assert (gemms, directs) == (10, 1) and reduces > 0  # the deep one (at least) split K
+    await session.aclose()
+
+
 IMAGE = torch.export.Dim("side", min=64, max=96)
 ZOO_SAMPLE, ZOO_DYNAMIC = (torch.randn(1, 3, 96, 96),), ({2: IMAGE, 3: IMAGE},)
 
