@@ -27,15 +27,16 @@ def storage_dtype(dtype):
 
 
 def input_words(arr):
-    """A host input's bytes as written to its buffer: 8-bit elements packed, zero-padded to a
-    whole word (writes are in words)."""
+    """A host input's (or constant's) bytes as written to its buffer: 8-bit elements packed, and
+    8- or 16-bit ones zero-padded to a whole word (writes are in words)."""
     if arr.nbytes % 4 == 0:
         return arr
     return np.concatenate([arr.view(np.uint8).ravel(), np.zeros(-arr.nbytes % 4, np.uint8)])
 
 
 def to_storage(tensor, raw, what):
-    """A constant's bytes from the file as the device stores them; packed bytes are kept as is."""
+    """A constant's bytes from the file as the device stores them, zero-padded to a whole word (an
+    odd count of f16 values); packed bytes are kept as is."""
     n = numel_of(tensor.dims)
     if tensor.dtype in PACKED:
         if len(raw) < n:
@@ -47,8 +48,8 @@ def to_storage(tensor, raw, what):
     # float16 tensor widened to float32 at load (no shader-f16) still has 2-byte bytes in the file.
     for source in (HOST_DTYPES[tensor.dtype], *SAME_KIND[np.dtype(HOST_DTYPES[tensor.dtype]).kind]):
         if len(raw) == n * np.dtype(source).itemsize:
-            return np.frombuffer(raw, source, n).astype(storage_dtype(tensor.dtype))
+            return input_words(np.frombuffer(raw, source, n).astype(storage_dtype(tensor.dtype)))
     need = n * np.dtype(HOST_DTYPES[tensor.dtype]).itemsize
     if len(raw) < need:
         raise ModelFormatError(f"{what}: {len(raw)} bytes do not hold {n} {tensor.dtype} elements")
-    return np.frombuffer(raw, HOST_DTYPES[tensor.dtype], n).astype(storage_dtype(tensor.dtype))
+    return input_words(np.frombuffer(raw, HOST_DTYPES[tensor.dtype], n).astype(storage_dtype(tensor.dtype)))
