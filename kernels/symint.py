@@ -1,17 +1,18 @@
 """SymInt ops: live scalars computed on the host from live shapes and host input data.
 
-They dispatch nothing; their hooks set SymInt values, which the ops reading them turn into
-parameter bytes. `select_as_symint` is data-dependent: it reads an element of a host input.
+They dispatch nothing (but `move` of a tensor, a copy of its bytes); their hooks set SymInt values,
+which the ops reading them turn into parameter bytes. `select_as_symint` is data-dependent: it reads an element of a host input.
 """
 
 import operator
 
 from resize.shapes import normalize_dim
 
-from .registry import op
+from .registry import HalfUnsupported, op
+from .wgsl import elem_bytes
 
 
-@op("sym_size.int")
+@op("sym_size.int", half=True)
 def sym_size(b):
     src, dim = b.args[0], b.scalar(1)
 
@@ -41,7 +42,7 @@ for _name, _fn in SYMINT_OPS.items():
     op(_name)(_arith(_fn))
 
 
-@op("et_vk.select_as_symint.default")
+@op("et_vk.select_as_symint.default", half=True)
 def select_as_symint(b):
     src, dim, index = b.args[0], b.scalar(1), b.scalar(2)
 
@@ -65,16 +66,21 @@ def select_as_symint(b):
 select_as_symint.data_dependent = True
 
 
-@op("move")
+@op("move", half=True)
 def move(b):
-    """A MoveCall: the destination takes the source's value (a tensor copy or a SymInt)."""
+    """A MoveCall: the destination takes the source's value (a tensor copy of its bytes, or a SymInt)."""
     src, dst = b.args
     if b.is_tensor(0):
+        dtypes = b.tensor(0).dtype, b.tensor(1).dtype
+        if elem_bytes(dtypes[0]) != elem_bytes(dtypes[1]):  # a float16 tensor moved into a float32 one
+            error = HalfUnsupported if "float16" in dtypes else NotImplementedError
+            raise error(f"move of a {dtypes[0]} tensor into a {dtypes[1]} one")
         d = b.copy(src, dst)
+        eb = elem_bytes(dtypes[0])
 
         def resize(ctx):
             ctx.set_dims(dst, ctx.dims(src))
-            ctx.set_grid(d, (ctx.numel(src) * 4, 1, 1))
+            ctx.set_grid(d, (ctx.numel(src) * eb, 1, 1))
 
     else:
 
