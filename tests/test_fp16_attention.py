@@ -1,4 +1,4 @@
-"""f16 storage for attention, its KV caches and embeddings (issue 20).
+"""f16 storage for attention, its KV caches, RoPE, embeddings and the greedy sampler (issue 20).
 
 Each module is cast with `.half()` before export, so its inputs, caches and outputs are float16;
 the model must load with f16 storage (`model.precision == "f16"`) and match a reference of the
@@ -10,9 +10,11 @@ same float16 values:
   kernel at head dim 64, the plain one at 80), under both kernel variant sets. Tolerance 2e-3
   (rtol = atol): f16 storage rounds each output to 11 bits (half an ulp is 4.9e-4 of the value)
   after f32 arithmetic;
-- embeddings against torch eager fp16, exactly.
+- RoPE and embeddings against torch eager fp16 (an embedding exactly; RoPE within 2e-3: torch
+  rounds each product to f16, the kernel only the result);
+- the greedy sampler's kernel over f16 logits against numpy's argmax (ties to the first index).
 
-Two exports also need a byte-copy op of another family (et_vk.prepack, aten.view_copy), which
+Three exports also need a byte-copy op of another family (et_vk.prepack, aten.view_copy), which
 these tests opt in to f16 themselves until branch f16-generic does.
 
 The f32 fallback (`load(..., precision="f32")`) runs the attention steps too, against the same
@@ -21,19 +23,24 @@ reference.
 
 import copy
 import math
+import struct
 from unittest import mock
 
 import anyio
 import numpy as np
 import pytest
 import torch
+import wgpu
 
+from async_runtime.device import find_adapter
 from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
 from kernels import OPS
 from kernels.attention import SPLIT_MAX_ROWS
+from kernels.sampling import GREEDY_ADVANCE
 
 from . import test_attention_tiled as tiled
-from .exporting import export_pte
+from .exporting import eager, export_pte
+from .test_adapter_ops import HfRope
 from .test_more_ops import _delegate_ops
 
 pytestmark = [pytest.mark.usefixtures("adapter"), pytest.mark.anyio]
@@ -238,6 +245,57 @@ async def test_et_vk_sdpa(load_pte):
     await assert_matches_eager(model, None, calls, expected=expected, atol=TOL, rtol=TOL)
 
 
+# -- RoPE ---------------------------------------------------------------------------------------------
+
+
+class LlamaRope(torch.nn.Module):
+    def forward(self, xq, xk, freqs_cos, freqs_sin):
+        return torch.ops.et_vk.apply_rotary_emb(xq, xk, freqs_cos, freqs_sin)
+
+
+class InterleavedRope(torch.nn.Module):
+    def forward(self, x, freqs_cis):
+        return torch.ops.et_vk.apply_rotary_emb_interleaved(x, freqs_cis)
+
+
+# kind -> (module, input shapes at the maximum, each input's position axis)
+ROPES = {
+    "llama": (LlamaRope, ((1, 9, 5, 14), (1, 9, 3, 14), (9, 7), (9, 7)), (1, 1, 0, 0)),
+    "interleaved": (InterleavedRope, ((3, 9, 14), (1, 9, 7, 2)), (1, 1)),
+}
+
+
+@pytest.mark.parametrize("kind", ROPES)
+async def test_rope(load_pte, kind):
+    pytest.importorskip("executorch.backends.vulkan.custom_ops_lib")
+    make, shapes, axes = ROPES[kind]
+    s_dim = torch.export.Dim("s", min=1, max=9)
+    dynamic = tuple({axis: s_dim} for axis in axes)
+    sample = tuple(torch.randn(s).half() for s in shapes)
+    pte, module = export_pte(f"f16att_rope_{kind}", lambda: make().half(), sample, dynamic)
+    model = await load_pte(pte)
+    assert model.precision == "f16"
+    calls = dynamic_shape_calls(sample, dynamic, n=4, seed=3)
+    await assert_matches_eager(model, module, calls, atol=TOL, rtol=TOL)
+
+
+async def test_rope_hf(load_pte):
+    """Rotate-half over the first 6 of 10 dims (4 pass through), the tables read at a live position."""
+    sample = (torch.randn(1, 5, 3, 10).half(), torch.randn(1, 5, 1, 10).half(), torch.tensor([3]))
+    s_dim = torch.export.Dim("s", min=1, max=16)
+    pte, module = export_pte("f16att_rope_hf", lambda: HfRope(6).half(), sample, ({1: s_dim}, {1: s_dim}, None))
+    # the tables reach the op through et_vk.prepack (see test_update_cache_and_custom_sdpa)
+    with mock.patch.object(OPS["et_vk.prepack.default"], "half", True):
+        model = await load_pte(pte)
+    assert model.precision == "f16"
+    rng = np.random.default_rng(6)
+    for s, pos in [(5, 3), (16, 16), (1, 31), (16, 0), (2, 29)]:
+        args = (*_half(*(rng.standard_normal((1, s, h, 10)) for h in (3, 1))), np.array([pos], np.int64))
+        got = await model.execute(*args)
+        for k, (g, w) in enumerate(zip(got, eager(module, *args))):
+            np.testing.assert_allclose(g, w, rtol=TOL, atol=TOL, err_msg=f"s={s} pos={pos} output {k}")
+
+
 # -- embedding: an odd table (37 x 11 f16 values) --------------------------------------------------------
 
 
@@ -258,3 +316,46 @@ async def test_embedding_is_exact(load_pte):
     assert model.precision == "f16"
     calls = [(np.random.default_rng(n).integers(0, 37, (1, n)),) for n in (9, 1, 4, 9)]
     await assert_matches_eager(model, module, calls, atol=0, rtol=0)
+
+
+# -- the greedy sampler over f16 logits: the host's argmax, ties to the first index ------------------------
+
+
+def test_greedy_sampler_reads_f16_logits():
+    adapter = find_adapter()
+    if "shader-f16" not in adapter.features:
+        pytest.skip("the adapter has no shader-f16")
+    device = adapter.request_device_sync(required_features=["shader-f16"])
+    seqs, vocab = 5, 1001
+    rng = np.random.default_rng(0)
+    logits = (rng.standard_normal((seqs, vocab)) * 4).astype(np.float16)
+    logits[1, [3, 700]] = logits[1].max() + 1  # a tie: the first index wins, as numpy's argmax
+    logits[2] = -np.inf
+    logits[2, vocab - 1] = -65504.0  # the lowest finite f16, last
+    logits[3] /= 4  # all below 8 (the largest of 1001 normal values is about 3.3)
+    logits[3, 17] = np.float16(8.0) + np.float16(0.0078125)  # f16 neighbours of 8 differ by one ulp
+    logits[3, 900] = 8.0
+    usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+    raw = logits.tobytes() + bytes(-logits.nbytes % 4)
+    seq_last = np.arange(seqs, dtype=np.int32)
+    arrays = [raw, seq_last, np.zeros(seqs, np.int32), np.zeros(seqs, np.int32), np.zeros(seqs, np.int32)]
+    buffers = [device.create_buffer_with_data(data=a, usage=usage) for a in arrays]
+    params = struct.pack("<4I", seqs, vocab, vocab, 0)
+    buffers.append(device.create_buffer_with_data(data=params, usage=wgpu.BufferUsage.UNIFORM))
+    module = device.create_shader_module(code="enable f16;\nalias LT = f16;\n" + GREEDY_ADVANCE)
+    pipe = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+    group = device.create_bind_group(
+        layout=pipe.get_bind_group_layout(0), entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(buffers)]
+    )
+    encoder = device.create_command_encoder()
+    compute = encoder.begin_compute_pass()
+    compute.set_pipeline(pipe)
+    compute.set_bind_group(0, group)
+    compute.dispatch_workgroups(seqs, 1, 1)
+    compute.end()
+    device.queue.submit([encoder.finish()])
+    ids = np.frombuffer(device.queue.read_buffer(buffers[4]), np.int32)
+    tokens = np.frombuffer(device.queue.read_buffer(buffers[2]), np.int32)
+    np.testing.assert_array_equal(ids, logits.argmax(-1))
+    np.testing.assert_array_equal(tokens, ids)
+    assert (ids[1], ids[2], ids[3]) == (3, vocab - 1, 17)
