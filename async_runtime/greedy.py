@@ -16,7 +16,7 @@ import numpy as np
 import wgpu
 
 from kernels.sampling import GREEDY_ADVANCE
-from kernels.wgsl import is_float
+from kernels.wgsl import is_float, type_aliases
 
 from .encoding import encode_dispatches, prepare
 from .pipelines import compile_pipeline, dispatch_once
@@ -47,7 +47,7 @@ class GreedyBursts:
         self.model, self.runner = model, runner
         tokens, row_pos, _, seq_last = graph.inputs
         device = model.device
-        self.pipeline = compile_pipeline(device, GREEDY_ADVANCE)
+        self.pipeline = compile_pipeline(device, type_aliases(graph.values, LT=graph.outputs[0]) + GREEDY_ADVANCE)
         size = BURST_MAX * ragged.max_seqs * 4
         self.ids = model._create_buffer(size, STORAGE_USAGE, "burst token ids")
         self.staging = model._create_buffer(size, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST, "burst readback")

@@ -10,6 +10,10 @@ For a few rows (decode) that is too few workgroups for a long cache, so up to SP
 take the split-K route ("flash decoding"): one workgroup per (head, row, key range) writes a
 partial softmax state, and a second kernel merges the ranges. The hook picks the route.
 
+Every kernel reads q and the caches, and writes its output, in their own storage types (f32 or
+f16, named by WGSL aliases: `_typed`); scores, softmax statistics and sums are f32, and so is
+split-K's scratch of partial states.
+
 Kept as one module past 400 lines: its variants (tiled prefill, split-K decode for GPUs and CPUs, plain) share one bindings header, the online-softmax step and one route table.
 """
 
@@ -24,7 +28,7 @@ from resize.values import Tensor
 from .cache import CACHE_SLOT
 from .registry import op
 from .variants import ANY, CPU_ONLY, GPU_ONLY, Routes, Variant
-from .wgsl import FLAT_INDEX, WG, flat_grid
+from .wgsl import FLAT_INDEX, WG, flat_grid, type_aliases
 
 MAX_HEAD_DIM = 256
 CHUNK = 64  # keys per chunk = workgroup size
@@ -33,18 +37,18 @@ SPLIT_MAX_ROWS = 32  # up to this many query rows (decode, ragged decode passes)
 
 UPDATE_CACHE = f"""
 struct P {{ n: u32, offset: u32, pad0: u32, pad1: u32 }}
-@group(0) @binding(0) var<storage, read> k: array<f32>;
-@group(0) @binding(1) var<storage, read> v: array<f32>;
-@group(0) @binding(2) var<storage, read_write> kc: array<f32>;
-@group(0) @binding(3) var<storage, read_write> vc: array<f32>;
+@group(0) @binding(0) var<storage, read> k: array<KT>;
+@group(0) @binding(1) var<storage, read> v: array<VT>;
+@group(0) @binding(2) var<storage, read_write> kc: array<KCT>;
+@group(0) @binding(3) var<storage, read_write> vc: array<VCT>;
 @group(0) @binding(4) var<uniform> p: P;
 {FLAT_INDEX}
 @compute @workgroup_size({WG})
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
     let i = flat_index(gid, nwg, {WG}u);
     if (i >= p.n) {{ return; }}
-    kc[p.offset + i] = k[i];
-    vc[p.offset + i] = v[i];
+    kc[p.offset + i] = KCT(k[i]);
+    vc[p.offset + i] = VCT(v[i]);
 }}
 """
 
@@ -58,10 +62,10 @@ RAGGED_TABLES = """
 
 RAGGED_UPDATE_CACHE = f"""
 struct P {{ n: u32, row: u32, stride: u32, pad: u32 }}
-@group(0) @binding(0) var<storage, read> k: array<f32>;
-@group(0) @binding(1) var<storage, read> v: array<f32>;
-@group(0) @binding(2) var<storage, read_write> kc: array<f32>;
-@group(0) @binding(3) var<storage, read_write> vc: array<f32>;
+@group(0) @binding(0) var<storage, read> k: array<KT>;
+@group(0) @binding(1) var<storage, read> v: array<VT>;
+@group(0) @binding(2) var<storage, read_write> kc: array<KCT>;
+@group(0) @binding(3) var<storage, read_write> vc: array<VCT>;
 @group(0) @binding(4) var<uniform> p: P;
 {RAGGED_TABLES}
 {CACHE_SLOT}
@@ -73,8 +77,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let r = i / p.row;
     if (row_slot[r] < 0) {{ return; }}  // a padding row
     let at = cache_at(r, i % p.row);
-    kc[at] = k[i];
-    vc[at] = v[i];
+    kc[at] = KCT(k[i]);
+    vc[at] = VCT(v[i]);
 }}
 """
 
@@ -114,22 +118,22 @@ ONLINE_SOFTMAX = f"""        red[t] = score;
 
 
 
-def _bindings(cache_type):
-    """The attention kernels' uniform and bindings, the caches read as `cache_type` (f32 or vec4)."""
+def _bindings(vec4):
+    """The attention kernels' uniform and bindings, the caches read as scalars or as vec4s."""
     return """
 struct P {{ s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }}
-@group(0) @binding(0) var<storage, read> q: array<f32>;
-@group(0) @binding(1) var<storage, read> kc: array<CACHE>;
-@group(0) @binding(2) var<storage, read> vc: array<CACHE>;
-@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(0) var<storage, read> q: array<QT>;
+@group(0) @binding(1) var<storage, read> kc: array<KCACHE>;
+@group(0) @binding(2) var<storage, read> vc: array<VCACHE>;
+@group(0) @binding(3) var<storage, read_write> out: array<OT>;
 @group(0) @binding(4) var<uniform> p: P;
 {tables}
-""".replace("CACHE", cache_type)
+""".replace("KCACHE", "vec4<KCT>" if vec4 else "KCT").replace("VCACHE", "vec4<VCT>" if vec4 else "VCT")
 
 
-F32_BINDINGS = _bindings("f32")
+F32_BINDINGS = _bindings(False)  # scalar loads (of f32 or f16 storage: the aliases QT, KCT, VCT, OT)
 # The bindings of the kernels that read the caches as vec4s (split-K's SPLIT_VEC4 and TILED).
-VEC4_BINDINGS = _bindings("vec4<f32>")
+VEC4_BINDINGS = _bindings(True)
 
 ATTENTION = F32_BINDINGS + """var<workgroup> qs: array<f32, {MAX_HEAD_DIM}>;
 var<workgroup> probs: array<f32, {CHUNK}>;
@@ -143,7 +147,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let t = lid.x;
     let kvh = h / (p.hq / p.hkv);
     let row = (s * p.hq + h) * p.d;
-    for (var d = t; d < p.d; d = d + {CHUNK}u) {{ qs[d] = q[row + d] * p.scale; }}
+    for (var d = t; d < p.d; d = d + {CHUNK}u) {{ qs[d] = f32(q[row + d]) * p.scale; }}
     workgroupBarrier();
     let keys = {keys};  // causal: the row at absolute position P sees keys 0..P
     let cbase = {cache_base};
@@ -157,7 +161,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         if (j < k_end) {{
             let kbase = cbase + (j * p.hkv + kvh) * p.d;
             var dot = 0.0;
-            for (var d = 0u; d < p.d; d = d + 1u) {{ dot = dot + qs[d] * kc[kbase + d]; }}
+            for (var d = 0u; d < p.d; d = d + 1u) {{ dot = dot + qs[d] * f32(kc[kbase + d]); }}
             score = dot;
         }}
 {online_softmax}
@@ -166,7 +170,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             if (d < p.d) {{
                 var sum = 0.0;
                 for (var jj = 0u; jj < n; jj = jj + 1u) {{
-                    sum = sum + probs[jj] * vc[cbase + ((base + jj) * p.hkv + kvh) * p.d + d];
+                    sum = sum + probs[jj] * f32(vc[cbase + ((base + jj) * p.hkv + kvh) * p.d + d]);
                 }}
                 acc[c] = acc[c] * corr + sum;
             }}
@@ -183,7 +187,7 @@ WHOLE_RANGE = """    let k_begin = 0u;
     let k_end = keys;"""
 WHOLE_FINISH = """    for (var c = 0u; c < {SLICES}u; c = c + 1u) {{
         let d = t + c * {CHUNK}u;
-        if (d < p.d) {{ out[row + d] = acc[c] / l; }}
+        if (d < p.d) {{ out[row + d] = OT(acc[c] / l); }}
     }}"""
 # Split-K ("flash decoding"): workgroup z takes one slice of the keys and writes its partial
 # softmax state (acc[0..d), running max m, sum l) to `out`, here the op's scratch tensor.
@@ -192,9 +196,9 @@ SPLIT_RANGE = """    let k_begin = min(keys, wid.z * p.span);
 SPLIT_FINISH = """    let part = ((s * p.hq + h) * p.splits + wid.z) * (p.d + 2u);
     for (var c = 0u; c < {SLICES}u; c = c + 1u) {{
         let d = t + c * {CHUNK}u;
-        if (d < p.d) {{ out[part + d] = acc[c]; }}
+        if (d < p.d) {{ out[part + d] = OT(acc[c]); }}
     }}
-    if (t == 0u) {{ out[part + p.d] = m; out[part + p.d + 1u] = l; }}"""
+    if (t == 0u) {{ out[part + p.d] = OT(m); out[part + p.d + 1u] = OT(l); }}"""
 
 
 # The split-K kernel for head dims of 4 * G with G dividing CHUNK (64 for SmolLM2 and Llama): a
@@ -217,7 +221,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let row = (s * p.hq + h) * p.d;
     if (t < {G}u) {{
         let i = row + 4u * t;
-        qs[t] = vec4<f32>(q[i], q[i + 1u], q[i + 2u], q[i + 3u]) * p.scale;
+        qs[t] = vec4<f32>(f32(q[i]), f32(q[i + 1u]), f32(q[i + 2u]), f32(q[i + 3u])) * p.scale;
     }}
     workgroupBarrier();
     let keys = {keys};  // causal: the row at absolute position P sees keys 0..P
@@ -235,13 +239,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         if (j < k_end) {{
             let kb = cbase + (j * p.hkv + kvh) * {G}u;
             var sc = 0.0;
-            for (var e = 0u; e < {G}u; e = e + 1u) {{ sc = sc + dot(qs[e], kc[kb + e]); }}
+            for (var e = 0u; e < {G}u; e = e + 1u) {{ sc = sc + dot(qs[e], vec4<f32>(kc[kb + e])); }}
             score = sc;
         }}
 {online_softmax}
         var sum = vec4<f32>(0.0);
         for (var jj = sub; jj < n; jj = jj + {SUBS}u) {{
-            sum = sum + probs[jj] * vc[cbase + ((base + jj) * p.hkv + kvh) * {G}u + g];
+            sum = sum + probs[jj] * vec4<f32>(vc[cbase + ((base + jj) * p.hkv + kvh) * {G}u + g]);
         }}
         part[t] = sum;
         workgroupBarrier();
@@ -255,12 +259,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }}
     let at = ((s * p.hq + h) * p.splits + wid.z) * (p.d + 2u);
     if (t < {G}u) {{
-        out[at + 4u * t] = acc.x;
-        out[at + 4u * t + 1u] = acc.y;
-        out[at + 4u * t + 2u] = acc.z;
-        out[at + 4u * t + 3u] = acc.w;
+        out[at + 4u * t] = OT(acc.x);
+        out[at + 4u * t + 1u] = OT(acc.y);
+        out[at + 4u * t + 2u] = OT(acc.z);
+        out[at + 4u * t + 3u] = OT(acc.w);
     }}
-    if (t == 0u) {{ out[at + p.d] = m; out[at + p.d + 1u] = l; }}
+    if (t == 0u) {{ out[at + p.d] = OT(m); out[at + p.d + 1u] = OT(l); }}
 }}
 """
 
@@ -298,13 +302,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     for (var j = k_begin; j < k_end; j = j + 1u) {{
         let kbase = cbase + (j * p.hkv + kvh) * p.d;
         var score = 0.0;
-        for (var d = 0u; d < p.d; d = d + 1u) {{ score = score + q[row + d] * p.scale * kc[kbase + d]; }}
+        for (var d = 0u; d < p.d; d = d + 1u) {{ score = score + f32(q[row + d]) * p.scale * f32(kc[kbase + d]); }}
 {online_step}
     }}
     let at = ((s * p.hq + h) * p.splits + z) * (p.d + 2u);
-    for (var d = 0u; d < p.d; d = d + 1u) {{ out[at + d] = acc[d]; }}
-    out[at + p.d] = m;
-    out[at + p.d + 1u] = l;
+    for (var d = 0u; d < p.d; d = d + 1u) {{ out[at + d] = OT(acc[d]); }}
+    out[at + p.d] = OT(m);
+    out[at + p.d + 1u] = OT(l);
 }}
 """
 
@@ -312,7 +316,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 COMBINE = f"""
 struct P {{ s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }}
 @group(0) @binding(0) var<storage, read> parts: array<f32>;
-@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+@group(0) @binding(1) var<storage, read_write> out: array<OT>;
 @group(0) @binding(2) var<uniform> p: P;
 
 @compute @workgroup_size({CHUNK})
@@ -332,7 +336,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         for (var g = 0u; g < p.splits; g = g + 1u) {{
             sum = sum + parts[base + g * width + d] * exp(parts[base + g * width + p.d] - mx);
         }}
-        out[(s * p.hq + h) * p.d + d] = sum / total;
+        out[(s * p.hq + h) * p.d + d] = OT(sum / total);
     }}
 }}
 """
@@ -389,8 +393,8 @@ TILED_BLOCKS = """    for (var kb = 0u; kb < kmax; kb = kb + {BK}u) {{
             let key = i / {G}u;
             let j = min(kb + key, kmax - 1u);  // past kmax: a live key's row, masked below
             let at = cbase + (j * p.hkv + kvh) * {G}u + i % {G}u;
-            kv[key / {KPS}u][key % {KPS}u][i % {G}u] = kc[at];
-            kv[{SUBS}u + key / {KPS}u][key % {KPS}u][i % {G}u] = vc[at];
+            kv[key / {KPS}u][key % {KPS}u][i % {G}u] = vec4<f32>(kc[at]);
+            kv[{SUBS}u + key / {KPS}u][key % {KPS}u][i % {G}u] = vec4<f32>(vc[at]);
         }}
         workgroupBarrier();
         let j0 = kb + sub * {KPS}u;
@@ -478,10 +482,10 @@ def _tiled_shader(ragged, dim):
         ]
         half //= 2
     # a real row's total is at least 1 (its largest score's exp(0)); a padding row's is 0, a = 0
-    writes = " ".join(f"out[o + {4 * e + c}u] = a{e}.{'xyzw'[c]} / w;" for e in range(g) for c in range(4))
+    writes = " ".join(f"out[o + {4 * e + c}u] = OT(a{e}.{'xyzw'[c]} / w);" for e in range(g) for c in range(4))
     merge.append(f"if (sub == 0u && row < p.s) {{ let o = (row * p.hq + h) * {dim}u; let w = max(total, 1e-30); {writes} }}")
     n = "\n    "
-    q = [", ".join(f"q[qi + {4 * e + c}u]" for c in range(4)) for e in range(g)]
+    q = [", ".join(f"f32(q[qi + {4 * e + c}u])" for c in range(4)) for e in range(g)]
     return TILED.format(
         tables=RAGGED_TABLES if ragged else "",
         G=g, KPS=kps, SUBS=subs, SUBS2=2 * subs, THREADS=bq * subs, BQ=bq, D=dim,
@@ -548,6 +552,7 @@ def _rows(b, ctx):
     return s
 
 
+
 class _Launch:
     """A route of dispatches with their grids for a live row count, as a variant's route."""
 
@@ -564,14 +569,15 @@ def _split_route(cpu):
 
     def build(b, att):
         if cpu:
-            step = online_softmax_step("p.d", "vc[kbase + d]")
+            step = online_softmax_step("p.d", "f32(vc[kbase + d])")
             shader = SPLIT_CPU.format(MAX_SPLITS=MAX_SPLITS, MAX_HEAD_DIM=MAX_HEAD_DIM, online_step=step, **att.common)
             grid = lambda s: (att.hq, s, 1)  # noqa: E731
         else:
             shader = _attention_shader(att.ragged, split=True, dim=att.dim)
             grid = lambda s: (att.hq, s, att.splits)  # noqa: E731
+        shader = type_aliases(b.graph.values, QT=att.q, KCT=att.k_cache, VCT=att.v_cache, OT=att.scratch) + shader
         split = b.dispatch(shader, [att.q, att.k_cache, att.v_cache, att.scratch, att.params, *att.tables])
-        combine = b.dispatch(COMBINE, [att.scratch, b.out, att.params])
+        combine = b.dispatch(type_aliases(b.graph.values, OT=b.out) + COMBINE, [att.scratch, b.out, att.params])
         return _Launch((split, grid), (combine, lambda s: (att.hq, s, 1)))
 
     return build
@@ -579,6 +585,7 @@ def _split_route(cpu):
 
 def _whole_route(b, att):
     shader, rows_per_group = _whole_range(att.ragged, att.dim)
+    shader = type_aliases(b.graph.values, QT=att.q, KCT=att.k_cache, VCT=att.v_cache, OT=b.out) + shader
     whole = b.dispatch(shader, [att.q, att.k_cache, att.v_cache, b.out, att.params, *att.tables])
     return _Launch((whole, lambda s: (att.hq, -(-s // rows_per_group), 1)))
 
@@ -643,12 +650,13 @@ def _add_attention(b, context, hkv, dim, hq, scale, tables=()):
     return set_attention
 
 
-@op("sdpa_with_kv_cache.default")
+@op("sdpa_with_kv_cache.default", half=True)
 def sdpa_with_kv_cache(b):
     q, k, v, k_cache, v_cache, input_pos = b.args[:6]
     context, hkv, dim, hq, scale = _attention_args(b)
     p_update = b.params(16)
-    d_update = b.dispatch(UPDATE_CACHE, [k, v, k_cache, v_cache, p_update])
+    shader = type_aliases(b.graph.values, KT=k, VT=v, KCT=k_cache, VCT=v_cache) + UPDATE_CACHE
+    d_update = b.dispatch(shader, [k, v, k_cache, v_cache, p_update])
     set_attention = _add_attention(b, context, hkv, dim, hq, scale)
 
     def resize(ctx):
@@ -667,7 +675,7 @@ def sdpa_with_kv_cache(b):
     b.hook(resize)
 
 
-@op("pte_wgpu.ragged_sdpa", "pte_wgpu.ragged_sdpa_cached")
+@op("pte_wgpu.ragged_sdpa", "pte_wgpu.ragged_sdpa_cached", half=True)
 def ragged_sdpa(b):
     """`sdpa_with_kv_cache` over a ragged batch: args 5 and 6 are the row_pos and row_slot tables,
     and the caches are pools of per-session slots (the runtime checks positions before a pass).
@@ -678,7 +686,8 @@ def ragged_sdpa(b):
     cached = b.name == "pte_wgpu.ragged_sdpa_cached"
     if not cached:
         p_update = b.params(16)
-        d_update = b.dispatch(RAGGED_UPDATE_CACHE, [k, v, k_cache, v_cache, p_update, row_pos, row_slot])
+        shader = type_aliases(b.graph.values, KT=k, VT=v, KCT=k_cache, VCT=v_cache) + RAGGED_UPDATE_CACHE
+        d_update = b.dispatch(shader, [k, v, k_cache, v_cache, p_update, row_pos, row_slot])
     set_attention = _add_attention(b, context, hkv, dim, hq, scale, tables=(row_pos, row_slot))
 
     def resize(ctx):

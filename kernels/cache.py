@@ -1,5 +1,6 @@
 """`update_cache` (ExecuTorch's `llama::update_cache`): write `value` [B, S, H, D] into `cache`
-[B, C, H, D] at rows start_pos..start_pos+S-1, in place.
+[B, C, H, D] at rows start_pos..start_pos+S-1, in place, converted to the cache's storage type
+(a cache stored f16 takes half the bytes of each session).
 
 The cache is a mutable buffer of the exported module, so it is a state tensor of each session
 (`b.writes`). The op's own output is a placeholder of one element (the eager op returns an empty
@@ -11,7 +12,7 @@ import struct
 from resize.shapes import numel_of
 
 from .registry import op
-from .wgsl import FLAT_INDEX, WG, flat_grid
+from .wgsl import FLAT_INDEX, WG, flat_grid, type_aliases
 
 # The ragged KV-cache slot formula, for every kernel that stores a ragged pass's k and v
 # (kernels/attention.py RAGGED_UPDATE_CACHE, kernels/rope.py rope_into_cache): element e of the
@@ -23,8 +24,8 @@ fn cache_at(r: u32, e: u32) -> u32 { return u32(row_slot[r]) * p.stride + u32(ro
 
 UPDATE = f"""
 struct P {{ numel: u32, per_batch: u32, cache_per_batch: u32, offset: u32 }}
-@group(0) @binding(0) var<storage, read> value: array<f32>;
-@group(0) @binding(1) var<storage, read_write> cache: array<f32>;
+@group(0) @binding(0) var<storage, read> value: array<VT>;
+@group(0) @binding(1) var<storage, read_write> cache: array<CT>;
 @group(0) @binding(2) var<uniform> p: P;
 {FLAT_INDEX}
 @compute @workgroup_size({WG})
@@ -32,19 +33,20 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let i = flat_index(gid, nwg, {WG}u);
     if (i >= p.numel) {{ return; }}
     let batch = i / p.per_batch;
-    cache[batch * p.cache_per_batch + p.offset + i % p.per_batch] = value[i];
+    cache[batch * p.cache_per_batch + p.offset + i % p.per_batch] = CT(value[i]);
 }}
 """
 
 
-@op("update_cache.default")
+@op("update_cache.default", half=True)
 def update_cache(b):
     value, cache, start_pos = b.args[:3]
     batch, context, heads, dim = b.tensor(1).dims
     out_dims = b.graph.values[b.out].dims
     b.writes(cache)
     params = b.params(16)
-    d = b.dispatch(UPDATE, [value, cache, params])
+    shader = type_aliases(b.graph.values, VT=value, CT=cache) + UPDATE
+    d = b.dispatch(shader, [value, cache, params])
 
     def resize(ctx):
         shape = ctx.dims(value)

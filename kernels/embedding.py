@@ -1,4 +1,5 @@
-"""Table lookups: `aten.embedding` (rows of a weight by index)."""
+"""Table lookups: `aten.embedding` (rows of a weight by index), each table and output in its own
+storage type (f32, f16 or an integer type)."""
 
 import struct
 
@@ -6,13 +7,13 @@ from resize.shapes import numel_of
 
 from .quantized import EMBEDDING_Q4
 from .registry import op
-from .wgsl import FLAT_INDEX, WG, flat_grid
+from .wgsl import FLAT_INDEX, WG, flat_grid, type_aliases
 
 EMBEDDING = f"""
 struct P {{ n: u32, dim: u32, rows: u32, pad: u32 }}
-@group(0) @binding(0) var<storage, read> weight: array<f32>;
+@group(0) @binding(0) var<storage, read> weight: array<WT>;
 @group(0) @binding(1) var<storage, read> index: array<i32>;
-@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<OT>;
 @group(0) @binding(3) var<uniform> p: P;
 {FLAT_INDEX}
 @compute @workgroup_size({WG})
@@ -22,17 +23,17 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let t = i / p.dim;
     // An index outside the table reads its nearest row instead of out-of-bounds memory.
     let row = u32(clamp(index[t], 0, i32(p.rows) - 1));
-    out[i] = weight[row * p.dim + i % p.dim];
+    out[i] = OT(weight[row * p.dim + i % p.dim]);
 }}
 """
 
 
-@op("aten.embedding.default", "aten::embedding.out")
+@op("aten.embedding.default", "aten::embedding.out", half=True)
 def embedding(b):
     weight, indices = b.args[0], b.args[1]
     rows, dim = b.tensor(0).dims
     params = b.params(16)
-    d = b.dispatch(EMBEDDING, [weight, indices, b.out, params])
+    d = b.dispatch(type_aliases(b.graph.values, WT=weight, OT=b.out) + EMBEDDING, [weight, indices, b.out, params])
 
     def resize(ctx):
         shape = ctx.dims(indices) + (dim,)
@@ -44,14 +45,14 @@ def embedding(b):
     b.hook(resize)
 
 
-@op("pte_wgpu.last_rows")
+@op("pte_wgpu.last_rows", half=True)
 def last_rows(b):
     """Each sequence's last row of a ragged batch (async_runtime.ragged): out[b] = x[seq_last[b]],
     where x's token axis holds the concatenated rows and the unit dim before it becomes the
     sequence axis of the output."""
     src, axis, seq_last = b.args[0], b.scalar(1), b.args[2]
     params = b.params(16)
-    d = b.dispatch(EMBEDDING, [src, seq_last, b.out, params])
+    d = b.dispatch(type_aliases(b.graph.values, WT=src, OT=b.out) + EMBEDDING, [src, seq_last, b.out, params])
 
     def resize(ctx):
         dims = ctx.dims(src)

@@ -4,7 +4,8 @@ Batch norm is elementwise: channel c of `x` scaled by `weight[c] / sqrt(var[c] +
 subtracting `mean[c]`; its saved mean and invstd outputs are empty in inference and stay as they
 are. Group norm runs one workgroup per (sample, group) row, which is contiguous in NCHW: a sum for
 the mean, a sum of squared deviations for the (biased) variance, then the normalized write with
-each channel's affine. It also writes the mean and the reciprocal std of each row.
+each channel's affine. It also writes the mean and the reciprocal std of each row. Tensors are f32
+or f16, each read and written in its own storage type; the statistics are computed in f32.
 """
 
 import struct
@@ -13,22 +14,22 @@ from resize.shapes import fold_grid, numel_of
 
 from .image import op_outputs
 from .registry import op
-from .wgsl import FLAT_INDEX, SPREAD_MAIN, spread_grid
+from .wgsl import FLAT_INDEX, SPREAD_MAIN, is_float, spread_grid, wgsl_type
 
 BATCH_NORM = """
 struct P {{ numel: u32, c: u32, inner: u32, eps: f32 }}
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> mean: array<f32>;
-@group(0) @binding(2) var<storage, read> var_: array<f32>;
+@group(0) @binding(0) var<storage, read> x: array<{XT}>;
+@group(0) @binding(1) var<storage, read> mean: array<{MT}>;
+@group(0) @binding(2) var<storage, read> var_: array<{VT}>;
 {AFFINE_DECLS}
-@group(0) @binding({OUT}) var<storage, read_write> out: array<f32>;
+@group(0) @binding({OUT}) var<storage, read_write> out: array<{OT}>;
 @group(0) @binding({P}) var<uniform> p: P;
 {FLAT_INDEX}
 {MAIN}
 fn element(i: u32) {{
     if (i >= p.numel) {{ return; }}
     let c = (i / p.inner) % p.c;
-    out[i] = (x[i] - mean[c]) * inverseSqrt(var_[c] + p.eps){AFFINE};
+    out[i] = {OT}((f32(x[i]) - f32(mean[c])) * inverseSqrt(f32(var_[c]) + p.eps){AFFINE});
 }}
 """
 
@@ -36,12 +37,21 @@ fn element(i: u32) {{
 def _affine(b, first_binding, weight_arg, bias_arg):
     """(binding declarations, expression suffix, value ids) of an optional weight and bias."""
     decls, expr, vids = [], "", []
-    for arg, name, suffix in ((weight_arg, "weight", " * weight[c]"), (bias_arg, "bias", " + bias[c]")):
+    for arg, name, suffix in ((weight_arg, "weight", " * f32(weight[c])"), (bias_arg, "bias", " + f32(bias[c])")):
         if not b.is_none(arg):
-            decls.append(f"@group(0) @binding({first_binding + len(vids)}) var<storage, read> {name}: array<f32>;")
+            t = _storage(b, b.args[arg])
+            decls.append(f"@group(0) @binding({first_binding + len(vids)}) var<storage, read> {name}: array<{t}>;")
             expr += suffix
             vids.append(b.args[arg])
     return "\n".join(decls), expr, vids
+
+
+def _storage(b, vid):
+    """The WGSL storage type of a float tensor (the kernels compute in f32 and convert at loads and stores)."""
+    dtype = b.graph.values[vid].dtype
+    if not is_float(dtype):
+        raise NotImplementedError(f"{b.name}: {dtype} tensors")
+    return wgsl_type(dtype)
 
 
 def _channels(b, ctx, x, per_channel, what):
@@ -56,15 +66,16 @@ def _channels(b, ctx, x, per_channel, what):
 
 # The portable kernel's out variant (a batch norm the partitioner leaves out, as at batch 8) has
 # the same arguments, its three outputs given before their list, which it returns.
-@op("aten._native_batch_norm_legit_no_training.default", "aten::_native_batch_norm_legit_no_training.out")
+@op("aten._native_batch_norm_legit_no_training.default", "aten::_native_batch_norm_legit_no_training.out", half=True)
 def batch_norm(b):
     x = b.args[0]
     out = op_outputs(b, 3)[0]
     decls, expr, affine = _affine(b, 3, 1, 2)
     mean, var = b.args[3], b.args[4]
     eps = float(b.scalar(6, 1e-5))
+    types = {k: _storage(b, v) for k, v in (("XT", x), ("MT", mean), ("VT", var), ("OT", out))}
     shader = BATCH_NORM.format(
-        AFFINE_DECLS=decls, AFFINE=expr, OUT=3 + len(affine), P=4 + len(affine), FLAT_INDEX=FLAT_INDEX, MAIN=SPREAD_MAIN
+        AFFINE_DECLS=decls, AFFINE=expr, OUT=3 + len(affine), P=4 + len(affine), FLAT_INDEX=FLAT_INDEX, MAIN=SPREAD_MAIN, **types
     )
     params = b.params(16)
     d = b.dispatch(shader, [x, mean, var, *affine, out, params])
@@ -83,11 +94,11 @@ GWG = 64  # invocations per group-norm row
 
 GROUP_NORM = """
 struct P {{ rows: u32, rlen: u32, inner: u32, cpg: u32, groups: u32, eps: f32, pad0: u32, pad1: u32 }}
-@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(0) var<storage, read> x: array<{XT}>;
 {AFFINE_DECLS}
-@group(0) @binding({OUT}) var<storage, read_write> out: array<f32>;
-@group(0) @binding({MEAN}) var<storage, read_write> mean_out: array<f32>;
-@group(0) @binding({RSTD}) var<storage, read_write> rstd_out: array<f32>;
+@group(0) @binding({OUT}) var<storage, read_write> out: array<{OT}>;
+@group(0) @binding({MEAN}) var<storage, read_write> mean_out: array<{MT}>;
+@group(0) @binding({RSTD}) var<storage, read_write> rstd_out: array<{RT}>;
 @group(0) @binding({P}) var<uniform> p: P;
 var<workgroup> sm: array<f32, {WG}>;
 
@@ -110,29 +121,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (row >= p.rows) {{ return; }}
     let base = row * p.rlen;
     var acc = 0.0;
-    for (var k = lid; k < p.rlen; k = k + {WG}u) {{ acc = acc + x[base + k]; }}
+    for (var k = lid; k < p.rlen; k = k + {WG}u) {{ acc = acc + f32(x[base + k]); }}
     let mean = row_sum(lid, acc) / f32(p.rlen);
     acc = 0.0;
-    for (var k = lid; k < p.rlen; k = k + {WG}u) {{ let d = x[base + k] - mean; acc = acc + d * d; }}
+    for (var k = lid; k < p.rlen; k = k + {WG}u) {{ let d = f32(x[base + k]) - mean; acc = acc + d * d; }}
     let rstd = inverseSqrt(row_sum(lid, acc) / f32(p.rlen) + p.eps);
     for (var k = lid; k < p.rlen; k = k + {WG}u) {{
         let c = (row % p.groups) * p.cpg + k / p.inner;
-        out[base + k] = (x[base + k] - mean) * rstd{AFFINE};
+        out[base + k] = {OT}((f32(x[base + k]) - mean) * rstd{AFFINE});
     }}
-    if (lid == 0u) {{ mean_out[row] = mean; rstd_out[row] = rstd; }}
+    if (lid == 0u) {{ mean_out[row] = {MT}(mean); rstd_out[row] = {RT}(rstd); }}
 }}
 """
 
 
-@op("aten.native_group_norm.default")
+@op("aten.native_group_norm.default", half=True)
 def group_norm(b):
     x = b.args[0]
     out, mean_out, rstd_out = op_outputs(b, 3)
     groups, eps = int(b.scalar(6)), float(b.scalar(7, 1e-5))
     decls, expr, affine = _affine(b, 1, 1, 2)
     n = len(affine)
+    types = {k: _storage(b, v) for k, v in (("XT", x), ("OT", out), ("MT", mean_out), ("RT", rstd_out))}
     shader = GROUP_NORM.format(
-        AFFINE_DECLS=decls, AFFINE=expr, OUT=1 + n, MEAN=2 + n, RSTD=3 + n, P=4 + n, WG=GWG, HALF=GWG // 2
+        AFFINE_DECLS=decls, AFFINE=expr, OUT=1 + n, MEAN=2 + n, RSTD=3 + n, P=4 + n, WG=GWG, HALF=GWG // 2, **types
     )
     params = b.params(32)
     d = b.dispatch(shader, [x, *affine, out, mean_out, rstd_out, params])

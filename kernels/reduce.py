@@ -12,6 +12,9 @@ Rows are folded over the grid's x and y (resize.shapes.fold_grid).
 Softmax and the norms make several passes over their row (max, sum, write; mean, variance,
 write) and write elements back at the offsets they read, so any softmax dim works.
 
+Tensors are read and written in their own storage types (f32, f16, integers); every sum, max,
+mean and variance is computed in f32, conversions only at loads and stores.
+
 Kept as one module past 400 lines: every reduction shares the row decomposition, its uniform and one hook.
 """
 
@@ -255,14 +258,14 @@ def _reduce_op(kind, has_dims=True):
     return build
 
 
-op("aten.sum.dim_IntList", "aten::sum.IntList_out")(_reduce_op("sum"))
-op("aten::sum.out")(_reduce_op("sum", has_dims=False))
-op("aten.mean.dim", "aten::mean.out")(_reduce_op("mean"))
-op("aten::mean.dtype_out")(_reduce_op("mean", has_dims=False))
-op("aten.amax.default", "aten::amax.out")(_reduce_op("amax"))
-op("aten.amin.default", "aten::amin.out")(_reduce_op("amin"))
-op("aten.argmax.default", "aten::argmax.out")(_reduce_op("argmax"))
-op("aten.argmin.default", "aten::argmin.out")(_reduce_op("argmin"))
+op("aten.sum.dim_IntList", "aten::sum.IntList_out", half=True)(_reduce_op("sum"))
+op("aten::sum.out", half=True)(_reduce_op("sum", has_dims=False))
+op("aten.mean.dim", "aten::mean.out", half=True)(_reduce_op("mean"))
+op("aten::mean.dtype_out", half=True)(_reduce_op("mean", has_dims=False))
+op("aten.amax.default", "aten::amax.out", half=True)(_reduce_op("amax"))
+op("aten.amin.default", "aten::amin.out", half=True)(_reduce_op("amin"))
+op("aten.argmax.default", "aten::argmax.out", half=True)(_reduce_op("argmax"))
+op("aten.argmin.default", "aten::argmin.out", half=True)(_reduce_op("argmin"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,18 +289,19 @@ SOFTMAX_BODY = """
     for (var k = lid; k < p.rlen; k = k + {WG}u) {{
         let o = base + elem(k);
         let v = f32(x[o]) - mx;
-        out[o] = {write};
+        out[o] = {TO}({write});
     }}
 """
 
 
-@op("aten._softmax.default", "aten._log_softmax.default", "aten::_softmax.out", "aten::_log_softmax.out")
+@op("aten._softmax.default", "aten._log_softmax.default", "aten::_softmax.out", "aten::_log_softmax.out", half=True)
 def softmax(b):
     x, out = b.args[0], b.out
     dim = int(b.scalar(1))
     write = "v - log_total" if "log_softmax" in b.name else "exp(v) / total"
-    body = SOFTMAX_BODY.format(WG=RWG, tree_max=_tree("max(a, b)"), tree_sum=_tree("a + b"), write=write)
-    shader = _shader([("read", "x", _storage(b, x)), ("read_write", "out", "f32")], body)
+    to = _storage(b, out)
+    body = SOFTMAX_BODY.format(WG=RWG, tree_max=_tree("max(a, b)"), tree_sum=_tree("a + b"), write=write, TO=to)
+    shader = _shader([("read", "x", _storage(b, x)), ("read_write", "out", to)], body)
     params = b.params(PARAMS_SIZE)
     d = b.dispatch(shader, [x, out, params])
 
@@ -320,36 +324,36 @@ def softmax(b):
 
 LAYER_NORM_BODY = """
     var t = 0.0;
-    for (var k = lid; k < p.rlen; k = k + {WG}u) {{ t = t + x[base + k]; }}
+    for (var k = lid; k < p.rlen; k = k + {WG}u) {{ t = t + f32(x[base + k]); }}
     sm[lid] = t;
     workgroupBarrier();
 {tree}
     let mean = sm[0] / f32(p.rlen);
     workgroupBarrier();
     var q = 0.0;
-    for (var k = lid; k < p.rlen; k = k + {WG}u) {{ let c = x[base + k] - mean; q = q + c * c; }}
+    for (var k = lid; k < p.rlen; k = k + {WG}u) {{ let c = f32(x[base + k]) - mean; q = q + c * c; }}
     sm[lid] = q;
     workgroupBarrier();
 {tree}
     let rstd = inverseSqrt(sm[0] / f32(p.rlen) + p.eps);
     for (var k = lid; k < p.rlen; k = k + {WG}u) {{
-        out[base + k] = (x[base + k] - mean) * rstd{affine};
+        out[base + k] = {TO}((f32(x[base + k]) - mean) * rstd{affine});
     }}
     if (lid == 0u) {{
-        mean_out[row] = mean;
-        rstd_out[row] = rstd;
+        mean_out[row] = {TM}(mean);
+        rstd_out[row] = {TR}(rstd);
     }}
 """
 
 RMS_NORM_BODY = """
     var q = 0.0;
-    for (var k = lid; k < p.rlen; k = k + {WG}u) {{ let c = x[base + k]; q = q + c * c; }}
+    for (var k = lid; k < p.rlen; k = k + {WG}u) {{ let c = f32(x[base + k]); q = q + c * c; }}
     sm[lid] = q;
     workgroupBarrier();
 {tree}
     let rstd = inverseSqrt(sm[0] / f32(p.rlen) + p.eps);
     for (var k = lid; k < p.rlen; k = k + {WG}u) {{
-        out[base + k] = x[base + k] * rstd * w[k];
+        out[base + k] = {TO}(f32(x[base + k]) * rstd * f32(w[k]));
     }}
 """
 
@@ -372,7 +376,7 @@ def _check_param(b, ctx, vid, normalized, what):
         raise ValueError(f"{b.name}: {what} of shape {ctx.dims(vid)} does not match the normalized shape {tuple(normalized)}")
 
 
-@op("aten.native_layer_norm.default")
+@op("aten.native_layer_norm.default", half=True)
 def native_layer_norm(b):
     x = b.args[0]
     weight = None if b.is_none(2) else b.args[2]
@@ -383,20 +387,19 @@ def native_layer_norm(b):
         raise ValueError(f"{b.name}: expected 3 outputs, found {len(outs)}")
     out, mean_out, rstd_out = outs
     affine = ""
-    decls, bindings = [("read", "x", "f32")], [x]
+    decls, bindings = [("read", "x", _storage(b, x))], [x]
     if weight is not None:
-        affine += " * w[k]"
-        decls.append(("read", "w", "f32"))
+        affine += " * f32(w[k])"
+        decls.append(("read", "w", _storage(b, weight)))
         bindings.append(weight)
     if bias is not None:
-        affine += " + bias[k]"
-        decls.append(("read", "bias", "f32"))
+        affine += " + f32(bias[k])"
+        decls.append(("read", "bias", _storage(b, bias)))
         bindings.append(bias)
-    decls += [("read_write", "out", "f32"), ("read_write", "mean_out", "f32"), ("read_write", "rstd_out", "f32")]
+    types = [_storage(b, v) for v in (out, mean_out, rstd_out)]
+    decls += [("read_write", name, t) for name, t in zip(("out", "mean_out", "rstd_out"), types)]
     bindings += [out, mean_out, rstd_out]
-    for v in bindings:
-        _storage(b, v)
-    body = LAYER_NORM_BODY.format(WG=RWG, tree=_tree("a + b"), affine=affine)
+    body = LAYER_NORM_BODY.format(WG=RWG, tree=_tree("a + b"), affine=affine, TO=types[0], TM=types[1], TR=types[2])
     params = b.params(PARAMS_SIZE)
     d = b.dispatch(_shader(decls, body), bindings + [params])
 
@@ -415,17 +418,16 @@ def native_layer_norm(b):
     b.hook(resize)
 
 
-@op("et_vk.rms_norm.default", "pte_wgpu.rms_norm_for_gemm")
+@op("et_vk.rms_norm.default", "pte_wgpu.rms_norm_for_gemm", half=True)
 def rms_norm(b):
     """`pte_wgpu.rms_norm_for_gemm` (kernels/fusion.py) runs only for more than GEMV_MAX_ROWS rows:
     up to that, the fused linear that reads it normalizes its rows itself."""
     x, weight, out = b.args[0], b.args[1], b.out
     for_gemm = b.name == "pte_wgpu.rms_norm_for_gemm"
     eps = float(b.scalar(2, 1e-6))
-    for v in (x, weight, out):
-        _storage(b, v)
-    body = RMS_NORM_BODY.format(WG=RWG, tree=_tree("a + b"))
-    shader = _shader([("read", "x", "f32"), ("read", "w", "f32"), ("read_write", "out", "f32")], body)
+    to = _storage(b, out)
+    body = RMS_NORM_BODY.format(WG=RWG, tree=_tree("a + b"), TO=to)
+    shader = _shader([("read", "x", _storage(b, x)), ("read", "w", _storage(b, weight)), ("read_write", "out", to)], body)
     params = b.params(PARAMS_SIZE)
     d = b.dispatch(shader, [x, weight, out, params])
 

@@ -3,6 +3,9 @@
 
 In `apply_rotary_emb`, x is [1, S, H, D]; freqs_cos and freqs_sin are [S, D/2] rows for the live
 positions (sliced upstream), and pairs (2i, 2i+1) of each head rotate by frequency i.
+
+Each tensor is read and written in its own storage type (f32 or f16, named by WGSL aliases); the
+rotation is computed in f32.
 """
 
 import struct
@@ -11,7 +14,7 @@ from resize.shapes import numel_of
 
 from .cache import CACHE_SLOT
 from .registry import op
-from .wgsl import FLAT_INDEX, WG, flat_grid
+from .wgsl import FLAT_INDEX, WG, flat_grid, type_aliases
 
 # One dispatch rotates both q and k: invocations past q's pairs continue into k's. The ragged
 # form (`pte_wgpu.rope_into_cache`) also stores this step's rotated k, and v, in the KV caches as
@@ -19,12 +22,12 @@ from .wgsl import FLAT_INDEX, WG, flat_grid
 ROPE = """
 struct P {{ q_pairs: u32, pairs: u32, q_heads: u32, k_heads: u32, half: u32, row: u32, stride: u32, pad: u32 }}
 {CACHE_BINDINGS}
-@group(0) @binding(0) var<storage, read> xq: array<f32>;
-@group(0) @binding(1) var<storage, read> xk: array<f32>;
-@group(0) @binding(2) var<storage, read> fcos: array<f32>;
-@group(0) @binding(3) var<storage, read> fsin: array<f32>;
-@group(0) @binding(4) var<storage, read_write> oq: array<f32>;
-@group(0) @binding(5) var<storage, read_write> ok: array<f32>;
+@group(0) @binding(0) var<storage, read> xq: array<XQT>;
+@group(0) @binding(1) var<storage, read> xk: array<XKT>;
+@group(0) @binding(2) var<storage, read> fcos: array<CT>;
+@group(0) @binding(3) var<storage, read> fsin: array<ST>;
+@group(0) @binding(4) var<storage, read_write> oq: array<OQT>;
+@group(0) @binding(5) var<storage, read_write> ok: array<OKT>;
 @group(0) @binding(6) var<uniform> p: P;
 {FLAT_INDEX}
 @compute @workgroup_size({WG})
@@ -38,27 +41,27 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let k = i % p.half;            // frequency index
     let row = i / p.half;          // (b, s, h) row
     let s = row / heads;           // position row in the freqs table (batch 1)
-    let c = fcos[s * p.half + k];
-    let sn = fsin[s * p.half + k];
+    let c = f32(fcos[s * p.half + k]);
+    let sn = f32(fsin[s * p.half + k]);
     let ia = row * p.half * 2u + 2u * k;
     if (in_q) {{
-        let a = xq[ia];
-        let b = xq[ia + 1u];
-        oq[ia] = a * c - b * sn;
-        oq[ia + 1u] = a * sn + b * c;
+        let a = f32(xq[ia]);
+        let b = f32(xq[ia + 1u]);
+        oq[ia] = OQT(a * c - b * sn);
+        oq[ia + 1u] = OQT(a * sn + b * c);
     }} else {{
-        let a = xk[ia];
-        let b = xk[ia + 1u];
-        ok[ia] = a * c - b * sn;
-        ok[ia + 1u] = a * sn + b * c;{CACHE_STORE}
+        let a = f32(xk[ia]);
+        let b = f32(xk[ia + 1u]);
+        ok[ia] = OKT(a * c - b * sn);
+        ok[ia + 1u] = OKT(a * sn + b * c);{CACHE_STORE}
     }}
 }}
 """
 SHADER = ROPE.format(FLAT_INDEX=FLAT_INDEX, WG=WG, CACHE_BINDINGS="", CACHE_STORE="")
 CACHE_BINDINGS = """
-@group(0) @binding(7) var<storage, read> v: array<f32>;
-@group(0) @binding(8) var<storage, read_write> kc: array<f32>;
-@group(0) @binding(9) var<storage, read_write> vc: array<f32>;
+@group(0) @binding(7) var<storage, read> v: array<VT>;
+@group(0) @binding(8) var<storage, read_write> kc: array<KCT>;
+@group(0) @binding(9) var<storage, read_write> vc: array<VCT>;
 @group(0) @binding(10) var<storage, read> row_pos: array<i32>;
 @group(0) @binding(11) var<storage, read> row_slot: array<i32>;
 """ + CACHE_SLOT
@@ -66,15 +69,16 @@ CACHE_STORE = """
         let r = ia / p.row;  // the pass's token row
         if (row_slot[r] >= 0) {{  // not a padding row
             let at = cache_at(r, ia % p.row);
-            kc[at] = ok[ia];
-            kc[at + 1u] = ok[ia + 1u];
-            vc[at] = v[ia];
-            vc[at + 1u] = v[ia + 1u];
+            kc[at] = KCT(ok[ia]);
+            kc[at + 1u] = KCT(ok[ia + 1u]);
+            vc[at] = VCT(v[ia]);
+            vc[at + 1u] = VCT(v[ia + 1u]);
         }}"""
 SHADER_CACHE = ROPE.format(FLAT_INDEX=FLAT_INDEX, WG=WG, CACHE_BINDINGS=CACHE_BINDINGS, CACHE_STORE=CACHE_STORE)
 
 
-@op("et_vk.apply_rotary_emb.default", "pte_wgpu.rope_into_cache")
+
+@op("et_vk.apply_rotary_emb.default", "pte_wgpu.rope_into_cache", half=True)
 def apply_rotary_emb(b):
     """`pte_wgpu.rope_into_cache` takes (v, k_cache, v_cache, row_pos, row_slot) after the four."""
     xq, xk, fcos, fsin = b.args[:4]
@@ -87,9 +91,11 @@ def apply_rotary_emb(b):
         row, stride = hkv * dim, context * hkv * dim
         b.writes(k_cache)
         b.writes(v_cache)
-        d = b.dispatch(SHADER_CACHE, [xq, xk, fcos, fsin, oq, ok, params, *b.args[4:9]])
+        types = type_aliases(b.graph.values, XQT=xq, XKT=xk, CT=fcos, ST=fsin, OQT=oq, OKT=ok, VT=v, KCT=k_cache, VCT=v_cache)
+        d = b.dispatch(types + SHADER_CACHE, [xq, xk, fcos, fsin, oq, ok, params, *b.args[4:9]])
     else:
-        d = b.dispatch(SHADER, [xq, xk, fcos, fsin, oq, ok, params])
+        types = type_aliases(b.graph.values, XQT=xq, XKT=xk, CT=fcos, ST=fsin, OQT=oq, OKT=ok)
+        d = b.dispatch(types + SHADER, [xq, xk, fcos, fsin, oq, ok, params])
 
     def resize(ctx):
         shapes = []
@@ -124,10 +130,10 @@ def apply_rotary_emb(b):
 # read at row start_pos + s (the full table and a SymInt start_pos, or a slice and 0).
 ROPE_HF = """
 struct P {{ numel: u32, dim: u32, heads: u32, seq: u32, rd: u32, start: u32, pad0: u32, pad1: u32 }}
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> fcos: array<f32>;
-@group(0) @binding(2) var<storage, read> fsin: array<f32>;
-@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(0) var<storage, read> x: array<XT>;
+@group(0) @binding(1) var<storage, read> fcos: array<CT>;
+@group(0) @binding(2) var<storage, read> fsin: array<ST>;
+@group(0) @binding(3) var<storage, read_write> out: array<OT>;
 @group(0) @binding(4) var<uniform> p: P;
 {FLAT_INDEX}
 @compute @workgroup_size({WG})
@@ -135,26 +141,27 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let i = flat_index(gid, nwg, {WG}u);
     if (i >= p.numel) {{ return; }}
     let d = i % p.dim;
-    if (d >= p.rd) {{ out[i] = x[i]; return; }}
+    if (d >= p.rd) {{ out[i] = OT(x[i]); return; }}
     let half = p.rd / 2u;
     let s = (i / p.dim / p.heads) % p.seq;
     let t = (p.start + s) * p.rd + d;
     var partner: f32;
-    if (d < half) {{ partner = -x[i + half]; }} else {{ partner = x[i - half]; }}
-    out[i] = x[i] * fcos[t] + partner * fsin[t];
+    if (d < half) {{ partner = -f32(x[i + half]); }} else {{ partner = f32(x[i - half]); }}
+    out[i] = OT(f32(x[i]) * f32(fcos[t]) + partner * f32(fsin[t]));
 }}
 """
 SHADER_HF = ROPE_HF.format(FLAT_INDEX=FLAT_INDEX, WG=WG)
 
 
-@op("et_vk.apply_rotary_emb_hf.default")
+@op("et_vk.apply_rotary_emb_hf.default", half=True)
 def apply_rotary_emb_hf(b):
     xq, xk, fcos, fsin, start_pos = b.args[:5]
     outs = b.graph.values[b.out].items
     jobs = []
     for src, dst in ((xq, outs[0]), (xk, outs[1])):
         params = b.params(32)
-        jobs.append((src, dst, params, b.dispatch(SHADER_HF, [src, fcos, fsin, dst, params])))
+        shader = type_aliases(b.graph.values, XT=src, CT=fcos, ST=fsin, OT=dst) + SHADER_HF
+        jobs.append((src, dst, params, b.dispatch(shader, [src, fcos, fsin, dst, params])))
 
     def resize(ctx):
         rows, rd = ctx.dims(fcos)
@@ -181,9 +188,9 @@ def apply_rotary_emb_hf(b):
 # freqs_cis, of any rank, holds N * C values laid out as [N, C/2, (cos, sin)].
 ROPE_INTERLEAVED = """
 struct P {{ pairs: u32, half: u32, n: u32, pad: u32 }}
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> cis: array<f32>;
-@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+@group(0) @binding(0) var<storage, read> x: array<XT>;
+@group(0) @binding(1) var<storage, read> cis: array<CT>;
+@group(0) @binding(2) var<storage, read_write> out: array<OT>;
 @group(0) @binding(3) var<uniform> p: P;
 {FLAT_INDEX}
 @compute @workgroup_size({WG})
@@ -191,22 +198,22 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let i = flat_index(gid, nwg, {WG}u);
     if (i >= p.pairs) {{ return; }}
     let f = ((i / p.half) % p.n * p.half + i % p.half) * 2u;
-    let c = cis[f];
-    let sn = cis[f + 1u];
-    let a = x[2u * i];
-    let b = x[2u * i + 1u];
-    out[2u * i] = a * c - b * sn;
-    out[2u * i + 1u] = a * sn + b * c;
+    let c = f32(cis[f]);
+    let sn = f32(cis[f + 1u]);
+    let a = f32(x[2u * i]);
+    let b = f32(x[2u * i + 1u]);
+    out[2u * i] = OT(a * c - b * sn);
+    out[2u * i + 1u] = OT(a * sn + b * c);
 }}
 """
 SHADER_INTERLEAVED = ROPE_INTERLEAVED.format(FLAT_INDEX=FLAT_INDEX, WG=WG)
 
 
-@op("et_vk.apply_rotary_emb_interleaved.default")
+@op("et_vk.apply_rotary_emb_interleaved.default", half=True)
 def apply_rotary_emb_interleaved(b):
     x, cis = b.args[:2]
     params = b.params(16)
-    d = b.dispatch(SHADER_INTERLEAVED, [x, cis, b.out, params])
+    d = b.dispatch(type_aliases(b.graph.values, XT=x, CT=cis, OT=b.out) + SHADER_INTERLEAVED, [x, cis, b.out, params])
 
     def resize(ctx):
         shape = ctx.dims(x)

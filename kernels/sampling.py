@@ -4,14 +4,15 @@ Not an operator of any graph: the runtime dispatches it after each ragged decode
 workgroup per sequence takes the argmax of its logits row (the first index of the largest value,
 as numpy's argmax, so the ids are those a host loop picks; NaN logits are passed over), writes the id into the token table
 at the sequence's row as the next pass's input, advances that row's position by one, and records
-the id for the host to read back once per burst.
+the id for the host to read back once per burst. Its user prepends the alias LT naming the
+logits' storage type, f32 or f16 (kernels/wgsl.py type_aliases).
 """
 
 GREEDY_WG = 256
 
 GREEDY_ADVANCE = f"""
 struct P {{ seqs: u32, vocab: u32, stride: u32, step: u32 }}
-@group(0) @binding(0) var<storage, read> logits: array<f32>;
+@group(0) @binding(0) var<storage, read> logits: array<LT>;  // LT: the logits' storage type (f32, f16)
 @group(0) @binding(1) var<storage, read> seq_last: array<i32>;
 @group(0) @binding(2) var<storage, read_write> tokens: array<i32>;
 @group(0) @binding(3) var<storage, read_write> row_pos: array<i32>;
@@ -32,7 +33,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     var v = bitcast<f32>(0xff800000u);  // -inf
     var i = 0xffffffffu;
     for (var k = lane; k < p.vocab; k = k + {GREEDY_WG}u) {{
-        let x = logits[base + k];
+        let x = f32(logits[base + k]);  // exact: f16 values keep their order in f32
         if (better(x, k, v, i)) {{ v = x; i = k; }}
     }}
     top_value[lane] = v;

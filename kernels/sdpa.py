@@ -10,6 +10,7 @@ Both read any head layout through strides, with grouped-query heads (query head 
 h / (Hq / Hkv)). One invocation computes one query row with an online softmax over the keys: the
 plain kernel for the small attention blocks of encoders and vision models, where the tuned
 flash-attention kernels of kernels/attention.py (cache updates, causal LLM decode) do not apply.
+Each tensor is read and written in its own storage type (f32 or f16); the arithmetic is f32.
 """
 
 import math
@@ -19,17 +20,17 @@ from resize.shapes import broadcast_strides
 
 from .attention import MAX_HEAD_DIM, online_softmax_step
 from .registry import op
-from .wgsl import FLAT_INDEX, WG, flat_grid
+from .wgsl import FLAT_INDEX, WG, flat_grid, is_float, type_aliases
 
 SDPA_PARAMS = "<6IfI4I4I4I"
 SDPA = f"""
 struct P {{ rows: u32, s: u32, hq: u32, group: u32, dim: u32, keys: u32, scale: f32, causal_pos: u32,
            qs: vec4<u32>, ks: vec4<u32>, ms: vec4<u32> }}
-@group(0) @binding(0) var<storage, read> q: array<f32>;
-@group(0) @binding(1) var<storage, read> k: array<f32>;
-@group(0) @binding(2) var<storage, read> v: array<f32>;
+@group(0) @binding(0) var<storage, read> q: array<QT>;
+@group(0) @binding(1) var<storage, read> k: array<KT>;
+@group(0) @binding(2) var<storage, read> v: array<VT>;
 MASK_DECL
-@group(0) @binding(OUT) var<storage, read_write> out: array<f32>;
+@group(0) @binding(OUT) var<storage, read_write> out: array<OT>;
 @group(0) @binding(PARAMS) var<uniform> p: P;
 {FLAT_INDEX}
 @compute @workgroup_size({WG})
@@ -51,12 +52,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     for (var j = 0u; j < keys; j = j + 1u) {{
         let krow = kbase + j * p.ks.z;
         var dot = 0.0;
-        for (var d = 0u; d < p.dim; d = d + 1u) {{ dot = dot + q[qrow + d] * k[krow + d]; }}
+        for (var d = 0u; d < p.dim; d = d + 1u) {{ dot = dot + f32(q[qrow + d]) * f32(k[krow + d]); }}
         let score = dot * p.scale + MASK;
-{online_softmax_step("p.dim", "v[krow + d]")}
+{online_softmax_step("p.dim", "f32(v[krow + d])")}
     }}
     let orow = b * p.qs.x + h * p.qs.y + s * p.qs.z;
-    for (var d = 0u; d < p.dim; d = d + 1u) {{ out[orow + d] = acc[d] / l; }}
+    for (var d = 0u; d < p.dim; d = d + 1u) {{ out[orow + d] = OT(acc[d] / l); }}
 }}
 """
 
@@ -64,13 +65,14 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 def _add_sdpa(b, q, k, v, mask, scale, geometry):
     """Record the kernel; `geometry(ctx)` -> (B, Hq, S, Hkv, L keys, D, q strides (b, h, s),
     kv strides (b, h, row), causal_pos) from the live shapes."""
-    for vid in (q, k, v, b.out) + ((mask,) if mask is not None else ()):
-        if b.graph.values[vid].dtype != "float32":
+    tensors = dict(QT=q, KT=k, VT=v, OT=b.out, **({"MT": mask} if mask is not None else {}))
+    for vid in tensors.values():
+        if not is_float(b.graph.values[vid].dtype):
             raise NotImplementedError(f"{b.name}: {b.graph.values[vid].dtype} tensors")
     bindings = [q, k, v] + ([mask] if mask is not None else [])
-    shader = (
-        SDPA.replace("MASK_DECL", "@group(0) @binding(3) var<storage, read> mask: array<f32>;" if mask is not None else "")
-        .replace("MASK", "mask[mrow + j * p.ms.w]" if mask is not None else "0.0")
+    shader = type_aliases(b.graph.values, **tensors) + (
+        SDPA.replace("MASK_DECL", "@group(0) @binding(3) var<storage, read> mask: array<MT>;" if mask is not None else "")
+        .replace("MASK", "f32(mask[mrow + j * p.ms.w])" if mask is not None else "0.0")
         .replace("OUT", str(len(bindings)))
         .replace("PARAMS", str(len(bindings) + 1))
     )
@@ -101,7 +103,7 @@ def _scale(given):
     return lambda dim: 1.0 / math.sqrt(dim) if given is None else float(given)
 
 
-@op("et_vk.sdpa.default")
+@op("et_vk.sdpa.default", half=True)
 def sdpa(b):
     """[q, k, v, attn_mask or None, scale or None, out]."""
     q, k, v = b.args[:3]
@@ -114,7 +116,7 @@ def sdpa(b):
     _add_sdpa(b, q, k, v, mask, _scale(b.scalar(4, None)), geometry)
 
 
-@op("custom_sdpa.default", "llama.custom_sdpa.default")
+@op("custom_sdpa.default", "llama.custom_sdpa.default", half=True)
 def custom_sdpa(b):
     """[q, k_cache, v_cache, start_pos, attn_mask (None), dropout_p (0), is_causal, scale, out]."""
     q, k, v, start_pos = b.args[:4]

@@ -41,6 +41,14 @@ def is_float(dtype):
     return STORAGE[dtype] in ("f32", "f16")
 
 
+def type_aliases(values, **tensors):
+    """WGSL `alias NAME = <storage type>;` lines naming each tensor's storage type (`tensors`: alias
+    name -> value id in `values`): a kernel written over the aliases (bindings `array<QT>` or
+    `array<vec4<QT>>`, loads through `f32(...)` or `vec4<f32>(...)`, stores through `QT(...)`)
+    serves f32 and f16 tensors, and any mix of them, with one text."""
+    return "".join(f"alias {name} = {wgsl_type(values[vid].dtype)};\n" for name, vid in tensors.items())
+
+
 # The flat invocation index of a folded (x, y) grid; `WG` must match the kernel's workgroup size.
 FLAT_INDEX = """
 fn flat_index(gid: vec3<u32>, nwg: vec3<u32>, wg: u32) -> u32 {

@@ -32,21 +32,28 @@ DIMS = {64: TILE_ROWS, 40: TILE_ROWS, 80: 1}  # head dim: query rows per workgro
 @pytest.fixture(scope="module")
 def device():
     adapter = find_adapter()
-    return adapter.request_device_sync(required_limits=dict(adapter.limits))
+    features = [f for f in ("shader-f16",) if f in adapter.features]
+    return adapter.request_device_sync(required_limits=dict(adapter.limits), required_features=features)
 
 
 def _run_kernel(device, dim, q, kc, vc, pos=0, tables=None):
     """The pass's attention output [S, HQ, dim] from the kernel the hook takes for S rows: q is
-    [S, HQ, dim]; kc, vc are [slots, context, HKV, dim]; tables (row_pos, row_slot) make it ragged."""
+    [S, HQ, dim]; kc, vc are [slots, context, HKV, dim]; tables (row_pos, row_slot) make it ragged.
+    The arrays are float32 or float16 (f16 storage; the output then float16 too)."""
     s, context = q.shape[0], kc.shape[1]
     assert s > SPLIT_MAX_ROWS
     shader, rows_per_group = _whole_range(tables is not None, dim)
     assert rows_per_group == DIMS[dim]
+    half = q.dtype == np.float16
+    if half and "shader-f16" not in device.features:
+        pytest.skip("the adapter has no shader-f16")
+    storage = "f16" if half else "f32"
+    shader = ("enable f16;\n" if half else "") + "".join(f"alias {a} = {storage};\n" for a in ("QT", "KCT", "VCT", "OT")) + shader
     usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
-    out = device.create_buffer(size=q.nbytes, usage=usage)
-    device.queue.write_buffer(out, 0, np.full(q.size, np.nan, np.float32))
+    out = device.create_buffer(size=-(-q.nbytes // 4) * 4, usage=usage)
+    device.queue.write_buffer(out, 0, np.full(-(-q.nbytes // 4), np.nan, np.float32))
     params = struct.pack("<5If6I", s, pos, HQ, HKV, dim, 1 / math.sqrt(dim), context * HKV * dim, 1, context, 0, 0, 0)
-    buffers = [device.create_buffer_with_data(data=a, usage=usage) for a in (q, kc, vc)]
+    buffers = [device.create_buffer_with_data(data=_words(a), usage=usage) for a in (q, kc, vc)]
     buffers += [out, device.create_buffer_with_data(data=params, usage=wgpu.BufferUsage.UNIFORM)]
     buffers += [device.create_buffer_with_data(data=t.astype(np.int32), usage=usage) for t in tables or ()]
     pipe = device.create_compute_pipeline(
@@ -63,7 +70,13 @@ def _run_kernel(device, dim, q, kc, vc, pos=0, tables=None):
     compute.dispatch_workgroups(HQ, -(-s // rows_per_group), 1)
     compute.end()
     device.queue.submit([encoder.finish()])
-    return np.frombuffer(device.queue.read_buffer(out), np.float32).reshape(q.shape)
+    return np.frombuffer(device.queue.read_buffer(out), q.dtype, q.size).reshape(q.shape)
+
+
+def _words(a):
+    """The bytes of `a` padded to whole 4-byte words (an odd count of f16 values)."""
+    raw = a.tobytes()
+    return raw + bytes(-len(raw) % 4)
 
 
 def _attend(q, k, v, positions):
@@ -78,37 +91,46 @@ def _attend(q, k, v, positions):
     return np.einsum("sht,thd->shd", w / w.sum(-1, keepdims=True), v)
 
 
+# dtype -> tolerance (rtol = atol) against float64 attention of the same values: f16 storage
+# rounds each output to 11 bits (half an ulp is 1e-3 of the value) after f32 arithmetic.
+TOLERANCE = {np.float32: 1e-5, np.float16: 2e-3}
+
+
+@pytest.mark.parametrize("dtype", TOLERANCE)
 @pytest.mark.parametrize("dim", DIMS)
-def test_plain_pass_past_the_start(device, dim):
+def test_plain_pass_past_the_start(device, dim, dtype):
     rng = np.random.default_rng(dim)
     context = 224
-    kc, vc = (rng.standard_normal((1, context, HKV, dim), dtype=np.float32) for _ in range(2))
+    kc, vc = (rng.standard_normal((1, context, HKV, dim), dtype=np.float32).astype(dtype) for _ in range(2))
     for s, pos in [(97, 113), (37, 0), (61, 163)]:
-        q = rng.standard_normal((s, HQ, dim), dtype=np.float32) * 2
+        q = (rng.standard_normal((s, HQ, dim), dtype=np.float32) * 2).astype(dtype)
         got = _run_kernel(device, dim, q, kc, vc, pos=pos)
         want = _attend(q, kc[0], vc[0], np.arange(pos, pos + s))
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"s={s} pos={pos}")
+        tol = TOLERANCE[dtype]
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"s={s} pos={pos}")
 
 
+@pytest.mark.parametrize("dtype", TOLERANCE)
 @pytest.mark.parametrize("dim", DIMS)
-def test_ragged_pass_of_several_sessions(device, dim):
+def test_ragged_pass_of_several_sessions(device, dim, dtype):
     """Tiles of rows of several slots: a long prompt chunk past position 0, decode rows, chunks
     of other prompts, and padding rows at the end (slot -1), in a random order of sessions."""
     rng = np.random.default_rng(dim + 1)
     slots, context = 6, 200
-    kc, vc = (rng.standard_normal((slots, context, HKV, dim), dtype=np.float32) for _ in range(2))
+    kc, vc = (rng.standard_normal((slots, context, HKV, dim), dtype=np.float32).astype(dtype) for _ in range(2))
     pieces = [(2, 101, 67), (0, 199, 1), (1, 0, 31), (3, 5, 1), (5, 17, 13), (4, 150, 2)]  # (slot, start, rows)
     rng.shuffle(pieces)
     pad = 13
     row_slot = np.concatenate([np.full(n, slot) for slot, _, n in pieces] + [np.full(pad, -1)])
     row_pos = np.concatenate([np.arange(start, start + n) for _, start, n in pieces] + [np.zeros(pad, int)])
-    q = rng.standard_normal((len(row_pos), HQ, dim), dtype=np.float32) * 2
+    q = (rng.standard_normal((len(row_pos), HQ, dim), dtype=np.float32) * 2).astype(dtype)
     got = _run_kernel(device, dim, q, kc, vc, tables=(row_pos, row_slot))
+    tol = TOLERANCE[dtype]
     first = 0
     for slot, start, n in pieces:
         rows = slice(first, first + n)
         want = _attend(q[rows], kc[slot], vc[slot], row_pos[rows])
-        np.testing.assert_allclose(got[rows], want, rtol=1e-5, atol=1e-5, err_msg=f"slot {slot}, rows {rows}")
+        np.testing.assert_allclose(got[rows], want, rtol=tol, atol=tol, err_msg=f"slot {slot}, rows {rows}")
         first += n
     assert np.isfinite(got[first:]).all()  # padding rows: unused, but nothing undefined
 

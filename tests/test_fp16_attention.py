@@ -1,0 +1,361 @@
+"""f16 storage for attention, its KV caches, RoPE, embeddings and the greedy sampler (issue 20).
+
+Each module is cast with `.half()` before export, so its inputs, caches and outputs are float16;
+the model must load with f16 storage (`model.precision == "f16"`) and match a reference of the
+same float16 values:
+
+- attention (`sdpa_with_kv_cache`, its ragged form over concurrent sessions, `custom_sdpa` after
+  `update_cache`, `et_vk.sdpa`) against float64 attention, for every route: split-K decode (the
+  GPU's vec4 and scalar kernels, the CPU adapters' one) and the one-pass prefill (the query-tiled
+  kernel at head dim 64, the plain one at 80), under both kernel variant sets. Tolerance 2e-3
+  (rtol = atol): f16 storage rounds each output to 11 bits (half an ulp is 4.9e-4 of the value)
+  after f32 arithmetic;
+- RoPE and embeddings against torch eager fp16 (an embedding exactly; RoPE within 2e-3: torch
+  rounds each product to f16, the kernel only the result);
+- the greedy sampler's kernel over f16 logits against numpy's argmax (ties to the first index).
+
+Three exports also need a byte-copy op of another family (et_vk.prepack, aten.view_copy), which
+these tests opt in to f16 themselves until branch f16-generic does.
+
+The f32 fallback (`load(..., precision="f32")`) runs the attention steps too, against the same
+reference.
+"""
+
+import copy
+import math
+import struct
+from unittest import mock
+
+import anyio
+import numpy as np
+import pytest
+import torch
+import wgpu
+
+from async_runtime.device import find_adapter
+from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
+from kernels import OPS
+from kernels.attention import SPLIT_MAX_ROWS
+from kernels.sampling import GREEDY_ADVANCE
+
+from . import test_attention_tiled as tiled
+from .exporting import eager, export_pte
+from .test_adapter_ops import HfRope
+from .test_more_ops import _delegate_ops
+
+pytestmark = [pytest.mark.usefixtures("adapter"), pytest.mark.anyio]
+
+TOL = 2e-3
+HQ, HKV, CONTEXT = 6, 2, 96
+S_MAX = 40  # past SPLIT_MAX_ROWS: the one-pass route
+ROWS = torch.export.Dim("s", min=1, max=S_MAX)
+
+
+def _half(*arrays):
+    return tuple(np.asarray(a, np.float16) for a in arrays)
+
+
+def _attend(q, k, v, positions, scale=None):
+    """float64 causal attention: row i of q [S, Hq, d] at position positions[i] over keys
+    0..positions[i] of k, v [context, Hkv, d] (grouped-query heads)."""
+    hq, d = q.shape[1], q.shape[2]
+    k, v = (np.repeat(t.astype(np.float64), hq // t.shape[1], axis=1) for t in (k, v))
+    scores = np.einsum("shd,thd->sht", q.astype(np.float64), k) * (scale or 1 / math.sqrt(d))
+    hidden = np.arange(k.shape[0])[None, :] > np.asarray(positions)[:, None]
+    scores = np.where(hidden[:, None, :], -np.inf, scores)
+    w = np.exp(scores - scores.max(-1, keepdims=True))
+    return np.einsum("sht,thd->shd", w / w.sum(-1, keepdims=True), v)
+
+
+# -- sdpa_with_kv_cache: q, k, v given, the caches the module's f16 buffers ------------------------
+
+
+class CachedAttention(torch.nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.register_buffer("k_cache", torch.zeros(1, CONTEXT, HKV, dim))
+        self.register_buffer("v_cache", torch.zeros(1, CONTEXT, HKV, dim))
+
+    def forward(self, q, k, v, input_pos):
+        s = q.shape[1]
+        pos = input_pos[0].item()
+        torch._check_is_size(pos)
+        torch._check(pos + s <= CONTEXT)
+        return torch.ops.llama.sdpa_with_kv_cache(q, k, v, self.k_cache, self.v_cache, pos, s, None, 0, True)
+
+
+def _cached_attention(dim):
+    pytest.importorskip("executorch.extension.llm.custom_ops.custom_ops")
+    sample = (torch.randn(1, 5, HQ, dim), torch.randn(1, 5, HKV, dim), torch.randn(1, 5, HKV, dim), torch.tensor([3]))
+    sample = tuple(t.half() if t.is_floating_point() else t for t in sample)
+    dynamic = ({1: ROWS}, {1: ROWS}, {1: ROWS}, None)
+    pte, _ = export_pte(f"f16att_sdpa_d{dim}", lambda: CachedAttention(dim).half(), sample, dynamic)
+    return pte
+
+
+# rows per step, each plan filling the context: decode rows (split-K), up to SPLIT_MAX_ROWS rows
+# (split-K's limit) and S_MAX (the one-pass route), the minimum and maximum row counts included
+PLANS = [[S_MAX, 1, 7, SPLIT_MAX_ROWS + 1, 1, 14], [1, SPLIT_MAX_ROWS, 1, S_MAX, 22]]
+
+
+async def _steps(session, dim, counts, rng):
+    k_hist, v_hist = (np.zeros((CONTEXT, HKV, dim), np.float16) for _ in range(2))
+    pos = 0
+    for s in counts:
+        q, k, v = _half(*(rng.standard_normal((1, s, h, dim)) * 2 for h in (HQ, HKV, HKV)))
+        k_hist[pos : pos + s], v_hist[pos : pos + s] = k[0], v[0]
+        (got,) = await session.execute(q, k, v, np.array([pos], np.int64))
+        assert got.dtype == np.float16
+        want = _attend(q[0], k_hist, v_hist, np.arange(pos, pos + s))
+        np.testing.assert_allclose(got[0], want, rtol=TOL, atol=TOL, err_msg=f"{s} rows at {pos}")
+        pos += s
+
+
+@pytest.mark.parametrize("dim", [64, 80], ids=["tiled-vec4", "plain"])
+async def test_sdpa_with_kv_cache_every_route(load_pte, kernel_variants, dim):
+    """Head dim 64 takes the query-tiled kernel and (GPU) split-K's vec4 one, 80 the plain kernels."""
+    pte = _cached_attention(dim)
+    model = await load_pte(pte, batch_submits=False)
+    assert (model.precision, model.kernels) == ("f16", kernel_variants)
+    rng = np.random.default_rng(dim)
+    for counts in PLANS:
+        async with model.session() as session:
+            await _steps(session, dim, counts, rng)
+
+
+async def test_sdpa_caches_take_half_the_bytes_and_f32_still_matches(load_pte):
+    pte = _cached_attention(64)
+    half = await load_pte(pte, batch_submits=False)
+    wide = await load_pte(pte, batch_submits=False, precision="f32")
+    assert (half.precision, wide.precision) == ("f16", "f32")
+    async with half.session() as a, wide.session() as b:
+        cache_bytes = 2 * CONTEXT * HKV * 64 * 2  # both caches in f16
+        assert b.memory() - a.memory() >= cache_bytes
+        await _steps(b, 64, PLANS[0], np.random.default_rng(5))
+
+
+# -- ragged passes: token embeddings as q, k, v (test_attention_tiled's module, cast to f16) --------
+
+
+async def test_ragged_sessions(load_pte, kernel_variants):
+    """Concurrent sessions' steps share ragged passes (kernels/attention.py ragged_sdpa, its cache
+    update and both routes) over f16 KV-cache slots."""
+    pytest.importorskip("executorch.extension.llm.custom_ops.custom_ops")
+    sample = (torch.randint(0, tiled.VOCAB, (1, 41)), torch.tensor([5]))
+    dynamic = ({1: torch.export.Dim("s", min=1, max=tiled.S_MAX)}, None)
+    pte, module = export_pte("f16att_embedded_attention", lambda: tiled.EmbeddedAttention().half(), sample, dynamic)
+    # q, k and v are views of the embeddings: aten.view_copy, a byte copy (kernels/shape.py
+    # flat_copy, sized by elem_bytes) that opts in to f16 on branch f16-generic; until then, here.
+    with mock.patch.object(OPS["aten.view_copy.default"], "half", True):
+        model = await load_pte(pte)
+    assert (model.precision, model.batching, model.kernels) == ("f16", "ragged", kernel_variants)
+    rng = np.random.default_rng(4)
+
+    async def run(counts):
+        history, pos = rng.integers(0, tiled.VOCAB, sum(counts)), 0
+        async with model.session() as session:
+            for s in counts:
+                tokens = np.asarray(history[pos : pos + s], np.int64)[None]
+                (got,) = await session.execute(tokens, np.array([pos], np.int64))
+                want = tiled._eager(module, history, pos, s)
+                np.testing.assert_allclose(got, want, rtol=TOL, atol=TOL, err_msg=f"{s} rows at {pos}")
+                pos += s
+
+    async with anyio.create_task_group() as tg:
+        for counts in tiled.PLANS:
+            tg.start_soon(run, counts)
+    stats = model.statistics()
+    assert stats.executes == sum(map(len, tiled.PLANS)) and stats.submits < stats.executes
+
+
+# -- update_cache, then custom_sdpa over the caches (the causal_sdpa fusion turned off) --------------
+
+
+class UpdateThenAttend(CachedAttention):
+    """k and v stored by `llama::update_cache`, then causal and non-causal `custom_sdpa` reads."""
+
+    def forward(self, q, k, v, input_pos):
+        pos = input_pos[0].item()
+        torch._check_is_size(pos)
+        torch._check(pos + q.shape[1] <= CONTEXT)
+        llama = torch.ops.llama
+        llama.update_cache(k, self.k_cache, pos)
+        llama.update_cache(v, self.v_cache, pos)
+        return (
+            llama.custom_sdpa(q, self.k_cache, self.v_cache, pos, None, 0.0, True, None),
+            llama.custom_sdpa(q, self.k_cache, self.v_cache, pos, None, 0.0, False, 0.25),
+        )
+
+
+async def test_update_cache_and_custom_sdpa(load_pte):
+    pytest.importorskip("executorch.extension.llm.custom_ops.custom_ops")
+    from executorch.backends.vulkan.patterns import fusable_patterns
+
+    dim = 12
+    sample = (torch.randn(1, 5, HQ, dim), torch.randn(1, 5, HKV, dim), torch.randn(1, 5, HKV, dim), torch.tensor([3]))
+    sample = tuple(t.half() if t.is_floating_point() else t for t in sample)
+    with mock.patch.dict(fusable_patterns):
+        del fusable_patterns["causal_sdpa"]  # it would fuse the updates into sdpa_with_kv_cache
+        pte, _ = export_pte(
+            "f16att_update_custom_sdpa", lambda: UpdateThenAttend(dim).half(), sample, ({1: ROWS}, {1: ROWS}, {1: ROWS}, None)
+        )
+    assert {"update_cache.default", "llama.custom_sdpa.default", "et_vk.prepack.default"} <= _delegate_ops(pte)
+    # The caches reach the ops through et_vk.prepack, a byte copy (kernels/shape.py flat_copy, sized
+    # by elem_bytes) that opts in to f16 on branch f16-generic; until that lands, opted in here.
+    with mock.patch.object(OPS["et_vk.prepack.default"], "half", True):
+        model = await load_pte(pte)
+    assert model.precision == "f16"
+    rng = np.random.default_rng(7)
+    k_hist, v_hist = (np.zeros((CONTEXT, HKV, dim), np.float16) for _ in range(2))
+    pos = 0
+    for s in [S_MAX, 1, 13, 1, S_MAX]:
+        q, k, v = _half(*(rng.standard_normal((1, s, h, dim)) for h in (HQ, HKV, HKV)))
+        k_hist[pos : pos + s], v_hist[pos : pos + s] = k[0], v[0]
+        causal, full = await model.execute(q, k, v, np.array([pos], np.int64))
+        want_causal = _attend(q[0], k_hist, v_hist, np.arange(pos, pos + s))
+        want_full = _attend(q[0], k_hist, v_hist, np.full(s, pos + s - 1), scale=0.25)
+        np.testing.assert_allclose(causal[0], want_causal, rtol=TOL, atol=TOL, err_msg=f"causal, {s} rows at {pos}")
+        np.testing.assert_allclose(full[0], want_full, rtol=TOL, atol=TOL, err_msg=f"non-causal, {s} rows at {pos}")
+        pos += s
+
+
+# -- et_vk.sdpa: an additive f16 mask, grouped heads -------------------------------------------------
+
+
+class VkSdpa(torch.nn.Module):
+    def forward(self, q, k, v, mask, k1, v1):
+        vk = torch.ops.et_vk
+        return vk.sdpa.default(q, k, v, mask, None), vk.sdpa.default(q, k1, v1, None, 0.3)
+
+
+async def test_et_vk_sdpa(load_pte):
+    pytest.importorskip("executorch.backends.vulkan.custom_ops_lib")
+    s_dim = torch.export.Dim("S", min=1, max=7)
+    shapes = ((2, 3, 7, 12), (2, 3, 11, 12), (2, 3, 11, 12), (7, 11), (2, 1, 11, 12), (2, 1, 11, 12))
+    sample = tuple(torch.randn(s).half() for s in shapes)
+    dynamic = ({2: s_dim}, None, None, {0: s_dim}, None, None)
+    pte, module = export_pte("f16att_vk_sdpa", lambda: VkSdpa().half(), sample, dynamic)
+    model = await load_pte(pte)
+    assert model.precision == "f16"
+    calls = dynamic_shape_calls(sample, dynamic, n=3, seed=4)
+    # against fp32 eager of the same f16 values (the CPU's fp16 attention rounds every step)
+    wide = copy.deepcopy(module).float()
+    with torch.no_grad():
+        expected = [[o.numpy() for o in wide(*(torch.from_numpy(np.asarray(a, np.float32)) for a in c))] for c in calls]
+    await assert_matches_eager(model, None, calls, expected=expected, atol=TOL, rtol=TOL)
+
+
+# -- RoPE ---------------------------------------------------------------------------------------------
+
+
+class LlamaRope(torch.nn.Module):
+    def forward(self, xq, xk, freqs_cos, freqs_sin):
+        return torch.ops.et_vk.apply_rotary_emb(xq, xk, freqs_cos, freqs_sin)
+
+
+class InterleavedRope(torch.nn.Module):
+    def forward(self, x, freqs_cis):
+        return torch.ops.et_vk.apply_rotary_emb_interleaved(x, freqs_cis)
+
+
+# kind -> (module, input shapes at the maximum, each input's position axis)
+ROPES = {
+    "llama": (LlamaRope, ((1, 9, 5, 14), (1, 9, 3, 14), (9, 7), (9, 7)), (1, 1, 0, 0)),
+    "interleaved": (InterleavedRope, ((3, 9, 14), (1, 9, 7, 2)), (1, 1)),
+}
+
+
+@pytest.mark.parametrize("kind", ROPES)
+async def test_rope(load_pte, kind):
+    pytest.importorskip("executorch.backends.vulkan.custom_ops_lib")
+    make, shapes, axes = ROPES[kind]
+    s_dim = torch.export.Dim("s", min=1, max=9)
+    dynamic = tuple({axis: s_dim} for axis in axes)
+    sample = tuple(torch.randn(s).half() for s in shapes)
+    pte, module = export_pte(f"f16att_rope_{kind}", lambda: make().half(), sample, dynamic)
+    model = await load_pte(pte)
+    assert model.precision == "f16"
+    calls = dynamic_shape_calls(sample, dynamic, n=4, seed=3)
+    await assert_matches_eager(model, module, calls, atol=TOL, rtol=TOL)
+
+
+async def test_rope_hf(load_pte):
+    """Rotate-half over the first 6 of 10 dims (4 pass through), the tables read at a live position."""
+    sample = (torch.randn(1, 5, 3, 10).half(), torch.randn(1, 5, 1, 10).half(), torch.tensor([3]))
+    s_dim = torch.export.Dim("s", min=1, max=16)
+    pte, module = export_pte("f16att_rope_hf", lambda: HfRope(6).half(), sample, ({1: s_dim}, {1: s_dim}, None))
+    # the tables reach the op through et_vk.prepack (see test_update_cache_and_custom_sdpa)
+    with mock.patch.object(OPS["et_vk.prepack.default"], "half", True):
+        model = await load_pte(pte)
+    assert model.precision == "f16"
+    rng = np.random.default_rng(6)
+    for s, pos in [(5, 3), (16, 16), (1, 31), (16, 0), (2, 29)]:
+        args = (*_half(*(rng.standard_normal((1, s, h, 10)) for h in (3, 1))), np.array([pos], np.int64))
+        got = await model.execute(*args)
+        for k, (g, w) in enumerate(zip(got, eager(module, *args))):
+            np.testing.assert_allclose(g, w, rtol=TOL, atol=TOL, err_msg=f"s={s} pos={pos} output {k}")
+
+
+# -- embedding: an odd table (37 x 11 f16 values) --------------------------------------------------------
+
+
+class Embed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Embedding(37, 11)
+
+    def forward(self, tokens):
+        return self.table(tokens)
+
+
+async def test_embedding_is_exact(load_pte):
+    sample = (torch.randint(0, 37, (1, 9)),)
+    dynamic = ({1: torch.export.Dim("s", min=1, max=9)},)
+    pte, module = export_pte("f16att_embedding", lambda: Embed().half(), sample, dynamic)
+    model = await load_pte(pte)
+    assert model.precision == "f16"
+    calls = [(np.random.default_rng(n).integers(0, 37, (1, n)),) for n in (9, 1, 4, 9)]
+    await assert_matches_eager(model, module, calls, atol=0, rtol=0)
+
+
+# -- the greedy sampler over f16 logits: the host's argmax, ties to the first index ------------------------
+
+
+def test_greedy_sampler_reads_f16_logits():
+    adapter = find_adapter()
+    if "shader-f16" not in adapter.features:
+        pytest.skip("the adapter has no shader-f16")
+    device = adapter.request_device_sync(required_features=["shader-f16"])
+    seqs, vocab = 5, 1001
+    rng = np.random.default_rng(0)
+    logits = (rng.standard_normal((seqs, vocab)) * 4).astype(np.float16)
+    logits[1, [3, 700]] = logits[1].max() + 1  # a tie: the first index wins, as numpy's argmax
+    logits[2] = -np.inf
+    logits[2, vocab - 1] = -65504.0  # the lowest finite f16, last
+    logits[3] /= 4  # all below 8 (the largest of 1001 normal values is about 3.3)
+    logits[3, 17] = np.float16(8.0) + np.float16(0.0078125)  # f16 neighbours of 8 differ by one ulp
+    logits[3, 900] = 8.0
+    usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+    raw = logits.tobytes() + bytes(-logits.nbytes % 4)
+    seq_last = np.arange(seqs, dtype=np.int32)
+    arrays = [raw, seq_last, np.zeros(seqs, np.int32), np.zeros(seqs, np.int32), np.zeros(seqs, np.int32)]
+    buffers = [device.create_buffer_with_data(data=a, usage=usage) for a in arrays]
+    params = struct.pack("<4I", seqs, vocab, vocab, 0)
+    buffers.append(device.create_buffer_with_data(data=params, usage=wgpu.BufferUsage.UNIFORM))
+    module = device.create_shader_module(code="enable f16;\nalias LT = f16;\n" + GREEDY_ADVANCE)
+    pipe = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+    group = device.create_bind_group(
+        layout=pipe.get_bind_group_layout(0), entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(buffers)]
+    )
+    encoder = device.create_command_encoder()
+    compute = encoder.begin_compute_pass()
+    compute.set_pipeline(pipe)
+    compute.set_bind_group(0, group)
+    compute.dispatch_workgroups(seqs, 1, 1)
+    compute.end()
+    device.queue.submit([encoder.finish()])
+    ids = np.frombuffer(device.queue.read_buffer(buffers[4]), np.int32)
+    tokens = np.frombuffer(device.queue.read_buffer(buffers[2]), np.int32)
+    np.testing.assert_array_equal(ids, logits.argmax(-1))
+    np.testing.assert_array_equal(tokens, ids)
+    assert (ids[1], ids[2], ids[3]) == (3, vocab - 1, 17)
