@@ -20,7 +20,7 @@ PER_INVOCATION); unrolled, it iterates once per input channel and position, 4 * 
 
 import struct
 
-from .image import OUTPUT_PIXEL, static_ints
+from .image import OUTPUT_PIXEL, float_types, load_store, static_ints
 from .registry import op
 from .wgsl import FLAT_INDEX, SPREAD_MAIN, spread_grid
 
@@ -32,13 +32,14 @@ struct P {{ numel: u32, cout: u32, oh: u32, ow: u32, cin: u32, ih: u32, iw: u32,
            wstep: u32, lo: f32, hi: f32, pad0: u32 }}
 const KH = {KH}u;
 const KW = {KW}u;
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> w: array<f32>;
+@group(0) @binding(0) var<storage, read> x: array<{TX}>;
+@group(0) @binding(1) var<storage, read> w: array<{TW}>;
 {BIAS_DECL}
-@group(0) @binding({OUT}) var<storage, read_write> out: array<f32>;
+@group(0) @binding({OUT}) var<storage, read_write> out: array<{TO}>;
 @group(0) @binding({P}) var<uniform> p: P;
 {FLAT_INDEX}
 {MAIN}
+{IO}
 fn weights(k: u32) -> {ACC} {{ return {WEIGHTS}; }}
 fn bias_of(c: u32) -> f32 {{ return {BIAS}; }}
 fn element(i: u32) {{
@@ -55,13 +56,14 @@ fn element(i: u32) {{
 """
 
 # Blocks of 4 output channels share each input load: a vec4 of the 4 channels' weights, `wstep` apart.
+# Every load converts to f32 and the store back to the output's storage type (f32 or f16).
 BLOCK = {
-    1: {"ACC": "f32", "WEIGHTS": "w[k]", "INIT": "bias_of(co)", "STORE": "    out[at] = acc;"},
+    1: {"ACC": "f32", "WEIGHTS": "f32(w[k])", "INIT": "bias_of(co)", "STORE": "    store(at, acc);"},
     4: {
         "ACC": "vec4<f32>",
-        "WEIGHTS": "vec4<f32>(w[k], w[k + p.wstep], w[k + 2u * p.wstep], w[k + 3u * p.wstep])",
+        "WEIGHTS": "vec4<f32>(vec4(w[k], w[k + p.wstep], w[k + 2u * p.wstep], w[k + 3u * p.wstep]))",
         "INIT": "vec4<f32>(bias_of(co), bias_of(co + 1u), bias_of(co + 2u), bias_of(co + 3u))",
-        "STORE": "    for (var j = 0u; j < 4u; j = j + 1u) { out[at + j * p.oh * p.ow] = acc[j]; }",
+        "STORE": "    for (var j = 0u; j < 4u; j = j + 1u) { store(at + j * p.oh * p.ow, acc[j]); }",
     },
 }
 
@@ -71,7 +73,7 @@ POINTWISE = """
     var xi = n * p.cin * area + pix;
     var wi = co * p.cin;
     for (var ci = 0u; ci < p.cin; ci = ci + 1u) {
-        acc = acc + x[xi] * weights(wi);
+        acc = acc + load(xi) * weights(wi);
         xi = xi + area;
         wi = wi + 1u;
     }
@@ -91,7 +93,7 @@ DIRECT = """
             for (var kx = 0u; kx < KW; kx = kx + 1u) {
                 let ix = ix0 + i32(kx * p.dw);
                 if (ix < 0 || ix >= i32(p.iw)) { continue; }
-                acc = acc + x[xrow + u32(ix)] * weights(wrow + kx);
+                acc = acc + load(xrow + u32(ix)) * weights(wrow + kx);
             }
         }
     }
@@ -115,7 +117,7 @@ TRANSPOSED = """
                 if (tx < 0 || u32(tx) % p.sw != 0u) { continue; }
                 let ix = u32(tx) / p.sw;
                 if (ix >= p.iw) { continue; }
-                acc = acc + x[xrow + ix] * weights(wrow + kx);
+                acc = acc + load(xrow + ix) * weights(wrow + kx);
             }
         }
     }
@@ -151,13 +153,12 @@ def _per_dim(items, spatial, default):
     return items * spatial if len(items) == 1 else items
 
 
-@op("aten.convolution.default", "et_vk.conv_with_clamp.default", "aten::convolution.out")
+@op("aten.convolution.default", "et_vk.conv_with_clamp.default", "aten::convolution.out", half=True)
 def convolution(b):
     x, weight, out = b.args[0], b.args[1], b.out
-    for v in (x, weight, out):
-        if b.graph.values[v].dtype != "float32":
-            raise NotImplementedError(f"{b.name}: {b.graph.values[v].dtype} tensors")
     bias = None if b.is_none(2) else b.args[2]
+    tx, tw, to = float_types(b, x, weight, out)
+    (tb,) = float_types(b, bias) if bias is not None else ("f32",)
     w = b.tensor(1).dims
     spatial = len(w) - 2
     if spatial not in (1, 2):
@@ -184,8 +185,12 @@ def convolution(b):
     shader = HEADER.format(
         KH=kh,
         KW=kw,
-        BIAS_DECL="@group(0) @binding(2) var<storage, read> bias: array<f32>;" if bias is not None else "",
-        BIAS="bias[c]" if bias is not None else "0.0",
+        TX=tx,
+        TW=tw,
+        TO=to,
+        IO=load_store(to),
+        BIAS_DECL=f"@group(0) @binding(2) var<storage, read> bias: array<{tb}>;" if bias is not None else "",
+        BIAS="f32(bias[c])" if bias is not None else "0.0",
         B=block,
         **BLOCK[block],
         OUT=len(bindings) - 1,

@@ -1,23 +1,25 @@
 """2-D pooling: max_pool2d (with or without indices) and avg_pool2d, over the last two dims of a 3-D
 or 4-D input. One invocation per output element walks its window; padding never counts as a max
 candidate, and the max index is the flat position in the input's plane, as in torch. Adaptive
-average pooling reaches the delegate as `mean.dim` (kernels/reduce.py)."""
+average pooling reaches the delegate as `mean.dim` (kernels/reduce.py). float16 tensors load as f32
+and the result converts back at the store."""
 
 import struct
 
 from resize.shapes import numel_of
 
-from .image import OUTPUT_PIXEL, op_outputs, static_ints
+from .image import OUTPUT_PIXEL, float_types, load_store, op_outputs, static_ints
 from .registry import op
 from .wgsl import FLAT_INDEX, SPREAD_MAIN, spread_grid
 
 HEADER = """
 struct P {{ numel: u32, oh: u32, ow: u32, ih: u32, iw: u32, kh: u32, kw: u32, sh: u32,
            sw: u32, ph: u32, pw: u32, dh: u32, dw: u32, divisor: u32, include_pad: u32, pad0: u32 }}
-@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(0) var<storage, read> x: array<{TX}>;
 {OUTS}
 {FLAT_INDEX}
 {MAIN}
+{IO}
 fn element(i: u32) {{
 {OUTPUT_PIXEL}
     let iy0 = i32(oy * p.sh) - i32(p.ph);
@@ -36,11 +38,11 @@ MAX = """
             let ix = ix0 + i32(kx * p.dw);
             if (ix < 0 || ix >= i32(p.iw)) { continue; }
             let k = u32(iy) * p.iw + u32(ix);
-            let v = x[plane + k];
+            let v = load(plane + k);
             if (v > best || v != v) { best = v; at = k; }  // a NaN wins, as in torch
         }
     }
-    out[i] = best;
+    store(i, best);
 """
 
 # count_include_pad counts the window clipped to the padded input; otherwise to the input itself
@@ -54,11 +56,11 @@ AVG = """
     let x1 = min(x_end, i32(p.iw));
     var acc = 0.0;
     for (var iy = y0; iy < y1; iy = iy + 1) {
-        for (var ix = x0; ix < x1; ix = ix + 1) { acc = acc + x[plane + u32(iy) * p.iw + u32(ix)]; }
+        for (var ix = x0; ix < x1; ix = ix + 1) { acc = acc + load(plane + u32(iy) * p.iw + u32(ix)); }
     }
     var count = f32(select((y1 - y0) * (x1 - x0), padded, p.include_pad != 0u));
     if (p.divisor != 0u) { count = f32(p.divisor); }
-    out[i] = acc / count;
+    store(i, acc / count);
 """
 
 
@@ -83,17 +85,18 @@ def _pair(items, default):
 def add_pool(b, kind, outs, kernel, stride, padding, dilation, ceil_mode, include_pad=True, divisor=0):
     """Record a pooling op of argument 0 into `outs` (the output, then for max the indices)."""
     x = b.args[0]
-    if b.graph.values[x].dtype != "float32":
-        raise NotImplementedError(f"{b.name}: {b.graph.values[x].dtype} input")
+    tx, to = float_types(b, x, outs[0])
     kh, kw = _pair(kernel, None)
     (sh, sw), (ph, pw), (dh, dw) = _pair(stride, (kh, kw)), _pair(padding, (0,)), _pair(dilation, (1,))
-    decls = ["@group(0) @binding(1) var<storage, read_write> out: array<f32>;"]
+    decls = [f"@group(0) @binding(1) var<storage, read_write> out: array<{to}>;"]
     body = MAX if kind == "max" else AVG
     if len(outs) == 2:
         decls.append("@group(0) @binding(2) var<storage, read_write> indices: array<i32>;")
         body += "    indices[i] = i32(at);\n"
     decls.append(f"@group(0) @binding({len(outs) + 1}) var<uniform> p: P;")
-    shader = HEADER.format(OUTS="\n".join(decls), BODY=body, FLAT_INDEX=FLAT_INDEX, OUTPUT_PIXEL=OUTPUT_PIXEL, MAIN=SPREAD_MAIN)
+    shader = HEADER.format(
+        TX=tx, OUTS="\n".join(decls), IO=load_store(to), BODY=body, FLAT_INDEX=FLAT_INDEX, OUTPUT_PIXEL=OUTPUT_PIXEL, MAIN=SPREAD_MAIN
+    )
     params = b.params(64)
     d = b.dispatch(shader, [x, *outs, params])
 
@@ -117,19 +120,19 @@ def add_pool(b, kind, outs, kernel, stride, padding, dilation, ceil_mode, includ
     b.hook(resize)
 
 
-@op("aten.max_pool2d_with_indices.default")
+@op("aten.max_pool2d_with_indices.default", half=True)
 def max_pool2d_with_indices(b):
     ints = [static_ints(b, i) for i in range(1, 5)]
     add_pool(b, "max", op_outputs(b, 2), *ints, bool(b.scalar(5, False)))
 
 
-@op("aten.max_pool2d.default")
+@op("aten.max_pool2d.default", half=True)
 def max_pool2d(b):
     ints = [static_ints(b, i) for i in range(1, 5)]
     add_pool(b, "max", [b.out], *ints, bool(b.scalar(5, False)))
 
 
-@op("aten.avg_pool2d.default")
+@op("aten.avg_pool2d.default", half=True)
 def avg_pool2d(b):
     ints = [static_ints(b, i) for i in range(1, 4)]
     divisor = int(b.scalar(6, 0) or 0)

@@ -4,6 +4,7 @@ align_corners), grid_sampler_2d and et_vk.grid_priors. One invocation per output
 The source coordinates follow torch's CPU kernels in f32: nearest reads `min(floor(dst * scale),
 in - 1)`; bilinear reads `dst * (in - 1) / (out - 1)` with align_corners and otherwise
 `max((dst + 0.5) * scale - 0.5, 0)`, where `scale` is 1 / the given scale factor, or in / out.
+float16 inputs, grids and outputs load as f32 and convert back at the store.
 """
 
 import math
@@ -13,17 +14,18 @@ import numpy as np
 
 from resize.shapes import numel_of
 
-from .image import OUTPUT_PIXEL
+from .image import OUTPUT_PIXEL, float_types, load_store
 from .registry import op
 from .wgsl import FLAT_INDEX, SPREAD_MAIN, spread_grid
 
 UPSAMPLE = """
 struct P {{ numel: u32, oh: u32, ow: u32, ih: u32, iw: u32, align: u32, scale_h: f32, scale_w: f32 }}
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+@group(0) @binding(0) var<storage, read> x: array<{TX}>;
+@group(0) @binding(1) var<storage, read_write> out: array<{TO}>;
 @group(0) @binding(2) var<uniform> p: P;
 {FLAT_INDEX}
 {MAIN}
+{IO}
 fn element(i: u32) {{
 {OUTPUT_PIXEL}
 {BODY}
@@ -33,7 +35,7 @@ fn element(i: u32) {{
 NEAREST = """
     let iy = min(u32(floor(f32(oy) * p.scale_h)), p.ih - 1u);
     let ix = min(u32(floor(f32(ox) * p.scale_w)), p.iw - 1u);
-    out[i] = x[plane + iy * p.iw + ix];
+    store(i, load(plane + iy * p.iw + ix));
 """
 
 BILINEAR = """
@@ -49,9 +51,9 @@ BILINEAR = """
     let x1 = min(x0 + 1u, p.iw - 1u);
     let ly = sy - f32(y0);
     let lx = sx - f32(x0);
-    let top = (1.0 - lx) * x[plane + y0 * p.iw + x0] + lx * x[plane + y0 * p.iw + x1];
-    let bottom = (1.0 - lx) * x[plane + y1 * p.iw + x0] + lx * x[plane + y1 * p.iw + x1];
-    out[i] = (1.0 - ly) * top + ly * bottom;
+    let top = (1.0 - lx) * load(plane + y0 * p.iw + x0) + lx * load(plane + y0 * p.iw + x1);
+    let bottom = (1.0 - lx) * load(plane + y1 * p.iw + x0) + lx * load(plane + y1 * p.iw + x1);
+    store(i, (1.0 - ly) * top + ly * bottom);
 """
 
 
@@ -87,7 +89,8 @@ def upsample_out_size(shape, output_size, scale_factors):
 
 def add_upsample(b, body, align_corners, scales_arg):
     x, out = b.args[0], b.out
-    shader = UPSAMPLE.format(BODY=body, FLAT_INDEX=FLAT_INDEX, OUTPUT_PIXEL=OUTPUT_PIXEL, MAIN=SPREAD_MAIN)
+    tx, to = float_types(b, x, out)
+    shader = UPSAMPLE.format(TX=tx, TO=to, IO=load_store(to), BODY=body, FLAT_INDEX=FLAT_INDEX, OUTPUT_PIXEL=OUTPUT_PIXEL, MAIN=SPREAD_MAIN)
     params = b.params(32)
     d = b.dispatch(shader, [x, out, params])
     scales = None if b.is_none(scales_arg) else tuple(b.value(scales_arg).items)
@@ -110,12 +113,12 @@ def add_upsample(b, body, align_corners, scales_arg):
     b.hook(resize)
 
 
-@op("aten.upsample_nearest2d.vec")
+@op("aten.upsample_nearest2d.vec", half=True)
 def upsample_nearest2d(b):
     add_upsample(b, NEAREST, False, 2)
 
 
-@op("aten.upsample_bilinear2d.vec")
+@op("aten.upsample_bilinear2d.vec", half=True)
 def upsample_bilinear2d(b):
     add_upsample(b, BILINEAR, bool(b.scalar(2, False)), 3)
 
@@ -123,10 +126,11 @@ def upsample_bilinear2d(b):
 # grid_sampler_2d: out[n, c, y, x] samples input[n, c] at grid[n, y, x] = (gx, gy) in [-1, 1].
 GRID_SAMPLE = """
 struct P { numel: u32, c: u32, oh: u32, ow: u32, ih: u32, iw: u32, align: u32, padding: u32 }
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> grid: array<f32>;
-@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+@group(0) @binding(0) var<storage, read> x: array<{TX}>;
+@group(0) @binding(1) var<storage, read> grid: array<{TG}>;
+@group(0) @binding(2) var<storage, read_write> out: array<{TO}>;
 @group(0) @binding(3) var<uniform> p: P;
+{IO}
 // zeros (0), border (1) or reflection (2) padding of a source coordinate over `size` pixels
 fn source(g: f32, size: u32) -> f32 {
     let s = f32(size);
@@ -147,7 +151,7 @@ fn source(g: f32, size: u32) -> f32 {
 }
 fn at(plane: u32, yy: f32, xx: f32) -> f32 {
     if (yy < 0.0 || xx < 0.0 || yy >= f32(p.ih) || xx >= f32(p.iw)) { return 0.0; }
-    return x[plane + u32(yy) * p.iw + u32(xx)];
+    return load(plane + u32(yy) * p.iw + u32(xx));
 }
 {FLAT_INDEX}
 {MAIN}
@@ -155,8 +159,8 @@ fn element(i: u32) {
 {OUTPUT_PIXEL}
     let n = nc / p.c;
     let g = ((n * p.oh + oy) * p.ow + ox) * 2u;
-    let sx = source(grid[g], p.iw);
-    let sy = source(grid[g + 1u], p.ih);
+    let sx = source(f32(grid[g]), p.iw);
+    let sy = source(f32(grid[g + 1u]), p.ih);
 {BODY}
 }
 """
@@ -166,23 +170,25 @@ GRID_BILINEAR = """
     let y0 = floor(sy);
     let lx = sx - x0;
     let ly = sy - y0;
-    out[i] = at(plane, y0, x0) * (1.0 - lx) * (1.0 - ly) + at(plane, y0, x0 + 1.0) * lx * (1.0 - ly)
-           + at(plane, y0 + 1.0, x0) * (1.0 - lx) * ly + at(plane, y0 + 1.0, x0 + 1.0) * lx * ly;
+    store(i, at(plane, y0, x0) * (1.0 - lx) * (1.0 - ly) + at(plane, y0, x0 + 1.0) * lx * (1.0 - ly)
+             + at(plane, y0 + 1.0, x0) * (1.0 - lx) * ly + at(plane, y0 + 1.0, x0 + 1.0) * lx * ly);
 """
 
 GRID_NEAREST = """
-    out[i] = at(plane, round(sy), round(sx));
+    store(i, at(plane, round(sy), round(sx)));
 """
 
 
-@op("aten.grid_sampler_2d.default", "aten::grid_sampler_2d.out")
+@op("aten.grid_sampler_2d.default", "aten::grid_sampler_2d.out", half=True)
 def grid_sampler_2d(b):
     x, grid, out = b.args[0], b.args[1], b.out
     mode, padding, align = int(b.scalar(2, 0)), int(b.scalar(3, 0)), bool(b.scalar(4, False))
     if mode not in (0, 1) or padding not in (0, 1, 2):
         raise NotImplementedError(f"{b.name}: interpolation mode {mode}, padding mode {padding}")
     body = GRID_BILINEAR if mode == 0 else GRID_NEAREST
-    shader = GRID_SAMPLE.replace("{BODY}", body).replace("{FLAT_INDEX}", FLAT_INDEX).replace("{OUTPUT_PIXEL}", OUTPUT_PIXEL)
+    tx, tg, to = float_types(b, x, grid, out)
+    shader = GRID_SAMPLE.replace("{TX}", tx).replace("{TG}", tg).replace("{TO}", to).replace("{IO}", load_store(to))
+    shader = shader.replace("{BODY}", body).replace("{FLAT_INDEX}", FLAT_INDEX).replace("{OUTPUT_PIXEL}", OUTPUT_PIXEL)
     shader = shader.replace("{MAIN}", SPREAD_MAIN)
     params = b.params(32)
     d = b.dispatch(shader, [x, grid, out, params])
@@ -203,7 +209,7 @@ def grid_sampler_2d(b):
 # et_vk.grid_priors: row y * W + x of the [H * W, 2] output is ((x + offset) * stride, (y + offset) * stride).
 GRID_PRIORS = """
 struct P { numel: u32, w: u32, stride: f32, offset: f32 }
-@group(0) @binding(0) var<storage, read_write> out: array<f32>;
+@group(0) @binding(0) var<storage, read_write> out: array<{TO}>;
 @group(0) @binding(1) var<uniform> p: P;
 {FLAT_INDEX}
 {MAIN}
@@ -211,16 +217,17 @@ fn element(i: u32) {
     if (i >= p.numel) { return; }
     let cell = i / 2u;
     let c = select(cell / p.w, cell % p.w, i % 2u == 0u);
-    out[i] = (f32(c) + p.offset) * p.stride;
+    out[i] = {TO}((f32(c) + p.offset) * p.stride);
 }
 """
 
 
-@op("et_vk.grid_priors.default")
+@op("et_vk.grid_priors.default", half=True)
 def grid_priors(b):
     x, out = b.args[0], b.out
     stride, offset = float(b.scalar(1)), float(b.scalar(2))
-    shader = GRID_PRIORS.replace("{FLAT_INDEX}", FLAT_INDEX).replace("{MAIN}", SPREAD_MAIN)
+    (to,) = float_types(b, out)
+    shader = GRID_PRIORS.replace("{FLAT_INDEX}", FLAT_INDEX).replace("{MAIN}", SPREAD_MAIN).replace("{TO}", to)
     params = b.params(16)
     d = b.dispatch(shader, [out, params])
 

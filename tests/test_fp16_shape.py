@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from async_runtime.storage import to_storage
 from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
 from resize.values import IntList, Tensor
 
@@ -139,3 +140,10 @@ def test_f16_copies_move_whole_words_and_packed_bytes_stay_excluded():
     perm = g.add(IntList((1, 0)))
     with pytest.raises(NotImplementedError, match="packed uint8"):
         _resize(g, "aten.permute_copy.default", [w, perm, o], {})
+
+
+def test_odd_f16_constants_are_padded_to_a_word():
+    """A bias of 5 halves is 10 bytes: uploaded as 12 (buffer writes are whole words)."""
+    values = np.arange(5, dtype=np.float16) / 3
+    data = to_storage(Tensor("float16", (5,)), values.tobytes(), "bias")
+    assert data.nbytes == 12 and data.tobytes()[:10] == values.tobytes()
