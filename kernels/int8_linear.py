@@ -12,7 +12,7 @@ the bias and requantize; the reference dequantizes both operands and sums in f32
 can differ from it by one quantization step where it lands on a rounding boundary.
 
 One invocation computes the 4 outputs of one output word (kernels/int8.py), each a dot product
-over K: a plain kernel for the small layers quantized PT2E graphs have; the q4gsw kernels
+over K in f32 or i32 (the weight-only ones take float16 activations and scales as well): a plain kernel for the small layers quantized PT2E graphs have; the q4gsw kernels
 (kernels/quantized.py) are the tuned path for LLM weights.
 """
 
@@ -90,13 +90,13 @@ def _add_linear(b, x, weight, scales, bias, term, epilogue, consts, integer=Fals
 WEIGHT_ONLY_TERM = "x_at(m * p.K + k) * f32(w_at(n * p.row + k))"
 
 
-@op("aten._weight_int8pack_mm.default")
+@op("aten._weight_int8pack_mm.default", half=True)
 def weight_int8pack_mm(b):
     """[x [M, K], weight int8 [N, K], scales [N], out [M, N]]."""
     _add_linear(b, b.args[0], b.args[1], b.args[2], None, WEIGHT_ONLY_TERM, "return acc * ws_at(n);", ((0.0,) * 4, (0,) * 4))
 
 
-@op("et_vk.linear_qcs4w.default")
+@op("et_vk.linear_qcs4w.default", half=True)
 def linear_qcs4w(b):
     """[x [..., K], weight uint8 [N, Kp/2], scales [N], out [..., N]]."""
     _add_linear(b, b.args[0], b.args[1], b.args[2], None, WEIGHT_ONLY_TERM, "return acc * ws_at(n);", ((0.0,) * 4, (0,) * 4), four_bit=True)
