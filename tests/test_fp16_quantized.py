@@ -1,9 +1,16 @@
 """float16 activations around the quantized ops (kernels/quantize.py, int8_linear.py): f16 inputs
-with f32 scales into quantize/dequantize/choose_qparams, and the weight-only int8 and 4-bit linears
-that ExecuTorch's VulkanQuantizer makes of a `.half()` model, against torch eager on the same
-program. Integer outputs exact; float outputs within one f16 rounding (atol = rtol = 1e-3: the
-kernels compute in f32 and round once, the eager per-token ops in float64). The linears: eager
-fp16 rounds the dequantized weight and the product its own way, atol = rtol = 2e-3 at K = 20."""
+with f32 scales into quantize/dequantize/choose_qparams; the weight-only int8 and 4-bit linears
+that ExecuTorch's VulkanQuantizer makes of a `.half()` model; and a statically quantized
+(XNNPACKQuantizer) `.half()` linear, whose q8ta_linear takes an f16 bias between f16 quantize and
+dequantize. Each against torch eager on the same program. (ExecuTorch 1.5.1 cannot lower a
+`.half()` statically quantized convolution: its q8ta_conv2d meta refuses the f16 bias, so the q8ta
+convolutions stay f32-only.)
+
+Tolerances: integer outputs exact; float outputs within one f16 rounding (atol = rtol = 1e-3: the
+kernels compute in f32 and round once, the eager per-token ops in float64). The weight-only
+linears: eager fp16 rounds the dequantized weight and the product its own way, atol = rtol = 2e-3
+at K = 20. The static one: one output quantization step (the int8 sums are exact, the reference
+sums dequantized floats) plus an f16 rounding of the output, and 90% of outputs exact."""
 
 import numpy as np
 import pytest
@@ -12,7 +19,8 @@ import torch
 from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
 
 from .exporting import export_pte
-from .test_more_ops import Q_SHAPES, LinearReluAdd, _delegate_ops, _vulkan_weight_only, export_quantized
+from .test_int8_conv import _output_steps
+from .test_more_ops import Q_SHAPES, LinearReluAdd, _delegate_ops, _vulkan_weight_only, _xnnpack_static, export_quantized
 
 pytestmark = pytest.mark.usefixtures("adapter")
 
@@ -72,3 +80,38 @@ async def test_weight_only_quantized_linear_with_f16_activations(load_pte, bits,
     assert model.precision == "f16", model.precision_note
     calls = [(np.asarray(x, np.float16),) for (x,) in dynamic_shape_calls(sample, Q_SHAPES, n=4, seed=6)]
     await assert_matches_eager(model, graph, calls, atol=2e-3, rtol=2e-3)
+
+
+
+class LinearRelu(torch.nn.Module):
+    """One linear + relu: statically quantized, a q8ta_linear with relu whose output is dequantized."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1 = torch.nn.Linear(20, 12)
+
+    def forward(self, x):
+        return torch.relu(self.l1(x))
+
+
+@pytest.mark.parametrize("rows, op", [(9, "et_vk.q8ta_linear.default"), (1, "et_vk.q8ta_linear_gemv.default")])
+async def test_static_int8_half_linear_with_an_f16_bias(load_pte, rows, op):
+    sample = (torch.randn(rows, 20).half(),)
+    pte, graph = export_quantized(f"f16gen_q8_linear_{rows}", _xnnpack_static, sample, make_module=lambda: LinearRelu().half())
+    assert op in _delegate_ops(pte)
+    model = await load_pte(pte)
+    assert model.precision == "f16", model.precision_note
+    (step,) = _output_steps(graph)
+    torch.manual_seed(3)
+    diffs = []
+    for scale in (1, 1, 3, 3):  # 3: past the calibrated range
+        x = torch.randn(rows, 20).half() * scale
+        (got,) = await model.execute(x.numpy())
+        with torch.no_grad():
+            want = graph(x).float().numpy()
+        assert got.dtype == np.float16 and got.shape == want.shape
+        diff = np.abs(got.astype(np.float32) - want)
+        assert np.all(diff <= step * 1.001 + 2**-10 * np.abs(want)), float(diff.max())
+        diffs.append(diff.ravel())
+    # eager fp16 sums the dequantized products in fp16 before requantizing: a few more boundaries
+    assert np.mean(np.concatenate(diffs) < step / 2) >= 0.9
