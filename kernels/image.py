@@ -34,7 +34,6 @@ def op_outputs(b, n):
     return list(v.items)
 
 
-
 def float_types(b, *vids):
     """The storage types (f32 or f16) of the float tensors `vids`; NotImplementedError for another dtype."""
     dtypes = [b.graph.values[v].dtype for v in vids]

@@ -2,8 +2,9 @@
 
 A kernel that writes an 8-bit tensor owns whole output words: each invocation computes the 4
 elements of one word and stores them at once, so no two invocations write the same word. Reads
-go through `<name>_at(i)`, which sign-extends int8 and zero-extends uint8 bytes; float and int32
-tensors read as themselves.
+go through `<name>_at(i)`, which sign-extends int8 and zero-extends uint8 bytes; float tensors
+(f32 or f16 storage) read as f32 and int32 ones as themselves. A float output converts from f32 at
+the store.
 
 `add_word_map` records such a kernel for ops whose output has the input's shape (quantize,
 dequantize, q8ta_add, q8ta_relu); `kernels/int8_linear.py` builds the linear ones on the same
@@ -15,7 +16,7 @@ import struct
 from resize.shapes import numel_of
 
 from .registry import op
-from .wgsl import FLAT_INDEX, PACKED, WG, flat_grid, wgsl_type
+from .wgsl import FLAT_INDEX, PACKED, WG, flat_grid, is_float, wgsl_type
 
 # numel, a 4-dim coordinate helper (inner, channels), then 4 floats and 4 ints of op constants
 MAP_PARAMS = "<IIII4f4i"
@@ -24,7 +25,8 @@ MAP_STRUCT = "struct P { n: u32, inner: u32, channels: u32, pad: u32, f: vec4<f3
 
 
 def reader(name, dtype, binding):
-    """The binding of a tensor and its accessor `<name>_at(i)` (i32 for 8-bit, else its storage type)."""
+    """The binding of a tensor and its accessor `<name>_at(i)`: i32 for 8-bit, f32 for a float
+    tensor stored as f32 or f16, else its storage type."""
     decl = f"@group(0) @binding({binding}) var<storage, read> {name}: array<{wgsl_type(dtype)}>;\n"
     if dtype == "int8":
         return decl + (
@@ -32,6 +34,8 @@ def reader(name, dtype, binding):
         )
     if dtype == "uint8":
         return decl + f"fn {name}_at(i: u32) -> i32 {{ return i32(({name}[i / 4u] >> (8u * (i % 4u))) & 0xFFu); }}\n"
+    if is_float(dtype):
+        return decl + f"fn {name}_at(i: u32) -> f32 {{ return f32({name}[i]); }}\n"
     return decl + f"fn {name}_at(i: u32) -> {wgsl_type(dtype)} {{ return {name}[i]; }}\n"
 
 

@@ -12,8 +12,9 @@ the bias and requantize; the reference dequantizes both operands and sums in f32
 can differ from it by one quantization step where it lands on a rounding boundary.
 
 One invocation computes the 4 outputs of one output word (kernels/int8.py), each a dot product
-over K: a plain kernel for the small layers quantized PT2E graphs have; the q4gsw kernels
-(kernels/quantized.py) are the tuned path for LLM weights.
+over K in f32 or i32 (float16 activations, scales and biases read as f32): a plain kernel for the
+small layers quantized PT2E graphs have; the q4gsw kernels (kernels/quantized.py) are the tuned
+path for LLM weights.
 """
 
 import struct
@@ -90,13 +91,13 @@ def _add_linear(b, x, weight, scales, bias, term, epilogue, consts, integer=Fals
 WEIGHT_ONLY_TERM = "x_at(m * p.K + k) * f32(w_at(n * p.row + k))"
 
 
-@op("aten._weight_int8pack_mm.default")
+@op("aten._weight_int8pack_mm.default", half=True)
 def weight_int8pack_mm(b):
     """[x [M, K], weight int8 [N, K], scales [N], out [M, N]]."""
     _add_linear(b, b.args[0], b.args[1], b.args[2], None, WEIGHT_ONLY_TERM, "return acc * ws_at(n);", ((0.0,) * 4, (0,) * 4))
 
 
-@op("et_vk.linear_qcs4w.default")
+@op("et_vk.linear_qcs4w.default", half=True)
 def linear_qcs4w(b):
     """[x [..., K], weight uint8 [N, Kp/2], scales [N], out [..., N]]."""
     _add_linear(b, b.args[0], b.args[1], b.args[2], None, WEIGHT_ONLY_TERM, "return acc * ws_at(n);", ((0.0,) * 4, (0,) * 4), four_bit=True)
@@ -118,7 +119,7 @@ def linear_q8ta_q8csw(b):
     _add_linear(b, b.args[0], b.args[3], b.args[5], bias, Q8_TERM.replace("XQ", xq), f"return {SCALED};", consts, integer=True)
 
 
-@op("et_vk.q8ta_linear.default", "et_vk.q8ta_linear_gemv.default")
+@op("et_vk.q8ta_linear.default", "et_vk.q8ta_linear_gemv.default", half=True)
 def q8ta_linear(b):
     """[x int8 [..., K], input_scale, input_zp, weight int8 [N, K], weight_sums (unused),
     weight_scales [>= N], output_scale, output_zp, bias or None, activation Str, out int8]."""

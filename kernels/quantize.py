@@ -6,7 +6,8 @@ clamp(round(x * (1 / scale)) + zp, qmin, qmax) (per token: round(x * (1 / scale)
 dequantize is (q - zp) * scale. A scale given as a number is inverted on the host in double, as
 torch does with a Python scale; a scale tensor is inverted on the GPU with `div_rn`, correctly
 rounded like torch's f32 division. Eager per-token ops compute in float64 (their scales are
-double); here, as in ExecuTorch's Vulkan runtime, every float is f32.
+double); here, as in ExecuTorch's Vulkan runtime, every float is f32. float16 inputs, scales and
+outputs are stored as f16 and converted at the load and the store.
 """
 
 import struct
@@ -57,13 +58,13 @@ def _dequantize(b, scales, zps, coords_of=None):
     add_word_map(b, [b.args[0]], QUANT_FNS + body, lambda ctx: ((0.0,) * 4, (0,) * 4), qparams, coords_of)
 
 
-@op("quantized_decomposed.quantize_per_tensor.default", "quantized_decomposed.quantize_per_tensor.tensor")
+@op("quantized_decomposed.quantize_per_tensor.default", "quantized_decomposed.quantize_per_tensor.tensor", half=True)
 def quantize_per_tensor(b):
     """[input, scale, zero_point, qmin, qmax, dtype, out]."""
     _quantize(b, b.scalar(3), b.scalar(4), [b.args[1], b.args[2]] if b.is_tensor(1) else [])
 
 
-@op("quantized_decomposed.dequantize_per_tensor.default", "quantized_decomposed.dequantize_per_tensor.tensor")
+@op("quantized_decomposed.dequantize_per_tensor.default", "quantized_decomposed.dequantize_per_tensor.tensor", half=True)
 def dequantize_per_tensor(b):
     """[input, scale, zero_point, qmin, qmax, dtype, out_dtype, out]."""
     if b.is_tensor(1):
@@ -81,13 +82,13 @@ def _channel_coords(b, axis):
     return coords
 
 
-@op("quantized_decomposed.quantize_per_channel.default")
+@op("quantized_decomposed.quantize_per_channel.default", half=True)
 def quantize_per_channel(b):
     """[input, scales [C], zero_points [C], axis, qmin, qmax, dtype, out]."""
     _quantize(b, b.scalar(4), b.scalar(5), [b.args[1], b.args[2]], _channel_coords(b, b.scalar(3)))
 
 
-@op("quantized_decomposed.dequantize_per_channel.default")
+@op("quantized_decomposed.dequantize_per_channel.default", half=True)
 def dequantize_per_channel(b):
     """[input, scales [C], zero_points [C] or None, axis, qmin, qmax, dtype, out_dtype, out]."""
     _dequantize(b, b.args[1], None if b.is_none(2) else b.args[2], _channel_coords(b, b.scalar(3)))
@@ -97,7 +98,7 @@ def _token_coords(ctx, dims):
     return dims[-1], numel_of(dims[:-1])
 
 
-@op("quantized_decomposed.quantize_per_token.default")
+@op("quantized_decomposed.quantize_per_token.default", half=True)
 def quantize_per_token(b):
     """[input [..., K], scales [..., 1], zero_points [..., 1], qmin, qmax, dtype, out]."""
     body = """
@@ -110,7 +111,7 @@ fn value(i: u32) -> i32 {
     _quantize(b, b.scalar(3), b.scalar(4), [b.args[1], b.args[2]], _token_coords, body)
 
 
-@op("quantized_decomposed.dequantize_per_token.default")
+@op("quantized_decomposed.dequantize_per_token.default", half=True)
 def dequantize_per_token(b):
     """[input, scales [..., 1], zero_points [..., 1], qmin, qmax, dtype, output_dtype, out]."""
     _dequantize(b, b.args[1], b.args[2], _token_coords)
@@ -137,7 +138,7 @@ def _block_coords(b, block_arg):
     return coords
 
 
-@op("torchao.quantize_affine.default")
+@op("torchao.quantize_affine.default", half=True)
 def quantize_affine(b):
     """[input, block_size, scale, zero_point or None, output_dtype, quant_min, quant_max, out]."""
     qmin, qmax = DTYPE_BOUNDS[b.graph.values[b.out].dtype]
@@ -146,7 +147,7 @@ def quantize_affine(b):
     _quantize(b, qmin, qmax, [b.args[2]] + ([] if b.is_none(3) else [b.args[3]]), coords)
 
 
-@op("torchao.dequantize_affine.default")
+@op("torchao.dequantize_affine.default", half=True)
 def dequantize_affine(b):
     """[input, block_size, scale, zero_point or None, input_dtype, quant_min, quant_max, output_dtype, out]."""
     coords = _block_coords(b, b.args[1])
@@ -160,8 +161,8 @@ def dequantize_affine(b):
 # XNNPACK-style per-token asymmetric rule of choose_qparams_per_token_asymmetric).
 CHOOSE_QPARAMS = """
 struct P { rows: u32, row: u32, mode: u32, pad: u32, qmin: f32, qmax: f32, eps: f32, pad2: f32 }
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> scale: array<f32>;
+@group(0) @binding(0) var<storage, read> x: array<TX>;
+@group(0) @binding(1) var<storage, read_write> scale: array<TS>;
 @group(0) @binding(2) var<storage, read_write> zero_point: array<i32>;
 @group(0) @binding(3) var<uniform> p: P;
 var<workgroup> lo: array<f32, 64>;
@@ -175,7 +176,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var mn = 0.0;
     var mx = 0.0;
     for (var k = li; k < p.row; k = k + 64u) {
-        let v = x[r * p.row + k];
+        let v = f32(x[r * p.row + k]);
         mn = min(mn, v);
         mx = max(mx, v);
     }
@@ -199,7 +200,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let dmax = div_rn(hi[0], sc);
         zp = round(clamp(select(p.qmax - dmax, p.qmin - dmin, (p.qmin + dmin) + (p.qmax + dmax) > 0.0), p.qmin, p.qmax));
     }
-    scale[r] = sc;
+    scale[r] = TS(sc);
     zero_point[r] = i32(zp);
 }
 """
@@ -209,11 +210,11 @@ F32_EPS = 1.1920928955078125e-07  # torch.finfo(torch.float32).eps
 def _choose_qparams(b, mode, qmin, qmax, eps, per_row):
     x = b.args[0]
     scale, zp = b.value(len(b.args) - 1).items
-    for vid, kind in ((scale, "f32"), (zp, "i32")):
-        if wgsl_type(b.graph.values[vid].dtype) != kind:
-            raise NotImplementedError(f"{b.name}: output dtype {b.graph.values[vid].dtype}")
+    tx, ts, tz = (wgsl_type(b.graph.values[v].dtype) for v in (x, scale, zp))
+    if not is_float(b.graph.values[x].dtype) or ts not in ("f32", "f16") or tz != "i32":
+        raise NotImplementedError(f"{b.name}: {[b.graph.values[v].dtype for v in (x, scale, zp)]} tensors")
     params = b.params(32)
-    d = b.dispatch(DIV_RN + CHOOSE_QPARAMS, [x, scale, zp, params])
+    d = b.dispatch(DIV_RN + CHOOSE_QPARAMS.replace("TX", tx).replace("TS", ts), [x, scale, zp, params])
 
     def resize(ctx):
         dims = ctx.dims(x)
@@ -228,13 +229,13 @@ def _choose_qparams(b, mode, qmin, qmax, eps, per_row):
     b.hook(resize)
 
 
-@op("quantized_decomposed.choose_qparams.tensor")
+@op("quantized_decomposed.choose_qparams.tensor", half=True)
 def choose_qparams_tensor(b):
     """[input, quant_min, quant_max, eps, dtype, ValueList[scale [1], zero_point [1]]]."""
     _choose_qparams(b, 0, b.scalar(1), b.scalar(2), float(b.scalar(3)), per_row=False)
 
 
-@op("quantized_decomposed.choose_qparams_per_token_asymmetric.default")
+@op("quantized_decomposed.choose_qparams_per_token_asymmetric.default", half=True)
 def choose_qparams_per_token_asymmetric(b):
     """[input [..., K], dtype, ValueList[scales [..., 1], zero_points [..., 1]]]."""
     _choose_qparams(b, 1, -128, 127, F32_EPS, per_row=True)

@@ -38,6 +38,7 @@ class Moves(DynShapes):
             (x * 2).to(torch.int32),  # f16 -> i32
             (x > 0).half() + 1,  # bool -> f16
             (x.float() * 3).half(),  # f32 -> f16, rounding at the store
+            torch.round(x).bool(),  # f16 -> bool
         )
 
 
@@ -69,6 +70,7 @@ class Creates(torch.nn.Module):
             torch.cumsum(x, 0),
             torch.any(x > 1, 0).half() + x,
             torch.all(x > -1, 1).half() * 2,
+            torch.any(torch.round(x), 1),  # over f16 elements
         )
 
 
@@ -97,7 +99,7 @@ async def test_shape_ops_and_casts_on_f16_storage_are_exact(load_pte, kernel_var
     model = await load_pte(pte)
     assert model.precision == "f16", model.precision_note
     got = await model.execute(*_moves_calls()[0])
-    assert [o.dtype for o in got][-4:] == [np.float32, np.int32, np.float16, np.float16]
+    assert [o.dtype for o in got][-5:] == [np.float32, np.int32, np.float16, np.float16, np.bool_]
     await assert_matches_eager(model, module, _moves_calls(), atol=0, rtol=0)
 
 
