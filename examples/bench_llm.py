@@ -38,6 +38,7 @@ async def bench_wgpu(path, args):
     most = max(32, *args.sessions)  # every session in one ragged pass
     async with await ar.load(path, max_batch=most) as model, await ar.load(path, batch_submits=False) as unbatched:
         out["device"] = model.device_info.name
+        out["precision"], out["model_memory_bytes"] = model.precision, model.memory()
         max_step = model.inputs[0].max_shape[1]
         context = ar.context_length(model)
         rng = np.random.default_rng(0)
