@@ -11,10 +11,11 @@ same float16 values:
   (rtol = atol): f16 storage rounds each output to 11 bits (half an ulp is 4.9e-4 of the value)
   after f32 arithmetic;
 - RoPE and embeddings against torch eager fp16 (an embedding exactly; RoPE within 2e-3: torch
-  rounds each product to f16, the kernel only the result);
+  rounds each product to f16, the kernel only the result), and the ragged RoPE that stores k and
+  v in the f16 caches (rope_into_cache) against float64 attention of the f16-rounded rotations;
 - the greedy sampler's kernel over f16 logits against numpy's argmax (ties to the first index).
 
-Three exports also need a byte-copy op of another family (et_vk.prepack, aten.view_copy), which
+Four exports also need a byte-copy op of another family (et_vk.prepack, aten.view_copy), which
 these tests opt in to f16 themselves until branch f16-generic does.
 
 The f32 fallback (`load(..., precision="f32")`) runs the attention steps too, against the same
@@ -166,6 +167,75 @@ async def test_ragged_sessions(load_pte, kernel_variants):
             tg.start_soon(run, counts)
     stats = model.statistics()
     assert stats.executes == sum(map(len, tiled.PLANS)) and stats.submits < stats.executes
+
+
+class RopedAttention(torch.nn.Module):
+    """Embedded q, k, v (v first), Llama's RoPE at the positions' rows of a table, attention over
+    the KV cache: in a ragged pass, the RoPE stores k and v in the caches (pte_wgpu.rope_into_cache)."""
+
+    DIM, CONTEXT = 16, 64
+
+    def __init__(self):
+        super().__init__()
+        self.q = torch.nn.Embedding(tiled.VOCAB, HQ * self.DIM)
+        self.k = torch.nn.Embedding(tiled.VOCAB, HKV * self.DIM)
+        self.v = torch.nn.Embedding(tiled.VOCAB, HKV * self.DIM)
+        angles = torch.rand(self.CONTEXT, self.DIM // 2) * 6.3
+        self.register_buffer("freqs_cos", angles.cos())
+        self.register_buffer("freqs_sin", angles.sin())
+        self.register_buffer("k_cache", torch.zeros(1, self.CONTEXT, HKV, self.DIM))
+        self.register_buffer("v_cache", torch.zeros(1, self.CONTEXT, HKV, self.DIM))
+
+    def forward(self, tokens, input_pos):
+        s = tokens.shape[1]
+        pos = input_pos[0].item()
+        torch._check_is_size(pos)
+        torch._check(pos + s <= self.CONTEXT)
+        v = self.v(tokens).view(1, s, HKV, self.DIM)
+        q = self.q(tokens).view(1, s, HQ, self.DIM)
+        k = self.k(tokens).view(1, s, HKV, self.DIM)
+        q, k = torch.ops.et_vk.apply_rotary_emb(q, k, self.freqs_cos[pos : pos + s], self.freqs_sin[pos : pos + s])
+        y = torch.ops.llama.sdpa_with_kv_cache(q, k, v, self.k_cache, self.v_cache, pos, s, None, 0, True)
+        return y.view(1, s, HQ * self.DIM)
+
+    def reference(self, history, pos, s):
+        """float64 attention of rows pos..pos+s-1, q and k rotated and rounded to f16 as stored."""
+        tokens = torch.from_numpy(np.asarray(history[: pos + s], np.int64))
+        c, sn = (t.double().numpy()[: pos + s, None, :] for t in (self.freqs_cos, self.freqs_sin))
+        rows = []
+        for table, heads in ((self.q, HQ), (self.k, HKV), (self.v, HKV)):
+            rows.append(table(tokens).detach().double().numpy().reshape(pos + s, heads, self.DIM))
+        for i in (0, 1):
+            a, b = rows[i][..., 0::2], rows[i][..., 1::2]
+            rows[i] = np.stack([a * c - b * sn, a * sn + b * c], -1).reshape(rows[i].shape).astype(np.float16)
+        q, k, v = rows
+        return _attend(q[pos:], k, v, np.arange(pos, pos + s)).reshape(1, s, HQ * self.DIM)
+
+
+async def test_ragged_rope_into_cache(load_pte, kernel_variants):
+    pytest.importorskip("executorch.extension.llm.custom_ops.custom_ops")
+    pytest.importorskip("executorch.backends.vulkan.custom_ops_lib")
+    sample = (torch.randint(0, tiled.VOCAB, (1, 7)), torch.tensor([5]))
+    dynamic = ({1: torch.export.Dim("s", min=1, max=S_MAX)}, None)
+    pte, module = export_pte("f16att_roped_attention", lambda: RopedAttention().half(), sample, dynamic)
+    copies = [mock.patch.object(OPS[name], "half", True) for name in ("aten.view_copy.default", "et_vk.prepack.default")]
+    with copies[0], copies[1]:  # byte copies, f16 on branch f16-generic (see test_ragged_sessions)
+        model = await load_pte(pte)
+    assert (model.precision, model.batching) == ("f16", "ragged")
+    assert "pte_wgpu.rope_into_cache" in {name for name, _ in model.graph.calls}
+    rng = np.random.default_rng(8)
+
+    async def run(counts):
+        history, pos = rng.integers(0, tiled.VOCAB, sum(counts)), 0
+        async with model.session() as session:
+            for s in counts:
+                (got,) = await session.execute(np.asarray(history[pos : pos + s], np.int64)[None], np.array([pos], np.int64))
+                np.testing.assert_allclose(got, module.reference(history, pos, s), rtol=TOL, atol=TOL, err_msg=f"{s} rows at {pos}")
+                pos += s
+
+    async with anyio.create_task_group() as tg:
+        for counts in ([S_MAX, 1, 1, 22], [1, 33, 1, 2], [7, 1, 1, 1]):
+            tg.start_soon(run, counts)
 
 
 # -- update_cache, then custom_sdpa over the caches (the causal_sdpa fusion turned off) --------------
