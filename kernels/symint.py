@@ -1,7 +1,8 @@
 """SymInt ops: live scalars computed on the host from live shapes and host input data.
 
 They dispatch nothing (but `move` of a tensor, a copy of its bytes); their hooks set SymInt values,
-which the ops reading them turn into parameter bytes. `select_as_symint` is data-dependent: it reads an element of a host input.
+which the ops reading them turn into parameter bytes. `select_as_symint` is data-dependent: it
+reads an element of a host input.
 """
 
 import operator

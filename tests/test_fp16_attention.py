@@ -229,8 +229,10 @@ async def test_ragged_rope_into_cache(load_pte, kernel_variants):
         history, pos = rng.integers(0, tiled.VOCAB, sum(counts)), 0
         async with model.session() as session:
             for s in counts:
-                (got,) = await session.execute(np.asarray(history[pos : pos + s], np.int64)[None], np.array([pos], np.int64))
-                np.testing.assert_allclose(got, module.reference(history, pos, s), rtol=TOL, atol=TOL, err_msg=f"{s} rows at {pos}")
+                tokens = np.asarray(history[pos : pos + s], np.int64)[None]
+                (got,) = await session.execute(tokens, np.array([pos], np.int64))
+                want = module.reference(history, pos, s)
+                np.testing.assert_allclose(got, want, rtol=TOL, atol=TOL, err_msg=f"{s} rows at {pos}")
                 pos += s
 
     async with anyio.create_task_group() as tg:
@@ -266,9 +268,8 @@ async def test_update_cache_and_custom_sdpa(load_pte):
     sample = tuple(t.half() if t.is_floating_point() else t for t in sample)
     with mock.patch.dict(fusable_patterns):
         del fusable_patterns["causal_sdpa"]  # it would fuse the updates into sdpa_with_kv_cache
-        pte, _ = export_pte(
-            "f16att_update_custom_sdpa", lambda: UpdateThenAttend(dim).half(), sample, ({1: ROWS}, {1: ROWS}, {1: ROWS}, None)
-        )
+        dynamic = ({1: ROWS}, {1: ROWS}, {1: ROWS}, None)
+        pte, _ = export_pte("f16att_update_custom_sdpa", lambda: UpdateThenAttend(dim).half(), sample, dynamic)
     assert {"update_cache.default", "llama.custom_sdpa.default", "et_vk.prepack.default"} <= _delegate_ops(pte)
     # The caches reach the ops through et_vk.prepack, a byte copy (kernels/shape.py flat_copy, sized
     # by elem_bytes) that opts in to f16 on branch f16-generic; until that lands, opted in here.
@@ -414,9 +415,8 @@ def test_greedy_sampler_reads_f16_logits():
     buffers.append(device.create_buffer_with_data(data=params, usage=wgpu.BufferUsage.UNIFORM))
     module = device.create_shader_module(code="enable f16;\nalias LT = f16;\n" + GREEDY_ADVANCE)
     pipe = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
-    group = device.create_bind_group(
-        layout=pipe.get_bind_group_layout(0), entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(buffers)]
-    )
+    entries = [{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(buffers)]
+    group = device.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=entries)
     encoder = device.create_command_encoder()
     compute = encoder.begin_compute_pass()
     compute.set_pipeline(pipe)
