@@ -22,6 +22,7 @@ The f32 fallback (`load(..., precision="f32")`) runs the attention steps too, ag
 reference.
 """
 
+import contextlib
 import copy
 import math
 import struct
@@ -138,19 +139,18 @@ async def test_sdpa_caches_take_half_the_bytes_and_f32_still_matches(load_pte):
 # -- ragged passes: token embeddings as q, k, v (test_attention_tiled's module, cast to f16) --------
 
 
-async def test_ragged_sessions(load_pte, kernel_variants):
-    """Concurrent sessions' steps share ragged passes (kernels/attention.py ragged_sdpa, its cache
-    update and both routes) over f16 KV-cache slots."""
-    pytest.importorskip("executorch.extension.llm.custom_ops.custom_ops")
-    sample = (torch.randint(0, tiled.VOCAB, (1, 41)), torch.tensor([5]))
-    dynamic = ({1: torch.export.Dim("s", min=1, max=tiled.S_MAX)}, None)
-    pte, module = export_pte("f16att_embedded_attention", lambda: tiled.EmbeddedAttention().half(), sample, dynamic)
-    # q, k and v are views of the embeddings: aten.view_copy, a byte copy (kernels/shape.py
-    # flat_copy, sized by elem_bytes) that opts in to f16 on branch f16-generic; until then, here.
-    with mock.patch.object(OPS["aten.view_copy.default"], "half", True):
-        model = await load_pte(pte)
-    assert (model.precision, model.batching, model.kernels) == ("f16", "ragged", kernel_variants)
-    rng = np.random.default_rng(4)
+def _copies_in_f16(*names):
+    """Byte-copy ops (kernels/shape.py flat_copy, sized by elem_bytes: correct for f16) opted in to
+    f16 for a load, as they are on branch f16-generic: these exports also need them."""
+    stack = contextlib.ExitStack()
+    for name in names:
+        stack.enter_context(mock.patch.object(OPS[name], "half", True))
+    return stack
+
+
+async def _concurrent_sessions(model, plans, reference, rng):
+    """One session a plan of rows per step, all at once (ragged passes), fed random tokens; each
+    step's output must match `reference(history, pos, rows)` within TOL."""
 
     async def run(counts):
         history, pos = rng.integers(0, tiled.VOCAB, sum(counts)), 0
@@ -158,13 +158,26 @@ async def test_ragged_sessions(load_pte, kernel_variants):
             for s in counts:
                 tokens = np.asarray(history[pos : pos + s], np.int64)[None]
                 (got,) = await session.execute(tokens, np.array([pos], np.int64))
-                want = tiled._eager(module, history, pos, s)
+                want = reference(history, pos, s)
                 np.testing.assert_allclose(got, want, rtol=TOL, atol=TOL, err_msg=f"{s} rows at {pos}")
                 pos += s
 
     async with anyio.create_task_group() as tg:
-        for counts in tiled.PLANS:
+        for counts in plans:
             tg.start_soon(run, counts)
+
+
+async def test_ragged_sessions(load_pte, kernel_variants):
+    """Concurrent sessions' steps share ragged passes (kernels/attention.py ragged_sdpa, its cache
+    update and both routes) over f16 KV-cache slots."""
+    pytest.importorskip("executorch.extension.llm.custom_ops.custom_ops")
+    sample = (torch.randint(0, tiled.VOCAB, (1, 41)), torch.tensor([5]))
+    dynamic = ({1: torch.export.Dim("s", min=1, max=tiled.S_MAX)}, None)
+    pte, module = export_pte("f16att_embedded_attention", lambda: tiled.EmbeddedAttention().half(), sample, dynamic)
+    with _copies_in_f16("aten.view_copy.default"):  # q, k and v are views of the embeddings
+        model = await load_pte(pte)
+    assert (model.precision, model.batching, model.kernels) == ("f16", "ragged", kernel_variants)
+    await _concurrent_sessions(model, tiled.PLANS, lambda *step: tiled._eager(module, *step), np.random.default_rng(4))
     stats = model.statistics()
     assert stats.executes == sum(map(len, tiled.PLANS)) and stats.submits < stats.executes
 
@@ -218,26 +231,12 @@ async def test_ragged_rope_into_cache(load_pte, kernel_variants):
     sample = (torch.randint(0, tiled.VOCAB, (1, 7)), torch.tensor([5]))
     dynamic = ({1: torch.export.Dim("s", min=1, max=S_MAX)}, None)
     pte, module = export_pte("f16att_roped_attention", lambda: RopedAttention().half(), sample, dynamic)
-    copies = [mock.patch.object(OPS[name], "half", True) for name in ("aten.view_copy.default", "et_vk.prepack.default")]
-    with copies[0], copies[1]:  # byte copies, f16 on branch f16-generic (see test_ragged_sessions)
+    with _copies_in_f16("aten.view_copy.default", "et_vk.prepack.default"):
         model = await load_pte(pte)
     assert (model.precision, model.batching) == ("f16", "ragged")
     assert "pte_wgpu.rope_into_cache" in {name for name, _ in model.graph.calls}
-    rng = np.random.default_rng(8)
-
-    async def run(counts):
-        history, pos = rng.integers(0, tiled.VOCAB, sum(counts)), 0
-        async with model.session() as session:
-            for s in counts:
-                tokens = np.asarray(history[pos : pos + s], np.int64)[None]
-                (got,) = await session.execute(tokens, np.array([pos], np.int64))
-                want = module.reference(history, pos, s)
-                np.testing.assert_allclose(got, want, rtol=TOL, atol=TOL, err_msg=f"{s} rows at {pos}")
-                pos += s
-
-    async with anyio.create_task_group() as tg:
-        for counts in ([S_MAX, 1, 1, 22], [1, 33, 1, 2], [7, 1, 1, 1]):
-            tg.start_soon(run, counts)
+    plans = ([S_MAX, 1, 1, 22], [1, 33, 1, 2], [7, 1, 1, 1])
+    await _concurrent_sessions(model, plans, module.reference, np.random.default_rng(8))
 
 
 # -- update_cache, then custom_sdpa over the caches (the causal_sdpa fusion turned off) --------------
@@ -271,9 +270,7 @@ async def test_update_cache_and_custom_sdpa(load_pte):
         dynamic = ({1: ROWS}, {1: ROWS}, {1: ROWS}, None)
         pte, _ = export_pte("f16att_update_custom_sdpa", lambda: UpdateThenAttend(dim).half(), sample, dynamic)
     assert {"update_cache.default", "llama.custom_sdpa.default", "et_vk.prepack.default"} <= _delegate_ops(pte)
-    # The caches reach the ops through et_vk.prepack, a byte copy (kernels/shape.py flat_copy, sized
-    # by elem_bytes) that opts in to f16 on branch f16-generic; until that lands, opted in here.
-    with mock.patch.object(OPS["et_vk.prepack.default"], "half", True):
+    with _copies_in_f16("et_vk.prepack.default"):  # the caches reach the ops through a prepack
         model = await load_pte(pte)
     assert model.precision == "f16"
     rng = np.random.default_rng(7)
@@ -355,8 +352,7 @@ async def test_rope_hf(load_pte):
     sample = (torch.randn(1, 5, 3, 10).half(), torch.randn(1, 5, 1, 10).half(), torch.tensor([3]))
     s_dim = torch.export.Dim("s", min=1, max=16)
     pte, module = export_pte("f16att_rope_hf", lambda: HfRope(6).half(), sample, ({1: s_dim}, {1: s_dim}, None))
-    # the tables reach the op through et_vk.prepack (see test_update_cache_and_custom_sdpa)
-    with mock.patch.object(OPS["et_vk.prepack.default"], "half", True):
+    with _copies_in_f16("et_vk.prepack.default"):  # the tables reach the op through a prepack
         model = await load_pte(pte)
     assert model.precision == "f16"
     rng = np.random.default_rng(6)
