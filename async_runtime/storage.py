@@ -27,16 +27,15 @@ def storage_dtype(dtype):
 
 
 def input_words(arr):
-    """A host input's (or constant's) bytes as written to its buffer: 8-bit elements packed, and
-    8- or 16-bit ones zero-padded to a whole word (writes are in words)."""
+    """A host input's or constant's bytes as written to its buffer: 8-bit elements packed, an odd
+    count of 16-bit ones (f16), zero-padded to a whole word (writes are in words)."""
     if arr.nbytes % 4 == 0:
         return arr
     return np.concatenate([arr.view(np.uint8).ravel(), np.zeros(-arr.nbytes % 4, np.uint8)])
 
 
 def to_storage(tensor, raw, what):
-    """A constant's bytes from the file as the device stores them, zero-padded to a whole word (an
-    odd count of f16 values); packed bytes are kept as is."""
+    """A constant's bytes from the file as the device stores them; packed bytes are kept as is."""
     n = numel_of(tensor.dims)
     if tensor.dtype in PACKED:
         if len(raw) < n:

@@ -46,10 +46,9 @@ ROPE_INTO_CACHE = "pte_wgpu.rope_into_cache"
 RAGGED_SDPA = "pte_wgpu.ragged_sdpa"
 RAGGED_SDPA_CACHED = "pte_wgpu.ragged_sdpa_cached"
 MAX_GROUP = 4  # products per linear_group (the kernel's code grows with each)
-NORM_DTYPES = ("float32", "float16")  # of the rms norms fused into a linear (its own dtype checks decide the rest)
 
 
-@op(SILU_MUL, half=True)
+@op(SILU_MUL)
 def silu_mul(b):
     add_elementwise(b, [0, 1], "a / (1.0 + exp(-a)) * b")
 
@@ -276,7 +275,7 @@ def _fuse_norms(graph):
             j = readers.get(src, [None])[0] if uses[src] == 1 else None
         if j is None or calls[j][0] not in (LINEAR_GROUP, LINEAR_SILU_MUL) or calls[j][1][0] != src:
             continue
-        if values[x].dims != values[args[-1]].dims or values[x].dtype not in NORM_DTYPES or len(values[gamma].dims) != 1:
+        if values[x].dims != values[args[-1]].dims or values[x].dtype != "float32" or len(values[gamma].dims) != 1:
             continue
         fused_name, fused_args = calls[j]
         calls[j] = (fused_name.replace("pte_wgpu.", "pte_wgpu.rms_"), (*fused_args[:-1], x, gamma, args[2], fused_args[-1]))

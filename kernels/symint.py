@@ -1,16 +1,15 @@
 """SymInt ops: live scalars computed on the host from live shapes and host input data.
 
-They dispatch nothing (but `move` of a tensor, a copy of its bytes); their hooks set SymInt values,
-which the ops reading them turn into parameter bytes. `select_as_symint` is data-dependent: it
-reads an element of a host input.
+They dispatch nothing; their hooks set SymInt values, which the ops reading them turn into
+parameter bytes. `select_as_symint` is data-dependent: it reads an element of a host input.
 """
 
 import operator
 
 from resize.shapes import normalize_dim
 
-from .registry import HalfUnsupported, op
-from .wgsl import elem_bytes
+from .registry import op
+from .wgsl import copy_bytes
 
 
 @op("sym_size.int", half=True)
@@ -69,19 +68,15 @@ select_as_symint.data_dependent = True
 
 @op("move", half=True)
 def move(b):
-    """A MoveCall: the destination takes the source's value (a tensor copy of its bytes, or a SymInt)."""
+    """A MoveCall: the destination takes the source's value (a tensor copy or a SymInt)."""
     src, dst = b.args
     if b.is_tensor(0):
-        dtypes = b.tensor(0).dtype, b.tensor(1).dtype
-        if elem_bytes(dtypes[0]) != elem_bytes(dtypes[1]):  # a float16 tensor moved into a float32 one
-            error = HalfUnsupported if "float16" in dtypes else NotImplementedError
-            raise error(f"move of a {dtypes[0]} tensor into a {dtypes[1]} one")
+        dtype = b.tensor(0).dtype
         d = b.copy(src, dst)
-        eb = elem_bytes(dtypes[0])
 
         def resize(ctx):
             ctx.set_dims(dst, ctx.dims(src))
-            ctx.set_grid(d, (ctx.numel(src) * eb, 1, 1))
+            ctx.set_grid(d, (copy_bytes(ctx.numel(src), dtype), 1, 1))
 
     else:
 

@@ -27,6 +27,12 @@ def elem_bytes(dtype):
     return 1 if dtype in PACKED else 2 if dtype == "float16" else 4
 
 
+def copy_bytes(numel, dtype):
+    """The bytes an in-graph copy of `numel` elements moves: whole 4-byte words (WebGPU copies
+    multiples of 4; every buffer is padded to 4 bytes)."""
+    return -(-numel * elem_bytes(dtype) // 4) * 4
+
+
 def wgsl_type(dtype):
     return STORAGE[dtype]
 
