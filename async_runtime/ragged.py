@@ -205,7 +205,8 @@ class _Analysis:
         step = self.values[args[4]].value if len(args) > 5 else 1
         if table in self.labels or self.values[dim].value != 0 or step not in (1, None):
             raise NotRagged("a slice along the token axis that is not a position-table lookup")
-        if self.labels.get(start) != "pos" or self.labels.get(end) != "end" or len(v.dims) != 2 or v.dtype not in ("float32", "float16"):
+        float_table = len(v.dims) == 2 and v.dtype in ("float32", "float16")
+        if self.labels.get(start) != "pos" or self.labels.get(end) != "end" or not float_table:
             raise NotRagged("a slice of positions that is not table[pos : pos + S] of a 2-d float table")
         self.context.append(v.dims[0])
         self.calls.append((GATHER_ROWS, (table, self.row_pos, args[-1])))

@@ -7,7 +7,7 @@ from resize.shapes import numel_of
 
 from .quantized import EMBEDDING_Q4
 from .registry import op
-from .wgsl import FLAT_INDEX, WG, flat_grid, type_aliases
+from .wgsl import FLAT_INDEX, WG, flat_grid, type_aliases, wgsl_type
 
 EMBEDDING = f"""
 struct P {{ n: u32, dim: u32, rows: u32, pad: u32 }}
@@ -66,7 +66,7 @@ def last_rows(b):
     b.hook(resize)
 
 
-@op("quantized_decomposed.embedding_4bit.dtype")
+@op("quantized_decomposed.embedding_4bit.dtype", half=True)
 def embedding_4bit(b):
     """[weight uint8 [V, D/2], scales [V] or [V, groups], zero_points (None), quant_min, quant_max,
     indices, dtype, out [..., D]]: rows of 4-bit weights, the even element in the high nibble,
@@ -81,7 +81,8 @@ def embedding_4bit(b):
     dim, gs = row_bytes * 2, row_bytes * 2 // groups
     indices = b.args[5]
     params = b.params(32)
-    d = b.dispatch(EMBEDDING_Q4, [b.args[0], b.args[1], indices, b.out, params])
+    shader = EMBEDDING_Q4.replace("WS_TYPE", wgsl_type(st.dtype)).replace("OUT_TYPE", wgsl_type(b.graph.values[b.out].dtype))
+    d = b.dispatch(shader, [b.args[0], b.args[1], indices, b.out, params])
 
     def resize(ctx):
         shape = ctx.dims(indices) + (dim,)

@@ -427,7 +427,8 @@ def rms_norm(b):
     eps = float(b.scalar(2, 1e-6))
     to = _storage(b, out)
     body = RMS_NORM_BODY.format(WG=RWG, tree=_tree("a + b"), TO=to)
-    shader = _shader([("read", "x", _storage(b, x)), ("read", "w", _storage(b, weight)), ("read_write", "out", to)], body)
+    decls = [("read", "x", _storage(b, x)), ("read", "w", _storage(b, weight)), ("read_write", "out", to)]
+    shader = _shader(decls, body)
     params = b.params(PARAMS_SIZE)
     d = b.dispatch(shader, [x, weight, out, params])
 

@@ -48,7 +48,8 @@ def _run_kernel(device, dim, q, kc, vc, pos=0, tables=None):
     if half and "shader-f16" not in device.features:
         pytest.skip("the adapter has no shader-f16")
     storage = "f16" if half else "f32"
-    shader = ("enable f16;\n" if half else "") + "".join(f"alias {a} = {storage};\n" for a in ("QT", "KCT", "VCT", "OT")) + shader
+    aliases = "".join(f"alias {a} = {storage};\n" for a in ("QT", "KCT", "VCT", "OT"))  # kernels/wgsl.py type_aliases
+    shader = ("enable f16;\n" if half else "") + aliases + shader
     usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
     out = device.create_buffer(size=-(-q.nbytes // 4) * 4, usage=usage)
     device.queue.write_buffer(out, 0, np.full(-(-q.nbytes // 4), np.nan, np.float32))

@@ -11,16 +11,18 @@ same float16 values:
   (rtol = atol): f16 storage rounds each output to 11 bits (half an ulp is 4.9e-4 of the value)
   after f32 arithmetic;
 - RoPE and embeddings against torch eager fp16 (an embedding exactly; RoPE within 2e-3: torch
-  rounds each product to f16, the kernel only the result);
+  rounds each product to f16, the kernel only the result), and the ragged RoPE that stores k and
+  v in the f16 caches (rope_into_cache) against float64 attention of the f16-rounded rotations;
 - the greedy sampler's kernel over f16 logits against numpy's argmax (ties to the first index).
 
-Three exports also need a byte-copy op of another family (et_vk.prepack, aten.view_copy), which
+Four exports also need a byte-copy op of another family (et_vk.prepack, aten.view_copy), which
 these tests opt in to f16 themselves until branch f16-generic does.
 
 The f32 fallback (`load(..., precision="f32")`) runs the attention steps too, against the same
 reference.
 """
 
+import contextlib
 import copy
 import math
 import struct
@@ -137,19 +139,18 @@ async def test_sdpa_caches_take_half_the_bytes_and_f32_still_matches(load_pte):
 # -- ragged passes: token embeddings as q, k, v (test_attention_tiled's module, cast to f16) --------
 
 
-async def test_ragged_sessions(load_pte, kernel_variants):
-    """Concurrent sessions' steps share ragged passes (kernels/attention.py ragged_sdpa, its cache
-    update and both routes) over f16 KV-cache slots."""
-    pytest.importorskip("executorch.extension.llm.custom_ops.custom_ops")
-    sample = (torch.randint(0, tiled.VOCAB, (1, 41)), torch.tensor([5]))
-    dynamic = ({1: torch.export.Dim("s", min=1, max=tiled.S_MAX)}, None)
-    pte, module = export_pte("f16att_embedded_attention", lambda: tiled.EmbeddedAttention().half(), sample, dynamic)
-    # q, k and v are views of the embeddings: aten.view_copy, a byte copy (kernels/shape.py
-    # flat_copy, sized by elem_bytes) that opts in to f16 on branch f16-generic; until then, here.
-    with mock.patch.object(OPS["aten.view_copy.default"], "half", True):
-        model = await load_pte(pte)
-    assert (model.precision, model.batching, model.kernels) == ("f16", "ragged", kernel_variants)
-    rng = np.random.default_rng(4)
+def _copies_in_f16(*names):
+    """Byte-copy ops (kernels/shape.py flat_copy, sized by elem_bytes: correct for f16) opted in to
+    f16 for a load, as they are on branch f16-generic: these exports also need them."""
+    stack = contextlib.ExitStack()
+    for name in names:
+        stack.enter_context(mock.patch.object(OPS[name], "half", True))
+    return stack
+
+
+async def _concurrent_sessions(model, plans, reference, rng):
+    """One session a plan of rows per step, all at once (ragged passes), fed random tokens; each
+    step's output must match `reference(history, pos, rows)` within TOL."""
 
     async def run(counts):
         history, pos = rng.integers(0, tiled.VOCAB, sum(counts)), 0
@@ -157,15 +158,85 @@ async def test_ragged_sessions(load_pte, kernel_variants):
             for s in counts:
                 tokens = np.asarray(history[pos : pos + s], np.int64)[None]
                 (got,) = await session.execute(tokens, np.array([pos], np.int64))
-                want = tiled._eager(module, history, pos, s)
+                want = reference(history, pos, s)
                 np.testing.assert_allclose(got, want, rtol=TOL, atol=TOL, err_msg=f"{s} rows at {pos}")
                 pos += s
 
     async with anyio.create_task_group() as tg:
-        for counts in tiled.PLANS:
+        for counts in plans:
             tg.start_soon(run, counts)
+
+
+async def test_ragged_sessions(load_pte, kernel_variants):
+    """Concurrent sessions' steps share ragged passes (kernels/attention.py ragged_sdpa, its cache
+    update and both routes) over f16 KV-cache slots."""
+    pytest.importorskip("executorch.extension.llm.custom_ops.custom_ops")
+    sample = (torch.randint(0, tiled.VOCAB, (1, 41)), torch.tensor([5]))
+    dynamic = ({1: torch.export.Dim("s", min=1, max=tiled.S_MAX)}, None)
+    pte, module = export_pte("f16att_embedded_attention", lambda: tiled.EmbeddedAttention().half(), sample, dynamic)
+    with _copies_in_f16("aten.view_copy.default"):  # q, k and v are views of the embeddings
+        model = await load_pte(pte)
+    assert (model.precision, model.batching, model.kernels) == ("f16", "ragged", kernel_variants)
+    await _concurrent_sessions(model, tiled.PLANS, lambda *step: tiled._eager(module, *step), np.random.default_rng(4))
     stats = model.statistics()
     assert stats.executes == sum(map(len, tiled.PLANS)) and stats.submits < stats.executes
+
+
+class RopedAttention(torch.nn.Module):
+    """Embedded q, k, v (v first), Llama's RoPE at the positions' rows of a table, attention over
+    the KV cache: in a ragged pass, the RoPE stores k and v in the caches (pte_wgpu.rope_into_cache)."""
+
+    DIM, CONTEXT = 16, 64
+
+    def __init__(self):
+        super().__init__()
+        self.q = torch.nn.Embedding(tiled.VOCAB, HQ * self.DIM)
+        self.k = torch.nn.Embedding(tiled.VOCAB, HKV * self.DIM)
+        self.v = torch.nn.Embedding(tiled.VOCAB, HKV * self.DIM)
+        angles = torch.rand(self.CONTEXT, self.DIM // 2) * 6.3
+        self.register_buffer("freqs_cos", angles.cos())
+        self.register_buffer("freqs_sin", angles.sin())
+        self.register_buffer("k_cache", torch.zeros(1, self.CONTEXT, HKV, self.DIM))
+        self.register_buffer("v_cache", torch.zeros(1, self.CONTEXT, HKV, self.DIM))
+
+    def forward(self, tokens, input_pos):
+        s = tokens.shape[1]
+        pos = input_pos[0].item()
+        torch._check_is_size(pos)
+        torch._check(pos + s <= self.CONTEXT)
+        v = self.v(tokens).view(1, s, HKV, self.DIM)
+        q = self.q(tokens).view(1, s, HQ, self.DIM)
+        k = self.k(tokens).view(1, s, HKV, self.DIM)
+        q, k = torch.ops.et_vk.apply_rotary_emb(q, k, self.freqs_cos[pos : pos + s], self.freqs_sin[pos : pos + s])
+        y = torch.ops.llama.sdpa_with_kv_cache(q, k, v, self.k_cache, self.v_cache, pos, s, None, 0, True)
+        return y.view(1, s, HQ * self.DIM)
+
+    def reference(self, history, pos, s):
+        """float64 attention of rows pos..pos+s-1, q and k rotated and rounded to f16 as stored."""
+        tokens = torch.from_numpy(np.asarray(history[: pos + s], np.int64))
+        c, sn = (t.double().numpy()[: pos + s, None, :] for t in (self.freqs_cos, self.freqs_sin))
+        rows = []
+        for table, heads in ((self.q, HQ), (self.k, HKV), (self.v, HKV)):
+            rows.append(table(tokens).detach().double().numpy().reshape(pos + s, heads, self.DIM))
+        for i in (0, 1):
+            a, b = rows[i][..., 0::2], rows[i][..., 1::2]
+            rows[i] = np.stack([a * c - b * sn, a * sn + b * c], -1).reshape(rows[i].shape).astype(np.float16)
+        q, k, v = rows
+        return _attend(q[pos:], k, v, np.arange(pos, pos + s)).reshape(1, s, HQ * self.DIM)
+
+
+async def test_ragged_rope_into_cache(load_pte, kernel_variants):
+    pytest.importorskip("executorch.extension.llm.custom_ops.custom_ops")
+    pytest.importorskip("executorch.backends.vulkan.custom_ops_lib")
+    sample = (torch.randint(0, tiled.VOCAB, (1, 7)), torch.tensor([5]))
+    dynamic = ({1: torch.export.Dim("s", min=1, max=S_MAX)}, None)
+    pte, module = export_pte("f16att_roped_attention", lambda: RopedAttention().half(), sample, dynamic)
+    with _copies_in_f16("aten.view_copy.default", "et_vk.prepack.default"):
+        model = await load_pte(pte)
+    assert (model.precision, model.batching) == ("f16", "ragged")
+    assert "pte_wgpu.rope_into_cache" in {name for name, _ in model.graph.calls}
+    plans = ([S_MAX, 1, 1, 22], [1, 33, 1, 2], [7, 1, 1, 1])
+    await _concurrent_sessions(model, plans, module.reference, np.random.default_rng(8))
 
 
 # -- update_cache, then custom_sdpa over the caches (the causal_sdpa fusion turned off) --------------
@@ -196,13 +267,10 @@ async def test_update_cache_and_custom_sdpa(load_pte):
     sample = tuple(t.half() if t.is_floating_point() else t for t in sample)
     with mock.patch.dict(fusable_patterns):
         del fusable_patterns["causal_sdpa"]  # it would fuse the updates into sdpa_with_kv_cache
-        pte, _ = export_pte(
-            "f16att_update_custom_sdpa", lambda: UpdateThenAttend(dim).half(), sample, ({1: ROWS}, {1: ROWS}, {1: ROWS}, None)
-        )
+        dynamic = ({1: ROWS}, {1: ROWS}, {1: ROWS}, None)
+        pte, _ = export_pte("f16att_update_custom_sdpa", lambda: UpdateThenAttend(dim).half(), sample, dynamic)
     assert {"update_cache.default", "llama.custom_sdpa.default", "et_vk.prepack.default"} <= _delegate_ops(pte)
-    # The caches reach the ops through et_vk.prepack, a byte copy (kernels/shape.py flat_copy, sized
-    # by elem_bytes) that opts in to f16 on branch f16-generic; until that lands, opted in here.
-    with mock.patch.object(OPS["et_vk.prepack.default"], "half", True):
+    with _copies_in_f16("et_vk.prepack.default"):  # the caches reach the ops through a prepack
         model = await load_pte(pte)
     assert model.precision == "f16"
     rng = np.random.default_rng(7)
@@ -284,8 +352,7 @@ async def test_rope_hf(load_pte):
     sample = (torch.randn(1, 5, 3, 10).half(), torch.randn(1, 5, 1, 10).half(), torch.tensor([3]))
     s_dim = torch.export.Dim("s", min=1, max=16)
     pte, module = export_pte("f16att_rope_hf", lambda: HfRope(6).half(), sample, ({1: s_dim}, {1: s_dim}, None))
-    # the tables reach the op through et_vk.prepack (see test_update_cache_and_custom_sdpa)
-    with mock.patch.object(OPS["et_vk.prepack.default"], "half", True):
+    with _copies_in_f16("et_vk.prepack.default"):  # the tables reach the op through a prepack
         model = await load_pte(pte)
     assert model.precision == "f16"
     rng = np.random.default_rng(6)
@@ -344,9 +411,8 @@ def test_greedy_sampler_reads_f16_logits():
     buffers.append(device.create_buffer_with_data(data=params, usage=wgpu.BufferUsage.UNIFORM))
     module = device.create_shader_module(code="enable f16;\nalias LT = f16;\n" + GREEDY_ADVANCE)
     pipe = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
-    group = device.create_bind_group(
-        layout=pipe.get_bind_group_layout(0), entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(buffers)]
-    )
+    entries = [{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(buffers)]
+    group = device.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=entries)
     encoder = device.create_command_encoder()
     compute = encoder.begin_compute_pass()
     compute.set_pipeline(pipe)
