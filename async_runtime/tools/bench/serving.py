@@ -1,27 +1,28 @@
 """Host work of the serving path: the OpenAI-compatible server over HTTP against the engine alone.
 
-    python -m async_runtime.tools.bench.serving MODEL.pte --tokenizer TOKENIZER.json \\
-        [--streams 8,32,64] [--requests 4] [--max-tokens 64] [--rounds 3] [--profile] [--json FILE]
+    python -m async_runtime.tools.bench.serving MODEL.pte --tokenizer TOKENIZER.json [--streams 8,32,64]
+        [--requests 4] [--max-tokens 64] [--prompt TEXT] [--no-stream] [--rounds 3] [--profile] [--json FILE]
 
-`--tokenizer bytes` stands for a byte-level BPE of 256 byte tokens and one end token (the tiny
-Llama test export's vocabulary of 257), run by the `tokenizers` package like a real one.
+`--tokenizer bytes` (the default) stands for a byte-level BPE of 256 byte tokens and one end token
+(the tiny Llama test export's vocabulary of 257), run by the `tokenizers` package like a real one.
 
 For each number of streams N, in one process and one model (loaded with `max_batch` >= N), in
 alternating order for `--rounds` rounds:
 
 - engine: N tasks each run `--requests` requests one after the other through
   `LocalEngine.stream` (a session each, the text pieces, stop strings, detokenization);
-- server: `create_app` over the same model served by hypercorn on loopback, and N streaming
-  clients (httpx, in a child process so that their CPU time is not the server's) each posting
-  `--requests` streaming `/v1/completions` one after the other, reading every SSE event.
+- server: `create_app` over the same model served by hypercorn on loopback, and N clients (httpx,
+  in a child process so that their CPU time is not the server's) each posting `--requests`
+  `/v1/completions` one after the other, streaming (reading every SSE event) unless `--no-stream`.
 
 Every request is greedy with `ignore_eos`, so each generates `--max-tokens` tokens (or fills the
-context). Reported per run: tokens/s (tokens generated over the wall time of the run) and the
-CPU time of the event loop's thread per token (`time.thread_time`: the host work of the loop,
-without the GPU driver's threads or the client's process). The figures to improve are the
-server/engine ratios, taken from the same round. `--profile` adds one profiled server run per N
-(cProfile of the loop thread): the loop's CPU time split by component, each built-in function
-counted with the component that called it most.
+context). Reported per run: tokens/s (tokens generated over the wall time of the run), the CPU
+time of the event loop's thread per token (`time.thread_time`: the host work of the loop, without
+the GPU driver's threads or the client's process), and tokens per GPU pass (how full the batches
+were: `statistics().submits` counts a burst's passes). The figures to improve are the
+server/engine ratios, taken from the same round. `--profile` adds one profiled engine run and one
+profiled server run per N (cProfile of the loop thread, CPU time): the loop's CPU time per token
+split by component, each built-in function counted with the component of its busiest caller.
 """
 
 import argparse
@@ -73,9 +74,9 @@ async def engine_run(engine, prompt, streams, requests, max_tokens):
     async def client():
         nonlocal tokens
         for _ in range(requests):
-            async for piece in engine.stream(prompt, settings_for(max_tokens), []):
-                last = piece
-            tokens += last.tokens
+            async for batch in engine.stream(prompt, settings_for(max_tokens), []):
+                pass
+            tokens += batch[-1].tokens
 
     cpu, t = time.thread_time(), time.perf_counter()
     async with anyio.create_task_group() as tg:
@@ -84,12 +85,12 @@ async def engine_run(engine, prompt, streams, requests, max_tokens):
     return tokens, time.perf_counter() - t, time.thread_time() - cpu
 
 
-async def server_run(url, metrics, streams, requests, max_tokens, prompt, profiler=None):
+async def server_run(url, metrics, streams, requests, max_tokens, prompt, stream=True, profiler=None):
     """(tokens, seconds, loop CPU seconds) of the child process's clients against the server."""
     generated = "pte_wgpu:generation_tokens_total"
     before = metrics.registry.get_sample_value(generated)
     command = [sys.executable, "-m", "async_runtime.tools.bench.serving", "--client", url, "--streams", str(streams), "--requests", str(requests),
-               "--max-tokens", str(max_tokens), "--prompt", prompt]
+               "--max-tokens", str(max_tokens), "--prompt", prompt, *([] if stream else ["--no-stream"])]
     cpu = time.thread_time()
     if profiler:
         profiler.enable()
@@ -103,11 +104,11 @@ async def server_run(url, metrics, streams, requests, max_tokens, prompt, profil
     return metrics.registry.get_sample_value(generated) - before, report["seconds"], cpu
 
 
-async def clients(url, streams, requests, max_tokens, prompt):
-    """The child process: N streaming clients; prints {"seconds", "events", "errors", ...}."""
+async def clients(url, streams, requests, max_tokens, prompt, stream):
+    """The child process: N clients (streaming, or not); prints {"seconds", "events", "errors", ...}."""
     import httpx
 
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": stream}
     events, errors, first_error = 0, 0, None
     limits = httpx.Limits(max_connections=streams, max_keepalive_connections=streams)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
@@ -123,6 +124,11 @@ async def clients(url, streams, requests, max_tokens, prompt):
             nonlocal events, errors, first_error
             for _ in range(requests):
                 try:
+                    if not stream:
+                        r = await client.post("/v1/completions", json=body)
+                        r.raise_for_status()
+                        events += len(r.json()["choices"])
+                        continue
                     async with client.stream("POST", "/v1/completions", json=body) as r:
                         r.raise_for_status()
                         done = False
@@ -204,24 +210,34 @@ async def measure(args):
             rows = {"engine": [], "server": []}
             async with anyio.create_task_group() as tg:
                 tg.start_soon(serve, app, "127.0.0.1", port, stop.wait)
-                await server_run(url, app.metrics, min(n, 4), 1, args.max_tokens, args.prompt)  # up, warm
+                await server_run(url, app.metrics, min(n, 4), 1, args.max_tokens, args.prompt, args.stream)  # up, warm
                 await engine_run(engine, prompt, min(n, 4), 1, args.max_tokens)
                 for r in range(args.rounds):
                     order = ("engine", "server") if r % 2 == 0 else ("server", "engine")
                     for kind in order:
+                        submits = model.statistics().submits
                         if kind == "engine":
                             run = await engine_run(engine, prompt, n, args.requests, args.max_tokens)
                         else:
-                            run = await server_run(url, app.metrics, n, args.requests, args.max_tokens, args.prompt)
-                        rows[kind].append(run)
-                profile = None
+                            run = await server_run(url, app.metrics, n, args.requests, args.max_tokens, args.prompt, args.stream)
+                        rows[kind].append((*run, model.statistics().submits - submits))
+                profile = {}
                 if args.profile:
-                    profiler = cProfile.Profile(time.thread_time)  # CPU time of the loop thread, not waits
-                    tokens, _, _ = await server_run(url, app.metrics, n, args.requests, args.max_tokens, args.prompt, profiler)
-                    split = component_split(pstats.Stats(profiler))
-                    total = sum(split.values())
-                    profile = {k: round(v / tokens * 1e6, 1) for k, v in sorted(split.items(), key=lambda kv: -kv[1])}
-                    profile["total (profiled, us/token)"] = round(total / tokens * 1e6, 1)
+                    for kind in ("engine", "server"):
+                        profiler = cProfile.Profile(time.thread_time)  # CPU time of the loop thread, not waits
+                        if kind == "engine":
+                            profiler.enable()
+                            tokens, _, _ = await engine_run(engine, prompt, n, args.requests, args.max_tokens)
+                            profiler.disable()
+                        else:
+                            tokens, _, _ = await server_run(url, app.metrics, n, args.requests, args.max_tokens,
+                                                            args.prompt, args.stream, profiler)
+                        stats = pstats.Stats(profiler)
+                        split = component_split(stats)
+                        profile[kind] = {k: round(v / tokens * 1e6, 1) for k, v in sorted(split.items(), key=lambda kv: -kv[1])}
+                        profile[kind]["total"] = round(sum(split.values()) / tokens * 1e6, 1)
+                        if args.profile_dump:
+                            stats.dump_stats(f"{args.profile_dump}_{kind}_{n}.prof")
                 stop.set()
             results[n] = summarize(rows, profile)
             print(f"{n} streams: {json.dumps(results[n])}", flush=True)
@@ -229,18 +245,22 @@ async def measure(args):
 
 
 def summarize(rows, profile):
-    rate = {k: [t / s for t, s, _ in v] for k, v in rows.items()}
-    cpu = {k: [c / t * 1e6 for t, _, c in v] for k, v in rows.items()}
+    rate = {k: [t / s for t, s, _, _ in v] for k, v in rows.items()}
+    cpu = {k: [c / t * 1e6 for t, _, c, _ in v] for k, v in rows.items()}
+    batching = {k: [t / n for t, _, _, n in v] for k, v in rows.items()}
     out = {
         "engine_tokens_per_s": round(statistics.median(rate["engine"])),
         "server_tokens_per_s": round(statistics.median(rate["server"])),
         "server_over_engine": round(statistics.median(s / e for s, e in zip(rate["server"], rate["engine"])), 3),
         "engine_loop_cpu_us_per_token": round(statistics.median(cpu["engine"]), 1),
         "server_loop_cpu_us_per_token": round(statistics.median(cpu["server"]), 1),
-        "rounds": len(rows["engine"]),
+        "engine_tokens_per_pass": round(statistics.median(batching["engine"]), 1),
+        "server_tokens_per_pass": round(statistics.median(batching["server"]), 1),
+        "server_loop_cpu_rounds": [round(c, 1) for c in cpu["server"]],
+        "engine_loop_cpu_rounds": [round(c, 1) for c in cpu["engine"]],
     }
     if profile:
-        out["server_profile_us_per_token"] = profile
+        out["profile_us_per_token"] = profile
     return out
 
 
@@ -252,13 +272,15 @@ def main(argv=None):
     p.add_argument("--requests", type=int, default=4, help="requests each stream makes, one after the other")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--prompt", default=PROMPT)
+    p.add_argument("--no-stream", dest="stream", action="store_false", help="the clients ask for whole answers")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--profile-dump", help="also write each profile to PREFIX_<engine|server>_<N>.prof")
     p.add_argument("--json")
     p.add_argument("--client", help=argparse.SUPPRESS)  # the child process's role: the server's url
     args = p.parse_args(argv)
     if args.client:
-        return anyio.run(clients, args.client, int(args.streams), args.requests, args.max_tokens, args.prompt)
+        return anyio.run(clients, args.client, int(args.streams), args.requests, args.max_tokens, args.prompt, args.stream)
     if not args.pte:
         p.error("the .pte to serve is needed")
     results = anyio.run(measure, args)
