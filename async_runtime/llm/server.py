@@ -14,6 +14,7 @@ The tokenizer is any object with `encode(text) -> ids`, `decode(ids) -> str`,
 import json
 import time
 from contextlib import aclosing
+from json.encoder import encode_basestring
 
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse, StreamingResponse
@@ -216,8 +217,8 @@ def _chunk_template(obj):
     before, (between, after) = parts[0], parts[1].split(f'"{_FINISH}"')
     finishes = {f: json.dumps(f) for f in (None, "stop", "length")}
 
-    def chunk(text, finish):
-        return f"{before}{json.dumps(text, ensure_ascii=False)}{between}{finishes[finish]}{after}"
+    def chunk(text, finish):  # encode_basestring: what json.dumps(text, ensure_ascii=False) calls
+        return f"{before}{encode_basestring(text)}{between}{finishes[finish]}{after}"
 
     return chunk
 
