@@ -3,13 +3,14 @@
 import json
 import logging
 import socket
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 
 import anyio
 import httpx
 import pytest
 
 import async_runtime as ar
+from async_runtime.llm.engine import Piece, text_pieces
 from async_runtime.llm.server import create_app, serve
 from async_runtime.tools.cli import main as cli
 
@@ -162,11 +163,23 @@ async def test_a_client_that_disconnects_frees_its_session(server):
         assert r.status_code == 200
 
 
-async def test_metrics_follow_a_stream_and_count_its_tokens(server):
+async def test_metrics_follow_a_stream_and_count_its_tokens(server, monkeypatch):
+    from async_runtime.llm import engine
+
     url, model = server
+    scraped, text_pieces = anyio.Event(), engine.text_pieces
+
+    async def held_after_the_first_burst(*args):
+        """The stream's tokens wait for the scrape after the first burst: a burst may hold them all."""
+        async with aclosing(text_pieces(*args)) as batches:
+            async for batch in batches:
+                yield batch
+                await scraped.wait()
+
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:
         r = await client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 5, "temperature": 0})
         first = r.json()["usage"]
+        monkeypatch.setattr(engine, "text_pieces", held_after_the_first_burst)
         body = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 30, "temperature": 0}
         async with client.stream("POST", "/v1/chat/completions", json=body) as r:
             lines = r.aiter_lines()
@@ -174,6 +187,9 @@ async def test_metrics_follow_a_stream_and_count_its_tokens(server):
                 if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
                     break  # one token is out: the request holds its slot now
             during = await scrape(client)
+            scraped.set()
+            rest = [line async for line in lines]
+        assert rest[-2:] == ["data: [DONE]", ""]
         with anyio.fail_after(10):
             while (after := await scrape(client))[("pte_wgpu:kv_slots_used", ())]:
                 await anyio.sleep(0.02)
@@ -185,9 +201,8 @@ async def test_metrics_follow_a_stream_and_count_its_tokens(server):
     assert after[("pte_wgpu:prompt_tokens_total", ())] == first["prompt_tokens"] + chat_prompt
     assert after[("pte_wgpu:generation_tokens_total", ())] > first["completion_tokens"] == 5
     assert after[("pte_wgpu:time_to_first_token_seconds_count", ())] == 2
-    finished = after[("pte_wgpu:request_success_total", (("finished_reason", "length"),))]
-    assert finished in (1, 2)  # the left stream counts only if it finished before its client left
-    assert after[("pte_wgpu:e2e_request_latency_seconds_count", ())] == finished
+    assert after[("pte_wgpu:request_success_total", (("finished_reason", "length"),))] == 2
+    assert after[("pte_wgpu:e2e_request_latency_seconds_count", ())] == 2
     assert after[("pte_wgpu:gpu_submits_total", ())] == model.statistics().submits > 0
 
 
@@ -287,3 +302,36 @@ async def test_ignore_eos_generates_max_tokens_past_stop_tokens(model):
         assert r.json()["usage"]["completion_tokens"] == 7 and r.json()["choices"][0]["finish_reason"] == "length"
         r = await client.post("/v1/completions", json=dict(body, ignore_eos="yes"))
         assert r.status_code == 400 and "ignore_eos" in r.text
+
+
+def pieces_token_by_token(tokenizer, ids, stop_strings):
+    """The pieces of decoding all the ids at every token and cutting at the first stop string."""
+    pieces, sent = [], ""
+    for k in range(1, len(ids) + 1):
+        text = tokenizer.decode(ids[:k])
+        if text.endswith("\ufffd"):
+            continue
+        cut = min((text.find(s) for s in stop_strings if s in text), default=-1)
+        if cut >= 0:
+            return pieces + [Piece(text[len(sent):cut], "stop", k)]
+        if text[len(sent):]:
+            pieces.append(Piece(text[len(sent):], None, k))
+            sent = text
+    return pieces + [Piece("", "length", len(ids))]
+
+
+async def test_text_pieces_come_a_burst_at_a_time_as_token_by_token(model):
+    tokenizer = ByteTokenizer()
+    prompt = tokenizer.encode("hello")
+    settings = dict(max_new_tokens=40, temperature=0.0, top_p=1.0, top_k=0, seed=None, ignore_eos=True)
+    async with model.session() as session:
+        ids = [t async for t in ar.generate(session, prompt, max_new_tokens=40)]
+    text = tokenizer.decode(ids)
+    for stop_strings in ([], [text[20:22], "never"], [text[3:5]]):
+        async with model.session() as session:
+            batches = [b async for b in text_pieces(session, tokenizer, prompt, settings, stop_strings)]
+        pieces = [p for b in batches for p in b]
+        assert pieces == pieces_token_by_token(tokenizer, ids, stop_strings)
+        burst = lambda tokens: 0 if tokens == 1 else 1 + (tokens - 2) // 16  # the first token, then bursts of 16
+        assert model.greedy_bursts and all(len({burst(p.tokens) for p in batch}) == 1 for batch in batches)
+        assert max(len(batch) for batch in batches) > 1  # a list holds a burst's pieces

@@ -44,7 +44,8 @@ def replica_adapter():
 
 
 class ModelReplica:
-    """One model on one adapter; `generate` streams `Piece`s as tuples, the first one `ADMITTED`."""
+    """One model on one adapter; `generate` streams `ADMITTED` as a tuple, then each list of
+    `Piece`s as a list of tuples (one Ray item a burst)."""
 
     async def __init__(self, pte, tokenizer, max_sessions):
         self.model = await load(pte, device=replica_adapter())
@@ -76,8 +77,9 @@ class ModelReplica:
         # Ray throws CancelledError in at our `yield` when the client leaves: aclosing passes it on,
         # so the slot and the session are freed now, not when the inner generator is collected.
         async with aclosing(self.engine.stream(prompt, settings, stop_strings)) as pieces:
-            async for piece in pieces:
-                yield tuple(piece)
+            yield tuple(await anext(pieces))  # ADMITTED
+            async for batch in pieces:
+                yield [tuple(piece) for piece in batch]
 
 
 def _as_busy_or_failed(error, busy):
@@ -147,7 +149,7 @@ class ClusterEngine:
             try:
                 yield ADMITTED
                 async for item in response:
-                    yield Piece(*item)
+                    yield [Piece(*piece) for piece in item]
                 ended = True
             except Exception as e:
                 ended = True

@@ -5,8 +5,10 @@
 The cluster's engine (`cluster.py`) has the same interface over Ray Serve replicas.
 
 An engine's `stream(prompt, settings, stop_strings)` is an async generator: its first item is
-`ADMITTED` once the request holds a slot (or it raises `Busy` first), then `Piece`s. A failure of
-the device or of a replica after admission is `GenerationFailed`.
+`ADMITTED` once the request holds a slot (or it raises `Busy` first), then lists of `Piece`s, a
+list for the tokens that came together (a greedy burst), so the layers above write, send and
+count once a burst rather than once a token. A failure of the device or of a replica after
+admission is `GenerationFailed`.
 """
 
 from contextlib import aclosing
@@ -73,27 +75,66 @@ class Slots:
         self.semaphore.release()
 
 
+class Detokenizer:
+    """`tokenizer.decode(ids)` of a growing list of ids without decoding them all every time.
+
+    The text is that of the ids up to an anchor (kept) and the decode of the ids after it, which
+    starts CONTEXT ids before the anchor for decoders whose text for a token depends on the one
+    before (a SentencePiece space); the anchor moves every REANCHOR ids to where the text ends on
+    a whole character. When the text of the context ids is not where their decode with the new
+    ids starts, all the ids are decoded."""
+
+    CONTEXT, REANCHOR = 4, 16
+
+    def __init__(self, tokenizer):
+        self.decode = tokenizer.decode
+        self.ids = []
+        self.anchor = self.start = 0  # start: the first context id, anchor - CONTEXT
+        self.text = ""  # the decode of ids[:anchor]
+        self.head = ""  # the decode of ids[start:anchor]
+
+    def add(self, token):
+        """The text of all the ids so far, `token` included; it ends with U+FFFD while the last
+        character is unfinished."""
+        self.ids.append(token)
+        tail = self.decode(self.ids[self.start:])
+        text = self.text + tail[len(self.head):] if tail.startswith(self.head) else self.decode(self.ids)
+        if len(self.ids) - self.anchor >= self.REANCHOR and not text.endswith("\ufffd"):
+            self.anchor, self.text = len(self.ids), text
+            self.start = max(0, self.anchor - self.CONTEXT)
+            self.head = self.decode(self.ids[self.start:self.anchor])
+        return text
+
+
 async def text_pieces(session, tokenizer, prompt, settings, stop_strings):
-    """`Piece`s as tokens come, with the tokenizer's stop tokens and the stop strings cut."""
-    ids, sent = [], ""
+    """Lists of `Piece`s as tokens come, with the tokenizer's stop tokens and the stop strings cut:
+    one list for the tokens that came together (a greedy burst)."""
+    sent, batch = "", []
     settings = dict(settings)
     stop_ids = () if settings.pop("ignore_eos", False) else tokenizer.stop_ids
+    longest_stop = max((len(s) for s in stop_strings), default=0)
+    text = Detokenizer(tokenizer)
     gen = generate(session, prompt, stop=stop_ids, **settings)
     async for token in gen:
         if token in stop_ids:
             break
-        ids.append(token)
-        text = tokenizer.decode(ids)
-        if text.endswith("\ufffd"):
-            continue  # an unfinished UTF-8 sequence: wait for its next byte
-        cut = min((text.find(s) for s in stop_strings if s and s in text), default=-1)
-        if cut >= 0:
-            yield Piece(text[len(sent):cut], "stop", gen.stats.generated_tokens)
-            return
-        if text[len(sent):]:
-            yield Piece(text[len(sent):], None, gen.stats.generated_tokens)
-            sent = text
-    yield Piece("", gen.stats.finish_reason or "length", gen.stats.generated_tokens)
+        new = text.add(token)
+        if not new.endswith("\ufffd"):  # else an unfinished UTF-8 sequence: wait for its next byte
+            # a stop string not found in `sent` ends past its start; the first one found is the cut
+            start = max(0, len(sent) - longest_stop + 1)
+            cut = min((i for i in (new.find(s, start) for s in stop_strings if s) if i >= 0), default=-1)
+            if cut >= 0:
+                batch.append(Piece(new[len(sent):cut], "stop", gen.stats.generated_tokens))
+                yield batch
+                return
+            if new[len(sent):]:
+                batch.append(Piece(new[len(sent):], None, gen.stats.generated_tokens))
+                sent = new
+        if batch and not gen.ready:
+            yield batch
+            batch = []
+    batch.append(Piece("", gen.stats.finish_reason or "length", gen.stats.generated_tokens))
+    yield batch
 
 
 class LocalEngine:
@@ -141,8 +182,8 @@ class LocalEngine:
                     self.sessions.add(session)
                     try:
                         async with aclosing(text_pieces(session, self.tokenizer, prompt, settings, stop_strings)) as pieces:
-                            async for piece in pieces:
-                                yield piece
+                            async for batch in pieces:
+                                yield batch
                     finally:
                         self.sessions.discard(session)
             except BrokenResourceError as e:

@@ -81,7 +81,8 @@ class GenerationStats:
 class generate:
     """An async iterator over the new token ids for `prompt` (a list of ids) on `session`,
     starting at position `start` of its KV cache (0 for a new conversation). `stats` and
-    `position` are up to date as tokens come."""
+    `position` are up to date as tokens come; `ready` is how many more tokens the iterator holds
+    already (the rest of a greedy burst), so a consumer can handle a burst's tokens together."""
 
     def __init__(self, session, prompt, *, max_new_tokens=256, temperature=0.0, top_k=0, top_p=1.0,
                  seed=None, stop=(), start=0, burst=16):
@@ -91,6 +92,7 @@ class generate:
         self.sampling = Sampling(temperature, top_k, top_p, seed)
         self.stop = set(int(t) for t in stop)
         self.position = int(start)
+        self.ready = 0
         self.stats = GenerationStats(prompt_tokens=len(self.prompt))
         model = getattr(session, "_model", session)
         self.context = context_length(model)
@@ -122,11 +124,13 @@ class generate:
         picked, left = [self.sampling.pick(logits)], self.max_new_tokens  # picked: not yet fed but the last
         while True:
             for i, token in enumerate(picked):
+                self.ready = len(picked) - i - 1
                 left -= 1
                 self.stats.generated_tokens += 1
                 self.stats.generate_seconds = time.perf_counter() - t0
                 if token in self.stop:  # said before the yield: a caller may stop reading at it
                     self.stats.finish_reason = "stop"
+                    self.ready = 0
                     yield token
                     return
                 yield token

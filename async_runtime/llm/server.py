@@ -14,6 +14,7 @@ The tokenizer is any object with `encode(text) -> ids`, `decode(ids) -> str`,
 import json
 import time
 from contextlib import aclosing
+from json.encoder import encode_basestring
 
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse, StreamingResponse
@@ -114,9 +115,8 @@ def build_app(engine, tokenizer, *, model_name="model", max_tokens=256, api_key=
                 return {"index": 0, key: content, "finish_reason": finish}
             return {"index": 0, "text": delta, "finish_reason": finish, "logprobs": None}
 
-        def chunk(delta, finish):
-            return _sse({"id": rid, "object": chunk_kind, "created": created, "model": model_name,
-                         "choices": [choice(delta, finish, True)]})
+        chunk = _chunk_template({"id": rid, "object": chunk_kind, "created": created, "model": model_name,
+                                 "choices": [choice(_TEXT, _FINISH, True)]})
 
         pieces = engine.stream(prompt, settings, stop_strings)
         try:
@@ -132,10 +132,10 @@ def build_app(engine, tokenizer, *, model_name="model", max_tokens=256, api_key=
             parts = []
             try:
                 async with aclosing(pieces):
-                    async for piece in pieces:
-                        parts.append(piece.text)
-                        record.generated(piece.tokens)
-                        record.finish_reason = piece.finish or record.finish_reason
+                    async for batch in pieces:
+                        parts += [piece.text for piece in batch]
+                        record.generated(batch[-1].tokens)
+                        record.finish_reason = batch[-1].finish or record.finish_reason
             except GenerationFailed as e:
                 return _error(500, str(e), "server_error")
             text = "".join(parts)
@@ -148,21 +148,26 @@ def build_app(engine, tokenizer, *, model_name="model", max_tokens=256, api_key=
 
         async def events():
             # Starlette cancels this generator when the client disconnects: the generation stops
-            # and its session closes.
+            # and its session closes. One write a burst: its pieces' events together; the last
+            # burst's with [DONE], once the session is closed.
+            last = ""
             async with aclosing(pieces):
                 if chat:
                     first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
                     yield _sse({"id": rid, "object": chunk_kind, "created": created, "model": model_name, "choices": [first]})
                 try:
-                    async for piece in pieces:
-                        record.generated(piece.tokens)
-                        record.finish_reason = piece.finish
-                        if piece.text or piece.finish:
-                            yield chunk(piece.text, piece.finish)
+                    async for batch in pieces:
+                        record.generated(batch[-1].tokens)
+                        record.finish_reason = batch[-1].finish
+                        text = "".join([chunk(p.text, p.finish) for p in batch if p.text or p.finish])
+                        if record.finish_reason:
+                            last = text
+                        elif text:
+                            yield text
                 except GenerationFailed as e:
                     yield _sse({"error": {"message": str(e), "type": "server_error"}})
                     return
-            yield "data: [DONE]\n\n"
+            yield last + "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
@@ -196,6 +201,26 @@ def build_app(engine, tokenizer, *, model_name="model", max_tokens=256, api_key=
 
 def _sse(obj):
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+# Stand-ins for a chunk's text and finish reason in its template (private-use characters, which
+# no request id holds: the middleware takes printable ones only).
+_TEXT, _FINISH = "\ue000", "\ue001"
+
+
+def _chunk_template(obj):
+    """`(text, finish) -> _sse(obj)` with `_TEXT` and `_FINISH` in `obj` replaced by them: the
+    event's bytes as json.dumps writes them, the fixed parts dumped once."""
+    parts = _sse(obj).split(f'"{_TEXT}"')
+    if len(parts) != 2 or parts[1].count(f'"{_FINISH}"') != 1:
+        raise ValueError(f"a stream's ids and model name may not be {_TEXT!r} or {_FINISH!r}")
+    before, (between, after) = parts[0], parts[1].split(f'"{_FINISH}"')
+    finishes = {f: json.dumps(f) for f in (None, "stop", "length")}
+
+    def chunk(text, finish):  # encode_basestring: what json.dumps(text, ensure_ascii=False) calls
+        return f"{before}{encode_basestring(text)}{between}{finishes[finish]}{after}"
+
+    return chunk
 
 
 async def serve(app, host="127.0.0.1", port=8000, shutdown_trigger=None):
