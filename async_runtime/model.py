@@ -144,10 +144,11 @@ class Model:
         values = graph.values
         self._adapter, self.device, self.device_info = await open_device(device_name)
         self.kernels = adapter_class(self.device_info.adapter_type)  # which kernel variants
+        subgroups = "subgroup" in self.device_info.features
         nodes = []
         for name, args in graph.calls:
             try:
-                nodes.append(build_node(graph, name, args, self.kernels))
+                nodes.append(build_node(graph, name, args, self.kernels, subgroups))
             except NotImplementedError as e:
                 raise UnsupportedOperatorError([f"{name} ({e})"]) from e
             except Exception as e:  # a hostile file can break an op's argument reading in any way

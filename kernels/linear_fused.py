@@ -21,9 +21,22 @@ import struct
 from resize.shapes import fold_grid, numel_of
 
 from .gemm import PARAMS_SIZE, GemmRoute, fp32_load, gemm_scratch, params_bytes
-from .linear import CPU_GROUP_ROWS, CPU_WG, GEMV_MAX_ROWS, GEMV_REDUCE, GEMV_ROWS, _check_f32, gemv_t_body, gemv_t_cpu_body, linear_shapes
+from .linear import (
+    CPU_GROUP_ROWS,
+    CPU_WG,
+    GEMV_MAX_ROWS,
+    GEMV_REDUCE,
+    GEMV_ROWS,
+    SG_WG_ROWS,
+    SUBGROUP_BUILTINS,
+    _check_f32,
+    gemv_sg_body,
+    gemv_t_body,
+    gemv_t_cpu_body,
+    linear_shapes,
+)
 from .registry import op
-from .variants import CPU
+from .variants import CPU, GPU
 from .wgsl import FLAT_INDEX, WG, flat_grid
 
 SILU = "v0 / (1.0 + exp(-v0)) * v1"  # the same expression as pte_wgpu.silu_mul's
@@ -31,61 +44,79 @@ SILU = "v0 / (1.0 + exp(-v0)) * v1"  # the same expression as pte_wgpu.silu_mul'
 # kernel, 8 rows' accumulators cost more than they save: side by side on an H100, SwiGLU's GEMV
 # took 12 µs at 4 rows against 18 at 8 for one decode row, and 36 against 42 for 16 rows.
 GROUP_ROWS = 4
+SUBGROUP = "subgroup"  # the third GEMV kind: CPU adapters with subgroups, K a multiple of 4
 
 
-def _group_shader(count, norm, cpu):
+def _kind(b, weights):
+    """Which GEMV the op builds: GPU, CPU, or SUBGROUP (kernels/linear.py's gemv_sg_body) where the
+    adapter class is CPU, the device has subgroups and the weights' K is whole vec4s."""
+    if b.adapter != CPU:
+        return GPU
+    whole = all(len(d) == 2 and d[1] % 4 == 0 for d in (b.graph.values[w].dims for w in weights))
+    return SUBGROUP if b.subgroups and whole else CPU
+
+
+def _body(kind, weights, n, store, norm):
+    """The GEMV statements of `kind` for `weights`; `store(r)` writes input row r's output n."""
+    if kind == SUBGROUP:
+        return "let nw = wg * " + f"{SG_WG_ROWS}u;\n    " + gemv_sg_body(weights, n, "(q.K / 4u)", store(0), scale=_scale(norm))
+    body_of, first, per = (gemv_t_cpu_body, "n", f"{CPU_WG}u + li") if kind == CPU else (gemv_t_body, "n0", "4u")
+    return f"let {first} = wg * {per};\n    " + body_of(weights, n, "q.K", store, scale=_scale(norm), group_rows=_rows(kind))
+
+
+def _group_shader(count, norm, kind):
     """GEMV over `count` products: params q = (M, K, eps, then N_j and first workgroup S_j per
     product); with `norm`, binding 0 holds the rows before the RMS norm."""
     fields = ["M: u32", "K: u32", "eps: f32"] + [f"N{j}: u32" for j in range(count)] + [f"S{j}: u32" for j in range(count)]
     fields += [f"pad{i}: u32" for i in range(-len(fields) % 4)]
     weights = [f"w{j}" for j in range(count)]
     outs = [f"o{j}" for j in range(count)]
-    body_of, first = (gemv_t_cpu_body, "n") if cpu else (gemv_t_body, "n0")
     branches = []
     for j in range(count):
-        body = body_of([f"w{j}"], f"q.N{j}", "q.K", lambda r, j=j: f"o{j}[(r0 + {r}u) * q.N{j} + n] = v0;", scale=_scale(norm), group_rows=_rows(cpu))
-        cond = f"if (wg < q.S{j + 1}) " if j + 1 < count else ""
-        branches.append(f"{cond}{{\n    let {first} = {_first_output(f'wg - q.S{j}', cpu)};\n    {body}\n    }}")
-    return _gemv_shader(fields, weights, outs, norm, " else ".join(branches), cpu)
+        body = _body(kind, [f"w{j}"], f"q.N{j}", lambda r, j=j: f"o{j}[(r0 + {r}u) * q.N{j} + n] = v0;", norm)
+        cond = f"if (wg0 < q.S{j + 1}) " if j + 1 < count else ""
+        branches.append(f"{cond}{{\n    let wg = wg0 - q.S{j};\n    {body}\n    }}")
+    return _gemv_shader(fields, weights, outs, norm, " else ".join(branches), kind)
 
 
-def _swiglu_shader(norm, cpu):
-    body_of, first = (gemv_t_cpu_body, "n") if cpu else (gemv_t_body, "n0")
-    body = f"let {first} = {_first_output('wg', cpu)};\n    " + body_of(
-        ["wg_", "wu_"], "q.N", "q.K", lambda r: f"out[(r0 + {r}u) * q.N + n] = {SILU};", scale=_scale(norm), group_rows=_rows(cpu)
-    )
-    return _gemv_shader(["M: u32", "K: u32", "eps: f32", "N: u32"], ["wg_", "wu_"], ["out"], norm, body, cpu)
+def _swiglu_shader(norm, kind):
+    body = "let wg = wg0;\n    " + _body(kind, ["wg_", "wu_"], "q.N", lambda r: f"out[(r0 + {r}u) * q.N + n] = {SILU};", norm)
+    return _gemv_shader(["M: u32", "K: u32", "eps: f32", "N: u32"], ["wg_", "wu_"], ["out"], norm, body, kind)
 
 
-def _rows(cpu):
-    """Input rows per workgroup of the GPU GEMV, per invocation of the CPU one."""
-    return CPU_GROUP_ROWS if cpu else GROUP_ROWS
+def _rows(kind):
+    """Input rows per workgroup of the GPU GEMV, per invocation of the CPU ones."""
+    return GROUP_ROWS if kind == GPU else CPU_GROUP_ROWS
 
 
-def _first_output(group, cpu):
-    """The GPU GEMV's first output of 4-output workgroup `group`; the CPU one's invocation's own."""
-    return f"({group}) * {CPU_WG}u + li" if cpu else f"({group}) * 4u"
+def _per(kind):
+    """Outputs per workgroup."""
+    return {GPU: GEMV_ROWS, CPU: CPU_WG, SUBGROUP: SG_WG_ROWS}[kind]
 
 
 def _scale(norm):
     return (lambda r, i: f" * rstd{r} * gamma[{i}]") if norm else None
 
 
-def _gemv_shader(fields, weights, outs, norm, body, cpu):
-    lines = ["struct Q { " + ", ".join(fields) + " }", "@group(0) @binding(0) var<storage, read> a: array<f32>;"]
+def _gemv_shader(fields, weights, outs, norm, body, kind):
+    # The subgroup GEMV reads the input, weights and gamma as vec4s; a_at(i) is element i either way.
+    t, a_at = ("vec4<f32>", "a[i / 4u][i % 4u]") if kind == SUBGROUP else ("f32", "a[i]")
+    lines = ["struct Q { " + ", ".join(fields) + " }", f"@group(0) @binding(0) var<storage, read> a: array<{t}>;"]
     names = weights + (["gamma"] if norm else [])
-    lines += [f"@group(0) @binding({1 + i}) var<storage, read> {w}: array<f32>;" for i, w in enumerate(names)]
+    lines += [f"@group(0) @binding({1 + i}) var<storage, read> {w}: array<{t}>;" for i, w in enumerate(names)]
     lines += [f"@group(0) @binding({1 + len(names) + i}) var<storage, read_write> {o}: array<f32>;" for i, o in enumerate(outs)]
     lines.append(f"@group(0) @binding({1 + len(names) + len(outs)}) var<uniform> q: Q;")
-    shared, size, rms = (_RMS_CPU_SHARED, CPU_WG, _rms_cpu(_rows(cpu))) if cpu else (GEMV_REDUCE, 256, _RMS)
+    lines.append(f"fn a_at(i: u32) -> f32 {{ return {a_at}; }}")
+    shared, size, rms = (GEMV_REDUCE, 256, _RMS) if kind == GPU else (_RMS_CPU_SHARED, CPU_WG, _rms_cpu(_rows(kind)))
     return "\n".join(lines) + shared + f"""
 @compute @workgroup_size({size})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {{
-    let r0 = wid.z * {_rows(cpu)}u;
-    let rows = min({_rows(cpu)}u, q.M - r0);
-    let wg = wid.x + wid.y * nwg.x;
+        @builtin(local_invocation_index) li: u32{SUBGROUP_BUILTINS if kind == SUBGROUP else ""}) {{
+    let r0 = wid.z * {_rows(kind)}u;
+    let rows = min({_rows(kind)}u, q.M - r0);
+    let wg0 = wid.x + wid.y * nwg.x;
     let aoff = r0 * q.K;
+    let aoff4 = aoff / 4u;
     {rms if norm else ""}
     {body}
 }}
@@ -98,7 +129,7 @@ _SQ = range(-(-GROUP_ROWS // 4))
 _RMS = "\n    ".join(
     [f"var sq{i} = vec4<f32>(0.0);" for i in _SQ]
     + ["if (li < 128u) {", "for (var k = li; k < q.K; k = k + 128u) {"]
-    + [f"if ({r}u < rows) {{ let c = a[aoff + {r}u * q.K + k]; sq{r // 4}[{r % 4}] = sq{r // 4}[{r % 4}] + c * c; }}" for r in range(GROUP_ROWS)]
+    + [f"if ({r}u < rows) {{ let c = a_at(aoff + {r}u * q.K + k); sq{r // 4}[{r % 4}] = sq{r // 4}[{r % 4}] + c * c; }}" for r in range(GROUP_ROWS)]
     + ["}", "}"]
     + [f"red[{i * 256}u + li] = sq{i};" for i in _SQ]
     + ["workgroupBarrier();", "for (var s = 64u; s > 0u; s = s >> 1u) {", "if (li < s) {"]
@@ -120,7 +151,7 @@ def _rms_cpu(rows):
     return "\n    ".join(
         ["var lo = vec4<f32>(0.0);", "var hi = vec4<f32>(0.0);"]
         + [f"for (var k = li + {h}u; k < q.K; k = k + 128u) {{" + "".join(
-            f" if ({r}u < rows) {{ let c = a[aoff + {r}u * q.K + k]; {v}[{r}] = {v}[{r}] + c * c; }}" for r in range(rows)
+            f" if ({r}u < rows) {{ let c = a_at(aoff + {r}u * q.K + k); {v}[{r}] = {v}[{r}] + c * c; }}" for r in range(rows)
         ) + " }" for h, v in ((0, "lo"), (64, "hi"))]
         + ["sq[li] = lo + hi;", "workgroupBarrier();", "var t: array<vec4<f32>, 32>;"]
         + ["for (var j = 0u; j < 32u; j = j + 1u) { t[j] = sq[j] + sq[j + 32u]; }"]
@@ -171,9 +202,9 @@ class _Products:
         return gemv, m, k, ns
 
 
-def _gemv_grid(workgroups, m, cpu):
+def _gemv_grid(workgroups, m, kind):
     x, y, _ = fold_grid(workgroups)
-    return (x, y, -(-m // _rows(cpu)))
+    return (x, y, -(-m // _rows(kind)))
 
 
 def _norm_args(b, norm):
@@ -192,9 +223,9 @@ def linear_group(b):
     _check_f32(b, range(1 + len(weights)))
     products = _Products(b, b.args[0], weights, outs)
     q = b.params(4 * (3 + 2 * len(weights)))
-    cpu = b.adapter == CPU  # the GEMV variant (kernels/variants.py); outputs per workgroup
-    per = CPU_WG if cpu else GEMV_ROWS
-    gemv = b.dispatch(_group_shader(len(weights), norm, cpu), [*head, *weights, *tail, *outs, q])
+    kind = _kind(b, weights)  # the GEMV variant (kernels/variants.py)
+    per = _per(kind)
+    gemv = b.dispatch(_group_shader(len(weights), norm, kind), [*head, *weights, *tail, *outs, q])
 
     def resize(ctx):
         use_gemv, m, k, ns = products.resize(ctx)
@@ -202,7 +233,7 @@ def linear_group(b):
         for n in ns:
             starts.append(starts[-1] + -(-n // per))
         ctx.set_params(q, struct.pack(f"<2If{2 * len(ns)}I", m, k, eps, *ns, *starts[:-1]))
-        ctx.set_grid(gemv, _gemv_grid(starts[-1], m, cpu) if use_gemv else (0, 0, 0))
+        ctx.set_grid(gemv, _gemv_grid(starts[-1], m, kind) if use_gemv else (0, 0, 0))
 
     b.hook(resize)
 
@@ -215,9 +246,9 @@ def linear_silu_mul(b):
     _check_f32(b, range(3))
     products = _Products(b, b.args[0], (w_gate, w_up), (gate, up))
     q, e = b.params(16), b.params(16)
-    cpu = b.adapter == CPU  # the GEMV variant (kernels/variants.py); outputs per workgroup
-    per = CPU_WG if cpu else GEMV_ROWS
-    gemv = b.dispatch(_swiglu_shader(norm, cpu), [*head, w_gate, w_up, *tail, out, q])
+    kind = _kind(b, (w_gate, w_up))  # the GEMV variant (kernels/variants.py)
+    per = _per(kind)
+    gemv = b.dispatch(_swiglu_shader(norm, kind), [*head, w_gate, w_up, *tail, out, q])
     gate_up = b.dispatch(SWIGLU_ELEMENTWISE, [gate, up, out, e])
 
     def resize(ctx):
@@ -227,7 +258,7 @@ def linear_silu_mul(b):
         out_dims = ctx.dims(gate)
         ctx.set_params(q, struct.pack("<2IfI", m, k, eps, n))
         ctx.set_params(e, struct.pack("<4I", numel_of(out_dims), 0, 0, 0))
-        ctx.set_grid(gemv, _gemv_grid(-(-n // per), m, cpu) if use_gemv else (0, 0, 0))
+        ctx.set_grid(gemv, _gemv_grid(-(-n // per), m, kind) if use_gemv else (0, 0, 0))
         ctx.set_grid(gate_up, flat_grid(numel_of(out_dims)) if not use_gemv and m else (0, 0, 0))
         ctx.set_dims(out, out_dims)
 

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from async_runtime.testing import assert_matches_eager
+from resize.values import Scalar, Tensor, ValueList
+from kernels import build_node
 from kernels import gemm as G
 from kernels import linear as L
 
@@ -81,6 +83,10 @@ CASES = {
     "bmm_dyn_split": (BMM, [(3, 67, 199), (3, 199, 71)], ({1: _m(67)}, None)),
     "addmm_dyn": (lambda: AddMM(13, 29), [(17, 13)], ({0: _m(17)},)),
     "fused_dyn": (lambda: FusedLinears(37, 41, 23, 53), [(1, 71, 37)], ({1: _m(71)},)),
+    # K a multiple of 4 with odd N: the subgroup GEMVs of CPU adapters (q/k/v, SwiGLU, the plain
+    # linear), next to products whose K is not (o: 41, down: 53)
+    "linear_dyn_k4": (lambda: Linear(96, 37, False), [(33, 96)], ({0: _m(33)},)),
+    "fused_dyn_k4": (lambda: FusedLinears(40, 41, 23, 53), [(1, 34, 40)], ({1: _m(34)},)),
 }
 # where live M sits in each input's shape (None: the input has no M)
 M_AXIS = {
@@ -93,6 +99,8 @@ M_AXIS = {
     "bmm_dyn_split": [1, None],
     "addmm_dyn": [0],
     "fused_dyn": [1],
+    "linear_dyn_k4": [0],
+    "fused_dyn_k4": [1],
 }
 
 
@@ -143,6 +151,40 @@ async def test_fused_linears_run_as_fused_ops(load_pte):
     assert "aten.linear.default" not in names and model.fused == 5  # silu, swiglu, 2 residuals, q/k/v
 
 
+async def test_cpu_adapters_take_subgroup_gemvs_where_k_is_whole_vec4s(load_pte, kernel_variants):
+    """With the CPU variants on a device with subgroups, the products of fused_dyn_k4 with K = 40
+    (q/k/v, SwiGLU) sum along K in subgroups; those with K = 41 or 53 (o, down) do not."""
+    data, _ = _export("fused_dyn_k4")
+    model = await load_pte(data)
+    if kernel_variants == "gpu" or "subgroup" not in model.device_info.features:
+        assert not any("subgroupAdd" in (d.shader or "") for d in model.graph.dispatches)
+        return
+    await model.execute(*_inputs("fused_dyn_k4", 1, np.random.default_rng(5)))
+    grids = model._default.state.grids
+    live = {}  # op -> whether a subgroup GEMV ran
+    for i, d in enumerate(model.graph.dispatches):
+        live[d.op] = live.get(d.op, False) or ("subgroupAdd" in (d.shader or "") and all(grids[i]))
+    assert live["pte_wgpu.linear_group"] and live["pte_wgpu.linear_silu_mul"]
+    assert not live["pte_wgpu.linear_residual"]
+
+
+def test_subgroup_variants_need_the_feature():
+    """Built for a CPU adapter, a linear and a SwiGLU with K = 96 use subgroups only where the
+    device has them (model.py passes its feature)."""
+
+    class Graph:
+        def __init__(self):
+            self.params, self.dispatches = [], []
+            self.values = [Tensor("float32", (3, 96)), Tensor("float32", (37, 96)), Scalar(None), Tensor("float32", (3, 37))]
+            self.values += [Tensor("float32", (37, 96)), ValueList((3, 3, 3))]  # up, and SwiGLU's (out, gate, up)
+
+    for subgroups in (False, True):
+        for name, args in (("aten.linear.default", [0, 1, 2, 3]), ("pte_wgpu.linear_silu_mul", [0, 1, 4, 5])):
+            graph = Graph()
+            build_node(graph, name, args, "cpu", subgroups)
+            assert any("subgroupAdd" in (d.shader or "") for d in graph.dispatches) == subgroups, name
+
+
 def test_grids_stay_within_limits():
     x, y, z = L.gemv_grid("aten.linear.default", 300_001, True, 1)
     assert max(x, y, z) <= 65535 and x * y * 4 >= 300_001
@@ -155,12 +197,16 @@ def test_grids_stay_within_limits():
 
 async def test_gemv_variant_runs_for_few_rows_of_a_wide_weight(load_pte, kernel_variants):
     """linear_bias_dyn_k4 (N >= GEMV_T4_MIN_N, K % 4 == 0) takes the vec4 GEMV on GPUs, the
-    one-invocation-per-output GEMV on CPU adapters, up to 32 rows, and the GEMM past that (its
-    values are checked in test_dynamic_rows_switch_routes)."""
+    subgroup GEMV on CPU adapters (one invocation per output without subgroups), up to 32 rows,
+    and the GEMM past that (its values are checked in test_dynamic_rows_switch_routes)."""
     data, _ = _export("linear_bias_dyn_k4")
     model = await load_pte(data)
     assert model.kernels == kernel_variants
-    shader = L.gemv_t4_shader(True) if kernel_variants == "gpu" else L.gemv_shader(True, True, cpu=True)
+    if kernel_variants == "gpu":
+        shader = L.gemv_t4_shader(True)
+    else:
+        subgroups = "subgroup" in model.device_info.features
+        shader = L.gemv_sg_shader(True) if subgroups else L.gemv_shader(True, True, cpu=True)
     (gemv,) = [i for i, d in enumerate(model.graph.dispatches) if d.shader == shader]
     assert any("row_of_a" in (d.shader or "") for d in model.graph.dispatches) == (kernel_variants == "gpu")
     rng = np.random.default_rng(3)
