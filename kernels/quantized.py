@@ -29,7 +29,7 @@ import struct
 from resize.shapes import fold_grid, numel_of
 
 from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, bindings, gemm_scratch, params_bytes
-from .linear import CPU_WG, GEMV_MAX_ROWS, SG_ROWS, SG_WG_ROWS, SUBGROUP_BUILTINS
+from .linear import CPU_WG, GEMV_MAX_ROWS, SG_GEMV, SG_LANES, SUBGROUP_BUILTINS, sg_wg_rows
 from .registry import op
 from .variants import CPU
 from .wgsl import FLAT_INDEX, PACKED, WG, flat_grid, is_float
@@ -215,13 +215,13 @@ def gemv_shader(dq8, zp_packed, has_bias, word_group):
 
 # CPU adapters with subgroups (kernels/linear.py's gemv_sg_body, for 4-bit words): the lanes of a
 # subgroup walk a weight row together, lane l reading vec4 of words l, l + S, .. (32 weights, one
-# scale group: gs % 32 == 0) for SG_ROWS rows, each input vec4 it loads reused for those rows;
+# scale group: gs % 32 == 0) for SG_GEMV's rows, each input vec4 it loads reused for those rows;
 # subgroupAdd sums a row's lanes. Needs K % 32 == 0 and rows of whole vec4s of words. On lavapipe
 # each invocation's load is a scalar loop over the lanes, so loading 32 weights as one vec4 and
 # the input once for 4 rows is what counts.
 def _sg_gemv(dq8):
-    rows = range(SG_ROWS)
-    lines = [f"for (var g = li / sgs; g < {SG_WG_ROWS // SG_ROWS}u; g = g + {CPU_WG}u / sgs) {{", f"let n0 = nw + g * {SG_ROWS}u;"]
+    rows = range(SG_GEMV[1])
+    lines = [f"for (var g = li / sgs; g < {CPU_WG // SG_LANES}u; g = g + {CPU_WG}u / sgs) {{", f"let n0 = nw + g * {len(rows)}u;"]
     lines += [f"let c{i} = min(n0 + {i}u, q.N - 1u);" for i in rows] + [f"var acc{i} = 0.0;" for i in rows]
     lines += ["for (var v = lane; v < q.K / 32u; v = v + sgs) {", "    let k0 = v * 32u;"]
     for j in range(8):
@@ -245,7 +245,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let m = wid.z;
     let xo4 = m * q.K / 4u;
     let wpr4 = q.wpr / 4u;
-    let nw = (wid.x + wid.y * nwg.x) * {SG_WG_ROWS}u;
+    let nw = (wid.x + wid.y * nwg.x) * {sg_wg_rows(SG_GEMV)}u;
 {GEMV_DQ8_SETUP if dq8 else ""}
     {body}
 }}
@@ -369,7 +369,7 @@ def _add_q4_linear(b, x, xs, xz, weight, scales, group_size, bias):
         use_sg = use_gemv and sg is not None and k % 32 == 0
         ctx.set_grid(gemv, fold_grid(-(-n // GEMV_ROWS))[:2] + (m,) if use_gemv and not use_sg else (0, 0, 0))
         if sg is not None:
-            ctx.set_grid(sg, fold_grid(-(-n // SG_WG_ROWS))[:2] + (m,) if use_sg else (0, 0, 0))
+            ctx.set_grid(sg, fold_grid(-(-n // sg_wg_rows(SG_GEMV)))[:2] + (m,) if use_sg else (0, 0, 0))
         gemm.set_grids(ctx, m, n, 1, splits, use_gemm)
         ctx.set_dims(b.out, tuple(xd[:-1]) + (n,))
 

@@ -197,22 +197,27 @@ def test_grids_stay_within_limits():
 
 async def test_gemv_variant_runs_for_few_rows_of_a_wide_weight(load_pte, kernel_variants):
     """linear_bias_dyn_k4 (N >= GEMV_T4_MIN_N, K % 4 == 0) takes the vec4 GEMV on GPUs, the
-    subgroup GEMV on CPU adapters (one invocation per output without subgroups), up to 32 rows,
-    and the GEMM past that (its values are checked in test_dynamic_rows_switch_routes)."""
+    one-invocation-per-output GEMV on CPU adapters without subgroups, up to 32 rows, and the GEMM
+    past that; on CPU adapters with subgroups, the subgroup GEMV for one row and its 4-row form for
+    any other count (values checked in test_dynamic_rows_switch_routes)."""
     data, _ = _export("linear_bias_dyn_k4")
     model = await load_pte(data)
     assert model.kernels == kernel_variants
+    subgroups = kernel_variants == "cpu" and "subgroup" in model.device_info.features
     if kernel_variants == "gpu":
-        shader = L.gemv_t4_shader(True)
+        shaders = {L.gemv_t4_shader(True): (1, 29)}
+    elif subgroups:
+        shaders = {L.gemv_sg_shader(True): (1,), L.gemv_sg_shader(True, L.SG_GEMM): (29, 41)}
     else:
-        subgroups = "subgroup" in model.device_info.features
-        shader = L.gemv_sg_shader(True) if subgroups else L.gemv_shader(True, True, cpu=True)
-    (gemv,) = [i for i, d in enumerate(model.graph.dispatches) if d.shader == shader]
+        shaders = {L.gemv_shader(True, True, cpu=True): (1, 29)}
+    dispatches = {shader: [i for i, d in enumerate(model.graph.dispatches) if d.shader == shader] for shader in shaders}
+    assert all(len(found) == 1 for found in dispatches.values())
     assert any("row_of_a" in (d.shader or "") for d in model.graph.dispatches) == (kernel_variants == "gpu")
     rng = np.random.default_rng(3)
-    for m, on in ((1, True), (29, True), (41, False)):
+    for m in (1, 29, 41):
         await model.execute(*_inputs("linear_bias_dyn_k4", m, rng))
-        assert all(model._default.state.grids[gemv]) == on, m
+        for shader, ms in shaders.items():
+            assert all(model._default.state.grids[dispatches[shader][0]]) == (m in ms), m
 
 
 def test_gemm_splits_k_only_for_few_tiles():
