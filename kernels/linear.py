@@ -245,10 +245,12 @@ GEMV_T_CPU = rows_main(CPU_WG, CPU_GROUP_ROWS) + f"""    let n = (wid.x + wid.y 
 # is: subgroup s takes groups s, s + CPU_WG / S, ..
 # On lavapipe (Mesa 22.3) every load of a storage buffer is a loop over the SIMD lanes, one scalar
 # load per lane and component, so what counts is vec4 loads and how many products each feeds.
-# Micro-benchmarks, CPU time of the process (2 cores shared with other work): the LM head
-# (49152 x 576, one row) 37 ms at 4 weight rows a subgroup (3.1 GB a CPU-second; one invocation
-# a row before: ~3x slower); 64 x 576 by 1536 x 576: 69 ms one input row a subgroup, 48 ms
-# 4 x 4, 29 ms 8 x 4, 26 ms 4 x 8, 20 ms 8 x 8, 18-19 ms 8 x 16 and 16 x 16.
+# Micro-benchmarks, CPU time of the process (2 cores shared with other work; weights read per
+# CPU-second): one row by the LM head (49152 x 576) 37 ms, 3.1 GB/s, at 4 weight rows a subgroup,
+# against 108 ms, 1.05 GB/s, for one invocation a weight row (GEMV_T_CPU); 1536 x 576 and
+# 576 x 1536 2.7 against 1.2 and 1.0 GB/s. 64 x 576 by 1536 x 576 (input rows x weight rows a
+# subgroup): 1 x 4 69 ms, 4 x 4 48 ms, 8 x 4 29 ms, 4 x 8 26 ms, 8 x 8 20 ms, 8 x 16 and 16 x 16
+# 18-19 ms.
 SG_LANES = 8  # llvmpipe's subgroup size on 256-bit SIMD (other sizes run the same kernel)
 SG_GEMV = (1, 4)  # (input rows, weight rows) a subgroup takes: one row (decode)
 SG_GEMM = (8, 8)  # any other row count (prefill, a ragged pass of several sessions)
