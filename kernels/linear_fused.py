@@ -102,7 +102,8 @@ class _Gemvs:
 
     def __init__(self, b, kind, weights, shader_of, head, tail, after):
         self.kind, self.weights = kind, weights
-        shapes = (SG_GEMV, SG_GEMM) if kind == SUBGROUP else ((GROUP_ROWS if kind == GPU else CPU_GROUP_ROWS, None),)
+        # SG_GEMV's weight rows for each weight: SwiGLU's workgroups (and norms) as many as a linear's
+        shapes = ((1, SG_GEMV[1] * weights), SG_GEMM) if kind == SUBGROUP else ((GROUP_ROWS if kind == GPU else CPU_GROUP_ROWS, None),)
         self.dispatches = []
         for shape in shapes:
             norm = bool(tail) and shape != SG_GEMM
@@ -173,10 +174,11 @@ _RMS = "\n    ".join(
     + [f"let rstd{r} = inverseSqrt(ss{r // 4}[{r % 4}] / f32(q.K) + q.eps);" for r in range(GROUP_ROWS)]
 )
 
-# The CPU variants' rstd0..: the same sums in the same order, with CPU_WG = 64 invocations and one
-# barrier. Invocation li adds partials li and li + 64 (the tree's first step); then each invocation
-# runs the rest of the tree (32, 16, ..) over the 64 sums itself. Rows in vec4s of 4, up to
-# _RMS_CPU_VEC4S of them.
+# The CPU variants' rstd0..: the same sums in the same order, with CPU_WG = 64 invocations and two
+# barriers. Invocation li adds partials li and li + 64 (the tree's first step); then invocation 0
+# runs the rest of the tree (32, 16, ..) over the 64 sums and leaves the total in the first (each
+# invocation running it read 64 workgroup vec4s, as many loads as a decode row's GEMV made).
+# Rows in vec4s of 4, up to _RMS_CPU_VEC4S of them.
 _RMS_CPU_VEC4S = 2
 _RMS_CPU_SHARED = f"\nvar<workgroup> sq: array<vec4<f32>, {64 * _RMS_CPU_VEC4S}>;\n"
 
@@ -188,11 +190,13 @@ def _rms_cpu(rows):
     for h, half in ((0, "lo"), (64, "hi")):
         adds = "".join(f" if ({r}u < rows) {{ let c = a_at(aoff + {r}u * q.K + k); {half}{r // 4}[{r % 4}] = {half}{r // 4}[{r % 4}] + c * c; }}" for r in range(rows))
         lines.append(f"for (var k = li + {h}u; k < q.K; k = k + 128u) {{{adds} }}")
-    lines += [f"sq[{64 * v}u + li] = lo{v} + hi{v};" for v in vs] + ["workgroupBarrier();", "var t: array<vec4<f32>, 32>;"]
+    lines += [f"sq[{64 * v}u + li] = lo{v} + hi{v};" for v in vs] + ["workgroupBarrier();", "if (li == 0u) {", "var t: array<vec4<f32>, 32>;"]
     for v in vs:
         lines.append(f"for (var j = 0u; j < 32u; j = j + 1u) {{ t[j] = sq[{64 * v}u + j] + sq[{64 * v}u + j + 32u]; }}")
         lines.append("for (var s = 16u; s > 0u; s = s >> 1u) { for (var j = 0u; j < s; j = j + 1u) { t[j] = t[j] + t[j + s]; } }")
-        lines += [f"let rstd{r} = inverseSqrt(t[0][{r % 4}] / f32(q.K) + q.eps);" for r in range(4 * v, min(rows, 4 * v + 4))]
+        lines.append(f"sq[{64 * v}u] = t[0];")
+    lines += ["}", "workgroupBarrier();"]
+    lines += [f"let rstd{r} = inverseSqrt(sq[{64 * (r // 4)}u][{r % 4}] / f32(q.K) + q.eps);" for r in range(rows)]
     return "\n    ".join(lines)
 
 
