@@ -218,7 +218,9 @@ def gemv_shader(dq8, zp_packed, has_bias, word_group):
 # scale group: gs % 32 == 0) for SG_GEMV's rows, each input vec4 it loads reused for those rows;
 # subgroupAdd sums a row's lanes. Needs K % 32 == 0 and rows of whole vec4s of words. On lavapipe
 # each invocation's load is a scalar loop over the lanes, so loading 32 weights as one vec4 and
-# the input once for 4 rows is what counts.
+# the input once for 4 rows is what counts: one row by 49152 x 576 weights (group 32) took 24 ms
+# of CPU time against 314 for GEMV below, 1536 x 576 1.2 against 10.5, 576 x 1536 0.9 against
+# 4.8 (examples/bench_cpu_gemv.py, 2 busy cores).
 def _sg_gemv(dq8):
     rows = range(SG_GEMV[1])
     lines = [f"for (var g = li / sgs; g < {CPU_WG // SG_LANES}u; g = g + {CPU_WG}u / sgs) {{", f"let n0 = nw + g * {len(rows)}u;"]
