@@ -6,7 +6,9 @@ from dataclasses import dataclass
 import anyio
 import wgpu
 
-WANTED_FEATURES = ("shader-f16", "timestamp-query")
+# "subgroup": the CPU adapters' GEMVs sum along K across a subgroup's lanes (kernels/linear.py);
+# kernels use it only when the device was opened with it (`build_node(..., subgroups=...)`).
+WANTED_FEATURES = ("shader-f16", "timestamp-query", "subgroup")
 ADAPTER_ENV = "PTE_WGPU_ADAPTER"
 GPU_INDEX_PREFIX = "gpu:"  # "gpu:1": the second GPU, for identical cards whose names cannot tell them apart
 

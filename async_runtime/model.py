@@ -140,6 +140,7 @@ class Model:
         self.outputs = tuple(_io_spec(linked.values[v], f"output {i}") for i, v in enumerate(linked.outputs))
         self._adapter, self.device, info = await open_device(device_name)
         self.kernels = adapter_class(info.adapter_type)  # which kernel variants
+        self.subgroups = "subgroup" in info.features  # variants that need subgroup operations may be built
         half = precision == "auto" and has_half(linked) and "shader-f16" in info.features
         self.precision_note = "" if half else _why_f32(precision, linked, info)
         try:
@@ -196,7 +197,7 @@ class Model:
         nodes = []
         for name, args in graph.calls:
             try:
-                nodes.append(build_node(graph, name, args, self.kernels))
+                nodes.append(build_node(graph, name, args, self.kernels, self.subgroups))
             except HalfUnsupported:
                 raise
             except NotImplementedError as e:

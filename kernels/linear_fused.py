@@ -23,9 +23,25 @@ import struct
 from resize.shapes import fold_grid, numel_of
 
 from .gemm import PARAMS_SIZE, GemmRoute, fp32_load, gemm_scratch, params_bytes, storage
-from .linear import CPU_GROUP_ROWS, CPU_WG, GEMV_MAX_ROWS, GEMV_REDUCE, GEMV_ROWS, _check_float, gemv_t_body, gemv_t_cpu_body, linear_shapes
+from .linear import (
+    CPU_GROUP_ROWS,
+    CPU_WG,
+    GEMV_MAX_ROWS,
+    GEMV_REDUCE,
+    GEMV_ROWS,
+    SG_GEMM,
+    SG_GEMV,
+    SUBGROUP_BUILTINS,
+    _check_float,
+    cpu_subgroup_products,
+    gemv_sg_body,
+    gemv_t_body,
+    gemv_t_cpu_body,
+    linear_shapes,
+    sg_wg_rows,
+)
 from .registry import op
-from .variants import CPU
+from .variants import CPU, GPU
 from .wgsl import FLAT_INDEX, WG, flat_grid
 
 SILU = "v0 / (1.0 + exp(-v0)) * v1"  # the same expression as pte_wgpu.silu_mul's
@@ -33,9 +49,33 @@ SILU = "v0 / (1.0 + exp(-v0)) * v1"  # the same expression as pte_wgpu.silu_mul'
 # kernel, 8 rows' accumulators cost more than they save: side by side on an H100, SwiGLU's GEMV
 # took 12 µs at 4 rows against 18 at 8 for one decode row, and 36 against 42 for 16 rows.
 GROUP_ROWS = 4
+SUBGROUP = "subgroup"  # the third GEMV kind: CPU adapters with subgroups, K a multiple of 4
 
 
-def _group_shader(count, norm, cpu, types):
+def _kind(b, weights):
+    """Which GEMV the op builds: GPU, CPU, or SUBGROUP (kernels/linear.py's gemv_sg_body) where the
+    adapter class is CPU, the device has subgroups, the weights' K is whole vec4s and every tensor
+    of the op is f32 (the subgroup kernels' only storage type)."""
+    if b.adapter != CPU:
+        return GPU
+    tensors = [v for i, v in enumerate(b.args) if b.is_tensor(i)] + list(b.graph.values[b.out].items)
+    dims = [b.graph.values[w].dims for w in weights]
+    return SUBGROUP if all(len(d) == 2 and cpu_subgroup_products(b, d[1], tensors) for d in dims) else CPU
+
+
+def _body(kind, shape, weights, n, store, norm, rows):
+    """The GEMV statements of `kind` and `shape` for `weights`; `store(r)` writes input row r's
+    output n; `rows`: the storage type of the rows a fused norm normalizes (_scale)."""
+    if kind == SUBGROUP:
+        first = f"let nw = wg * {_per(kind, shape, len(weights))}u;\n    "
+        # gamma's vec4 loaded once a step, not once an input row
+        scale, step = ((lambda r, i: f" * rstd{r} * gk"), "let gk = gamma[k];") if norm else (None, "")
+        return first + gemv_sg_body(weights, n, "(q.K / 4u)", store, scale=scale, shape=shape, step=step)
+    body_of, first, per = (gemv_t_cpu_body, "n", f"{CPU_WG}u + li") if kind == CPU else (gemv_t_body, "n0", "4u")
+    return f"let {first} = wg * {per};\n    " + body_of(weights, n, "q.K", store, scale=_scale(norm, rows), group_rows=shape[0])
+
+
+def _group_shader(count, norm, kind, shape, types):
     """GEMV over `count` products: params q = (M, K, eps, then N_j and first workgroup S_j per
     product); with `norm`, binding 0 holds the rows before the RMS norm. `types`: the bindings'
     storage types in order, the uniform left out."""
@@ -43,32 +83,59 @@ def _group_shader(count, norm, cpu, types):
     fields += [f"pad{i}: u32" for i in range(-len(fields) % 4)]
     weights = [f"w{j}" for j in range(count)]
     outs = [f"o{j}" for j in range(count)]
-    body_of, first = (gemv_t_cpu_body, "n") if cpu else (gemv_t_body, "n0")
     branches = []
     for j in range(count):
         store = lambda r, j=j: f"o{j}[(r0 + {r}u) * q.N{j} + n] = {types[-count + j]}(v0);"
-        body = body_of([f"w{j}"], f"q.N{j}", "q.K", store, scale=_scale(norm, types[0]), group_rows=_rows(cpu))
-        cond = f"if (wg < q.S{j + 1}) " if j + 1 < count else ""
-        branches.append(f"{cond}{{\n    let {first} = {_first_output(f'wg - q.S{j}', cpu)};\n    {body}\n    }}")
-    return _gemv_shader(fields, weights, outs, norm, " else ".join(branches), cpu, types)
+        body = _body(kind, shape, [f"w{j}"], f"q.N{j}", store, norm, types[0])
+        cond = f"if (wg0 < q.S{j + 1}) " if j + 1 < count else ""
+        branches.append(f"{cond}{{\n    let wg = wg0 - q.S{j};\n    {body}\n    }}")
+    return _gemv_shader(fields, weights, outs, norm, " else ".join(branches), kind, shape[0], types)
 
 
-def _swiglu_shader(norm, cpu, types):
-    body_of, first = (gemv_t_cpu_body, "n") if cpu else (gemv_t_body, "n0")
-    body = f"let {first} = {_first_output('wg', cpu)};\n    " + body_of(
-        ["wg_", "wu_"], "q.N", "q.K", lambda r: f"out[(r0 + {r}u) * q.N + n] = {types[-1]}({SILU});", scale=_scale(norm, types[0]), group_rows=_rows(cpu)
-    )
-    return _gemv_shader(["M: u32", "K: u32", "eps: f32", "N: u32"], ["wg_", "wu_"], ["out"], norm, body, cpu, types)
+def _swiglu_shader(norm, kind, shape, types):
+    store = lambda r: f"out[(r0 + {r}u) * q.N + n] = {types[-1]}({SILU});"
+    body = "let wg = wg0;\n    " + _body(kind, shape, ["wg_", "wu_"], "q.N", store, norm, types[0])
+    return _gemv_shader(["M: u32", "K: u32", "eps: f32", "N: u32"], ["wg_", "wu_"], ["out"], norm, body, kind, shape[0], types)
 
 
-def _rows(cpu):
-    """Input rows per workgroup of the GPU GEMV, per invocation of the CPU one."""
-    return CPU_GROUP_ROWS if cpu else GROUP_ROWS
+class _Gemvs:
+    """An op's GEMV dispatches, each of a shape (input rows a workgroup or invocation, and for
+    SUBGROUP the weight rows a subgroup takes, kernels/linear.py): one for GPU and CPU; for
+    SUBGROUP, SG_GEMV for one row and SG_GEMM for any other count (the op has no GEMM route then).
+    `weights`: the weights each output group reads (SwiGLU: 2). `shader_of(shape, norm, types)`:
+    the shader, normalizing its rows itself with `norm`, `types` its bindings' storage types in
+    order (the uniform, last, left out); `head` and `tail`: the bindings around the
+    weights (kernels/linear_fused.py's _norm_args). With a norm, SG_GEMM reads the normalized
+    rows of `pte_wgpu.rms_norm_for_gemm` (b.args[0], run for more than one row then: each
+    workgroup would otherwise compute the norms of its rows again)."""
+
+    def __init__(self, b, kind, weights, shader_of, head, tail, after):
+        self.kind, self.weights = kind, weights
+        # SG_GEMV's weight rows for each weight: SwiGLU's workgroups (and norms) as many as a linear's
+        shapes = ((1, SG_GEMV[1] * weights), SG_GEMM) if kind == SUBGROUP else ((GROUP_ROWS if kind == GPU else CPU_GROUP_ROWS, None),)
+        self.dispatches = []
+        for shape in shapes:
+            norm = bool(tail) and shape != SG_GEMM
+            around = (head, tail) if norm else ([b.args[0]], [])
+            bound = [*around[0], *after[0], *around[1], *after[1]]
+            self.dispatches.append((b.dispatch(shader_of(shape, norm, [storage(b, v) for v in bound[:-1]]), bound), shape))
+
+    def choose(self, m):
+        """(dispatch, shape, outputs per workgroup) for M rows."""
+        d, shape = self.dispatches[1 if self.kind == SUBGROUP and m != 1 else 0]
+        return d, shape, _per(self.kind, shape, self.weights)
+
+    def set(self, ctx, outputs, m, on):
+        """Grids for outputs of M rows (`outputs`: their count, or per product), all off unless `on`."""
+        chosen, _, per = self.choose(m)
+        x, y, _ = fold_grid(sum(-(-n // per) for n in outputs))
+        for d, shape in self.dispatches:
+            ctx.set_grid(d, (x, y, -(-m // shape[0])) if on and d == chosen else (0, 0, 0))
 
 
-def _first_output(group, cpu):
-    """The GPU GEMV's first output of 4-output workgroup `group`; the CPU one's invocation's own."""
-    return f"({group}) * {CPU_WG}u + li" if cpu else f"({group}) * 4u"
+def _per(kind, shape, weights):
+    """Outputs per workgroup."""
+    return sg_wg_rows(shape, weights) if kind == SUBGROUP else {GPU: GEMV_ROWS, CPU: CPU_WG}[kind]
 
 
 def _scale(norm, rows):
@@ -77,21 +144,26 @@ def _scale(norm, rows):
     return (lambda r, i, x: f"f32({rows}({x} * rstd{r} * f32(gamma[{i}])))") if norm else None
 
 
-def _gemv_shader(fields, weights, outs, norm, body, cpu, types):
-    lines = ["struct Q { " + ", ".join(fields) + " }"]
+def _gemv_shader(fields, weights, outs, norm, body, kind, rows, types):
+    """`types`: the bindings' storage types in order, the uniform left out. The subgroup GEMV reads
+    the input, weights and gamma as vec4s (f32 only); a_at(i) is element i as f32 either way."""
     reads = ["a"] + weights + (["gamma"] if norm else [])
-    lines += [f"@group(0) @binding({i}) var<storage, read> {w}: array<{t}>;" for i, (w, t) in enumerate(zip(reads, types))]
+    vec4 = kind == SUBGROUP
+    lines = ["struct Q { " + ", ".join(fields) + " }"]
+    lines += [f"@group(0) @binding({i}) var<storage, read> {w}: array<{f'vec4<{t}>' if vec4 else t}>;" for i, (w, t) in enumerate(zip(reads, types))]
     lines += [f"@group(0) @binding({len(reads) + i}) var<storage, read_write> {o}: array<{t}>;" for i, (o, t) in enumerate(zip(outs, types[len(reads):]))]
     lines.append(f"@group(0) @binding({len(reads) + len(outs)}) var<uniform> q: Q;")
-    shared, size, rms = (_RMS_CPU_SHARED, CPU_WG, _rms_cpu(_rows(cpu))) if cpu else (GEMV_REDUCE, 256, _RMS)
+    lines.append(f"fn a_at(i: u32) -> f32 {{ return {'a[i / 4u][i % 4u]' if vec4 else 'f32(a[i])'}; }}")
+    shared, size, rms = (GEMV_REDUCE, 256, _RMS) if kind == GPU else (_RMS_CPU_SHARED, CPU_WG, _rms_cpu(rows))
     return "\n".join(lines) + shared + f"""
 @compute @workgroup_size({size})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {{
-    let r0 = wid.z * {_rows(cpu)}u;
-    let rows = min({_rows(cpu)}u, q.M - r0);
-    let wg = wid.x + wid.y * nwg.x;
+        @builtin(local_invocation_index) li: u32{SUBGROUP_BUILTINS if kind == SUBGROUP else ""}) {{
+    let r0 = wid.z * {rows}u;
+    let rows = min({rows}u, q.M - r0);
+    let wg0 = wid.x + wid.y * nwg.x;
     let aoff = r0 * q.K;
+    let aoff4 = aoff / 4u;
     {rms if norm else ""}
     {body}
 }}
@@ -104,7 +176,7 @@ _SQ = range(-(-GROUP_ROWS // 4))
 _RMS = "\n    ".join(
     [f"var sq{i} = vec4<f32>(0.0);" for i in _SQ]
     + ["if (li < 128u) {", "for (var k = li; k < q.K; k = k + 128u) {"]
-    + [f"if ({r}u < rows) {{ let c = f32(a[aoff + {r}u * q.K + k]); sq{r // 4}[{r % 4}] = sq{r // 4}[{r % 4}] + c * c; }}" for r in range(GROUP_ROWS)]
+    + [f"if ({r}u < rows) {{ let c = a_at(aoff + {r}u * q.K + k); sq{r // 4}[{r % 4}] = sq{r // 4}[{r % 4}] + c * c; }}" for r in range(GROUP_ROWS)]
     + ["}", "}"]
     + [f"red[{i * 256}u + li] = sq{i};" for i in _SQ]
     + ["workgroupBarrier();", "for (var s = 64u; s > 0u; s = s >> 1u) {", "if (li < s) {"]
@@ -115,27 +187,33 @@ _RMS = "\n    ".join(
     + [f"let rstd{r} = inverseSqrt(ss{r // 4}[{r % 4}] / f32(q.K) + q.eps);" for r in range(GROUP_ROWS)]
 )
 
-# The CPU variant's rstd0..: the same sums in the same order, with CPU_WG = 64 invocations and one
-# barrier. Invocation li adds partials li and li + 64 (the tree's first step); then each invocation
-# runs the rest of the tree (32, 16, ..) over the 64 sums itself.
-_RMS_CPU_SHARED = "\nvar<workgroup> sq: array<vec4<f32>, 64>;\n"
+# The CPU variants' rstd0..: the same sums in the same order, with CPU_WG = 64 invocations and two
+# barriers. Invocation li adds partials li and li + 64 (the tree's first step); then invocation 0
+# runs the rest of the tree (32, 16, ..) over the 64 sums and leaves the total in the first (each
+# invocation running it read 64 workgroup vec4s, as many loads as a decode row's GEMV made).
+# Rows in vec4s of 4, up to _RMS_CPU_VEC4S of them.
+_RMS_CPU_VEC4S = 2
+_RMS_CPU_SHARED = f"\nvar<workgroup> sq: array<vec4<f32>, {64 * _RMS_CPU_VEC4S}>;\n"
 
 
 def _rms_cpu(rows):
-    """The CPU variant's rstd0.. of up to 4 rows (one vec4)."""
-    return "\n    ".join(
-        ["var lo = vec4<f32>(0.0);", "var hi = vec4<f32>(0.0);"]
-        + [f"for (var k = li + {h}u; k < q.K; k = k + 128u) {{" + "".join(
-            f" if ({r}u < rows) {{ let c = f32(a[aoff + {r}u * q.K + k]); {v}[{r}] = {v}[{r}] + c * c; }}" for r in range(rows)
-        ) + " }" for h, v in ((0, "lo"), (64, "hi"))]
-        + ["sq[li] = lo + hi;", "workgroupBarrier();", "var t: array<vec4<f32>, 32>;"]
-        + ["for (var j = 0u; j < 32u; j = j + 1u) { t[j] = sq[j] + sq[j + 32u]; }"]
-        + ["for (var s = 16u; s > 0u; s = s >> 1u) { for (var j = 0u; j < s; j = j + 1u) { t[j] = t[j] + t[j + s]; } }"]
-        + [f"let rstd{r} = inverseSqrt(t[0][{r}] / f32(q.K) + q.eps);" for r in range(rows)]
-    )
+    """The CPU variants' rstd0.. of up to 4 * _RMS_CPU_VEC4S rows."""
+    vs = range(-(-rows // 4))
+    lines = [f"var {h}{v} = vec4<f32>(0.0);" for v in vs for h in ("lo", "hi")]
+    for h, half in ((0, "lo"), (64, "hi")):
+        adds = "".join(f" if ({r}u < rows) {{ let c = a_at(aoff + {r}u * q.K + k); {half}{r // 4}[{r % 4}] = {half}{r // 4}[{r % 4}] + c * c; }}" for r in range(rows))
+        lines.append(f"for (var k = li + {h}u; k < q.K; k = k + 128u) {{{adds} }}")
+    lines += [f"sq[{64 * v}u + li] = lo{v} + hi{v};" for v in vs] + ["workgroupBarrier();", "if (li == 0u) {", "var t: array<vec4<f32>, 32>;"]
+    for v in vs:
+        lines.append(f"for (var j = 0u; j < 32u; j = j + 1u) {{ t[j] = sq[{64 * v}u + j] + sq[{64 * v}u + j + 32u]; }}")
+        lines.append("for (var s = 16u; s > 0u; s = s >> 1u) { for (var j = 0u; j < s; j = j + 1u) { t[j] = t[j] + t[j + s]; } }")
+        lines.append(f"sq[{64 * v}u] = t[0];")
+    lines += ["}", "workgroupBarrier();"]
+    lines += [f"let rstd{r} = inverseSqrt(sq[{64 * (r // 4)}u][{r % 4}] / f32(q.K) + q.eps);" for r in range(rows)]
+    return "\n    ".join(lines)
 
 
-assert CPU_GROUP_ROWS <= 4 and CPU_WG == 64  # one vec4 of rows; invocations li and li + 64 span the 128 partials
+assert max(CPU_GROUP_ROWS, SG_GEMM[0]) <= 4 * _RMS_CPU_VEC4S and CPU_WG == 64  # invocations li and li + 64 span the 128 partials
 
 
 
@@ -157,34 +235,32 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 
 
 class _Products:
-    """The GEMM route of products out_j = x @ w_j.T, and the live (M, K, N_j) they share."""
+    """The GEMM route of products out_j = x @ w_j.T (none where the GEMV takes every row count,
+    `gemm` False), and the live (M, K, N_j) they share."""
 
-    def __init__(self, b, x, weights, outs):
-        self.x = x
+    def __init__(self, b, x, weights, outs, gemm=True):
+        self.x, self.weights, self.outs = x, weights, outs
         self.shape_fn = linear_shapes(b.name)
-        self.routes, scratch = [], gemm_scratch(b, outs)
-        for w, out in zip(weights, outs):
+        self.routes, scratch = [], gemm and gemm_scratch(b, outs)
+        for w, out in zip(weights, outs) if gemm else ():
             params = b.params(PARAMS_SIZE)
             load = fp32_load(True, storage(b, x), storage(b, w))
-            self.routes.append((w, out, params, GemmRoute(b, load, [x, w], None, out, params, scratch)))
+            self.routes.append((params, GemmRoute(b, load, [x, w], None, out, params, scratch)))
 
     def resize(self, ctx):
         """Set each product's shape and GEMM params; returns (gemv?, M, K, [N_j])."""
         xd, ns = ctx.dims(self.x), []
-        for w, out, params, gemm in self.routes:
+        for j, (w, out) in enumerate(zip(self.weights, self.outs)):
             _, m, n, k, _, _, out_dims = self.shape_fn(xd, ctx.dims(w))
-            gemv, on = 0 < m <= GEMV_MAX_ROWS, m > GEMV_MAX_ROWS
-            splits, kspan = gemm.plan(m, n, k, 1, on)
-            ctx.set_params(params, params_bytes(m, n, k, split=(splits, kspan)))
-            gemm.set_grids(ctx, m, n, 1, splits, on)
+            gemv, on = (0 < m <= GEMV_MAX_ROWS, m > GEMV_MAX_ROWS) if self.routes else (m > 0, False)
+            if self.routes:
+                params, gemm = self.routes[j]
+                splits, kspan = gemm.plan(m, n, k, 1, on)
+                ctx.set_params(params, params_bytes(m, n, k, split=(splits, kspan)))
+                gemm.set_grids(ctx, m, n, 1, splits, on)
             ctx.set_dims(out, out_dims)
             ns.append(n)
         return gemv, m, k, ns
-
-
-def _gemv_grid(workgroups, m, cpu):
-    x, y, _ = fold_grid(workgroups)
-    return (x, y, -(-m // _rows(cpu)))
 
 
 def _norm_args(b, norm):
@@ -201,20 +277,19 @@ def linear_group(b):
     weights, head, tail, eps = _norm_args(b, norm)
     outs = b.graph.values[b.out].items
     _check_float(b, range(1 + len(weights)))
-    products = _Products(b, b.args[0], weights, outs)
+    kind = _kind(b, weights)  # the GEMV variant (kernels/variants.py)
+    products = _Products(b, b.args[0], weights, outs, gemm=kind != SUBGROUP)
     q = b.params(4 * (3 + 2 * len(weights)))
-    cpu = b.adapter == CPU  # the GEMV variant (kernels/variants.py); outputs per workgroup
-    per = CPU_WG if cpu else GEMV_ROWS
-    bound = [*head, *weights, *tail, *outs]
-    gemv = b.dispatch(_group_shader(len(weights), norm, cpu, [storage(b, v) for v in bound]), [*bound, q])
+    gemvs = _Gemvs(b, kind, 1, lambda shape, norm, types: _group_shader(len(weights), norm, kind, shape, types), head, tail, (weights, [*outs, q]))
 
     def resize(ctx):
         use_gemv, m, k, ns = products.resize(ctx)
+        per = gemvs.choose(m)[2]
         starts = [0]
         for n in ns:
             starts.append(starts[-1] + -(-n // per))
         ctx.set_params(q, struct.pack(f"<2If{2 * len(ns)}I", m, k, eps, *ns, *starts[:-1]))
-        ctx.set_grid(gemv, _gemv_grid(starts[-1], m, cpu) if use_gemv else (0, 0, 0))
+        gemvs.set(ctx, ns, m, use_gemv)
 
     b.hook(resize)
 
@@ -225,12 +300,10 @@ def linear_silu_mul(b):
     (w_gate, w_up), head, tail, eps = _norm_args(b, norm)
     out, gate, up = b.graph.values[b.out].items
     _check_float(b, range(3))
-    products = _Products(b, b.args[0], (w_gate, w_up), (gate, up))
+    kind = _kind(b, (w_gate, w_up))  # the GEMV variant (kernels/variants.py)
+    products = _Products(b, b.args[0], (w_gate, w_up), (gate, up), gemm=kind != SUBGROUP)
     q, e = b.params(16), b.params(16)
-    cpu = b.adapter == CPU  # the GEMV variant (kernels/variants.py); outputs per workgroup
-    per = CPU_WG if cpu else GEMV_ROWS
-    bound = [*head, w_gate, w_up, *tail, out]
-    gemv = b.dispatch(_swiglu_shader(norm, cpu, [storage(b, v) for v in bound]), [*bound, q])
+    gemvs = _Gemvs(b, kind, 2, lambda shape, norm, types: _swiglu_shader(norm, kind, shape, types), head, tail, ([w_gate, w_up], [out, q]))
     gate_up = b.dispatch(swiglu_elementwise(*(storage(b, v) for v in (gate, up, out))), [gate, up, out, e])
 
     def resize(ctx):
@@ -240,7 +313,7 @@ def linear_silu_mul(b):
         out_dims = ctx.dims(gate)
         ctx.set_params(q, struct.pack("<2IfI", m, k, eps, n))
         ctx.set_params(e, struct.pack("<4I", numel_of(out_dims), 0, 0, 0))
-        ctx.set_grid(gemv, _gemv_grid(-(-n // per), m, cpu) if use_gemv else (0, 0, 0))
+        gemvs.set(ctx, [n], m, use_gemv)
         ctx.set_grid(gate_up, flat_grid(numel_of(out_dims)) if not use_gemv and m else (0, 0, 0))
         ctx.set_dims(out, out_dims)
 

@@ -42,8 +42,9 @@ from .gemm import (
     params_bytes,
     storage,
 )
-from .linear import GEMV_MAX_ROWS
+from .linear import CPU_WG, GEMV_MAX_ROWS, SG_GEMV, SG_LANES, SUBGROUP_BUILTINS, sg_wg_rows
 from .registry import op
+from .variants import CPU
 from .wgsl import FLAT_INDEX, PACKED, WG, flat_grid, is_float, wgsl_type
 
 GEMV_ROWS = 4
@@ -115,10 +116,12 @@ class Storage:
     out: str = "f32"
 
 
-def _operands(dq8, zp_packed, types):
-    """The read bindings of both routes, (name, WGSL element type), in order."""
+def _operands(dq8, zp_packed, types, vec4=False):
+    """The read bindings of the routes, (name, WGSL element type), in order; with `vec4`, the
+    input and the weights as vec4s (the subgroup GEMV's)."""
     acts = (("xs", types.xs), ("xz", "u32" if zp_packed else "i32")) if dq8 else ()
-    return (("x", types.x), *acts, ("wq", "u32"), ("ws", types.ws))
+    x, wq = (f"vec4<{types.x}>", "vec4<u32>") if vec4 else (types.x, "u32")
+    return (("x", x), *acts, ("wq", wq), ("ws", types.ws))
 
 
 def _dequant(dq8, zp_packed, word_group):
@@ -127,19 +130,24 @@ def _dequant(dq8, zp_packed, word_group):
     src = """
 struct W8 { a: vec4<f32>, b: vec4<f32> }
 fn wscale(k: u32, n: u32) -> f32 { return f32(ws[min(k / q.gs, q.groups - 1u) * q.sn + n]); }
-// The 8 weights of word `word` (k = k0 .. k0 + 7) of output row n, dequantized.
-fn dq8(word: u32, k0: u32, n: u32) -> W8 {
+// The 8 weights of one word, k = 8w .. 8w + 7, before their scale: nibble - 8.
+fn nibbles(word: u32) -> W8 {
     let v = vec4<u32>(word);
     let lo = vec4<f32>((v >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u)) - vec4<f32>(8.0);
     let hi = vec4<f32>((v >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u)) - vec4<f32>(8.0);
+    return W8(lo, hi);
+}
+// The 8 weights of word `word` (k = k0 .. k0 + 7) of output row n, dequantized.
+fn dq8(word: u32, k0: u32, n: u32) -> W8 {
+    let w = nibbles(word);
 """
     if word_group:  # gs % 8 == 0: one group per word
-        src += "    let s = wscale(k0, n);\n    return W8(lo * s, hi * s);\n}\n"
+        src += "    let s = wscale(k0, n);\n    return W8(w.a * s, w.b * s);\n}\n"
     else:
         src += (
             "    let sa = vec4<f32>(wscale(k0, n), wscale(k0 + 1u, n), wscale(k0 + 2u, n), wscale(k0 + 3u, n));\n"
             "    let sb = vec4<f32>(wscale(k0 + 4u, n), wscale(k0 + 5u, n), wscale(k0 + 6u, n), wscale(k0 + 7u, n));\n"
-            "    return W8(lo * sa, hi * sb);\n}\n"
+            "    return W8(w.a * sa, w.b * sb);\n}\n"
         )
     if dq8:
         src += DIV_RN
@@ -157,8 +165,8 @@ fn xq(v: f32, inv: f32, zp: f32, s: f32) -> f32 {
     return src
 
 
-def _gemv_header(dq8, zp_packed, has_bias, types):
-    lines = [LIN_STRUCT + ";", *bindings(_operands(dq8, zp_packed, types), has_bias, uniform="q: Q", bias=types.bias, out=types.out)]
+def _gemv_header(dq8, zp_packed, has_bias, types, vec4=False):
+    lines = [LIN_STRUCT + ";", *bindings(_operands(dq8, zp_packed, types, vec4), has_bias, uniform="q: Q", bias=types.bias, out=types.out)]
     total = "acc + f32(bias[n])" if has_bias else "acc"
     lines.append(f"fn epilogue(acc: f32, n: u32) -> {types.out} {{ return {types.out}({total}); }}")
     return "\n".join(lines) + "\n"
@@ -226,6 +234,52 @@ GEMV_DQ8_X = """        xa = vec4<f32>(xq(xa.x, inv_row, zp_row, s_row), xq(xa.y
 def gemv_shader(dq8, zp_packed, has_bias, word_group, types=Storage()):
     gemv = GEMV.replace("{ROW_SETUP}", GEMV_DQ8_SETUP if dq8 else "").replace("{X_TRANSFORM}", GEMV_DQ8_X if dq8 else "")
     return _gemv_header(dq8, zp_packed, has_bias, types) + _dequant(dq8, zp_packed, word_group) + gemv
+
+
+# CPU adapters with subgroups (kernels/linear.py's gemv_sg_body, for 4-bit words): the lanes of a
+# subgroup walk a weight row together, lane l reading vec4 of words l, l + S, .. (32 weights, one
+# scale group: gs % 32 == 0) for SG_GEMV's rows, each input vec4 it loads reused for those rows;
+# subgroupAdd sums a row's lanes. Needs K % 32 == 0 and rows of whole vec4s of words. On lavapipe
+# each invocation's load is a scalar loop over the lanes, so loading 32 weights as one vec4 and
+# the input once for 4 rows is what counts: one row by 49152 x 576 weights (group 32) took 24 ms
+# of CPU time against 314 for GEMV below, 1536 x 576 1.2 against 10.5, 576 x 1536 0.9 against
+# 4.8 (examples/bench_cpu_gemv.py, 2 busy cores).
+def _sg_gemv(dq8):
+    rows = range(SG_GEMV[1])
+    lines = [f"for (var g = li / sgs; g < {CPU_WG // SG_LANES}u; g = g + {CPU_WG}u / sgs) {{", f"let n0 = nw + g * {len(rows)}u;"]
+    lines += [f"let c{i} = min(n0 + {i}u, q.N - 1u);" for i in rows] + [f"var acc{i} = 0.0;" for i in rows]
+    lines += ["for (var v = lane; v < q.K / 32u; v = v + sgs) {", "    let k0 = v * 32u;"]
+    for j in range(8):
+        if dq8:  # GEMV_DQ8_X's quantize-dequantize, per component
+            lines.append(f"    let r{j} = x[xo4 + v * 8u + {j}u];")
+            lines.append(f"    let x{j} = vec4<f32>(" + ", ".join(f"xq(r{j}.{c}, inv_row, zp_row, s_row)" for c in "xyzw") + ");")
+        else:
+            lines.append(f"    let x{j} = x[xo4 + v * 8u + {j}u];")
+    for i in rows:
+        lines += [f"    let w{i} = wq[c{i} * wpr4 + v];", f"    let s{i} = wscale(k0, c{i});"]
+        dots = [f"(dot(x{2 * j}, nibbles(w{i}.{c}).a * s{i}) + dot(x{2 * j + 1}, nibbles(w{i}.{c}).b * s{i}))" for j, c in enumerate("xyzw")]
+        lines.append(f"    acc{i} = acc{i} + (({dots[0]} + {dots[1]}) + ({dots[2]} + {dots[3]}));")
+    lines.append("}")
+    lines += [f"{{ let v0 = subgroupAdd(acc{i}); let n = n0 + {i}u; if (lane == 0u && n < q.N) {{ out[m * q.N + n] = epilogue(v0, n); }} }}" for i in rows]
+    lines.append("}")
+    body = "\n    ".join(lines)
+    return f"""
+@compute @workgroup_size({CPU_WG})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32{SUBGROUP_BUILTINS}) {{
+    let m = wid.z;
+    let xo4 = m * q.K / 4u;
+    let wpr4 = q.wpr / 4u;
+    let nw = (wid.x + wid.y * nwg.x) * {sg_wg_rows(SG_GEMV)}u;
+{GEMV_DQ8_SETUP if dq8 else ""}
+    {body}
+}}
+"""
+
+
+def sg_gemv_shader(dq8, zp_packed, has_bias):
+    """The subgroup GEMV (CPU adapters); K % 32 == 0, rows of whole vec4 words, gs % 32 == 0."""
+    return _gemv_header(dq8, zp_packed, has_bias, Storage(), vec4=True) + _dequant(dq8, zp_packed, True) + _sg_gemv(dq8)
 
 
 # The GEMM template's B load: one weight of row n at k, dequantized as dq8 does it.
@@ -310,10 +364,15 @@ def _add_q4_linear(b, x, xs, xz, weight, scales, group_size, bias):
     word_group = gs % 8 == 0
     types = Storage(*(storage(b, v) if v is not None else "f32" for v in (x, xs, scales, bias, b.out)))
     gemv = b.dispatch(gemv_shader(dq8, zp_packed, has_bias, word_group, types), [*operands, *tail, b.out, q])
+    wpr = row_bytes // 4
+    # CPU adapters with subgroups: the subgroup GEMV where K is whole 32-weight vec4s (the hook)
+    # and every float tensor is f32 (its only storage type; f16 takes the typed GEMV)
+    sg = None
+    if b.adapter == CPU and b.subgroups and types == Storage() and wpr % 4 == 0 and gs % 32 == 0:
+        sg = b.dispatch(sg_gemv_shader(dq8, zp_packed, has_bias), [*operands, *tail, b.out, q])
     q_binding = len(operands) + len(tail) + 3  # after out, p and the scratch
     q_wgsl = f"{LIN_STRUCT};\n@group(0) @binding({q_binding}) var<uniform> q: Q;\n"
     gemm = GemmRoute(b, q4_load(dq8, zp_packed, word_group, types), operands, bias, b.out, p, gemm_scratch(b, [b.out]), [q], q_wgsl)
-    wpr = row_bytes // 4
 
     def resize(ctx):
         xd = ctx.dims(x)
@@ -334,7 +393,10 @@ def _add_q4_linear(b, x, xs, xz, weight, scales, group_size, bias):
         splits, kspan = gemm.plan(m, n, k, 1, use_gemm)
         ctx.set_params(q, struct.pack(LIN_FORMAT, m, n, k, wpr, sn, groups, gs, -(-k // 8)))
         ctx.set_params(p, params_bytes(m, n, k, bias=(0, 0, 1), split=(splits, kspan)))
-        ctx.set_grid(gemv, fold_grid(-(-n // GEMV_ROWS))[:2] + (m,) if use_gemv else (0, 0, 0))
+        use_sg = use_gemv and sg is not None and k % 32 == 0
+        ctx.set_grid(gemv, fold_grid(-(-n // GEMV_ROWS))[:2] + (m,) if use_gemv and not use_sg else (0, 0, 0))
+        if sg is not None:
+            ctx.set_grid(sg, fold_grid(-(-n // sg_wg_rows(SG_GEMV)))[:2] + (m,) if use_sg else (0, 0, 0))
         gemm.set_grids(ctx, m, n, 1, splits, use_gemm)
         ctx.set_dims(b.out, tuple(xd[:-1]) + (n,))
 

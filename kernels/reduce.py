@@ -24,7 +24,7 @@ import struct
 from resize.shapes import contiguous_strides, fold_grid, normalize_dim, numel_of
 from resize.values import Scalar
 
-from .linear import GEMV_MAX_ROWS
+from .linear import GEMV_MAX_ROWS, cpu_subgroup_products
 from .registry import op
 from .wgsl import PACKED, wgsl_type
 
@@ -421,9 +421,11 @@ def native_layer_norm(b):
 @op("et_vk.rms_norm.default", "pte_wgpu.rms_norm_for_gemm", half=True)
 def rms_norm(b):
     """`pte_wgpu.rms_norm_for_gemm` (kernels/fusion.py) runs only for more than GEMV_MAX_ROWS rows:
-    up to that, the fused linear that reads it normalizes its rows itself."""
+    up to that, the fused linear that reads it normalizes its rows itself; with subgroup products
+    on a CPU adapter (kernels/linear.py), only for one row."""
     x, weight, out = b.args[0], b.args[1], b.out
     for_gemm = b.name == "pte_wgpu.rms_norm_for_gemm"
+    fused_rows = 1 if cpu_subgroup_products(b, b.tensor(1).dims[-1], (x, weight, out)) else GEMV_MAX_ROWS  # the fused linears' own norms
     eps = float(b.scalar(2, 1e-6))
     to = _storage(b, out)
     body = RMS_NORM_BODY.format(WG=RWG, tree=_tree("a + b"), TO=to)
@@ -440,7 +442,7 @@ def rms_norm(b):
         _check_param(b, ctx, weight, normalized, "weight")
         shape, data, rows = _norm_params(b, ctx, x, normalized, eps)
         ctx.set_params(params, data)
-        ctx.set_grid(d, fold_grid(rows) if rows > GEMV_MAX_ROWS or not for_gemm else (0, 0, 0))
+        ctx.set_grid(d, fold_grid(rows) if rows > fused_rows or not for_gemm else (0, 0, 0))
         ctx.set_dims(out, shape)
 
     b.hook(resize)

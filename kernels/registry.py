@@ -57,9 +57,10 @@ class Dispatch:
 
 
 class OpBuilder:
-    def __init__(self, graph, name, args, adapter=GPU):
+    def __init__(self, graph, name, args, adapter=GPU, subgroups=False):
         self.graph, self.name, self.args = graph, name, args
         self.adapter = adapter  # the adapter class whose kernel variants to build (kernels/variants.py)
+        self.subgroups = subgroups  # the device has WebGPU's "subgroup" feature: variants may use it
         self._hook = None
         self._extra_writes = []
 
@@ -114,14 +115,14 @@ class OpBuilder:
         self._hook = fn
 
 
-def build_node(graph, name, args, adapter=GPU):
-    """Build one op into `graph`, with the kernel variants of adapter class `adapter`, and return
-    its resize-plan `Node`."""
+def build_node(graph, name, args, adapter=GPU, subgroups=False):
+    """Build one op into `graph`, with the kernel variants of adapter class `adapter` (those that
+    need subgroup operations only with `subgroups`), and return its resize-plan `Node`."""
     fn = OPS[name]
     values = graph.values
     if not fn.half and any(values[t].dtype == "float16" for t in _tensors(values, args)):
         raise HalfUnsupported(f"{name} has no f16 kernel")
-    b = OpBuilder(graph, name, args, adapter)
+    b = OpBuilder(graph, name, args, adapter, subgroups)
     fn(b)
     if b._hook is None:
         raise RuntimeError(f"{name} registered no resize hook")

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from async_runtime.testing import assert_matches_eager
+from resize.values import Scalar, Tensor, ValueList
+from kernels import build_node
 from kernels import gemm as G
 from kernels import linear as L
 
@@ -81,6 +83,10 @@ CASES = {
     "bmm_dyn_split": (BMM, [(3, 67, 199), (3, 199, 71)], ({1: _m(67)}, None)),
     "addmm_dyn": (lambda: AddMM(13, 29), [(17, 13)], ({0: _m(17)},)),
     "fused_dyn": (lambda: FusedLinears(37, 41, 23, 53), [(1, 71, 37)], ({1: _m(71)},)),
+    # K a multiple of 4 with odd N: the subgroup GEMVs of CPU adapters (q/k/v, SwiGLU, the plain
+    # linear), next to products whose K is not (o: 41, down: 53)
+    "linear_dyn_k4": (lambda: Linear(96, 37, False), [(33, 96)], ({0: _m(33)},)),
+    "fused_dyn_k4": (lambda: FusedLinears(40, 41, 23, 53), [(1, 34, 40)], ({1: _m(34)},)),
 }
 # where live M sits in each input's shape (None: the input has no M)
 M_AXIS = {
@@ -93,6 +99,8 @@ M_AXIS = {
     "bmm_dyn_split": [1, None],
     "addmm_dyn": [0],
     "fused_dyn": [1],
+    "linear_dyn_k4": [0],
+    "fused_dyn_k4": [1],
 }
 
 
@@ -143,6 +151,44 @@ async def test_fused_linears_run_as_fused_ops(load_pte):
     assert "aten.linear.default" not in names and model.fused == 5  # silu, swiglu, 2 residuals, q/k/v
 
 
+async def test_cpu_adapters_take_subgroup_gemvs_where_k_is_whole_vec4s(load_pte, kernel_variants):
+    """With the CPU variants on a device with subgroups, the products of fused_dyn_k4 with K = 40
+    (q/k/v, SwiGLU) sum along K in subgroups; those with K = 41 or 53 (o, down) do not."""
+    data, _ = _export("fused_dyn_k4")
+    model = await load_pte(data)
+    if kernel_variants == "gpu" or "subgroup" not in model.device_info.features:
+        assert not any("subgroupAdd" in (d.shader or "") for d in model.graph.dispatches)
+        return
+    await model.execute(*_inputs("fused_dyn_k4", 1, np.random.default_rng(5)))
+    grids = model._default.state.grids
+    live = {}  # op -> whether a subgroup GEMV ran
+    for i, d in enumerate(model.graph.dispatches):
+        live[d.op] = live.get(d.op, False) or ("subgroupAdd" in (d.shader or "") and all(grids[i]))
+    assert live["pte_wgpu.linear_group"] and live["pte_wgpu.linear_silu_mul"]
+    assert not live["pte_wgpu.linear_residual"]
+
+
+def test_subgroup_variants_need_the_feature_and_f32():
+    """Built for a CPU adapter, a linear and a SwiGLU with K = 96 use subgroups only where the
+    device has them (model.py passes its feature) and their tensors are f32: f16 ones take the
+    typed CPU GEMVs."""
+
+    class Graph:
+        def __init__(self, dtype):
+            self.params, self.dispatches = [], []
+            self.values = [Tensor(dtype, (3, 96)), Tensor(dtype, (37, 96)), Scalar(None), Tensor(dtype, (3, 37))]
+            self.values += [Tensor(dtype, (37, 96)), ValueList((3, 3, 3))]  # up, and SwiGLU's (out, gate, up)
+
+    for dtype in ("float32", "float16"):
+        for subgroups in (False, True):
+            for name, args in (("aten.linear.default", [0, 1, 2, 3]), ("pte_wgpu.linear_silu_mul", [0, 1, 4, 5])):
+                graph = Graph(dtype)
+                build_node(graph, name, args, "cpu", subgroups)
+                shaders = [d.shader or "" for d in graph.dispatches]
+                assert any("subgroupAdd" in s for s in shaders) == (subgroups and dtype == "float32"), (name, dtype)
+                assert any("array<f16>" in s for s in shaders) == (dtype == "float16"), (name, dtype)
+
+
 def test_grids_stay_within_limits():
     x, y, z = L.gemv_grid("aten.linear.default", 300_001, True, 1)
     assert max(x, y, z) <= 65535 and x * y * 4 >= 300_001
@@ -155,18 +201,27 @@ def test_grids_stay_within_limits():
 
 async def test_gemv_variant_runs_for_few_rows_of_a_wide_weight(load_pte, kernel_variants):
     """linear_bias_dyn_k4 (N >= GEMV_T4_MIN_N, K % 4 == 0) takes the vec4 GEMV on GPUs, the
-    one-invocation-per-output GEMV on CPU adapters, up to 32 rows, and the GEMM past that (its
-    values are checked in test_dynamic_rows_switch_routes)."""
+    one-invocation-per-output GEMV on CPU adapters without subgroups, up to 32 rows, and the GEMM
+    past that; on CPU adapters with subgroups, the subgroup GEMV for one row and its 4-row form for
+    any other count (values checked in test_dynamic_rows_switch_routes)."""
     data, _ = _export("linear_bias_dyn_k4")
     model = await load_pte(data)
     assert model.kernels == kernel_variants
-    shader = L.gemv_t4_shader(True) if kernel_variants == "gpu" else L.gemv_shader(True, True, cpu=True)
-    (gemv,) = [i for i, d in enumerate(model.graph.dispatches) if d.shader == shader]
+    subgroups = kernel_variants == "cpu" and "subgroup" in model.device_info.features
+    if kernel_variants == "gpu":
+        shaders = {L.gemv_t4_shader(True): (1, 29)}
+    elif subgroups:
+        shaders = {L.gemv_sg_shader(True): (1,), L.gemv_sg_shader(True, L.SG_GEMM): (29, 41)}
+    else:
+        shaders = {L.gemv_shader(True, True, cpu=True): (1, 29)}
+    dispatches = {shader: [i for i, d in enumerate(model.graph.dispatches) if d.shader == shader] for shader in shaders}
+    assert all(len(found) == 1 for found in dispatches.values())
     assert any("row_of_a" in (d.shader or "") for d in model.graph.dispatches) == (kernel_variants == "gpu")
     rng = np.random.default_rng(3)
-    for m, on in ((1, True), (29, True), (41, False)):
+    for m in (1, 29, 41):
         await model.execute(*_inputs("linear_bias_dyn_k4", m, rng))
-        assert all(model._default.state.grids[gemv]) == on, m
+        for shader, ms in shaders.items():
+            assert all(model._default.state.grids[dispatches[shader][0]]) == (m in ms), m
 
 
 def test_gemm_splits_k_only_for_few_tiles():

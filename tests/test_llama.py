@@ -91,7 +91,9 @@ async def generate_and_check(session, ids, logits, prompt_len, atol=2e-4, rtol=1
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-async def test_llama_matches_eager_prompt_then_decode(name, tmp_path_factory, load_pte):
+async def test_llama_matches_eager_prompt_then_decode(name, tmp_path_factory, load_pte, kernel_variants):
+    """With both variant sets (on CPU adapters with subgroups: the fused products' subgroup GEMV
+    normalizing its one row itself, and their 8-row form reading the normalized prompt rows)."""
     pte, runs = recorded(name, tmp_path_factory)
     model = await load_pte(pte)
     assert model.inputs[0].max_shape == (1, CONTEXT - 1)
