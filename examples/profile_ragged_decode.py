@@ -1,0 +1,43 @@
+"""Per-op GPU time of a Llama export's ragged decode passes at 1 and 32 rows: each dispatch in a
+timestamped pass of its own (async_runtime/tools/profile.py), summed by op, with its GB/s.
+
+    python examples/profile_ragged_decode.py model.pte
+"""
+import sys
+
+import anyio
+import numpy as np
+
+import async_runtime as ar
+from async_runtime.tools.profile import Profiler, enable_timestamp_normalization
+
+units = enable_timestamp_normalization()
+
+async def main(path):
+    async with await ar.load(path, max_batch=64) as model:
+        prof = Profiler(model, units)
+        runner = model._batcher.runner
+        for rows in (1, 32):
+            sessions = [await model.open_session() for _ in range(rows)]
+            async with anyio.create_task_group() as tg:
+                for s in sessions:
+                    tg.start_soon(s.execute, np.arange(8)[None], np.array([0]))
+            runner.profiler = prof
+            for k in range(3):
+                prof.label_next_step(f"rows{rows}")
+                async with anyio.create_task_group() as tg:
+                    for s in sessions:
+                        tg.start_soon(s.execute, np.array([[5]]), np.array([8 + k]))
+            runner.profiler = None
+            for s in sessions:
+                await s.aclose()
+        await prof.collect()
+        for rows in (1, 32):
+            steps = prof.steps_labelled(f"rows{rows}")
+            tab = prof.op_table(steps)
+            tot = sum(r["total_us"] for r in tab) / len(steps)
+            print(f"== {rows} rows: {tot:.0f} us of dispatch time a pass (sum of per-dispatch passes), {sum(r['count'] for r in tab)//len(steps)} dispatches")
+            for r in tab[:12]:
+                print(f"  {r['op']:40s} n={r['count']//len(steps):4d} {r['total_us']/len(steps):8.1f} us  mean {r['mean_us']:6.1f}  {100*r['share']:5.1f}%  {r['gb_per_s']:7.1f} GB/s")
+
+anyio.run(main, sys.argv[1])
