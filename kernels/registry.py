@@ -120,7 +120,7 @@ def build_node(graph, name, args, adapter=GPU, subgroups=False):
     need subgroup operations only with `subgroups`), and return its resize-plan `Node`."""
     fn = OPS[name]
     values = graph.values
-    if not fn.half and any(values[t].dtype == "float16" for t in _tensors(values, args)):
+    if not getattr(fn, "half", False) and any(values[t].dtype == "float16" for t in _tensors(values, args)):
         raise HalfUnsupported(f"{name} has no f16 kernel")
     b = OpBuilder(graph, name, args, adapter, subgroups)
     fn(b)

@@ -148,7 +148,8 @@ def test_streaming_section_is_well_formed(bench_run):
     assert s["timing"].startswith(("GPU timestamps", "wall clock"))
     for label, r in s["kernels"].items():
         assert "error" not in r, (label, r["error"])
-        assert r["bytes"] == sum(4 * int(np.prod(shape)) for shape in r["shapes"]) > 0, label  # f32 tensors, each once
+        size = 2 if label.endswith(" f16") else 4  # f16 or f32 tensors, each once
+        assert r["bytes"] == sum(size * int(np.prod(shape)) for shape in r["shapes"]) > 0, label
         assert r["gb_per_s"] > 0 and r["us_per_dispatch"] > 0 and len(r["seconds"]) == 1, label
         assert r["us_wall"] > 0 and (r["us_timestamps"] is None or r["us_timestamps"] > 0), label
         if r["timed_by"] == "timestamps":  # used only when wall clock agrees

@@ -127,7 +127,9 @@ def replica_actors():
 
 async def test_a_killed_replica_ends_its_streams_with_an_error_and_comes_back(cluster):
     async def stream(client, i, events):
-        body = {"messages": CHAT, "stream": True, "max_tokens": 28, "temperature": 0}
+        # sampled, so tokens come one a step (greedy decoding delivers a whole GPU burst at once and
+        # could finish these streams before the kill lands)
+        body = {"messages": CHAT, "stream": True, "max_tokens": 28, "temperature": 0.8, "seed": i}
         async with client.stream("POST", "/v1/chat/completions", json=body) as r:
             assert r.status_code == 200
             async for line in r.aiter_lines():
