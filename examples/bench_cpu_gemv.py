@@ -64,7 +64,7 @@ def fp32_rows(dev, m, reps):
             kernels = [("one invocation a row", L.gemv_shader(True, False, cpu=True), (L.CPU_WG, L.CPU_GROUP_ROWS))]
             kernels.append(("subgroup GEMV", L.gemv_sg_shader(False), (L.sg_wg_rows(L.SG_GEMV), 1)))
         else:
-            kernels = [("tiled GEMM", G.gemm_shader(G.fp32_load(True), False), None)]
+            kernels = [("tiled GEMM", G.gemm_shader(G.float_load(True), False), None)]
             kernels.append((f"subgroup {L.SG_GEMM[0]} x {L.SG_GEMM[1]}", L.gemv_sg_shader(False, L.SG_GEMM), (L.sg_wg_rows(L.SG_GEMM), L.SG_GEMM[0])))
         for name, shader, per in kernels:
             grid = G.gemm_grid("bench", m, n, 1) if per is None else L.gemv_grid("bench", n, True, -(-m // per[1]), per[0])

@@ -97,7 +97,7 @@ class TileLoad:
     setup: str = ""
 
 
-def fp32_load(transposed_b, a="f32", b="f32"):
+def float_load(transposed_b, a="f32", b="f32"):
     """A [M, K] and B, an [N, K] weight (`transposed_b`) or a [K, N] matrix, stored as WGSL types
     `a` and `b` (f32 or f16), loaded as f32."""
     b_index = "n * p.K + k" if transposed_b else "k * p.N + n"

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from resize.shapes import MAX_WORKGROUPS, broadcast_strides, fold_grid, numel_of
 
-from .gemm import PARAMS_FORMAT, PARAMS_SIZE, GemmRoute, fp32_load, gemm_scratch, gemm_split, header, storage
+from .gemm import PARAMS_FORMAT, PARAMS_SIZE, GemmRoute, float_load, gemm_scratch, gemm_split, header, storage
 from .registry import op
 from .variants import ANY, CPU, CPU_ONLY, GPU_ONLY, Routes, Variant
 from .wgsl import is_float
@@ -486,7 +486,7 @@ def _sg(shape):
 
 
 def _gemm(b, mm):
-    load = fp32_load(mm.transposed, mm.types.a, mm.types.b)
+    load = float_load(mm.transposed, mm.types.a, mm.types.b)
     return GemmRoute(b, load, [mm.a, mm.bmat], mm.bias, b.out, mm.params, gemm_scratch(b, [b.out]))
 
 

@@ -22,7 +22,7 @@ import struct
 
 from resize.shapes import fold_grid, numel_of
 
-from .gemm import PARAMS_SIZE, GemmRoute, fp32_load, gemm_scratch, params_bytes, storage
+from .gemm import PARAMS_SIZE, GemmRoute, float_load, gemm_scratch, params_bytes, storage
 from .linear import (
     CPU_GROUP_ROWS,
     CPU_WG,
@@ -244,7 +244,7 @@ class _Products:
         self.routes, scratch = [], gemm and gemm_scratch(b, outs)
         for w, out in zip(weights, outs) if gemm else ():
             params = b.params(PARAMS_SIZE)
-            load = fp32_load(True, storage(b, x), storage(b, w))
+            load = float_load(True, storage(b, x), storage(b, w))
             self.routes.append((params, GemmRoute(b, load, [x, w], None, out, params, scratch)))
 
     def resize(self, ctx):

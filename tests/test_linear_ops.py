@@ -250,7 +250,7 @@ def test_uniform_layout_matches_wgsl():
     assert G.PARAMS_SIZE == 56  # b.params rounds it up to 64
     for has_bias in (False, True):
         for transposed in (False, True):
-            for src in (L.gemv_shader(transposed, has_bias), G.gemm_shader(G.fp32_load(transposed), has_bias)):
+            for src in (L.gemv_shader(transposed, has_bias), G.gemm_shader(G.float_load(transposed), has_bias)):
                 assert G.STRUCT in src
                 assert ("var<storage, read> bias" in src) == has_bias
 
