@@ -12,7 +12,7 @@ GEMM_REDUCE adds the ranges in split order and applies the epilogue. H100, SmolL
 the 64x64 kernel this replaced at 512-2047 rows, before splitting.
 
 How the tiles are read is a parameter, a `TileLoad`: WGSL functions `a_at(off, m, k, kend)` and
-`b_at(off, n, k, kend)` giving one element of A and B (0 outside the product), and so an fp32
+`b_at(off, n, k, kend)` giving one element of A and B (0 outside the product), and so a plain
 load (f32 or f16 storage), a 4-bit dequantizing load (kernels/quantized.py), an implicit im2col
 load (kernels/conv_gemm.py), and later int8 loads. Whatever the storage, the tiles, sums and
 split-K's scratch are f32; `epilogue` ends with an optional clamp (a fused activation) and converts
