@@ -5,9 +5,9 @@ import struct
 
 from resize.shapes import numel_of
 
-from .quantized import EMBEDDING_Q4
+from .quantized import embedding_q4_shader
 from .registry import op
-from .wgsl import FLAT_INDEX, WG, flat_grid, type_aliases, wgsl_type
+from .wgsl import FLAT_INDEX, WG, flat_grid, type_aliases
 
 EMBEDDING = f"""
 struct P {{ n: u32, dim: u32, rows: u32, pad: u32 }}
@@ -81,8 +81,7 @@ def embedding_4bit(b):
     dim, gs = row_bytes * 2, row_bytes * 2 // groups
     indices = b.args[5]
     params = b.params(32)
-    shader = EMBEDDING_Q4.replace("WS_TYPE", wgsl_type(st.dtype)).replace("OUT_TYPE", wgsl_type(b.graph.values[b.out].dtype))
-    d = b.dispatch(shader, [b.args[0], b.args[1], indices, b.out, params])
+    d = b.dispatch(embedding_q4_shader(b, b.args[1], b.out), [b.args[0], b.args[1], indices, b.out, params])
 
     def resize(ctx):
         shape = ctx.dims(indices) + (dim,)

@@ -592,6 +592,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 """
 
 
+def embedding_q4_shader(b, scales, out):
+    """EMBEDDING_Q4 over the storage types of the `scales` and `out` tensors (f32 or f16)."""
+    return EMBEDDING_Q4.replace("WS_TYPE", storage(b, scales)).replace("OUT_TYPE", storage(b, out))
+
+
 @op("et_vk.embedding_q4gsw.default", half=True)
 def embedding_q4gsw(b):
     """[weight u8 [V, Dp/2], scales f32 [V, groups] (or [V]), group_size Int, indices, is_linear_weight
@@ -611,8 +616,7 @@ def embedding_q4gsw(b):
     if dim > row_bytes * 2 or -(-dim // gs) > groups:
         _fail(name, f"embedding dim {dim} does not fit weight {list(wt.dims)} / scales {list(st.dims)}")
     params = b.params(32)
-    shader = EMBEDDING_Q4.replace("WS_TYPE", wgsl_type(st.dtype)).replace("OUT_TYPE", storage(b, b.out))
-    d = b.dispatch(shader, [b.args[0], b.args[1], indices, b.out, params])
+    d = b.dispatch(embedding_q4_shader(b, b.args[1], b.out), [b.args[0], b.args[1], indices, b.out, params])
 
     def resize(ctx):
         shape = ctx.dims(indices) + (dim,)

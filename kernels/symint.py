@@ -1,6 +1,6 @@
 """SymInt ops: live scalars computed on the host from live shapes and host input data.
 
-They dispatch nothing (but `move` of a tensor, a copy of its bytes); their hooks set SymInt values,
+They dispatch nothing (but `move` of a tensor, a copy); their hooks set SymInt values,
 which the ops reading them turn into parameter bytes. `select_as_symint` is data-dependent: it reads an element of a host input.
 """
 
@@ -8,8 +8,8 @@ import operator
 
 from resize.shapes import normalize_dim
 
-from .registry import HalfUnsupported, op
-from .wgsl import copy_bytes, elem_bytes
+from .registry import op
+from .shape import flat_copy
 
 
 @op("sym_size.int", half=True)
@@ -68,22 +68,14 @@ select_as_symint.data_dependent = True
 
 @op("move", half=True)
 def move(b):
-    """A MoveCall: the destination takes the source's value (a tensor copy of its bytes, or a SymInt)."""
+    """A MoveCall: the destination takes the source's value (a tensor copy, kernels/shape.py's
+    flat copy, converting when the two are stored differently; or a SymInt)."""
     src, dst = b.args
     if b.is_tensor(0):
-        dtypes = b.tensor(0).dtype, b.tensor(1).dtype
-        if elem_bytes(dtypes[0]) != elem_bytes(dtypes[1]):  # a float16 tensor moved into a float32 one
-            error = HalfUnsupported if "float16" in dtypes else NotImplementedError
-            raise error(f"move of a {dtypes[0]} tensor into a {dtypes[1]} one")
-        d = b.copy(src, dst)
+        flat_copy(b, src, lambda ctx, dims: dims)
+        return
 
-        def resize(ctx):
-            ctx.set_dims(dst, ctx.dims(src))
-            ctx.set_grid(d, (copy_bytes(ctx.numel(src), dtypes[0]), 1, 1))
-
-    else:
-
-        def resize(ctx):
-            ctx.set_symint(dst, ctx.int_value(src))
+    def resize(ctx):
+        ctx.set_symint(dst, ctx.int_value(src))
 
     b.hook(resize)
