@@ -179,3 +179,43 @@ async def test_clients_that_leave_free_their_slots_on_the_replicas(cluster):
     with anyio.fail_after(30):
         again = await chat_answers(cluster, REPLICAS * SESSIONS, 4)
     assert len(again) == REPLICAS * SESSIONS
+
+
+async def test_the_ingress_line_admits_first_come_first_and_hands_freed_slots_on():
+    from async_runtime.llm.cluster import SlotGate
+
+    capacity = [2]
+    gate = SlotGate(lambda: capacity[0])
+    await gate.acquire()
+    await gate.acquire()
+    admitted = []
+
+    async def request(i):
+        await gate.acquire()
+        admitted.append(i)
+
+    async with anyio.create_task_group() as tg:
+        scopes = {}
+        for i in range(5):
+            scopes[i] = anyio.CancelScope()
+
+            async def waiter(i=i):
+                with scopes[i]:
+                    await request(i)
+            tg.start_soon(waiter)
+            await anyio.wait_all_tasks_blocked()
+        assert gate.waiting() == 5 and admitted == []
+        scopes[1].cancel()  # leaves the line before its turn
+        await anyio.wait_all_tasks_blocked()
+        assert gate.waiting() == 4
+        gate.release()
+        await anyio.wait_all_tasks_blocked()
+        assert admitted == [0]
+        scopes[2].cancel()  # cancelled, and its slot handed over before it runs: it passes the slot on
+        gate.release()
+        await anyio.wait_all_tasks_blocked()
+        assert admitted == [0, 3] and gate.taken == 2
+        capacity[0] = 3  # a replica joins
+        gate.admit()
+        await anyio.wait_all_tasks_blocked()
+        assert admitted == [0, 3, 4] and gate.waiting() == 0 and gate.taken == 3
