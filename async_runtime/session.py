@@ -53,7 +53,7 @@ def check_inputs(model, inputs):
             )
         try:
             check_fits(arr.shape, limit, bounded_by, f"input {i}")
-        except ShapeOverflow as e:
+        except ResizeFailure as e:
             raise InputError(str(e)) from None
         stored = np.dtype(HOST_DTYPES[spec.dtype] if spec.dtype in PACKED else storage_dtype(device_dtype))
         if want in "iu" and arr.size and (arr.min() < np.iinfo(stored).min or arr.max() > np.iinfo(stored).max):

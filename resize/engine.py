@@ -190,15 +190,15 @@ class ResizeContext:
 
 
 def check_fits(dims, limit, bounded_by, what):
-    """ShapeOverflow unless live `dims` fit a tensor of maximum shape `limit`: the same rank, every
-    dim at least 1 (0 only where the maximum is 0), at most as many elements, and where an op bounds
-    it (`bounded_by`, its name) every dim within the maximum."""
+    """Raise unless live `dims` fit a tensor of maximum shape `limit`: ResizeFailure for another rank
+    or a dim below 1 (0 only where the maximum is 0); ShapeOverflow for more elements than the
+    maximum, or where an op bounds it (`bounded_by`, its name) a dim above the maximum."""
     limit = tuple(limit)
     if len(dims) != len(limit):
-        raise ShapeOverflow(f"{what}: shape {list(dims)} has rank {len(dims)}, expected rank {len(limit)} (shape up to {list(limit)})")
+        raise ResizeFailure(f"{what}: shape {list(dims)} has rank {len(dims)}, expected rank {len(limit)} (exported shape {list(limit)})")
     for k, (d, m) in enumerate(zip(dims, limit)):
         if d < 1 and not d == m == 0:
-            raise ShapeOverflow(f"{what}: dim {k} is {d}, expected at least 1 (shape {list(dims)})")
+            raise ResizeFailure(f"{what}: dim {k} is {d}, expected at least 1 (shape {list(dims)})")
         if bounded_by is not None and d > m:
             raise ShapeOverflow(
                 f"{what}: dim {k} is {d}, expected 1..{m} (shape {list(dims)}; {bounded_by} keeps every dim "

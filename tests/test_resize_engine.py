@@ -84,10 +84,13 @@ def test_live_shapes_fit_by_element_count_unless_an_op_bounds_their_dims():
     ctx.set_dims(0, (4, 11))  # a dim above its maximum, 44 elements of 44
     ctx.set_dims(0, (1, 43))
     assert state.dims[0] == (1, 43)
-    for dims, message in [((3, 15), "has 45 elements, its buffer holds 44"), ((0, 4), "dim 0 is 0, expected at least 1"),
-                          ((44,), "rank 1, expected rank 2")]:  # fmt: skip
-        with pytest.raises(ShapeOverflow, match=message):
+    with pytest.raises(ShapeOverflow, match="has 45 elements, its buffer holds 44"):
+        ctx.set_dims(0, (3, 15))
+    for dims, message in [((0, 4), "dim 0 is 0, expected at least 1"), ((44,), "rank 1, expected rank 2")]:
+        with pytest.raises(ResizeFailure, match=message) as info:
             ctx.set_dims(0, dims)
+        assert info.type is ResizeFailure  # not an overflow: a hook's mistake (ResizeError)
+    assert state.dims[0] == (1, 43)
     values = [Tensor("float32", (11, 4)), Tensor("float32", (11, 4))]
     plan = Plan([Node("op", lambda ctx: None, reads=(0,), writes=(1,), bounded=(0, 1))], values)
     ctx = ResizeContext(plan, LiveState(2, 0, 0))
