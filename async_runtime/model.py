@@ -153,6 +153,12 @@ class Model:
         values = graph.values
         self.plan = Plan(nodes, values)
         self._data_dependent = any(n.data_dependent for n in nodes)
+        # Per input, the op that keeps each of its dims within the exported maximum (None: only its
+        # element count is bounded). A ragged model's inputs feed the batcher's tables, not the graph.
+        if ragged is not None:
+            self._input_bounds = ("ragged batching",) * len(self.inputs)
+        else:
+            self._input_bounds = tuple(self.plan.bounded.get(vid) for vid in graph.inputs)
         self._initial_state = self._plan_at_max_shapes()
 
         state_vids = {w for n in nodes for w in n.writes if isinstance(values[w], Tensor) and values[w].constant is not None}

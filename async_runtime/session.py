@@ -11,7 +11,7 @@ import wgpu
 
 from kernels import Params
 from kernels.wgsl import PACKED, elem_bytes
-from resize.engine import ResizeContext, ResizeFailure, propagate_resize
+from resize.engine import ResizeContext, ResizeFailure, ShapeOverflow, check_fits, propagate_resize
 from resize.events import InputResized
 from resize.shapes import numel_of
 from resize.values import HOST_DTYPES, Tensor
@@ -29,12 +29,14 @@ COPY_ALIGN = 256  # spacing of outputs in the readback staging buffer
 
 def check_inputs(model, inputs):
     """Validate a call's inputs against the method's (`model.inputs`); returns them as arrays in
-    the device's storage types."""
+    the device's storage types. A shape fits when it has the input's rank and at most its exported
+    element count (ExecuTorch's capacity rule); an input read by an op that is not capacity-safe
+    also keeps each dim within its exported maximum (`model._input_bounds`)."""
     specs = model.inputs
     if len(inputs) != len(specs):
         raise InputError(f"expected {len(specs)} inputs ({model.describe_inputs()}), got {len(inputs)}")
     arrays = []
-    for i, (spec, device_dtype, x) in enumerate(zip(specs, model._input_storage, inputs)):
+    for i, (spec, device_dtype, bounded_by, x) in enumerate(zip(specs, model._input_storage, model._input_bounds, inputs)):
         if spec.dtype not in HOST_DTYPES:
             raise InputError(f"input {i}: non-tensor method inputs are not supported ({spec.dtype})")
         try:
@@ -44,14 +46,15 @@ def check_inputs(model, inputs):
         kind, want = arr.dtype.kind, np.dtype(HOST_DTYPES[spec.dtype]).kind
         limit = list(spec.max_shape)
         if not (kind == want or (want in "iu" and kind in "iu")):
-            raise InputError(f"input {i}: dtype {arr.dtype} given, expected {spec.dtype} (shape up to {limit})")
+            raise InputError(f"input {i}: dtype {arr.dtype} given, expected {spec.dtype} (exported shape {limit})")
         if arr.ndim != len(limit):
             raise InputError(
-                f"input {i}: rank {arr.ndim} (shape {list(arr.shape)}) given, expected rank {len(limit)} with shape up to {limit}"
+                f"input {i}: rank {arr.ndim} (shape {list(arr.shape)}) given, expected rank {len(limit)} (exported shape {limit})"
             )
-        for d, (n, m) in enumerate(zip(arr.shape, limit)):
-            if not (1 <= n <= m or n == m == 0):  # a dim exported as 0 (an empty input) stays 0
-                raise InputError(f"input {i}: dim {d} is {n}, expected {f'1..{m}' if m else 0} (shape {list(arr.shape)}, max {limit})")
+        try:
+            check_fits(arr.shape, limit, bounded_by, f"input {i}")
+        except ResizeFailure as e:
+            raise InputError(str(e)) from None
         stored = np.dtype(HOST_DTYPES[spec.dtype] if spec.dtype in PACKED else storage_dtype(device_dtype))
         if want in "iu" and arr.size and (arr.min() < np.iinfo(stored).min or arr.max() > np.iinfo(stored).max):
             raise InputError(f"input {i}: values outside the {stored} range the device stores")
@@ -59,6 +62,11 @@ def check_inputs(model, inputs):
             arr = arr.astype(HOST_DTYPES[spec.dtype], copy=False)
         arrays.append(np.ascontiguousarray(arr, dtype=stored))
     return arrays
+
+
+def _shapes(host):
+    """The inputs' shapes for an error message: 'input 0 [3, 14, 15, 9], input 1 [2]'."""
+    return ", ".join(f"input {i} {list(arr.shape)}" for i, arr in enumerate(host.values()))
 
 
 class SessionBase:
@@ -243,10 +251,12 @@ class Session(SessionBase):
                 for counters in (self._counters, model._counters):
                     counters.resize_reuses += 1
                 return ctx
-            for vid, arr in host.items():
+            for vid, arr in host.items():  # check_inputs made sure they fit
                 ctx.set_dims(vid, arr.shape)
             try:
                 await propagate_resize(model.plan, ctx, set(ctx.changed_values), fed=host.keys())
+            except ShapeOverflow as e:
+                raise InputError(f"these inputs ({_shapes(host)}) do not fit the model: {e}") from None
             except ResizeFailure as e:
                 raise ResizeError(str(e)) from None
             except (ValueError, IndexError) as e:

@@ -187,10 +187,10 @@ def _unary(expr):
 
 
 for _name, _expr in UNARY.items():
-    op(_name, half=True)(_unary(_expr))
+    op(_name, half=True, capacity=True)(_unary(_expr))
 
 
-@op("aten.gelu.default", half=True)
+@op("aten.gelu.default", half=True, capacity=True)
 def gelu(b):
     add_elementwise(b, [0], GELU[b.scalar(1, "none")])
 
@@ -218,7 +218,7 @@ for _base, _expr in BINARY.items():
         names = [f"aten.{_base}.default", f"aten::{_base}.out"]
     if _base in ("eq", "ne", "lt", "le", "gt", "ge"):
         names.append(f"aten::{_base}.Tensor_out")  # the portable kernels' name for the Tensor form
-    op(*names, half=True)(_binary(_expr))
+    op(*names, half=True, capacity=True)(_binary(_expr))
 
 
 # div with rounding_mode "trunc" or "floor"; WGSL integer division truncates.
@@ -229,7 +229,7 @@ DIV_MODE = {
 }
 
 
-@op("aten.div.Tensor_mode", "aten.div.Scalar_mode", "aten::div.out_mode", "aten::div.Scalar_mode_out", half=True)
+@op("aten.div.Tensor_mode", "aten.div.Scalar_mode", "aten::div.out_mode", "aten::div.Scalar_mode_out", half=True, capacity=True)
 def div_mode(b):
     mode = b.scalar(2, None)
     if mode not in DIV_MODE:
@@ -240,6 +240,6 @@ def div_mode(b):
         add_elementwise(b, [0, None], DIV_MODE[mode], beta=b.scalar(1))
 
 
-@op("aten.where.self", "aten::where.self_out", half=True)
+@op("aten.where.self", "aten::where.self_out", half=True, capacity=True)
 def where(b):
     add_elementwise(b, [0, 1, 2], "select(c, b, a != CT(0))")

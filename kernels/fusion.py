@@ -49,7 +49,7 @@ MAX_GROUP = 4  # products per linear_group (the kernel's code grows with each)
 FLOATS = ("float32", "float16")  # the dtypes the fused linears store as they are (f32, f16)
 
 
-@op(SILU_MUL, half=True)
+@op(SILU_MUL, half=True, capacity=True)
 def silu_mul(b):
     add_elementwise(b, [0, 1], "a / (1.0 + exp(-a)) * b")
 

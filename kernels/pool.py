@@ -120,19 +120,19 @@ def add_pool(b, kind, outs, kernel, stride, padding, dilation, ceil_mode, includ
     b.hook(resize)
 
 
-@op("aten.max_pool2d_with_indices.default", half=True)
+@op("aten.max_pool2d_with_indices.default", half=True, capacity=True)
 def max_pool2d_with_indices(b):
     ints = [static_ints(b, i) for i in range(1, 5)]
     add_pool(b, "max", op_outputs(b, 2), *ints, bool(b.scalar(5, False)))
 
 
-@op("aten.max_pool2d.default", half=True)
+@op("aten.max_pool2d.default", half=True, capacity=True)
 def max_pool2d(b):
     ints = [static_ints(b, i) for i in range(1, 5)]
     add_pool(b, "max", [b.out], *ints, bool(b.scalar(5, False)))
 
 
-@op("aten.avg_pool2d.default", half=True)
+@op("aten.avg_pool2d.default", half=True, capacity=True)
 def avg_pool2d(b):
     ints = [static_ints(b, i) for i in range(1, 4)]
     divisor = int(b.scalar(6, 0) or 0)

@@ -5,6 +5,11 @@ function reads its arguments through the `OpBuilder`, declares parameter blocks,
 (WGSL compute or buffer copies) and exactly one resize hook. The hook computes output live shapes,
 parameter bytes and grids from the inputs' live shapes; the runtime calls it once at load (at the
 maximum shapes) and again whenever an input of the op changes. Nothing here touches the GPU.
+
+Live shapes follow ExecuTorch's capacity rule: a tensor may take any shape of its rank whose
+element count fits its buffer. An op registered with `capacity=True` was checked to compute
+everything from live dims; every other op keeps each dim of its tensors within the exported
+maximum (`Node.bounded`), since its kernels or hooks may rely on that.
 """
 
 from dataclasses import dataclass
@@ -21,10 +26,12 @@ class HalfUnsupported(NotImplementedError):
     """An op met a float16 tensor but has no f16 kernel: the load widens the model to f32."""
 
 
-def op(*names, half=False):
+def op(*names, half=False, capacity=False):
     """Register a build function under one or more operator names; `half`: its kernels read and
     write float16 tensors as f16 (every storage type from `wgsl.wgsl_type`, f32 arithmetic where
-    precision needs it)."""
+    precision needs it); `capacity`: its kernels, routes and hook take any live shape whose element
+    count fits each tensor's buffer, a dim above its exported maximum included (nothing planned
+    from the maximum dims)."""
 
     def register(fn):
         for name in names:
@@ -32,6 +39,7 @@ def op(*names, half=False):
                 raise RuntimeError(f"operator {name} registered twice")
             OPS[name] = fn
         fn.half = half
+        fn.capacity = capacity
         return fn
 
     return register
@@ -136,7 +144,10 @@ def build_node(graph, name, args, adapter=GPU, subgroups=False):
         elif isinstance(v, ValueList):
             reads.extend(i for i in v.items if i >= 0 and isinstance(values[i], (Tensor, SymInt)))  # -1: None
     writes = tuple(outs - {None}) + tuple(b._extra_writes)
-    return Node(name, b._hook, tuple(dict.fromkeys(reads)), writes, data_dependent=getattr(fn, "data_dependent", False))
+    bounded = () if getattr(fn, "capacity", False) else tuple(dict.fromkeys(_tensors(values, args)))
+    return Node(
+        name, b._hook, tuple(dict.fromkeys(reads)), writes, data_dependent=getattr(fn, "data_dependent", False), bounded=bounded
+    )
 
 
 def _tensors(values, args):

@@ -135,18 +135,19 @@ def _same(ctx, dims):
     "aten::alias_copy.out",
     "dim_order_ops::_clone_dim_order.out",
     half=True,
+    capacity=True,
 )
 def clone(b):
     flat_copy(b, b.args[0], _same)
 
 
-@op("aten.copy.default", half=True)
+@op("aten.copy.default", half=True, capacity=True)
 def copy(b):
     """`self.copy_(src)` as the partitioner takes it: src has self's dtype and shape."""
     flat_copy(b, b.args[1], _same)
 
 
-@op("aten.view_copy.default", "aten::view_copy.out", half=True)
+@op("aten.view_copy.default", "aten::view_copy.out", half=True, capacity=True)
 def view_copy(b):
     size_arg = b.args[1]
 
@@ -177,24 +178,24 @@ def _squeeze(b, dims_of):
     flat_copy(b, b.args[0], live_shape)
 
 
-@op("aten.squeeze_copy.dims", "aten::squeeze_copy.dims_out", half=True)
+@op("aten.squeeze_copy.dims", "aten::squeeze_copy.dims_out", half=True, capacity=True)
 def squeeze_dims(b):
     _squeeze(b, lambda ctx, dims: ctx.int_list(b.args[1]))
 
 
-@op("aten.squeeze_copy.dim", "aten::squeeze_copy.dim_out", half=True)
+@op("aten.squeeze_copy.dim", "aten::squeeze_copy.dim_out", half=True, capacity=True)
 def squeeze_dim(b):
     _squeeze(b, lambda ctx, dims: (ctx.int_value(b.args[1]),))
 
 
-@op("aten.squeeze_copy.default", "aten::squeeze_copy.out", half=True)
+@op("aten.squeeze_copy.default", "aten::squeeze_copy.out", half=True, capacity=True)
 def squeeze_all(b):
     # The dims that were 1 at export (the maximum shape) are the ones squeezed.
     static = [k for k, s in enumerate(b.tensor(0).dims) if s == 1]
     _squeeze(b, lambda ctx, dims: static)
 
 
-@op("aten.unsqueeze_copy.default", "aten::unsqueeze_copy.out", half=True)
+@op("aten.unsqueeze_copy.default", "aten::unsqueeze_copy.out", half=True, capacity=True)
 def unsqueeze(b):
     def live_shape(ctx, dims):
         d = _dim(b, ctx.int_value(b.args[1]), len(dims) + 1)
@@ -237,7 +238,7 @@ def strided_copy(b, src, dst):
 
 
 @op("aten._to_copy.default", "dim_order_ops._to_dim_order_copy.default", "aten::_to_copy.out",
-    "dim_order_ops::_to_dim_order_copy.out", half=True)  # fmt: skip
+    "dim_order_ops::_to_dim_order_copy.out", half=True, capacity=True)  # fmt: skip
 def to_copy(b):
     flat_copy(b, b.args[0], _same)
 
@@ -258,7 +259,7 @@ def _permuted(b, perm_of):
     b.hook(resize)
 
 
-@op("aten.permute_copy.default", "aten.permute.default", "aten::permute_copy.out", half=True)
+@op("aten.permute_copy.default", "aten.permute.default", "aten::permute_copy.out", half=True, capacity=True)
 def permute_copy(b):
     def perm_of(ctx, rank):
         perm = [_dim(b, p, rank) for p in ctx.int_list(b.args[1])]
@@ -269,7 +270,7 @@ def permute_copy(b):
     _permuted(b, perm_of)
 
 
-@op("aten.t_copy.default", "aten::t_copy.out", half=True)
+@op("aten.t_copy.default", "aten::t_copy.out", half=True, capacity=True)
 def t_copy(b):
     """The transpose of a matrix; a vector or a scalar is copied as it is."""
 
@@ -281,7 +282,7 @@ def t_copy(b):
     _permuted(b, perm_of)
 
 
-@op("aten.expand_copy.default", "aten::expand_copy.out", half=True)
+@op("aten.expand_copy.default", "aten::expand_copy.out", half=True, capacity=True)
 def expand_copy(b):
     src = b.args[0]
     set_copy = strided_copy(b, src, b.out)
@@ -321,7 +322,7 @@ def _slice_bounds(start, end, step, size):
     return start, (end - start + step - 1) // step
 
 
-@op("aten.slice_copy.Tensor", "aten::slice_copy.Tensor_out", half=True)
+@op("aten.slice_copy.Tensor", "aten::slice_copy.Tensor_out", half=True, capacity=True)
 def slice_copy(b):
     src = b.args[0]
     set_copy = strided_copy(b, src, b.out)
@@ -347,7 +348,7 @@ def slice_copy(b):
     b.hook(resize)
 
 
-@op("aten.select_copy.int", "aten::select_copy.int_out", half=True)
+@op("aten.select_copy.int", "aten::select_copy.int_out", half=True, capacity=True)
 def select_copy(b):
     src = b.args[0]
     set_copy = strided_copy(b, src, b.out)
@@ -391,12 +392,12 @@ def _split(b, sizes_of):
     b.hook(resize)
 
 
-@op("aten.split_with_sizes_copy.default", "aten::split_with_sizes_copy.out", half=True)
+@op("aten.split_with_sizes_copy.default", "aten::split_with_sizes_copy.out", half=True, capacity=True)
 def split_with_sizes_copy(b):
     _split(b, lambda ctx, n: ctx.int_list(b.args[1]))
 
 
-@op("aten.split_copy.Tensor", "aten::split_copy.Tensor_out", half=True)
+@op("aten.split_copy.Tensor", "aten::split_copy.Tensor_out", half=True, capacity=True)
 def split_copy(b):
     def sizes_of(ctx, n):
         step = ctx.int_value(b.args[1])
@@ -407,7 +408,7 @@ def split_copy(b):
     _split(b, sizes_of)
 
 
-@op("aten.cat.default", "aten::cat.out", half=True)
+@op("aten.cat.default", "aten::cat.out", half=True, capacity=True)
 def cat(b):
     ins = b.graph.values[b.args[0]].items
     setters = [strided_copy(b, i, b.out) for i in ins]
@@ -457,7 +458,7 @@ def indexed_copy(b, src, index, dim_arg, out_shape_of, idx_strides_of):
     b.hook(resize)
 
 
-@op("aten.index_select.default", "aten::index_select.out", half=True)
+@op("aten.index_select.default", "aten::index_select.out", half=True, capacity=True)
 def index_select(b):
     def out_shape(dims, idims, dim):
         if len(idims) > 1:
@@ -470,7 +471,7 @@ def index_select(b):
     indexed_copy(b, b.args[0], b.args[2], b.args[1], out_shape, idx_strides)
 
 
-@op("aten.gather.default", "aten::gather.out", half=True)
+@op("aten.gather.default", "aten::gather.out", half=True, capacity=True)
 def gather(b):
     def out_shape(dims, idims, dim):
         if len(idims) != len(dims) or any(i > s for k, (i, s) in enumerate(zip(idims, dims)) if k != dim):

@@ -12,7 +12,7 @@ from .registry import op
 from .shape import flat_copy
 
 
-@op("sym_size.int", half=True)
+@op("sym_size.int", half=True, capacity=True)
 def sym_size(b):
     src, dim = b.args[0], b.scalar(1)
 
@@ -42,7 +42,7 @@ for _name, _fn in SYMINT_OPS.items():
     op(_name)(_arith(_fn))
 
 
-@op("et_vk.select_as_symint.default", half=True)
+@op("et_vk.select_as_symint.default", half=True, capacity=True)
 def select_as_symint(b):
     src, dim, index = b.args[0], b.scalar(1), b.scalar(2)
 
@@ -66,7 +66,7 @@ def select_as_symint(b):
 select_as_symint.data_dependent = True
 
 
-@op("move", half=True)
+@op("move", half=True, capacity=True)
 def move(b):
     """A MoveCall: the destination takes the source's value (a tensor copy, kernels/shape.py's
     flat copy, converting when the two are stored differently; or a SymInt)."""

@@ -5,6 +5,10 @@ computes its outputs' live dims (and SymInts), its parameter bytes and its dispa
 inputs' live dims. A `LiveState` holds one session's values of all of those. `propagate_resize`
 runs, in one ordered sweep, only the nodes whose inputs changed; it journals every write so a
 failure leaves the previous state untouched.
+
+A live shape keeps the tensor's rank and fits its buffer: its element count is at most that of the
+maximum (exported) shape, as ExecuTorch's `resize_tensor` and Vulkan's `virtual_resize` allow.
+A tensor of a node that is not capacity-safe (`Node.bounded`) also keeps each dim within its maximum.
 """
 
 import heapq
@@ -22,6 +26,11 @@ class ResizeFailure(Exception):
     """Raised by the engine; the runtime turns it into its public ResizeError."""
 
 
+class ShapeOverflow(ResizeFailure):
+    """A live shape does not fit its tensor: the inputs are too large for the model (the runtime
+    raises InputError)."""
+
+
 @dataclass(frozen=True)
 class Node:
     name: str
@@ -29,6 +38,7 @@ class Node:
     reads: tuple  # value ids whose change triggers the hook (tensors and SymInts)
     writes: tuple  # value ids it may set
     data_dependent: bool = False  # reads host data (select_as_symint): runs whenever its input is fed
+    bounded: tuple = ()  # tensor value ids whose every live dim must stay within its maximum for this op
 
 
 @dataclass
@@ -36,13 +46,16 @@ class Plan:
     nodes: list
     values: list  # the value table (async_runtime.values objects), for hooks reading size lists
     consumers: dict = field(default_factory=dict)  # value id -> sorted node indexes reading it
+    bounded: dict = field(default_factory=dict)  # value id -> the first node name that bounds its dims
 
     def __post_init__(self):
-        consumers = {}
+        consumers, bounded = {}, {}
         for i, node in enumerate(self.nodes):
             for v in node.reads:
                 consumers.setdefault(v, []).append(i)
-        self.consumers = consumers
+            for v in node.bounded:
+                bounded.setdefault(v, node.name)
+        self.consumers, self.bounded = consumers, bounded
 
 
 class LiveState:
@@ -107,9 +120,7 @@ class ResizeContext:
         old = self.state.dims[vid]
         if old == dims:
             return
-        limit = self.plan.values[vid].dims
-        if len(dims) != len(limit) or any(not 0 < d <= m for d, m in zip(dims, limit)):
-            raise ResizeFailure(f"value {vid}: live shape {dims} does not fit its maximum {tuple(limit)}")
+        check_fits(dims, self.plan.values[vid].dims, self.plan.bounded.get(vid), f"value {vid}")
         self.journal.append(("dims", vid, old))
         self.state.dims[vid] = dims
         self.changed_values.add(vid)
@@ -178,6 +189,28 @@ class ResizeContext:
         self.changed_grids.clear()
 
 
+def check_fits(dims, limit, bounded_by, what):
+    """Raise unless live `dims` fit a tensor of maximum shape `limit`: ResizeFailure for another rank
+    or a dim below 1 (0 only where the maximum is 0); ShapeOverflow for more elements than the
+    maximum, or where an op bounds it (`bounded_by`, its name) a dim above the maximum."""
+    limit = tuple(limit)
+    if len(dims) != len(limit):
+        raise ResizeFailure(f"{what}: shape {list(dims)} has rank {len(dims)}, expected rank {len(limit)} (exported shape {list(limit)})")
+    for k, (d, m) in enumerate(zip(dims, limit)):
+        if d < 1 and not d == m == 0:
+            raise ResizeFailure(f"{what}: dim {k} is {d}, expected at least 1 (shape {list(dims)})")
+        if bounded_by is not None and d > m:
+            raise ShapeOverflow(
+                f"{what}: dim {k} is {d}, expected 1..{m} (shape {list(dims)}; {bounded_by} keeps every dim "
+                f"within the exported maximum {list(limit)})"
+            )
+    if numel_of(dims) > numel_of(limit):
+        raise ShapeOverflow(
+            f"{what}: shape {list(dims)} has {numel_of(dims)} elements, its buffer holds {numel_of(limit)} "
+            f"(exported shape {list(limit)})"
+        )
+
+
 def run_all(plan, ctx):
     """Run every hook once in order (the build, at maximum shapes)."""
     for node in plan.nodes:
@@ -212,7 +245,10 @@ async def propagate_resize(plan, ctx, changed, fed=()):
             current = heapq.heappop(pending)
             node = plan.nodes[current]
             ctx.recent.clear()
-            node.hook(ctx)
+            try:
+                node.hook(ctx)
+            except ShapeOverflow as e:
+                raise ShapeOverflow(f"{node.name}: {e}") from None
             ctx.hook_calls += 1
             late = []
             for vid in ctx.recent:

@@ -79,10 +79,10 @@ async def test_same_shape_again_runs_no_hooks(load_pte):
     "inputs, message",
     [
         (lambda: (rand(3, 5, 7),), "expected 2 inputs"),
-        (lambda: (rand(3, 10, 7), rand(10, 1)), "dim 1 is 10, expected 1..9"),
+        (lambda: (rand(3, 10, 7), rand(10, 1)), r"shape \[3, 10, 7\] has 210 elements, its buffer holds 189"),
         (lambda: (rand(3, 5), rand(5, 1)), "rank 2"),
         (lambda: (np.ones((3, 5, 7), np.int32), rand(5, 1)), "dtype int32 given, expected float32"),
-        (lambda: (rand(3, 0, 7), rand(0, 1)), "dim 1 is 0, expected 1..9"),
+        (lambda: (rand(3, 0, 7), rand(0, 1)), "dim 1 is 0, expected at least 1"),
         (lambda: (rand(3, 5, 7), rand(4, 1)), "do not fit"),
     ],
 )

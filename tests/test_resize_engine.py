@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from resize import LiveState, Node, Plan, ResizeContext, broadcast_shapes, fold_grid, normalize_dim, numel_of, propagate_resize
-from resize.engine import ResizeFailure
+from resize.engine import ResizeFailure, ShapeOverflow
 from resize.values import Tensor
 
 
@@ -76,11 +76,44 @@ async def test_non_converging_hook_rolls_back():
     assert state.dims == before
 
 
-@pytest.mark.anyio
-async def test_live_dims_over_the_maximum_are_refused():
+def test_live_shapes_fit_by_element_count_unless_an_op_bounds_their_dims():
+    """ExecuTorch's capacity rule: any shape of the rank whose element count fits the buffer; a
+    tensor of an op that is not capacity-safe (`Node.bounded`) also keeps each dim within its maximum."""
     plan, state = _chain(1, [])
     ctx = ResizeContext(plan, state)
-    with pytest.raises(ResizeFailure, match="does not fit its maximum"):
-        ctx.set_dims(0, (12, 4))
-    with pytest.raises(ResizeFailure, match="does not fit"):
-        ctx.set_dims(0, (0, 4))
+    ctx.set_dims(0, (4, 11))  # a dim above its maximum, 44 elements of 44
+    ctx.set_dims(0, (1, 43))
+    assert state.dims[0] == (1, 43)
+    with pytest.raises(ShapeOverflow, match="has 45 elements, its buffer holds 44"):
+        ctx.set_dims(0, (3, 15))
+    for dims, message in [((0, 4), "dim 0 is 0, expected at least 1"), ((44,), "rank 1, expected rank 2")]:
+        with pytest.raises(ResizeFailure, match=message) as info:
+            ctx.set_dims(0, dims)
+        assert info.type is ResizeFailure  # not an overflow: a hook's mistake (ResizeError)
+    assert state.dims[0] == (1, 43)
+    values = [Tensor("float32", (11, 4)), Tensor("float32", (11, 4))]
+    plan = Plan([Node("op", lambda ctx: None, reads=(0,), writes=(1,), bounded=(0, 1))], values)
+    ctx = ResizeContext(plan, LiveState(2, 0, 0))
+    ctx.set_dims(0, (7, 3))
+    with pytest.raises(ShapeOverflow, match=r"dim 1 is 5, expected 1..4 .*op keeps every dim within the exported maximum"):
+        ctx.set_dims(1, (7, 5))
+    assert ctx.state.dims[1] is None
+
+
+@pytest.mark.anyio
+async def test_an_overflowing_output_names_its_op_and_rolls_back():
+    """A hook whose output would not fit its buffer: ShapeOverflow naming the op, the state as before."""
+    values = [Tensor("float32", (6,)), Tensor("float32", (6, 6))]
+
+    def outer(ctx):
+        (n,) = ctx.dims(0)
+        ctx.set_dims(1, (n, n + 1))
+
+    plan = Plan([Node("outer", outer, reads=(0,), writes=(1,))], values)
+    state = LiveState(2, 0, 0)
+    state.dims = [(5,), (5, 6)]
+    ctx = ResizeContext(plan, state)
+    ctx.set_dims(0, (6,))
+    with pytest.raises(ShapeOverflow, match=r"outer: value 1: shape \[6, 7\] has 42 elements, its buffer holds 36"):
+        await propagate_resize(plan, ctx, {0})
+    assert state.dims == [(5,), (5, 6)]

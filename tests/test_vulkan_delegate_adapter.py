@@ -40,14 +40,10 @@ import pytest
 EXPORT_DIR = os.environ.get("PTE_WGPU_EXPORT_DIR")
 UPSTREAM_MODULE = "executorch.backends.vulkan.test.test_vulkan_delegate"
 
-# Upstream tests this runtime does not take, with the reason. Every op is covered now; these two
-# feed inputs beyond the export's maximum in a dim not declared dynamic (its sample is
-# [5, 13, 55, 68], only the batch is a Dim, and a test input is [3, 14, 15, 9]). ExecuTorch's own
-# runtime bounds only a tensor's total size; this one holds every live dim within its exported
-# maximum (buffers, parameters and grids are planned per dim), and refuses such an input with an
-# InputError naming the dim.
-_BEYOND = "its test inputs exceed the exported maximum of a dim that is not dynamic (dim 1: 14 > 13)"
-OUT_OF_SCOPE = {"test_vulkan_backend_avg_pool2d": _BEYOND, "test_vulkan_backend_max_pool2d": _BEYOND}
+# Upstream tests this runtime does not take, with the reason: none now. (avg_pool2d and max_pool2d
+# feed shapes past the export's maximum in a dim not declared dynamic, [3, 14, 15, 9] for a sample
+# of [5, 13, 55, 68]; inputs follow ExecuTorch's capacity rule, resize.engine.check_fits.)
+OUT_OF_SCOPE = {}
 # In scope, failing on a runtime bug outside kernels/: strict xfails, so a fix shows up.
 RUNTIME_BUGS = {}
 
