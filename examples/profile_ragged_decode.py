@@ -1,7 +1,8 @@
-"""Per-op GPU time of a Llama export's ragged decode passes at 1 and 32 rows: each dispatch in a
-timestamped pass of its own (async_runtime/tools/profile.py), summed by op, with its GB/s.
+"""Per-op GPU time of a Llama export's ragged decode passes at 1 and 32 rows (or the row counts
+given): each dispatch in a timestamped pass of its own (async_runtime/tools/profile.py), summed by
+op, with its GB/s.
 
-    python examples/profile_ragged_decode.py model.pte
+    python examples/profile_ragged_decode.py model.pte [1,32,64]
 """
 import sys
 
@@ -13,11 +14,11 @@ from async_runtime.tools.profile import Profiler, enable_timestamp_normalization
 
 units = enable_timestamp_normalization()
 
-async def main(path):
-    async with await ar.load(path, max_batch=64) as model:
+async def main(path, row_counts):
+    async with await ar.load(path, max_batch=max(row_counts)) as model:
         prof = Profiler(model, units)
         runner = model._batcher.runner
-        for rows in (1, 32):
+        for rows in row_counts:
             sessions = [await model.open_session() for _ in range(rows)]
             async with anyio.create_task_group() as tg:
                 for s in sessions:
@@ -32,7 +33,7 @@ async def main(path):
             for s in sessions:
                 await s.aclose()
         await prof.collect()
-        for rows in (1, 32):
+        for rows in row_counts:
             steps = prof.steps_labelled(f"rows{rows}")
             tab = prof.op_table(steps)
             tot = sum(r["total_us"] for r in tab) / len(steps)
@@ -40,4 +41,4 @@ async def main(path):
             for r in tab[:12]:
                 print(f"  {r['op']:40s} n={r['count']//len(steps):4d} {r['total_us']/len(steps):8.1f} us  mean {r['mean_us']:6.1f}  {100*r['share']:5.1f}%  {r['gb_per_s']:7.1f} GB/s")
 
-anyio.run(main, sys.argv[1])
+anyio.run(main, sys.argv[1], [int(r) for r in (sys.argv[2] if len(sys.argv) > 2 else "1,32").split(",")])

@@ -214,7 +214,8 @@ async def test_export_plain_steps(load_pte, kernel_variants):
 @pytest.mark.anyio
 async def test_export_ragged_sessions(load_pte, kernel_variants):
     """Concurrent sessions: their steps share ragged passes of up to S_MAX rows, whose tiles span
-    sessions (a prompt's chunks beside other prompts and decode rows)."""
+    sessions (a prompt's chunks beside other prompts and decode rows). With GPU variants, passes of
+    33 to RAGGED_SPLIT_MAX_ROWS rows take split-K (one workgroup per row and key range)."""
     pte, module = _export()
     rng = np.random.default_rng(4)
     model = await load_pte(pte)
