@@ -31,14 +31,16 @@ from .linear import (
     GEMV_ROWS,
     SG_GEMM,
     SG_GEMV,
+    SG_GPU,
+    SG_GPU_ROWS,
     SUBGROUP_BUILTINS,
     _check_float,
-    cpu_subgroup_products,
     gemv_sg_body,
     gemv_t_body,
     gemv_t_cpu_body,
     linear_shapes,
     sg_wg_rows,
+    subgroup_products,
 )
 from .registry import op
 from .variants import CPU, GPU
@@ -53,14 +55,16 @@ SUBGROUP = "subgroup"  # the third GEMV kind: CPU adapters with subgroups, K a m
 
 
 def _kind(b, weights):
-    """Which GEMV the op builds: GPU, CPU, or SUBGROUP (kernels/linear.py's gemv_sg_body) where the
-    adapter class is CPU, the device has subgroups, the weights' K is whole vec4s and every tensor
-    of the op is f32 (the subgroup kernels' only storage type)."""
-    if b.adapter != CPU:
-        return GPU
+    """(the GEMV the op builds, whether a GPU adds the subgroup kernel for SG_GPU_ROWS rows): GPU,
+    CPU, or SUBGROUP (kernels/linear.py's gemv_sg_body) where the adapter class is CPU and
+    `subgroup_products` holds (a device with subgroups, the weights' K whole vec4s, every tensor of
+    the op f32, the subgroup kernels' only storage type)."""
     tensors = [v for i, v in enumerate(b.args) if b.is_tensor(i)] + list(b.graph.values[b.out].items)
     dims = [b.graph.values[w].dims for w in weights]
-    return SUBGROUP if all(len(d) == 2 and cpu_subgroup_products(b, d[1], tensors) for d in dims) else CPU
+    sg = all(len(d) == 2 and subgroup_products(b, d[1], tensors) for d in dims)
+    if b.adapter != CPU:
+        return GPU, sg
+    return (SUBGROUP if sg else CPU), False
 
 
 def _body(kind, shape, weights, n, store, norm, rows):
@@ -99,37 +103,46 @@ def _swiglu_shader(norm, kind, shape, types):
 
 
 class _Gemvs:
-    """An op's GEMV dispatches, each of a shape (input rows a workgroup or invocation, and for
-    SUBGROUP the weight rows a subgroup takes, kernels/linear.py): one for GPU and CPU; for
-    SUBGROUP, SG_GEMV for one row and SG_GEMM for any other count (the op has no GEMM route then).
-    `weights`: the weights each output group reads (SwiGLU: 2). `shader_of(shape, norm, types)`:
-    the shader, normalizing its rows itself with `norm`, `types` its bindings' storage types in
-    order (the uniform, last, left out); `head` and `tail`: the bindings around the
-    weights (kernels/linear_fused.py's _norm_args). With a norm, SG_GEMM reads the normalized
-    rows of `pte_wgpu.rms_norm_for_gemm` (b.args[0], run for more than one row then: each
-    workgroup would otherwise compute the norms of its rows again)."""
+    """An op's GEMV dispatches, each of a kind and a shape (input rows a workgroup or invocation,
+    and for SUBGROUP the weight rows a subgroup takes, kernels/linear.py): for GPU and CPU one; for
+    SUBGROUP, SG_GEMV for one row and SG_GEMM for any other count (the op has no GEMM route then);
+    a GPU with subgroups (`gpu_sg`) adds SUBGROUP at SG_GPU for SG_GPU_ROWS rows (the GEMM route
+    then takes only more). `weights`: the weights each output group reads (SwiGLU: 2).
+    `shader_of(kind, shape, norm, types)`: the shader, normalizing its rows itself with `norm`,
+    `types` its bindings' storage types in order (the uniform, last, left out); `head` and `tail`:
+    the bindings around the weights (kernels/linear_fused.py's _norm_args). With a norm, the
+    subgroup kernels of several rows read the normalized rows of `pte_wgpu.rms_norm_for_gemm`
+    (b.args[0], run for those rows then: each workgroup would otherwise compute the norms of its
+    rows again)."""
 
-    def __init__(self, b, kind, weights, shader_of, head, tail, after):
+    def __init__(self, b, kind, weights, shader_of, head, tail, after, gpu_sg=False):
         self.kind, self.weights = kind, weights
-        # SG_GEMV's weight rows for each weight: SwiGLU's workgroups (and norms) as many as a linear's
-        shapes = ((1, SG_GEMV[1] * weights), SG_GEMM) if kind == SUBGROUP else ((GROUP_ROWS if kind == GPU else CPU_GROUP_ROWS, None),)
+        if kind == SUBGROUP:  # SG_GEMV's weight rows for each weight: SwiGLU's workgroups (and norms) as many as a linear's
+            shapes = ((SUBGROUP, (1, SG_GEMV[1] * weights)), (SUBGROUP, SG_GEMM))
+        else:
+            shapes = ((kind, (GROUP_ROWS if kind == GPU else CPU_GROUP_ROWS, None)),) + (((SUBGROUP, SG_GPU),) if gpu_sg else ())
+        self.most_rows = SG_GPU_ROWS[1] if gpu_sg else GEMV_MAX_ROWS  # more: the GEMM route
         self.dispatches = []
-        for shape in shapes:
-            norm = bool(tail) and shape != SG_GEMM
+        for d_kind, shape in shapes:
+            norm = bool(tail) and shape not in (SG_GEMM, SG_GPU)
             around = (head, tail) if norm else ([b.args[0]], [])
             bound = [*around[0], *after[0], *around[1], *after[1]]
-            self.dispatches.append((b.dispatch(shader_of(shape, norm, [storage(b, v) for v in bound[:-1]]), bound), shape))
+            shader = shader_of(d_kind, shape, norm, [storage(b, v) for v in bound[:-1]])
+            self.dispatches.append((b.dispatch(shader, bound), d_kind, shape))
 
     def choose(self, m):
         """(dispatch, shape, outputs per workgroup) for M rows."""
-        d, shape = self.dispatches[1 if self.kind == SUBGROUP and m != 1 else 0]
-        return d, shape, _per(self.kind, shape, self.weights)
+        if self.kind == SUBGROUP:
+            d, kind, shape = self.dispatches[0 if m == 1 else 1]
+        else:
+            d, kind, shape = self.dispatches[1 if len(self.dispatches) > 1 and m >= SG_GPU_ROWS[0] else 0]
+        return d, shape, _per(kind, shape, self.weights)
 
     def set(self, ctx, outputs, m, on):
         """Grids for outputs of M rows (`outputs`: their count, or per product), all off unless `on`."""
         chosen, _, per = self.choose(m)
         x, y, _ = fold_grid(sum(-(-n // per) for n in outputs))
-        for d, shape in self.dispatches:
+        for d, _, shape in self.dispatches:
             ctx.set_grid(d, (x, y, -(-m // shape[0])) if on and d == chosen else (0, 0, 0))
 
 
@@ -238,8 +251,8 @@ class _Products:
     """The GEMM route of products out_j = x @ w_j.T (none where the GEMV takes every row count,
     `gemm` False), and the live (M, K, N_j) they share."""
 
-    def __init__(self, b, x, weights, outs, gemm=True):
-        self.x, self.weights, self.outs = x, weights, outs
+    def __init__(self, b, x, weights, outs, gemm=True, gemv_rows=GEMV_MAX_ROWS):
+        self.x, self.weights, self.outs, self.gemv_rows = x, weights, outs, gemv_rows
         self.shape_fn = linear_shapes(b.name)
         self.routes, scratch = [], gemm and gemm_scratch(b, outs)
         for w, out in zip(weights, outs) if gemm else ():
@@ -252,7 +265,7 @@ class _Products:
         xd, ns = ctx.dims(self.x), []
         for j, (w, out) in enumerate(zip(self.weights, self.outs)):
             _, m, n, k, _, _, out_dims = self.shape_fn(xd, ctx.dims(w))
-            gemv, on = (0 < m <= GEMV_MAX_ROWS, m > GEMV_MAX_ROWS) if self.routes else (m > 0, False)
+            gemv, on = (0 < m <= self.gemv_rows, m > self.gemv_rows) if self.routes else (m > 0, False)
             if self.routes:
                 params, gemm = self.routes[j]
                 splits, kspan = gemm.plan(m, n, k, 1, on)
@@ -277,10 +290,11 @@ def linear_group(b):
     weights, head, tail, eps = _norm_args(b, norm)
     outs = b.graph.values[b.out].items
     _check_float(b, range(1 + len(weights)))
-    kind = _kind(b, weights)  # the GEMV variant (kernels/variants.py)
-    products = _Products(b, b.args[0], weights, outs, gemm=kind != SUBGROUP)
+    kind, gpu_sg = _kind(b, weights)  # the GEMV variant (kernels/variants.py)
     q = b.params(4 * (3 + 2 * len(weights)))
-    gemvs = _Gemvs(b, kind, 1, lambda shape, norm, types: _group_shader(len(weights), norm, kind, shape, types), head, tail, (weights, [*outs, q]))
+    shader_of = lambda kind, shape, norm, types: _group_shader(len(weights), norm, kind, shape, types)  # noqa: E731
+    gemvs = _Gemvs(b, kind, 1, shader_of, head, tail, (weights, [*outs, q]), gpu_sg)
+    products = _Products(b, b.args[0], weights, outs, kind != SUBGROUP, gemvs.most_rows)
 
     def resize(ctx):
         use_gemv, m, k, ns = products.resize(ctx)
@@ -300,10 +314,11 @@ def linear_silu_mul(b):
     (w_gate, w_up), head, tail, eps = _norm_args(b, norm)
     out, gate, up = b.graph.values[b.out].items
     _check_float(b, range(3))
-    kind = _kind(b, (w_gate, w_up))  # the GEMV variant (kernels/variants.py)
-    products = _Products(b, b.args[0], (w_gate, w_up), (gate, up), gemm=kind != SUBGROUP)
+    kind, gpu_sg = _kind(b, (w_gate, w_up))  # the GEMV variant (kernels/variants.py)
     q, e = b.params(16), b.params(16)
-    gemvs = _Gemvs(b, kind, 2, lambda shape, norm, types: _swiglu_shader(norm, kind, shape, types), head, tail, ([w_gate, w_up], [out, q]))
+    shader_of = lambda kind, shape, norm, types: _swiglu_shader(norm, kind, shape, types)  # noqa: E731
+    gemvs = _Gemvs(b, kind, 2, shader_of, head, tail, ([w_gate, w_up], [out, q]), gpu_sg)
+    products = _Products(b, b.args[0], (w_gate, w_up), (gate, up), kind != SUBGROUP, gemvs.most_rows)
     gate_up = b.dispatch(swiglu_elementwise(*(storage(b, v) for v in (gate, up, out))), [gate, up, out, e])
 
     def resize(ctx):

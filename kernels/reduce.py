@@ -24,7 +24,7 @@ import struct
 from resize.shapes import contiguous_strides, fold_grid, normalize_dim, numel_of
 from resize.values import Scalar
 
-from .linear import GEMV_MAX_ROWS, cpu_subgroup_products
+from .linear import fused_norm_rows
 from .registry import op
 from .wgsl import PACKED, wgsl_type
 
@@ -420,12 +420,11 @@ def native_layer_norm(b):
 
 @op("et_vk.rms_norm.default", "pte_wgpu.rms_norm_for_gemm", half=True)
 def rms_norm(b):
-    """`pte_wgpu.rms_norm_for_gemm` (kernels/fusion.py) runs only for more than GEMV_MAX_ROWS rows:
-    up to that, the fused linear that reads it normalizes its rows itself; with subgroup products
-    on a CPU adapter (kernels/linear.py), only for one row."""
+    """`pte_wgpu.rms_norm_for_gemm` (kernels/fusion.py) runs only for more rows than the fused
+    linear that reads it normalizes itself (kernels/linear.py's fused_norm_rows)."""
     x, weight, out = b.args[0], b.args[1], b.out
     for_gemm = b.name == "pte_wgpu.rms_norm_for_gemm"
-    fused_rows = 1 if cpu_subgroup_products(b, b.tensor(1).dims[-1], (x, weight, out)) else GEMV_MAX_ROWS  # the fused linears' own norms
+    fused_rows = fused_norm_rows(b, b.tensor(1).dims[-1], (x, weight, out))
     eps = float(b.scalar(2, 1e-6))
     to = _storage(b, out)
     body = RMS_NORM_BODY.format(WG=RWG, tree=_tree("a + b"), TO=to)

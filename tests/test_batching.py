@@ -12,16 +12,17 @@ import pytest
 
 import async_runtime as ar
 from async_runtime.errors import InputError
-from kernels.linear import GEMV_MAX_ROWS
+from kernels.linear import BITWISE_ROWS
 
 from .test_llama import CONFIGS, CONTEXT, recorded
 
 pytestmark = pytest.mark.usefixtures("adapter")
 
 # Every kernel computes a row the same way whatever the other rows are, as long as a pass has at
-# most GEMV_MAX_ROWS rows (matrix products then run each row as its own GEMV): with that token
+# most BITWISE_ROWS rows (matrix products then run each row as its own GEMV): with that token
 # budget a session's results are bitwise what it gets alone, quantized activations included.
-# Beyond it (GEMM tiles) or against a long prompt run alone the sum order differs: within 1e-5.
+# Beyond it (subgroup kernels on a GPU, GEMM tiles) or against a long prompt run alone the sum
+# order differs: within 1e-5.
 CHUNKED_ATOL = 1e-5
 
 
@@ -81,7 +82,7 @@ async def test_concurrent_sessions_get_what_they_get_alone(llama, variant):
     prompts = [rng.integers(0, vocab, n) for n, _ in plans]
     async with await ar.load(llama[variant], batch_submits=False) as ref:
         want = [await _alone(ref, p, d) for p, (_, d) in zip(prompts, plans)]
-    async with await ar.load(llama[variant], max_batch=4, token_budget=GEMV_MAX_ROWS) as model:
+    async with await ar.load(llama[variant], max_batch=4, token_budget=BITWISE_ROWS) as model:
         got = [None] * len(plans)
         joined = [anyio.Event() for _ in plans]
 
@@ -147,7 +148,7 @@ async def test_leaves_cancellations_and_bad_input_leave_the_others_exact(llama):
     prompts = [rng.integers(0, vocab, n) for n in (5, 19, 3)]
     async with await ar.load(llama["fp32"], batch_submits=False) as ref:
         want = [await _alone(ref, p, 6) for p in prompts]
-    async with await ar.load(llama["fp32"], token_budget=GEMV_MAX_ROWS) as model:
+    async with await ar.load(llama["fp32"], token_budget=BITWISE_ROWS) as model:
         got = [None] * 3
 
         async def run(i):

@@ -28,7 +28,7 @@ import pytest
 
 import async_runtime as ar
 from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
-from kernels.linear import GEMV_MAX_ROWS
+from kernels.linear import BITWISE_ROWS
 
 from .byte_tokenizer import ByteTokenizer
 from .models import HALF_DYNAMIC, HALF_SAMPLE, forced_fp16_block, half_block
@@ -124,7 +124,7 @@ async def test_fp16_sessions_batched_get_bitwise_what_they_get_alone(precision, 
     prompts = [rng.integers(0, LLAMA["fp16"]["vocab_size"], n) for n, _ in plans]
     async with await ar.load(pte, batch_submits=False, precision=precision) as ref:
         want = [await _alone(ref, p, d) for p, (_, d) in zip(prompts, plans)]
-    async with await ar.load(pte, max_batch=4, token_budget=GEMV_MAX_ROWS, precision=precision) as model:
+    async with await ar.load(pte, max_batch=4, token_budget=BITWISE_ROWS, precision=precision) as model:
         assert model.batching == "ragged" and model.precision == chosen(model, precision), model.batching_note
         got = [None] * len(plans)
 

@@ -151,21 +151,24 @@ async def test_fused_linears_run_as_fused_ops(load_pte):
     assert "aten.linear.default" not in names and model.fused == 5  # silu, swiglu, 2 residuals, q/k/v
 
 
-async def test_cpu_adapters_take_subgroup_gemvs_where_k_is_whole_vec4s(load_pte, kernel_variants):
-    """With the CPU variants on a device with subgroups, the products of fused_dyn_k4 with K = 40
-    (q/k/v, SwiGLU) sum along K in subgroups; those with K = 41 or 53 (o, down) do not."""
+async def test_subgroup_gemvs_where_k_is_whole_vec4s(load_pte, kernel_variants):
+    """On a device with subgroups, the products of fused_dyn_k4 with K = 40 (q/k/v, SwiGLU) sum
+    along K in subgroups, with the CPU variants at every row count, with the GPU ones for
+    SG_GPU_ROWS rows only; those with K = 41 or 53 (o, down) never do."""
     data, _ = _export("fused_dyn_k4")
     model = await load_pte(data)
-    if kernel_variants == "gpu" or "subgroup" not in model.device_info.features:
+    if "subgroup" not in model.device_info.features:
         assert not any("subgroupAdd" in (d.shader or "") for d in model.graph.dispatches)
         return
-    await model.execute(*_inputs("fused_dyn_k4", 1, np.random.default_rng(5)))
-    grids = model._default.state.grids
-    live = {}  # op -> whether a subgroup GEMV ran
-    for i, d in enumerate(model.graph.dispatches):
-        live[d.op] = live.get(d.op, False) or ("subgroupAdd" in (d.shader or "") and all(grids[i]))
-    assert live["pte_wgpu.linear_group"] and live["pte_wgpu.linear_silu_mul"]
-    assert not live["pte_wgpu.linear_residual"]
+    for rows in (1, L.SG_GPU_ROWS[0], 34):
+        await model.execute(*_inputs("fused_dyn_k4", rows, np.random.default_rng(5)))
+        grids = model._default.state.grids
+        live = {}  # op -> whether a subgroup GEMV ran
+        for i, d in enumerate(model.graph.dispatches):
+            live[d.op] = live.get(d.op, False) or ("subgroupAdd" in (d.shader or "") and all(grids[i]))
+        subgroups = kernel_variants == "cpu" or rows >= L.SG_GPU_ROWS[0]
+        assert live["pte_wgpu.linear_group"] == live["pte_wgpu.linear_silu_mul"] == subgroups, rows
+        assert not live["pte_wgpu.linear_residual"]
 
 
 def test_subgroup_variants_need_the_feature_and_f32():
@@ -202,13 +205,16 @@ def test_grids_stay_within_limits():
 async def test_gemv_variant_runs_for_few_rows_of_a_wide_weight(load_pte, kernel_variants):
     """linear_bias_dyn_k4 (N >= GEMV_T4_MIN_N, K % 4 == 0) takes the vec4 GEMV on GPUs, the
     one-invocation-per-output GEMV on CPU adapters without subgroups, up to 32 rows, and the GEMM
-    past that; on CPU adapters with subgroups, the subgroup GEMV for one row and its 4-row form for
-    any other count (values checked in test_dynamic_rows_switch_routes)."""
+    past that; on GPUs with subgroups, the subgroup kernel at SG_GPU for SG_GPU_ROWS rows; on CPU
+    adapters with subgroups, the subgroup GEMV for one row and its 8-row form for any other count
+    (values checked in test_dynamic_rows_switch_routes)."""
     data, _ = _export("linear_bias_dyn_k4")
     model = await load_pte(data)
     assert model.kernels == kernel_variants
-    subgroups = kernel_variants == "cpu" and "subgroup" in model.device_info.features
-    if kernel_variants == "gpu":
+    subgroups = "subgroup" in model.device_info.features
+    if kernel_variants == "gpu" and subgroups:
+        shaders = {L.gemv_t4_shader(True): (1,), L.gemv_sg_shader(True, L.SG_GPU): (29, 41)}
+    elif kernel_variants == "gpu":
         shaders = {L.gemv_t4_shader(True): (1, 29)}
     elif subgroups:
         shaders = {L.gemv_sg_shader(True): (1,), L.gemv_sg_shader(True, L.SG_GEMM): (29, 41)}
