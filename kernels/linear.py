@@ -292,13 +292,15 @@ SG_LANES = 8  # llvmpipe's subgroup size on 256-bit SIMD (other sizes run the sa
 SG_GEMV = (1, 4)  # (input rows, weight rows) a subgroup takes: one row (decode)
 SG_GEMM = (8, 8)  # any other row count (prefill, a ragged pass of several sessions)
 SUBGROUP_BUILTINS = ", @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sgs: u32"
-# GPUs with subgroups take the same kernel for a ragged pass of SG_GPU_ROWS rows (several decode
-# sessions), at 4 x 4 (8 x 8's accumulators spill a GPU's registers): lanes along K and a
-# subgroupAdd, where the GEMV reduces 576-long rows across 256 invocations through workgroup
-# memory, ~9 barriers a row. H100, SmolLM2 shape, greedy bursts, with it in the fused q/k/v and
-# SwiGLU products (examples/bench_llm.py, one call): 32 sessions 5,972 -> 7,168 tokens/s, 8 x 8
-# 3,609, 8 x 2 7,066; but 16 sessions 4,472 -> 4,309 and one row 476 -> 317, so up to 16 rows
-# keep the GEMV (whose rows a pass computes bitwise as alone) and more than 128 the tiled GEMM.
+# GPUs with subgroups take the same kernel in the fused q/k/v and SwiGLU products
+# (kernels/linear_fused.py) for a ragged pass of SG_GPU_ROWS rows (several decode sessions), at
+# 4 x 4 (8 x 8's accumulators spill a GPU's registers): lanes along K and a subgroupAdd, where the
+# GEMV reduces 576-long rows across 256 invocations through workgroup memory, ~9 barriers a row.
+# H100, SmolLM2 shape, greedy bursts (examples/bench_llm.py, one call): 32 sessions 5,972 ->
+# 7,168 tokens/s, at 8 x 8 3,609, 8 x 2 7,066; but 16 sessions 4,472 -> 4,309 and one row 476 ->
+# 317, so up to 16 rows keep the GEMV (whose rows a pass computes bitwise as alone) and more than
+# 128 the tiled GEMM. The plain and residual linears keep theirs: with N = 576, 4 x 4 leaves too
+# few workgroups (32 sessions: 6,084 tokens/s with them taking it too).
 SG_GPU = (4, 4)
 SG_GPU_ROWS = (17, 128)
 # A pass of at most this many rows computes each row's products as the row alone would, on any
@@ -512,7 +514,6 @@ def _gemm(b, mm):
 
 # The variants of a product, first match wins (kernels/variants.py).
 MATMUL_VARIANTS = (
-    Variant("gemm_gpu_subgroup", GPU_ONLY, lambda s: SG_GPU_ROWS[0] <= s.m <= SG_GPU_ROWS[1] and s.vec4_rows, _sg(SG_GPU)),
     Variant("gemv_vec8_f16", GPU_ONLY, lambda s: s.gemv and s.wide and s.k % 8 == 0 and s.b_bs % 8 == 0, _gemv_t4(8)),
     Variant("gemv_vec4", GPU_ONLY, lambda s: s.gemv and s.wide, _gemv_t4(4)),
     Variant("gemv", GPU_ONLY, lambda s: s.gemv, _gemv(cpu=False)),

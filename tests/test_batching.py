@@ -20,9 +20,9 @@ pytestmark = pytest.mark.usefixtures("adapter")
 
 # Every kernel computes a row the same way whatever the other rows are, as long as a pass has at
 # most BITWISE_ROWS rows (matrix products then run each row as its own GEMV): with that token
-# budget a session's results are bitwise what it gets alone, quantized activations included.
-# Beyond it (subgroup kernels on a GPU, GEMM tiles) or against a long prompt run alone the sum
-# order differs: within 1e-5.
+# budget a session's results are bitwise what it gets alone (with the same budget: a prompt in
+# chunks of as many rows), quantized activations included. Beyond it (subgroup kernels on a GPU,
+# GEMM tiles) or against a long prompt run whole the sum order differs: within 1e-5.
 CHUNKED_ATOL = 1e-5
 
 
@@ -80,7 +80,7 @@ async def test_concurrent_sessions_get_what_they_get_alone(llama, variant):
     plans = [(n, d) for n, d in ((29, 3), (1, 9), (7, 5), (13, 2), (2, 7), (11, 4))]  # prompt, decode steps
     rng.shuffle(plans)
     prompts = [rng.integers(0, vocab, n) for n, _ in plans]
-    async with await ar.load(llama[variant], batch_submits=False) as ref:
+    async with await ar.load(llama[variant], batch_submits=False, token_budget=BITWISE_ROWS) as ref:
         want = [await _alone(ref, p, d) for p, (_, d) in zip(prompts, plans)]
     async with await ar.load(llama[variant], max_batch=4, token_budget=BITWISE_ROWS) as model:
         got = [None] * len(plans)
@@ -146,7 +146,7 @@ async def test_leaves_cancellations_and_bad_input_leave_the_others_exact(llama):
     vocab = CONFIGS["fp32"]["vocab_size"]
     rng = np.random.default_rng(17)
     prompts = [rng.integers(0, vocab, n) for n in (5, 19, 3)]
-    async with await ar.load(llama["fp32"], batch_submits=False) as ref:
+    async with await ar.load(llama["fp32"], batch_submits=False, token_budget=BITWISE_ROWS) as ref:
         want = [await _alone(ref, p, 6) for p in prompts]
     async with await ar.load(llama["fp32"], token_budget=BITWISE_ROWS) as model:
         got = [None] * 3

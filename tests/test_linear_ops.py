@@ -205,16 +205,13 @@ def test_grids_stay_within_limits():
 async def test_gemv_variant_runs_for_few_rows_of_a_wide_weight(load_pte, kernel_variants):
     """linear_bias_dyn_k4 (N >= GEMV_T4_MIN_N, K % 4 == 0) takes the vec4 GEMV on GPUs, the
     one-invocation-per-output GEMV on CPU adapters without subgroups, up to 32 rows, and the GEMM
-    past that; on GPUs with subgroups, the subgroup kernel at SG_GPU for SG_GPU_ROWS rows; on CPU
-    adapters with subgroups, the subgroup GEMV for one row and its 8-row form for any other count
-    (values checked in test_dynamic_rows_switch_routes)."""
+    past that; on CPU adapters with subgroups, the subgroup GEMV for one row and its 8-row form for
+    any other count (values checked in test_dynamic_rows_switch_routes)."""
     data, _ = _export("linear_bias_dyn_k4")
     model = await load_pte(data)
     assert model.kernels == kernel_variants
-    subgroups = "subgroup" in model.device_info.features
-    if kernel_variants == "gpu" and subgroups:
-        shaders = {L.gemv_t4_shader(True): (1,), L.gemv_sg_shader(True, L.SG_GPU): (29, 41)}
-    elif kernel_variants == "gpu":
+    subgroups = kernel_variants == "cpu" and "subgroup" in model.device_info.features
+    if kernel_variants == "gpu":
         shaders = {L.gemv_t4_shader(True): (1, 29)}
     elif subgroups:
         shaders = {L.gemv_sg_shader(True): (1,), L.gemv_sg_shader(True, L.SG_GEMM): (29, 41)}
