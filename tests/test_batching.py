@@ -20,16 +20,20 @@ pytestmark = pytest.mark.usefixtures("adapter")
 
 # Every kernel computes a row the same way whatever the other rows are, as long as a pass has at
 # most BITWISE_ROWS rows (matrix products then run each row as its own GEMV): with that token
-# budget a session's results are bitwise what it gets alone (with the same budget: a prompt in
-# chunks of as many rows), quantized activations included. Beyond it (subgroup kernels on a GPU,
+# budget a session's results are bitwise what it gets alone (its prompt in steps of as many
+# rows), quantized activations included. Beyond it (subgroup kernels on a GPU,
 # GEMM tiles) or against a long prompt run whole the sum order differs: within 1e-5.
 CHUNKED_ATOL = 1e-5
 
 
-async def _alone(model, prompt, decode_steps):
-    """Logits of a prompt then greedy decode steps, on a fresh session of `model`."""
+async def _alone(model, prompt, decode_steps, chunk=None):
+    """Logits of a prompt then greedy decode steps, on a fresh session of `model`; with `chunk`,
+    the prompt goes in steps of at most that many rows, as a ragged model with that token budget
+    cuts it."""
+    chunk = chunk or len(prompt)
     async with model.session() as s:
-        (out,) = await s.execute(prompt[None], np.array([0]))
+        for start in range(0, len(prompt), chunk):
+            (out,) = await s.execute(prompt[None, start : start + chunk], np.array([start]))
         logits, pos = [out], len(prompt)
         for _ in range(decode_steps):
             (out,) = await s.execute(np.array([[int(out.argmax())]]), np.array([pos]))
@@ -80,8 +84,8 @@ async def test_concurrent_sessions_get_what_they_get_alone(llama, variant):
     plans = [(n, d) for n, d in ((29, 3), (1, 9), (7, 5), (13, 2), (2, 7), (11, 4))]  # prompt, decode steps
     rng.shuffle(plans)
     prompts = [rng.integers(0, vocab, n) for n, _ in plans]
-    async with await ar.load(llama[variant], batch_submits=False, token_budget=BITWISE_ROWS) as ref:
-        want = [await _alone(ref, p, d) for p, (_, d) in zip(prompts, plans)]
+    async with await ar.load(llama[variant], batch_submits=False) as ref:
+        want = [await _alone(ref, p, d, BITWISE_ROWS) for p, (_, d) in zip(prompts, plans)]
     async with await ar.load(llama[variant], max_batch=4, token_budget=BITWISE_ROWS) as model:
         got = [None] * len(plans)
         joined = [anyio.Event() for _ in plans]
@@ -146,8 +150,8 @@ async def test_leaves_cancellations_and_bad_input_leave_the_others_exact(llama):
     vocab = CONFIGS["fp32"]["vocab_size"]
     rng = np.random.default_rng(17)
     prompts = [rng.integers(0, vocab, n) for n in (5, 19, 3)]
-    async with await ar.load(llama["fp32"], batch_submits=False, token_budget=BITWISE_ROWS) as ref:
-        want = [await _alone(ref, p, 6) for p in prompts]
+    async with await ar.load(llama["fp32"], batch_submits=False) as ref:
+        want = [await _alone(ref, p, 6, BITWISE_ROWS) for p in prompts]
     async with await ar.load(llama["fp32"], token_budget=BITWISE_ROWS) as model:
         got = [None] * 3
 
