@@ -151,6 +151,26 @@ async def test_cpu_adapters_take_the_subgroup_gemv(name, subgroup, load_pte, ker
     assert ran == (subgroup and kernel_variants == "cpu" and "subgroup" in model.device_info.features)
 
 
+@pytest.mark.parametrize("name", ["q4_n52", "dq8_n44"])
+async def test_cpu_subgroup_rows_are_each_row_alone(name, load_pte, monkeypatch):
+    """With the CPU variants on a device with subgroups, the linear runs only subgroup kernels at
+    every row count (1; 2, 8, 9 and 33 in groups of Q4_SG_GEMM's rows, a partial one included),
+    and each row of a pass is bitwise what the row gets alone."""
+    from kernels.quantized import Q4_SG_GEMM
+
+    monkeypatch.setenv("PTE_WGPU_KERNELS", "cpu")
+    model = await load_pte(_export(name)[0])
+    if "subgroup" not in model.device_info.features:
+        pytest.skip("the adapter has no subgroup feature")
+    x = _rows(name, 33, np.random.default_rng(11))
+    alone = np.concatenate([(await model.execute(x[r : r + 1]))[0] for r in range(33)])
+    for m in (2, Q4_SG_GEMM[0], Q4_SG_GEMM[0] + 1, 33):
+        (got,) = await model.execute(x[:m])
+        live = [d for i, d in enumerate(model.graph.dispatches) if "linear" in d.op and all(model._default.state.grids[i])]
+        assert [("subgroupAdd" in d.shader) for d in live] == [True], m
+        np.testing.assert_array_equal(got, alone[:m])
+
+
 async def test_dq8_graph_has_the_dynamic_quantization_ops():
     from async_runtime.program.pte import read_program
     from async_runtime.program.vkgraph import read_vkgraph
