@@ -303,9 +303,10 @@ def gemv_sg_body(weights, n, k4, store, base="0u", scale=None, shape=SG_GEMV, st
     """WGSL statements of the subgroup GEMV for vec4 weight bindings `weights` (N rows of `n`, K / 4
     vec4s of `k4`, from vec4 `base`) over `shape` = (input rows, weight rows split among the
     weights): input row r at `a[aoff4 + r * k4 ..]` (vec4s), rows past `rows` read as the last live
-    one and not written (no branch in the loop). Expects `nw` (the workgroup's first output),
+    one and not written (no branch in the loop). Input and weights may be stored as vec4<f32> or
+    vec4<f16>: each load is converted to vec4<f32>. Expects `nw` (the workgroup's first output),
     `rows`, `li`, `lane`, `sgs`; `store(r)` writes input row r's output n from v0, v1, .. (one a
-    weight). `scale(r, "k")`, if given, multiplies row r's input vec4 k (a fused norm); `step`:
+    weight). `scale(r, x)`, if given, is row r's input vec4 x as multiplied (a fused norm); `step`:
     statements at the top of each step along K (loads the scales share)."""
     outs, ins = range(shape[1] // len(weights)), range(shape[0])
     lines = [f"for (var g = li / sgs; g < {CPU_WG // SG_LANES}u; g = g + {CPU_WG}u / sgs) {{", f"let n0 = nw + g * {len(outs)}u;"]
@@ -315,8 +316,9 @@ def gemv_sg_body(weights, n, k4, store, base="0u", scale=None, shape=SG_GEMV, st
         lines += [f"var acc{j}_{i}_{r} = vec4<f32>(0.0);" for i in outs for r in ins]
     lines.append(f"for (var k = lane; k < {k4}; k = k + sgs) {{ {step}")
     for r in ins:
-        lines.append(f"    let x{r} = a[{f'x{r}_' if r else 'aoff4'} + k]" + (scale(r, "k") if scale else "") + ";")
-    lines += [f"    let w{j}_{i} = {w}[{w}_{i} + k];" for j, w in enumerate(weights) for i in outs]
+        x = f"vec4<f32>(a[{f'x{r}_' if r else 'aoff4'} + k])"
+        lines.append(f"    let x{r} = {scale(r, x) if scale else x};")
+    lines += [f"    let w{j}_{i} = vec4<f32>({w}[{w}_{i} + k]);" for j, w in enumerate(weights) for i in outs]
     lines += [f"    acc{j}_{i}_{r} = acc{j}_{i}_{r} + x{r} * w{j}_{i};" for j in range(len(weights)) for i in outs for r in ins]
     lines.append("}")
     for r in ins:
@@ -358,8 +360,9 @@ def gemv_shader(transposed_b, has_bias, cpu=False, types=F32):
     return header(has_bias, (("a", types.a), ("bm", types.b)), bias=types.bias, out=types.out) + kernels[0 if transposed_b else 1]
 
 
-def gemv_sg_shader(has_bias, shape=SG_GEMV):
-    return header(has_bias, (("a", "vec4<f32>"), ("bm", "vec4<f32>"))) + _sg_kernel(shape)
+def gemv_sg_shader(has_bias, shape=SG_GEMV, types=F32):
+    inputs = (("a", f"vec4<{types.a}>"), ("bm", f"vec4<{types.b}>"))
+    return header(has_bias, inputs, bias=types.bias, out=types.out) + _sg_kernel(shape)
 
 
 def gemv_t4_shader(has_bias, types=F32, step=4):
@@ -469,17 +472,17 @@ def _gemv_t4(step):
 
 def cpu_subgroup_products(b, k, tensors):
     """Whether products of K = k built by `b` run as subgroup GEMVs at every row count: CPU
-    variants on a device with subgroups, K whole vec4s, every tensor of `tensors` stored f32 (the
-    subgroup kernels' only type; the fused linears normalize one row themselves then, and read
+    variants on a device with subgroups, K whole vec4s, every tensor of `tensors` stored f32 or
+    f16 (the fused linears normalize one row themselves then, and read
     `pte_wgpu.rms_norm_for_gemm`'s rows for more)."""
-    return b.adapter == CPU and b.subgroups and k % 4 == 0 and all(storage(b, v) == "f32" for v in tensors)
+    return b.adapter == CPU and b.subgroups and k % 4 == 0 and all(storage(b, v) in ("f32", "f16") for v in tensors)
 
 
 def _sg(shape):
     def build(b, mm):
-        if not (mm.transposed and b.subgroups and mm.types == F32):
+        if not (mm.transposed and b.subgroups):
             return None
-        shader = gemv_sg_shader(mm.bias is not None, shape)
+        shader = gemv_sg_shader(mm.bias is not None, shape, mm.types)
         return Grid(b.dispatch(shader, mm.bindings), lambda s: gemv_grid(b.name, s.n, True, _gemv_groups(s, shape[0]), sg_wg_rows(shape)))
 
     return build
