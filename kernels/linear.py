@@ -294,6 +294,20 @@ SG_GEMM = (8, 8)  # any other row count (prefill, a ragged pass of several sessi
 SUBGROUP_BUILTINS = ", @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sgs: u32"
 
 
+def vec4_type(t):
+    """The array element type a subgroup kernel binds a tensor stored as `t` with: vec4<f32>, or
+    for f16 vec2<u32> (4 halves, unpacked by `vec4_loader`): on lavapipe a vec4<f16> load is four
+    16-bit loads a lane and made a one-row f16 GEMV slower than f32's (LM head 47 against 36
+    CPU-ms), a vec2<u32> two 32-bit loads."""
+    return {"f32": "vec4<f32>", "f16": "vec2<u32>"}[t]
+
+
+def vec4_loader(name, t):
+    """WGSL `fn {name}4(i: u32) -> vec4<f32>`: vec4 i of binding `name` (bound as vec4_type(t))."""
+    value = f"{name}[i]" if t == "f32" else f"vec4<f32>(unpack2x16float({name}[i].x), unpack2x16float({name}[i].y))"
+    return f"fn {name}4(i: u32) -> vec4<f32> {{ return {value}; }}\n"
+
+
 def sg_wg_rows(shape, weights=1):
     """Outputs per workgroup of a subgroup kernel of `shape` whose rows are split among `weights`."""
     return shape[1] // weights * (CPU_WG // SG_LANES)
@@ -302,9 +316,9 @@ def sg_wg_rows(shape, weights=1):
 def gemv_sg_body(weights, n, k4, store, base="0u", scale=None, shape=SG_GEMV, step=""):
     """WGSL statements of the subgroup GEMV for vec4 weight bindings `weights` (N rows of `n`, K / 4
     vec4s of `k4`, from vec4 `base`) over `shape` = (input rows, weight rows split among the
-    weights): input row r at `a[aoff4 + r * k4 ..]` (vec4s), rows past `rows` read as the last live
-    one and not written (no branch in the loop). Input and weights may be stored as vec4<f32> or
-    vec4<f16>: each load is converted to vec4<f32>. Expects `nw` (the workgroup's first output),
+    weights): input row r at vec4s `aoff4 + r * k4 ..` of `a`, rows past `rows` read as the last
+    live one and not written (no branch in the loop). Every binding X is read through its
+    `vec4_loader` X4, so any of them may be stored f32 or f16. Expects `nw` (the workgroup's first output),
     `rows`, `li`, `lane`, `sgs`; `store(r)` writes input row r's output n from v0, v1, .. (one a
     weight). `scale(r, x)`, if given, is row r's input vec4 x as multiplied (a fused norm); `step`:
     statements at the top of each step along K (loads the scales share)."""
@@ -316,9 +330,9 @@ def gemv_sg_body(weights, n, k4, store, base="0u", scale=None, shape=SG_GEMV, st
         lines += [f"var acc{j}_{i}_{r} = vec4<f32>(0.0);" for i in outs for r in ins]
     lines.append(f"for (var k = lane; k < {k4}; k = k + sgs) {{ {step}")
     for r in ins:
-        x = f"vec4<f32>(a[{f'x{r}_' if r else 'aoff4'} + k])"
+        x = f"a4({f'x{r}_' if r else 'aoff4'} + k)"
         lines.append(f"    let x{r} = {scale(r, x) if scale else x};")
-    lines += [f"    let w{j}_{i} = vec4<f32>({w}[{w}_{i} + k]);" for j, w in enumerate(weights) for i in outs]
+    lines += [f"    let w{j}_{i} = {w}4({w}_{i} + k);" for j, w in enumerate(weights) for i in outs]
     lines += [f"    acc{j}_{i}_{r} = acc{j}_{i}_{r} + x{r} * w{j}_{i};" for j in range(len(weights)) for i in outs for r in ins]
     lines.append("}")
     for r in ins:
@@ -361,8 +375,9 @@ def gemv_shader(transposed_b, has_bias, cpu=False, types=F32):
 
 
 def gemv_sg_shader(has_bias, shape=SG_GEMV, types=F32):
-    inputs = (("a", f"vec4<{types.a}>"), ("bm", f"vec4<{types.b}>"))
-    return header(has_bias, inputs, bias=types.bias, out=types.out) + _sg_kernel(shape)
+    inputs = (("a", vec4_type(types.a)), ("bm", vec4_type(types.b)))
+    loaders = vec4_loader("a", types.a) + vec4_loader("bm", types.b)
+    return header(has_bias, inputs, bias=types.bias, out=types.out) + loaders + _sg_kernel(shape)
 
 
 def gemv_t4_shader(has_bias, types=F32, step=4):

@@ -34,6 +34,8 @@ from .linear import (
     SUBGROUP_BUILTINS,
     _check_float,
     cpu_subgroup_products,
+    vec4_loader,
+    vec4_type,
     gemv_sg_body,
     gemv_t_body,
     gemv_t_cpu_body,
@@ -70,7 +72,7 @@ def _body(kind, shape, weights, n, store, norm, rows):
         # gamma's vec4 loaded once a step, not once an input row; the normalized row rounded to the
         # storage type of the rows the norm op it replaced would have written, as _scale does
         scale = lambda r, x: f"vec4<f32>(vec4<{rows}>({x} * rstd{r} * gk))"
-        scale, step = (scale, "let gk = vec4<f32>(gamma[k]);") if norm else (None, "")
+        scale, step = (scale, "let gk = gamma4(k);") if norm else (None, "")
         return first + gemv_sg_body(weights, n, "(q.K / 4u)", store, scale=scale, shape=shape, step=step)
     body_of, first, per = (gemv_t_cpu_body, "n", f"{CPU_WG}u + li") if kind == CPU else (gemv_t_body, "n0", "4u")
     return f"let {first} = wg * {per};\n    " + body_of(weights, n, "q.K", store, scale=_scale(norm, rows), group_rows=shape[0])
@@ -151,10 +153,11 @@ def _gemv_shader(fields, weights, outs, norm, body, kind, rows, types):
     reads = ["a"] + weights + (["gamma"] if norm else [])
     vec4 = kind == SUBGROUP
     lines = ["struct Q { " + ", ".join(fields) + " }"]
-    lines += [f"@group(0) @binding({i}) var<storage, read> {w}: array<{f'vec4<{t}>' if vec4 else t}>;" for i, (w, t) in enumerate(zip(reads, types))]
+    lines += [f"@group(0) @binding({i}) var<storage, read> {w}: array<{vec4_type(t) if vec4 else t}>;" for i, (w, t) in enumerate(zip(reads, types))]
+    lines += [vec4_loader(w, t) for w, t in zip(reads, types)] if vec4 else []
     lines += [f"@group(0) @binding({len(reads) + i}) var<storage, read_write> {o}: array<{t}>;" for i, (o, t) in enumerate(zip(outs, types[len(reads):]))]
     lines.append(f"@group(0) @binding({len(reads) + len(outs)}) var<uniform> q: Q;")
-    lines.append(f"fn a_at(i: u32) -> f32 {{ return f32({'a[i / 4u][i % 4u]' if vec4 else 'a[i]'}); }}")
+    lines.append(f"fn a_at(i: u32) -> f32 {{ return {'a4(i / 4u)[i % 4u]' if vec4 else 'f32(a[i])'}; }}")
     shared, size, rms = (GEMV_REDUCE, 256, _RMS) if kind == GPU else (_RMS_CPU_SHARED, CPU_WG, _rms_cpu(rows))
     return "\n".join(lines) + shared + f"""
 @compute @workgroup_size({size})

@@ -44,7 +44,7 @@ from .gemm import (
     params_bytes,
     storage,
 )
-from .linear import CPU_WG, GEMV_MAX_ROWS, SG_LANES, SUBGROUP_BUILTINS, sg_wg_rows
+from .linear import CPU_WG, GEMV_MAX_ROWS, SG_LANES, SUBGROUP_BUILTINS, sg_wg_rows, vec4_loader, vec4_type
 from .registry import op
 from .variants import CPU
 from .wgsl import FLAT_INDEX, PACKED, WG, flat_grid, is_float, wgsl_type
@@ -122,7 +122,7 @@ def _operands(dq8, zp_packed, types, vec4=False):
     """The read bindings of the routes, (name, WGSL element type), in order; with `vec4`, the
     input and the weights as vec4s (the subgroup GEMV's)."""
     acts = (("xs", types.xs), ("xz", "u32" if zp_packed else "i32")) if dq8 else ()
-    x, wq = (f"vec4<{types.x}>", "vec4<u32>") if vec4 else (types.x, "u32")
+    x, wq = (vec4_type(types.x), "vec4<u32>") if vec4 else (types.x, "u32")
     return (("x", x), *acts, ("wq", wq), ("ws", types.ws))
 
 
@@ -244,7 +244,7 @@ def gemv_shader(dq8, zp_packed, has_bias, word_group, types=Storage()):
 # word it dequantizes used for all of its input rows and each input vec4 for all of its weight
 # rows; subgroupAdd sums an output's lanes. Needs K % 32 == 0 and rows of whole vec4s of words.
 # An output's sum is the same at every shape (vec4 accumulators, the words in order), so a row of
-# a prompt or a ragged pass is bitwise the row alone. On lavapipe each invocation's load is a
+# a prompt or a ragged pass is bitwise the row alone. f16 activations are read through vec4_loader. On lavapipe each invocation's load is a
 # scalar loop over the lanes, so loading 32 weights as one vec4 and the input once for several
 # weight rows is what counts: one row by 49152 x 576 weights (group 32) took 24 ms of CPU time
 # against 314 for GEMV above, 1536 x 576 1.2 against 10.5, 576 x 1536 0.9 against 4.8
@@ -270,7 +270,7 @@ def _sg_body(dq8, shape):
         lines.append("    {")
         for r in ins:
             for h in range(2):
-                load = f"vec4<f32>(x[x{r}_ * kv4 + v * 8u + {2 * c + h}u])"
+                load = f"x4(x{r}_ * kv4 + v * 8u + {2 * c + h}u)"
                 if dq8:  # GEMV_DQ8_X's quantize-dequantize, per component
                     load = f"xq4({load}, inv_row{r}, zp_row{r}, s_row{r})"
                 lines.append(f"    let x{r}{'ab'[h]} = {load};")
@@ -297,7 +297,8 @@ fn xq4(v: vec4<f32>, inv: f32, zp: f32, s: f32) -> vec4<f32> {
 def sg_shader(dq8, zp_packed, has_bias, shape=Q4_SG_GEMV, types=Storage()):
     """The subgroup kernel (CPU adapters) of `shape`: workgroup z is a group of shape[0] rows;
     K % 32 == 0, rows of whole vec4 words, gs % 32 == 0; activations f32 or f16."""
-    return _gemv_header(dq8, zp_packed, has_bias, types, vec4=True) + _dequant(dq8, zp_packed, True) + (XQ4 if dq8 else "") + f"""
+    head = _gemv_header(dq8, zp_packed, has_bias, types, vec4=True) + vec4_loader("x", types.x)
+    return head + _dequant(dq8, zp_packed, True) + (XQ4 if dq8 else "") + f"""
 @compute @workgroup_size({CPU_WG})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32{SUBGROUP_BUILTINS}) {{
