@@ -244,12 +244,14 @@ def gemv_shader(dq8, zp_packed, has_bias, word_group, types=Storage()):
 # word it dequantizes used for all of its input rows and each input vec4 for all of its weight
 # rows; subgroupAdd sums an output's lanes. Needs K % 32 == 0 and rows of whole vec4s of words.
 # An output's sum is the same at every shape (vec4 accumulators, the words in order), so a row of
-# a prompt or a ragged pass is bitwise the row alone. f16 activations are read through vec4_loader. On lavapipe each invocation's load is a
-# scalar loop over the lanes, so loading 32 weights as one vec4 and the input once for several
-# weight rows is what counts: one row by 49152 x 576 weights (group 32) took 24 ms of CPU time
-# against 314 for GEMV above, 1536 x 576 1.2 against 10.5, 576 x 1536 0.9 against 4.8
-# (examples/bench_cpu_gemv.py, 2 busy cores).
-Q4_SG_GEMV = (1, 4)  # (input rows, weight rows) a subgroup takes: one row (decode)
+# a prompt or a ragged pass is bitwise the row alone. f16 activations are read through
+# vec4_loader. On lavapipe each invocation's load is a scalar loop over the lanes, so loading 32
+# weights as one vec4 and each input vec4 once for several weight rows is what counts
+# (examples/bench_cpu_gemv.py, CPU time, 2 busy cores): one row by 49152 x 576 weights (group
+# 32) 24 ms at 4 weight rows a subgroup with dot products, 23 with vec4 accumulators, 20 at 8
+# weight rows (22-23 at 16), against 314 for GEMV above; 64 rows by 1536 x 576 52 ms in the
+# tiled 4-bit GEMM, 28 at 8 x 8, 31-46 at 4 x 4, 4 x 8, 8 x 4 and 16 x 4 (16 x 8 as 8 x 8).
+Q4_SG_GEMV = (1, 8)  # (input rows, weight rows) a subgroup takes: one row (decode)
 Q4_SG_GEMM = (8, 8)  # any other row count (prefill, a ragged pass): no tiled GEMM, no barriers
 
 
