@@ -74,7 +74,7 @@ CASES = {
     # 4-bit weights with fp16 activations, scales and bias; K padded, a group straddling words
     "f16_q4": (quantized(lambda: QLinear(36, 28, True).half(), "4w", 12), [(70, 36)], [0]),
     "f16_dq8": (quantized(lambda: QLinear(160, 76, True).half(), "8da4w", 32), [(70, 160)], [0]),
-    # K and the groups multiples of 32: the CPU adapters' 4-bit subgroup kernels
+    # K and the groups multiples of 16 (a lane step): the CPU adapters' 4-bit subgroup kernels
     "f16_q4_k32": (quantized(lambda: QLinear(96, 52, True).half(), "4w", 32), [(70, 96)], [0]),
 }
 SUBGROUP_CASES = ("f16_fused_k4", "f16_q4_k32", "f16_dq8")
