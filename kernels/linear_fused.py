@@ -34,13 +34,13 @@ from .linear import (
     SUBGROUP_BUILTINS,
     _check_float,
     cpu_subgroup_products,
-    vec4_loader,
-    vec4_type,
     gemv_sg_body,
     gemv_t_body,
     gemv_t_cpu_body,
     linear_shapes,
     sg_wg_rows,
+    vec4_loader,
+    vec4_type,
 )
 from .registry import op
 from .variants import CPU, GPU

@@ -255,8 +255,8 @@ def gemv_shader(dq8, zp_packed, has_bias, word_group, types=Storage()):
 # 2 words a step rather than 4 (a vec4): K = 576 is 36 steps, 5 a lane of 8 (4 words: 18 steps,
 # 3 a lane, the last with 2 of 8 lanes live); 64 rows by 1536 x 576 24-27 against 28-33 ms.
 Q4_SG_GEMV = (1, 8)  # (input rows, weight rows) a subgroup takes: one row (decode)
-Q4_SG_GEMM = (8, 8)
-Q4_SG_WORDS = 2  # words a lane loads a step (a vec2<u32>: 16 weights)  # any other row count (prefill, a ragged pass): no tiled GEMM, no barriers
+Q4_SG_GEMM = (8, 8)  # any other row count (prefill, a ragged pass): no tiled GEMM, no barriers
+Q4_SG_WORDS = 2  # words a lane loads a step (a vec2<u32>: 16 weights)
 
 
 def _sg_body(dq8, shape):
