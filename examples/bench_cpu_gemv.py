@@ -2,7 +2,7 @@
 its threads, the driver's workers included: on lavapipe the kernels' work), which a machine busy
 with other work inflates far less than wall clock. Each kernel is the runtime's own WGSL.
 
-    PYTHONPATH=. python examples/bench_cpu_gemv.py [--reps 5] [--rows 64] [--dtype f32,f16]
+    PYTHONPATH=. python examples/bench_cpu_gemv.py [--reps 5] [--rows 64] [--dtype f32,f16] [--only float,q4]
 
 Rows, for each storage type of the input, weights and output (f32, f16): one input row (decode)
 by a weight, the one-invocation-a-row GEMV (GEMV_T_CPU) against the subgroup GEMV
