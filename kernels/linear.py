@@ -308,6 +308,20 @@ SG_GPU_ROWS = (17, 128)
 BITWISE_ROWS = SG_GPU_ROWS[0] - 1
 
 
+def vec4_type(t):
+    """The array element type a subgroup kernel binds a tensor stored as `t` with: vec4<f32>, or
+    for f16 vec2<u32> (4 halves, unpacked by `vec4_loader`): on lavapipe a vec4<f16> load is four
+    16-bit loads a lane and made a one-row f16 GEMV slower than f32's (LM head 47 against 36
+    CPU-ms), a vec2<u32> two 32-bit loads."""
+    return {"f32": "vec4<f32>", "f16": "vec2<u32>"}[t]
+
+
+def vec4_loader(name, t):
+    """WGSL `fn {name}4(i: u32) -> vec4<f32>`: vec4 i of binding `name` (bound as vec4_type(t))."""
+    value = f"{name}[i]" if t == "f32" else f"vec4<f32>(unpack2x16float({name}[i].x), unpack2x16float({name}[i].y))"
+    return f"fn {name}4(i: u32) -> vec4<f32> {{ return {value}; }}\n"
+
+
 def sg_wg_rows(shape, weights=1):
     """Outputs per workgroup of a subgroup kernel of `shape` whose rows are split among `weights`."""
     return shape[1] // weights * (CPU_WG // SG_LANES)
@@ -316,10 +330,11 @@ def sg_wg_rows(shape, weights=1):
 def gemv_sg_body(weights, n, k4, store, base="0u", scale=None, shape=SG_GEMV, step=""):
     """WGSL statements of the subgroup GEMV for vec4 weight bindings `weights` (N rows of `n`, K / 4
     vec4s of `k4`, from vec4 `base`) over `shape` = (input rows, weight rows split among the
-    weights): input row r at `a[aoff4 + r * k4 ..]` (vec4s), rows past `rows` read as the last live
-    one and not written (no branch in the loop). Expects `nw` (the workgroup's first output),
+    weights): input row r at vec4s `aoff4 + r * k4 ..` of `a`, rows past `rows` read as the last
+    live one and not written (no branch in the loop). Every binding X is read through its
+    `vec4_loader` X4, so any of them may be stored f32 or f16. Expects `nw` (the workgroup's first output),
     `rows`, `li`, `lane`, `sgs`; `store(r)` writes input row r's output n from v0, v1, .. (one a
-    weight). `scale(r, "k")`, if given, multiplies row r's input vec4 k (a fused norm); `step`:
+    weight). `scale(r, x)`, if given, is row r's input vec4 x as multiplied (a fused norm); `step`:
     statements at the top of each step along K (loads the scales share)."""
     outs, ins = range(shape[1] // len(weights)), range(shape[0])
     lines = [f"for (var g = li / sgs; g < {CPU_WG // SG_LANES}u; g = g + {CPU_WG}u / sgs) {{", f"let n0 = nw + g * {len(outs)}u;"]
@@ -329,8 +344,9 @@ def gemv_sg_body(weights, n, k4, store, base="0u", scale=None, shape=SG_GEMV, st
         lines += [f"var acc{j}_{i}_{r} = vec4<f32>(0.0);" for i in outs for r in ins]
     lines.append(f"for (var k = lane; k < {k4}; k = k + sgs) {{ {step}")
     for r in ins:
-        lines.append(f"    let x{r} = a[{f'x{r}_' if r else 'aoff4'} + k]" + (scale(r, "k") if scale else "") + ";")
-    lines += [f"    let w{j}_{i} = {w}[{w}_{i} + k];" for j, w in enumerate(weights) for i in outs]
+        x = f"a4({f'x{r}_' if r else 'aoff4'} + k)"
+        lines.append(f"    let x{r} = {scale(r, x) if scale else x};")
+    lines += [f"    let w{j}_{i} = {w}4({w}_{i} + k);" for j, w in enumerate(weights) for i in outs]
     lines += [f"    acc{j}_{i}_{r} = acc{j}_{i}_{r} + x{r} * w{j}_{i};" for j in range(len(weights)) for i in outs for r in ins]
     lines.append("}")
     for r in ins:
@@ -372,8 +388,10 @@ def gemv_shader(transposed_b, has_bias, cpu=False, types=F32):
     return header(has_bias, (("a", types.a), ("bm", types.b)), bias=types.bias, out=types.out) + kernels[0 if transposed_b else 1]
 
 
-def gemv_sg_shader(has_bias, shape=SG_GEMV):
-    return header(has_bias, (("a", "vec4<f32>"), ("bm", "vec4<f32>"))) + _sg_kernel(shape)
+def gemv_sg_shader(has_bias, shape=SG_GEMV, types=F32):
+    inputs = (("a", vec4_type(types.a)), ("bm", vec4_type(types.b)))
+    loaders = vec4_loader("a", types.a) + vec4_loader("bm", types.b)
+    return header(has_bias, inputs, bias=types.bias, out=types.out) + loaders + _sg_kernel(shape)
 
 
 def gemv_t4_shader(has_bias, types=F32, step=4):
@@ -483,9 +501,9 @@ def _gemv_t4(step):
 
 def subgroup_products(b, k, tensors):
     """Whether products of K = k built by `b` can run the subgroup kernels: a device with
-    subgroups, K whole vec4s, every tensor of `tensors` stored f32 (their only type). CPU variants
-    then take them at every row count, GPU ones for SG_GPU_ROWS rows."""
-    return b.subgroups and k % 4 == 0 and all(storage(b, v) == "f32" for v in tensors)
+    subgroups, K whole vec4s, every tensor of `tensors` stored f32 or f16. CPU variants then take
+    them at every row count, GPU ones for SG_GPU_ROWS rows."""
+    return b.subgroups and k % 4 == 0 and all(storage(b, v) in ("f32", "f16") for v in tensors)
 
 
 def fused_norm_rows(b, k, tensors):
@@ -499,9 +517,9 @@ def fused_norm_rows(b, k, tensors):
 
 def _sg(shape):
     def build(b, mm):
-        if not (mm.transposed and b.subgroups and mm.types == F32):
+        if not (mm.transposed and b.subgroups):
             return None
-        shader = gemv_sg_shader(mm.bias is not None, shape)
+        shader = gemv_sg_shader(mm.bias is not None, shape, mm.types)
         return Grid(b.dispatch(shader, mm.bindings), lambda s: gemv_grid(b.name, s.n, True, _gemv_groups(s, shape[0]), sg_wg_rows(shape)))
 
     return build

@@ -41,6 +41,8 @@ from .linear import (
     linear_shapes,
     sg_wg_rows,
     subgroup_products,
+    vec4_loader,
+    vec4_type,
 )
 from .registry import op
 from .variants import CPU, GPU
@@ -58,7 +60,7 @@ def _kind(b, weights):
     """(the GEMV the op builds, whether a GPU adds the subgroup kernel for SG_GPU_ROWS rows): GPU,
     CPU, or SUBGROUP (kernels/linear.py's gemv_sg_body) where the adapter class is CPU and
     `subgroup_products` holds (a device with subgroups, the weights' K whole vec4s, every tensor of
-    the op f32, the subgroup kernels' only storage type)."""
+    the op f32 or f16)."""
     tensors = [v for i, v in enumerate(b.args) if b.is_tensor(i)] + list(b.graph.values[b.out].items)
     dims = [b.graph.values[w].dims for w in weights]
     sg = all(len(d) == 2 and subgroup_products(b, d[1], tensors) for d in dims)
@@ -72,8 +74,10 @@ def _body(kind, shape, weights, n, store, norm, rows):
     output n; `rows`: the storage type of the rows a fused norm normalizes (_scale)."""
     if kind == SUBGROUP:
         first = f"let nw = wg * {_per(kind, shape, len(weights))}u;\n    "
-        # gamma's vec4 loaded once a step, not once an input row
-        scale, step = ((lambda r, i: f" * rstd{r} * gk"), "let gk = gamma[k];") if norm else (None, "")
+        # gamma's vec4 loaded once a step, not once an input row; the normalized row rounded to the
+        # storage type of the rows the norm op it replaced would have written, as _scale does
+        scale = lambda r, x: f"vec4<f32>(vec4<{rows}>({x} * rstd{r} * gk))"
+        scale, step = (scale, "let gk = gamma4(k);") if norm else (None, "")
         return first + gemv_sg_body(weights, n, "(q.K / 4u)", store, scale=scale, shape=shape, step=step)
     body_of, first, per = (gemv_t_cpu_body, "n", f"{CPU_WG}u + li") if kind == CPU else (gemv_t_body, "n0", "4u")
     return f"let {first} = wg * {per};\n    " + body_of(weights, n, "q.K", store, scale=_scale(norm, rows), group_rows=shape[0])
@@ -159,14 +163,15 @@ def _scale(norm, rows):
 
 def _gemv_shader(fields, weights, outs, norm, body, kind, rows, types):
     """`types`: the bindings' storage types in order, the uniform left out. The subgroup GEMV reads
-    the input, weights and gamma as vec4s (f32 only); a_at(i) is element i as f32 either way."""
+    the input, weights and gamma as vec4s; a_at(i) is element i as f32 either way."""
     reads = ["a"] + weights + (["gamma"] if norm else [])
     vec4 = kind == SUBGROUP
     lines = ["struct Q { " + ", ".join(fields) + " }"]
-    lines += [f"@group(0) @binding({i}) var<storage, read> {w}: array<{f'vec4<{t}>' if vec4 else t}>;" for i, (w, t) in enumerate(zip(reads, types))]
+    lines += [f"@group(0) @binding({i}) var<storage, read> {w}: array<{vec4_type(t) if vec4 else t}>;" for i, (w, t) in enumerate(zip(reads, types))]
+    lines += [vec4_loader(w, t) for w, t in zip(reads, types)] if vec4 else []
     lines += [f"@group(0) @binding({len(reads) + i}) var<storage, read_write> {o}: array<{t}>;" for i, (o, t) in enumerate(zip(outs, types[len(reads):]))]
     lines.append(f"@group(0) @binding({len(reads) + len(outs)}) var<uniform> q: Q;")
-    lines.append(f"fn a_at(i: u32) -> f32 {{ return {'a[i / 4u][i % 4u]' if vec4 else 'f32(a[i])'}; }}")
+    lines.append(f"fn a_at(i: u32) -> f32 {{ return {'a4(i / 4u)[i % 4u]' if vec4 else 'f32(a[i])'}; }}")
     shared, size, rms = (GEMV_REDUCE, 256, _RMS) if kind == GPU else (_RMS_CPU_SHARED, CPU_WG, _rms_cpu(rows))
     return "\n".join(lines) + shared + f"""
 @compute @workgroup_size({size})

@@ -18,8 +18,10 @@ Formats (as `executorch.backends.vulkan.patterns` writes them):
 The two linear ops record a GEMV route (up to GEMV_MAX_ROWS rows, each its own: 256 threads reduce
 over K for 4 outputs, one u32 word = 8 weights per thread step) and a GEMM route (more rows:
 kernels/gemm.py's template with a B load that dequantizes each weight as it is staged, and with
-dq8 an A load that quantizes each activation; split-K as for fp32). The hook zeroes the grid of
-the route not taken.
+dq8 an A load that quantizes each activation; split-K as for fp32). On CPU adapters with
+subgroups, where K and the group size are multiples of 16 (a lane's step: 2 words), two subgroup
+kernels take every row count instead (one row, and Q4_SG_GEMM's shape for more). The hook zeroes the
+grids of the routes not taken.
 
 Activations, scales, bias and outputs are stored as their tensors' types (f32, or f16 for
 float16, in any mix); every kernel converts at the load and the store, and dequantizes and sums
@@ -42,7 +44,7 @@ from .gemm import (
     params_bytes,
     storage,
 )
-from .linear import CPU_WG, GEMV_MAX_ROWS, SG_GEMV, SG_LANES, SUBGROUP_BUILTINS, sg_wg_rows
+from .linear import CPU_WG, GEMV_MAX_ROWS, SG_LANES, SUBGROUP_BUILTINS, sg_wg_rows, vec4_loader, vec4_type
 from .registry import op
 from .variants import CPU
 from .wgsl import FLAT_INDEX, PACKED, WG, flat_grid, is_float, wgsl_type
@@ -120,7 +122,7 @@ def _operands(dq8, zp_packed, types, vec4=False):
     """The read bindings of the routes, (name, WGSL element type), in order; with `vec4`, the
     input and the weights as vec4s (the subgroup GEMV's)."""
     acts = (("xs", types.xs), ("xz", "u32" if zp_packed else "i32")) if dq8 else ()
-    x, wq = (f"vec4<{types.x}>", "vec4<u32>") if vec4 else (types.x, "u32")
+    x, wq = (vec4_type(types.x), f"vec{Q4_SG_WORDS}<u32>") if vec4 else (types.x, "u32")
     return (("x", x), *acts, ("wq", wq), ("ws", types.ws))
 
 
@@ -237,49 +239,84 @@ def gemv_shader(dq8, zp_packed, has_bias, word_group, types=Storage()):
 
 
 # CPU adapters with subgroups (kernels/linear.py's gemv_sg_body, for 4-bit words): the lanes of a
-# subgroup walk a weight row together, lane l reading vec4 of words l, l + S, .. (32 weights, one
-# scale group: gs % 32 == 0) for SG_GEMV's rows, each input vec4 it loads reused for those rows;
-# subgroupAdd sums a row's lanes. Needs K % 32 == 0 and rows of whole vec4s of words. On lavapipe
-# each invocation's load is a scalar loop over the lanes, so loading 32 weights as one vec4 and
-# the input once for 4 rows is what counts: one row by 49152 x 576 weights (group 32) took 24 ms
-# of CPU time against 314 for GEMV below, 1536 x 576 1.2 against 10.5, 576 x 1536 0.9 against
-# 4.8 (examples/bench_cpu_gemv.py, 2 busy cores).
-def _sg_gemv(dq8):
-    rows = range(SG_GEMV[1])
-    lines = [f"for (var g = li / sgs; g < {CPU_WG // SG_LANES}u; g = g + {CPU_WG}u / sgs) {{", f"let n0 = nw + g * {len(rows)}u;"]
-    lines += [f"let c{i} = min(n0 + {i}u, q.N - 1u);" for i in rows] + [f"var acc{i} = 0.0;" for i in rows]
-    lines += ["for (var v = lane; v < q.K / 32u; v = v + sgs) {", "    let k0 = v * 32u;"]
-    for j in range(8):
-        if dq8:  # GEMV_DQ8_X's quantize-dequantize, per component
-            lines.append(f"    let r{j} = x[xo4 + v * 8u + {j}u];")
-            lines.append(f"    let x{j} = vec4<f32>(" + ", ".join(f"xq(r{j}.{c}, inv_row, zp_row, s_row)" for c in "xyzw") + ");")
-        else:
-            lines.append(f"    let x{j} = x[xo4 + v * 8u + {j}u];")
-    for i in rows:
-        lines += [f"    let w{i} = wq[c{i} * wpr4 + v];", f"    let s{i} = wscale(k0, c{i});"]
-        dots = [f"(dot(x{2 * j}, nibbles(w{i}.{c}).a * s{i}) + dot(x{2 * j + 1}, nibbles(w{i}.{c}).b * s{i}))" for j, c in enumerate("xyzw")]
-        lines.append(f"    acc{i} = acc{i} + (({dots[0]} + {dots[1]}) + ({dots[2]} + {dots[3]}));")
+# subgroup walk a weight row together, lane l reading Q4_SG_WORDS words (8 weights each, one scale
+# group: gs a multiple of 8 * Q4_SG_WORDS) at step l, l + S, ..; a subgroup takes a shape of
+# (input rows, weight rows), each weight word it dequantizes used for all of its input rows and
+# each input vec4 for all of its weight rows; subgroupAdd sums an output's lanes. Needs K a
+# multiple of 8 * Q4_SG_WORDS and rows of whole steps.
+# An output's sum is the same at every shape (vec4 accumulators, the words in order), so a row of
+# a prompt or a ragged pass is bitwise the row alone. f16 activations are read through
+# vec4_loader. On lavapipe each invocation's load is a scalar loop over the lanes, so loading
+# several words at once and each input vec4 once for several weight rows is what counts
+# (examples/bench_cpu_gemv.py, CPU time, 2 busy cores): one row by 49152 x 576 weights (group
+# 32) 24 ms at 4 weight rows a subgroup with dot products, 23 with vec4 accumulators, 20 at 8
+# weight rows (22-23 at 16), against 314 for GEMV above; 64 rows by 1536 x 576 52 ms in the
+# tiled 4-bit GEMM, 28 at 8 x 8, 31-46 at 4 x 4, 4 x 8, 8 x 4 and 16 x 4 (16 x 8 as 8 x 8).
+# 2 words a step rather than 4 (a vec4): K = 576 is 36 steps, 5 a lane of 8 (4 words: 18 steps,
+# 3 a lane, the last with 2 of 8 lanes live); 64 rows by 1536 x 576 24-27 against 28-33 ms.
+Q4_SG_GEMV = (1, 8)  # (input rows, weight rows) a subgroup takes: one row (decode)
+Q4_SG_GEMM = (8, 8)  # any other row count (prefill, a ragged pass): no tiled GEMM, no barriers
+Q4_SG_WORDS = 2  # words a lane loads a step (a vec2<u32>: 16 weights)
+
+
+def _sg_body(dq8, shape):
+    """The subgroup kernel's statements for `shape`; input row r of the workgroup's group of rows
+    from r0 (rows past `rows` read as the last live one, not written)."""
+    ins, outs = range(shape[0]), range(shape[1])
+    lines = [f"let x{r}_ = min(r0 + {r}u, q.M - 1u);" for r in ins]
+    if dq8:  # GEMV_DQ8_SETUP for each row
+        lines += [f"let s_row{r} = f32(xs[x{r}_]); let zp_row{r} = zp_at(x{r}_); let inv_row{r} = div_rn(1.0, s_row{r});" for r in ins]
+    lines += [f"for (var g = li / sgs; g < {CPU_WG // SG_LANES}u; g = g + {CPU_WG}u / sgs) {{", f"let n0 = nw + g * {len(outs)}u;"]
+    lines += [f"let c{i} = min(n0 + {i}u, q.N - 1u);" for i in outs]
+    lines += [f"var acc{i}_{r} = vec4<f32>(0.0);" for i in outs for r in ins]
+    step = 8 * Q4_SG_WORDS  # weights a lane step
+    lines += [f"for (var v = lane; v < q.K / {step}u; v = v + sgs) {{", f"    let k0 = v * {step}u;"]
+    for i in outs:
+        lines += [f"    let w{i} = wq[c{i} * wprv + v];", f"    let s{i} = wscale(k0, c{i});"]
+    for c, word in enumerate("xyzw"[:Q4_SG_WORDS]):  # 8 weights a word: input vec4s 2c and 2c + 1 of the step
+        lines.append("    {")
+        for r in ins:
+            for h in range(2):
+                load = f"x4(x{r}_ * kv4 + v * {step // 4}u + {2 * c + h}u)"
+                if dq8:  # GEMV_DQ8_X's quantize-dequantize, per component
+                    load = f"xq4({load}, inv_row{r}, zp_row{r}, s_row{r})"
+                lines.append(f"    let x{r}{'ab'[h]} = {load};")
+        for i in outs:
+            lines.append(f"    let d{i} = nibbles(w{i}.{word}); let a{i} = d{i}.a * s{i}; let b{i} = d{i}.b * s{i};")
+            lines += [f"    acc{i}_{r} = acc{i}_{r} + x{r}a * a{i} + x{r}b * b{i};" for r in ins]
+        lines.append("    }")
     lines.append("}")
-    lines += [f"{{ let v0 = subgroupAdd(acc{i}); let n = n0 + {i}u; if (lane == 0u && n < q.N) {{ out[m * q.N + n] = epilogue(v0, n); }} }}" for i in rows]
+    for r in ins:
+        for i in outs:
+            total = f"subgroupAdd((acc{i}_{r}.x + acc{i}_{r}.y) + (acc{i}_{r}.z + acc{i}_{r}.w))"
+            lines.append(f"{{ let v0 = {total}; let n = n0 + {i}u; if (lane == 0u && n < q.N && {r}u < rows) {{ out[(r0 + {r}u) * q.N + n] = epilogue(v0, n); }} }}")
     lines.append("}")
-    body = "\n    ".join(lines)
-    return f"""
-@compute @workgroup_size({CPU_WG})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32{SUBGROUP_BUILTINS}) {{
-    let m = wid.z;
-    let xo4 = m * q.K / 4u;
-    let wpr4 = q.wpr / 4u;
-    let nw = (wid.x + wid.y * nwg.x) * {sg_wg_rows(SG_GEMV)}u;
-{GEMV_DQ8_SETUP if dq8 else ""}
-    {body}
-}}
+    return "\n    ".join(lines)
+
+
+XQ4 = """
+fn xq4(v: vec4<f32>, inv: f32, zp: f32, s: f32) -> vec4<f32> {
+    return vec4<f32>(xq(v.x, inv, zp, s), xq(v.y, inv, zp, s), xq(v.z, inv, zp, s), xq(v.w, inv, zp, s));
+}
 """
 
 
-def sg_gemv_shader(dq8, zp_packed, has_bias):
-    """The subgroup GEMV (CPU adapters); K % 32 == 0, rows of whole vec4 words, gs % 32 == 0."""
-    return _gemv_header(dq8, zp_packed, has_bias, Storage(), vec4=True) + _dequant(dq8, zp_packed, True) + _sg_gemv(dq8)
+def sg_shader(dq8, zp_packed, has_bias, shape=Q4_SG_GEMV, types=Storage()):
+    """The subgroup kernel (CPU adapters) of `shape`: workgroup z is a group of shape[0] rows;
+    K, the weight rows and gs whole steps of Q4_SG_WORDS words; activations f32 or f16."""
+    head = _gemv_header(dq8, zp_packed, has_bias, types, vec4=True) + vec4_loader("x", types.x)
+    return head + _dequant(dq8, zp_packed, True) + (XQ4 if dq8 else "") + f"""
+@compute @workgroup_size({CPU_WG})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32{SUBGROUP_BUILTINS}) {{
+    let r0 = wid.z * {shape[0]}u;
+    let rows = min({shape[0]}u, q.M - r0);
+    let kv4 = q.K / 4u;
+    let wprv = q.wpr / {Q4_SG_WORDS}u;
+    let nw = (wid.x + wid.y * nwg.x) * {sg_wg_rows(shape)}u;
+    {_sg_body(dq8, shape)}
+}}
+"""
 
 
 # The GEMM template's B load: one weight of row n at k, dequantized as dq8 does it.
@@ -365,11 +402,11 @@ def _add_q4_linear(b, x, xs, xz, weight, scales, group_size, bias):
     types = Storage(*(storage(b, v) if v is not None else "f32" for v in (x, xs, scales, bias, b.out)))
     gemv = b.dispatch(gemv_shader(dq8, zp_packed, has_bias, word_group, types), [*operands, *tail, b.out, q])
     wpr = row_bytes // 4
-    # CPU adapters with subgroups: the subgroup GEMV where K is whole 32-weight vec4s (the hook)
-    # and every float tensor is f32 (its only storage type; f16 takes the typed GEMV)
-    sg = None
-    if b.adapter == CPU and b.subgroups and types == Storage() and wpr % 4 == 0 and gs % 32 == 0:
-        sg = b.dispatch(sg_gemv_shader(dq8, zp_packed, has_bias), [*operands, *tail, b.out, q])
+    # CPU adapters with subgroups: the subgroup kernels at every row count where K is whole
+    # steps of Q4_SG_WORDS words (the hook), one row and more
+    sgs = []
+    if b.adapter == CPU and b.subgroups and wpr % Q4_SG_WORDS == 0 and gs % (8 * Q4_SG_WORDS) == 0:
+        sgs = [(b.dispatch(sg_shader(dq8, zp_packed, has_bias, shape, types), [*operands, *tail, b.out, q]), shape) for shape in (Q4_SG_GEMV, Q4_SG_GEMM)]
     q_binding = len(operands) + len(tail) + 3  # after out, p and the scratch
     q_wgsl = f"{LIN_STRUCT};\n@group(0) @binding({q_binding}) var<uniform> q: Q;\n"
     gemm = GemmRoute(b, q4_load(dq8, zp_packed, word_group, types), operands, bias, b.out, p, gemm_scratch(b, [b.out]), [q], q_wgsl)
@@ -388,15 +425,15 @@ def _add_q4_linear(b, x, xs, xz, weight, scales, group_size, bias):
                     _fail(name, f"input {tuple(xd)} has {m} rows but its activation {what} have {ctx.numel(vid)}")
         if has_bias and ctx.numel(bias) < n:
             _fail(name, f"bias of {ctx.numel(bias)} elements for N={n}")
-        use_gemv = m <= GEMV_MAX_ROWS
-        use_gemm = not use_gemv
+        sg_shape = (Q4_SG_GEMV if m == 1 else Q4_SG_GEMM) if sgs and k % (8 * Q4_SG_WORDS) == 0 and m > 0 else None
+        use_gemv = m <= GEMV_MAX_ROWS and sg_shape is None
+        use_gemm = m > GEMV_MAX_ROWS and sg_shape is None
         splits, kspan = gemm.plan(m, n, k, 1, use_gemm)
         ctx.set_params(q, struct.pack(LIN_FORMAT, m, n, k, wpr, sn, groups, gs, -(-k // 8)))
         ctx.set_params(p, params_bytes(m, n, k, bias=(0, 0, 1), split=(splits, kspan)))
-        use_sg = use_gemv and sg is not None and k % 32 == 0
-        ctx.set_grid(gemv, fold_grid(-(-n // GEMV_ROWS))[:2] + (m,) if use_gemv and not use_sg else (0, 0, 0))
-        if sg is not None:
-            ctx.set_grid(sg, fold_grid(-(-n // sg_wg_rows(SG_GEMV)))[:2] + (m,) if use_sg else (0, 0, 0))
+        ctx.set_grid(gemv, fold_grid(-(-n // GEMV_ROWS))[:2] + (m,) if use_gemv else (0, 0, 0))
+        for d, shape in sgs:
+            ctx.set_grid(d, fold_grid(-(-n // sg_wg_rows(shape)))[:2] + (-(-m // shape[0]),) if shape == sg_shape else (0, 0, 0))
         gemm.set_grids(ctx, m, n, 1, splits, use_gemm)
         ctx.set_dims(b.out, tuple(xd[:-1]) + (n,))
 

@@ -69,10 +69,15 @@ CASES = {
     "f16_addmm": (AddMM, [(29,), (17, 13), (13, 29)], [None, 0, None]),
     # q/k/v group, residual linears, SwiGLU (kernels/fusion.py)
     "f16_fused": (lambda: FusedLinears(37, 41, 23, 53).half(), [(71, 37)], [0]),
+    # every K whole vec4s, odd N for k/v: the CPU adapters' subgroup kernels for all five products
+    "f16_fused_k4": (lambda: FusedLinears(40, 44, 23, 52).half(), [(71, 40)], [0]),
     # 4-bit weights with fp16 activations, scales and bias; K padded, a group straddling words
     "f16_q4": (quantized(lambda: QLinear(36, 28, True).half(), "4w", 12), [(70, 36)], [0]),
     "f16_dq8": (quantized(lambda: QLinear(160, 76, True).half(), "8da4w", 32), [(70, 160)], [0]),
+    # K and the groups multiples of 16 (a lane step): the CPU adapters' 4-bit subgroup kernels
+    "f16_q4_k32": (quantized(lambda: QLinear(96, 52, True).half(), "4w", 32), [(70, 96)], [0]),
 }
+SUBGROUP_CASES = ("f16_fused_k4", "f16_q4_k32", "f16_dq8")
 
 
 def _export(name):
@@ -105,7 +110,7 @@ async def test_fp16_products_match_eager_fp16(name, load_pte):
     data, module = _export(name)
     model = await load_pte(data)
     assert model.precision == "f16", model.precision_note
-    tol = (Q_ATOL, Q_RTOL) if name in ("f16_q4", "f16_dq8", "f16_fused") else (ATOL, RTOL)
+    tol = (Q_ATOL, Q_RTOL) if name in ("f16_q4", "f16_dq8", "f16_q4_k32", "f16_fused", "f16_fused_k4") else (ATOL, RTOL)
     rng = np.random.default_rng(5)
     calls = [_inputs(name, m, rng) for m in _live_ms(name)]
     await assert_matches_eager(model, module, calls, atol=tol[0], rtol=tol[1])
@@ -116,19 +121,35 @@ async def test_fp16_products_match_eager_fp16(name, load_pte):
 @pytest.mark.parametrize("name, k, vector", [("f16_linear_wide_k4", 76, "vec4<f16>"), ("f16_linear_wide_k8", 80, "vec4<u32>")])
 async def test_fp16_weights_are_stored_as_f16(name, k, vector, load_pte, kernel_variants):
     """The weight is bound as f16 (half the bytes of the f32 fallback), and the GPU variants'
-    vec4 GEMV loads it 4 weights a load (K % 8 != 0) or 8 (vec4<u32>: f16 pairs)."""
+    vec4 GEMV (the one with row_of_a) loads it 4 weights a load (K % 8 != 0) or 8 (vec4<u32>:
+    f16 pairs)."""
     data, _ = _export(name)
     model = await load_pte(data)
     shaders = [d.shader or "" for d in model.graph.dispatches]
     assert all("var<storage, read> bm: array<f32>" not in s for s in shaders)
-    assert any(f"var<storage, read> bm: array<{vector}>" in s for s in shaders) == (kernel_variants == "gpu")
+    gemv = [i for i, s in enumerate(shaders) if f"var<storage, read> bm: array<{vector}>" in s and "row_of_a" in s]
+    assert bool(gemv) == (kernel_variants == "gpu")
     (weight,) = [v for v in model.graph.values if getattr(v, "dims", None) == (8209, k)]
     assert weight.dtype == "float16"
-    gemv = [i for i, s in enumerate(shaders) if f"bm: array<{vector}>" in s]
     rng = np.random.default_rng(3)
     for m, on in ((1, True), (32, True), (33, False)):  # the vector GEMV runs up to GEMV_MAX_ROWS rows
         await model.execute(*_inputs(name, m, rng))
         assert all(all(model._default.state.grids[i]) == on for i in gemv), m
+
+
+@pytest.mark.parametrize("name", SUBGROUP_CASES)
+async def test_fp16_products_take_the_cpu_subgroup_kernels(name, load_pte, kernel_variants):
+    """With the CPU variants on a device with subgroups, every product of these models runs in a
+    subgroup kernel that loads the f16 input 4 halves at a time (a vec2<u32>), at one row and at
+    several; with the GPU variants, none (values checked in test_fp16_products_match_eager_fp16)."""
+    data, _ = _export(name)
+    model = await load_pte(data)
+    subgroups = kernel_variants == "cpu" and "subgroup" in model.device_info.features
+    rng = np.random.default_rng(4)
+    for m in (1, 2, 70):
+        await model.execute(*_inputs(name, m, rng))
+        live = [d for i, d in enumerate(model.graph.dispatches) if "linear" in d.op and all(model._default.state.grids[i])]
+        assert live and all(("subgroupAdd" in d.shader and "array<vec2<u32>>" in d.shader) == subgroups for d in live), m
 
 
 async def test_fp16_fused_linears_run_fused(load_pte):

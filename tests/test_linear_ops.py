@@ -171,10 +171,10 @@ async def test_subgroup_gemvs_where_k_is_whole_vec4s(load_pte, kernel_variants):
         assert not live["pte_wgpu.linear_residual"]
 
 
-def test_subgroup_variants_need_the_feature_and_f32():
+def test_subgroup_variants_need_the_feature():
     """Built for a CPU adapter, a linear and a SwiGLU with K = 96 use subgroups only where the
-    device has them (model.py passes its feature) and their tensors are f32: f16 ones take the
-    typed CPU GEMVs."""
+    device has them (model.py passes its feature), f32 and f16 tensors alike (the latter bound
+    as vec2<u32>, 4 halves a load)."""
 
     class Graph:
         def __init__(self, dtype):
@@ -188,8 +188,9 @@ def test_subgroup_variants_need_the_feature_and_f32():
                 graph = Graph(dtype)
                 build_node(graph, name, args, "cpu", subgroups)
                 shaders = [d.shader or "" for d in graph.dispatches]
-                assert any("subgroupAdd" in s for s in shaders) == (subgroups and dtype == "float32"), (name, dtype)
+                assert any("subgroupAdd" in s for s in shaders) == subgroups, (name, dtype)
                 assert any("array<f16>" in s for s in shaders) == (dtype == "float16"), (name, dtype)
+                assert any("array<vec2<u32>>" in s for s in shaders) == (subgroups and dtype == "float16"), (name, dtype)
 
 
 def test_grids_stay_within_limits():

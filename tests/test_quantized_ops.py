@@ -84,8 +84,8 @@ CASES = {
     "dq8_large": (quantized(lambda: Linear(160, 76, False), "8da4w", 32), (70, 160), 0),
     "dq8_3d": (quantized(lambda: Linear(64, 44, True), "8da4w", 16), (1, 9, 64), 1),
     "dq8_diagonal": (quantized(lambda: Linear(64, 64, False, diagonal=True), "8da4w", 32), (70, 64), 0),
-    # N not a multiple of 8 (ExecuTorch cannot export an odd N), K whole 32-weight vec4s, groups of
-    # 32 and 64: the subgroup GEMV of CPU adapters, a partial row group
+    # N not a multiple of 8 (ExecuTorch cannot export an odd N), K a multiple of 32, groups of 32
+    # and 64: the subgroup kernels of CPU adapters, a partial row group
     "q4_n52": (quantized(lambda: Linear(96, 52, True), "4w", 32), (33, 96), 0),
     "dq8_n44": (quantized(lambda: Linear(192, 44, False), "8da4w", 64), (33, 192), 0),
 }
@@ -132,7 +132,7 @@ def _live_ms(name):
 async def test_quantized_linear_routes(name, load_pte, kernel_variants):
     """Live M over 1 (GEMV) and 2..max (GEMM, partial and several tiles), random order, repeats;
     with the GPU variants and the CPU adapters' (with subgroups here, the subgroup GEMV where
-    K % 32 == 0 and the group size is a multiple of 32)."""
+    K and the group size are multiples of 16)."""
     data, module = _export(name)
     tol = 0 if name == "dq8_diagonal" else ATOL  # one product per output: bit-identical
     rng = np.random.default_rng(7)
@@ -140,15 +140,36 @@ async def test_quantized_linear_routes(name, load_pte, kernel_variants):
     await assert_matches_eager(await load_pte(data), module, calls, atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("name, subgroup", [("q4_n52", True), ("dq8_n44", True), ("q4_3d", False)])
+@pytest.mark.parametrize("name, subgroup", [("q4_n52", True), ("dq8_n44", True), ("q4_3d", True), ("q4_small", False)])
 async def test_cpu_adapters_take_the_subgroup_gemv(name, subgroup, load_pte, kernel_variants):
     """With the CPU variants on a device with subgroups, one decode row runs the subgroup GEMV
-    where K % 32 == 0 and groups are multiples of 32 (not q4_3d's groups of 16), and only then."""
+    where K and the groups are multiples of 16 (a lane's step; not q4_small's K = 36, groups of
+    12), and only then."""
     model = await load_pte(_export(name)[0])
     await model.execute(_rows(name, 1, np.random.default_rng(2)))
     grids = model._default.state.grids
     ran = any("subgroupAdd" in (d.shader or "") and all(grids[i]) for i, d in enumerate(model.graph.dispatches))
     assert ran == (subgroup and kernel_variants == "cpu" and "subgroup" in model.device_info.features)
+
+
+@pytest.mark.parametrize("name", ["q4_n52", "dq8_n44"])
+async def test_cpu_subgroup_rows_are_each_row_alone(name, load_pte, monkeypatch):
+    """With the CPU variants on a device with subgroups, the linear runs only subgroup kernels at
+    every row count (1; 2, 8, 9 and 33 in groups of Q4_SG_GEMM's rows, a partial one included),
+    and each row of a pass is bitwise what the row gets alone."""
+    from kernels.quantized import Q4_SG_GEMM
+
+    monkeypatch.setenv("PTE_WGPU_KERNELS", "cpu")
+    model = await load_pte(_export(name)[0])
+    if "subgroup" not in model.device_info.features:
+        pytest.skip("the adapter has no subgroup feature")
+    x = _rows(name, 33, np.random.default_rng(11))
+    alone = np.concatenate([(await model.execute(x[r : r + 1]))[0] for r in range(33)])
+    for m in (2, Q4_SG_GEMM[0], Q4_SG_GEMM[0] + 1, 33):
+        (got,) = await model.execute(x[:m])
+        live = [d for i, d in enumerate(model.graph.dispatches) if "linear" in d.op and all(model._default.state.grids[i])]
+        assert [("subgroupAdd" in d.shader) for d in live] == [True], m
+        np.testing.assert_array_equal(got, alone[:m])
 
 
 async def test_dq8_graph_has_the_dynamic_quantization_ops():
