@@ -21,11 +21,13 @@ def kernel_variants(request, monkeypatch):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def llama_exports_under_way(request, tmp_path_factory):
+def exports_under_way(request, tmp_path_factory):
     """test_llama's tiny Llama exports (minutes each, in subprocesses; test_batching, test_server
     and test_greedy_bursts use two of them) start with the first test, side by side, when
-    test_llama is selected and ExecuTorch is here to make them; test_fp16's likewise."""
+    test_llama is selected and ExecuTorch is here to make them; test_fp16's likewise; and the
+    Vulkan delegate adapter's lowerings, niced, for the CPU the files before it leave idle."""
     if importlib.util.find_spec("executorch") is None:
+        yield
         return
     selected = {item.path.name for item in request.session.items}
     if "test_llama.py" in selected:
@@ -36,6 +38,14 @@ def llama_exports_under_way(request, tmp_path_factory):
         from .test_fp16 import start_exports
 
         start_exports(tmp_path_factory)
+    pool = None
+    if "test_vulkan_delegate_adapter.py" in selected:
+        from .test_vulkan_delegate_adapter import start_lowerings
+
+        pool = start_lowerings(request.session)
+    yield
+    if pool is not None:
+        pool.shutdown(cancel_futures=True)
 
 
 @pytest.fixture(scope="session")
