@@ -22,28 +22,34 @@ def kernel_variants(request, monkeypatch):
 
 @pytest.fixture(scope="session", autouse=True)
 def exports_under_way(request, tmp_path_factory):
-    """test_llama's tiny Llama exports (minutes each, in subprocesses; test_batching, test_server
-    and test_greedy_bursts use two of them) start with the first test, side by side, when
-    test_llama is selected and ExecuTorch is here to make them; test_fp16's likewise; and the
-    Vulkan delegate adapter's lowerings, niced, for the CPU the files before it leave idle."""
-    if importlib.util.find_spec("executorch") is None:
-        yield
-        return
-    selected = {item.path.name for item in request.session.items}
-    if "test_llama.py" in selected:
-        from .test_llama import start_exports
+    """Slow exports start with the first test, side by side, for the selected files that use them:
+    test_llama's tiny Llama exports (minutes each, in subprocesses; test_batching, test_server and
+    test_greedy_bursts use two of them) and test_fp16's, when ExecuTorch is here to make them;
+    test_bench's run (its own export, then the bench); the Vulkan delegate adapter's lowerings,
+    niced, for the CPU the files before it leave idle."""
+    items = request.session.items
+    selected = {item.path.name for item in items}
+    bench = pool = None
+    if any("bench_run" in getattr(item, "fixturenames", ()) for item in items):
+        from . import test_bench as bench
 
-        start_exports(tmp_path_factory)
-    if "test_fp16.py" in selected:
-        from .test_fp16 import start_exports
+        bench.start_bench(tmp_path_factory)
+    if importlib.util.find_spec("executorch") is not None:
+        if "test_llama.py" in selected:
+            from .test_llama import start_exports
 
-        start_exports(tmp_path_factory)
-    pool = None
-    if "test_vulkan_delegate_adapter.py" in selected:
-        from .test_vulkan_delegate_adapter import start_lowerings
+            start_exports(tmp_path_factory)
+        if "test_fp16.py" in selected:
+            from .test_fp16 import start_exports
 
-        pool = start_lowerings(request.session)
+            start_exports(tmp_path_factory)
+        if "test_vulkan_delegate_adapter.py" in selected:
+            from .test_vulkan_delegate_adapter import start_lowerings
+
+            pool = start_lowerings(request.session)
     yield
+    if bench is not None:
+        bench.stop_bench()
     if pool is not None:
         pool.shutdown(cancel_futures=True)
 
