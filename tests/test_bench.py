@@ -25,53 +25,40 @@ from async_runtime.tools.bench.models import FILES, SHORT, llama_tag
 from async_runtime.tools.bench.report import SPLIT_PARTS, markdown
 from async_runtime.device import open_device
 
+from .background import Background
+
 pytestmark = pytest.mark.usefixtures("adapter")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-_STARTED = {}  # the bench's subprocess and its output folder, once start_bench ran
+_STARTED = {}  # "run": the bench's Background run, once start_bench ran
 
 
 def start_bench(tmp_path_factory):
-    """Start the bench in a subprocess unless its export is neither cached nor makeable here;
-    tests/conftest.py calls this at the session's first test, so the export and the run overlap
-    the files before this one."""
+    """Start the bench in a subprocess, unless its export is neither cached nor makeable here;
+    returns the Background run or None. tests/conftest.py calls this at the session's first test,
+    so the export and the run overlap the files before this one."""
     out = tmp_path_factory.mktemp("bench")
     cache = Path(os.environ["PTE_WGPU_EXPORT_DIR"]) / "bench" if os.environ.get("PTE_WGPU_EXPORT_DIR") else out / "cache"
     if not (cache / f"llama_{llama_tag(SHORT['llama'])}" / FILES["vulkan"]).exists() and importlib.util.find_spec("executorch") is None:
-        return
+        return None
     cmd = [
         sys.executable, "-m", "async_runtime", "bench", "--short", "--exports", "vulkan", "--cache-dir", str(cache),
         "--json", str(out / "bench.json"), "--markdown", str(out / "bench.md"), "--trace", str(out / "trace.json"),
         "--plots", str(out / "plots"),
     ]
-    with open(out / "stdout.txt", "w") as stdout, open(out / "stderr.txt", "w") as stderr:
-        _STARTED.update(out=out, cmd=cmd, proc=subprocess.Popen(cmd, cwd=ROOT, stdout=stdout, stderr=stderr, text=True))
-
-
-def stop_bench():
-    """The session's end: a bench still running (its tests deselected or not reached) is killed."""
-    running = _STARTED.get("proc")
-    if running is not None and running.poll() is None:
-        running.kill()
-        running.wait()
+    _STARTED["run"] = Background(cmd, out, cwd=ROOT)
+    return _STARTED["run"]
 
 
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
-    if not _STARTED:  # this file run without tests/conftest.py's session fixture starting it
-        start_bench(tmp_path_factory)
-    if not _STARTED:
+    run = _STARTED.get("run") or start_bench(tmp_path_factory)  # started here without tests/conftest.py
+    if run is None:
         pytest.importorskip("executorch", reason="the bench's tiny Llama must be exported (or cached in $PTE_WGPU_EXPORT_DIR/bench)")
-    out, running = _STARTED["out"], _STARTED["proc"]
-    try:
-        running.wait(timeout=900)
-    finally:
-        stop_bench()
-    proc = subprocess.CompletedProcess(_STARTED["cmd"], running.returncode, (out / "stdout.txt").read_text(),
-                                       (out / "stderr.txt").read_text())
+    proc = run.result(timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
-    return out, proc
+    return run.out, proc
 
 
 def _number_or_none(x):
