@@ -127,19 +127,15 @@ class Scheduler:
     async def _unless_lost(self, promise):
         """Await `promise` unless the device is lost first. wgpu-py 0.32 has no device-lost promise
         (`lost_async` is not implemented) and `device.destroy()` stops the thread that resolves
-        maps, so a pending readback would wait forever: a watcher looks at that thread instead."""
+        maps, so a pending readback would wait forever: every LOST_CHECK_S of waiting looks at that
+        thread. A timeout rather than a watcher task: one task per readback cost more host time
+        than the rest of the hand-over."""
         device = self.model.device
-        async with anyio.create_task_group() as tg:
-
-            async def watch():
-                while getattr(device, "_poller", True) is not None:
-                    await anyio.sleep(LOST_CHECK_S)
+        while True:
+            with anyio.move_on_after(LOST_CHECK_S):
+                return await promise
+            if getattr(device, "_poller", True) is None:
                 raise BrokenResourceError("the GPU device was destroyed")
-
-            tg.start_soon(watch)
-            result = await promise
-            tg.cancel_scope.cancel()
-        return result
 
     def fail(self, error, steps=()):
         """The device is lost: these steps and every later call get BrokenResourceError."""

@@ -21,21 +21,42 @@ def kernel_variants(request, monkeypatch):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def llama_exports_under_way(request, tmp_path_factory):
-    """test_llama's tiny Llama exports (minutes each, in subprocesses; test_batching, test_server
-    and test_greedy_bursts use two of them) start with the first test, side by side, when
-    test_llama is selected and ExecuTorch is here to make them; test_fp16's likewise."""
-    if importlib.util.find_spec("executorch") is None:
-        return
-    selected = {item.path.name for item in request.session.items}
-    if "test_llama.py" in selected:
-        from .test_llama import start_exports
+def exports_under_way(request, tmp_path_factory):
+    """Slow exports start with the first test, side by side, for the selected files that use them:
+    test_llama's tiny Llama exports (minutes each, in subprocesses; test_batching, test_server and
+    test_greedy_bursts use two of them) and test_fp16's, when ExecuTorch is here to make them;
+    test_bench's run (its own export, then the bench). Those for the last files, the Vulkan
+    delegate adapter's lowerings and the vision bench's export, run niced: they take the CPU the
+    files before them leave idle."""
+    items = request.session.items
+    selected = {item.path.name for item in items}
+    runs, pool = [], None
+    if any("bench_run" in getattr(item, "fixturenames", ()) for item in items):
+        from .test_bench import start_bench
 
-        start_exports(tmp_path_factory)
-    if "test_fp16.py" in selected:
-        from .test_fp16 import start_exports
+        runs.append(start_bench(tmp_path_factory))
+    if importlib.util.find_spec("executorch") is not None:
+        if "test_llama.py" in selected:
+            from .test_llama import start_exports
 
-        start_exports(tmp_path_factory)
+            start_exports(tmp_path_factory)
+        if "test_fp16.py" in selected:
+            from .test_fp16 import start_exports
+
+            start_exports(tmp_path_factory)
+        if "test_vulkan_delegate_adapter.py" in selected:
+            from .test_vulkan_delegate_adapter import start_lowerings
+
+            pool = start_lowerings(request.session)
+        if any(item.name == "test_vision_bench_exports_compressible_files_and_runs" for item in items):
+            from .test_zoo import start_vision_export
+
+            runs.append(start_vision_export(tmp_path_factory))
+    yield
+    for run in filter(None, runs):
+        run.stop()
+    if pool is not None:
+        pool.shutdown(cancel_futures=True)
 
 
 @pytest.fixture(scope="session")

@@ -34,6 +34,7 @@ B_MAX = 23
 CHECK_EVERY = 97  # steps whose result is compared with torch
 WARM_UP = SESSIONS * 2 * B_MAX  # every session sees every batch size before the baseline
 PY_GROWTH_LIMIT = 512 << 10  # bytes of traced Python memory that may appear after the warm-up
+SAMPLE_EVERY = 1000  # executes between the traced-memory samples shown when the growth check fails
 
 
 def mlp_dynamic_batch():
@@ -74,6 +75,9 @@ async def test_soak_concurrent_sessions_at_random_shapes():
                 elif (done % CHECK_EVERY == 0 or step < 2) and not np.allclose(out, wants[b], atol=1e-4, rtol=1e-4):
                     mismatches.append(f"session {s.id} step {step}: batch {b} differs from torch")
                 checked += done % CHECK_EVERY == 0
+                if done % SAMPLE_EVERY == 0 and tracemalloc.is_tracing():
+                    gc.collect()
+                    memory.append(tracemalloc.get_traced_memory()[0])
                 if step == 2 * B_MAX - 1:
                     await barrier.wait()
 
@@ -98,21 +102,11 @@ async def test_soak_concurrent_sessions_at_random_shapes():
 
         barrier = Barrier(SESSIONS)
 
-        async def sampler():
-            while True:
-                await anyio.sleep(0.5)
-                if tracemalloc.is_tracing():
-                    gc.collect()
-                    memory.append(tracemalloc.get_traced_memory()[0])
-
         t0 = time.perf_counter()
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(sampler)
-                async with anyio.create_task_group() as streams:
-                    for s, plan in zip(sessions, schedule):
-                        streams.start_soon(stream, s, plan)
-                tg.cancel_scope.cancel()
+            async with anyio.create_task_group() as streams:
+                for s, plan in zip(sessions, schedule):
+                    streams.start_soon(stream, s, plan)
             gc.collect()
             python_after = tracemalloc.get_traced_memory()[0]
         finally:

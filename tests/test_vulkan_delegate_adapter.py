@@ -14,8 +14,9 @@ tests upstream disables (`@disable_test`) are skipped with the reason. `RUNTIME_
 tests that fail on a bug outside kernels/: strict xfails.
 
 Exporting is the slow part: each test is lowered once per session for both backends, in worker
-processes (one per core) that start at the first test while the tests run on the adapter. On two
-CPU cores the file takes about 2.3 minutes (3.5 with one worker; 16.5 before
+processes (one per core) that start with the session's first test (tests/conftest.py) at low
+priority, so they use the CPU the other files leave idle. Run alone on two CPU cores the file
+takes about 2.3 minutes (3.5 with one worker; 16.5 before
 `async_runtime.vulkan_patterns.cache_vulkan_pattern_graphs`). With the exports kept, it runs in about 40 seconds on lavapipe.
 
 With PTE_WGPU_EXPORT_DIR set, each test's programs and eager results are kept under
@@ -225,44 +226,47 @@ def _params():
         yield pytest.param(name, marks=marks, id=name)
 
 
-def _quiet():
-    """A lowering worker's stdout and stderr (ExecuTorch's INFO logs and warnings) go nowhere, not
-    into whichever test's output pytest is capturing; its errors come back through the future."""
+def _background():
+    """A lowering worker runs niced (the tests come first), and its stdout and stderr (ExecuTorch's
+    INFO logs and warnings) go nowhere, not into whichever test's output pytest is capturing; its
+    errors come back through the future."""
+    os.nice(10)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
 
 
-@pytest.fixture(scope="session")
-def lowerings(request):
-    """{name: future of `lower(name)`} for every selected test with no stored export, lowered in
-    one worker process per core (up to 8) while the first tests already run on the adapter.
-    Spawned, not forked: this process already runs torch's and wgpu's threads."""
+_LOWERINGS = {}  # name -> future of `lower(name)`, from start_lowerings
+
+
+def start_lowerings(session):
+    """Submit every selected test with no stored export to worker processes (one per core, up to
+    8); returns the pool for the session's end to shut down, or None. Called at the session's
+    first test (tests/conftest.py). Spawned, not forked: this process already runs torch's and
+    wgpu's threads."""
     selected = [
         item.callspec.params["name"]
-        for item in request.session.items
+        for item in session.items
         if getattr(item, "module", None) is sys.modules[__name__] and not item.get_closest_marker("skip")
     ]
     names = [n for n in dict.fromkeys(selected) if _kept(n) is None]
     if not names:
-        yield {}
-        return
+        return None
     workers = min(os.cpu_count() or 1, 8, len(names))
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_quiet)
-    try:
-        yield {name: pool.submit(lower, name) for name in names}
-    finally:
-        pool.shutdown(cancel_futures=True)
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_background)
+    _LOWERINGS.update({name: pool.submit(lower, name) for name in names})
+    return pool
 
 
 @pytest.fixture
-def cases(name, lowerings):
+def cases(name):
     """The upstream test's programs and eager results: from the export dir, else from its worker
     (then kept in the export dir). A sync fixture: waiting blocks, outside the event loop."""
     if name not in _CASES:
         cases = _load_stored(name)
         if cases is None:
-            cases = lowerings[name].result()
+            lowering = _LOWERINGS.get(name)  # none without ExecuTorch (tests/conftest.py)
+            cases = lowering.result() if lowering is not None else None
             if cases is None:
                 pytest.skip("ExecuTorch's test module cannot be imported and no stored export exists")
             if EXPORT_DIR:
