@@ -44,7 +44,7 @@ from .gemm import (
     params_bytes,
     storage,
 )
-from .linear import CPU_WG, GEMV_MAX_ROWS, SG_LANES, SUBGROUP_BUILTINS, sg_wg_rows, vec4_loader, vec4_type
+from .linear import CPU_WG, GEMV_MAX_ROWS, SG_GPU, SG_GPU_ROWS, SG_LANES, SUBGROUP_BUILTINS, sg_wg_rows, vec4_loader, vec4_type
 from .registry import op
 from .variants import CPU
 from .wgsl import FLAT_INDEX, PACKED, WG, flat_grid, is_float, wgsl_type
@@ -257,6 +257,12 @@ def gemv_shader(dq8, zp_packed, has_bias, word_group, types=Storage()):
 Q4_SG_GEMV = (1, 8)  # (input rows, weight rows) a subgroup takes: one row (decode)
 Q4_SG_GEMM = (8, 8)  # any other row count (prefill, a ragged pass): no tiled GEMM, no barriers
 Q4_SG_WORDS = 2  # words a lane loads a step (a vec2<u32>: 16 weights)
+# GPUs with subgroups take it at kernels/linear.py's SG_GPU shape for a ragged pass of
+# SG_GPU_ROWS[0] to GEMV_MAX_ROWS rows (several sessions), for weights of at least Q4_SG_GPU_MIN_N
+# rows (narrower ones leave too few workgroups at 4 x 4, as fp32's 576-row residual linears did).
+# H100, SmolLM2-shaped 4w export, greedy bursts, one call: 32 sessions 4,181 -> 5,565 tokens/s;
+# at 64 rows it lost to the split-K dequantizing GEMM (9,081 -> 8,196), so more rows keep that.
+Q4_SG_GPU_MIN_N = 1024
 
 
 def _sg_body(dq8, shape):
@@ -302,7 +308,7 @@ fn xq4(v: vec4<f32>, inv: f32, zp: f32, s: f32) -> vec4<f32> {
 
 
 def sg_shader(dq8, zp_packed, has_bias, shape=Q4_SG_GEMV, types=Storage()):
-    """The subgroup kernel (CPU adapters) of `shape`: workgroup z is a group of shape[0] rows;
+    """The subgroup kernel of `shape`: workgroup z is a group of shape[0] rows;
     K, the weight rows and gs whole steps of Q4_SG_WORDS words; activations f32 or f16."""
     head = _gemv_header(dq8, zp_packed, has_bias, types, vec4=True) + vec4_loader("x", types.x)
     return head + _dequant(dq8, zp_packed, True) + (XQ4 if dq8 else "") + f"""
@@ -402,11 +408,12 @@ def _add_q4_linear(b, x, xs, xz, weight, scales, group_size, bias):
     types = Storage(*(storage(b, v) if v is not None else "f32" for v in (x, xs, scales, bias, b.out)))
     gemv = b.dispatch(gemv_shader(dq8, zp_packed, has_bias, word_group, types), [*operands, *tail, b.out, q])
     wpr = row_bytes // 4
-    # CPU adapters with subgroups: the subgroup kernels at every row count where K is whole
-    # steps of Q4_SG_WORDS words (the hook), one row and more
-    sgs = []
-    if b.adapter == CPU and b.subgroups and wpr % Q4_SG_WORDS == 0 and gs % (8 * Q4_SG_WORDS) == 0:
-        sgs = [(b.dispatch(sg_shader(dq8, zp_packed, has_bias, shape, types), [*operands, *tail, b.out, q]), shape) for shape in (Q4_SG_GEMV, Q4_SG_GEMM)]
+    # Devices with subgroups, where K is whole steps of Q4_SG_WORDS words (the hook): CPU adapters
+    # take the subgroup kernels at every row count, one row and more; GPUs for 17 to 32 rows
+    shapes = ()
+    if b.subgroups and wpr % Q4_SG_WORDS == 0 and gs % (8 * Q4_SG_WORDS) == 0:
+        shapes = (Q4_SG_GEMV, Q4_SG_GEMM) if b.adapter == CPU else (SG_GPU,) if n >= Q4_SG_GPU_MIN_N else ()
+    sgs = [(b.dispatch(sg_shader(dq8, zp_packed, has_bias, shape, types), [*operands, *tail, b.out, q]), shape) for shape in shapes]
     q_binding = len(operands) + len(tail) + 3  # after out, p and the scratch
     q_wgsl = f"{LIN_STRUCT};\n@group(0) @binding({q_binding}) var<uniform> q: Q;\n"
     gemm = GemmRoute(b, q4_load(dq8, zp_packed, word_group, types), operands, bias, b.out, p, gemm_scratch(b, [b.out]), [q], q_wgsl)
@@ -425,7 +432,12 @@ def _add_q4_linear(b, x, xs, xz, weight, scales, group_size, bias):
                     _fail(name, f"input {tuple(xd)} has {m} rows but its activation {what} have {ctx.numel(vid)}")
         if has_bias and ctx.numel(bias) < n:
             _fail(name, f"bias of {ctx.numel(bias)} elements for N={n}")
-        sg_shape = (Q4_SG_GEMV if m == 1 else Q4_SG_GEMM) if sgs and k % (8 * Q4_SG_WORDS) == 0 and m > 0 else None
+        sg_shape = None
+        if sgs and k % (8 * Q4_SG_WORDS) == 0 and m > 0:
+            if b.adapter == CPU:
+                sg_shape = Q4_SG_GEMV if m == 1 else Q4_SG_GEMM
+            elif SG_GPU_ROWS[0] <= m <= GEMV_MAX_ROWS:
+                sg_shape = SG_GPU
         use_gemv = m <= GEMV_MAX_ROWS and sg_shape is None
         use_gemm = m > GEMV_MAX_ROWS and sg_shape is None
         splits, kspan = gemm.plan(m, n, k, 1, use_gemm)

@@ -88,6 +88,10 @@ CASES = {
     # and 64: the subgroup kernels of CPU adapters, a partial row group
     "q4_n52": (quantized(lambda: Linear(96, 52, True), "4w", 32), (33, 96), 0),
     "dq8_n44": (quantized(lambda: Linear(192, 44, False), "8da4w", 64), (33, 192), 0),
+    # N >= Q4_SG_GPU_MIN_N (not a multiple of a workgroup's 32 outputs): GPUs with subgroups take
+    # the subgroup kernel for 17 to 32 rows
+    "q4_wide": (quantized(lambda: Linear(96, 1032, True), "4w", 32), (33, 96), 0),
+    "dq8_wide": (quantized(lambda: Linear(64, 1048, False), "8da4w", 16), (33, 64), 0),
 }
 
 
@@ -150,6 +154,20 @@ async def test_cpu_adapters_take_the_subgroup_gemv(name, subgroup, load_pte, ker
     grids = model._default.state.grids
     ran = any("subgroupAdd" in (d.shader or "") and all(grids[i]) for i, d in enumerate(model.graph.dispatches))
     assert ran == (subgroup and kernel_variants == "cpu" and "subgroup" in model.device_info.features)
+
+
+@pytest.mark.parametrize("name", ["q4_wide", "dq8_wide"])
+async def test_gpus_take_the_subgroup_kernel_for_17_to_32_rows(name, load_pte, kernel_variants):
+    """With the GPU variants on a device with subgroups, a wide 4-bit linear runs the subgroup
+    kernel (SG_GPU) for 17 to 32 rows only: the GEMV for fewer, the split-K GEMM for more."""
+    model = await load_pte(_export(name)[0])
+    if kernel_variants != "gpu" or "subgroup" not in model.device_info.features:
+        pytest.skip("the GPU variants on a device with subgroups")
+    for m in (1, 16, 17, 32, 33):
+        await model.execute(_rows(name, m, np.random.default_rng(m)))
+        grids = model._default.state.grids
+        ran = any("subgroupAdd" in (d.shader or "") and all(grids[i]) for i, d in enumerate(model.graph.dispatches))
+        assert ran == (17 <= m <= 32), m
 
 
 @pytest.mark.parametrize("name", ["q4_n52", "dq8_n44"])
