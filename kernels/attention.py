@@ -561,7 +561,7 @@ def _rows(b, ctx):
 
 class Rows(NamedTuple):
     """The shape the attention variants choose by: live query rows, and up to how many of them
-    this op takes split-K on a GPU."""
+    this op takes split-K."""
 
     n: int
     split_max: int
@@ -607,7 +607,7 @@ def _whole_route(b, att):
 # The variants of attention by live query rows s, first match wins (kernels/variants.py).
 ATTENTION_VARIANTS = (
     Variant("decode_split", GPU_ONLY, lambda r: r.n <= r.split_max, _split_route(cpu=False)),
-    Variant("decode_split_cpu", CPU_ONLY, lambda r: r.n <= SPLIT_MAX_ROWS, _split_route(cpu=True)),
+    Variant("decode_split_cpu", CPU_ONLY, lambda r: r.n <= r.split_max, _split_route(cpu=True)),
     Variant("whole", ANY, lambda s: True, _whole_route),
 )
 

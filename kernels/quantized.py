@@ -240,10 +240,10 @@ def gemv_shader(dq8, zp_packed, has_bias, word_group, types=Storage()):
 
 # CPU adapters with subgroups (kernels/linear.py's gemv_sg_body, for 4-bit words): the lanes of a
 # subgroup walk a weight row together, lane l reading Q4_SG_WORDS words (8 weights each, one scale
-# group: gs a multiple of 8 * Q4_SG_WORDS) at step l, l + S, ..; a subgroup takes a shape of
+# group: gs a multiple of Q4_SG_STEP) at step l, l + S, ..; a subgroup takes a shape of
 # (input rows, weight rows), each weight word it dequantizes used for all of its input rows and
 # each input vec4 for all of its weight rows; subgroupAdd sums an output's lanes. Needs K a
-# multiple of 8 * Q4_SG_WORDS and rows of whole steps.
+# multiple of Q4_SG_STEP and rows of whole steps.
 # An output's sum is the same at every shape (vec4 accumulators, the words in order), so a row of
 # a prompt or a ragged pass is bitwise the row alone. f16 activations are read through
 # vec4_loader. On lavapipe each invocation's load is a scalar loop over the lanes, so loading
@@ -257,6 +257,7 @@ def gemv_shader(dq8, zp_packed, has_bias, word_group, types=Storage()):
 Q4_SG_GEMV = (1, 8)  # (input rows, weight rows) a subgroup takes: one row (decode)
 Q4_SG_GEMM = (8, 8)  # any other row count (prefill, a ragged pass): no tiled GEMM, no barriers
 Q4_SG_WORDS = 2  # words a lane loads a step (a vec2<u32>: 16 weights)
+Q4_SG_STEP = 8 * Q4_SG_WORDS  # weights a lane step: K and the group size must be whole steps
 # GPUs with subgroups take it at kernels/linear.py's SG_GPU shape for a ragged pass of
 # SG_GPU_ROWS[0] to GEMV_MAX_ROWS rows (several sessions), for weights of at least Q4_SG_GPU_MIN_N
 # rows (narrower ones leave too few workgroups at 4 x 4, as fp32's 576-row residual linears did).
@@ -275,15 +276,14 @@ def _sg_body(dq8, shape):
     lines += [f"for (var g = li / sgs; g < {CPU_WG // SG_LANES}u; g = g + {CPU_WG}u / sgs) {{", f"let n0 = nw + g * {len(outs)}u;"]
     lines += [f"let c{i} = min(n0 + {i}u, q.N - 1u);" for i in outs]
     lines += [f"var acc{i}_{r} = vec4<f32>(0.0);" for i in outs for r in ins]
-    step = 8 * Q4_SG_WORDS  # weights a lane step
-    lines += [f"for (var v = lane; v < q.K / {step}u; v = v + sgs) {{", f"    let k0 = v * {step}u;"]
+    lines += [f"for (var v = lane; v < q.K / {Q4_SG_STEP}u; v = v + sgs) {{", f"    let k0 = v * {Q4_SG_STEP}u;"]
     for i in outs:
         lines += [f"    let w{i} = wq[c{i} * wprv + v];", f"    let s{i} = wscale(k0, c{i});"]
     for c, word in enumerate("xyzw"[:Q4_SG_WORDS]):  # 8 weights a word: input vec4s 2c and 2c + 1 of the step
         lines.append("    {")
         for r in ins:
             for h in range(2):
-                load = f"x4(x{r}_ * kv4 + v * {step // 4}u + {2 * c + h}u)"
+                load = f"x4(x{r}_ * kv4 + v * {Q4_SG_STEP // 4}u + {2 * c + h}u)"
                 if dq8:  # GEMV_DQ8_X's quantize-dequantize, per component
                     load = f"xq4({load}, inv_row{r}, zp_row{r}, s_row{r})"
                 lines.append(f"    let x{r}{'ab'[h]} = {load};")
@@ -411,7 +411,7 @@ def _add_q4_linear(b, x, xs, xz, weight, scales, group_size, bias):
     # Devices with subgroups, where K is whole steps of Q4_SG_WORDS words (the hook): CPU adapters
     # take the subgroup kernels at every row count, one row and more; GPUs for 17 to 32 rows
     shapes = ()
-    if b.subgroups and wpr % Q4_SG_WORDS == 0 and gs % (8 * Q4_SG_WORDS) == 0:
+    if b.subgroups and wpr % Q4_SG_WORDS == 0 and gs % Q4_SG_STEP == 0:
         shapes = (Q4_SG_GEMV, Q4_SG_GEMM) if b.adapter == CPU else (SG_GPU,) if n >= Q4_SG_GPU_MIN_N else ()
     sgs = [(b.dispatch(sg_shader(dq8, zp_packed, has_bias, shape, types), [*operands, *tail, b.out, q]), shape) for shape in shapes]
     q_binding = len(operands) + len(tail) + 3  # after out, p and the scratch
@@ -433,7 +433,7 @@ def _add_q4_linear(b, x, xs, xz, weight, scales, group_size, bias):
         if has_bias and ctx.numel(bias) < n:
             _fail(name, f"bias of {ctx.numel(bias)} elements for N={n}")
         sg_shape = None
-        if sgs and k % (8 * Q4_SG_WORDS) == 0 and m > 0:
+        if sgs and k % Q4_SG_STEP == 0 and m > 0:
             if b.adapter == CPU:
                 sg_shape = Q4_SG_GEMV if m == 1 else Q4_SG_GEMM
             elif SG_GPU_ROWS[0] <= m <= GEMV_MAX_ROWS:

@@ -12,7 +12,6 @@ numpy.
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 

@@ -23,19 +23,15 @@ import subprocess
 import sys
 import time
 
-from .serving import free_port
+from .serving import client_command, client_report, free_port
 
 HEALTH_WAIT_S = 600  # a Ray cluster starts, then every replica loads the model
 
 
 def client_round(url, streams, requests, max_tokens, prompt):
     """(tokens, seconds) of one round of the serving bench's clients against `url`."""
-    command = [sys.executable, "-m", "async_runtime.tools.bench.serving", "--client", url, "--streams", str(streams),
-               "--requests", str(requests), "--max-tokens", str(max_tokens), "--prompt", prompt]
-    report = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
-    if report["errors"]:
-        raise RuntimeError(f"{report['errors']} streams failed: {report['first_error']}")
-    return streams * requests * max_tokens, report["seconds"]
+    result = subprocess.run(client_command(url, streams, requests, max_tokens, prompt), check=True, capture_output=True, text=True)
+    return streams * requests * max_tokens, client_report(result.stdout)["seconds"]
 
 
 def wait_healthy(url, server):

@@ -32,7 +32,6 @@ import os
 import pstats
 import socket
 import statistics
-import subprocess
 import sys
 import time
 
@@ -85,22 +84,32 @@ async def engine_run(engine, prompt, streams, requests, max_tokens):
     return tokens, time.perf_counter() - t, time.thread_time() - cpu
 
 
+def client_command(url, streams, requests, max_tokens, prompt, stream=True):
+    """The command line of a child process running `clients` against `url`."""
+    return [sys.executable, "-m", "async_runtime.tools.bench.serving", "--client", url, "--streams", str(streams), "--requests", str(requests),
+            "--max-tokens", str(max_tokens), "--prompt", prompt, *([] if stream else ["--no-stream"])]
+
+
+def client_report(stdout):
+    """The clients' report ({"seconds", "events", ...}) from their output; raises if a stream failed."""
+    report = json.loads(stdout)
+    if report["errors"]:
+        raise RuntimeError(f"{report['errors']} streams failed: {report['first_error']}")
+    return report
+
+
 async def server_run(url, metrics, streams, requests, max_tokens, prompt, stream=True, profiler=None):
     """(tokens, seconds, loop CPU seconds) of the child process's clients against the server."""
     generated = "pte_wgpu:generation_tokens_total"
     before = metrics.registry.get_sample_value(generated)
-    command = [sys.executable, "-m", "async_runtime.tools.bench.serving", "--client", url, "--streams", str(streams), "--requests", str(requests),
-               "--max-tokens", str(max_tokens), "--prompt", prompt, *([] if stream else ["--no-stream"])]
     cpu = time.thread_time()
     if profiler:
         profiler.enable()
-    result = await anyio.run_process(command, check=True)
+    result = await anyio.run_process(client_command(url, streams, requests, max_tokens, prompt, stream), check=True)
     if profiler:
         profiler.disable()
     cpu = time.thread_time() - cpu
-    report = json.loads(result.stdout)
-    if report["errors"]:
-        raise RuntimeError(f"{report['errors']} streams failed: {report['first_error']}")
+    report = client_report(result.stdout)
     return metrics.registry.get_sample_value(generated) - before, report["seconds"], cpu
 
 
