@@ -50,7 +50,7 @@ class _Export:
     """One export_llm subprocess, started now and waited for when its result is first needed, so
     several exports (single-threaded Python, mostly) overlap each other and the tests."""
 
-    def __init__(self, overrides, out_dir, pte_path, state, params):
+    def __init__(self, overrides, out_dir, pte_path, state, params, nice=0):
         self.out_dir, self.pte_path, self.state, self.params = out_dir, pte_path, state, params
         self.pt2_path = os.path.join(out_dir, "program.pt2")
         self.log_path = os.path.join(out_dir, "export.log")
@@ -58,6 +58,8 @@ class _Export:
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(export_command(overrides, self.pt2_path), cwd=out_dir,
                                          stdout=log, stderr=subprocess.STDOUT)
+        if nice:
+            os.setpriority(os.PRIO_PROCESS, self.proc.pid, nice)
 
     def finish(self, timeout=1800):
         """The cache entry once the export is done; raises with the log tail on failure."""
@@ -162,9 +164,11 @@ def start_export(
     init_std=0.02,
     dynamic=True,
     dtype="fp32",
+    nice=0,
 ):
     """Start exporting this config in a subprocess unless it is done or under way; its cache key.
-    `dtype` "fp16": float16 inside the delegates (`async_runtime.llm.export.export_llm_args`)."""
+    `dtype` "fp16": float16 inside the delegates (`async_runtime.llm.export.export_llm_args`).
+    `nice` > 0: the subprocess runs at that lower priority (an export the tests need late)."""
     key = (dim, n_heads, n_kv_heads, n_layers, vocab_size, max_len, qmode, group_size, seed,
            multiple_of, norm_eps, init_std, dynamic, dtype)
     if qmode is not None and vocab_size % 4:
@@ -187,5 +191,5 @@ def start_export(
     pte_path = os.path.join(out_dir, f"llama_{label}.pte")
     overrides = export_llm_args(params_path, ckpt_path, out_dir, os.path.basename(pte_path), max_len,
                                 qmode=qmode, group_size=group_size, dynamic=dynamic, dtype=dtype)
-    _PENDING[key] = _Export(overrides, out_dir, pte_path, state, params)
+    _PENDING[key] = _Export(overrides, out_dir, pte_path, state, params, nice)
     return key

@@ -62,12 +62,13 @@ def chosen(model, precision):
 
 
 def start_exports(tmp_path_factory):
-    """Start the fp16 Llama exports that are not stored (see tests/conftest.py)."""
+    """Start the fp16 Llama exports that are not stored (see tests/conftest.py), niced as
+    test_llama.start_exports nices those not in FIRST_NEEDED."""
     from .llama import start_export
 
     for name, config in LLAMA.items():
         if _store(f"{name}.npz") is None or not _store(f"{name}.npz").exists():
-            start_export(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, **config)
+            start_export(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, nice=5, **config)
 
 
 async def test_half_module_matches_eager_in_fp16_and_fp32(precision, load_pte):
