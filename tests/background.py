@@ -6,13 +6,14 @@ import subprocess
 
 
 class Background:
-    """`cmd` running from now on, its stdout and stderr kept in files under the folder `out`;
-    at `nice` > 0 it yields the CPU to the tests until they wait for it."""
+    """`cmd` running from now on (in `env`, default the tests' own), its stdout and stderr kept in
+    files under the folder `out`; at `nice` > 0 it yields the CPU to the tests until they wait for
+    it."""
 
-    def __init__(self, cmd, out, cwd=None, nice=0):
+    def __init__(self, cmd, out, cwd=None, nice=0, env=None):
         self.cmd, self.out = cmd, out
         with open(out / "stdout.txt", "w") as stdout, open(out / "stderr.txt", "w") as stderr:
-            self.proc = subprocess.Popen(cmd, cwd=cwd, stdout=stdout, stderr=stderr, text=True)
+            self.proc = subprocess.Popen(cmd, cwd=cwd, stdout=stdout, stderr=stderr, text=True, env=env)
         if nice:
             os.setpriority(os.PRIO_PROCESS, self.proc.pid, nice)
 

@@ -1,5 +1,7 @@
 import importlib.util
+import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -27,10 +29,14 @@ def exports_under_way(request, tmp_path_factory):
     test_greedy_bursts use two of them) and test_fp16's, when ExecuTorch is here to make them;
     test_bench's run (its own export, then the bench). Those for the last files, the Vulkan
     delegate adapter's lowerings and the vision bench's export, run niced: they take the CPU the
-    files before them leave idle."""
+    files before them leave idle. So does the prebuild of the exports the selected modules list
+    in PREBUILD (tests/prebuild.py), into the session's export store (tests/exporting.py)."""
+    from . import exporting
+
     items = request.session.items
     selected = {item.path.name for item in items}
     runs, pool = [], None
+    exporting.STORE = exporting.STORE or str(tmp_path_factory.mktemp("exports"))
     if any("bench_run" in getattr(item, "fixturenames", ()) for item in items):
         from .test_bench import start_bench
 
@@ -52,11 +58,25 @@ def exports_under_way(request, tmp_path_factory):
             from .test_zoo import start_vision_export
 
             runs.append(start_vision_export(tmp_path_factory))
+        runs.append(_start_prebuild(items, exporting.STORE, tmp_path_factory))
     yield
     for run in filter(None, runs):
         run.stop()
     if pool is not None:
         pool.shutdown(cancel_futures=True)
+
+
+def _start_prebuild(items, store, tmp_path_factory):
+    """tests/prebuild.py over the selected modules that list exports in PREBUILD, in the order
+    the session reaches them, niced; None when none does."""
+    modules = list(dict.fromkeys(item.module.__name__ for item in items if getattr(getattr(item, "module", None), "PREBUILD", None)))
+    if not modules:
+        return None
+    from .background import Background
+
+    env = dict(os.environ, PTE_WGPU_EXPORT_DIR=store)
+    root = Path(__file__).parents[1]
+    return Background([sys.executable, "-m", "tests.prebuild", *modules], tmp_path_factory.mktemp("prebuild"), cwd=root, nice=10, env=env)
 
 
 @pytest.fixture(scope="session")

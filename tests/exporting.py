@@ -1,11 +1,15 @@
 """Exporting torch modules to `.pte` with ExecuTorch's VulkanPartitioner, cached per test session.
 
-With PTE_WGPU_EXPORT_DIR set, each export is also kept there (the .pte and the module's weights),
-and a later run reuses it without ExecuTorch: that is how the suite runs on a GPU machine whose
-torch cannot export.
+Each export is kept in a store folder (the .pte and the module's weights) and read back from
+there: PTE_WGPU_EXPORT_DIR when set, so a later run reuses it without ExecuTorch (that is how the
+suite runs on a GPU machine whose torch cannot export), else a folder of the session's
+(tests/conftest.py). A process claims an export by name before building it, so the session's
+background prebuild (tests/prebuild.py) and the tests never build one twice: a test that meets
+an export another live process is building waits for it.
 """
 
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -14,6 +18,12 @@ from async_runtime.testing import export_pte as lower
 
 _CACHE = {}
 EXPORT_DIR = os.environ.get("PTE_WGPU_EXPORT_DIR")
+STORE = EXPORT_DIR  # where exports are kept; the session's own folder when EXPORT_DIR is unset
+PREBUILD_ENV = "PTE_WGPU_PREBUILD"  # set in the prebuild process: it skips claimed exports
+
+
+class Claimed(Exception):
+    """Another process is building this export (raised in the prebuild process only)."""
 
 
 def export_pte(name, make_module, example_args, dynamic_shapes=None, seed=0, require_dynamic_shapes=None,
@@ -25,19 +35,60 @@ def export_pte(name, make_module, example_args, dynamic_shapes=None, seed=0, req
         return _CACHE[name]
     torch.manual_seed(seed)
     module = make_module().eval()
-    stored = Path(EXPORT_DIR) / name if EXPORT_DIR else None
-    if stored is not None and stored.with_suffix(".pte").exists():
+    stored = Path(STORE) / name if STORE else None
+    if stored is not None and _stored_or_claim(stored):
         module.load_state_dict(torch.load(stored.with_suffix(".pt"), weights_only=True))
         _CACHE[name] = (stored.with_suffix(".pte").read_bytes(), module)
         return _CACHE[name]
-    pte = lower(module, tuple(example_args), dynamic_shapes, require_dynamic_shapes=require_dynamic_shapes,
-                force_fp16=force_fp16)
-    if stored is not None:
-        stored.parent.mkdir(parents=True, exist_ok=True)
-        stored.with_suffix(".pte").write_bytes(pte)
-        torch.save(module.state_dict(), stored.with_suffix(".pt"))
+    try:
+        pte = lower(module, tuple(example_args), dynamic_shapes, require_dynamic_shapes=require_dynamic_shapes,
+                    force_fp16=force_fp16)
+        if stored is not None:
+            torch.save(module.state_dict(), stored.with_suffix(".pt"))
+            partial = stored.with_suffix(".pte.partial")
+            partial.write_bytes(pte)
+            partial.replace(stored.with_suffix(".pte"))  # whole or absent: waiters read it when it appears
+    finally:
+        if stored is not None:
+            stored.with_suffix(".claim").unlink(missing_ok=True)
     _CACHE[name] = (pte, module)
     return _CACHE[name]
+
+
+def _stored_or_claim(stored):
+    """True once `stored` is in the store (waiting while another live process builds it); False
+    when this process has claimed it and must build it."""
+    stored.parent.mkdir(parents=True, exist_ok=True)
+    claim = stored.with_suffix(".claim")
+    while not stored.with_suffix(".pte").exists():
+        try:
+            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            if not _claimant_alive(claim):
+                claim.unlink(missing_ok=True)
+            elif os.environ.get(PREBUILD_ENV):
+                raise Claimed(stored.name) from None
+            else:
+                time.sleep(0.2)
+            continue
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        return False
+    return True
+
+
+def _claimant_alive(claim):
+    try:
+        pid = int(claim.read_text() or 0)
+    except (FileNotFoundError, ValueError):
+        return True  # gone (look again) or being written
+    if not pid:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def eager(module, *args):

@@ -52,11 +52,19 @@ class HfRope(torch.nn.Module):
         return q, k
 
 
+ROPE_HEADS = 3, 1, 10  # grouped-query heads, head dim 10
+
+
+def _rope_hf(rd):
+    heads, kv_heads, dim = ROPE_HEADS
+    sample = (torch.randn(1, 5, heads, dim), torch.randn(1, 5, kv_heads, dim), torch.tensor([3]))
+    return export_pte(f"rope_hf_{rd}", lambda: HfRope(rd), sample, ({1: S}, {1: S}, None))
+
+
 @pytest.mark.parametrize("rd", [10, 6], ids=["full", "partial"])
 async def test_apply_rotary_emb_hf(load_pte, rd):
-    heads, kv_heads, dim = 3, 1, 10  # grouped-query heads, head dim 10
-    sample = (torch.randn(1, 5, heads, dim), torch.randn(1, 5, kv_heads, dim), torch.tensor([3]))
-    pte, module = export_pte(f"rope_hf_{rd}", lambda: HfRope(rd), sample, ({1: S}, {1: S}, None))
+    heads, kv_heads, dim = ROPE_HEADS
+    pte, module = _rope_hf(rd)
     assert "et_vk.apply_rotary_emb_hf.default" in _delegate_ops(pte)
     model = await load_pte(pte)
     rng = np.random.default_rng(rd)
@@ -73,10 +81,14 @@ class InterleavedRope(torch.nn.Module):
         return torch.ops.et_vk.apply_rotary_emb_interleaved(x, freqs_cis)
 
 
-async def test_apply_rotary_emb_interleaved(load_pte):
+def _rope_interleaved():
     pytest.importorskip("executorch.backends.vulkan.custom_ops_lib")
     sample = (torch.randn(3, 7, 14), torch.randn(1, 7, 7, 2))
-    pte, module = export_pte("rope_interleaved", InterleavedRope, sample, ({1: S}, {1: S}))
+    return export_pte("rope_interleaved", InterleavedRope, sample, ({1: S}, {1: S}))
+
+
+async def test_apply_rotary_emb_interleaved(load_pte):
+    pte, module = _rope_interleaved()
     assert "et_vk.apply_rotary_emb_interleaved.default" in _delegate_ops(pte)
     model = await load_pte(pte)
     rng = np.random.default_rng(0)
@@ -152,11 +164,23 @@ class Rearranged(torch.nn.Module):
         )
 
 
+REARRANGED_MAX = 11
+
+
+def _rearranged():
+    seq = torch.export.Dim("seq", min=1, max=REARRANGED_MAX)
+    n = REARRANGED_MAX
+    sample = (torch.randn(3, n, 5), torch.randn(3, n, 5), torch.randint(-50, 50, (3, n, 5), dtype=torch.int32))
+    return export_pte("rearranged", Rearranged, sample, ({1: seq}, {1: seq}, {1: seq}))
+
+
+# tests/prebuild.py: this file's exports, the rotary ones among the suite's slowest
+PREBUILD = [lambda: _rope_hf(10), lambda: _rope_hf(6), _cache_pte, _rearranged, _rope_interleaved]
+
+
 async def test_flip_repeat_pad_div_mode_clamp_symint(load_pte):
-    S_MAX = 11
-    seq = torch.export.Dim("seq", min=1, max=S_MAX)
-    sample = (torch.randn(3, S_MAX, 5), torch.randn(3, S_MAX, 5), torch.randint(-50, 50, (3, S_MAX, 5), dtype=torch.int32))
-    pte, module = export_pte("rearranged", Rearranged, sample, ({1: seq}, {1: seq}, {1: seq}))
+    S_MAX = REARRANGED_MAX
+    pte, module = _rearranged()
     model = await load_pte(pte)
     rng = np.random.default_rng(3)
     for s in [7, S_MAX, 1, 4, S_MAX, 2]:

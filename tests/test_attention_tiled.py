@@ -174,6 +174,9 @@ def _export():
     return export_pte("attention_d64", EmbeddedAttention, sample, dynamic)
 
 
+PREBUILD = [_export]  # tests/prebuild.py
+
+
 def _eager(module, history, pos, s):
     """torch eager attention of the rows at positions pos..pos+s-1 of the token `history`."""
     with torch.no_grad():

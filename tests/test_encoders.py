@@ -78,6 +78,9 @@ def _gpt2():
     return export_pte("gpt2_tiny_dyn", make, [torch.randint(0, 97, (1, S_MAX))], dynamic_shapes=({1: seq},))
 
 
+PREBUILD = [_minilm, _gpt2]  # tests/prebuild.py: this file's exports, the slowest of the suite
+
+
 async def _compare_at_lengths(model, module, calls):
     """assert_matches_eager over the calls, and each execute is one submit and one readback."""
     before = model.statistics()

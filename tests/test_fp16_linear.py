@@ -12,6 +12,7 @@ first and computes the dynamic activation quantization's scales in f16, the kern
 eager rounds each step to f16: a few f16 ulps of the largest output, atol = rtol = 1e-2.
 """
 
+import functools
 import random
 
 import numpy as np
@@ -84,6 +85,9 @@ def _export(name):
     make, shapes, axes = CASES[name]
     dyn = tuple({a: _m(s[a])} if a is not None else None for s, a in zip(shapes, axes))
     return export_pte(name, make, [torch.randn(*s).half() for s in shapes], dynamic_shapes=dyn)
+
+
+PREBUILD = [functools.partial(_export, name) for name in CASES]  # tests/prebuild.py
 
 
 def _inputs(name, m, rng):

@@ -1,6 +1,7 @@
 """linear, mm, bmm and addmm against torch eager, at prime sizes, on both routes (GEMV at M == 1,
 tiled GEMM otherwise), with live M changing between calls in random order."""
 
+import functools
 import random
 
 import numpy as np
@@ -108,6 +109,9 @@ def _export(name):
     make, shapes, dyn = CASES[name]
     args = [torch.randn(*s) for s in shapes]
     return export_pte(name, make, args, dynamic_shapes=dyn)
+
+
+PREBUILD = [functools.partial(_export, name) for name in CASES]  # tests/prebuild.py
 
 
 def _inputs(name, m, rng):

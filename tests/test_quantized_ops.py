@@ -8,6 +8,7 @@ output, so its output is bit-identical to eager only if every scale, zero point 
 matches. Outputs of full layers differ from eager only by fp32 summation order.
 """
 
+import functools
 import random
 
 import numpy as np
@@ -99,6 +100,9 @@ def _export(name):
     make, shape, axis = CASES[name]
     dyn = ({axis: _m(shape[axis])},)
     return export_pte(name, make, [torch.randn(*shape)], dynamic_shapes=dyn)
+
+
+PREBUILD = [functools.partial(_export, name) for name in CASES]  # tests/prebuild.py
 
 
 def _rows(name, m, rng):

@@ -340,10 +340,18 @@ def _resnet18():
 SLOW = pytest.mark.skipif(os.environ.get("PTE_WGPU_SLOW") != "1", reason="slow (a minute); set PTE_WGPU_SLOW=1")
 
 
+def _zoo_export(name, make):
+    return export_pte(f"vision_{name}", make, ZOO_SAMPLE, dynamic_shapes=ZOO_DYNAMIC)
+
+
+# tests/prebuild.py: the slowest exports of this file
+PREBUILD = [lambda: _zoo_export("mobilenet_v2", _mobilenet_v2), _cnn]
+
+
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the kernels are the same on trio
 @pytest.mark.parametrize("name, make", [("mobilenet_v2", _mobilenet_v2), pytest.param("resnet18", _resnet18, marks=SLOW)])
 async def test_model_zoo_at_square_sizes_64_to_96(name, make, load_pte):
-    pte, module = export_pte(f"vision_{name}", make, ZOO_SAMPLE, dynamic_shapes=ZOO_DYNAMIC)
+    pte, module = _zoo_export(name, make)
     calls = dynamic_shape_calls(ZOO_SAMPLE, ZOO_DYNAMIC, n=3, seed=1)  # 64, 96 and one between
     await assert_matches_eager(await load_pte(pte), module, calls, atol=1e-4, rtol=1e-3)
 

@@ -6,6 +6,7 @@ Tolerance (fp32), every model: atol 1e-4, rtol 1e-3, as for MobileNet V2 and Res
 test_vision_ops.py: the GPU sums a convolution's or a matmul's products in another order than torch.
 The large models (a minute or more of lowering each on two cores) run only with PTE_WGPU_SLOW=1."""
 
+import functools
 import json
 import lzma
 import os
@@ -84,11 +85,20 @@ def other_values(x):
     return torch.randint(int(x.min()), int(x.max()) + 1, x.shape, generator=torch.Generator().manual_seed(1))
 
 
+def zoo_export(name):
+    _, (sample, dynamic), require_dynamic, _ = ZOO[name]
+    return export_pte(f"zoo_{name}", make(name), sample, dynamic_shapes=dynamic, require_dynamic_shapes=require_dynamic)
+
+
+# tests/prebuild.py: the zoo models that run without PTE_WGPU_SLOW
+PREBUILD = [functools.partial(zoo_export, n) for n in ZOO if not ZOO[n][3] or os.environ.get("PTE_WGPU_SLOW") == "1"]
+
+
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the kernels are the same on trio
 @pytest.mark.parametrize("name", [pytest.param(n, marks=ZOO[n][3]) for n in ZOO])
 async def test_zoo_model_matches_eager(name, load_pte):
-    _, (sample, dynamic), require_dynamic, _ = ZOO[name]
-    pte, module = export_pte(f"zoo_{name}", make(name), sample, dynamic_shapes=dynamic, require_dynamic_shapes=require_dynamic)
+    _, (sample, dynamic), _, _ = ZOO[name]
+    pte, module = zoo_export(name)
     model = await load_pte(pte)
     calls = dynamic_shape_calls(sample, dynamic, n=3, seed=1) if dynamic else [sample, (other_values(sample[0]),)]
     await assert_matches_eager(model, module, calls, atol=1e-4, rtol=1e-3)
