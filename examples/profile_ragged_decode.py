@@ -2,7 +2,10 @@
 given): each dispatch in a timestamped pass of its own (async_runtime/tools/profile.py), summed by
 op, with its GB/s.
 
-    python examples/profile_ragged_decode.py model.pte [1,32,64]
+    python examples/profile_ragged_decode.py model.pte [1,32,64] [--prompt 8]
+
+Each session's prompt is `--prompt` tokens long (8 by default), so the decode passes attend to
+about that many keys.
 """
 import sys
 
@@ -14,7 +17,7 @@ from async_runtime.tools.profile import Profiler, enable_timestamp_normalization
 
 units = enable_timestamp_normalization()
 
-async def main(path, row_counts):
+async def main(path, row_counts, prompt):
     async with await ar.load(path, max_batch=max(row_counts)) as model:
         prof = Profiler(model, units)
         runner = model._batcher.runner
@@ -22,13 +25,13 @@ async def main(path, row_counts):
             sessions = [await model.open_session() for _ in range(rows)]
             async with anyio.create_task_group() as tg:
                 for s in sessions:
-                    tg.start_soon(s.execute, np.arange(8)[None], np.array([0]))
+                    tg.start_soon(s.execute, np.arange(prompt)[None] % 64, np.array([0]))
             runner.profiler = prof
             for k in range(3):
                 prof.label_next_step(f"rows{rows}")
                 async with anyio.create_task_group() as tg:
                     for s in sessions:
-                        tg.start_soon(s.execute, np.array([[5]]), np.array([8 + k]))
+                        tg.start_soon(s.execute, np.array([[5]]), np.array([prompt + k]))
             runner.profiler = None
             for s in sessions:
                 await s.aclose()
@@ -41,4 +44,7 @@ async def main(path, row_counts):
             for r in tab[:12]:
                 print(f"  {r['op']:40s} n={r['count']//len(steps):4d} {r['total_us']/len(steps):8.1f} us  mean {r['mean_us']:6.1f}  {100*r['share']:5.1f}%  {r['gb_per_s']:7.1f} GB/s")
 
-anyio.run(main, sys.argv[1], [int(r) for r in (sys.argv[2] if len(sys.argv) > 2 else "1,32").split(",")])
+args = sys.argv[1:]
+prompt = int(args.pop(args.index("--prompt") + 1)) if "--prompt" in args else 8
+args = [a for a in args if a != "--prompt"]
+anyio.run(main, args[0], [int(r) for r in (args[1] if len(args) > 1 else "1,32").split(",")], prompt)
