@@ -197,8 +197,15 @@ WHOLE_FINISH = """    for (var c = 0u; c < {SLICES}u; c = c + 1u) {{
     }}"""
 # Split-K ("flash decoding"): workgroup z takes one slice of the keys and writes its partial
 # softmax state (acc[0..d), running max m, sum l) to `out`, here the op's scratch tensor.
-SPLIT_RANGE = """    let k_begin = min(keys, wid.z * p.span);
-    let k_end = min(keys, k_begin + p.span);"""
+# A row's keys are spread over the splits in whole chunks: a row of up to MAX_SPLITS chunks of keys
+# takes one chunk a workgroup, a longer one ceil(keys / splits) rounded up to chunks (at most
+# p.span, ceil(context / splits)). With p.span for every row, a row of 65-128 keys walked two
+# chunks in one workgroup while the others idled: on an H100 a decode row's split-K and combine
+# took 21 us a dispatch from 65 keys on (and at 1,000), 12 at 8 keys; now 16 at 120 and 1,000
+# (`examples/profile_ragged_decode.py MODEL 1,32 --prompt P`).
+SPLIT_RANGE = f"""    let span = max({CHUNK}u, ((keys + p.splits - 1u) / p.splits + {CHUNK - 1}u) / {CHUNK}u * {CHUNK}u);
+    let k_begin = min(keys, wid.z * span);
+    let k_end = min(keys, k_begin + span);"""
 SPLIT_FINISH = """    let part = ((s * p.hq + h) * p.splits + wid.z) * (p.d + 2u);
     for (var c = 0u; c < {SLICES}u; c = c + 1u) {{
         let d = t + c * {CHUNK}u;
@@ -232,8 +239,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     workgroupBarrier();
     let keys = {keys};  // causal: the row at absolute position P sees keys 0..P
     let cbase = ({cache_base}) / 4u;
-    let k_begin = min(keys, wid.z * p.span);
-    let k_end = min(keys, k_begin + p.span);
+{key_range}
     let g = t % {G}u;  // this invocation's vec4 of dims in the weighted sum
     let sub = t / {G}u;  // and its share of each chunk's keys
     var m = -3.0e38;
@@ -518,7 +524,7 @@ def _attention_shader(ragged, split=False, dim=None):
         CHUNK=CHUNK,
     )
     if split and dim % 4 == 0 and CHUNK % (dim // 4) == 0:
-        return SPLIT_VEC4.format(G=dim // 4, SUBS=CHUNK // (dim // 4), **common)
+        return SPLIT_VEC4.format(G=dim // 4, SUBS=CHUNK // (dim // 4), key_range=SPLIT_RANGE, **common)
     return ATTENTION.format(
         key_range=SPLIT_RANGE if split else WHOLE_RANGE,
         finish=(SPLIT_FINISH if split else WHOLE_FINISH).format(SLICES=MAX_HEAD_DIM // CHUNK, CHUNK=CHUNK),
