@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from resize.shapes import numel_of
-from resize.values import Tensor
+from resize.values import Constant, Tensor
 
 from .cache import CACHE_SLOT
 from .registry import op
@@ -223,7 +223,7 @@ SPLIT_VEC4 = VEC4_BINDINGS + """var<workgroup> qs: array<vec4<f32>, {G}>;
 var<workgroup> probs: array<f32, {CHUNK}>;
 var<workgroup> red: array<f32, {CHUNK}>;
 var<workgroup> part: array<vec4<f32>, {CHUNK}>;
-
+{merged}
 {reductions}
 @compute @workgroup_size({CHUNK})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{
@@ -277,6 +277,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         out[at + 4u * t + 3u] = OT(acc.w);
     }}
     if (t == 0u) {{ out[at + p.d] = OT(m); out[at + p.d + 1u] = OT(l); }}
+{finish}
 }}
 """
 
@@ -324,34 +325,62 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }}
 """
 
-# Merges the splits' partial states of one (head, row): rescaled to the overall max.
-COMBINE = f"""
-struct P {{ s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }}
-@group(0) @binding(0) var<storage, read> parts: array<f32>;
-@group(0) @binding(1) var<storage, read_write> out: array<OT>;
-@group(0) @binding(2) var<uniform> p: P;
-
-@compute @workgroup_size({CHUNK})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{
-    let h = wid.x;
-    let s = wid.y;
+# The merge of one (head, row)'s split partial states, rescaled to the overall max, by invocation t
+# of CHUNK: from PARTS (f32) into RESULT (of type RT). COMBINE runs it in a dispatch of its own;
+# SPLIT_VEC4's fused form in the last of the row's workgroups to finish.
+MERGE = f"""
+fn merge(s: u32, h: u32, t: u32) {{
     let width = p.d + 2u;
     let base = (s * p.hq + h) * p.splits * width;
     var mx = -3.0e38;
-    for (var g = 0u; g < p.splits; g = g + 1u) {{ mx = max(mx, parts[base + g * width + p.d]); }}
+    for (var g = 0u; g < p.splits; g = g + 1u) {{ mx = max(mx, PARTS[base + g * width + p.d]); }}
     var total = 0.0;
     for (var g = 0u; g < p.splits; g = g + 1u) {{
-        total = total + parts[base + g * width + p.d + 1u] * exp(parts[base + g * width + p.d] - mx);
+        total = total + PARTS[base + g * width + p.d + 1u] * exp(PARTS[base + g * width + p.d] - mx);
     }}
-    for (var d = lid.x; d < p.d; d = d + {CHUNK}u) {{
+    for (var d = t; d < p.d; d = d + {CHUNK}u) {{
         var sum = 0.0;
         for (var g = 0u; g < p.splits; g = g + 1u) {{
-            sum = sum + parts[base + g * width + d] * exp(parts[base + g * width + p.d] - mx);
+            sum = sum + PARTS[base + g * width + d] * exp(PARTS[base + g * width + p.d] - mx);
         }}
-        out[(s * p.hq + h) * p.d + d] = OT(sum / total);
+        RESULT[(s * p.hq + h) * p.d + d] = RT(sum / total);
     }}
 }}
 """
+
+COMBINE = f"""
+struct P {{ s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }}
+@group(0) @binding(0) var<storage, read> parts: array<f32>;
+@group(0) @binding(1) var<storage, read_write> out: array<RT>;
+@group(0) @binding(2) var<uniform> p: P;
+{MERGE.replace("PARTS", "parts").replace("RESULT", "out")}
+@compute @workgroup_size({CHUNK})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{
+    merge(wid.y, wid.x, lid.x);
+}}
+"""
+
+# SPLIT_VEC4's finish on a GPU: the (head, row)'s workgroups count their arrivals, and the last
+# merges every split (MERGE) and sets the count back to 0, so split-K is one dispatch, not two
+# (a decode step's attention was 60 of its 216 dispatches). Each workgroup's partial-state stores
+# are ordered before its arrival by a storage barrier (device scope), and the last one's loads
+# after it by another.
+def _arrivals(first):
+    """The fused finish's bindings (the result, then the arrival counts, from binding `first`)
+    and its merge."""
+    return f"""@group(0) @binding({first}) var<storage, read_write> result: array<RT>;
+@group(0) @binding({first + 1}) var<storage, read_write> arrivals: array<atomic<u32>>;
+var<workgroup> arrived_last: u32;
+""" + MERGE.replace("PARTS", "out").replace("RESULT", "result")
+
+
+LAST_MERGES = """    storageBarrier();
+    if (t == 0u) { arrived_last = u32(atomicAdd(&arrivals[s * p.hq + h], 1u) == p.splits - 1u); }
+    if (workgroupUniformLoad(&arrived_last) == 1u) {
+        storageBarrier();
+        merge(s, h, t);
+        if (t == 0u) { atomicStore(&arrivals[s * p.hq + h], 0u); }
+    }"""
 
 
 # The query-tiled kernel ("flash attention") for head dims d = 4 * G up to TILED_MAX_DIM: one
@@ -515,16 +544,23 @@ def _max_tree(terms):
     return terms[0]
 
 
+def _merges_itself(dim):
+    """Whether split-K of head dim `dim` is SPLIT_VEC4, which merges its splits itself."""
+    return dim % 4 == 0 and CHUNK % (dim // 4) == 0
+
+
 def _attention_shader(ragged, split=False, dim=None):
-    """The whole-range kernel, or the split-K one (SPLIT_VEC4 when `dim` allows it)."""
+    """The whole-range kernel, or the split-K one: SPLIT_VEC4, merging its own splits, when `dim`
+    allows it (its result and arrival counts bound after the tables)."""
     common = dict(
         _row_exprs(ragged),
         reductions=REDUCTIONS,
         online_softmax=ONLINE_SOFTMAX,
         CHUNK=CHUNK,
     )
-    if split and dim % 4 == 0 and CHUNK % (dim // 4) == 0:
-        return SPLIT_VEC4.format(G=dim // 4, SUBS=CHUNK // (dim // 4), key_range=SPLIT_RANGE, **common)
+    if split and _merges_itself(dim):
+        merged = _arrivals(7 if ragged else 5)
+        return SPLIT_VEC4.format(G=dim // 4, SUBS=CHUNK // (dim // 4), key_range=SPLIT_RANGE, merged=merged, finish=LAST_MERGES, **common)
     return ATTENTION.format(
         key_range=SPLIT_RANGE if split else WHOLE_RANGE,
         finish=(SPLIT_FINISH if split else WHOLE_FINISH).format(SLICES=MAX_HEAD_DIM // CHUNK, CHUNK=CHUNK),
@@ -595,12 +631,25 @@ def _split_route(cpu):
         else:
             shader = _attention_shader(att.ragged, split=True, dim=att.dim)
             grid = lambda s: (att.hq, s, att.splits)  # noqa: E731
-        shader = type_aliases(b.graph.values, QT=att.q, KCT=att.k_cache, VCT=att.v_cache, OT=att.scratch) + shader
-        split = b.dispatch(shader, [att.q, att.k_cache, att.v_cache, att.scratch, att.params, *att.tables])
-        combine = b.dispatch(type_aliases(b.graph.values, OT=b.out) + COMBINE, [att.scratch, b.out, att.params])
+        shader = type_aliases(b.graph.values, QT=att.q, KCT=att.k_cache, VCT=att.v_cache, OT=att.scratch, RT=b.out) + shader
+        bindings = [att.q, att.k_cache, att.v_cache, att.scratch, att.params, *att.tables]
+        if not cpu and _merges_itself(att.dim):
+            return _Launch((b.dispatch(shader, [*bindings, b.out, _arrival_counts(b, att)]), grid))
+        split = b.dispatch(shader, bindings)
+        combine = b.dispatch(type_aliases(b.graph.values, RT=b.out) + COMBINE, [att.scratch, b.out, att.params])
         return _Launch((split, grid), (combine, lambda s: (att.hq, s, 1)))
 
     return build
+
+
+def _arrival_counts(b, att):
+    """The fused split-K's arrival count per (row, head): zeros, kept by each session (a state
+    tensor: its initial contents are a constant), set back to 0 by the merging workgroup."""
+    n = att.rows * att.hq
+    vid = len(b.graph.values)
+    b.graph.values.append(Tensor("int32", (n,), constant=Constant(blob=bytes(4 * n), length=4 * n)))
+    b.writes(vid)
+    return vid
 
 
 def _whole_route(b, att):
@@ -631,6 +680,7 @@ class _Attention:
     hq: int
     dim: int
     splits: int
+    rows: int  # the most query rows split-K takes
 
     @property
     def ragged(self):
@@ -660,7 +710,7 @@ def _add_attention(b, context, hkv, dim, hq, scale, tables=(), split_max=SPLIT_M
     b.graph.values.append(Tensor("float32", (split_max * hq * splits * (dim + 2),)))
     b.writes(scratch)
     params = b.params(48)
-    att = _Attention(b.args[0], b.args[3], b.args[4], scratch, params, tuple(tables), hq, dim, splits)
+    att = _Attention(b.args[0], b.args[3], b.args[4], scratch, params, tuple(tables), hq, dim, splits, split_max)
     routes = Routes(ATTENTION_VARIANTS, b, att)
 
     def set_attention(ctx, s, pos, stride):
