@@ -16,7 +16,8 @@ the GPU and on the host, whatever its size), so the rewrites below cut that numb
   `pte_wgpu.q4_linear_group` (kernels/quantized_fused.py); float and 4-bit products never mix.
 - An RMS norm that only feeds one of those two (through a view or not) is computed again inside
   their GEMV (`pte_wgpu.rms_linear_group`, `pte_wgpu.rms_linear_silu_mul`), and the norm op itself
-  runs only when the rows are too many for the GEMV (`pte_wgpu.rms_norm_for_gemm`).
+  runs only when the rows are too many for the GEMV (`pte_wgpu.rms_norm_for_gemm`; before a
+  4-bit one `pte_wgpu.rms_norm_for_q4`, which CPU adapters run at every row count).
 
 After the ragged rewrite (async_runtime.ragged), `fuse_ragged` lets RoPE store this step's k and
 v in the KV caches (`pte_wgpu.rope_into_cache`), so attention skips its own cache update.
@@ -51,6 +52,7 @@ FUSED = {
 NORM_READERS = (LINEAR_GROUP, LINEAR_SILU_MUL, FUSED["q4"]["group"], FUSED["q4"]["silu_mul"])  # ops a norm folds into
 RMS_NORM = "et_vk.rms_norm.default"
 RMS_NORM_FOR_GEMM = "pte_wgpu.rms_norm_for_gemm"
+RMS_NORM_FOR_Q4 = "pte_wgpu.rms_norm_for_q4"  # before a fused 4-bit linear
 ROPE = "et_vk.apply_rotary_emb.default"
 ROPE_INTO_CACHE = "pte_wgpu.rope_into_cache"
 RAGGED_SDPA = "pte_wgpu.ragged_sdpa"
@@ -310,7 +312,7 @@ def _fuse_norms(graph):
             continue
         fused_name, fused_args = calls[j]
         calls[j] = (fused_name.replace("pte_wgpu.", "pte_wgpu.rms_"), (*fused_args[:-1], x, gamma, args[2], fused_args[-1]))
-        calls[i] = (RMS_NORM_FOR_GEMM, args)
+        calls[i] = (RMS_NORM_FOR_Q4 if "q4" in fused_name else RMS_NORM_FOR_GEMM, args)
         fused += 1
     return fused
 

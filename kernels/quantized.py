@@ -278,12 +278,11 @@ Q4_SG_STEP = 8 * Q4_SG_WORDS  # weights a lane step: K and the group size must b
 Q4_SG_GPU_MIN_N = 1024
 
 
-def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, scale=None):
+def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None):
     """The subgroup kernel's statements for `shape` = (input rows, weight rows split among
     `weights`, (word binding, scale fn) pairs read for the same outputs, as SwiGLU's gate and up);
     input row r of the workgroup's group of rows from r0 (rows past `rows` read as the last live
-    one, not written). `store(r)` writes row r's output n of N = `n` from v0, v1, .. (one a weight);
-    `scale(r, x, kv)`: row r's input vec4 x, at vec4 kv of the row, as multiplied (a fused norm)."""
+    one, not written). `store(r)` writes row r's output n of N = `n` from v0, v1, .. (one a weight)."""
     ins, outs = range(shape[0]), range(shape[1] // len(weights))
     store = store or (lambda r: f"out[(r0 + {r}u) * q.N + n] = epilogue(v0, r0 + {r}u, n);")
     ws = [(j, i) for j in range(len(weights)) for i in outs]
@@ -301,11 +300,10 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, scale=
         lines.append("    {")
         for r in ins:
             for h in range(2):
-                kv = f"v * {Q4_SG_STEP // 4}u + {2 * c + h}u"
-                load = f"x4(x{r}_ * kv4 + {kv})"
+                load = f"x4(x{r}_ * kv4 + v * {Q4_SG_STEP // 4}u + {2 * c + h}u)"
                 if dq8:  # GEMV_DQ8_X's quantize-dequantize, per component
                     load = f"xq4({load}, inv_row{r}, zp_row{r}, s_row{r})"
-                lines.append(f"    let x{r}{'ab'[h]} = {scale(r, load, kv) if scale else load};")
+                lines.append(f"    let x{r}{'ab'[h]} = {load};")
         for j, i in ws:
             t = f"{j}_{i}"
             lines.append(f"    let d{t} = nibbles(w{t}.{word}); let a{t} = d{t}.a * s{t}; let b{t} = d{t}.b * s{t};")

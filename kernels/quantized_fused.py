@@ -9,15 +9,16 @@ replaced stored it (the products rounded to their tensors' types before the gate
 - `pte_wgpu.q4_linear_silu_mul` [x, group_size, w_gate, s_gate, w_up, s_up, (out, gate, up)]:
   silu(x @ W_gate.T) * (x @ W_up.T), both weights' rows for the same outputs in one kernel.
 - `pte_wgpu.rms_q4_linear_group` / `pte_wgpu.rms_q4_linear_silu_mul` take the input before an
-  RMS norm as well, after the weights: (x, gamma, eps), normalized in the kernel with the sums of
-  et_vk.rms_norm's (linear_fused's _RMS and _rms_cpu); `pte_wgpu.rms_norm_for_gemm` writes the
-  normalized rows for the row counts the kernel reads them (kernels/linear.py's fused_norm_rows).
+  RMS norm as well, after the weights: (x, gamma, eps). The GEMV normalizes its row itself with
+  the sums of et_vk.rms_norm's (linear_fused's _RMS); `pte_wgpu.rms_norm_for_q4` writes the
+  normalized rows for the row counts the fused op reads them (kernels/linear.py's
+  fused_norm_rows: on CPU adapters every count, their subgroup kernels having no barrier).
 - `pte_wgpu.q4_linear_residual` [x, weight, scales, group_size, residual, out]: the plain op's
   routes with the residual added in their epilogue.
 
 The fused kernel per adapter class: on CPU adapters with subgroups (and weights of whole subgroup
-steps) the subgroup kernels of every row count, Q4_SG_GEMV's one row (normalizing it itself) and
-Q4_SG_GEMM's shape for more, as the plain op; otherwise the 256-invocation GEMV up to
+steps) the subgroup kernels of every row count, Q4_SG_GEMV's one row and Q4_SG_GEMM's shape for
+more, as the plain op; otherwise the 256-invocation GEMV up to
 GEMV_MAX_ROWS rows, or up to 16 where a product's plain op takes the GPU subgroup kernel at 17 to
 32 rows. More rows run each product's plain routes (Q4Product: the subgroup kernel or the GEMV
 where the plain op takes them, the dequantizing GEMM), then SwiGLU's elementwise gate.
@@ -29,7 +30,7 @@ from resize.shapes import fold_grid, numel_of
 
 from .gemm import storage
 from .linear import GEMV_MAX_ROWS, SG_GPU, SG_GPU_ROWS, sg_wg_rows, vec4_loader, vec4_type
-from .linear_fused import _RMS, _RMS_CPU_SHARED, SILU, _rms_cpu, swiglu_elementwise
+from .linear_fused import _RMS, SILU, swiglu_elementwise
 from .quantized import (
     GEMV_MAIN,
     GEMV_ROWS,
@@ -71,23 +72,17 @@ def _shader(kind, shape, count, swiglu, norm, types, word_group):
     reads = [("x", vec4_type(types["x"]) if sg else types["x"])]
     for j in range(count):
         reads += [(f"wq{j}", f"vec{Q4_SG_WORDS}<u32>" if sg else "u32"), (f"ws{j}", types["scales"][j])]
-    reads += [("gamma", vec4_type(types["gamma"]) if sg else types["gamma"])] if norm else []
+    reads += [("gamma", types["gamma"])] if norm else []  # the GEMV's: the subgroup kernels read normalized rows
     outs = types["outs"]
     lines = [_uniform(count)]
     lines += [f"@group(0) @binding({i}) var<storage, read> {name}: array<{t}>;" for i, (name, t) in enumerate(reads)]
     lines += [f"@group(0) @binding({len(reads) + j}) var<storage, read_write> o{j}: array<{t}>;" for j, t in enumerate(outs)]
     lines.append(f"@group(0) @binding({len(reads) + len(outs)}) var<uniform> q: Q;")
-    if sg:
-        lines += [vec4_loader("x", types["x"])] + ([vec4_loader("gamma", types["gamma"])] if norm else [])
-        lines.append("fn a_at(i: u32) -> f32 { return x4(i / 4u)[i % 4u]; }")
-    else:
-        lines.append("fn a_at(i: u32) -> f32 { return f32(x[i]); }")
+    lines.append(vec4_loader("x", types["x"]) if sg else "fn a_at(i: u32) -> f32 { return f32(x[i]); }")
     src = "\n".join(lines) + _dequant(False, False, word_group, [(str(j), f"ws{j}", f"q.sn{j}") for j in range(count)])
     rows_t = types["rows"]
     if sg:
-        src += (_RMS_CPU_SHARED if norm else "") + sg_main(shape)
-        src += f"    let aoff = r0 * q.K;\n    {_rms_cpu(shape[0])}\n" if norm else ""
-        scale = (lambda r, x, kv: f"vec4<f32>(vec4<{rows_t}>({x} * rstd{r} * gamma4({kv})))") if norm else None
+        src += sg_main(shape)
         at = lambda r: f"(r0 + {r}u)"  # noqa: E731
     else:
         src += gemv_reduce(2 if swiglu else 1) + GEMV_MAIN
@@ -98,7 +93,7 @@ def _shader(kind, shape, count, swiglu, norm, types, word_group):
     def body(weights, n, store):
         if sg:
             per = sg_wg_rows(shape, len(weights))
-            return f"let nw = wg * {per}u;\n    " + sg_body(False, shape, weights, n, store, scale)
+            return f"let nw = wg * {per}u;\n    " + sg_body(False, shape, weights, n, store)
         return "let n0 = wg * 4u;\n    " + gemv_body(False, [(w, f"dq8{s}") for w, s in weights], n, store(0), x_at)
 
     fn = (lambda j: f"wscale{j}") if sg else (lambda j: str(j))
@@ -152,7 +147,7 @@ class _Fused:
         shapes = ((Q4_SG_GEMV[0], Q4_SG_GEMV[1] * len(self.ws)) if swiglu else Q4_SG_GEMV, Q4_SG_GEMM) if self.kind == SUBGROUP else (None,)
         self.dispatches = []
         for shape in shapes:
-            norm = self.norm and shape != Q4_SG_GEMM  # Q4_SG_GEMM reads rms_norm_for_gemm's rows
+            norm = self.norm and shape is None  # the subgroup kernels read rms_norm_for_q4's rows
             t = dict(types, x=storage(b, x_pre)) if norm else types
             reads = [x_pre if norm else self.x, *(v for pair in self.products for v in pair)] + ([gamma] if norm else [])
             shader = _shader(self.kind, shape, len(self.ws), swiglu, norm, t, word_group)

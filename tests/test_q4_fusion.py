@@ -57,7 +57,7 @@ async def _steps(model, sessions, vocab):
 
 
 @pytest.mark.parametrize("name", list(LLAMA))
-async def test_a_4w_llama_fuses_its_linears_bitwise(name, tmp_path_factory, load_pte, monkeypatch):
+async def test_a_4w_llama_fuses_its_linears_bitwise(name, tmp_path_factory, load_pte, monkeypatch, kernel_variants):
     config = LLAMA[name]
     pte, _ = recorded(name, tmp_path_factory, config)
     fused, plain = await _load(load_pte, pte, True, monkeypatch), await _load(load_pte, pte, False, monkeypatch)
@@ -70,8 +70,10 @@ async def test_a_4w_llama_fuses_its_linears_bitwise(name, tmp_path_factory, load
     assert fused.fused == plain.fused + 6 * layers  # q/k/v, SwiGLU, two residuals, two norms a layer
     vocab = config["vocab_size"]
     (got, fused_dispatches), (want, plain_dispatches) = await _steps(fused, SESSIONS, vocab), await _steps(plain, SESSIONS, vocab)
-    # a decode step: per layer, two linears of q/k/v, two of SwiGLU and its gate, two adds, two norms
-    assert fused_dispatches == plain_dispatches - 8 * layers, (fused_dispatches, plain_dispatches)
+    # a decode step: per layer, two linears of q/k/v, two of SwiGLU and its gate, two adds, and the
+    # two norms, except on CPU adapters with subgroups (kernels/linear.py's fused_norm_rows)
+    norms = 0 if kernel_variants == "cpu" and "subgroup" in fused.device_info.features else 2
+    assert fused_dispatches == plain_dispatches - (6 + norms) * layers, (fused_dispatches, plain_dispatches)
     steps = [m for rows in SESSIONS for m in rows]
     for m, g, w in zip(steps, got, want):
         np.testing.assert_array_equal(g, w, err_msg=f"{m} rows")
