@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import fusion
+from async_runtime import model as model_module
+from kernels import build_node, fusion
 
 from .exporting import export_pte
 from .test_linear_ops import FusedLinears
@@ -34,10 +35,12 @@ def start_exports(tmp_path_factory):
             start_export(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, **config)
 
 
-async def _load(load_pte, pte, fuse_q4, monkeypatch):
+async def _load(load_pte, pte, fuse_q4, monkeypatch, subgroups=True):
     with monkeypatch.context() as m:
         if not fuse_q4:
             m.setattr(fusion, "Q4_LINEAR", "-")  # no 4-bit linear matches: the rewrites skip them all
+        if not subgroups:  # every op built as for a device without the feature
+            m.setattr(model_module, "build_node", lambda graph, name, args, kernels, _: build_node(graph, name, args, kernels, False))
         return await load_pte(pte)
 
 
@@ -87,20 +90,23 @@ class QLinears(FusedLinears):
         super().__init__(64, 32, 20, 1056)
 
 
+@pytest.mark.parametrize("subgroups", [True, False])
 @pytest.mark.parametrize("half", [False, True])
-async def test_fused_4bit_products_without_views_and_wide_swiglu(half, load_pte, monkeypatch):
+async def test_fused_4bit_products_without_views_and_wide_swiglu(half, subgroups, load_pte, monkeypatch):
     """The fused ops on 2-D rows (no views between them), a SwiGLU wide enough for the plain op's
-    GPU subgroup kernel, group 32, at 1 to 40 rows in shuffled order."""
+    GPU subgroup kernel, group 32, at 1 to 40 rows in shuffled order; with the device's subgroups
+    and as built without them (the GEMV at up to 32 rows on either variant set)."""
     make = quantized((lambda: QLinears().half()) if half else QLinears, "4w", 32)
     dtype = torch.float16 if half else torch.float32
     pte, _ = export_pte(f"q4_fused{'_f16' if half else ''}", make, [torch.randn(40, 64, dtype=dtype)], ({0: torch.export.Dim("m", min=1, max=40)},))
-    fused, plain = await _load(load_pte, pte, True, monkeypatch), await _load(load_pte, pte, False, monkeypatch)
+    fused, plain = [await _load(load_pte, pte, fuse, monkeypatch, subgroups) for fuse in (True, False)]
     names = [n for n, _ in fused.graph.calls]
     # a .half() module's SiLU runs through casts to float32, which the gate's rewrite does not
     # match: its gate and up become a group
     fused_ops = ("pte_wgpu.q4_linear_group", "pte_wgpu.q4_linear_residual") + (() if half else ("pte_wgpu.q4_linear_silu_mul",))
     assert all(op in names for op in fused_ops)
     assert "et_vk.linear_q4gsw.default" not in names
+    assert any("subgroupAdd" in (d.shader or "") for d in fused.graph.dispatches) == (subgroups and fused.subgroups)
     rng = np.random.default_rng(11)
     for m in (1, 40, 17, 2, 32, 5, 33, 16, 1):
         x = rng.standard_normal((m, 64)).astype(np.float16 if half else np.float32)
