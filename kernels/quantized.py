@@ -459,30 +459,13 @@ def q4_subgroup_shape(b, shapes, m, k):
     return None
 
 
-def residual_add(res, out):
-    """The GEMM route's out += residual, as aten.add computed it (residual + product) over storage
-    types `res` and `out`."""
-    return f"""
-struct E {{ n: u32, pad0: u32, pad1: u32, pad2: u32 }}
-@group(0) @binding(0) var<storage, read> res: array<{res}>;
-@group(0) @binding(1) var<storage, read_write> out: array<{out}>;
-@group(0) @binding(2) var<uniform> e: E;
-{FLAT_INDEX}
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
-    let i = flat_index(gid, nwg, {WG}u);
-    if (i < e.n) {{ out[i] = {out}(f32(res[i]) + f32(out[i])); }}
-}}
-"""
-
-
 class Q4Product:
     """The routes of one product out = x @ dequant(weight).T (+ bias) as the plain op runs it:
     the GEMV up to GEMV_MAX_ROWS rows (`gemv` False: not built, for a fused op whose own kernel
     takes those rows), the subgroup kernels where the device takes them, the GEMM for more.
     `xs`/`xz` (per-row activation scale and zero point) turn on the dynamic int8 activation
-    quantization; with `residual`, `bias` is an [..., N] residual added in the epilogue (after the
-    GEMM, by one more dispatch)."""
+    quantization; with `residual`, `bias` is an [..., N] residual added in the epilogue, to the
+    product rounded to the output's type (as the add it replaced read it)."""
 
     def __init__(self, b, x, xs, xz, weight, scales, group_size, bias, out, residual=False, gemv=True):
         self.b, self.x, self.xs, self.xz, self.bias, self.out, self.residual = b, x, xs, xz, bias, out, residual
@@ -499,14 +482,10 @@ class Q4Product:
         self.gemv = gemv and b.dispatch(gemv_shader(dq8, zp_packed, has_bias, word_group, types, residual), bound)
         self.shapes = q4_subgroup_shapes(b, w)
         self.sgs = [(b.dispatch(sg_shader(dq8, zp_packed, has_bias, shape, types, residual), bound), shape) for shape in self.shapes]
-        # the GEMM without the residual (its epilogue would not sum as the add did), then that add
-        q_binding = len(operands) + len(tail) * (not residual) + 3  # after out, p and the scratch
+        q_binding = len(operands) + len(tail) + 3  # after out, p and the scratch
         q_wgsl = f"{LIN_STRUCT};\n@group(0) @binding({q_binding}) var<uniform> q: Q;\n"
         load = q4_load(dq8, zp_packed, word_group, types)
-        self.gemm = GemmRoute(b, load, operands, None if residual else bias, out, self.p, gemm_scratch(b, [out]), [self.q], q_wgsl)
-        if residual:
-            self.e = b.params(16)
-            self.add = b.dispatch(residual_add(types.bias, types.out), [bias, out, self.e])
+        self.gemm = GemmRoute(b, load, operands, bias, out, self.p, gemm_scratch(b, [out]), [self.q], q_wgsl, residual=residual)
 
     def resize(self, ctx, on=True):
         """Check the live shapes, set the uniforms, dims and grids (every route off unless `on`);
@@ -538,9 +517,6 @@ class Q4Product:
         for d, shape in self.sgs:
             ctx.set_grid(d, fold_grid(-(-w.n // sg_wg_rows(shape)))[:2] + (-(-m // shape[0]),) if shape == sg_shape else (0, 0, 0))
         self.gemm.set_grids(ctx, m, w.n, 1, splits, use_gemm)
-        if self.residual:
-            ctx.set_params(self.e, struct.pack("<4I", m * w.n, 0, 0, 0))
-            ctx.set_grid(self.add, flat_grid(m * w.n) if use_gemm else (0, 0, 0))
         ctx.set_dims(self.out, ctx.dims(self.bias) if self.residual else tuple(xd[:-1]) + (w.n,))
         return m, k
 
