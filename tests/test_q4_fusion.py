@@ -5,6 +5,8 @@ other fusion kept) at one row, a few rows and prompt-sized row counts, with both
 (on lavapipe: the CPU adapters' subgroup kernels, and the GPUs' GEMV, subgroup and GEMM routes),
 f32 and f16 activations."""
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -27,12 +29,13 @@ FUSED_OPS = ("pte_wgpu.rms_q4_linear_group", "pte_wgpu.rms_q4_linear_silu_mul", 
 
 
 def start_exports(tmp_path_factory):
-    """Start this file's tiny Llama exports that are not stored (see tests/conftest.py)."""
+    """Start this file's tiny Llama exports that are not stored (see tests/conftest.py), niced as
+    test_fp16's."""
     from .llama import start_export
 
     for name, config in LLAMA.items():
         if _store(f"{name}.npz") is None or not _store(f"{name}.npz").exists():
-            start_export(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, **config)
+            start_export(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, nice=5, **config)
 
 
 async def _load(load_pte, pte, fuse_q4, monkeypatch, subgroups=True):
@@ -90,15 +93,22 @@ class QLinears(FusedLinears):
         super().__init__(64, 32, 20, 1056)
 
 
+def _export(half):
+    make = quantized((lambda: QLinears().half()) if half else QLinears, "4w", 32)
+    x = torch.randn(40, 64, dtype=torch.float16 if half else torch.float32)
+    return export_pte(f"q4_fused{'_f16' if half else ''}", make, [x], ({0: torch.export.Dim("m", min=1, max=40)},))
+
+
+PREBUILD = [functools.partial(_export, half) for half in (False, True)]  # tests/prebuild.py
+
+
 @pytest.mark.parametrize("subgroups", [True, False])
 @pytest.mark.parametrize("half", [False, True])
 async def test_fused_4bit_products_without_views_and_wide_swiglu(half, subgroups, load_pte, monkeypatch):
     """The fused ops on 2-D rows (no views between them), a SwiGLU wide enough for the plain op's
     GPU subgroup kernel, group 32, at 1 to 40 rows in shuffled order; with the device's subgroups
     and as built without them (the GEMV at up to 32 rows on either variant set)."""
-    make = quantized((lambda: QLinears().half()) if half else QLinears, "4w", 32)
-    dtype = torch.float16 if half else torch.float32
-    pte, _ = export_pte(f"q4_fused{'_f16' if half else ''}", make, [torch.randn(40, 64, dtype=dtype)], ({0: torch.export.Dim("m", min=1, max=40)},))
+    pte, _ = _export(half)
     fused, plain = [await _load(load_pte, pte, fuse, monkeypatch, subgroups) for fuse in (True, False)]
     names = [n for n, _ in fused.graph.calls]
     # a .half() module's SiLU runs through casts to float32, which the gate's rewrite does not
