@@ -37,6 +37,11 @@ ROW_WISE = {
     "pte_wgpu.rms_linear_group",
     "pte_wgpu.rms_linear_silu_mul",
     "pte_wgpu.rms_norm_for_gemm",
+    "pte_wgpu.rms_norm_for_q4",
+    "pte_wgpu.q4_linear_group",
+    "pte_wgpu.q4_linear_silu_mul",
+    "pte_wgpu.rms_q4_linear_group",
+    "pte_wgpu.rms_q4_linear_silu_mul",
     "et_vk.linear_q4gsw.default",
     "et_vk.linear_dq8ca_q4gsw.default",
     "torchao.choose_qparams_affine.default",
@@ -47,7 +52,8 @@ ROW_WISE = {
     "et_vk.apply_rotary_emb.default",
 }
 LAYER_NORM = "aten.native_layer_norm.default"
-LINEAR_RESIDUAL = "pte_wgpu.linear_residual"  # row-wise; its output has the residual's shape
+# row-wise; the output has the residual's shape (the residual: this argument)
+LINEAR_RESIDUAL = {"pte_wgpu.linear_residual": 2, "pte_wgpu.q4_linear_residual": 4}
 SAME_SHAPE = {"aten.clone.default", "aten._to_copy.default", "dim_order_ops._to_dim_order_copy.default"}
 SLICE = "aten.slice_copy.Tensor"
 SELECT = "aten.select_copy.int"
@@ -161,9 +167,9 @@ class _Analysis:
             self._elementwise(name, args)
         elif name in ROW_WISE:
             self._row_wise(name, args)
-        elif name == LINEAR_RESIDUAL and args[2] in self.labels:
+        elif name in LINEAR_RESIDUAL and args[LINEAR_RESIDUAL[name]] in self.labels:
             self._row_wise(name, args)
-            self._label(args[-1], *self.labels[args[2]])
+            self._label(args[-1], *self.labels[args[LINEAR_RESIDUAL[name]]])
         else:
             raise NotRagged(f"{name} is not row-wise along the token axis")
         self.calls.append((name, args))

@@ -11,9 +11,13 @@ the GPU and on the host, whatever its size), so the rewrites below cut that numb
 - A bias-free linear whose result only feeds `residual + linear(x)` becomes
   `pte_wgpu.linear_residual`, the residual added in the linear's epilogue.
 - Bias-free linears of one input (attention's q, k and v) become one `pte_wgpu.linear_group`.
+- The same three over bias-free 4-bit linears (`et_vk.linear_q4gsw`) of one group size and K
+  become `pte_wgpu.q4_linear_silu_mul`, `pte_wgpu.q4_linear_residual` and
+  `pte_wgpu.q4_linear_group` (kernels/quantized_fused.py); float and 4-bit products never mix.
 - An RMS norm that only feeds one of those two (through a view or not) is computed again inside
   their GEMV (`pte_wgpu.rms_linear_group`, `pte_wgpu.rms_linear_silu_mul`), and the norm op itself
-  runs only when the rows are too many for the GEMV (`pte_wgpu.rms_norm_for_gemm`).
+  runs only when the rows are too many for the GEMV (`pte_wgpu.rms_norm_for_gemm`; before a
+  4-bit one `pte_wgpu.rms_norm_for_q4`, which CPU adapters run at every row count).
 
 After the ragged rewrite (async_runtime.ragged), `fuse_ragged` lets RoPE store this step's k and
 v in the KV caches (`pte_wgpu.rope_into_cache`), so attention skips its own cache update.
@@ -32,6 +36,7 @@ from .registry import op
 SIGMOID = ("aten.sigmoid.default",)
 MUL = ("aten.mul.Tensor",)
 LINEAR = "aten.linear.default"
+Q4_LINEAR = "et_vk.linear_q4gsw.default"
 # Ops that only reshape (the runtime aliases them): fusion looks through them
 VIEWS = ("aten.view_copy.default", "aten.squeeze_copy.dims", "aten.squeeze_copy.dim", "aten.unsqueeze_copy.default")
 ADD = "aten.add.Tensor"
@@ -39,8 +44,15 @@ SILU_MUL = "pte_wgpu.silu_mul"
 LINEAR_SILU_MUL = "pte_wgpu.linear_silu_mul"
 LINEAR_RESIDUAL = "pte_wgpu.linear_residual"
 LINEAR_GROUP = "pte_wgpu.linear_group"
+# each rewrite's op for float linears and for 4-bit ones
+FUSED = {
+    None: {"silu_mul": LINEAR_SILU_MUL, "residual": LINEAR_RESIDUAL, "group": LINEAR_GROUP},
+    "q4": {"silu_mul": "pte_wgpu.q4_linear_silu_mul", "residual": "pte_wgpu.q4_linear_residual", "group": "pte_wgpu.q4_linear_group"},
+}
+NORM_READERS = (LINEAR_GROUP, LINEAR_SILU_MUL, FUSED["q4"]["group"], FUSED["q4"]["silu_mul"])  # ops a norm folds into
 RMS_NORM = "et_vk.rms_norm.default"
 RMS_NORM_FOR_GEMM = "pte_wgpu.rms_norm_for_gemm"
+RMS_NORM_FOR_Q4 = "pte_wgpu.rms_norm_for_q4"  # before a fused 4-bit linear
 ROPE = "et_vk.apply_rotary_emb.default"
 ROPE_INTO_CACHE = "pte_wgpu.rope_into_cache"
 RAGGED_SDPA = "pte_wgpu.ragged_sdpa"
@@ -132,19 +144,33 @@ class _Linears:
         self.producer = _producers(graph)
 
     def linear(self, i):
-        """(x, weight, out) of call i if it is a bias-free f32 or f16 linear with a 2-D weight."""
+        """(x, weight, out, kind) of call i if it is a bias-free linear with a 2-D weight: f32 or
+        f16 (kind None, weight a value), or 4-bit of f32 or f16 rows (weight the (packed weight,
+        scales, group size) values, kind ("q4", group size, the weight's row bytes, the scales' groups):
+        products fuse only with their own kind."""
         if i is None:
             return None
         name, args = self.calls[i]
-        if name != LINEAR or len(args) != 4:
-            return None
-        x, w, bias, out = args
         v = self.values
+        if name == LINEAR and len(args) == 4:
+            x, w, bias, out = args
+            weights, kind = (w,), None
+        elif name == Q4_LINEAR and len(args) == 6:
+            x, w, scales, gs, bias, out = args
+            if not isinstance(v[gs], Scalar) or len(v[scales].dims) != 2:
+                return None
+            weights, kind = (w, scales, gs), ("q4", v[gs].value, v[w].dims[1:], v[scales].dims[:1])
+        else:
+            return None
         if not (isinstance(v[bias], Scalar) and v[bias].value is None):
             return None
-        if len(v[w].dims) != 2 or any(v[t].dtype not in FLOATS for t in (x, w, out)):
+        if len(v[w].dims) != 2 or any(v[t].dtype not in FLOATS for t in (x, *weights[:2], out) if kind is None or t != w):
             return None
-        return x, w, out
+        return x, (w if kind is None else weights), out, kind
+
+    def before_all(self, weight, i):
+        """Whether a linear's weight (and scales) exist before call i."""
+        return all(self.before(w, i) for w in (weight if isinstance(weight, tuple) else (weight,)))
 
     def before(self, vid, i):
         """Whether `vid` exists before call i (an input, a constant, or produced earlier)."""
@@ -194,15 +220,17 @@ def _fuse_swiglu(graph):
         (ig, vg), (iu, vu) = f.through_views(gate), f.through_views(up)
         if ig is None or iu is None or {ig, iu} & drop or f.uses[gate] != 1 or f.uses[up] != 1:
             continue
-        (xg, wg, _), (xu, wu, _) = f.linear(ig), f.linear(iu)
+        (xg, wg, _, kind), (xu, wu, _, kind_u) = f.linear(ig), f.linear(iu)
         root = f.view_root(xg)
-        dims = values[root].dims[:-1] + values[wg].dims[:1]
-        if f.view_root(xu) != root or values[wu].dims != values[wg].dims:
+        w0, u0 = (wg, wu) if kind is None else (wg[0], wu[0])
+        dims = values[root].dims[:-1] + values[w0].dims[:1]
+        if f.view_root(xu) != root or values[u0].dims != values[w0].dims or kind != kind_u:
             continue
         if not (values[out].dims == values[gate].dims == values[up].dims == dims):
             continue
         # gate and up hold the two products when the rows are too many for the fused GEMV
-        replace[k] = (LINEAR_SILU_MUL, (root, wg, wu, f.new_list((out, gate, up))))
+        weights = (wg, wu) if kind is None else (wg[2], *wg[:2], *wu[:2])
+        replace[k] = (FUSED[kind and "q4"]["silu_mul"], (root, *weights, f.new_list((out, gate, up))))
         drop.update((ig, iu, *vg, *vu))
     f.rewrite(replace, drop)
     return len(replace)
@@ -222,8 +250,8 @@ def _fuse_residual(graph):
                 continue
             if not (values[residual].dims == values[e].dims == values[out].dims) or values[out].dtype not in FLOATS:
                 continue
-            x, w, _ = f.linear(i)
-            replace[i] = (LINEAR_RESIDUAL, (x, w, residual, out))
+            x, w, _, kind = f.linear(i)
+            replace[i] = (FUSED[kind and "q4"]["residual"], (x, *(w if kind else (w,)), residual, out))
             drop.update((k, *views))
             break
     f.rewrite(replace, drop)
@@ -236,22 +264,24 @@ def _fuse_groups(graph):
     values, groups = graph.values, {}
     for i in range(len(graph.calls)):
         if found := f.linear(i):
-            x = found[0]
-            groups.setdefault((f.view_root(x), values[x].dims), []).append(i)
+            x, kind = found[0], found[3]
+            groups.setdefault((f.view_root(x), values[x].dims, kind), []).append(i)
     replace, drop = {}, set()
     for members in groups.values():
         while len(members) > 1:
             first, chunk = members[0], [members[0]]
             for i in members[1:]:
-                if len(chunk) < MAX_GROUP and f.before(f.linear(i)[1], first):
+                if len(chunk) < MAX_GROUP and f.before_all(f.linear(i)[1], first):
                     chunk.append(i)
             members = [i for i in members if i not in chunk]
             if len(chunk) < 2:
                 continue
-            x = f.linear(first)[0]
+            x, _, _, kind = f.linear(first)
             weights = [f.linear(i)[1] for i in chunk]
             outs = [f.linear(i)[2] for i in chunk]
-            replace[first] = (LINEAR_GROUP, (x, *weights, f.new_list(outs)))
+            if kind is not None:  # 4-bit: the group size, then each (weight, scales)
+                weights = [weights[0][2], *(v for w in weights for v in w[:2])]
+            replace[first] = (FUSED[kind and "q4"]["group"], (x, *weights, f.new_list(outs)))
             drop.update(chunk[1:])
     f.rewrite(replace, drop)
     return len(replace)
@@ -274,7 +304,7 @@ def _fuse_norms(graph):
         if calls[j][0] in VIEWS and values[calls[j][1][-1]].dims[-1:] == values[src].dims[-1:]:
             src = calls[j][1][-1]
             j = readers.get(src, [None])[0] if uses[src] == 1 else None
-        if j is None or calls[j][0] not in (LINEAR_GROUP, LINEAR_SILU_MUL) or calls[j][1][0] != src:
+        if j is None or calls[j][0] not in NORM_READERS or calls[j][1][0] != src:
             continue
         # the fused GEMV rounds the normalized rows to x's type, the type the norm would write
         normed = values[args[-1]]
@@ -282,7 +312,7 @@ def _fuse_norms(graph):
             continue
         fused_name, fused_args = calls[j]
         calls[j] = (fused_name.replace("pte_wgpu.", "pte_wgpu.rms_"), (*fused_args[:-1], x, gamma, args[2], fused_args[-1]))
-        calls[i] = (RMS_NORM_FOR_GEMM, args)
+        calls[i] = (RMS_NORM_FOR_Q4 if "q4" in fused_name else RMS_NORM_FOR_GEMM, args)
         fused += 1
     return fused
 

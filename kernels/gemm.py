@@ -71,11 +71,14 @@ def bindings(inputs, has_bias, uniform="p: P", scratch=False, bias="f32", out="f
     return lines
 
 
-def header(has_bias, inputs, scratch=False, bias="f32", out="f32", clamp=None):
+def header(has_bias, inputs, scratch=False, bias="f32", out="f32", clamp=None, residual=False):
     """The uniform P, `bindings`, and `epilogue(acc, b, m, n)`: alpha * acc (+ beta * bias) in f32,
-    clamped to `clamp` (lo, hi) if given, converted to the output's storage type `out`."""
+    clamped to `clamp` (lo, hi) if given, converted to the output's storage type `out`; with
+    `residual`, alpha * acc is rounded to `out` before the bias (a residual) is added, as the add
+    that a fused 4-bit residual linear replaced read it."""
     lines = [STRUCT + ";", *bindings(inputs, has_bias, scratch=scratch, bias=bias, out=out)]
-    value = "p.alpha * acc" + (" + p.beta * f32(bias[b * p.bias_bs + m * p.bias_sm + n * p.bias_sn])" if has_bias else "")
+    value = f"f32({out}(p.alpha * acc))" if residual else "p.alpha * acc"
+    value += " + p.beta * f32(bias[b * p.bias_bs + m * p.bias_sm + n * p.bias_sn])" if has_bias else ""
     if clamp is not None:
         value = f"clamp({value}, {float(clamp[0])!r}, {float(clamp[1])!r})"
     lines.append(f"fn epilogue(acc: f32, b: u32, m: u32, n: u32) -> {out} {{ return {out}({value}); }}")
@@ -209,16 +212,16 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 """
 
 
-def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None):
+def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, residual=False):
     """The template with `load`'s tile reads; `extra`: WGSL bindings after the scratch; `bias` and
     `out` their storage types; `clamp`: the epilogue's (lo, hi)."""
     setup = "    let a_row0 = m0 + 4u * am4;\n    let b_col0 = n0 + 4u * bn4;\n" + load.setup if load.setup else ""
     body = GEMM.replace("{B_SLOT}", B_SLOT_ALONG_K if load.b_along_k else B_SLOT_ALONG_N).replace("{SETUP}", setup)
-    return header(has_bias, load.inputs, scratch=True, bias=bias, out=out, clamp=clamp) + extra + load.functions + QUADS + body
+    return header(has_bias, load.inputs, scratch=True, bias=bias, out=out, clamp=clamp, residual=residual) + extra + load.functions + QUADS + body
 
 
-def gemm_reduce_shader(has_bias, bias="f32", out="f32", clamp=None):
-    return header(has_bias, (("part", "f32"),), bias=bias, out=out, clamp=clamp) + GEMM_REDUCE
+def gemm_reduce_shader(has_bias, bias="f32", out="f32", clamp=None, residual=False):
+    return header(has_bias, (("part", "f32"),), bias=bias, out=out, clamp=clamp, residual=residual) + GEMM_REDUCE
 
 
 def gemm_split(m, n, k, batch):
@@ -251,12 +254,12 @@ def gemm_scratch(b, outs):
 class GemmRoute:
     """The GEMM route of one product: its dispatch, reading through `load`, and split-K's reduce
     over `scratch` (gemm_scratch); `extra` are bindings after the scratch (WGSL `extra_wgsl`);
-    `clamp` the epilogue's (lo, hi) or None."""
+    `clamp` the epilogue's (lo, hi) or None; `residual`: header's."""
 
-    def __init__(self, b, load, inputs, bias, out, params, scratch, extra=(), extra_wgsl="", clamp=None):
+    def __init__(self, b, load, inputs, bias, out, params, scratch, extra=(), extra_wgsl="", clamp=None, residual=False):
         self.name = b.name
         tail = [bias] if bias is not None else []
-        epilogue = {"bias": storage(b, bias) if tail else "f32", "out": storage(b, out), "clamp": clamp}
+        epilogue = {"bias": storage(b, bias) if tail else "f32", "out": storage(b, out), "clamp": clamp, "residual": residual}
         shader = gemm_shader(load, bias is not None, extra_wgsl, **epilogue)
         self.gemm = b.dispatch(shader, [*inputs, *tail, out, params, scratch, *extra])
         self.reduce = b.dispatch(gemm_reduce_shader(bias is not None, **epilogue), [scratch, *tail, out, params])

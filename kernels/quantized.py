@@ -126,12 +126,12 @@ def _operands(dq8, zp_packed, types, vec4=False):
     return (("x", x), *acts, ("wq", wq), ("ws", types.ws))
 
 
-def _dequant(dq8, zp_packed, word_group):
+def _dequant(dq8, zp_packed, word_group, scales=(("", "ws", "q.sn"),)):
     """WGSL both routes share: the weights' dequantization over uniform `q`, and with `dq8` the
-    activations' quantize-dequantize."""
+    activations' quantize-dequantize. `scales`: (suffix, scale binding, its row stride) of each
+    weight, for its `wscale<suffix>` and `dq8<suffix>` (the fused ops read several weights)."""
     src = """
 struct W8 { a: vec4<f32>, b: vec4<f32> }
-fn wscale(k: u32, n: u32) -> f32 { return f32(ws[min(k / q.gs, q.groups - 1u) * q.sn + n]); }
 // The 8 weights of one word, k = 8w .. 8w + 7, before their scale: nibble - 8.
 fn nibbles(word: u32) -> W8 {
     let v = vec4<u32>(word);
@@ -139,18 +139,20 @@ fn nibbles(word: u32) -> W8 {
     let hi = vec4<f32>((v >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u)) - vec4<f32>(8.0);
     return W8(lo, hi);
 }
-// The 8 weights of word `word` (k = k0 .. k0 + 7) of output row n, dequantized.
-fn dq8(word: u32, k0: u32, n: u32) -> W8 {
-    let w = nibbles(word);
 """
-    if word_group:  # gs % 8 == 0: one group per word
-        src += "    let s = wscale(k0, n);\n    return W8(w.a * s, w.b * s);\n}\n"
-    else:
-        src += (
-            "    let sa = vec4<f32>(wscale(k0, n), wscale(k0 + 1u, n), wscale(k0 + 2u, n), wscale(k0 + 3u, n));\n"
-            "    let sb = vec4<f32>(wscale(k0 + 4u, n), wscale(k0 + 5u, n), wscale(k0 + 6u, n), wscale(k0 + 7u, n));\n"
-            "    return W8(w.a * sa, w.b * sb);\n}\n"
-        )
+    for suffix, ws, sn in scales:
+        src += f"fn wscale{suffix}(k: u32, n: u32) -> f32 {{ return f32({ws}[min(k / q.gs, q.groups - 1u) * {sn} + n]); }}\n"
+        # the 8 weights of word `word` (k = k0 .. k0 + 7) of output row n, dequantized
+        src += f"fn dq8{suffix}(word: u32, k0: u32, n: u32) -> W8 {{\n    let w = nibbles(word);\n"
+        if word_group:  # gs % 8 == 0: one group per word
+            src += f"    let s = wscale{suffix}(k0, n);\n    return W8(w.a * s, w.b * s);\n}}\n"
+        else:
+            at = lambda i: f"wscale{suffix}(k0{f' + {i}u' if i else ''}, n)"  # noqa: E731
+            src += (
+                f"    let sa = vec4<f32>({', '.join(at(i) for i in range(4))});\n"
+                f"    let sb = vec4<f32>({', '.join(at(i) for i in range(4, 8))});\n"
+                "    return W8(w.a * sa, w.b * sb);\n}\n"
+            )
     if dq8:
         src += DIV_RN
         if zp_packed:
@@ -167,62 +169,70 @@ fn xq(v: f32, inv: f32, zp: f32, s: f32) -> f32 {
     return src
 
 
-def _gemv_header(dq8, zp_packed, has_bias, types, vec4=False):
+def _gemv_header(dq8, zp_packed, has_bias, types, vec4=False, residual=False):
+    """The plain op's bindings and `epilogue(acc, m, n)`: with `residual`, the bias binding holds
+    an [M, N] residual added to the product as `pte_wgpu.q4_linear_residual` does it (the product
+    rounded to the output's type first, as the add it replaced read it)."""
     lines = [LIN_STRUCT + ";", *bindings(_operands(dq8, zp_packed, types, vec4), has_bias, uniform="q: Q", bias=types.bias, out=types.out)]
-    total = "acc + f32(bias[n])" if has_bias else "acc"
-    lines.append(f"fn epilogue(acc: f32, n: u32) -> {types.out} {{ return {types.out}({total}); }}")
+    total = f"f32({types.out}(acc)) + f32(bias[m * q.N + n])" if residual else "acc + f32(bias[n])" if has_bias else "acc"
+    lines.append(f"fn epilogue(acc: f32, m: u32, n: u32) -> {types.out} {{ return {types.out}({total}); }}")
     return "\n".join(lines) + "\n"
 
 
-GEMV = """
-var<workgroup> red: array<vec4<f32>, 256>;
-
+GEMV_MAIN = """
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
-    let n0 = (wid.x + wid.y * nwg.x) * 4u;
+    let wg0 = wid.x + wid.y * nwg.x;
     let m = wid.z;  // the row: each row of a few is its own GEMV
     let xo = m * q.K;
-    let last = q.N - 1u;
-    let c0 = min(n0, last);
-    let c1 = min(n0 + 1u, last);
-    let c2 = min(n0 + 2u, last);
-    let c3 = min(n0 + 3u, last);
-{ROW_SETUP}
-    var acc = vec4<f32>(0.0);
-    for (var w = li; w < q.kw; w = w + 256u) {
-        let k0 = w * 8u;
-        var xa = vec4<f32>(0.0);
-        var xb = vec4<f32>(0.0);
-        if (k0 + 8u <= q.K) {
-            xa = vec4<f32>(f32(x[xo + k0]), f32(x[xo + k0 + 1u]), f32(x[xo + k0 + 2u]), f32(x[xo + k0 + 3u]));
-            xb = vec4<f32>(f32(x[xo + k0 + 4u]), f32(x[xo + k0 + 5u]), f32(x[xo + k0 + 6u]), f32(x[xo + k0 + 7u]));
-        } else {
-            for (var j = 0u; j < 4u; j = j + 1u) {
-                if (k0 + j < q.K) { xa[j] = f32(x[xo + k0 + j]); }
-                if (k0 + 4u + j < q.K) { xb[j] = f32(x[xo + k0 + 4u + j]); }
-            }
-        }
-{X_TRANSFORM}
-        let d0 = dq8(wq[c0 * q.wpr + w], k0, c0);
-        let d1 = dq8(wq[c1 * q.wpr + w], k0, c1);
-        let d2 = dq8(wq[c2 * q.wpr + w], k0, c2);
-        let d3 = dq8(wq[c3 * q.wpr + w], k0, c3);
-        acc = acc + vec4<f32>(dot(xa, d0.a) + dot(xb, d0.b), dot(xa, d1.a) + dot(xb, d1.b),
-                              dot(xa, d2.a) + dot(xb, d2.b), dot(xa, d3.a) + dot(xb, d3.b));
-    }
-    red[li] = acc;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s = s >> 1u) {
-        if (li < s) { red[li] = red[li] + red[li + s]; }
-        workgroupBarrier();
-    }
-    if (li < 4u) {
-        let n = n0 + li;
-        if (n < q.N) { out[m * q.N + n] = epilogue(red[0][li], n); }
-    }
-}
 """
+
+
+def gemv_body(dq8, weights, n, store, x_at=None):
+    """The GEMV's statements for 4 outputs from `n0` of N = `n` (WGSL), one row `m` at `xo`, over
+    `weights` ((word binding, dequantizing fn) pairs read for the same outputs, one accumulator and
+    one tree of `red`'s 256-vec4 slices each, each summed as the plain op's): `store` writes
+    output n of row m from v0, v1, .. (one a weight). `x_at(e)`: the row's element at WGSL offset e
+    as f32 (a fused norm's)."""
+    x_at = x_at or (lambda e: f"f32(x[xo + {e}])")
+    at = lambda j: x_at(f"k0 + {j}u" if j else "k0")  # noqa: E731
+    lines = [f"let last = {n} - 1u;", *(f"let c{i} = min(n0{f' + {i}u' if i else ''}, last);" for i in range(4))]
+    lines += [GEMV_DQ8_SETUP.strip()] if dq8 else []
+    lines += [f"var acc{j} = vec4<f32>(0.0);" for j in range(len(weights))]
+    lines += [
+        "for (var w = li; w < q.kw; w = w + 256u) {",
+        "    let k0 = w * 8u;",
+        "    var xa = vec4<f32>(0.0);",
+        "    var xb = vec4<f32>(0.0);",
+        "    if (k0 + 8u <= q.K) {",
+        f"        xa = vec4<f32>({', '.join(at(j) for j in range(4))});",
+        f"        xb = vec4<f32>({', '.join(at(j) for j in range(4, 8))});",
+        "    } else {",
+        "        for (var j = 0u; j < 4u; j = j + 1u) {",
+        f"            if (k0 + j < q.K) {{ xa[j] = {x_at('k0 + j')}; }}",
+        f"            if (k0 + 4u + j < q.K) {{ xb[j] = {x_at('k0 + 4u + j')}; }}",
+        "        }",
+        "    }",
+    ]
+    lines += [GEMV_DQ8_X.strip()] if dq8 else []
+    for j, (wq, dq) in enumerate(weights):
+        lines += [f"    let d{j}_{i} = {dq}({wq}[c{i} * q.wpr + w], k0, c{i});" for i in range(4)]
+        dots = ", ".join(f"dot(xa, d{j}_{i}.a) + dot(xb, d{j}_{i}.b)" for i in range(4))
+        lines.append(f"    acc{j} = acc{j} + vec4<f32>({dots});")
+    lines.append("}")
+    lines += [f"red[{256 * j}u + li] = acc{j};" for j in range(len(weights))]
+    adds = " ".join(f"red[{256 * j}u + li] = red[{256 * j}u + li] + red[{256 * j}u + li + s];" for j in range(len(weights)))
+    lines += ["workgroupBarrier();", f"for (var s = 128u; s > 0u; s = s >> 1u) {{ if (li < s) {{ {adds} }} workgroupBarrier(); }}"]
+    vals = " ".join(f"let v{j} = red[{256 * j}u][li];" for j in range(len(weights)))
+    lines.append(f"if (li < 4u) {{ let n = n0 + li; if (n < {n}) {{ {vals} {store} }} }}")
+    return "\n    ".join(lines)
+
+
+def gemv_reduce(weights):
+    """The workgroup memory of gemv_body's trees over `weights` weights."""
+    return f"\nvar<workgroup> red: array<vec4<f32>, {256 * weights}>;\n"
+
 
 GEMV_DQ8_SETUP = """    let s_row = f32(xs[m]);
     let zp_row = zp_at(m);
@@ -233,9 +243,11 @@ GEMV_DQ8_X = """        xa = vec4<f32>(xq(xa.x, inv_row, zp_row, s_row), xq(xa.y
                        xq(xb.z, inv_row, zp_row, s_row), xq(xb.w, inv_row, zp_row, s_row));"""
 
 
-def gemv_shader(dq8, zp_packed, has_bias, word_group, types=Storage()):
-    gemv = GEMV.replace("{ROW_SETUP}", GEMV_DQ8_SETUP if dq8 else "").replace("{X_TRANSFORM}", GEMV_DQ8_X if dq8 else "")
-    return _gemv_header(dq8, zp_packed, has_bias, types) + _dequant(dq8, zp_packed, word_group) + gemv
+def gemv_shader(dq8, zp_packed, has_bias, word_group, types=Storage(), residual=False):
+    """The GEMV route (256 invocations reduce over K for 4 outputs of one row)."""
+    body = gemv_body(dq8, [("wq", "dq8")], "q.N", "out[m * q.N + n] = epilogue(v0, m, n);")
+    head = _gemv_header(dq8, zp_packed, has_bias, types, residual=residual) + _dequant(dq8, zp_packed, word_group)
+    return head + gemv_reduce(1) + GEMV_MAIN + f"    let n0 = wg0 * 4u;\n    {body}\n}}\n"
 
 
 # CPU adapters with subgroups (kernels/linear.py's gemv_sg_body, for 4-bit words): the lanes of a
@@ -266,19 +278,24 @@ Q4_SG_STEP = 8 * Q4_SG_WORDS  # weights a lane step: K and the group size must b
 Q4_SG_GPU_MIN_N = 1024
 
 
-def _sg_body(dq8, shape):
-    """The subgroup kernel's statements for `shape`; input row r of the workgroup's group of rows
-    from r0 (rows past `rows` read as the last live one, not written)."""
-    ins, outs = range(shape[0]), range(shape[1])
+def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None):
+    """The subgroup kernel's statements for `shape` = (input rows, weight rows split among
+    `weights`, (word binding, scale fn) pairs read for the same outputs, as SwiGLU's gate and up);
+    input row r of the workgroup's group of rows from r0 (rows past `rows` read as the last live
+    one, not written). `store(r)` writes row r's output n of N = `n` from v0, v1, .. (one a weight)."""
+    ins, outs = range(shape[0]), range(shape[1] // len(weights))
+    store = store or (lambda r: f"out[(r0 + {r}u) * q.N + n] = epilogue(v0, r0 + {r}u, n);")
+    ws = [(j, i) for j in range(len(weights)) for i in outs]
     lines = [f"let x{r}_ = min(r0 + {r}u, q.M - 1u);" for r in ins]
     if dq8:  # GEMV_DQ8_SETUP for each row
         lines += [f"let s_row{r} = f32(xs[x{r}_]); let zp_row{r} = zp_at(x{r}_); let inv_row{r} = div_rn(1.0, s_row{r});" for r in ins]
     lines += [f"for (var g = li / sgs; g < {CPU_WG // SG_LANES}u; g = g + {CPU_WG}u / sgs) {{", f"let n0 = nw + g * {len(outs)}u;"]
-    lines += [f"let c{i} = min(n0 + {i}u, q.N - 1u);" for i in outs]
-    lines += [f"var acc{i}_{r} = vec4<f32>(0.0);" for i in outs for r in ins]
+    lines += [f"let c{i} = min(n0 + {i}u, {n} - 1u);" for i in outs]
+    lines += [f"var acc{j}_{i}_{r} = vec4<f32>(0.0);" for j, i in ws for r in ins]
     lines += [f"for (var v = lane; v < q.K / {Q4_SG_STEP}u; v = v + sgs) {{", f"    let k0 = v * {Q4_SG_STEP}u;"]
-    for i in outs:
-        lines += [f"    let w{i} = wq[c{i} * wprv + v];", f"    let s{i} = wscale(k0, c{i});"]
+    for j, i in ws:
+        wq, wscale = weights[j]
+        lines += [f"    let w{j}_{i} = {wq}[c{i} * wprv + v];", f"    let s{j}_{i} = {wscale}(k0, c{i});"]
     for c, word in enumerate("xyzw"[:Q4_SG_WORDS]):  # 8 weights a word: input vec4s 2c and 2c + 1 of the step
         lines.append("    {")
         for r in ins:
@@ -287,15 +304,16 @@ def _sg_body(dq8, shape):
                 if dq8:  # GEMV_DQ8_X's quantize-dequantize, per component
                     load = f"xq4({load}, inv_row{r}, zp_row{r}, s_row{r})"
                 lines.append(f"    let x{r}{'ab'[h]} = {load};")
-        for i in outs:
-            lines.append(f"    let d{i} = nibbles(w{i}.{word}); let a{i} = d{i}.a * s{i}; let b{i} = d{i}.b * s{i};")
-            lines += [f"    acc{i}_{r} = acc{i}_{r} + x{r}a * a{i} + x{r}b * b{i};" for r in ins]
+        for j, i in ws:
+            t = f"{j}_{i}"
+            lines.append(f"    let d{t} = nibbles(w{t}.{word}); let a{t} = d{t}.a * s{t}; let b{t} = d{t}.b * s{t};")
+            lines += [f"    acc{t}_{r} = acc{t}_{r} + x{r}a * a{t} + x{r}b * b{t};" for r in ins]
         lines.append("    }")
     lines.append("}")
     for r in ins:
         for i in outs:
-            total = f"subgroupAdd((acc{i}_{r}.x + acc{i}_{r}.y) + (acc{i}_{r}.z + acc{i}_{r}.w))"
-            lines.append(f"{{ let v0 = {total}; let n = n0 + {i}u; if (lane == 0u && n < q.N && {r}u < rows) {{ out[(r0 + {r}u) * q.N + n] = epilogue(v0, n); }} }}")
+            sums = " ".join(f"let v{j} = subgroupAdd((acc{j}_{i}_{r}.x + acc{j}_{i}_{r}.y) + (acc{j}_{i}_{r}.z + acc{j}_{i}_{r}.w));" for j in range(len(weights)))
+            lines.append(f"{{ {sums} let n = n0 + {i}u; if (lane == 0u && n < {n} && {r}u < rows) {{ {store(r)} }} }}")
     lines.append("}")
     return "\n    ".join(lines)
 
@@ -307,22 +325,29 @@ fn xq4(v: vec4<f32>, inv: f32, zp: f32, s: f32) -> vec4<f32> {
 """
 
 
-def sg_shader(dq8, zp_packed, has_bias, shape=Q4_SG_GEMV, types=Storage()):
-    """The subgroup kernel of `shape`: workgroup z is a group of shape[0] rows;
-    K, the weight rows and gs whole steps of Q4_SG_WORDS words; activations f32 or f16."""
-    head = _gemv_header(dq8, zp_packed, has_bias, types, vec4=True) + vec4_loader("x", types.x)
-    return head + _dequant(dq8, zp_packed, True) + (XQ4 if dq8 else "") + f"""
+SG_MAIN = f"""
 @compute @workgroup_size({CPU_WG})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32{SUBGROUP_BUILTINS}) {{
-    let r0 = wid.z * {shape[0]}u;
-    let rows = min({shape[0]}u, q.M - r0);
+    let r0 = wid.z * ROWSu;
+    let rows = min(ROWSu, q.M - r0);
     let kv4 = q.K / 4u;
     let wprv = q.wpr / {Q4_SG_WORDS}u;
-    let nw = (wid.x + wid.y * nwg.x) * {sg_wg_rows(shape)}u;
-    {_sg_body(dq8, shape)}
-}}
+    let wg0 = wid.x + wid.y * nwg.x;
 """
+
+
+def sg_main(shape):
+    """The subgroup kernels' entry for `shape`: workgroup z is a group of shape[0] rows from r0,
+    `rows` of them live; wg0 the workgroup's index over x and y."""
+    return SG_MAIN.replace("ROWS", str(shape[0]))
+
+
+def sg_shader(dq8, zp_packed, has_bias, shape=Q4_SG_GEMV, types=Storage(), residual=False):
+    """The subgroup kernel of `shape`: workgroup z is a group of shape[0] rows;
+    K, the weight rows and gs whole steps of Q4_SG_WORDS words; activations f32 or f16."""
+    head = _gemv_header(dq8, zp_packed, has_bias, types, vec4=True, residual=residual) + vec4_loader("x", types.x)
+    return head + _dequant(dq8, zp_packed, True) + (XQ4 if dq8 else "") + sg_main(shape) + f"    let nw = wg0 * {sg_wg_rows(shape)}u;\n    {sg_body(dq8, shape)}\n}}\n"
 
 
 # The GEMM template's B load: one weight of row n at k, dequantized as dq8 does it.
@@ -378,11 +403,28 @@ def _fail(name, msg):
     raise ValueError(f"{name}: {msg}")
 
 
-def _add_q4_linear(b, x, xs, xz, weight, scales, group_size, bias):
-    """Record both routes of out = x @ dequant(weight).T (+ bias); `xs`/`xz` (per-row activation
-    scale and zero point) turn on the dynamic int8 activation quantization."""
+@dataclass(frozen=True)
+class Q4Weight:
+    """A 4-bit weight's checked layout: N rows of `wpr` u32 words, scales [groups, sn], group gs."""
+
+    n: int
+    wpr: int
+    groups: int
+    sn: int
+    gs: int
+
+    def subgroup_steps(self):
+        """Whether its rows and groups are whole steps of the subgroup kernels (K is checked live)."""
+        return self.wpr % Q4_SG_WORDS == 0 and self.gs % Q4_SG_STEP == 0
+
+    def check_input(self, name, k):
+        if -(-k // 8) > self.wpr or -(-k // self.gs) > self.groups:
+            _fail(name, f"input K={k} does not fit weight [{self.n}, {4 * self.wpr}] / scales [{self.groups}, {self.sn}] (group {self.gs})")
+
+
+def q4_weight(b, x, weight, scales, group_size):
+    """The Q4Weight of `weight` and `scales` for input `x`, or ValueError naming what is wrong."""
     name = b.name
-    dq8 = xs is not None
     wt, st, xt = b.graph.values[weight], b.graph.values[scales], b.graph.values[x]
     if wt.dtype not in ("uint8", "int8") or len(wt.dims) != 2:
         _fail(name, f"weight must be packed uint8 [N, K/2], got {wt.dtype}{list(wt.dims)}")
@@ -393,63 +435,96 @@ def _add_q4_linear(b, x, xs, xz, weight, scales, group_size, bias):
         _fail(name, f"weight rows of {row_bytes} bytes are not whole u32 words (K must be padded to 8)")
     if len(st.dims) != 2 or st.dims[-1] < n:
         _fail(name, f"scales must be [groups, >= N={n}], got {list(st.dims)}")
-    groups, sn = st.dims
     gs = int(group_size)
     if gs <= 0:
         _fail(name, f"group size {gs}")
-    zp_packed = False
-    if dq8:
-        zp_packed = b.graph.values[xz].dtype in PACKED
-    has_bias = bias is not None
-    q, p = b.params(LIN_SIZE), b.params(PARAMS_SIZE)
-    operands = [x] + ([xs, xz] if dq8 else []) + [weight, scales]
-    tail = [bias] if has_bias else []
-    word_group = gs % 8 == 0
-    types = Storage(*(storage(b, v) if v is not None else "f32" for v in (x, xs, scales, bias, b.out)))
-    gemv = b.dispatch(gemv_shader(dq8, zp_packed, has_bias, word_group, types), [*operands, *tail, b.out, q])
-    wpr = row_bytes // 4
-    # Devices with subgroups, where K is whole steps of Q4_SG_WORDS words (the hook): CPU adapters
-    # take the subgroup kernels at every row count, one row and more; GPUs for 17 to 32 rows
-    shapes = ()
-    if b.subgroups and wpr % Q4_SG_WORDS == 0 and gs % Q4_SG_STEP == 0:
-        shapes = (Q4_SG_GEMV, Q4_SG_GEMM) if b.adapter == CPU else (SG_GPU,) if n >= Q4_SG_GPU_MIN_N else ()
-    sgs = [(b.dispatch(sg_shader(dq8, zp_packed, has_bias, shape, types), [*operands, *tail, b.out, q]), shape) for shape in shapes]
-    q_binding = len(operands) + len(tail) + 3  # after out, p and the scratch
-    q_wgsl = f"{LIN_STRUCT};\n@group(0) @binding({q_binding}) var<uniform> q: Q;\n"
-    gemm = GemmRoute(b, q4_load(dq8, zp_packed, word_group, types), operands, bias, b.out, p, gemm_scratch(b, [b.out]), [q], q_wgsl)
+    return Q4Weight(n, row_bytes // 4, *st.dims, gs)
 
-    def resize(ctx):
-        xd = ctx.dims(x)
+
+def q4_subgroup_shapes(b, w):
+    """The subgroup kernel shapes a plain 4-bit product of weight `w` builds on this device: CPU
+    adapters take them at every row count, one row and more; GPUs for 17 to 32 rows of wide weights."""
+    if not (b.subgroups and w.subgroup_steps()):
+        return ()
+    return (Q4_SG_GEMV, Q4_SG_GEMM) if b.adapter == CPU else (SG_GPU,) if w.n >= Q4_SG_GPU_MIN_N else ()
+
+
+def q4_subgroup_shape(b, shapes, m, k):
+    """The subgroup shape a product built with `shapes` takes for M x K, or None."""
+    if shapes and k % Q4_SG_STEP == 0 and m > 0:
+        if b.adapter == CPU:
+            return Q4_SG_GEMV if m == 1 else Q4_SG_GEMM
+        if SG_GPU_ROWS[0] <= m <= GEMV_MAX_ROWS:
+            return SG_GPU
+    return None
+
+
+class Q4Product:
+    """The routes of one product out = x @ dequant(weight).T (+ bias) as the plain op runs it:
+    the GEMV up to GEMV_MAX_ROWS rows (`gemv` False: not built, for a fused op whose own kernel
+    takes those rows), the subgroup kernels where the device takes them, the GEMM for more.
+    `xs`/`xz` (per-row activation scale and zero point) turn on the dynamic int8 activation
+    quantization; with `residual`, `bias` is an [..., N] residual added in the epilogue, to the
+    product rounded to the output's type (as the add it replaced read it)."""
+
+    def __init__(self, b, x, xs, xz, weight, scales, group_size, bias, out, residual=False, gemv=True):
+        self.b, self.x, self.xs, self.xz, self.bias, self.out, self.residual = b, x, xs, xz, bias, out, residual
+        self.w = w = q4_weight(b, x, weight, scales, group_size)
+        dq8 = xs is not None
+        zp_packed = dq8 and b.graph.values[xz].dtype in PACKED
+        has_bias = bias is not None
+        self.q, self.p = b.params(LIN_SIZE), b.params(PARAMS_SIZE)
+        operands = [x] + ([xs, xz] if dq8 else []) + [weight, scales]
+        tail = [bias] if has_bias else []
+        word_group = w.gs % 8 == 0
+        types = Storage(*(storage(b, v) if v is not None else "f32" for v in (x, xs, scales, bias, out)))
+        bound = [*operands, *tail, out, self.q]
+        self.gemv = gemv and b.dispatch(gemv_shader(dq8, zp_packed, has_bias, word_group, types, residual), bound)
+        self.shapes = q4_subgroup_shapes(b, w)
+        self.sgs = [(b.dispatch(sg_shader(dq8, zp_packed, has_bias, shape, types, residual), bound), shape) for shape in self.shapes]
+        q_binding = len(operands) + len(tail) + 3  # after out, p and the scratch
+        q_wgsl = f"{LIN_STRUCT};\n@group(0) @binding({q_binding}) var<uniform> q: Q;\n"
+        load = q4_load(dq8, zp_packed, word_group, types)
+        self.gemm = GemmRoute(b, load, operands, bias, out, self.p, gemm_scratch(b, [out]), [self.q], q_wgsl, residual=residual)
+
+    def resize(self, ctx, on=True):
+        """Check the live shapes, set the uniforms, dims and grids (every route off unless `on`);
+        returns (M, K)."""
+        name, w, xd = self.b.name, self.w, ctx.dims(self.x)
         if len(xd) < 1:
             _fail(name, "input must have at least one dim")
-        k = xd[-1]
-        m = numel_of(xd[:-1])
-        if -(-k // 8) > wpr or -(-k // gs) > groups:
-            _fail(name, f"input K={k} does not fit weight {list(wt.dims)} / scales {list(st.dims)} (group {gs})")
-        if dq8:
-            for vid, what in ((xs, "scales"), (xz, "zero points")):
+        k, m = xd[-1], numel_of(xd[:-1])
+        w.check_input(name, k)
+        if self.xs is not None:
+            for vid, what in ((self.xs, "scales"), (self.xz, "zero points")):
                 if ctx.numel(vid) != m:
                     _fail(name, f"input {tuple(xd)} has {m} rows but its activation {what} have {ctx.numel(vid)}")
-        if has_bias and ctx.numel(bias) < n:
-            _fail(name, f"bias of {ctx.numel(bias)} elements for N={n}")
-        sg_shape = None
-        if sgs and k % Q4_SG_STEP == 0 and m > 0:
-            if b.adapter == CPU:
-                sg_shape = Q4_SG_GEMV if m == 1 else Q4_SG_GEMM
-            elif SG_GPU_ROWS[0] <= m <= GEMV_MAX_ROWS:
-                sg_shape = SG_GPU
-        use_gemv = m <= GEMV_MAX_ROWS and sg_shape is None
-        use_gemm = m > GEMV_MAX_ROWS and sg_shape is None
-        splits, kspan = gemm.plan(m, n, k, 1, use_gemm)
-        ctx.set_params(q, struct.pack(LIN_FORMAT, m, n, k, wpr, sn, groups, gs, -(-k // 8)))
-        ctx.set_params(p, params_bytes(m, n, k, bias=(0, 0, 1), split=(splits, kspan)))
-        ctx.set_grid(gemv, fold_grid(-(-n // GEMV_ROWS))[:2] + (m,) if use_gemv else (0, 0, 0))
-        for d, shape in sgs:
-            ctx.set_grid(d, fold_grid(-(-n // sg_wg_rows(shape)))[:2] + (-(-m // shape[0]),) if shape == sg_shape else (0, 0, 0))
-        gemm.set_grids(ctx, m, n, 1, splits, use_gemm)
-        ctx.set_dims(b.out, tuple(xd[:-1]) + (n,))
+        if self.residual and ctx.numel(self.bias) != m * w.n:
+            _fail(name, f"residual of shape {tuple(ctx.dims(self.bias))} for a product of {m} x {w.n}")
+        if self.bias is not None and not self.residual and ctx.numel(self.bias) < w.n:
+            _fail(name, f"bias of {ctx.numel(self.bias)} elements for N={w.n}")
+        sg_shape = q4_subgroup_shape(self.b, self.shapes, m, k) if on else None
+        use_gemv = on and m <= GEMV_MAX_ROWS and sg_shape is None
+        use_gemm = on and m > GEMV_MAX_ROWS and sg_shape is None
+        if use_gemv and self.gemv is False:
+            _fail(name, f"{m} rows need the GEMV route, not built")
+        splits, kspan = self.gemm.plan(m, w.n, k, 1, use_gemm)
+        ctx.set_params(self.q, struct.pack(LIN_FORMAT, m, w.n, k, w.wpr, w.sn, w.groups, w.gs, -(-k // 8)))
+        bias_strides = (0, w.n, 1) if self.residual else (0, 0, 1)
+        ctx.set_params(self.p, params_bytes(m, w.n, k, bias=bias_strides, split=(splits, kspan)))
+        if self.gemv is not False:
+            ctx.set_grid(self.gemv, fold_grid(-(-w.n // GEMV_ROWS))[:2] + (m,) if use_gemv else (0, 0, 0))
+        for d, shape in self.sgs:
+            ctx.set_grid(d, fold_grid(-(-w.n // sg_wg_rows(shape)))[:2] + (-(-m // shape[0]),) if shape == sg_shape else (0, 0, 0))
+        self.gemm.set_grids(ctx, m, w.n, 1, splits, use_gemm)
+        ctx.set_dims(self.out, ctx.dims(self.bias) if self.residual else tuple(xd[:-1]) + (w.n,))
+        return m, k
 
-    b.hook(resize)
+
+def _add_q4_linear(b, x, xs, xz, weight, scales, group_size, bias, residual=False):
+    """Record the routes of out = x @ dequant(weight).T (+ bias or residual) and the hook."""
+    product = Q4Product(b, x, xs, xz, weight, scales, group_size, bias, b.out, residual)
+    b.hook(product.resize)
 
 
 @op("et_vk.linear_q4gsw.default", half=True)

@@ -418,13 +418,14 @@ def native_layer_norm(b):
     b.hook(resize)
 
 
-@op("et_vk.rms_norm.default", "pte_wgpu.rms_norm_for_gemm", half=True)
+@op("et_vk.rms_norm.default", "pte_wgpu.rms_norm_for_gemm", "pte_wgpu.rms_norm_for_q4", half=True)
 def rms_norm(b):
-    """`pte_wgpu.rms_norm_for_gemm` (kernels/fusion.py) runs only for more rows than the fused
-    linear that reads it normalizes itself (kernels/linear.py's fused_norm_rows)."""
+    """`pte_wgpu.rms_norm_for_gemm` and `pte_wgpu.rms_norm_for_q4` (kernels/fusion.py) run only
+    for more rows than the fused float or 4-bit linear that reads them normalizes itself
+    (kernels/linear.py's fused_norm_rows)."""
     x, weight, out = b.args[0], b.args[1], b.out
-    for_gemm = b.name == "pte_wgpu.rms_norm_for_gemm"
-    fused_rows = fused_norm_rows(b, b.tensor(1).dims[-1], (x, weight, out))
+    for_gemm = b.name != "et_vk.rms_norm.default"
+    fused_rows = fused_norm_rows(b, b.tensor(1).dims[-1], (x, weight, out), q4=b.name == "pte_wgpu.rms_norm_for_q4")
     eps = float(b.scalar(2, 1e-6))
     to = _storage(b, out)
     body = RMS_NORM_BODY.format(WG=RWG, tree=_tree("a + b"), TO=to)

@@ -26,7 +26,7 @@ def kernel_variants(request, monkeypatch):
 def exports_under_way(request, tmp_path_factory):
     """Slow exports start with the first test, side by side, for the selected files that use them:
     test_llama's tiny Llama exports (minutes each, in subprocesses; test_batching, test_server and
-    test_greedy_bursts use two of them) and test_fp16's, when ExecuTorch is here to make them;
+    test_greedy_bursts use two of them), test_fp16's and test_q4_fusion's, when ExecuTorch is here to make them;
     test_bench's run (its own export, then the bench). Those for the last files, the Vulkan
     delegate adapter's lowerings and the vision bench's export, run niced: they take the CPU the
     files before them leave idle. So does the prebuild of the exports the selected modules list
@@ -48,6 +48,10 @@ def exports_under_way(request, tmp_path_factory):
             start_exports(tmp_path_factory)
         if "test_fp16.py" in selected:
             from .test_fp16 import start_exports
+
+            start_exports(tmp_path_factory)
+        if "test_q4_fusion.py" in selected:
+            from .test_q4_fusion import start_exports
 
             start_exports(tmp_path_factory)
         if "test_vulkan_delegate_adapter.py" in selected:

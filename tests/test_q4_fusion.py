@@ -1,0 +1,125 @@
+"""The 4-bit linears fused at load (kernels/fusion.py, kernels/quantized_fused.py): a graph whose
+q/k/v, SwiGLU and residual linears are `et_vk.linear_q4gsw` runs them as the fused ops, in fewer
+dispatches, and every output is bitwise the unfused graph's (the 4-bit rewrites turned off, every
+other fusion kept) at one row, a few rows and prompt-sized row counts, with both kernel variant sets
+(on lavapipe: the CPU adapters' subgroup kernels, and the GPUs' GEMV, subgroup and GEMM routes),
+f32 and f16 activations."""
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+from async_runtime import model as model_module
+from kernels import build_node, fusion
+
+from .exporting import export_pte
+from .test_linear_ops import FusedLinears
+from .test_llama import CONFIGS, CONTEXT, _store, recorded
+from .test_quantized_ops import quantized
+
+pytestmark = pytest.mark.usefixtures("adapter", "kernel_variants")
+
+LLAMA = {"4w": CONFIGS["4w"], "4w_fp16": {**CONFIGS["4w"], "dtype": "fp16"}}
+# Each session's steps (rows a step, positions from 0, within the context): one row, a few rows,
+# past the GEMV's 16 and 32 rows, the whole context; each followed by decode steps
+SESSIONS = [(1, 3, 5, 16, 1, 1), (17, 1, 1), (33, 2, 1), (CONTEXT - 1,)]
+FUSED_OPS = ("pte_wgpu.rms_q4_linear_group", "pte_wgpu.rms_q4_linear_silu_mul", "pte_wgpu.q4_linear_residual")
+
+
+def start_exports(tmp_path_factory):
+    """Start this file's tiny Llama exports that are not stored (see tests/conftest.py), niced as
+    test_fp16's."""
+    from .llama import start_export
+
+    for name, config in LLAMA.items():
+        if _store(f"{name}.npz") is None or not _store(f"{name}.npz").exists():
+            start_export(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, nice=5, **config)
+
+
+async def _load(load_pte, pte, fuse_q4, monkeypatch, subgroups=True):
+    with monkeypatch.context() as m:
+        if not fuse_q4:
+            m.setattr(fusion, "Q4_LINEAR", "-")  # no 4-bit linear matches: the rewrites skip them all
+        if not subgroups:  # every op built as for a device without the feature
+            m.setattr(model_module, "build_node", lambda graph, name, args, kernels, _: build_node(graph, name, args, kernels, False))
+        return await load_pte(pte)
+
+
+async def _steps(model, sessions, vocab):
+    """Every step's logits, and the dispatches of the first step (one row)."""
+    rng, outs, dispatches = np.random.default_rng(3), [], None
+    for rows in sessions:
+        async with model.session() as s:
+            pos = 0
+            for m in rows:
+                before = model.statistics().dispatches
+                (logits,) = await s.execute(rng.integers(0, vocab, (1, m)), np.array([pos]))
+                dispatches = dispatches or model.statistics().dispatches - before
+                outs.append(logits)
+                pos += m
+    return outs, dispatches
+
+
+@pytest.mark.parametrize("name", list(LLAMA))
+async def test_a_4w_llama_fuses_its_linears_bitwise(name, tmp_path_factory, load_pte, monkeypatch, kernel_variants):
+    config = LLAMA[name]
+    pte, _ = recorded(name, tmp_path_factory, config)
+    fused, plain = await _load(load_pte, pte, True, monkeypatch), await _load(load_pte, pte, False, monkeypatch)
+    if name == "4w_fp16":
+        assert fused.precision == plain.precision == ("f16" if "shader-f16" in fused.device_info.features else "f32")
+    layers = config["n_layers"]
+    names = [n for n, _ in fused.graph.calls]
+    assert [names.count(op) for op in FUSED_OPS] == [layers, layers, 2 * layers]
+    assert names.count("et_vk.linear_q4gsw.default") == 1  # the LM head
+    assert fused.fused == plain.fused + 6 * layers  # q/k/v, SwiGLU, two residuals, two norms a layer
+    vocab = config["vocab_size"]
+    (got, fused_dispatches), (want, plain_dispatches) = await _steps(fused, SESSIONS, vocab), await _steps(plain, SESSIONS, vocab)
+    # a decode step: per layer, two linears of q/k/v, two of SwiGLU and its gate, two adds, and the
+    # two norms, except on CPU adapters with subgroups (kernels/linear.py's fused_norm_rows)
+    norms = 0 if kernel_variants == "cpu" and "subgroup" in fused.device_info.features else 2
+    assert fused_dispatches == plain_dispatches - (6 + norms) * layers, (fused_dispatches, plain_dispatches)
+    steps = [m for rows in SESSIONS for m in rows]
+    for m, g, w in zip(steps, got, want):
+        np.testing.assert_array_equal(g, w, err_msg=f"{m} rows")
+
+
+class QLinears(FusedLinears):
+    """FusedLinears on 2-D rows, 4-bit: K = 64 and 32 (o), SwiGLU's N >= Q4_SG_GPU_MIN_N (GPUs take
+    the plain op's subgroup kernel for 17 to 32 of its rows, the GEMV for q, k and v)."""
+
+    def __init__(self):
+        super().__init__(64, 32, 20, 1056)
+
+
+def _export(half):
+    make = quantized((lambda: QLinears().half()) if half else QLinears, "4w", 32)
+    x = torch.randn(40, 64, dtype=torch.float16 if half else torch.float32)
+    return export_pte(f"q4_fused{'_f16' if half else ''}", make, [x], ({0: torch.export.Dim("m", min=1, max=40)},))
+
+
+PREBUILD = [functools.partial(_export, half) for half in (False, True)]  # tests/prebuild.py
+
+
+@pytest.mark.parametrize("subgroups", [True, False])
+@pytest.mark.parametrize("half", [False, True])
+async def test_fused_4bit_products_without_views_and_wide_swiglu(half, subgroups, load_pte, monkeypatch):
+    """The fused ops on 2-D rows (no views between them), a SwiGLU wide enough for the plain op's
+    GPU subgroup kernel, group 32, at 1 to 40 rows in shuffled order; with the device's subgroups
+    and as built without them (the GEMV at up to 32 rows on either variant set)."""
+    pte, _ = _export(half)
+    fused, plain = [await _load(load_pte, pte, fuse, monkeypatch, subgroups) for fuse in (True, False)]
+    names = [n for n, _ in fused.graph.calls]
+    # a .half() module's SiLU runs through casts to float32, which the gate's rewrite does not
+    # match: its gate and up become a group
+    fused_ops = ("pte_wgpu.q4_linear_group", "pte_wgpu.q4_linear_residual") + (() if half else ("pte_wgpu.q4_linear_silu_mul",))
+    assert all(op in names for op in fused_ops)
+    assert "et_vk.linear_q4gsw.default" not in names
+    assert any("subgroupAdd" in (d.shader or "") for d in fused.graph.dispatches) == (subgroups and fused.subgroups)
+    rng = np.random.default_rng(11)
+    for m in (1, 40, 17, 2, 32, 5, 33, 16, 1):
+        x = rng.standard_normal((m, 64)).astype(np.float16 if half else np.float32)
+        got, want = await fused.execute(x), await plain.execute(x)
+        for i, (g, w) in enumerate(zip(got, want)):
+            np.testing.assert_array_equal(g, w, err_msg=f"{m} rows, output {i}")
