@@ -327,25 +327,22 @@ def sg_wg_rows(shape, weights=1):
     return shape[1] // weights * (CPU_WG // SG_LANES)
 
 
-def gemv_sg_body(weights, n, k4, store, base="0u", scale=None, shape=SG_GEMV, step=""):
+def gemv_sg_body(weights, n, k4, store, base="0u", shape=SG_GEMV):
     """WGSL statements of the subgroup GEMV for vec4 weight bindings `weights` (N rows of `n`, K / 4
     vec4s of `k4`, from vec4 `base`) over `shape` = (input rows, weight rows split among the
     weights): input row r at vec4s `aoff4 + r * k4 ..` of `a`, rows past `rows` read as the last
     live one and not written (no branch in the loop). Every binding X is read through its
     `vec4_loader` X4, so any of them may be stored f32 or f16. Expects `nw` (the workgroup's first output),
     `rows`, `li`, `lane`, `sgs`; `store(r)` writes input row r's output n from v0, v1, .. (one a
-    weight). `scale(r, x)`, if given, is row r's input vec4 x as multiplied (a fused norm); `step`:
-    statements at the top of each step along K (loads the scales share)."""
+    weight)."""
     outs, ins = range(shape[1] // len(weights)), range(shape[0])
     lines = [f"for (var g = li / sgs; g < {CPU_WG // SG_LANES}u; g = g + {CPU_WG}u / sgs) {{", f"let n0 = nw + g * {len(outs)}u;"]
     lines += [f"let x{r}_ = aoff4 + min({r}u, rows - 1u) * {k4};" for r in ins if r]
     for j, w in enumerate(weights):
         lines += [f"let {w}_{i} = {base} + min(n0 + {i}u, {n} - 1u) * {k4};" for i in outs]
         lines += [f"var acc{j}_{i}_{r} = vec4<f32>(0.0);" for i in outs for r in ins]
-    lines.append(f"for (var k = lane; k < {k4}; k = k + sgs) {{ {step}")
-    for r in ins:
-        x = f"a4({f'x{r}_' if r else 'aoff4'} + k)"
-        lines.append(f"    let x{r} = {scale(r, x) if scale else x};")
+    lines.append(f"for (var k = lane; k < {k4}; k = k + sgs) {{")
+    lines += [f"    let x{r} = a4({f'x{r}_' if r else 'aoff4'} + k);" for r in ins]
     lines += [f"    let w{j}_{i} = {w}4({w}_{i} + k);" for j, w in enumerate(weights) for i in outs]
     lines += [f"    acc{j}_{i}_{r} = acc{j}_{i}_{r} + x{r} * w{j}_{i};" for j in range(len(weights)) for i in outs for r in ins]
     lines.append("}")
@@ -506,15 +503,16 @@ def subgroup_products(b, k, tensors):
     return b.subgroups and k % 4 == 0 and all(storage(b, v) in ("f32", "f16") for v in tensors)
 
 
-def fused_norm_rows(b, k, tensors, q4=False):
+def fused_norm_rows(b, k, tensors):
     """The most rows a fused linear of K = k over `tensors` normalizes itself; for more,
-    `pte_wgpu.rms_norm_for_gemm` writes the normalized rows (the subgroup kernels of more than one
-    row and the GEMM read them). With `q4` (the 4-bit fused linears, `pte_wgpu.rms_norm_for_q4`),
-    on CPU adapters none: their subgroup kernels read the normalized rows at every row count, as a
-    workgroup barrier in a kernel costs lavapipe more than the norm's own dispatch (SmolLM2 4w,
-    one row: the fused SwiGLU 1.94 ms normalizing itself, 0.99 ms reading the rows; the norm 45 us)."""
+    `pte_wgpu.rms_norm_for_gemm` (or `pte_wgpu.rms_norm_for_q4`) writes the normalized rows, which
+    the subgroup kernels of more than one row and the GEMM read. On CPU adapters with subgroups
+    none: their subgroup kernels read the normalized rows at every row count, as normalizing in
+    the kernel takes a workgroup barrier, which costs lavapipe more than the norm's own dispatch
+    (SmolLM2 4w, one row: the fused SwiGLU 1.94 ms normalizing itself, 0.99 ms reading the rows,
+    the norm 45 us; fp32 the same, BENCHMARKS.md)."""
     if subgroup_products(b, k, tensors):
-        return 0 if q4 and b.adapter == CPU else 1 if b.adapter == CPU else SG_GPU_ROWS[0] - 1
+        return 0 if b.adapter == CPU else SG_GPU_ROWS[0] - 1
     return GEMV_MAX_ROWS
 
 

@@ -13,7 +13,8 @@ order as the plain linear's GEMV, so results are bitwise those of the unfused op
 - `pte_wgpu.rms_linear_group` and `pte_wgpu.rms_linear_silu_mul` take the input before an RMS
   norm as well, after the weights: (x, gamma, eps). Their GEMV normalizes its rows itself, with
   the sums and expression of et_vk.rms_norm's kernel, and the norm op before them
-  (`pte_wgpu.rms_norm_for_gemm`, kernels/reduce.py) runs only for the GEMM route.
+  (`pte_wgpu.rms_norm_for_gemm`, kernels/reduce.py) runs only for the rows it does not take
+  (kernels/linear.py's fused_norm_rows: the GEMM route, the subgroup kernels).
 
 Every binding is stored as its tensor's type (f32, or f16 for float16), summed in f32.
 """
@@ -72,13 +73,9 @@ def _kind(b, weights):
 def _body(kind, shape, weights, n, store, norm, rows):
     """The GEMV statements of `kind` and `shape` for `weights`; `store(r)` writes input row r's
     output n; `rows`: the storage type of the rows a fused norm normalizes (_scale)."""
-    if kind == SUBGROUP:
+    if kind == SUBGROUP:  # never normalizes (it reads the norm op's rows: fused_norm_rows)
         first = f"let nw = wg * {_per(kind, shape, len(weights))}u;\n    "
-        # gamma's vec4 loaded once a step, not once an input row; the normalized row rounded to the
-        # storage type of the rows the norm op it replaced would have written, as _scale does
-        scale = lambda r, x: f"vec4<f32>(vec4<{rows}>({x} * rstd{r} * gk))"
-        scale, step = (scale, "let gk = gamma4(k);") if norm else (None, "")
-        return first + gemv_sg_body(weights, n, "(q.K / 4u)", store, scale=scale, shape=shape, step=step)
+        return first + gemv_sg_body(weights, n, "(q.K / 4u)", store, shape=shape)
     body_of, first, per = (gemv_t_cpu_body, "n", f"{CPU_WG}u + li") if kind == CPU else (gemv_t_body, "n0", "4u")
     return f"let {first} = wg * {per};\n    " + body_of(weights, n, "q.K", store, scale=_scale(norm, rows), group_rows=shape[0])
 
@@ -115,20 +112,19 @@ class _Gemvs:
     `shader_of(kind, shape, norm, types)`: the shader, normalizing its rows itself with `norm`,
     `types` its bindings' storage types in order (the uniform, last, left out); `head` and `tail`:
     the bindings around the weights (kernels/linear_fused.py's _norm_args). With a norm, the
-    subgroup kernels of several rows read the normalized rows of `pte_wgpu.rms_norm_for_gemm`
-    (b.args[0], run for those rows then: each workgroup would otherwise compute the norms of its
-    rows again)."""
+    subgroup kernels read the normalized rows of `pte_wgpu.rms_norm_for_gemm` (b.args[0], run for
+    those rows then: kernels/linear.py's fused_norm_rows)."""
 
     def __init__(self, b, kind, weights, shader_of, head, tail, after, gpu_sg=False):
         self.kind, self.weights = kind, weights
-        if kind == SUBGROUP:  # SG_GEMV's weight rows for each weight: SwiGLU's workgroups (and norms) as many as a linear's
+        if kind == SUBGROUP:  # SG_GEMV's weight rows for each weight: SwiGLU's workgroups as many as a linear's
             shapes = ((SUBGROUP, (1, SG_GEMV[1] * weights)), (SUBGROUP, SG_GEMM))
         else:
             shapes = ((kind, (GROUP_ROWS if kind == GPU else CPU_GROUP_ROWS, None)),) + (((SUBGROUP, SG_GPU),) if gpu_sg else ())
         self.most_rows = SG_GPU_ROWS[1] if gpu_sg else GEMV_MAX_ROWS  # more: the GEMM route
         self.dispatches = []
         for d_kind, shape in shapes:
-            norm = bool(tail) and shape not in (SG_GEMM, SG_GPU)
+            norm = bool(tail) and d_kind != SUBGROUP
             around = (head, tail) if norm else ([b.args[0]], [])
             bound = [*around[0], *after[0], *around[1], *after[1]]
             shader = shader_of(d_kind, shape, norm, [storage(b, v) for v in bound[:-1]])
@@ -231,7 +227,7 @@ def _rms_cpu(rows):
     return "\n    ".join(lines)
 
 
-assert max(CPU_GROUP_ROWS, SG_GEMM[0]) <= 4 * _RMS_CPU_VEC4S and CPU_WG == 64  # invocations li and li + 64 span the 128 partials
+assert CPU_GROUP_ROWS <= 4 * _RMS_CPU_VEC4S and CPU_WG == 64  # invocations li and li + 64 span the 128 partials
 
 
 
