@@ -35,24 +35,36 @@ def export_pte(name, make_module, example_args, dynamic_shapes=None, seed=0, req
         return _CACHE[name]
     torch.manual_seed(seed)
     module = make_module().eval()
+    lowering = lambda: lower(module, tuple(example_args), dynamic_shapes,  # noqa: E731
+                             require_dynamic_shapes=require_dynamic_shapes, force_fp16=force_fp16)
+    _CACHE[name] = (stored_pte(name, lowering, module), module)
+    return _CACHE[name]
+
+
+def stored_pte(name, lowering, module=None):
+    """The .pte bytes of export `name`: from the store (its weights loaded into `module`), or made by
+    `lowering()` and kept there (with `module`'s weights). The global RNG is reseeded after, so what
+    a test draws next does not depend on whether the lowering ran here (it draws, ExecuTorch's
+    pattern builders do)."""
     stored = Path(STORE) / name if STORE else None
     if stored is not None and _stored_or_claim(stored):
-        module.load_state_dict(torch.load(stored.with_suffix(".pt"), weights_only=True))
-        _CACHE[name] = (stored.with_suffix(".pte").read_bytes(), module)
-        return _CACHE[name]
-    try:
-        pte = lower(module, tuple(example_args), dynamic_shapes, require_dynamic_shapes=require_dynamic_shapes,
-                    force_fp16=force_fp16)
-        if stored is not None:
-            torch.save(module.state_dict(), stored.with_suffix(".pt"))
-            partial = stored.with_suffix(".pte.partial")
-            partial.write_bytes(pte)
-            partial.replace(stored.with_suffix(".pte"))  # whole or absent: waiters read it when it appears
-    finally:
-        if stored is not None:
-            stored.with_suffix(".claim").unlink(missing_ok=True)
-    _CACHE[name] = (pte, module)
-    return _CACHE[name]
+        if module is not None:
+            module.load_state_dict(torch.load(stored.with_suffix(".pt"), weights_only=True))
+        pte = stored.with_suffix(".pte").read_bytes()
+    else:
+        try:
+            pte = lowering()
+            if stored is not None:
+                if module is not None:
+                    torch.save(module.state_dict(), stored.with_suffix(".pt"))
+                partial = stored.with_suffix(".pte.partial")
+                partial.write_bytes(pte)
+                partial.replace(stored.with_suffix(".pte"))  # whole or absent: waiters read it when it appears
+        finally:
+            if stored is not None:
+                stored.with_suffix(".claim").unlink(missing_ok=True)
+    torch.manual_seed(len(pte))
+    return pte
 
 
 def _stored_or_claim(stored):

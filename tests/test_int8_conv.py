@@ -10,6 +10,7 @@ update_cache cannot be lowered as is (the partitioner's causal_sdpa fusion asser
 test lowers it with the fusion turned off.
 """
 
+import functools
 from unittest import mock
 
 import numpy as np
@@ -85,18 +86,23 @@ class Transposed(torch.nn.Module):
         return self.conv(x)
 
 
-@pytest.mark.parametrize(
-    "make_module, cin, op",
-    [
-        (Conv, 6, "et_vk.q8ta_conv2d.default"),
-        (Depthwise, 8, "et_vk.q8ta_conv2d_dw.default"),
-        (Pointwise, 5, "et_vk.q8ta_conv2d_pw.default"),
-        (Transposed, 6, "et_vk.q8ta_conv2d_transposed.default"),
-    ],
-)
-async def test_each_int8_convolution_matches_the_eager_quantized_program(load_pte, make_module, cin, op):
+INT8_CONVS = [
+    (Conv, 6, "et_vk.q8ta_conv2d.default"),
+    (Depthwise, 8, "et_vk.q8ta_conv2d_dw.default"),
+    (Pointwise, 5, "et_vk.q8ta_conv2d_pw.default"),
+    (Transposed, 6, "et_vk.q8ta_conv2d_transposed.default"),
+]
+
+
+def _int8_conv(make_module, cin, op):
+    torch.manual_seed(cin)  # the calibration sample: the same in tests/prebuild.py's process
     sample = (torch.randn(2, cin, 7, 11),)
-    pte, graph = export_quantized(f"q8conv_{op}", _xnnpack_static, sample, make_module=make_module)
+    return export_quantized(f"q8conv_{op}", _xnnpack_static, sample, make_module=make_module)
+
+
+@pytest.mark.parametrize("make_module, cin, op", INT8_CONVS)
+async def test_each_int8_convolution_matches_the_eager_quantized_program(load_pte, make_module, cin, op):
+    pte, graph = _int8_conv(make_module, cin, op)
     assert op in _delegate_ops(pte)
     model = await load_pte(pte)
     torch.manual_seed(3)
@@ -121,9 +127,16 @@ class SmallCNN(torch.nn.Module):
         return self.shuffle(self.up(p)), p
 
 
+def _int8_cnn():
+    torch.manual_seed(0)
+    return export_quantized("q8_cnn", _xnnpack_static, (torch.randn(1, 3, 7, 9),), make_module=SmallCNN)
+
+
+PREBUILD = [functools.partial(_int8_conv, *case) for case in INT8_CONVS] + [_int8_cnn]  # tests/prebuild.py
+
+
 async def test_small_int8_cnn_end_to_end(load_pte):
-    sample = (torch.randn(1, 3, 7, 9),)
-    pte, graph = export_quantized("q8_cnn", _xnnpack_static, sample, make_module=SmallCNN)
+    pte, graph = _int8_cnn()
     ops = _delegate_ops(pte)
     convs = {f"et_vk.q8ta_conv2d{kind}.default" for kind in ("", "_dw", "_pw", "_transposed")}
     assert convs | {"et_vk.q8ta_add.default", "aten.pixel_shuffle.default"} <= ops

@@ -3,6 +3,8 @@ quantize/dequantize family, and int8 PT2E-quantized models, each exported with t
 VulkanPartitioner and compared with torch eager on the same inputs. Prime and odd sizes; dynamic
 dims run at several live sizes in random order, their minimum and maximum included."""
 
+import hashlib
+
 import numpy as np
 import pytest
 import torch
@@ -11,7 +13,7 @@ from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
 from async_runtime.vulkan_patterns import cache_vulkan_pattern_graphs
 from resize.values import Scalar, SymInt
 
-from .exporting import export_pte
+from .exporting import export_pte, stored_pte
 from .test_shape_ops import _Graph, _resize
 
 pytestmark = pytest.mark.anyio
@@ -130,7 +132,9 @@ class LinearAddRelu(LinearReluAdd):
 def export_quantized(name, quantizer, sample, dynamic_shapes=None, make_module=LinearReluAdd, calibration=()):
     """(pte bytes, the converted eager program) of `make_module()` quantized by `quantizer()` with
     ExecuTorch's PT2E flow (as its Vulkan tests quantize_and_lower_module), calibrated on `sample`
-    and the input tuples of `calibration`, once per session."""
+    and the input tuples of `calibration`, once per session. The .pte is kept in the export store
+    (tests/exporting.py) under `name` and a digest of the calibration inputs, which it depends on;
+    the converted program is made again each session (seconds: the lowering is what takes long)."""
     if name in _QUANTIZED:
         return _QUANTIZED[name]
     from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
@@ -145,12 +149,17 @@ def export_quantized(name, quantizer, sample, dynamic_shapes=None, make_module=L
     for inputs in (sample, *calibration):
         graph(*inputs)
     graph = convert_pt2e(graph)
-    ep = torch.export.export(graph, sample, dynamic_shapes=dynamic_shapes)
-    spec = {"require_dynamic_shapes": dynamic_shapes is not None}
-    program = to_edge_transform_and_lower(
-        ep, compile_config=EdgeCompileConfig(_skip_dim_order=False), partitioner=[VulkanPartitioner(spec)]
-    )
-    _QUANTIZED[name] = (bytes(program.to_executorch().buffer), graph)
+
+    def lowering():
+        ep = torch.export.export(graph, sample, dynamic_shapes=dynamic_shapes)
+        spec = {"require_dynamic_shapes": dynamic_shapes is not None}
+        program = to_edge_transform_and_lower(
+            ep, compile_config=EdgeCompileConfig(_skip_dim_order=False), partitioner=[VulkanPartitioner(spec)]
+        )
+        return bytes(program.to_executorch().buffer)
+
+    digest = hashlib.sha1(b"".join(t.numpy().tobytes() for inputs in (sample, *calibration) for t in inputs)).hexdigest()[:12]
+    _QUANTIZED[name] = (stored_pte(f"{name}_{digest}", lowering), graph)
     return _QUANTIZED[name]
 
 

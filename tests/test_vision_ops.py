@@ -8,6 +8,7 @@ batch-norm statistics) atol 1e-4, rtol 1e-3: the GPU sums a convolution's produc
 order than torch does."""
 
 import dataclasses
+import functools
 import os
 
 import numpy as np
@@ -164,12 +165,17 @@ CASES = {
 }
 
 
+def _case_export(case):
+    make, inputs = CASES[case][:2]
+    _grid_priors_op()
+    return export_pte(f"vision_{case}", make, [torch.from_numpy(a) for a in inputs()])
+
+
 @pytest.mark.parametrize("case", CASES)
 async def test_vision_op_variants_match_eager(case, load_pte):
-    make, inputs, tol, outside = CASES[case]
-    _grid_priors_op()
+    _, inputs, tol, outside = CASES[case]
     sample = inputs()
-    pte, module = export_pte(f"vision_{case}", make, [torch.from_numpy(a) for a in sample])
+    pte, module = _case_export(case)
     model = await load_pte(pte)
     assert set(model.graph.kernel_ops) == outside
     other = tuple(a + 0.5 * rand(*a.shape, seed=7) for a in sample)  # the same shapes, other values
@@ -345,7 +351,7 @@ def _zoo_export(name, make):
 
 
 # tests/prebuild.py: the slowest exports of this file
-PREBUILD = [lambda: _zoo_export("mobilenet_v2", _mobilenet_v2), _cnn]
+PREBUILD = [lambda: _zoo_export("mobilenet_v2", _mobilenet_v2), _cnn] + [functools.partial(_case_export, case) for case in CASES]
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the kernels are the same on trio

@@ -90,10 +90,6 @@ def zoo_export(name):
     return export_pte(f"zoo_{name}", make(name), sample, dynamic_shapes=dynamic, require_dynamic_shapes=require_dynamic)
 
 
-# tests/prebuild.py: the zoo models that run without PTE_WGPU_SLOW
-PREBUILD = [functools.partial(zoo_export, n) for n in ZOO if not ZOO[n][3] or os.environ.get("PTE_WGPU_SLOW") == "1"]
-
-
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the kernels are the same on trio
 @pytest.mark.parametrize("name", [pytest.param(n, marks=ZOO[n][3]) for n in ZOO])
 async def test_zoo_model_matches_eager(name, load_pte):
@@ -114,6 +110,19 @@ async def test_wide_3x3_convolution(cin, load_pte):
     await assert_matches_eager(await load_pte(pte), module, [(torch.randn(1, cin, 8, 8),)], atol=1e-4, rtol=1e-3)
 
 
+def _int8_mobilenet_v2():
+    torch.manual_seed(0)
+    sample = (torch.randn(1, 3, 64, 64),)
+    calibration = [(torch.randn(1, 3, 64, 64),) for _ in range(3)]
+    mobilenet_v2 = lambda: randomize_batch_norms(MobileNetV2(10))  # noqa: E731
+    return export_quantized("zoo_int8_mobilenet_v2", _xnnpack_static, sample, make_module=mobilenet_v2, calibration=calibration)
+
+
+# tests/prebuild.py: the zoo models that run without PTE_WGPU_SLOW, and the int8 MobileNet V2
+SLOW_ON = os.environ.get("PTE_WGPU_SLOW") == "1"
+PREBUILD = [functools.partial(zoo_export, n) for n in ZOO if not ZOO[n][3] or SLOW_ON] + [_int8_mobilenet_v2]
+
+
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_int8_mobilenet_v2_matches_the_eager_quantized_program(load_pte):
     """MobileNet V2 quantized by ExecuTorch's static int8 flow (XNNPACKQuantizer, per-channel
@@ -128,11 +137,7 @@ async def test_int8_mobilenet_v2_matches_the_eager_quantized_program(load_pte):
     convolutions, 10 q8ta adds, the linear, 36 quantizes). The first four feature layers still
     match eager 99.9% exactly; the 10 logits 40-60%, up to 2 steps apart, as eager's own logits
     move when noise of a 300th of the input's step is added to the input."""
-    torch.manual_seed(0)
-    sample = (torch.randn(1, 3, 64, 64),)
-    calibration = [(torch.randn(1, 3, 64, 64),) for _ in range(3)]
-    mobilenet_v2 = lambda: randomize_batch_norms(MobileNetV2(10))  # noqa: E731
-    pte, graph = export_quantized("zoo_int8_mobilenet_v2", _xnnpack_static, sample, make_module=mobilenet_v2, calibration=calibration)
+    pte, graph = _int8_mobilenet_v2()
     ops = _delegate_ops(pte)
     assert {f"et_vk.q8ta_conv2d{kind}.default" for kind in ("", "_dw", "_pw")} | {"et_vk.q8ta_add.default"} <= ops
     (step,) = _output_steps(graph)
