@@ -30,7 +30,8 @@ def exports_under_way(request, tmp_path_factory):
     test_bench's run (its own export, then the bench). Those for the last files, the Vulkan
     delegate adapter's lowerings and the vision bench's export, run niced: they take the CPU the
     files before them leave idle. So does the prebuild of the exports the selected modules list
-    in PREBUILD (tests/prebuild.py), into the session's export store (tests/exporting.py)."""
+    in PREBUILD (tests/prebuild.py), into the session's export store (tests/exporting.py), and,
+    when other files are selected too, test_soak's run (niced further)."""
     from . import exporting
 
     items = request.session.items
@@ -41,6 +42,10 @@ def exports_under_way(request, tmp_path_factory):
         from .test_bench import start_bench
 
         runs.append(start_bench(tmp_path_factory))
+    if "test_soak.py" in selected and len(selected) > 1 and not os.environ.get("PTE_WGPU_SOAK_HERE"):
+        from .test_soak import start_soak
+
+        runs.append(start_soak(tmp_path_factory))
     if importlib.util.find_spec("executorch") is not None:
         if "test_llama.py" in selected:
             from .test_llama import start_exports
