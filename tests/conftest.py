@@ -42,7 +42,7 @@ def exports_under_way(request, tmp_path_factory):
         from .test_bench import start_bench
 
         runs.append(start_bench(tmp_path_factory))
-    if "test_soak.py" in selected and len(selected) > 1 and not os.environ.get("PTE_WGPU_SOAK_HERE"):
+    if "test_soak.py" in selected and len(selected) > 1:
         from .test_soak import start_soak
 
         runs.append(start_soak(tmp_path_factory))
