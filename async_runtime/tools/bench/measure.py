@@ -97,15 +97,7 @@ class CpuSplit:
                         awaitable = orig(*a, **k)
                     finally:
                         in_map[0] = False
-                    t0 = time.perf_counter()
-
-                    async def waiting():
-                        try:
-                            return await awaitable
-                        finally:
-                            totals[part] += time.perf_counter() - t0
-
-                    return waiting()
+                    return _Resolved(awaitable, totals, part)
 
             saved.append((cls, name, orig))
             setattr(cls, name, wrapper)
@@ -129,6 +121,22 @@ class CpuSplit:
         row = {k: 1e3 * v / max(executes, 1) for k, v in self.totals.items()}
         row["other"] = row["execute"] - sum(row[p] for p in SPLIT_PARTS)
         return row
+
+
+class _Resolved:
+    """`awaitable` that adds the time until it resolves to totals[part]. Awaitable again after a
+    cancelled await, as wgpu's promise is: the scheduler waits on a readback under a timeout and
+    awaits it again (a coroutine wrapper failed there with "cannot reuse already awaited
+    coroutine" when a readback outlasted the timeout)."""
+
+    def __init__(self, awaitable, totals, part):
+        self.awaitable, self.totals, self.part = awaitable, totals, part
+        self.t0 = time.perf_counter()
+
+    def __await__(self):
+        result = yield from self.awaitable.__await__()
+        self.totals[self.part] += time.perf_counter() - self.t0
+        return result
 
 
 def _engine(model, session):
