@@ -503,8 +503,9 @@ def subgroup_products(b, k, tensors):
     return b.subgroups and k % 4 == 0 and all(storage(b, v) in ("f32", "f16") for v in tensors)
 
 
-def fused_norm_rows(b, k, tensors):
-    """The most rows a fused linear of K = k over `tensors` normalizes itself; for more,
+def fused_norm_rows(b, k, tensors, q4=False):
+    """The most rows a fused linear of K = k over `tensors` (`q4`: a 4-bit one, whose GEMV takes up
+    to GEMV_MAX_ROWS rows on GPUs, kernels/quantized_fused.py) normalizes itself; for more,
     `pte_wgpu.rms_norm_for_gemm` (or `pte_wgpu.rms_norm_for_q4`) writes the normalized rows, which
     the subgroup kernels of more than one row and the GEMM read. On CPU adapters with subgroups
     none: their subgroup kernels read the normalized rows at every row count, as normalizing in
@@ -512,7 +513,7 @@ def fused_norm_rows(b, k, tensors):
     (SmolLM2 4w, one row: the fused SwiGLU 1.94 ms normalizing itself, 0.99 ms reading the rows,
     the norm 45 us; fp32 the same, BENCHMARKS.md)."""
     if subgroup_products(b, k, tensors):
-        return 0 if b.adapter == CPU else SG_GPU_ROWS[0] - 1
+        return 0 if b.adapter == CPU else GEMV_MAX_ROWS if q4 else SG_GPU_ROWS[0] - 1
     return GEMV_MAX_ROWS
 
 

@@ -15,8 +15,9 @@ Formats (as `executorch.backends.vulkan.patterns` writes them):
   are done by `div_rn`, an integer long division that is correctly rounded on every GPU (WGSL
   allows 2.5 ULP for `/`), so the integer activations match the CPU reference exactly.
 
-The two linear ops record a GEMV route (up to GEMV_MAX_ROWS rows, each its own: 256 threads reduce
-over K for 4 outputs, one u32 word = 8 weights per thread step) and a GEMM route (more rows:
+The two linear ops record GEMV routes (up to GEMV_MAX_ROWS rows, each its own: a workgroup's 256
+threads reduce over K for quads of outputs, one u32 word = 8 weights per thread step, as many
+threads a quad as the row count suits, gemv_routes) and a GEMM route (more rows:
 kernels/gemm.py's template with a B load that dequantizes each weight as it is staged, and with
 dq8 an A load that quantizes each activation; split-K as for fp32). On CPU adapters with
 subgroups, where K and the group size are multiples of 16 (a lane's step: 2 words), two subgroup
@@ -44,12 +45,54 @@ from .gemm import (
     params_bytes,
     storage,
 )
-from .linear import CPU_WG, GEMV_MAX_ROWS, SG_GPU, SG_GPU_ROWS, SG_LANES, SUBGROUP_BUILTINS, sg_wg_rows, vec4_loader, vec4_type
+from .linear import BITWISE_ROWS, CPU_WG, GEMV_MAX_ROWS, SG_LANES, SUBGROUP_BUILTINS, sg_wg_rows, vec4_loader, vec4_type
 from .registry import op
 from .variants import CPU
 from .wgsl import FLAT_INDEX, PACKED, WG, flat_grid, is_float, wgsl_type
 
-GEMV_ROWS = 4
+# The GEMV spreads a row's words over `lanes` invocations a quad of outputs, so a workgroup of
+# GEMV_WG takes 4 * GEMV_WG / lanes outputs; which lanes, by the pass's row count (gemv_routes).
+# GEMV_WG lanes leave most of them idle at K = 576 (72 words), which cost several rows dearly; yet
+# fewer lanes cost one decode row more in a real pass than the per-dispatch profile shows. H100,
+# SmolLM2-shaped 4w export, greedy bursts (one stream, 6 runs; 16 and 32 streams), one call:
+# GEMV_WG lanes at every count 537 / 3,467 / 4,203 tokens/s; half the words 504 / 4,900 / 6,574; a
+# quarter 449 / 5,230 / 7,180. (The per-dispatch profile of one row: 3,671 us at GEMV_WG lanes,
+# 3,037 at a quarter.)
+GEMV_WG = 256
+
+
+def _lanes(words, share):
+    """The smallest power of two from 32 holding 1 / `share` of `words`, at most GEMV_WG."""
+    lanes = 32
+    while lanes < GEMV_WG and share * lanes < words:
+        lanes *= 2
+    return lanes
+
+
+def gemv_routes(words):
+    """The GEMV's dispatches for rows of `words` u32 words, as (most rows, lanes), by row count:
+    GEMV_WG lanes for one row; up to BITWISE_ROWS rows the lanes holding half the words, whose
+    sums are GEMV_WG lanes' bit for bit up to a zero's sign (a lane adds its second word where the
+    wider tree's first live step would), so a row of a pass is what it gets alone; more rows a
+    quarter of them. Neighbours with the same lanes are one dispatch (72 words: 256, 64 and 32)."""
+    routes = []
+    for most, lanes in ((1, GEMV_WG), (BITWISE_ROWS, _lanes(words, 2)), (GEMV_MAX_ROWS, _lanes(words, 4))):
+        if routes and routes[-1][1] == lanes:
+            routes[-1] = (most, lanes)
+        else:
+            routes.append((most, lanes))
+    return routes
+
+
+def gemv_route(routes, m):
+    """The index of the route of `routes` (gemv_routes) that takes M rows (the last past them)."""
+    return next((i for i, (most, _) in enumerate(routes) if m <= most), len(routes) - 1)
+
+
+def gemv_outputs(lanes):
+    """Outputs a GEMV workgroup takes at `lanes` lanes a quad."""
+    return 4 * GEMV_WG // lanes
+
 
 # Correctly rounded a / b for finite a and normal b (subnormal quotients flush to 0, overflow
 # gives inf): the 24-bit quotient of the mantissas by restoring division, rounded to nearest even.
@@ -189,19 +232,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 """
 
 
-def gemv_body(dq8, weights, n, store, x_at=None):
-    """The GEMV's statements for 4 outputs from `n0` of N = `n` (WGSL), one row `m` at `xo`, over
-    `weights` ((word binding, dequantizing fn) pairs read for the same outputs, one accumulator and
-    one tree of `red`'s 256-vec4 slices each, each summed as the plain op's): `store` writes
-    output n of row m from v0, v1, .. (one a weight). `x_at(e)`: the row's element at WGSL offset e
-    as f32 (a fused norm's)."""
+def gemv_body(dq8, weights, n, store, lanes, x_at=None):
+    """The GEMV's statements for the outputs of workgroup `wg` of N = `n` (WGSL), one row `m` at
+    `xo`: each quad of outputs from `n0` summed by `lanes` invocations, over `weights` ((word binding, dequantizing fn) pairs read for the same outputs,
+    one accumulator and one tree of `red`'s 256-vec4 slices each, each summed as the plain op's):
+    `store` writes output n of row m from v0, v1, .. (one a weight). `x_at(e)`: the row's element
+    at WGSL offset e as f32 (a fused norm's)."""
     x_at = x_at or (lambda e: f"f32(x[xo + {e}])")
     at = lambda j: x_at(f"k0 + {j}u" if j else "k0")  # noqa: E731
-    lines = [f"let last = {n} - 1u;", *(f"let c{i} = min(n0{f' + {i}u' if i else ''}, last);" for i in range(4))]
+    lines = [f"let lane = li % {lanes}u;", f"let n0 = wg * {gemv_outputs(lanes)}u + 4u * (li / {lanes}u);"]
+    lines += [f"let last = {n} - 1u;", *(f"let c{i} = min(n0{f' + {i}u' if i else ''}, last);" for i in range(4))]
     lines += [GEMV_DQ8_SETUP.strip()] if dq8 else []
     lines += [f"var acc{j} = vec4<f32>(0.0);" for j in range(len(weights))]
     lines += [
-        "for (var w = li; w < q.kw; w = w + 256u) {",
+        f"for (var w = lane; w < q.kw; w = w + {lanes}u) {{",
         "    let k0 = w * 8u;",
         "    var xa = vec4<f32>(0.0);",
         "    var xb = vec4<f32>(0.0);",
@@ -223,9 +267,9 @@ def gemv_body(dq8, weights, n, store, x_at=None):
     lines.append("}")
     lines += [f"red[{256 * j}u + li] = acc{j};" for j in range(len(weights))]
     adds = " ".join(f"red[{256 * j}u + li] = red[{256 * j}u + li] + red[{256 * j}u + li + s];" for j in range(len(weights)))
-    lines += ["workgroupBarrier();", f"for (var s = 128u; s > 0u; s = s >> 1u) {{ if (li < s) {{ {adds} }} workgroupBarrier(); }}"]
-    vals = " ".join(f"let v{j} = red[{256 * j}u][li];" for j in range(len(weights)))
-    lines.append(f"if (li < 4u) {{ let n = n0 + li; if (n < {n}) {{ {vals} {store} }} }}")
+    lines += ["workgroupBarrier();", f"for (var s = {lanes // 2}u; s > 0u; s = s >> 1u) {{ if (lane < s) {{ {adds} }} workgroupBarrier(); }}"]
+    vals = " ".join(f"let v{j} = red[{256 * j}u + li - lane][lane];" for j in range(len(weights)))
+    lines.append(f"if (lane < 4u) {{ let n = n0 + lane; if (n < {n}) {{ {vals} {store} }} }}")
     return "\n    ".join(lines)
 
 
@@ -243,11 +287,11 @@ GEMV_DQ8_X = """        xa = vec4<f32>(xq(xa.x, inv_row, zp_row, s_row), xq(xa.y
                        xq(xb.z, inv_row, zp_row, s_row), xq(xb.w, inv_row, zp_row, s_row));"""
 
 
-def gemv_shader(dq8, zp_packed, has_bias, word_group, types=Storage(), residual=False):
-    """The GEMV route (256 invocations reduce over K for 4 outputs of one row)."""
-    body = gemv_body(dq8, [("wq", "dq8")], "q.N", "out[m * q.N + n] = epilogue(v0, m, n);")
+def gemv_shader(dq8, zp_packed, has_bias, word_group, lanes, types=Storage(), residual=False):
+    """A GEMV route (`lanes` invocations reduce over K for each 4 outputs of one row)."""
+    body = gemv_body(dq8, [("wq", "dq8")], "q.N", "out[m * q.N + n] = epilogue(v0, m, n);", lanes)
     head = _gemv_header(dq8, zp_packed, has_bias, types, residual=residual) + _dequant(dq8, zp_packed, word_group)
-    return head + gemv_reduce(1) + GEMV_MAIN + f"    let n0 = wg0 * 4u;\n    {body}\n}}\n"
+    return head + gemv_reduce(1) + GEMV_MAIN + f"    let wg = wg0;\n    {body}\n}}\n"
 
 
 # CPU adapters with subgroups (kernels/linear.py's gemv_sg_body, for 4-bit words): the lanes of a
@@ -270,12 +314,12 @@ Q4_SG_GEMV = (1, 8)  # (input rows, weight rows) a subgroup takes: one row (deco
 Q4_SG_GEMM = (8, 8)  # any other row count (prefill, a ragged pass): no tiled GEMM, no barriers
 Q4_SG_WORDS = 2  # words a lane loads a step (a vec2<u32>: 16 weights)
 Q4_SG_STEP = 8 * Q4_SG_WORDS  # weights a lane step: K and the group size must be whole steps
-# GPUs with subgroups take it at kernels/linear.py's SG_GPU shape for a ragged pass of
-# SG_GPU_ROWS[0] to GEMV_MAX_ROWS rows (several sessions), for weights of at least Q4_SG_GPU_MIN_N
-# rows (narrower ones leave too few workgroups at 4 x 4, as fp32's 576-row residual linears did).
-# H100, SmolLM2-shaped 4w export, greedy bursts, one call: 32 sessions 4,181 -> 5,565 tokens/s;
-# at 64 rows it lost to the split-K dequantizing GEMM (9,081 -> 8,196), so more rows keep that.
-Q4_SG_GPU_MIN_N = 1024
+# GPUs take the GEMV up to GEMV_MAX_ROWS rows, as the fused 4-bit linears do (so that those stay
+# bitwise the plain ops). With its lanes fitted to K past one row (gemv_routes) it beat this kernel at
+# kernels/linear.py's SG_GPU shape, which GPUs took for 17 to 32 rows of wide weights before:
+# H100, SmolLM2-shaped 4w export, greedy bursts, two rounds in one call: 32 sessions 6,513 /
+# 6,533 -> 7,332 / 7,446 tokens/s (the fused SwiGLU normalizing its rows, one dispatch instead of
+# three and the norm's).
 
 
 def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None):
@@ -443,19 +487,16 @@ def q4_weight(b, x, weight, scales, group_size):
 
 def q4_subgroup_shapes(b, w):
     """The subgroup kernel shapes a plain 4-bit product of weight `w` builds on this device: CPU
-    adapters take them at every row count, one row and more; GPUs for 17 to 32 rows of wide weights."""
-    if not (b.subgroups and w.subgroup_steps()):
+    adapters with subgroups take them at every row count, one row and more."""
+    if not (b.adapter == CPU and b.subgroups and w.subgroup_steps()):
         return ()
-    return (Q4_SG_GEMV, Q4_SG_GEMM) if b.adapter == CPU else (SG_GPU,) if w.n >= Q4_SG_GPU_MIN_N else ()
+    return (Q4_SG_GEMV, Q4_SG_GEMM)
 
 
 def q4_subgroup_shape(b, shapes, m, k):
     """The subgroup shape a product built with `shapes` takes for M x K, or None."""
     if shapes and k % Q4_SG_STEP == 0 and m > 0:
-        if b.adapter == CPU:
-            return Q4_SG_GEMV if m == 1 else Q4_SG_GEMM
-        if SG_GPU_ROWS[0] <= m <= GEMV_MAX_ROWS:
-            return SG_GPU
+        return Q4_SG_GEMV if m == 1 else Q4_SG_GEMM
     return None
 
 
@@ -479,7 +520,8 @@ class Q4Product:
         word_group = w.gs % 8 == 0
         types = Storage(*(storage(b, v) if v is not None else "f32" for v in (x, xs, scales, bias, out)))
         bound = [*operands, *tail, out, self.q]
-        self.gemv = gemv and b.dispatch(gemv_shader(dq8, zp_packed, has_bias, word_group, types, residual), bound)
+        self.routes = gemv_routes(w.wpr) if gemv else []
+        self.gemvs = [b.dispatch(gemv_shader(dq8, zp_packed, has_bias, word_group, lanes, types, residual), bound) for _, lanes in self.routes]
         self.shapes = q4_subgroup_shapes(b, w)
         self.sgs = [(b.dispatch(sg_shader(dq8, zp_packed, has_bias, shape, types, residual), bound), shape) for shape in self.shapes]
         q_binding = len(operands) + len(tail) + 3  # after out, p and the scratch
@@ -506,14 +548,15 @@ class Q4Product:
         sg_shape = q4_subgroup_shape(self.b, self.shapes, m, k) if on else None
         use_gemv = on and m <= GEMV_MAX_ROWS and sg_shape is None
         use_gemm = on and m > GEMV_MAX_ROWS and sg_shape is None
-        if use_gemv and self.gemv is False:
+        if use_gemv and not self.gemvs:
             _fail(name, f"{m} rows need the GEMV route, not built")
         splits, kspan = self.gemm.plan(m, w.n, k, 1, use_gemm)
         ctx.set_params(self.q, struct.pack(LIN_FORMAT, m, w.n, k, w.wpr, w.sn, w.groups, w.gs, -(-k // 8)))
         bias_strides = (0, w.n, 1) if self.residual else (0, 0, 1)
         ctx.set_params(self.p, params_bytes(m, w.n, k, bias=bias_strides, split=(splits, kspan)))
-        if self.gemv is not False:
-            ctx.set_grid(self.gemv, fold_grid(-(-w.n // GEMV_ROWS))[:2] + (m,) if use_gemv else (0, 0, 0))
+        chosen = gemv_route(self.routes, m) if use_gemv else None
+        for i, (d, (_, lanes)) in enumerate(zip(self.gemvs, self.routes)):
+            ctx.set_grid(d, fold_grid(-(-w.n // gemv_outputs(lanes)))[:2] + (m,) if i == chosen else (0, 0, 0))
         for d, shape in self.sgs:
             ctx.set_grid(d, fold_grid(-(-w.n // sg_wg_rows(shape)))[:2] + (-(-m // shape[0]),) if shape == sg_shape else (0, 0, 0))
         self.gemm.set_grids(ctx, m, w.n, 1, splits, use_gemm)

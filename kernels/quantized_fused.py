@@ -18,10 +18,9 @@ replaced stored it (the products rounded to their tensors' types before the gate
 
 The fused kernel per adapter class: on CPU adapters with subgroups (and weights of whole subgroup
 steps) the subgroup kernels of every row count, Q4_SG_GEMV's one row and Q4_SG_GEMM's shape for
-more, as the plain op; otherwise the 256-invocation GEMV up to
-GEMV_MAX_ROWS rows, or up to 16 where a product's plain op takes the GPU subgroup kernel at 17 to
-32 rows. More rows run each product's plain routes (Q4Product: the subgroup kernel or the GEMV
-where the plain op takes them, the dequantizing GEMM), then SwiGLU's elementwise gate.
+more, as the plain op; otherwise the GEMV up to GEMV_MAX_ROWS rows, as the plain op too. More
+rows run each product's plain routes (Q4Product: the dequantizing GEMM), then SwiGLU's
+elementwise gate.
 """
 
 import struct
@@ -29,11 +28,10 @@ import struct
 from resize.shapes import fold_grid, numel_of
 
 from .gemm import storage
-from .linear import GEMV_MAX_ROWS, SG_GPU, SG_GPU_ROWS, sg_wg_rows, vec4_loader, vec4_type
+from .linear import GEMV_MAX_ROWS, sg_wg_rows, vec4_loader, vec4_type
 from .linear_fused import _RMS, SILU, swiglu_elementwise
 from .quantized import (
     GEMV_MAIN,
-    GEMV_ROWS,
     Q4_SG_GEMM,
     Q4_SG_GEMV,
     Q4_SG_STEP,
@@ -43,8 +41,10 @@ from .quantized import (
     _dequant,
     _fail,
     gemv_body,
+    gemv_outputs,
+    gemv_route,
+    gemv_routes,
     gemv_reduce,
-    q4_subgroup_shapes,
     q4_weight,
     sg_body,
     sg_main,
@@ -67,7 +67,8 @@ def _shader(kind, shape, count, swiglu, norm, types, word_group):
     """The fused kernel of `kind` (SUBGROUP at `shape`, or GEMV) over `count` weights: a product
     each (a branch per product), or with `swiglu` the two of SwiGLU for the same outputs. `types`:
     storage types of x, the scales, gamma, the outputs and the rows a norm writes (`rows`) and the
-    products as stored before the gate (`gate`, `up`)."""
+    products as stored before the gate (`gate`, `up`). The GEMV's shape is its route (most rows,
+    lanes), kernels/quantized.py's gemv_routes."""
     sg = kind == SUBGROUP
     reads = [("x", vec4_type(types["x"]) if sg else types["x"])]
     for j in range(count):
@@ -94,7 +95,7 @@ def _shader(kind, shape, count, swiglu, norm, types, word_group):
         if sg:
             per = sg_wg_rows(shape, len(weights))
             return f"let nw = wg * {per}u;\n    " + sg_body(False, shape, weights, n, store)
-        return "let n0 = wg * 4u;\n    " + gemv_body(False, [(w, f"dq8{s}") for w, s in weights], n, store(0), x_at)
+        return gemv_body(False, [(w, f"dq8{s}") for w, s in weights], n, store(0), shape[1], x_at)
 
     fn = (lambda j: f"wscale{j}") if sg else (lambda j: str(j))
     if swiglu:
@@ -135,26 +136,25 @@ class _Fused:
         floats = [self.x, *(s for _, s in self.products), *items] + ([x_pre, gamma] if self.norm else [])
         steps = all(w.subgroup_steps() for w in self.ws) and all(storage(b, v) in ("f32", "f16") for v in floats)
         self.kind = SUBGROUP if b.adapter == CPU and b.subgroups and steps else GEMV
-        # the rows the fused kernel takes: every count, or up to where a product's plain op takes the GPU subgroup kernel
-        gpu_sg = any(SG_GPU in q4_subgroup_shapes(b, w) for w in self.ws)
-        self.most = None if self.kind == SUBGROUP else SG_GPU_ROWS[0] - 1 if gpu_sg else GEMV_MAX_ROWS
+        self.most = None if self.kind == SUBGROUP else GEMV_MAX_ROWS  # the rows the fused kernel takes: every count, or the GEMV's
         types = {
             "x": storage(b, self.x), "scales": [storage(b, s) for _, s in self.products], "gamma": gamma is not None and storage(b, gamma),
             "outs": [storage(b, o) for o in self.outs], "rows": storage(b, self.x), "gate": storage(b, items[-2]), "up": storage(b, items[-1]),
         }  # fmt: skip
         self.q = b.params(4 * (len(HEAD) + 4 * len(self.ws)))
         word_group = self.ws[0].gs % 8 == 0
-        shapes = ((Q4_SG_GEMV[0], Q4_SG_GEMV[1] * len(self.ws)) if swiglu else Q4_SG_GEMV, Q4_SG_GEMM) if self.kind == SUBGROUP else (None,)
+        sg = ((Q4_SG_GEMV[0], Q4_SG_GEMV[1] * len(self.ws)) if swiglu else Q4_SG_GEMV, Q4_SG_GEMM)
+        self.shapes = sg if self.kind == SUBGROUP else gemv_routes(self.ws[0].wpr)
         self.dispatches = []
-        for shape in shapes:
-            norm = self.norm and shape is None  # the subgroup kernels read rms_norm_for_q4's rows
+        for shape in self.shapes:
+            norm = self.norm and self.kind == GEMV  # the subgroup kernels read rms_norm_for_q4's rows
             t = dict(types, x=storage(b, x_pre)) if norm else types
             reads = [x_pre if norm else self.x, *(v for pair in self.products for v in pair)] + ([gamma] if norm else [])
             shader = _shader(self.kind, shape, len(self.ws), swiglu, norm, t, word_group)
             self.dispatches.append((b.dispatch(shader, [*reads, *self.outs, self.q]), shape))
-        # more rows: each product's plain routes (its GEMV only where a product's takes the GPU subgroup kernel)
+        # more rows: each product's plain routes (the dequantizing GEMM)
         self.plain = [] if self.most is None else [
-            Q4Product(b, self.x, None, None, w, s, gs, None, o, gemv=self.most < GEMV_MAX_ROWS) for (w, s), o in zip(self.products, self.stored)
+            Q4Product(b, self.x, None, None, w, s, gs, None, o, gemv=False) for (w, s), o in zip(self.products, self.stored)
         ]  # fmt: skip
         if swiglu and self.plain:
             self.e = b.params(16)
@@ -162,7 +162,7 @@ class _Fused:
 
     def per(self, shape):
         """Outputs a workgroup of the kernel at `shape`."""
-        return GEMV_ROWS if shape is None else sg_wg_rows(shape, len(self.ws) if self.swiglu else 1)
+        return gemv_outputs(shape[1]) if self.kind == GEMV else sg_wg_rows(shape, len(self.ws) if self.swiglu else 1)
 
     def resize(self, ctx):
         b, xd = self.b, ctx.dims(self.x)
@@ -176,7 +176,7 @@ class _Fused:
         fused = m > 0 and (self.most is None or m <= self.most)
         for product in self.plain:
             product.resize(ctx, on=not fused)
-        chosen, shape = self.dispatches[1 if self.kind == SUBGROUP and m > 1 else 0]
+        chosen, shape = self.dispatches[gemv_route(self.shapes, m) if self.kind == GEMV else int(m > 1)]
         per = self.per(shape)
         ns = [w.n for w in self.ws][: 1 if self.swiglu else None]
         starts = [0]
@@ -188,7 +188,7 @@ class _Fused:
             fields += [pw.n, pw.sn, starts[j] if j < len(ns) else 0, 0]
         ctx.set_params(self.q, struct.pack(f"<6If{1 + 4 * len(self.ws)}I", *fields[:6], self.eps, 0, *fields[6:]))
         x, y, _ = fold_grid(starts[-1])
-        rows = 1 if shape is None else shape[0]  # the GEMV: a row a workgroup
+        rows = 1 if self.kind == GEMV else shape[0]  # the GEMV: a row a workgroup
         for d, _ in self.dispatches:
             ctx.set_grid(d, (x, y, -(-m // rows)) if fused and d == chosen else (0, 0, 0))
         for o, n in zip(self.stored, [w.n for w in self.ws]):

@@ -425,7 +425,7 @@ def rms_norm(b):
     (kernels/linear.py's fused_norm_rows)."""
     x, weight, out = b.args[0], b.args[1], b.out
     for_gemm = b.name != "et_vk.rms_norm.default"
-    fused_rows = fused_norm_rows(b, b.tensor(1).dims[-1], (x, weight, out))
+    fused_rows = fused_norm_rows(b, b.tensor(1).dims[-1], (x, weight, out), q4=b.name == "pte_wgpu.rms_norm_for_q4")
     eps = float(b.scalar(2, 1e-6))
     to = _storage(b, out)
     body = RMS_NORM_BODY.format(WG=RWG, tree=_tree("a + b"), TO=to)

@@ -89,10 +89,14 @@ CASES = {
     # and 64: the subgroup kernels of CPU adapters, a partial row group
     "q4_n52": (quantized(lambda: Linear(96, 52, True), "4w", 32), (33, 96), 0),
     "dq8_n44": (quantized(lambda: Linear(192, 44, False), "8da4w", 64), (33, 192), 0),
-    # N >= Q4_SG_GPU_MIN_N (not a multiple of a workgroup's 32 outputs): GPUs with subgroups take
-    # the subgroup kernel for 17 to 32 rows
+    # wide weights, N not a multiple of a workgroup's outputs
     "q4_wide": (quantized(lambda: Linear(96, 1032, True), "4w", 32), (33, 96), 0),
     "dq8_wide": (quantized(lambda: Linear(64, 1048, False), "8da4w", 16), (33, 64), 0),
+    # SmolLM2's K: the GPU GEMV's three routes (256, 64 and 32 lanes a quad of outputs)
+    "q4_k576": (quantized(lambda: Linear(576, 44, True), "4w", 32), (33, 576), 0),
+    # long rows: the GPU GEMV's 256 lanes a quad at every row count (1,041 words), and 128 (275 words)
+    "q4_long_k": (quantized(lambda: Linear(8328, 52, False), "4w", 24), (9, 8328), 0),
+    "dq8_long_k": (quantized(lambda: Linear(2200, 36, True), "8da4w", 40), (9, 2200), 0),
 }
 
 
@@ -161,17 +165,37 @@ async def test_cpu_adapters_take_the_subgroup_gemv(name, subgroup, load_pte, ker
 
 
 @pytest.mark.parametrize("name", ["q4_wide", "dq8_wide"])
-async def test_gpus_take_the_subgroup_kernel_for_17_to_32_rows(name, load_pte, kernel_variants):
-    """With the GPU variants on a device with subgroups, a wide 4-bit linear runs the subgroup
-    kernel (SG_GPU) for 17 to 32 rows only: the GEMV for fewer, the split-K GEMM for more."""
+async def test_gpus_take_the_gemv_up_to_32_rows(name, load_pte, kernel_variants):
+    """With the GPU variants, even on a device with subgroups, a wide 4-bit linear runs the GEMV
+    up to GEMV_MAX_ROWS rows and the tiled GEMM past that, never a subgroup kernel."""
     model = await load_pte(_export(name)[0])
-    if kernel_variants != "gpu" or "subgroup" not in model.device_info.features:
-        pytest.skip("the GPU variants on a device with subgroups")
+    if kernel_variants != "gpu":
+        pytest.skip("the GPU variants")
     for m in (1, 16, 17, 32, 33):
         await model.execute(_rows(name, m, np.random.default_rng(m)))
         grids = model._default.state.grids
-        ran = any("subgroupAdd" in (d.shader or "") and all(grids[i]) for i, d in enumerate(model.graph.dispatches))
-        assert ran == (17 <= m <= 32), m
+        running = [d.shader or "" for i, d in enumerate(model.graph.dispatches) if all(grids[i])]
+        assert not any("subgroupAdd" in s for s in running), m
+        assert any("var<workgroup> As" in s for s in running) == (m > 32), m
+
+
+async def test_gpu_gemv_rows_are_each_row_alone(load_pte, kernel_variants):
+    """With the GPU variants, K = 576 (72 words a row): the GEMV takes one row at 256 lanes a quad
+    of outputs, 2 to 16 rows at 64 and 17 to 32 at 32 (kernels/quantized.py's gemv_routes), and
+    each row of a pass of up to 16 rows is bitwise what it gets alone."""
+    if kernel_variants != "gpu":
+        pytest.skip("the GPU variants")
+    model = await load_pte(_export("q4_k576")[0])
+    rng = np.random.default_rng(5)
+    for m, lanes in ((1, 256), (2, 64), (16, 64), (17, 32), (32, 32)):
+        await model.execute(_rows("q4_k576", m, rng))
+        grids = model._default.state.grids
+        running = [d.shader for i, d in enumerate(model.graph.dispatches) if d.shader and all(grids[i])]
+        assert [f"let lane = li % {lanes}u;" in s for s in running] == [True], m
+    x = _rows("q4_k576", 16, rng)
+    alone = np.concatenate([(await model.execute(x[i : i + 1]))[0] for i in range(16)])
+    for m in (2, 7, 16):
+        np.testing.assert_array_equal((await model.execute(x[:m]))[0], alone[:m], err_msg=f"{m} rows")
 
 
 @pytest.mark.parametrize("name", ["q4_n52", "dq8_n44"])
