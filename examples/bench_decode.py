@@ -2,6 +2,7 @@
 adapter (lavapipe), where examples/bench_llm.py's rows (2,048-token prompts, 32 sessions) take hours.
 
     python examples/bench_decode.py model.pte [--prompt 64] [--decode 16] [--runs 3] [--json out.json]
+        [--xnnpack twin.pte]
 
 Each run opens a fresh session, times one `execute` of a `--prompt`-token prompt (to its logits),
 then `session.greedy` of `--decode` tokens after it (the path of `ar.generate` at temperature 0).
@@ -9,6 +10,9 @@ Each is timed by wall clock and by the process's CPU time (all its threads: on a
 driver's workers do the kernels' work), which a machine busy with other work inflates far less.
 Prints the load time, the kernel variants and the medians; `--json` writes every sample. To compare
 two checkouts on a busy machine, run it from each in turn, several times, and compare medians.
+`--xnnpack` runs the same prompt and decode on ExecuTorch's own runtime with the model's XNNPACK
+twin (`examples/export_smollm2.py --backend xnnpack`) in the same process afterwards, the host
+picking each token, and prints our rates as ratios to it: on a noisy machine the ratio moves less.
 """
 
 import argparse
@@ -25,8 +29,8 @@ import async_runtime as ar
 async def bench(args):
     t = time.perf_counter()
     async with await ar.load(args.pte) as model:
-        out = {"load_s": time.perf_counter() - t, "device": model.device_info.name, "kernels": model.kernels}
         vocab = model.outputs[0].max_shape[-1]
+        out = {"load_s": time.perf_counter() - t, "device": model.device_info.name, "kernels": model.kernels, "vocab": vocab}
         rng = np.random.default_rng(0)
         prefill, decode, prefill_cpu, decode_cpu = [], [], [], []
         for _ in range(args.runs):
@@ -53,6 +57,7 @@ def main():
     p.add_argument("--decode", type=int, default=16, help="greedy tokens timed after the prompt")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--json")
+    p.add_argument("--xnnpack", metavar="PTE", help="the model's XNNPACK twin: ExecuTorch's runtime as a baseline, same process")
     args = p.parse_args()
     out = anyio.run(bench, args)
     print(
@@ -60,6 +65,19 @@ def main():
         f"{out['prefill_s_median']:.2f} s ({out['prefill_cpu_s_median']:.2f} CPU-s), decode {out['decode_tok_s_median']:.2f} "
         f"tokens/s ({out['decode_cpu_s_per_tok_median']:.3f} CPU-s a token) (medians of {args.runs})"
     )
+    if args.xnnpack:
+        from async_runtime.tools.bench.baselines import xnnpack_baseline
+
+        base = xnnpack_baseline({"xnnpack": args.xnnpack}, {"prompt0": args.prompt, "runs": args.runs}, [args.prompt], args.decode,
+                                out["vocab"], lambda msg: None)
+        if "error" in base:
+            raise SystemExit(f"the XNNPACK baseline failed: {base['error']}")
+        decode, prefill = statistics.median(base["decode"]), args.prompt / statistics.median(base["prefill"][args.prompt])
+        out["xnnpack"] = base | {"decode_tok_s_median": decode, "prefill_s_median": prefill}
+        print(
+            f"ExecuTorch XNNPACK: prefill {prefill:.2f} s, decode {decode:.2f} tokens/s; ours / XNNPACK: decode "
+            f"{out['decode_tok_s_median'] / decode:.3f}x, prefill speed {prefill / out['prefill_s_median']:.3f}x"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -5,6 +5,7 @@ Export time only (needs torch + executorch + gguf); the runtime needs none of th
     python examples/export_smollm2.py                       # fp32, context 2048
     python examples/export_smollm2.py --qmode 4w --max-context 512
     python examples/export_smollm2.py --dtype fp16           # float16 weights, activations, KV cache
+    python examples/export_smollm2.py --backend xnnpack      # ExecuTorch's CPU twin, a baseline
     python examples/export_smollm2.py --gguf path/to/model.gguf --cache-dir /tmp/exports
 
     from examples.export_smollm2 import export
@@ -306,21 +307,23 @@ def _file_hash(path):
     return h.hexdigest()[:12]
 
 
-def export_dir(gguf_path=None, *, cache_dir=None, max_context=2048, qmode=None, group_size=32, dtype="fp32"):
+def export_dir(gguf_path=None, *, cache_dir=None, max_context=2048, qmode=None, group_size=32, dtype="fp32", backend="vulkan"):
     """Where `export` puts (or finds) the files for these options."""
     gguf_path = gguf_path or default_gguf_path()
     label = qmode or dtype
     if qmode:
         label += f"g{group_size}" + ("" if dtype == "fp32" else f"-{dtype}")
+    label += "" if backend == "vulkan" else f"-{backend}"
     label = label.replace("8da4w", "dq8a4w")  # export_llm treats paths containing "8da4w" as pre-quantized
     name = f"smollm2-{label}-ctx{max_context}-v{_FORMAT}-{_file_hash(gguf_path)}"
     return os.path.join(cache_dir or DEFAULT_CACHE, name)
 
 
 def export(gguf_path=None, *, cache_dir=None, max_context=2048, qmode=None, group_size=32, dtype="fp32",
-           keep_program=False, force=False, progress=True):
+           keep_program=False, force=False, progress=True, backend="vulkan"):
     """Export (once) and return the `.pte` path; `tokenizer.json` lies next to it. `dtype` "fp16"
-    holds weights, activations and KV cache in float16 (`async_runtime.llm.export.export_llm_args`).
+    holds weights, activations and KV cache in float16 (`async_runtime.llm.export.export_llm_args`);
+    `backend` "xnnpack" lowers to ExecuTorch's CPU backend instead (a baseline, not for this runtime).
 
     keep_program: also keep the pre-lowering ExportedProgram (`program.pt2`, for eager references)
     and the fp32 checkpoint. A cached export without program.pt2 is redone when keep_program is set."""
@@ -328,7 +331,7 @@ def export(gguf_path=None, *, cache_dir=None, max_context=2048, qmode=None, grou
 
     gguf_path = gguf_path or default_gguf_path()
     out_dir = export_dir(gguf_path, cache_dir=cache_dir, max_context=max_context, qmode=qmode,
-                         group_size=group_size, dtype=dtype)
+                         group_size=group_size, dtype=dtype, backend=backend)
     pte_path = os.path.join(out_dir, "model.pte")
     pt2_path = os.path.join(out_dir, "program.pt2")
     tok_path = os.path.join(out_dir, "tokenizer.json")
@@ -347,11 +350,11 @@ def export(gguf_path=None, *, cache_dir=None, max_context=2048, qmode=None, grou
     Tokenizer.from_gguf(gguf_path).save(tok_path)
     if progress:
         print(f"  {time.perf_counter() - t0:.1f}s; params {json.dumps(params)}", file=sys.stderr)
-        print(f"export_llm (Vulkan, {' '.join(filter(None, (qmode, dtype)))}, context {max_context}) -> {out_dir}",
+        print(f"export_llm ({backend}, {' '.join(filter(None, (qmode, dtype)))}, context {max_context}) -> {out_dir}",
               file=sys.stderr)
     tmp_pte = "model.pte.partial.pte"
     overrides = export_llm_args(params_path, ckpt_path, work, tmp_pte, max_context, qmode=qmode,
-                                group_size=group_size, dtype=dtype)
+                                group_size=group_size, dtype=dtype, backend=backend)
     seconds = run_llama_export(overrides, cwd=work, pt2_path=pt2_path + ".partial" if keep_program else "",
                                progress=progress, log_path=os.path.join(out_dir, "export.log"))
     produced = os.path.join(work, tmp_pte)
@@ -390,11 +393,13 @@ def main(argv=None):
     p.add_argument("--qmode", choices=["4w", "8da4w"], help="4-bit weights, group size --group-size")
     p.add_argument("--group-size", type=int, default=32)
     p.add_argument("--dtype", choices=DTYPES, default="fp32", help="model dtype (default %(default)s)")
+    p.add_argument("--backend", choices=["vulkan", "xnnpack"], default="vulkan",
+                   help="xnnpack: ExecuTorch's CPU backend, for examples/bench_decode.py --xnnpack (default %(default)s)")
     p.add_argument("--force", action="store_true", help="export even when a cached .pte exists")
     p.add_argument("--keep-program", action="store_true", help="also keep program.pt2 and ckpt.pth")
     a = p.parse_args(argv)
     path = export(a.gguf, cache_dir=a.cache_dir, max_context=a.max_context, qmode=a.qmode,
-                  group_size=a.group_size, dtype=a.dtype, keep_program=a.keep_program, force=a.force)
+                  group_size=a.group_size, dtype=a.dtype, keep_program=a.keep_program, force=a.force, backend=a.backend)
     print(path)
 
 
