@@ -240,6 +240,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let keys = {keys};  // causal: the row at absolute position P sees keys 0..P
     let cbase = ({cache_base}) / 4u;
 {key_range}
+    let used = (keys + span - 1u) / span;  // the splits the row's keys take; the rest leave, and the merge skips them
+    if (wid.z >= used) {{ return; }}
     let g = t % {G}u;  // this invocation's vec4 of dims in the weighted sum
     let sub = t / {G}u;  // and its share of each chunk's keys
     var m = -3.0e38;
@@ -325,22 +327,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }}
 """
 
-# The merge of one (head, row)'s split partial states, rescaled to the overall max, by invocation t
-# of CHUNK: from PARTS (f32) into RESULT (of type RT). COMBINE runs it in a dispatch of its own;
-# SPLIT_VEC4's fused form in the last of the row's workgroups to finish.
+# The merge of one (head, row)'s first `count` split partial states, rescaled to the overall max,
+# by invocation t of CHUNK: from PARTS (f32) into RESULT (of type RT). COMBINE runs it in a
+# dispatch of its own over every split; SPLIT_VEC4's fused form in the last of the row's
+# workgroups to finish, over the splits the row's keys took (the others' states, an empty range's,
+# would add exact zeros: the result is the same).
 MERGE = f"""
-fn merge(s: u32, h: u32, t: u32) {{
+fn merge(s: u32, h: u32, t: u32, count: u32) {{
     let width = p.d + 2u;
     let base = (s * p.hq + h) * p.splits * width;
     var mx = -3.0e38;
-    for (var g = 0u; g < p.splits; g = g + 1u) {{ mx = max(mx, PARTS[base + g * width + p.d]); }}
+    for (var g = 0u; g < count; g = g + 1u) {{ mx = max(mx, PARTS[base + g * width + p.d]); }}
     var total = 0.0;
-    for (var g = 0u; g < p.splits; g = g + 1u) {{
+    for (var g = 0u; g < count; g = g + 1u) {{
         total = total + PARTS[base + g * width + p.d + 1u] * exp(PARTS[base + g * width + p.d] - mx);
     }}
     for (var d = t; d < p.d; d = d + {CHUNK}u) {{
         var sum = 0.0;
-        for (var g = 0u; g < p.splits; g = g + 1u) {{
+        for (var g = 0u; g < count; g = g + 1u) {{
             sum = sum + PARTS[base + g * width + d] * exp(PARTS[base + g * width + p.d] - mx);
         }}
         RESULT[(s * p.hq + h) * p.d + d] = RT(sum / total);
@@ -356,12 +360,13 @@ struct P {{ s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32
 {MERGE.replace("PARTS", "parts").replace("RESULT", "out")}
 @compute @workgroup_size({CHUNK})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{
-    merge(wid.y, wid.x, lid.x);
+    merge(wid.y, wid.x, lid.x, p.splits);
 }}
 """
 
-# SPLIT_VEC4's finish on a GPU: the (head, row)'s workgroups count their arrivals, and the last
-# merges every split (MERGE) and sets the count back to 0, so split-K is one dispatch, not two
+# SPLIT_VEC4's finish on a GPU: the (head, row)'s workgroups that have keys count their arrivals,
+# and the last merges their splits (MERGE) and sets the count back to 0, so split-K is one
+# dispatch, not two
 # (a decode step's attention was 60 of its 216 dispatches). Each workgroup's partial-state stores
 # are ordered before its arrival by a storage barrier (device scope), and the last one's loads
 # after it by another.
@@ -375,10 +380,10 @@ var<workgroup> arrived_last: u32;
 
 
 LAST_MERGES = """    storageBarrier();
-    if (t == 0u) { arrived_last = u32(atomicAdd(&arrivals[s * p.hq + h], 1u) == p.splits - 1u); }
+    if (t == 0u) { arrived_last = u32(atomicAdd(&arrivals[s * p.hq + h], 1u) == used - 1u); }
     if (workgroupUniformLoad(&arrived_last) == 1u) {
         storageBarrier();
-        merge(s, h, t);
+        merge(s, h, t, used);
         if (t == 0u) { atomicStore(&arrivals[s * p.hq + h], 0u); }
     }"""
 
