@@ -366,10 +366,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 # SPLIT_VEC4's finish on a GPU: the (head, row)'s workgroups that have keys count their arrivals,
 # and the last merges their splits (MERGE) and sets the count back to 0, so split-K is one
-# dispatch, not two
-# (a decode step's attention was 60 of its 216 dispatches). Each workgroup's partial-state stores
-# are ordered before its arrival by a storage barrier (device scope), and the last one's loads
-# after it by another.
+# dispatch, not two (a decode step's attention was 60 of its 216 dispatches). Each workgroup's
+# partial-state stores are ordered before its arrival by a storage barrier (device scope), and the
+# last one's loads after it by another. A row of up to 64 keys takes one split of 16: on an H100
+# the other 15 workgroups' stores, arrivals and merged zeros took attention a layer from 19.7 to
+# 28.3 us at one decode row.
 def _arrivals(first):
     """The fused finish's bindings (the result, then the arrival counts, from binding `first`)
     and its merge."""

@@ -234,10 +234,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
 def gemv_body(dq8, weights, n, store, lanes, x_at=None):
     """The GEMV's statements for the outputs of workgroup `wg` of N = `n` (WGSL), one row `m` at
-    `xo`: each quad of outputs from `n0` summed by `lanes` invocations, over `weights` ((word binding, dequantizing fn) pairs read for the same outputs,
-    one accumulator and one tree of `red`'s 256-vec4 slices each, each summed as the plain op's):
-    `store` writes output n of row m from v0, v1, .. (one a weight). `x_at(e)`: the row's element
-    at WGSL offset e as f32 (a fused norm's)."""
+    `xo`: each quad of outputs from `n0` summed by `lanes` invocations, over `weights` ((word
+    binding, dequantizing fn) pairs read for the same outputs, one accumulator and one tree of
+    `red`'s 256-vec4 slices each, each summed as the plain op's): `store` writes output n of row m
+    from v0, v1, .. (one a weight). `x_at(e)`: the row's element at WGSL offset e as f32 (a fused
+    norm's)."""
     x_at = x_at or (lambda e: f"f32(x[xo + {e}])")
     at = lambda j: x_at(f"k0 + {j}u" if j else "k0")  # noqa: E731
     lines = [f"let lane = li % {lanes}u;", f"let n0 = wg * {gemv_outputs(lanes)}u + 4u * (li / {lanes}u);"]
@@ -315,8 +316,8 @@ Q4_SG_GEMM = (8, 8)  # any other row count (prefill, a ragged pass): no tiled GE
 Q4_SG_WORDS = 2  # words a lane loads a step (a vec2<u32>: 16 weights)
 Q4_SG_STEP = 8 * Q4_SG_WORDS  # weights a lane step: K and the group size must be whole steps
 # GPUs take the GEMV up to GEMV_MAX_ROWS rows, as the fused 4-bit linears do (so that those stay
-# bitwise the plain ops). With its lanes fitted to K past one row (gemv_routes) it beat this kernel at
-# kernels/linear.py's SG_GPU shape, which GPUs took for 17 to 32 rows of wide weights before:
+# bitwise the plain ops). With its lanes fitted to K past one row (gemv_routes) it beat this
+# kernel at kernels/linear.py's SG_GPU shape, which GPUs took for 17 to 32 rows of wide weights:
 # H100, SmolLM2-shaped 4w export, greedy bursts, two rounds in one call: 32 sessions 6,513 /
 # 6,533 -> 7,332 / 7,446 tokens/s (the fused SwiGLU normalizing its rows, one dispatch instead of
 # three and the norm's).
