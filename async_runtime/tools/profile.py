@@ -16,6 +16,13 @@ costs more than the batched passes of a normal step (gpu-baseline.md: ~51 vs ~7 
 dispatch on an H100), so profiled steps are slower than unprofiled ones: use the per-op shares
 and the ordering, not the absolute step time. Buffer copies between dispatches are not timed.
 
+`Profiler(model, whole_steps=True)` times real steps instead: the session's commands encoded as
+they always are (many dispatches per pass), with timestamps at the beginning of a step's first
+compute pass and the end of its last, so the table has one row, "step", whose mean is the GPU
+time of a step as it runs unprofiled. Per-dispatch passes can mislead about the whole: on an
+H100 they rated a 4-bit GEMV variant 18% faster at one decode row that made real steps 17%
+slower (BENCHMARKS.md, ninth session).
+
 Without the "timestamp-query" feature (some adapters; wgpu-native's lavapipe has it), `supported`
 is False, `encode` is never reached (attach only when supported) and the tables are empty.
 """
@@ -28,6 +35,8 @@ import wgpu
 
 from kernels.wgsl import elem_bytes
 from resize.shapes import numel_of
+
+from ..encoding import encode_dispatches
 
 MAX_QUERIES = 4096  # WebGPU's limit on one query set
 
@@ -60,8 +69,9 @@ class _Pending:
 
 
 class Profiler:
-    def __init__(self, model, units="ns"):
+    def __init__(self, model, units="ns", whole_steps=False):
         self.model = model
+        self.whole_steps = whole_steps
         self.device = model.device
         self.supported = "timestamp-query" in model.device_info.features
         self.units = units
@@ -77,6 +87,8 @@ class Profiler:
 
     # --- encoding (called from Session._encode_commands) -----------------------------------------
     def encode(self, session, encoder):
+        if self.whole_steps:
+            return self._encode_whole(session, encoder)
         graph, model = self.model.graph, self.model
         active = [
             (did, d, session.state.grids[did])
@@ -104,11 +116,38 @@ class Profiler:
                 k += 1
             else:
                 encoder.copy_buffer_to_buffer(session._buffer(d.src), 0, session._buffer(d.dst), 0, -(-grid[0] // 4) * 4)
+        self._resolve(session, encoder, ops, query_sets, n)
+
+    def _encode_whole(self, session, encoder):
+        """The step's commands as `Session._encode_commands` encodes them, its first compute pass
+        writing the beginning timestamp and its last the end one."""
+        runs = session._commands
+        computes = [i for i, run in enumerate(runs) if run[0] == "compute"]
+        qs = self.device.create_query_set(type="timestamp", count=2) if computes else None
+        for i, run in enumerate(runs):
+            if run[0] != "compute":
+                _, src, dst, nbytes = run
+                encoder.copy_buffer_to_buffer(src, 0, dst, 0, nbytes)
+                continue
+            writes = {"query_set": qs}
+            if i == computes[0]:
+                writes["beginning_of_pass_write_index"] = 0
+            if i == computes[-1]:
+                writes["end_of_pass_write_index"] = 1
+            compute = encoder.begin_compute_pass(timestamp_writes=writes if len(writes) > 1 else None)
+            encode_dispatches(compute, run[1])
+            compute.end()
+        timed = bool(computes)
+        self._resolve(session, encoder, [(-1, "step", 0)] if timed else [], [qs] if timed else [], 1 if timed else 0)
+
+    def _resolve(self, session, encoder, ops, query_sets, n):
+        """Resolve the step's `n` timestamp pairs of `query_sets` (`ops`: what each pair timed) into
+        a readback buffer that `collect` maps."""
         p = _Pending()
         p.step, p.session, p.ops, p.query_sets, p.count = self._steps, session.id, ops, query_sets, 2 * n
         self._steps += 1
         if n:
-            nbytes = 8 * 2 * n
+            nbytes, per_set = 8 * 2 * n, MAX_QUERIES // 2
             usage = wgpu.BufferUsage
             p.resolve = self.device.create_buffer(size=nbytes, usage=usage.QUERY_RESOLVE | usage.COPY_SRC)
             p.read = self.device.create_buffer(size=nbytes, usage=usage.MAP_READ | usage.COPY_DST)
