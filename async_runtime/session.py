@@ -303,16 +303,32 @@ class Session(SessionBase):
 
     def _encode_commands(self, encoder):
         """The graph's dispatches and copies: many dispatches per compute pass."""
-        if self.profiler is not None:  # profiling: one timestamped pass per dispatch (profile.py)
+        if self.profiler is not None:  # profiling: timestamped passes (profile.py)
             return self.profiler.encode(self, encoder)
-        for run in self._commands:
+        self._encode_runs(encoder)
+
+    def _encode_runs(self, encoder, timestamps=None):
+        """`_commands` into `encoder`; with a `timestamps` query set, the first compute pass writes
+        its beginning at index 0 and the last its end at index 1 (a whole step's GPU time).
+        Returns whether the step has a compute pass."""
+        first = last = None
+        if timestamps is not None:
+            computes = [i for i, run in enumerate(self._commands) if run[0] == "compute"]
+            first, last = (computes[0], computes[-1]) if computes else (None, None)
+        for i, run in enumerate(self._commands):
             if run[0] == "compute":
-                compute = encoder.begin_compute_pass()
+                writes = {}
+                if i == first:
+                    writes["beginning_of_pass_write_index"] = 0
+                if i == last:
+                    writes["end_of_pass_write_index"] = 1
+                compute = encoder.begin_compute_pass(timestamp_writes={"query_set": timestamps, **writes} if writes else None)
                 encode_dispatches(compute, run[1])
                 compute.end()
             else:
                 _, src, dst, nbytes = run
                 encoder.copy_buffer_to_buffer(src, 0, dst, 0, nbytes)
+        return first is not None
 
     def _read_outputs(self, reads):
         """Copy the outputs out of the mapped staging buffer, then unmap it."""

@@ -36,9 +36,8 @@ import wgpu
 from kernels.wgsl import elem_bytes
 from resize.shapes import numel_of
 
-from ..encoding import encode_dispatches
-
 MAX_QUERIES = 4096  # WebGPU's limit on one query set
+PAIRS_PER_SET = MAX_QUERIES // 2  # a dispatch's (begin, end)
 
 
 def enable_timestamp_normalization():
@@ -96,15 +95,14 @@ class Profiler:
             if (all(session.state.grids[did]) if d.shader is not None else session.state.grids[did][0] and did not in model._aliased)
         ]
         n = sum(d.shader is not None for _, d, _ in active)
-        per_set = MAX_QUERIES // 2
         query_sets = [
-            self.device.create_query_set(type="timestamp", count=2 * min(per_set, n - k))
-            for k in range(0, n, per_set)
+            self.device.create_query_set(type="timestamp", count=2 * min(PAIRS_PER_SET, n - k))
+            for k in range(0, n, PAIRS_PER_SET)
         ]
         ops, k = [], 0
         for did, d, grid in active:
             if d.shader is not None:
-                qs, j = query_sets[k // per_set], k % per_set
+                qs, j = query_sets[k // PAIRS_PER_SET], k % PAIRS_PER_SET
                 compute = encoder.begin_compute_pass(
                     timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": 2 * j, "end_of_pass_write_index": 2 * j + 1}
                 )
@@ -119,25 +117,10 @@ class Profiler:
         self._resolve(session, encoder, ops, query_sets, n)
 
     def _encode_whole(self, session, encoder):
-        """The step's commands as `Session._encode_commands` encodes them, its first compute pass
-        writing the beginning timestamp and its last the end one."""
-        runs = session._commands
-        computes = [i for i, run in enumerate(runs) if run[0] == "compute"]
-        qs = self.device.create_query_set(type="timestamp", count=2) if computes else None
-        for i, run in enumerate(runs):
-            if run[0] != "compute":
-                _, src, dst, nbytes = run
-                encoder.copy_buffer_to_buffer(src, 0, dst, 0, nbytes)
-                continue
-            writes = {"query_set": qs}
-            if i == computes[0]:
-                writes["beginning_of_pass_write_index"] = 0
-            if i == computes[-1]:
-                writes["end_of_pass_write_index"] = 1
-            compute = encoder.begin_compute_pass(timestamp_writes=writes if len(writes) > 1 else None)
-            encode_dispatches(compute, run[1])
-            compute.end()
-        timed = bool(computes)
+        """The step's commands as the session encodes them unprofiled (`Session._encode_runs`), its
+        first compute pass writing the beginning timestamp and its last the end one."""
+        qs = self.device.create_query_set(type="timestamp", count=2)
+        timed = session._encode_runs(encoder, qs)
         self._resolve(session, encoder, [(-1, "step", 0)] if timed else [], [qs] if timed else [], 1 if timed else 0)
 
     def _resolve(self, session, encoder, ops, query_sets, n):
@@ -147,13 +130,13 @@ class Profiler:
         p.step, p.session, p.ops, p.query_sets, p.count = self._steps, session.id, ops, query_sets, 2 * n
         self._steps += 1
         if n:
-            nbytes, per_set = 8 * 2 * n, MAX_QUERIES // 2
+            nbytes = 8 * 2 * n
             usage = wgpu.BufferUsage
             p.resolve = self.device.create_buffer(size=nbytes, usage=usage.QUERY_RESOLVE | usage.COPY_SRC)
             p.read = self.device.create_buffer(size=nbytes, usage=usage.MAP_READ | usage.COPY_DST)
             offset = 0
-            for qs, start in zip(query_sets, range(0, n, per_set)):
-                count = 2 * min(per_set, n - start)
+            for qs, start in zip(query_sets, range(0, n, PAIRS_PER_SET)):
+                count = 2 * min(PAIRS_PER_SET, n - start)
                 encoder.resolve_query_set(qs, 0, count, p.resolve, offset)
                 offset += 8 * count
             encoder.copy_buffer_to_buffer(p.resolve, 0, p.read, 0, nbytes)
