@@ -271,6 +271,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         m = m_new;
         workgroupBarrier();
     }}
+    if (used == 1u) {{  // one split: its state merged alone is acc / l, written here without the merge
+        if (t < {G}u) {{
+            let r = acc / l;
+            let o = row + 4u * t;
+            result[o] = RT(r.x);
+            result[o + 1u] = RT(r.y);
+            result[o + 2u] = RT(r.z);
+            result[o + 3u] = RT(r.w);
+        }}
+        return;
+    }}
     let at = ((s * p.hq + h) * p.splits + wid.z) * (p.d + 2u);
     if (t < {G}u) {{
         out[at + 4u * t] = OT(acc.x);
