@@ -306,6 +306,16 @@ SG_GPU_ROWS = (17, 128)
 # A pass of at most this many rows computes each row's products as the row alone would, on any
 # adapter (the GEMVs, and the CPU subgroup kernels at every shape, sum a row in one order).
 BITWISE_ROWS = SG_GPU_ROWS[0] - 1
+# On GPUs, weights of at least GEMV_T4_MIN_N rows (an LM head) take the GEMM past BITWISE_ROWS
+# rows: the GEMVs read such a weight once per 8 rows (the vec4 GEMV) or once per row (4-bit), the
+# GEMM once. H100, SmolLM2's 49,152 x 576 LM head, per-dispatch profile: fp32 the GEMV 335 us at
+# 32 rows, the GEMM 203 us at 64; 4-bit 494 against 233.
+WIDE_GEMV_ROWS = BITWISE_ROWS
+
+
+def gpu_gemv_rows(n):
+    """The most rows a GPU's GEMV takes for a weight of N rows (more: the GEMM)."""
+    return WIDE_GEMV_ROWS if n >= GEMV_T4_MIN_N else GEMV_MAX_ROWS
 
 
 def vec4_type(t):
@@ -432,6 +442,11 @@ class Product:
         return not self.empty and (self.m == 1 or (self.transposed and self.m <= GEMV_MAX_ROWS))
 
     @property
+    def gpu_gemv(self):
+        """The rows the GPU GEMVs take (gpu_gemv_rows)."""
+        return self.gemv and self.m <= gpu_gemv_rows(self.n)
+
+    @property
     def vec4_rows(self):
         """An [N, K] weight whose rows (and batches) are whole vec4s."""
         return self.transposed and self.k % 4 == 0 and self.b_bs % 4 == 0
@@ -534,9 +549,9 @@ def _gemm(b, mm):
 
 # The variants of a product, first match wins (kernels/variants.py).
 MATMUL_VARIANTS = (
-    Variant("gemv_vec8_f16", GPU_ONLY, lambda s: s.gemv and s.wide and s.k % 8 == 0 and s.b_bs % 8 == 0, _gemv_t4(8)),
-    Variant("gemv_vec4", GPU_ONLY, lambda s: s.gemv and s.wide, _gemv_t4(4)),
-    Variant("gemv", GPU_ONLY, lambda s: s.gemv, _gemv(cpu=False)),
+    Variant("gemv_vec8_f16", GPU_ONLY, lambda s: s.gpu_gemv and s.wide and s.k % 8 == 0 and s.b_bs % 8 == 0, _gemv_t4(8)),
+    Variant("gemv_vec4", GPU_ONLY, lambda s: s.gpu_gemv and s.wide, _gemv_t4(4)),
+    Variant("gemv", GPU_ONLY, lambda s: s.gpu_gemv, _gemv(cpu=False)),
     Variant("gemv_cpu_subgroup", CPU_ONLY, lambda s: s.m == 1 and s.vec4_rows, _sg(SG_GEMV)),
     Variant("gemm_cpu_subgroup", CPU_ONLY, lambda s: not s.empty and s.vec4_rows, _sg(SG_GEMM)),
     Variant("gemv_cpu", CPU_ONLY, lambda s: s.gemv, _gemv(cpu=True)),

@@ -15,7 +15,8 @@ Formats (as `executorch.backends.vulkan.patterns` writes them):
   are done by `div_rn`, an integer long division that is correctly rounded on every GPU (WGSL
   allows 2.5 ULP for `/`), so the integer activations match the CPU reference exactly.
 
-The two linear ops record GEMV routes (up to GEMV_MAX_ROWS rows, each its own: a workgroup's 256
+The two linear ops record GEMV routes (up to GEMV_MAX_ROWS rows, on GPUs BITWISE_ROWS for weights
+of GEMV_T4_MIN_N rows or more, kernels/linear.py's gpu_gemv_rows; each its own: a workgroup's 256
 threads reduce over K for quads of outputs, one u32 word = 8 weights per thread step, as many
 threads a quad as the row count suits, gemv_routes) and a GEMM route (more rows:
 kernels/gemm.py's template with a B load that dequantizes each weight as it is staged, and with
@@ -45,7 +46,7 @@ from .gemm import (
     params_bytes,
     storage,
 )
-from .linear import BITWISE_ROWS, CPU_WG, GEMV_MAX_ROWS, SG_LANES, SUBGROUP_BUILTINS, sg_wg_rows, vec4_loader, vec4_type
+from .linear import BITWISE_ROWS, CPU_WG, GEMV_MAX_ROWS, SG_LANES, SUBGROUP_BUILTINS, gpu_gemv_rows, sg_wg_rows, vec4_loader, vec4_type
 from .registry import op
 from .variants import CPU
 from .wgsl import FLAT_INDEX, PACKED, WG, flat_grid, is_float, wgsl_type
@@ -522,6 +523,7 @@ class Q4Product:
         types = Storage(*(storage(b, v) if v is not None else "f32" for v in (x, xs, scales, bias, out)))
         bound = [*operands, *tail, out, self.q]
         self.routes = gemv_routes(w.wpr) if gemv else []
+        self.gemv_rows = gpu_gemv_rows(w.n) if gemv and b.adapter != CPU else GEMV_MAX_ROWS  # more: the GEMM
         self.gemvs = [b.dispatch(gemv_shader(dq8, zp_packed, has_bias, word_group, lanes, types, residual), bound) for _, lanes in self.routes]
         self.shapes = q4_subgroup_shapes(b, w)
         self.sgs = [(b.dispatch(sg_shader(dq8, zp_packed, has_bias, shape, types, residual), bound), shape) for shape in self.shapes]
@@ -547,8 +549,8 @@ class Q4Product:
         if self.bias is not None and not self.residual and ctx.numel(self.bias) < w.n:
             _fail(name, f"bias of {ctx.numel(self.bias)} elements for N={w.n}")
         sg_shape = q4_subgroup_shape(self.b, self.shapes, m, k) if on else None
-        use_gemv = on and m <= GEMV_MAX_ROWS and sg_shape is None
-        use_gemm = on and m > GEMV_MAX_ROWS and sg_shape is None
+        use_gemv = on and m <= self.gemv_rows and sg_shape is None
+        use_gemm = on and m > self.gemv_rows and sg_shape is None
         if use_gemv and not self.gemvs:
             _fail(name, f"{m} rows need the GEMV route, not built")
         splits, kspan = self.gemm.plan(m, w.n, k, 1, use_gemm)

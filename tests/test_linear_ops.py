@@ -208,25 +208,25 @@ def test_grids_stay_within_limits():
 
 
 async def test_gemv_variant_runs_for_few_rows_of_a_wide_weight(load_pte, kernel_variants):
-    """linear_bias_dyn_k4 (N >= GEMV_T4_MIN_N, K % 4 == 0) takes the vec4 GEMV on GPUs, the
-    one-invocation-per-output GEMV on CPU adapters without subgroups, up to 32 rows, and the GEMM
-    past that; on CPU adapters with subgroups, the subgroup GEMV for one row and its 8-row form for
+    """linear_bias_dyn_k4 (N >= GEMV_T4_MIN_N, K % 4 == 0) takes the vec4 GEMV on GPUs up to
+    BITWISE_ROWS (16) rows, the one-invocation-per-output GEMV on CPU adapters without subgroups up
+    to 32 rows, and the GEMM past those; on CPU adapters with subgroups, the subgroup GEMV for one row and its 8-row form for
     any other count (values checked in test_dynamic_rows_switch_routes)."""
     data, _ = _export("linear_bias_dyn_k4")
     model = await load_pte(data)
     assert model.kernels == kernel_variants
     subgroups = kernel_variants == "cpu" and "subgroup" in model.device_info.features
     if kernel_variants == "gpu":
-        shaders = {L.gemv_t4_shader(True): (1, 29)}
+        shaders = {L.gemv_t4_shader(True): (1, 16)}
     elif subgroups:
-        shaders = {L.gemv_sg_shader(True): (1,), L.gemv_sg_shader(True, L.SG_GEMM): (29, 41)}
+        shaders = {L.gemv_sg_shader(True): (1,), L.gemv_sg_shader(True, L.SG_GEMM): (16, 17, 29, 41)}
     else:
-        shaders = {L.gemv_shader(True, True, cpu=True): (1, 29)}
+        shaders = {L.gemv_shader(True, True, cpu=True): (1, 16, 17, 29)}
     dispatches = {shader: [i for i, d in enumerate(model.graph.dispatches) if d.shader == shader] for shader in shaders}
     assert all(len(found) == 1 for found in dispatches.values())
     assert any("row_of_a" in (d.shader or "") for d in model.graph.dispatches) == (kernel_variants == "gpu")
     rng = np.random.default_rng(3)
-    for m in (1, 29, 41):
+    for m in (1, 16, 17, 29, 41):
         await model.execute(*_inputs("linear_bias_dyn_k4", m, rng))
         for shader, ms in shaders.items():
             assert all(model._default.state.grids[dispatches[shader][0]]) == (m in ms), m

@@ -92,6 +92,8 @@ CASES = {
     # wide weights, N not a multiple of a workgroup's outputs
     "q4_wide": (quantized(lambda: Linear(96, 1032, True), "4w", 32), (33, 96), 0),
     "dq8_wide": (quantized(lambda: Linear(64, 1048, False), "8da4w", 16), (33, 64), 0),
+    # N >= GEMV_T4_MIN_N (an LM head): GPUs take the GEMM past BITWISE_ROWS rows
+    "q4_lm_head": (quantized(lambda: Linear(64, 8200, False), "4w", 32), (33, 64), 0),
     # SmolLM2's K: the GPU GEMV's three routes (256, 64 and 32 lanes a quad of outputs)
     "q4_k576": (quantized(lambda: Linear(576, 44, True), "4w", 32), (33, 576), 0),
     # long rows: the GPU GEMV's 256 lanes a quad at every row count (1,041 words), and 128 (275 words)
@@ -164,10 +166,11 @@ async def test_cpu_adapters_take_the_subgroup_gemv(name, subgroup, load_pte, ker
     assert ran == (subgroup and kernel_variants == "cpu" and "subgroup" in model.device_info.features)
 
 
-@pytest.mark.parametrize("name", ["q4_wide", "dq8_wide"])
-async def test_gpus_take_the_gemv_up_to_32_rows(name, load_pte, kernel_variants):
+@pytest.mark.parametrize("name, most", [("q4_wide", 32), ("dq8_wide", 32), ("q4_lm_head", 16)])
+async def test_gpus_take_the_gemv_up_to_32_rows(name, most, load_pte, kernel_variants):
     """With the GPU variants, even on a device with subgroups, a wide 4-bit linear runs the GEMV
-    up to GEMV_MAX_ROWS rows and the tiled GEMM past that, never a subgroup kernel."""
+    up to GEMV_MAX_ROWS rows, or BITWISE_ROWS for N >= GEMV_T4_MIN_N, and the tiled GEMM past
+    that, never a subgroup kernel."""
     model = await load_pte(_export(name)[0])
     if kernel_variants != "gpu":
         pytest.skip("the GPU variants")
@@ -176,7 +179,7 @@ async def test_gpus_take_the_gemv_up_to_32_rows(name, load_pte, kernel_variants)
         grids = model._default.state.grids
         running = [d.shader or "" for i, d in enumerate(model.graph.dispatches) if all(grids[i])]
         assert not any("subgroupAdd" in s for s in running), m
-        assert any("var<workgroup> As" in s for s in running) == (m > 32), m
+        assert any("var<workgroup> As" in s for s in running) == (m > most), m
 
 
 async def test_gpu_gemv_rows_are_each_row_alone(load_pte, kernel_variants):
