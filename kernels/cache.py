@@ -18,9 +18,14 @@ from .wgsl import FLAT_INDEX, WG, flat_grid, type_aliases
 # (kernels/attention.py RAGGED_UPDATE_CACHE, kernels/rope.py rope_into_cache): element e of the
 # pass's token row r (p.row floats a row) goes to slot row_slot[r] of the pooled cache (p.stride
 # floats a slot) at position row_pos[r]. A padding row (slot -1) has no place; callers skip it.
-CACHE_SLOT = """
-fn cache_at(r: u32, e: u32) -> u32 { return u32(row_slot[r]) * p.stride + u32(row_pos[r]) * p.row + e; }
+def cache_slot(uniform="p"):
+    """`cache_at(r, e)`, reading p.stride and p.row from the uniform named `uniform`."""
+    return f"""
+fn cache_at(r: u32, e: u32) -> u32 {{ return u32(row_slot[r]) * {uniform}.stride + u32(row_pos[r]) * {uniform}.row + e; }}
 """
+
+
+CACHE_SLOT = cache_slot()
 
 UPDATE = f"""
 struct P {{ numel: u32, per_batch: u32, cache_per_batch: u32, offset: u32 }}

@@ -20,7 +20,10 @@ the GPU and on the host, whatever its size), so the rewrites below cut that numb
   4-bit one `pte_wgpu.rms_norm_for_q4`, which CPU adapters run at every row count).
 
 After the ragged rewrite (async_runtime.ragged), `fuse_ragged` lets RoPE store this step's k and
-v in the KV caches (`pte_wgpu.rope_into_cache`), so attention skips its own cache update.
+v in the KV caches (`pte_wgpu.rope_into_cache`), so attention skips its own cache update; where
+q, k and v are one group (float or 4-bit, normalizing or not) that only the RoPE reads (v also
+attention), the group takes the RoPE too (`pte_wgpu.linear_group_rope` and its forms,
+kernels/qkv_rope.py: on GPUs its GEMV rotates and stores in its epilogue).
 
 Views that only fed a fused op are dropped with it. Each rewrite keeps every row's sums in the
 order of the ops it replaces.
@@ -31,6 +34,7 @@ from collections import Counter
 from resize.values import Scalar, ValueList
 
 from .elementwise import add_elementwise
+from .qkv_rope import GROUPS as ROPE_GROUPS  # the q/k/v groups that take a RoPE
 from .registry import op
 
 SIGMOID = ("aten.sigmoid.default",)
@@ -54,6 +58,8 @@ RMS_NORM = "et_vk.rms_norm.default"
 RMS_NORM_FOR_GEMM = "pte_wgpu.rms_norm_for_gemm"
 RMS_NORM_FOR_Q4 = "pte_wgpu.rms_norm_for_q4"  # before a fused 4-bit linear
 ROPE = "et_vk.apply_rotary_emb.default"
+CLONE = "aten.clone.default"
+
 ROPE_INTO_CACHE = "pte_wgpu.rope_into_cache"
 RAGGED_SDPA = "pte_wgpu.ragged_sdpa"
 RAGGED_SDPA_CACHED = "pte_wgpu.ragged_sdpa_cached"
@@ -340,7 +346,53 @@ def _fuse_ragged(graph):
         calls[i] = (ROPE_INTO_CACHE, (*rope_args[:4], v, k_cache, v_cache, row_pos, row_slot, rope_args[-1]))
         calls[j] = (RAGGED_SDPA_CACHED, args)
         fused += 1
+    return fused + _fuse_rope_into_groups(graph)
+
+
+def _fuse_rope_into_groups(graph):
+    """rope_into_cache(view(q), view(k), fcos, fsin, v', ...) right after (views between, and
+    clones of the rotary tables) the q/k/v group that computes q, k and v (v' that v or a view of
+    it), q and k read by nothing else."""
+    f = _Linears(graph)
+    calls, values, drop, fused = graph.calls, graph.values, set(), 0
+    groups = {values[args[-1]].items[0]: g for g, (name, args) in enumerate(calls) if name in ROPE_GROUPS}
+    for i, (name, args) in enumerate(calls):
+        if name != ROPE_INTO_CACHE or len(args) != 10:
+            continue
+        xq, xk, fcos, fsin, v, k_cache, v_cache, row_pos, row_slot, out = args
+        (q, q_chain), (k, k_chain), (v_out, _) = (_viewed(f, x) for x in (xq, xk, v))
+        g = groups.get(q)  # the group whose first product is q
+        if g is None:
+            continue
+        clones = [f.producer.get(t) for t in (fcos, fsin)]
+        clones = [c for c in clones if c is not None and g < c and calls[c][0] == CLONE and f.uses[calls[c][1][-1]] == 1]
+        tables = [calls[c][1][0] if c in clones else t for c, t in zip((f.producer.get(fcos), f.producer.get(fsin)), (fcos, fsin))]
+        if (
+            values[calls[g][1][-1]].items != (q, k, v_out)
+            or any(name not in VIEWS and j not in clones for j, (name, _) in enumerate(calls[g + 1 : i], g + 1))
+            or any(f.uses[x] != 1 for x in (*q_chain, *k_chain))
+            or not all(f.before(t, g) for t in (*tables, row_pos, row_slot))
+            or values[q].dims[-1] % values[k_cache].dims[-1]
+        ):
+            continue
+        group_name, group_args = calls[g]
+        oq, ok = values[out].items[:2]
+        outs = f.new_list((q, k, v_out, oq, ok))
+        calls[g] = (group_name + "_rope", (*group_args[:-1], *tables, k_cache, v_cache, row_pos, row_slot, outs))
+        drop.update((i, *clones))  # the clones of the rotary tables fed only the RoPE: it reads their sources
+        fused += 1
+    f.rewrite({}, drop)
+    _drop_dead_views(graph)
     return fused
+
+
+def _viewed(f, vid):
+    """(the value `vid` views through any views, [vid and each value between])."""
+    chain = [vid]
+    while (i := f.producer.get(vid)) is not None and f.calls[i][0] in VIEWS:
+        vid = f.calls[i][1][0]
+        chain.append(vid)
+    return vid, chain
 
 
 def _drop_dead_views(graph):

@@ -66,10 +66,11 @@ var<workgroup> red: array<vec4<f32>, {TREE_WIDTH * 256}>;
 """
 
 
-def _trees(accs, rows_first):
+def _trees(accs, rows_first, partners=False):
     """Sum `accs` (WGSL vec4 names) over the workgroup, TREE_WIDTH per tree; thread li < 4 gets lane
-    li of each in v<name>. A tree runs only if its first accumulator's row `rows_first[i]` is live."""
-    lines = [f"var v{acc} = 0.0;" for acc in accs]
+    li of each in v<name> (with `partners`, lane li ^ 1 in pair<name> too: the other of its pair).
+    A tree runs only if its first accumulator's row `rows_first[i]` is live."""
+    lines = [f"var {p}{acc} = 0.0;" for acc in accs for p in (("v", "pair") if partners else ("v",))]
     for c in range(0, len(accs), TREE_WIDTH):
         chunk = accs[c : c + TREE_WIDTH]
         slots = [f"red[{i * 256}u + li]" for i in range(len(chunk))]
@@ -79,16 +80,18 @@ def _trees(accs, rows_first):
         lines.append("    workgroupBarrier();")
         lines.append(f"    for (var s = 128u; s > 0u; s = s >> 1u) {{ if (li < s) {{ {adds} }} workgroupBarrier(); }}")
         lines += [f"    v{acc} = red[{i * 256}u][min(li, 3u)];" for i, acc in enumerate(chunk)]
+        lines += [f"    pair{acc} = red[{i * 256}u][min(li, 3u) ^ 1u];" for i, acc in enumerate(chunk) if partners]
         lines.append("    workgroupBarrier();")
         lines.append("}")
     return lines
 
 
-def gemv_t_body(weights, n, k, store, base="0u", scale=None, group_rows=GEMV_GROUP_ROWS):
+def gemv_t_body(weights, n, k, store, base="0u", scale=None, group_rows=GEMV_GROUP_ROWS, partners=False):
     """WGSL statements of the [N, K]-weight GEMV for the weight bindings `weights` (N rows of `n`,
     K of `k`, from `base`): one accumulator variable per (weight, row), written out (a private
     array indexed in a loop can spill to local memory). Expects `n0`, `rows`, `aoff` and `li`;
-    `store(r)` is the statement that writes row r's output n from lanes v0, v1, ... (one a weight).
+    `store(r)` is the statement that writes row r's output n from lanes v0, v1, ... (one a weight;
+    with `partners`, pair0, pair1, ... hold output n ^ 1, the other of its pair: n0 is a multiple of 4).
     `scale(r, i, x)`, if given, turns input element i of row r, loaded as f32 expression x, into
     what is multiplied (a fused norm). The kernel
     takes `group_rows` input rows per workgroup."""
@@ -107,9 +110,9 @@ def gemv_t_body(weights, n, k, store, base="0u", scale=None, group_rows=GEMV_GRO
         lines.append(f"    if ({r}u < rows) {{ let x = {x}; {fma} }}")
     lines.append("}")
     order = [(j, r) for r in rows for j in range(len(weights))]
-    lines += _trees([f"acc{j}_{r}" for j, r in order], [r for _, r in order])
+    lines += _trees([f"acc{j}_{r}" for j, r in order], [r for _, r in order], partners)
     for r in rows:
-        lanes = " ".join(f"let v{j} = vacc{j}_{r};" for j in range(len(weights)))
+        lanes = " ".join(f"let {p}{j} = {p}acc{j}_{r};" for j in range(len(weights)) for p in (("v", "pair") if partners else ("v",)))
         lines.append(f"if ({r}u < rows) {{ {lanes} let n = n0 + li; if (li < 4u && n < {n}) {{ {store(r)} }} }}")
     return "\n    ".join(lines)
 

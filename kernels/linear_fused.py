@@ -46,6 +46,7 @@ from .linear import (
     vec4_type,
 )
 from .registry import op
+from .rope import rope_bindings, rope_store
 from .variants import CPU, GPU
 from .wgsl import FLAT_INDEX, WG, flat_grid
 
@@ -70,31 +71,41 @@ def _kind(b, weights):
     return (SUBGROUP if sg else CPU), False
 
 
-def _body(kind, shape, weights, n, store, norm, rows):
+def _body(kind, shape, weights, n, store, norm, rows, partners=False):
     """The GEMV statements of `kind` and `shape` for `weights`; `store(r)` writes input row r's
-    output n; `rows`: the storage type of the rows a fused norm normalizes (_scale)."""
+    output n; `rows`: the storage type of the rows a fused norm normalizes (_scale); `partners`
+    (GPU only): the store reads the other output of n's pair too (kernels/linear.py gemv_t_body)."""
     if kind == SUBGROUP:  # never normalizes (it reads the norm op's rows: fused_norm_rows)
         first = f"let nw = wg * {_per(kind, shape, len(weights))}u;\n    "
         return first + gemv_sg_body(weights, n, "(q.K / 4u)", store, shape=shape)
-    body_of, first, per = (gemv_t_cpu_body, "n", f"{CPU_WG}u + li") if kind == CPU else (gemv_t_body, "n0", "4u")
-    return f"let {first} = wg * {per};\n    " + body_of(weights, n, "q.K", store, scale=_scale(norm, rows), group_rows=shape[0])
+    if kind == CPU:
+        return f"let n = wg * {CPU_WG}u + li;\n    " + gemv_t_cpu_body(weights, n, "q.K", store, scale=_scale(norm, rows), group_rows=shape[0])
+    body = gemv_t_body(weights, n, "q.K", store, scale=_scale(norm, rows), group_rows=shape[0], partners=partners)
+    return "let n0 = wg * 4u;\n    " + body
 
 
-def _group_shader(count, norm, kind, shape, types):
+def _group_shader(count, norm, kind, shape, types, rope=None):
     """GEMV over `count` products: params q = (M, K, eps, then N_j and first workgroup S_j per
-    product); with `norm`, binding 0 holds the rows before the RMS norm. `types`: the bindings'
-    storage types in order, the uniform left out."""
+    product, then `rope`'s fields); with `norm`, binding 0 holds the rows before the RMS norm.
+    `types`: the bindings' storage types in order, the uniform left out. With `rope` the GPU
+    kind's epilogue rotates q and k and stores k and v in the caches (rope_store)."""
     fields = ["M: u32", "K: u32", "eps: f32"] + [f"N{j}: u32" for j in range(count)] + [f"S{j}: u32" for j in range(count)]
+    fields += ["half: u32", "dim: u32", "row: u32", "stride: u32"] if rope else []
     fields += [f"pad{i}: u32" for i in range(-len(fields) % 4)]
     weights = [f"w{j}" for j in range(count)]
     outs = [f"o{j}" for j in range(count)]
+    rotates = rope is not None and kind == GPU
     branches = []
     for j in range(count):
-        store = lambda r, j=j: f"o{j}[(r0 + {r}u) * q.N{j} + n] = {types[-count + j]}(v0);"
-        body = _body(kind, shape, [f"w{j}"], f"q.N{j}", store, norm, types[0])
+        if rotates:
+            store = lambda r, j=j: rope_store(j, f"r0 + {r}u", types[-count + j], rope.types)
+        else:
+            store = lambda r, j=j: f"o{j}[(r0 + {r}u) * q.N{j} + n] = {types[-count + j]}(v0);"
+        body = _body(kind, shape, [f"w{j}"], f"q.N{j}", store, norm, types[0], partners=rotates)
         cond = f"if (wg0 < q.S{j + 1}) " if j + 1 < count else ""
         branches.append(f"{cond}{{\n    let wg = wg0 - q.S{j};\n    {body}\n    }}")
-    return _gemv_shader(fields, weights, outs, norm, " else ".join(branches), kind, shape[0], types)
+    extra = rope_bindings(len(types) + 1, rope.types) if rotates else ""
+    return _gemv_shader(fields, weights, outs, norm, " else ".join(branches), kind, shape[0], types, extra)
 
 
 def _swiglu_shader(norm, kind, shape, types):
@@ -115,7 +126,7 @@ class _Gemvs:
     subgroup kernels read the normalized rows of `pte_wgpu.rms_norm_for_gemm` (b.args[0], run for
     those rows then: kernels/linear.py's fused_norm_rows)."""
 
-    def __init__(self, b, kind, weights, shader_of, head, tail, after, gpu_sg=False):
+    def __init__(self, b, kind, weights, shader_of, head, tail, after, gpu_sg=False, gpu_extra=()):
         self.kind, self.weights = kind, weights
         if kind == SUBGROUP:  # SG_GEMV's weight rows for each weight: SwiGLU's workgroups as many as a linear's
             shapes = ((SUBGROUP, (1, SG_GEMV[1] * weights)), (SUBGROUP, SG_GEMM))
@@ -128,14 +139,20 @@ class _Gemvs:
             around = (head, tail) if norm else ([b.args[0]], [])
             bound = [*around[0], *after[0], *around[1], *after[1]]
             shader = shader_of(d_kind, shape, norm, [storage(b, v) for v in bound[:-1]])
-            self.dispatches.append((b.dispatch(shader, bound), d_kind, shape))
+            self.dispatches.append((b.dispatch(shader, bound + list(gpu_extra if d_kind == GPU else ())), d_kind, shape))
+
+    def kind_at(self, m):
+        """The kind of the dispatch that takes M rows."""
+        return self.dispatches[self._index(m)][1]
+
+    def _index(self, m):
+        if self.kind == SUBGROUP:
+            return 0 if m == 1 else 1
+        return 1 if len(self.dispatches) > 1 and m >= SG_GPU_ROWS[0] else 0
 
     def choose(self, m):
         """(dispatch, shape, outputs per workgroup) for M rows."""
-        if self.kind == SUBGROUP:
-            d, kind, shape = self.dispatches[0 if m == 1 else 1]
-        else:
-            d, kind, shape = self.dispatches[1 if len(self.dispatches) > 1 and m >= SG_GPU_ROWS[0] else 0]
+        d, kind, shape = self.dispatches[self._index(m)]
         return d, shape, _per(kind, shape, self.weights)
 
     def set(self, ctx, outputs, m, on):
@@ -157,16 +174,17 @@ def _scale(norm, rows):
     return (lambda r, i, x: f"f32({rows}({x} * rstd{r} * f32(gamma[{i}])))") if norm else None
 
 
-def _gemv_shader(fields, weights, outs, norm, body, kind, rows, types):
-    """`types`: the bindings' storage types in order, the uniform left out. The subgroup GEMV reads
-    the input, weights and gamma as vec4s; a_at(i) is element i as f32 either way."""
+def _gemv_shader(fields, weights, outs, norm, body, kind, rows, types, extra=""):
+    """`types`: the bindings' storage types in order, the uniform left out; `extra`: WGSL after the
+    uniform (more bindings). The subgroup GEMV reads the input, weights and gamma as vec4s;
+    a_at(i) is element i as f32 either way."""
     reads = ["a"] + weights + (["gamma"] if norm else [])
     vec4 = kind == SUBGROUP
     lines = ["struct Q { " + ", ".join(fields) + " }"]
     lines += [f"@group(0) @binding({i}) var<storage, read> {w}: array<{vec4_type(t) if vec4 else t}>;" for i, (w, t) in enumerate(zip(reads, types))]
     lines += [vec4_loader(w, t) for w, t in zip(reads, types)] if vec4 else []
     lines += [f"@group(0) @binding({len(reads) + i}) var<storage, read_write> {o}: array<{t}>;" for i, (o, t) in enumerate(zip(outs, types[len(reads):]))]
-    lines.append(f"@group(0) @binding({len(reads) + len(outs)}) var<uniform> q: Q;")
+    lines.append(f"@group(0) @binding({len(reads) + len(outs)}) var<uniform> q: Q;{extra}")
     lines.append(f"fn a_at(i: u32) -> f32 {{ return {'a4(i / 4u)[i % 4u]' if vec4 else 'f32(a[i])'}; }}")
     shared, size, rms = (GEMV_REDUCE, 256, _RMS) if kind == GPU else (_RMS_CPU_SHARED, CPU_WG, _rms_cpu(rows))
     return "\n".join(lines) + shared + f"""
@@ -287,14 +305,20 @@ def _norm_args(b, norm):
 
 @op("pte_wgpu.linear_group", "pte_wgpu.rms_linear_group", half=True)
 def linear_group(b):
+    b.hook(linear_group_routes(b))
+
+
+def linear_group_routes(b, rope=None):
+    """Record the op's routes; returns its hook, which returns whether the GEMV's epilogue took
+    `rope` (a GPU GEMV's rows)."""
     norm = b.name.startswith("pte_wgpu.rms_")
     weights, head, tail, eps = _norm_args(b, norm)
     outs = b.graph.values[b.out].items
     _check_float(b, range(1 + len(weights)))
     kind, gpu_sg = _kind(b, weights)  # the GEMV variant (kernels/variants.py)
-    q = b.params(4 * (3 + 2 * len(weights)))
-    shader_of = lambda kind, shape, norm, types: _group_shader(len(weights), norm, kind, shape, types)  # noqa: E731
-    gemvs = _Gemvs(b, kind, 1, shader_of, head, tail, (weights, [*outs, q]), gpu_sg)
+    q = b.params(4 * (3 + 2 * len(weights) + (4 if rope else 0)))
+    shader_of = lambda kind, shape, norm, types: _group_shader(len(weights), norm, kind, shape, types, rope)  # noqa: E731
+    gemvs = _Gemvs(b, kind, 1, shader_of, head, tail, (weights, [*outs, q]), gpu_sg, rope.values if rope else ())
     products = _Products(b, b.args[0], weights, outs, kind != SUBGROUP, gemvs.most_rows)
 
     def resize(ctx):
@@ -303,10 +327,12 @@ def linear_group(b):
         starts = [0]
         for n in ns:
             starts.append(starts[-1] + -(-n // per))
-        ctx.set_params(q, struct.pack(f"<2If{2 * len(ns)}I", m, k, eps, *ns, *starts[:-1]))
+        fields = rope.fields if rope else ()
+        ctx.set_params(q, struct.pack(f"<2If{2 * len(ns) + len(fields)}I", m, k, eps, *ns, *starts[:-1], *fields))
         gemvs.set(ctx, ns, m, use_gemv)
+        return rope is not None and use_gemv and gemvs.kind_at(m) == GPU
 
-    b.hook(resize)
+    return resize
 
 
 @op("pte_wgpu.linear_silu_mul", "pte_wgpu.rms_linear_silu_mul", half=True)

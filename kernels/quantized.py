@@ -233,13 +233,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 """
 
 
-def gemv_body(dq8, weights, n, store, lanes, x_at=None):
+def gemv_body(dq8, weights, n, store, lanes, x_at=None, partners=False):
     """The GEMV's statements for the outputs of workgroup `wg` of N = `n` (WGSL), one row `m` at
     `xo`: each quad of outputs from `n0` summed by `lanes` invocations, over `weights` ((word
     binding, dequantizing fn) pairs read for the same outputs, one accumulator and one tree of
     `red`'s 256-vec4 slices each, each summed as the plain op's): `store` writes output n of row m
-    from v0, v1, .. (one a weight). `x_at(e)`: the row's element at WGSL offset e as f32 (a fused
-    norm's)."""
+    from v0, v1, .. (one a weight; with `partners`, pair0, pair1, .. hold output n ^ 1, the other
+    of its pair). `x_at(e)`: the row's element at WGSL offset e as f32 (a fused norm's)."""
     x_at = x_at or (lambda e: f"f32(x[xo + {e}])")
     at = lambda j: x_at(f"k0 + {j}u" if j else "k0")  # noqa: E731
     lines = [f"let lane = li % {lanes}u;", f"let n0 = wg * {gemv_outputs(lanes)}u + 4u * (li / {lanes}u);"]
@@ -271,6 +271,7 @@ def gemv_body(dq8, weights, n, store, lanes, x_at=None):
     adds = " ".join(f"red[{256 * j}u + li] = red[{256 * j}u + li] + red[{256 * j}u + li + s];" for j in range(len(weights)))
     lines += ["workgroupBarrier();", f"for (var s = {lanes // 2}u; s > 0u; s = s >> 1u) {{ if (lane < s) {{ {adds} }} workgroupBarrier(); }}"]
     vals = " ".join(f"let v{j} = red[{256 * j}u + li - lane][lane];" for j in range(len(weights)))
+    vals += "".join(f" let pair{j} = red[{256 * j}u + li - lane][lane ^ 1u];" for j in range(len(weights)) if partners)
     lines.append(f"if (lane < 4u) {{ let n = n0 + lane; if (n < {n}) {{ {vals} {store} }} }}")
     return "\n    ".join(lines)
 

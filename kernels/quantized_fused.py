@@ -50,6 +50,7 @@ from .quantized import (
     sg_main,
 )
 from .registry import op
+from .rope import rope_bindings, rope_store
 from .variants import CPU
 from .wgsl import flat_grid
 
@@ -57,28 +58,35 @@ SUBGROUP, GEMV = "subgroup", "gemv"  # the fused kernel's algorithm (the module 
 HEAD = ("M", "K", "wpr", "groups", "gs", "kw", "eps", "pad")  # then N, sn, S and a pad a product
 
 
-def _uniform(count):
+ROPE_FIELDS = ("half", "dim", "row", "stride")  # with a RoPE epilogue, after the products'
+
+
+def _uniform(count, rope):
     fields = [f"{f}: {'f32' if f == 'eps' else 'u32'}" for f in HEAD]
     fields += [f"{f}{j}: u32" for j in range(count) for f in ("N", "sn", "S", "pad")]
+    fields += [f"{f}: u32" for f in ROPE_FIELDS] if rope else []
     return "struct Q { " + ", ".join(fields) + " }\n"
 
 
-def _shader(kind, shape, count, swiglu, norm, types, word_group):
+def _shader(kind, shape, count, swiglu, norm, types, word_group, rope=None):
     """The fused kernel of `kind` (SUBGROUP at `shape`, or GEMV) over `count` weights: a product
     each (a branch per product), or with `swiglu` the two of SwiGLU for the same outputs. `types`:
     storage types of x, the scales, gamma, the outputs and the rows a norm writes (`rows`) and the
     products as stored before the gate (`gate`, `up`). The GEMV's shape is its route (most rows,
-    lanes), kernels/quantized.py's gemv_routes."""
+    lanes), kernels/quantized.py's gemv_routes. With `rope` (kernels/rope.py's RopeEpilogue) the
+    GEMV's epilogue rotates q and k and stores k and v in the caches (rope_store)."""
     sg = kind == SUBGROUP
     reads = [("x", vec4_type(types["x"]) if sg else types["x"])]
     for j in range(count):
         reads += [(f"wq{j}", f"vec{Q4_SG_WORDS}<u32>" if sg else "u32"), (f"ws{j}", types["scales"][j])]
     reads += [("gamma", types["gamma"])] if norm else []  # the GEMV's: the subgroup kernels read normalized rows
     outs = types["outs"]
-    lines = [_uniform(count)]
+    rotates = rope is not None and not sg
+    lines = [_uniform(count, rope)]
     lines += [f"@group(0) @binding({i}) var<storage, read> {name}: array<{t}>;" for i, (name, t) in enumerate(reads)]
     lines += [f"@group(0) @binding({len(reads) + j}) var<storage, read_write> o{j}: array<{t}>;" for j, t in enumerate(outs)]
     lines.append(f"@group(0) @binding({len(reads) + len(outs)}) var<uniform> q: Q;")
+    lines += [rope_bindings(len(reads) + len(outs) + 1, rope.types)] if rotates else []
     lines.append(vec4_loader("x", types["x"]) if sg else "fn a_at(i: u32) -> f32 { return f32(x[i]); }")
     src = "\n".join(lines) + _dequant(False, False, word_group, [(str(j), f"ws{j}", f"q.sn{j}") for j in range(count)])
     rows_t = types["rows"]
@@ -95,7 +103,7 @@ def _shader(kind, shape, count, swiglu, norm, types, word_group):
         if sg:
             per = sg_wg_rows(shape, len(weights))
             return f"let nw = wg * {per}u;\n    " + sg_body(False, shape, weights, n, store)
-        return gemv_body(False, [(w, f"dq8{s}") for w, s in weights], n, store(0), shape[1], x_at)
+        return gemv_body(False, [(w, f"dq8{s}") for w, s in weights], n, store(0), shape[1], x_at, partners=rotates)
 
     fn = (lambda j: f"wscale{j}") if sg else (lambda j: str(j))
     if swiglu:
@@ -108,7 +116,10 @@ def _shader(kind, shape, count, swiglu, norm, types, word_group):
         return src
     branches = []
     for j in range(count):
-        store = lambda r, j=j: f"o{j}[{at(r)} * q.N{j} + n] = {outs[j]}(v0);"  # noqa: E731
+        if rotates:
+            store = lambda r, j=j: rope_store(j, at(r), outs[j], rope.types)  # noqa: E731
+        else:
+            store = lambda r, j=j: f"o{j}[{at(r)} * q.N{j} + n] = {outs[j]}(v0);"  # noqa: E731
         cond = f"if (wg0 < q.S{j + 1}) " if j + 1 < count else ""
         branches.append(f"{cond}{{\n    let wg = wg0 - q.S{j};\n    {body([(f'wq{j}', fn(j))], f'q.N{j}', store)}\n    }}")
     return src + "    " + " else ".join(branches) + "\n}\n"
@@ -119,8 +130,8 @@ class _Fused:
     pairs of one input; `outs`: what the fused kernel writes (one a product, or SwiGLU's out);
     `stored`: the products' own outputs (SwiGLU: gate and up), which more rows write."""
 
-    def __init__(self, b, swiglu):
-        self.b, self.swiglu = b, swiglu
+    def __init__(self, b, swiglu, rope=None):
+        self.b, self.swiglu, self.rope = b, swiglu, rope
         self.norm = b.name.startswith("pte_wgpu.rms_")
         args = b.args
         pairs = args[2:-4] if self.norm else args[2:-1]
@@ -141,7 +152,7 @@ class _Fused:
             "x": storage(b, self.x), "scales": [storage(b, s) for _, s in self.products], "gamma": gamma is not None and storage(b, gamma),
             "outs": [storage(b, o) for o in self.outs], "rows": storage(b, self.x), "gate": storage(b, items[-2]), "up": storage(b, items[-1]),
         }  # fmt: skip
-        self.q = b.params(4 * (len(HEAD) + 4 * len(self.ws)))
+        self.q = b.params(4 * (len(HEAD) + 4 * len(self.ws) + (len(ROPE_FIELDS) if rope else 0)))
         word_group = self.ws[0].gs % 8 == 0
         sg = ((Q4_SG_GEMV[0], Q4_SG_GEMV[1] * len(self.ws)) if swiglu else Q4_SG_GEMV, Q4_SG_GEMM)
         self.shapes = sg if self.kind == SUBGROUP else gemv_routes(self.ws[0].wpr)
@@ -150,8 +161,9 @@ class _Fused:
             norm = self.norm and self.kind == GEMV  # the subgroup kernels read rms_norm_for_q4's rows
             t = dict(types, x=storage(b, x_pre)) if norm else types
             reads = [x_pre if norm else self.x, *(v for pair in self.products for v in pair)] + ([gamma] if norm else [])
-            shader = _shader(self.kind, shape, len(self.ws), swiglu, norm, t, word_group)
-            self.dispatches.append((b.dispatch(shader, [*reads, *self.outs, self.q]), shape))
+            shader = _shader(self.kind, shape, len(self.ws), swiglu, norm, t, word_group, rope)
+            extra = rope.values if rope and self.kind == GEMV else []
+            self.dispatches.append((b.dispatch(shader, [*reads, *self.outs, self.q, *extra]), shape))
         # more rows: each product's plain routes (the dequantizing GEMM)
         self.plain = [] if self.most is None else [
             Q4Product(b, self.x, None, None, w, s, gs, None, o, gemv=False) for (w, s), o in zip(self.products, self.stored)
@@ -165,6 +177,7 @@ class _Fused:
         return gemv_outputs(shape[1]) if self.kind == GEMV else sg_wg_rows(shape, len(self.ws) if self.swiglu else 1)
 
     def resize(self, ctx):
+        """Routes for the live rows; returns whether the fused GEMV took `rope` (its rows)."""
         b, xd = self.b, ctx.dims(self.x)
         if len(xd) < 1:
             _fail(b.name, "input must have at least one dim")
@@ -186,7 +199,8 @@ class _Fused:
         fields = [m, k, w.wpr, w.groups, w.gs, -(-k // 8)]
         for j, pw in enumerate(self.ws):
             fields += [pw.n, pw.sn, starts[j] if j < len(ns) else 0, 0]
-        ctx.set_params(self.q, struct.pack(f"<6If{1 + 4 * len(self.ws)}I", *fields[:6], self.eps, 0, *fields[6:]))
+        fields += self.rope.fields if self.rope else []
+        ctx.set_params(self.q, struct.pack(f"<6If{len(fields) - 5}I", *fields[:6], self.eps, 0, *fields[6:]))
         x, y, _ = fold_grid(starts[-1])
         rows = 1 if self.kind == GEMV else shape[0]  # the GEMV: a row a workgroup
         for d, _ in self.dispatches:
@@ -201,11 +215,17 @@ class _Fused:
             if self.plain:
                 ctx.set_params(self.e, struct.pack("<4I", m * n, 0, 0, 0))
                 ctx.set_grid(self.gate_up, flat_grid(m * n) if m and not fused else (0, 0, 0))
+        return self.rope is not None and fused and self.kind == GEMV
 
 
 @op("pte_wgpu.q4_linear_group", "pte_wgpu.rms_q4_linear_group", half=True)
 def q4_linear_group(b):
-    b.hook(_Fused(b, swiglu=False).resize)
+    b.hook(q4_group_routes(b))
+
+
+def q4_group_routes(b, rope=None):
+    """Record the op's routes; returns its hook (which returns whether the GEMV took `rope`)."""
+    return _Fused(b, swiglu=False, rope=rope).resize
 
 
 @op("pte_wgpu.q4_linear_silu_mul", "pte_wgpu.rms_q4_linear_silu_mul", half=True)

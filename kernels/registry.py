@@ -117,6 +117,13 @@ class OpBuilder:
         """Declare an in-place write to an input (a KV cache)."""
         self._extra_writes.append(vid)
 
+    def part(self, name, args):
+        """A builder recording another op's routes as part of this one (a fused op): same graph,
+        its writes this op's; its hook is not this op's (the caller runs it)."""
+        sub = OpBuilder(self.graph, name, args, self.adapter, self.subgroups)
+        sub._extra_writes = self._extra_writes
+        return sub
+
     def hook(self, fn):
         if self._hook is not None:
             raise RuntimeError(f"{self.name}: one resize hook per op")

@@ -9,10 +9,11 @@ rotation is computed in f32.
 """
 
 import struct
+from dataclasses import dataclass
 
 from resize.shapes import numel_of
 
-from .cache import CACHE_SLOT
+from .cache import CACHE_SLOT, cache_slot
 from .registry import op
 from .wgsl import FLAT_INDEX, WG, flat_grid, type_aliases
 
@@ -81,21 +82,9 @@ SHADER_CACHE = ROPE.format(FLAT_INDEX=FLAT_INDEX, WG=WG, CACHE_BINDINGS=CACHE_BI
 @op("et_vk.apply_rotary_emb.default", "pte_wgpu.rope_into_cache", half=True)
 def apply_rotary_emb(b):
     """`pte_wgpu.rope_into_cache` takes (v, k_cache, v_cache, row_pos, row_slot) after the four."""
-    xq, xk, fcos, fsin = b.args[:4]
+    xq, xk = b.args[:2]
     oq, ok = b.graph.values[b.out].items[:2]
-    params = b.params(32)
-    row = stride = 0
-    if b.name == "pte_wgpu.rope_into_cache":
-        v, k_cache, v_cache = b.args[4:7]
-        _, context, hkv, dim = b.graph.values[k_cache].dims
-        row, stride = hkv * dim, context * hkv * dim
-        b.writes(k_cache)
-        b.writes(v_cache)
-        types = type_aliases(b.graph.values, XQT=xq, XKT=xk, CT=fcos, ST=fsin, OQT=oq, OKT=ok, VT=v, KCT=k_cache, VCT=v_cache)
-        d = b.dispatch(types + SHADER_CACHE, [xq, xk, fcos, fsin, oq, ok, params, *b.args[4:9]])
-    else:
-        types = type_aliases(b.graph.values, XQT=xq, XKT=xk, CT=fcos, ST=fsin, OQT=oq, OKT=ok)
-        d = b.dispatch(types + SHADER, [xq, xk, fcos, fsin, oq, ok, params])
+    set_rope = rope_route(b, b.args[:-1], oq, ok)
 
     def resize(ctx):
         shapes = []
@@ -104,25 +93,99 @@ def apply_rotary_emb(b):
             if len(shape) != 4 or shape[0] != 1:
                 raise ValueError(f"{b.name}: expected x of shape [1, S, H, D], got {list(shape)}")
             shapes.append(shape)
-        (_, s, q_heads, dim), (_, s_k, k_heads, dim_k) = shapes
+        set_rope(ctx, *shapes)
+
+    b.hook(resize)
+
+
+def rope_route(b, args, oq, ok):
+    """The dispatch rotating q and k (`args`: xq, xk, fcos, fsin, and with v, k_cache, v_cache,
+    row_pos, row_slot after them storing k and v in the caches) into `oq` and `ok`; returns
+    `set(ctx, q_shape, k_shape, on=True)` for shapes [1, S, H, D] (the grid off unless `on`)."""
+    xq, xk, fcos, fsin = args[:4]
+    params = b.params(32)
+    row = stride = 0
+    if len(args) > 4:
+        v, k_cache, v_cache = args[4:7]
+        _, context, hkv, dim = b.graph.values[k_cache].dims
+        row, stride = hkv * dim, context * hkv * dim
+        b.writes(k_cache)
+        b.writes(v_cache)
+        types = type_aliases(b.graph.values, XQT=xq, XKT=xk, CT=fcos, ST=fsin, OQT=oq, OKT=ok, VT=v, KCT=k_cache, VCT=v_cache)
+        d = b.dispatch(types + SHADER_CACHE, [xq, xk, fcos, fsin, oq, ok, params, *args[4:9]])
+    else:
+        types = type_aliases(b.graph.values, XQT=xq, XKT=xk, CT=fcos, ST=fsin, OQT=oq, OKT=ok)
+        d = b.dispatch(types + SHADER, [xq, xk, fcos, fsin, oq, ok, params])
+
+    def set_rope(ctx, q_shape, k_shape, on=True):
+        (_, s, q_heads, dim), (_, s_k, k_heads, dim_k) = q_shape, k_shape
         half = dim // 2
         if (s_k, dim_k) != (s, dim):
-            raise ValueError(f"{b.name}: q {list(shapes[0])} and k {list(shapes[1])} differ in positions or head size")
-        if ctx.dims(fcos)[0] < s or ctx.dims(fcos)[-1] != half:
-            raise ValueError(
-                f"{b.name}: the rotary table has {ctx.dims(fcos)[0]} rows for {s} positions "
-                "(are the positions past the context?)"
-            )
-        q_pairs = numel_of(shapes[0]) // 2
-        pairs = q_pairs + numel_of(shapes[1]) // 2
+            raise ValueError(f"{b.name}: q {list(q_shape)} and k {list(k_shape)} differ in positions or head size")
+        check_rope_table(b.name, ctx.dims(fcos), s, half)
+        q_pairs = numel_of(q_shape) // 2
+        pairs = q_pairs + numel_of(k_shape) // 2
         if row and k_heads * dim != row:
             raise ValueError(f"{b.name}: k rows of {k_heads} x {dim} do not match the cache's {row}")
         ctx.set_params(params, struct.pack("<8I", q_pairs, pairs, q_heads, k_heads, half, row, stride, 0))
-        ctx.set_grid(d, flat_grid(pairs))
-        ctx.set_dims(oq, shapes[0])
-        ctx.set_dims(ok, shapes[1])
+        ctx.set_grid(d, flat_grid(pairs) if on else (0, 0, 0))
+        ctx.set_dims(oq, q_shape)
+        ctx.set_dims(ok, k_shape)
 
-    b.hook(resize)
+    return set_rope
+
+
+def check_rope_table(name, table, s, half):
+    """A rotary table of dims `table` must have S rows of half a head each."""
+    if table[0] < s or table[-1] != half:
+        raise ValueError(f"{name}: the rotary table has {table[0]} rows for {s} positions (are the positions past the context?)")
+
+
+# The same rotation and cache stores in the epilogue of a q/k/v GEMV (kernels/qkv_rope.py), whose
+# invocation for output n of a pair also holds the pair's other output.
+@dataclass
+class RopeEpilogue:
+    """What q/k/v products that take the RoPE (kernels/qkv_rope.py) add to their GEMV on GPUs:
+    after its uniform, the bindings `values` (fcos, fsin, rotated q, rotated k, k cache, v cache,
+    row_pos, row_slot) of storage `types`, and the uniform's fields half, dim, row, stride (as
+    ROPE's p)."""
+
+    values: list
+    types: list
+    fields: tuple
+
+
+ROPE_NAMES = ("fcos", "fsin", "oq", "ok", "kc", "vc", "row_pos", "row_slot")
+
+
+def rope_bindings(first, types):
+    """The epilogue's bindings from `first`, and the cache slot formula."""
+    lines = [
+        f"@group(0) @binding({first + i}) var<storage, {'read_write' if name in ('oq', 'ok', 'kc', 'vc') else 'read'}> {name}: array<{t}>;"
+        for i, (name, t) in enumerate(zip(ROPE_NAMES, types))
+    ]
+    return "\n" + "\n".join(lines) + cache_slot("q")
+
+
+def rope_store(j, row, t, rope_types):
+    """Output n of q (j 0), k (1) or v (2) of input row `row` (WGSL) as SHADER_CACHE leaves it (the
+    same expressions on the same values: the product rounded to its type `t`, then f32): q and k
+    rotated with the other output of their pair (pair0), k and v also in the caches. The products
+    themselves are stored too (every binding is used: the pipeline's layout keeps them all)."""
+    _, _, oq, ok, kc, vc, _, _ = rope_types
+    row = f"let row = {row};"
+    cache = "if (row_slot[row] >= 0) {{ {}[cache_at(row, n)] = {}; }}"
+    if j == 2:
+        return f"{{ {row} let x = {t}(v0); o2[row * q.N2 + n] = x; {cache.format('vc', f'{vc}(x)')} }}"
+    out, ot = (("oq", oq), ("ok", ok))[j]
+    rotate = (
+        f"let fi = row * q.half + (n % q.dim) / 2u; let c = f32(fcos[fi]); let sn = f32(fsin[fi]); "
+        f"let mine = f32({t}(v0)); let other = f32({t}(pair0)); let even = (n & 1u) == 0u; "
+        "let ev = select(other, mine, even); let od = select(mine, other, even); "
+        "var y = ev * sn + od * c; if (even) { y = ev * c - od * sn; }"
+    )
+    stored = cache.format("kc", f"{kc}({ot}(y))") if j == 1 else ""
+    return f"{{ {row} {rotate} o{j}[row * q.N{j} + n] = {t}(v0); {out}[row * q.N{j} + n] = {ot}(y); {stored} }}"
 
 
 # `et_vk.apply_rotary_emb_hf` (HuggingFace rotate-half): the first `rd` dims of each head rotate,

@@ -62,11 +62,35 @@ async def test_which_graphs_batch_ragged(llama):
     async with await ar.load(llama["fp32"]) as model, await ar.load(llama["fp32"], batch_submits=False) as off:
         assert model.batching == "ragged" and off.batching == "off"
         names = [name for name, _ in model.graph.calls]
-        # attention over the slot pool, RoPE storing k and v into it
-        assert names.count("pte_wgpu.ragged_sdpa_cached") == names.count("pte_wgpu.rope_into_cache") == 2
+        # attention over the slot pool, the q/k/v products taking the RoPE, which stores k and v
+        # into it
+        assert names.count("pte_wgpu.ragged_sdpa_cached") == names.count("pte_wgpu.rms_linear_group_rope") == 2
     async with await ar.load(block_dynamic()[0]) as block:  # a float activation in, no KV cache
         assert block.batching == "submits"
         assert "not ragged" in block.batching_note
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+async def test_rope_in_the_qkv_products_is_the_rope_op(llama, kernels, monkeypatch):
+    """q/k/v products that take the RoPE (`pte_wgpu.rms_linear_group_rope`: on GPUs the GEMV's
+    epilogue rotates and fills the caches, for up to GEMV_MAX_ROWS rows; else rope_into_cache's own
+    dispatch) give every step's logits bitwise as the separate RoPE op does: prompts of 1, 13 and
+    37 rows (GEMV, GEMV, GEMM), then decode steps."""
+    import kernels.fusion as fusion
+
+    monkeypatch.setenv("PTE_WGPU_KERNELS", kernels)
+    rng = np.random.default_rng(9)
+    prompts = [rng.integers(0, CONFIGS["fp32"]["vocab_size"], n) for n in (1, 13, 37)]
+    async with await ar.load(llama["fp32"], max_batch=2) as model:
+        assert "pte_wgpu.rms_linear_group_rope" in {name for name, _ in model.graph.calls}
+        got = [await _alone(model, p, 4) for p in prompts]
+    monkeypatch.setattr(fusion, "_fuse_rope_into_groups", lambda graph: 0)
+    async with await ar.load(llama["fp32"], max_batch=2) as model:
+        assert "pte_wgpu.rms_linear_group_rope" not in {name for name, _ in model.graph.calls}
+        want = [await _alone(model, p, 4) for p in prompts]
+    for p, g, w in zip(prompts, got, want):
+        _same(g, w, f"prompt of {len(p)}")
 
 
 @pytest.mark.anyio

@@ -136,7 +136,7 @@ async def test_fp16_weights_are_stored_as_f16(name, k, vector, load_pte, kernel_
     (weight,) = [v for v in model.graph.values if getattr(v, "dims", None) == (8209, k)]
     assert weight.dtype == "float16"
     rng = np.random.default_rng(3)
-    for m, on in ((1, True), (32, True), (33, False)):  # the vector GEMV runs up to GEMV_MAX_ROWS rows
+    for m, on in ((1, True), (16, True), (17, False), (33, False)):  # N >= GEMV_T4_MIN_N: the vector GEMV up to BITWISE_ROWS rows
         await model.execute(*_inputs(name, m, rng))
         assert all(all(model._default.state.grids[i]) == on for i in gemv), m
 

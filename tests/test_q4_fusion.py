@@ -25,7 +25,7 @@ LLAMA = {"4w": CONFIGS["4w"], "4w_fp16": {**CONFIGS["4w"], "dtype": "fp16"}}
 # Each session's steps (rows a step, positions from 0, within the context): one row, a few rows,
 # past the GEMV's 16 and 32 rows, the whole context; each followed by decode steps
 SESSIONS = [(1, 3, 5, 16, 1, 1), (17, 1, 1), (33, 2, 1), (CONTEXT - 1,)]
-FUSED_OPS = ("pte_wgpu.rms_q4_linear_group", "pte_wgpu.rms_q4_linear_silu_mul", "pte_wgpu.q4_linear_residual")
+FUSED_OPS = ("pte_wgpu.rms_q4_linear_group_rope", "pte_wgpu.rms_q4_linear_silu_mul", "pte_wgpu.q4_linear_residual")
 
 
 def start_exports(tmp_path_factory):
@@ -73,13 +73,14 @@ async def test_a_4w_llama_fuses_its_linears_bitwise(name, tmp_path_factory, load
     names = [n for n, _ in fused.graph.calls]
     assert [names.count(op) for op in FUSED_OPS] == [layers, layers, 2 * layers]
     assert names.count("et_vk.linear_q4gsw.default") == 1  # the LM head
-    assert fused.fused == plain.fused + 6 * layers  # q/k/v, SwiGLU, two residuals, two norms a layer
+    assert fused.fused == plain.fused + 7 * layers  # q/k/v, SwiGLU, two residuals, two norms, the RoPE a layer
     vocab = config["vocab_size"]
     (got, fused_dispatches), (want, plain_dispatches) = await _steps(fused, SESSIONS, vocab), await _steps(plain, SESSIONS, vocab)
     # a decode step: per layer, two linears of q/k/v, two of SwiGLU and its gate, two adds, and the
-    # two norms, except on CPU adapters with subgroups (kernels/linear.py's fused_norm_rows)
-    norms = 0 if kernel_variants == "cpu" and "subgroup" in fused.device_info.features else 2
-    assert fused_dispatches == plain_dispatches - (6 + norms) * layers, (fused_dispatches, plain_dispatches)
+    # two norms and the RoPE, except on CPU adapters with subgroups (kernels/linear.py's
+    # fused_norm_rows; their subgroup kernels have no RoPE epilogue)
+    norms_and_rope = 0 if kernel_variants == "cpu" and "subgroup" in fused.device_info.features else 3
+    assert fused_dispatches == plain_dispatches - (6 + norms_and_rope) * layers, (fused_dispatches, plain_dispatches)
     steps = [m for rows in SESSIONS for m in rows]
     for m, g, w in zip(steps, got, want):
         np.testing.assert_array_equal(g, w, err_msg=f"{m} rows")
