@@ -15,10 +15,10 @@ import struct
 import numpy as np
 import wgpu
 
-from kernels.sampling import GREEDY_ADVANCE
+from kernels.sampling import GREEDY_SLICE, greedy_advance
 from kernels.wgsl import is_float, type_aliases
 
-from .encoding import encode_dispatches, prepare
+from .encoding import prepare
 from .pipelines import compile_pipeline, dispatch_once
 from .session import UNIFORM_ALIGN as PARAMS_ALIGN  # one parameter block per pass of a burst
 from .storage import STORAGE_USAGE
@@ -47,18 +47,21 @@ class GreedyBursts:
         self.model, self.runner = model, runner
         tokens, row_pos, _, seq_last = graph.inputs
         device = model.device
-        self.pipeline = compile_pipeline(device, type_aliases(graph.values, LT=graph.outputs[0]) + GREEDY_ADVANCE)
+        self.pipeline = compile_pipeline(device, type_aliases(graph.values, LT=graph.outputs[0]) + greedy_advance())
+        self.slices = -(-self.vocab // GREEDY_SLICE)  # the sampler's workgroups a sequence
         size = BURST_MAX * ragged.max_seqs * 4
         self.ids = model._create_buffer(size, STORAGE_USAGE, "burst token ids")
         self.staging = model._create_buffer(size, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST, "burst readback")
         self.params = model._create_buffer(BURST_MAX * PARAMS_ALIGN, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST, "burst params")
+        parts = model._create_buffer(ragged.max_seqs * self.slices * 8, STORAGE_USAGE, "sampler slices")
+        arrivals = model._create_buffer(ragged.max_seqs * 4, STORAGE_USAGE, "sampler arrivals")  # zeros
         buffers = [runner._buffer(graph.outputs[0]), runner._buffer(seq_last), runner._buffer(tokens),
-                   runner._buffer(row_pos), self.ids]
+                   runner._buffer(row_pos), self.ids, None, parts, arrivals]
         layout = self.pipeline.get_bind_group_layout(0)
         self.bind_groups = [
             device.create_bind_group(layout=layout, entries=[
-                *({"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}} for i, b in enumerate(buffers)),
-                {"binding": len(buffers), "resource": {"buffer": self.params, "offset": k * PARAMS_ALIGN, "size": 16}},
+                {"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size} if b else {"buffer": self.params, "offset": k * PARAMS_ALIGN, "size": 16}}
+                for i, b in enumerate(buffers)
             ])
             for k in range(BURST_MAX)
         ]
@@ -73,7 +76,7 @@ class GreedyBursts:
 
     def submit(self, seqs, passes):
         """`passes` decode passes of the runner's current tables, each followed by the sampler over
-        `seqs` sequences, the last one by the ids' copy into staging. Each pass is submitted as
+        `seqs` sequences (in the pass's last compute pass), the last one by the ids' copy into staging. Each pass is submitted as
         soon as it is encoded, so the GPU runs it while the host encodes the next (every encoded
         command buffer is submitted: wgpu-native on NVIDIA crashes on dropping one unsubmitted)."""
         device = self.model.device
@@ -83,10 +86,7 @@ class GreedyBursts:
         device.queue.write_buffer(self.params, 0, block)
         for k in range(passes):
             encoder = device.create_command_encoder()
-            self.runner._encode_commands(encoder)
-            compute = encoder.begin_compute_pass()
-            encode_dispatches(compute, [(*prepare(self.pipeline, self.bind_groups[k]), (seqs, 1, 1))])
-            compute.end()
+            self.runner._encode_commands(encoder, tail=[(*prepare(self.pipeline, self.bind_groups[k]), (self.slices, seqs, 1))])
             if k == passes - 1:
                 encoder.copy_buffer_to_buffer(self.ids, 0, self.staging, 0, passes * seqs * 4)
             device.queue.submit([encoder.finish()])

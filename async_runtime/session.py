@@ -301,21 +301,28 @@ class Session(SessionBase):
             counters.dispatches += self._dispatch_count
         return reads
 
-    def _encode_commands(self, encoder):
-        """The graph's dispatches and copies: many dispatches per compute pass."""
-        if self.profiler is not None:  # profiling: timestamped passes (profile.py)
-            return self.profiler.encode(self, encoder)
-        self._encode_runs(encoder)
+    def _encode_commands(self, encoder, tail=()):
+        """The graph's dispatches and copies: many dispatches per compute pass; then `tail`,
+        dispatches (as `encode_dispatches` takes them) after the graph's."""
+        if self.profiler is not None:  # profiling: timestamped passes (profile.py), the tail its own
+            self.profiler.encode(self, encoder)
+            return self._encode_runs(encoder, tail=tail, commands=())
+        self._encode_runs(encoder, tail=tail)
 
-    def _encode_runs(self, encoder, timestamps=None):
-        """`_commands` into `encoder`; with a `timestamps` query set, the first compute pass writes
-        its beginning at index 0 and the last its end at index 1 (a whole step's GPU time).
-        Returns whether the step has a compute pass."""
+    def _encode_runs(self, encoder, timestamps=None, tail=(), commands=None):
+        """`_commands` (or `commands`) into `encoder`, then the `tail` dispatches in the last
+        compute pass (in one of their own if the step ends with a copy: a pass less to start on
+        the GPU); with a `timestamps` query set, the first compute pass writes its beginning at
+        index 0 and the last its end at index 1 (a whole step's GPU time). Returns whether the
+        step has a compute pass."""
+        commands = self._commands if commands is None else commands
+        if tail and (not commands or commands[-1][0] != "compute"):
+            commands = [*commands, ("compute", ())]  # the tail's own pass
         first = last = None
         if timestamps is not None:
-            computes = [i for i, run in enumerate(self._commands) if run[0] == "compute"]
+            computes = [i for i, run in enumerate(commands) if run[0] == "compute"]
             first, last = (computes[0], computes[-1]) if computes else (None, None)
-        for i, run in enumerate(self._commands):
+        for i, run in enumerate(commands):
             if run[0] == "compute":
                 writes = {}
                 if i == first:
@@ -324,6 +331,8 @@ class Session(SessionBase):
                     writes["end_of_pass_write_index"] = 1
                 compute = encoder.begin_compute_pass(timestamp_writes={"query_set": timestamps, **writes} if writes else None)
                 encode_dispatches(compute, run[1])
+                if i == len(commands) - 1:
+                    encode_dispatches(compute, tail)
                 compute.end()
             else:
                 _, src, dst, nbytes = run

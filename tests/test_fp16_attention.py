@@ -38,7 +38,7 @@ from async_runtime.device import find_adapter
 from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
 from kernels import OPS
 from kernels.attention import SPLIT_MAX_ROWS
-from kernels.sampling import GREEDY_ADVANCE
+from kernels.sampling import GREEDY_SLICE, greedy_advance
 
 from . import test_attention_tiled as tiled
 from .exporting import eager, export_pte
@@ -388,7 +388,10 @@ async def test_embedding_is_exact(load_pte):
 # -- the greedy sampler over f16 logits: the host's argmax, ties to the first index ------------------------
 
 
-def test_greedy_sampler_reads_f16_logits():
+@pytest.mark.parametrize("slice_", [GREEDY_SLICE, 256, 96])
+def test_greedy_sampler_reads_f16_logits(slice_):
+    """One workgroup a row (GREEDY_SLICE >= 1,001 logits), or 4 or 11 that merge their slices'
+    best (the last to arrive); twice, as a burst's passes run it (the arrival counts back to 0)."""
     adapter = find_adapter()
     if "shader-f16" not in adapter.features:
         pytest.skip("the adapter has no shader-f16")
@@ -405,23 +408,30 @@ def test_greedy_sampler_reads_f16_logits():
     usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
     raw = logits.tobytes() + bytes(-logits.nbytes % 4)
     seq_last = np.arange(seqs, dtype=np.int32)
-    arrays = [raw, seq_last, np.zeros(seqs, np.int32), np.zeros(seqs, np.int32), np.zeros(seqs, np.int32)]
+    slices = -(-vocab // slice_)
+    arrays = [raw, seq_last, np.zeros(seqs, np.int32), np.zeros(seqs, np.int32), np.zeros(2 * seqs, np.int32)]
     buffers = [device.create_buffer_with_data(data=a, usage=usage) for a in arrays]
-    params = struct.pack("<4I", seqs, vocab, vocab, 0)
-    buffers.append(device.create_buffer_with_data(data=params, usage=wgpu.BufferUsage.UNIFORM))
-    module = device.create_shader_module(code="enable f16;\nalias LT = f16;\n" + GREEDY_ADVANCE)
+    params = [struct.pack("<4I", seqs, vocab, vocab, step) for step in (0, 1)]
+    buffers += [device.create_buffer_with_data(data=params[0], usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)]
+    buffers += [device.create_buffer(size=8 * seqs * slices, usage=usage), device.create_buffer(size=4 * seqs, usage=usage)]
+    module = device.create_shader_module(code="enable f16;\nalias LT = f16;\n" + greedy_advance(slice_))
     pipe = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
     entries = [{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(buffers)]
     group = device.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=entries)
-    encoder = device.create_command_encoder()
-    compute = encoder.begin_compute_pass()
-    compute.set_pipeline(pipe)
-    compute.set_bind_group(0, group)
-    compute.dispatch_workgroups(seqs, 1, 1)
-    compute.end()
-    device.queue.submit([encoder.finish()])
-    ids = np.frombuffer(device.queue.read_buffer(buffers[4]), np.int32)
+    for step in (0, 1):
+        device.queue.write_buffer(buffers[5], 0, params[step])
+        encoder = device.create_command_encoder()
+        compute = encoder.begin_compute_pass()
+        compute.set_pipeline(pipe)
+        compute.set_bind_group(0, group)
+        compute.dispatch_workgroups(slices, seqs, 1)
+        compute.end()
+        device.queue.submit([encoder.finish()])
+    ids = np.frombuffer(device.queue.read_buffer(buffers[4]), np.int32).reshape(2, seqs)
     tokens = np.frombuffer(device.queue.read_buffer(buffers[2]), np.int32)
-    np.testing.assert_array_equal(ids, logits.argmax(-1))
-    np.testing.assert_array_equal(tokens, ids)
-    assert (ids[1], ids[2], ids[3]) == (3, vocab - 1, 17)
+    positions = np.frombuffer(device.queue.read_buffer(buffers[3]), np.int32)
+    np.testing.assert_array_equal(ids, np.stack([logits.argmax(-1)] * 2))
+    np.testing.assert_array_equal(tokens, ids[1])
+    np.testing.assert_array_equal(positions, np.full(seqs, 2))
+    assert (ids[0, 1], ids[0, 2], ids[0, 3]) == (3, vocab - 1, 17)
+    assert not np.frombuffer(device.queue.read_buffer(buffers[7]), np.uint32).any()
