@@ -94,6 +94,43 @@ async def test_rope_in_the_qkv_products_is_the_rope_op(llama, kernels, monkeypat
 
 
 @pytest.mark.anyio
+async def test_sessions_opened_at_once_get_slots_of_their_own(llama):
+    """Sessions open in worker threads: six opened at once (the pool of KV-cache slots grows
+    1 -> 2 -> 4 -> 8 meanwhile) each get a slot of their own, and decode as they do alone."""
+    prompt = np.array([5, 1, 4])
+    async with await ar.load(llama["fp32"]) as model:
+        want = (await _alone(model, prompt, 3))
+        sessions = [None] * 6
+
+        async def open_one(i):
+            sessions[i] = await model.open_session()
+
+        async with anyio.create_task_group() as tg:
+            for i in range(6):
+                tg.start_soon(open_one, i)
+        assert len({s.slot for s in sessions}) == 6
+        got = [None] * 6
+
+        async def decode(i):
+            s, out, pos = sessions[i], [], len(prompt)
+            (logits,) = await s.execute(prompt[None], np.array([0]))
+            out.append(logits)
+            for _ in range(3):
+                (logits,) = await s.execute(np.array([[int(logits.argmax())]]), np.array([pos]))
+                out.append(logits)
+                pos += 1
+            got[i] = out
+
+        async with anyio.create_task_group() as tg:
+            for i in range(6):
+                tg.start_soon(decode, i)
+        for s in sessions:
+            await s.aclose()
+    for i in range(6):
+        _same(got[i], want, f"session {i}", atol=CHUNKED_ATOL)
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize("option", [{"max_batch": 0}, {"token_budget": -3}, {"max_batch": 2.5}])
 async def test_batching_options_are_checked(llama, option):
     with pytest.raises(ValueError, match=f"{next(iter(option))} must be a positive int"):
