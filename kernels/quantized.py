@@ -70,24 +70,30 @@ def _lanes(words, share):
     return lanes
 
 
-def gemv_routes(words):
-    """The GEMV's dispatches for rows of `words` u32 words, as (most rows, lanes), by row count:
-    GEMV_WG lanes for one row; up to BITWISE_ROWS rows the lanes holding half the words, whose
-    sums are GEMV_WG lanes' bit for bit up to a zero's sign (a lane adds its second word where the
-    wider tree's first live step would), so a row of a pass is what it gets alone; more rows a
-    quarter of them. Neighbours with the same lanes are one dispatch (72 words: 256, 64 and 32)."""
-    routes = []
-    for most, lanes in ((1, GEMV_WG), (BITWISE_ROWS, _lanes(words, 2)), (GEMV_MAX_ROWS, _lanes(words, 4))):
-        if routes and routes[-1][1] == lanes:
-            routes[-1] = (most, lanes)
+# Input rows a GEMV workgroup takes past one row: each weight word is dequantized once for them
+# all. A row's sums are the same whatever the count (its own accumulators and tree).
+GEMV_GROUP_ROWS = 2
+
+
+def gemv_routes(words, rows=True):
+    """The GEMV's dispatches for rows of `words` u32 words, as (most rows, lanes, rows a
+    workgroup), by row count: GEMV_WG lanes for one row; up to BITWISE_ROWS rows the lanes
+    holding half the words, whose sums are GEMV_WG lanes' bit for bit up to a zero's sign (a lane
+    adds its second word where the wider tree's first live step would), so a row of a pass is what
+    it gets alone; more rows a quarter of them; past one row GEMV_GROUP_ROWS rows a workgroup.
+    Neighbours of the same shape are one dispatch. `rows` False: one row a workgroup (dq8)."""
+    routes, group = [], GEMV_GROUP_ROWS if rows else 1
+    for most, lanes, rows in ((1, GEMV_WG, 1), (BITWISE_ROWS, _lanes(words, 2), group), (GEMV_MAX_ROWS, _lanes(words, 4), group)):
+        if routes and routes[-1][1:] == (lanes, rows):
+            routes[-1] = (most, lanes, rows)
         else:
-            routes.append((most, lanes))
+            routes.append((most, lanes, rows))
     return routes
 
 
 def gemv_route(routes, m):
     """The index of the route of `routes` (gemv_routes) that takes M rows (the last past them)."""
-    return next((i for i, (most, _) in enumerate(routes) if m <= most), len(routes) - 1)
+    return next((i for i, (most, _, _) in enumerate(routes) if m <= most), len(routes) - 1)
 
 
 def gemv_outputs(lanes):
@@ -223,66 +229,78 @@ def _gemv_header(dq8, zp_packed, has_bias, types, vec4=False, residual=False):
     return "\n".join(lines) + "\n"
 
 
-GEMV_MAIN = """
+def gemv_main(rows):
+    """The GEMV's entry: workgroup z takes input rows m0 .. m0 + rows - 1, `live` of them, row r at
+    element xo{r} of x."""
+    offsets = "".join(f"\n    let xo{r} = (m0 + {r}u) * q.K;" for r in range(rows))
+    return f"""
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
+        @builtin(local_invocation_index) li: u32) {{
     let wg0 = wid.x + wid.y * nwg.x;
-    let m = wid.z;  // the row: each row of a few is its own GEMV
-    let xo = m * q.K;
+    let m0 = wid.z * {rows}u;
+    let live = min({rows}u, q.M - m0);{offsets}
 """
 
 
-def gemv_body(dq8, weights, n, store, lanes, x_at=None, partners=False):
-    """The GEMV's statements for the outputs of workgroup `wg` of N = `n` (WGSL), one row `m` at
-    `xo`: each quad of outputs from `n0` summed by `lanes` invocations, over `weights` ((word
-    binding, dequantizing fn) pairs read for the same outputs, one accumulator and one tree of
-    `red`'s 256-vec4 slices each, each summed as the plain op's): `store` writes output n of row m
-    from v0, v1, .. (one a weight; with `partners`, pair0, pair1, .. hold output n ^ 1, the other
-    of its pair). `x_at(e)`: the row's element at WGSL offset e as f32 (a fused norm's)."""
-    x_at = x_at or (lambda e: f"f32(x[xo + {e}])")
-    at = lambda j: x_at(f"k0 + {j}u" if j else "k0")  # noqa: E731
+def gemv_body(dq8, weights, n, store, lanes, x_at=None, partners=False, rows=1):
+    """The GEMV's statements for the outputs of workgroup `wg` of N = `n` (WGSL), input rows r <
+    `rows` from m0 (gemv_main): each quad of outputs from `n0` summed by `lanes` invocations, over
+    `weights` ((word binding, dequantizing fn) pairs read for the same outputs, dequantized once
+    for every row; one accumulator and one tree of `red`'s 256-vec4 slices a weight and row, each
+    summed as the plain op's): `store(r)` writes output n of row m0 + r from v0, v1, .. (one a
+    weight; with `partners`, pair0, pair1, .. hold output n ^ 1, the other of its pair).
+    `x_at(r, e)`: row r's element at WGSL offset e as f32 (a fused norm's). dq8 takes one row."""
+    assert rows == 1 or not dq8
+    x_at = x_at or (lambda r, e: f"f32(x[xo{r} + {e}])")
+    ws = range(len(weights))
+    slot = lambda j, r: 256 * (j * rows + r)  # noqa: E731  (weight j, row r)'s tree
     lines = [f"let lane = li % {lanes}u;", f"let n0 = wg * {gemv_outputs(lanes)}u + 4u * (li / {lanes}u);"]
     lines += [f"let last = {n} - 1u;", *(f"let c{i} = min(n0{f' + {i}u' if i else ''}, last);" for i in range(4))]
     lines += [GEMV_DQ8_SETUP.strip()] if dq8 else []
-    lines += [f"var acc{j} = vec4<f32>(0.0);" for j in range(len(weights))]
-    lines += [
-        f"for (var w = lane; w < q.kw; w = w + {lanes}u) {{",
-        "    let k0 = w * 8u;",
-        "    var xa = vec4<f32>(0.0);",
-        "    var xb = vec4<f32>(0.0);",
-        "    if (k0 + 8u <= q.K) {",
-        f"        xa = vec4<f32>({', '.join(at(j) for j in range(4))});",
-        f"        xb = vec4<f32>({', '.join(at(j) for j in range(4, 8))});",
-        "    } else {",
-        "        for (var j = 0u; j < 4u; j = j + 1u) {",
-        f"            if (k0 + j < q.K) {{ xa[j] = {x_at('k0 + j')}; }}",
-        f"            if (k0 + 4u + j < q.K) {{ xb[j] = {x_at('k0 + 4u + j')}; }}",
-        "        }",
-        "    }",
-    ]
-    lines += [GEMV_DQ8_X.strip()] if dq8 else []
+    lines += [f"var acc{j}_{r} = vec4<f32>(0.0);" for j in ws for r in range(rows)]
+    lines += [f"for (var w = lane; w < q.kw; w = w + {lanes}u) {{", "    let k0 = w * 8u;"]
     for j, (wq, dq) in enumerate(weights):
         lines += [f"    let d{j}_{i} = {dq}({wq}[c{i} * q.wpr + w], k0, c{i});" for i in range(4)]
-        dots = ", ".join(f"dot(xa, d{j}_{i}.a) + dot(xb, d{j}_{i}.b)" for i in range(4))
-        lines.append(f"    acc{j} = acc{j} + vec4<f32>({dots});")
+    for r in range(rows):
+        at = lambda i, r=r: x_at(r, f"k0 + {i}u" if i else "k0")  # noqa: E731
+        lines += [
+            f"    if ({r}u < live) {{",
+            "    var xa = vec4<f32>(0.0);",
+            "    var xb = vec4<f32>(0.0);",
+            "    if (k0 + 8u <= q.K) {",
+            f"        xa = vec4<f32>({', '.join(at(i) for i in range(4))});",
+            f"        xb = vec4<f32>({', '.join(at(i) for i in range(4, 8))});",
+            "    } else {",
+            "        for (var j = 0u; j < 4u; j = j + 1u) {",
+            f"            if (k0 + j < q.K) {{ xa[j] = {x_at(r, 'k0 + j')}; }}",
+            f"            if (k0 + 4u + j < q.K) {{ xb[j] = {x_at(r, 'k0 + 4u + j')}; }}",
+            "        }",
+            "    }",
+        ]
+        lines += [GEMV_DQ8_X.strip()] if dq8 else []
+        for j in ws:
+            dots = ", ".join(f"dot(xa, d{j}_{i}.a) + dot(xb, d{j}_{i}.b)" for i in range(4))
+            lines.append(f"    acc{j}_{r} = acc{j}_{r} + vec4<f32>({dots});")
+        lines.append("    }")
     lines.append("}")
-    lines += [f"red[{256 * j}u + li] = acc{j};" for j in range(len(weights))]
-    adds = " ".join(f"red[{256 * j}u + li] = red[{256 * j}u + li] + red[{256 * j}u + li + s];" for j in range(len(weights)))
+    lines += [f"red[{slot(j, r)}u + li] = acc{j}_{r};" for j in ws for r in range(rows)]
+    adds = " ".join(f"red[{slot(j, r)}u + li] = red[{slot(j, r)}u + li] + red[{slot(j, r)}u + li + s];" for j in ws for r in range(rows))
     lines += ["workgroupBarrier();", f"for (var s = {lanes // 2}u; s > 0u; s = s >> 1u) {{ if (lane < s) {{ {adds} }} workgroupBarrier(); }}"]
-    vals = " ".join(f"let v{j} = red[{256 * j}u + li - lane][lane];" for j in range(len(weights)))
-    vals += "".join(f" let pair{j} = red[{256 * j}u + li - lane][lane ^ 1u];" for j in range(len(weights)) if partners)
-    lines.append(f"if (lane < 4u) {{ let n = n0 + lane; if (n < {n}) {{ {vals} {store} }} }}")
+    for r in range(rows):
+        vals = " ".join(f"let v{j} = red[{slot(j, r)}u + li - lane][lane];" for j in ws)
+        vals += "".join(f" let pair{j} = red[{slot(j, r)}u + li - lane][lane ^ 1u];" for j in ws if partners)
+        lines.append(f"if ({r}u < live && lane < 4u) {{ let n = n0 + lane; if (n < {n}) {{ {vals} {store(r)} }} }}")
     return "\n    ".join(lines)
 
 
-def gemv_reduce(weights):
-    """The workgroup memory of gemv_body's trees over `weights` weights."""
-    return f"\nvar<workgroup> red: array<vec4<f32>, {256 * weights}>;\n"
+def gemv_reduce(trees):
+    """The workgroup memory of gemv_body's `trees` trees (weights times rows)."""
+    return f"\nvar<workgroup> red: array<vec4<f32>, {256 * trees}>;\n"
 
 
-GEMV_DQ8_SETUP = """    let s_row = f32(xs[m]);
-    let zp_row = zp_at(m);
+GEMV_DQ8_SETUP = """    let s_row = f32(xs[m0]);
+    let zp_row = zp_at(m0);
     let inv_row = div_rn(1.0, s_row);"""
 GEMV_DQ8_X = """        xa = vec4<f32>(xq(xa.x, inv_row, zp_row, s_row), xq(xa.y, inv_row, zp_row, s_row),
                        xq(xa.z, inv_row, zp_row, s_row), xq(xa.w, inv_row, zp_row, s_row));
@@ -290,11 +308,12 @@ GEMV_DQ8_X = """        xa = vec4<f32>(xq(xa.x, inv_row, zp_row, s_row), xq(xa.y
                        xq(xb.z, inv_row, zp_row, s_row), xq(xb.w, inv_row, zp_row, s_row));"""
 
 
-def gemv_shader(dq8, zp_packed, has_bias, word_group, lanes, types=Storage(), residual=False):
-    """A GEMV route (`lanes` invocations reduce over K for each 4 outputs of one row)."""
-    body = gemv_body(dq8, [("wq", "dq8")], "q.N", "out[m * q.N + n] = epilogue(v0, m, n);", lanes)
+def gemv_shader(dq8, zp_packed, has_bias, word_group, lanes, types=Storage(), residual=False, rows=1):
+    """A GEMV route (`lanes` invocations reduce over K for each 4 outputs of `rows` rows)."""
+    store = lambda r: f"out[(m0 + {r}u) * q.N + n] = epilogue(v0, m0 + {r}u, n);"  # noqa: E731
+    body = gemv_body(dq8, [("wq", "dq8")], "q.N", store, lanes, rows=rows)
     head = _gemv_header(dq8, zp_packed, has_bias, types, residual=residual) + _dequant(dq8, zp_packed, word_group)
-    return head + gemv_reduce(1) + GEMV_MAIN + f"    let wg = wg0;\n    {body}\n}}\n"
+    return head + gemv_reduce(rows) + gemv_main(rows) + f"    let wg = wg0;\n    {body}\n}}\n"
 
 
 # CPU adapters with subgroups (kernels/linear.py's gemv_sg_body, for 4-bit words): the lanes of a
@@ -523,9 +542,9 @@ class Q4Product:
         word_group = w.gs % 8 == 0
         types = Storage(*(storage(b, v) if v is not None else "f32" for v in (x, xs, scales, bias, out)))
         bound = [*operands, *tail, out, self.q]
-        self.routes = gemv_routes(w.wpr) if gemv else []
+        self.routes = gemv_routes(w.wpr, rows=not dq8) if gemv else []
         self.gemv_rows = gpu_gemv_rows(w.n) if gemv and b.adapter != CPU else GEMV_MAX_ROWS  # more: the GEMM
-        self.gemvs = [b.dispatch(gemv_shader(dq8, zp_packed, has_bias, word_group, lanes, types, residual), bound) for _, lanes in self.routes]
+        self.gemvs = [b.dispatch(gemv_shader(dq8, zp_packed, has_bias, word_group, lanes, types, residual, rows), bound) for _, lanes, rows in self.routes]
         self.shapes = q4_subgroup_shapes(b, w)
         self.sgs = [(b.dispatch(sg_shader(dq8, zp_packed, has_bias, shape, types, residual), bound), shape) for shape in self.shapes]
         q_binding = len(operands) + len(tail) + 3  # after out, p and the scratch
@@ -559,8 +578,8 @@ class Q4Product:
         bias_strides = (0, w.n, 1) if self.residual else (0, 0, 1)
         ctx.set_params(self.p, params_bytes(m, w.n, k, bias=bias_strides, split=(splits, kspan)))
         chosen = gemv_route(self.routes, m) if use_gemv else None
-        for i, (d, (_, lanes)) in enumerate(zip(self.gemvs, self.routes)):
-            ctx.set_grid(d, fold_grid(-(-w.n // gemv_outputs(lanes)))[:2] + (m,) if i == chosen else (0, 0, 0))
+        for i, (d, (_, lanes, rows)) in enumerate(zip(self.gemvs, self.routes)):
+            ctx.set_grid(d, fold_grid(-(-w.n // gemv_outputs(lanes)))[:2] + (-(-m // rows),) if i == chosen else (0, 0, 0))
         for d, shape in self.sgs:
             ctx.set_grid(d, fold_grid(-(-w.n // sg_wg_rows(shape)))[:2] + (-(-m // shape[0]),) if shape == sg_shape else (0, 0, 0))
         self.gemm.set_grids(ctx, m, w.n, 1, splits, use_gemm)

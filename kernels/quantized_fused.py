@@ -31,7 +31,6 @@ from .gemm import storage
 from .linear import GEMV_MAX_ROWS, sg_wg_rows, vec4_loader, vec4_type
 from .linear_fused import _RMS, SILU, swiglu_elementwise
 from .quantized import (
-    GEMV_MAIN,
     Q4_SG_GEMM,
     Q4_SG_GEMV,
     Q4_SG_STEP,
@@ -41,6 +40,7 @@ from .quantized import (
     _dequant,
     _fail,
     gemv_body,
+    gemv_main,
     gemv_outputs,
     gemv_route,
     gemv_routes,
@@ -73,8 +73,8 @@ def _shader(kind, shape, count, swiglu, norm, types, word_group, rope=None):
     each (a branch per product), or with `swiglu` the two of SwiGLU for the same outputs. `types`:
     storage types of x, the scales, gamma, the outputs and the rows a norm writes (`rows`) and the
     products as stored before the gate (`gate`, `up`). The GEMV's shape is its route (most rows,
-    lanes), kernels/quantized.py's gemv_routes. With `rope` (kernels/rope.py's RopeEpilogue) the
-    GEMV's epilogue rotates q and k and stores k and v in the caches (rope_store)."""
+    lanes, rows a workgroup), kernels/quantized.py's gemv_routes. With `rope` (kernels/rope.py's
+    RopeEpilogue) the GEMV's epilogue rotates q and k and stores k and v in the caches."""
     sg = kind == SUBGROUP
     reads = [("x", vec4_type(types["x"]) if sg else types["x"])]
     for j in range(count):
@@ -94,16 +94,16 @@ def _shader(kind, shape, count, swiglu, norm, types, word_group, rope=None):
         src += sg_main(shape)
         at = lambda r: f"(r0 + {r}u)"  # noqa: E731
     else:
-        src += gemv_reduce(2 if swiglu else 1) + GEMV_MAIN
-        src += f"    let rows = 1u;\n    let aoff = xo;\n    {_RMS}\n" if norm else ""
-        x_at = (lambda e: f"f32({rows_t}(f32(x[xo + {e}]) * rstd0 * f32(gamma[{e}])))") if norm else None
-        at = lambda r: "m"  # noqa: E731
+        src += gemv_reduce((2 if swiglu else 1) * shape[2]) + gemv_main(shape[2])
+        src += f"    let rows = live;\n    let aoff = m0 * q.K;\n    {_RMS}\n" if norm else ""
+        x_at = (lambda r, e: f"f32({rows_t}(f32(x[xo{r} + {e}]) * rstd{r} * f32(gamma[{e}])))") if norm else None
+        at = lambda r: f"(m0 + {r}u)"  # noqa: E731
 
     def body(weights, n, store):
         if sg:
             per = sg_wg_rows(shape, len(weights))
             return f"let nw = wg * {per}u;\n    " + sg_body(False, shape, weights, n, store)
-        return gemv_body(False, [(w, f"dq8{s}") for w, s in weights], n, store(0), shape[1], x_at, partners=rotates)
+        return gemv_body(False, [(w, f"dq8{s}") for w, s in weights], n, store, shape[1], x_at, partners=rotates, rows=shape[2])
 
     fn = (lambda j: f"wscale{j}") if sg else (lambda j: str(j))
     if swiglu:
@@ -202,7 +202,7 @@ class _Fused:
         fields += self.rope.fields if self.rope else []
         ctx.set_params(self.q, struct.pack(f"<6If{len(fields) - 5}I", *fields[:6], self.eps, 0, *fields[6:]))
         x, y, _ = fold_grid(starts[-1])
-        rows = 1 if self.kind == GEMV else shape[0]  # the GEMV: a row a workgroup
+        rows = shape[2] if self.kind == GEMV else shape[0]  # rows a workgroup
         for d, _ in self.dispatches:
             ctx.set_grid(d, (x, y, -(-m // rows)) if fused and d == chosen else (0, 0, 0))
         for o, n in zip(self.stored, [w.n for w in self.ws]):
