@@ -14,7 +14,6 @@ smaller one (or at once when a quarter would do, as after a prefill): sessions d
 of step then cost no resize at all. Padding rows run at position 0 of no slot.
 """
 
-import threading
 from dataclasses import dataclass, field
 
 import anyio
@@ -63,24 +62,20 @@ class Batcher:
         self.nonzero = {vid: bool(model._constant_data[vid].any()) for vid in self.slot_bytes}
         self.capacity = 1
         self.free = [0]
-        # sessions open in worker threads (model.open_session): two taking slots at once raced on
-        # `free` and both grew the pool (an IndexError, or wgpu-native's panic on an H100)
-        self._slots = threading.Lock()
+
         self.shape, self.smaller = None, 0  # (rows, sequences) of the last pass
         self.bursts = GreedyBursts(model, ragged, runner) if GreedyBursts.fits(model, ragged) else None
 
     # --- slots --------------------------------------------------------------------------------
     def acquire(self):
-        with self._slots:
-            if not self.free:
-                self._grow()
-            slot = self.free.pop()
-            self._reset(slot)
-            return slot
+        if not self.free:
+            self._grow()
+        slot = self.free.pop()
+        self._reset(slot)
+        return slot
 
     def release(self, slot):
-        with self._slots:
-            self.free.append(slot)
+        self.free.append(slot)
 
     def slot_memory(self):
         return sum(self.slot_bytes.values())

@@ -300,9 +300,14 @@ class Model:
         return self._session_class()(self)
 
     async def open_session(self):
-        """`session()`, with the synchronous GPU object creation in a worker thread."""
+        """`session()`, with the synchronous GPU object creation in a worker thread. A batching
+        model's session is a KV-cache slot, taken here on the event loop: growing the slot pool
+        rebinds the model's buffers, which in a worker thread raced with the passes being encoded
+        (a bind group paired with another kernel's pipeline, then wgpu-native's panic)."""
         self._check_open()
-        return await anyio.to_thread.run_sync(self._session_class(), self)
+        if self._batcher is not None:
+            return BatchedSession(self)
+        return await anyio.to_thread.run_sync(Session, self)
 
     def _session_class(self):
         return Session if self._batcher is None else BatchedSession
