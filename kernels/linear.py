@@ -51,6 +51,7 @@ GEMV_COLS, GEMV_SLICES = 32, 8  # outputs per workgroup and K slices, [K, N] mat
 # with one accumulator variable per row decoded 6-16% faster than one row per workgroup. (An
 # accumulator array indexed in a loop was 7-13% slower than one row on an H200: spills.)
 GEMV_MAX_ROWS = 32
+Q4_GEMV_MAX_ROWS = 64  # the 4-bit GEMV (kernels/quantized.py), four rows a workgroup past 32
 GEMV_GROUP_ROWS = 8
 
 
@@ -316,9 +317,9 @@ BITWISE_ROWS = SG_GPU_ROWS[0] - 1
 WIDE_GEMV_ROWS = BITWISE_ROWS
 
 
-def gpu_gemv_rows(n):
+def gpu_gemv_rows(n, most=GEMV_MAX_ROWS):
     """The most rows a GPU's GEMV takes for a weight of N rows (more: the GEMM)."""
-    return WIDE_GEMV_ROWS if n >= GEMV_T4_MIN_N else GEMV_MAX_ROWS
+    return WIDE_GEMV_ROWS if n >= GEMV_T4_MIN_N else most
 
 
 def vec4_type(t):
@@ -523,7 +524,7 @@ def subgroup_products(b, k, tensors):
 
 def fused_norm_rows(b, k, tensors, q4=False):
     """The most rows a fused linear of K = k over `tensors` (`q4`: a 4-bit one, whose GEMV takes up
-    to GEMV_MAX_ROWS rows on GPUs, kernels/quantized_fused.py) normalizes itself; for more,
+    to Q4_GEMV_MAX_ROWS rows, kernels/quantized_fused.py) normalizes itself; for more,
     `pte_wgpu.rms_norm_for_gemm` (or `pte_wgpu.rms_norm_for_q4`) writes the normalized rows, which
     the subgroup kernels of more than one row and the GEMM read. On CPU adapters with subgroups
     none: their subgroup kernels read the normalized rows at every row count, as normalizing in
@@ -531,8 +532,8 @@ def fused_norm_rows(b, k, tensors, q4=False):
     (SmolLM2 4w, one row: the fused SwiGLU 1.94 ms normalizing itself, 0.99 ms reading the rows,
     the norm 45 us; fp32 the same, BENCHMARKS.md)."""
     if subgroup_products(b, k, tensors):
-        return 0 if b.adapter == CPU else GEMV_MAX_ROWS if q4 else SG_GPU_ROWS[0] - 1
-    return GEMV_MAX_ROWS
+        return 0 if b.adapter == CPU else Q4_GEMV_MAX_ROWS if q4 else SG_GPU_ROWS[0] - 1
+    return Q4_GEMV_MAX_ROWS if q4 else GEMV_MAX_ROWS
 
 
 def _sg(shape):

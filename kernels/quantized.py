@@ -15,7 +15,7 @@ Formats (as `executorch.backends.vulkan.patterns` writes them):
   are done by `div_rn`, an integer long division that is correctly rounded on every GPU (WGSL
   allows 2.5 ULP for `/`), so the integer activations match the CPU reference exactly.
 
-The two linear ops record GEMV routes (up to GEMV_MAX_ROWS rows, on GPUs BITWISE_ROWS for weights
+The two linear ops record GEMV routes (up to Q4_GEMV_MAX_ROWS rows, dq8 GEMV_MAX_ROWS, on GPUs BITWISE_ROWS for weights
 of GEMV_T4_MIN_N rows or more, kernels/linear.py's gpu_gemv_rows; each its own: a workgroup's 256
 threads reduce over K for quads of outputs, one u32 word = 8 weights per thread step, as many
 threads a quad as the row count suits, gemv_routes) and a GEMM route (more rows:
@@ -46,7 +46,7 @@ from .gemm import (
     params_bytes,
     storage,
 )
-from .linear import BITWISE_ROWS, CPU_WG, GEMV_MAX_ROWS, SG_LANES, SUBGROUP_BUILTINS, gpu_gemv_rows, sg_wg_rows, vec4_loader, vec4_type
+from .linear import BITWISE_ROWS, CPU_WG, GEMV_MAX_ROWS, Q4_GEMV_MAX_ROWS, SG_LANES, SUBGROUP_BUILTINS, gpu_gemv_rows, sg_wg_rows, vec4_loader, vec4_type
 from .registry import op
 from .variants import CPU
 from .wgsl import FLAT_INDEX, PACKED, WG, flat_grid, is_float, wgsl_type
@@ -80,10 +80,14 @@ def gemv_routes(words, rows=True):
     workgroup), by row count: GEMV_WG lanes for one row; up to BITWISE_ROWS rows the lanes
     holding half the words, whose sums are GEMV_WG lanes' bit for bit up to a zero's sign (a lane
     adds its second word where the wider tree's first live step would), so a row of a pass is what
-    it gets alone; more rows a quarter of them; past one row GEMV_GROUP_ROWS rows a workgroup.
-    Neighbours of the same shape are one dispatch. `rows` False: one row a workgroup (dq8)."""
+    it gets alone; more rows a quarter of them; past one row GEMV_GROUP_ROWS rows a workgroup,
+    past GEMV_MAX_ROWS four (up to Q4_GEMV_MAX_ROWS: H100, SmolLM2 4w, 48 and 64 streams 7,405 and
+    9,867 tokens/s with the dequantizing GEMM there, 8,868 and 11,724 with this). Neighbours of the
+    same shape are one dispatch. `rows` False: one row a workgroup, none past GEMV_MAX_ROWS (dq8)."""
     routes, group = [], GEMV_GROUP_ROWS if rows else 1
-    for most, lanes, rows in ((1, GEMV_WG, 1), (BITWISE_ROWS, _lanes(words, 2), group), (GEMV_MAX_ROWS, _lanes(words, 4), group)):
+    shapes = [(1, GEMV_WG, 1), (BITWISE_ROWS, _lanes(words, 2), group), (GEMV_MAX_ROWS, _lanes(words, 4), group)]
+    shapes += [(Q4_GEMV_MAX_ROWS, _lanes(words, 4), 4)] if rows else []
+    for most, lanes, rows in shapes:
         if routes and routes[-1][1:] == (lanes, rows):
             routes[-1] = (most, lanes, rows)
         else:
@@ -336,7 +340,7 @@ Q4_SG_GEMV = (1, 8)  # (input rows, weight rows) a subgroup takes: one row (deco
 Q4_SG_GEMM = (8, 8)  # any other row count (prefill, a ragged pass): no tiled GEMM, no barriers
 Q4_SG_WORDS = 2  # words a lane loads a step (a vec2<u32>: 16 weights)
 Q4_SG_STEP = 8 * Q4_SG_WORDS  # weights a lane step: K and the group size must be whole steps
-# GPUs take the GEMV up to GEMV_MAX_ROWS rows, as the fused 4-bit linears do (so that those stay
+# GPUs take the GEMV up to Q4_GEMV_MAX_ROWS rows, as the fused 4-bit linears do (so that those stay
 # bitwise the plain ops). With its lanes fitted to K past one row (gemv_routes) it beat this
 # kernel at kernels/linear.py's SG_GPU shape, which GPUs took for 17 to 32 rows of wide weights:
 # H100, SmolLM2-shaped 4w export, greedy bursts, two rounds in one call: 32 sessions 6,513 /
@@ -524,7 +528,7 @@ def q4_subgroup_shape(b, shapes, m, k):
 
 class Q4Product:
     """The routes of one product out = x @ dequant(weight).T (+ bias) as the plain op runs it:
-    the GEMV up to GEMV_MAX_ROWS rows (`gemv` False: not built, for a fused op whose own kernel
+    the GEMV up to its routes' rows (`gemv` False: not built, for a fused op whose own kernel
     takes those rows), the subgroup kernels where the device takes them, the GEMM for more.
     `xs`/`xz` (per-row activation scale and zero point) turn on the dynamic int8 activation
     quantization; with `residual`, `bias` is an [..., N] residual added in the epilogue, to the
@@ -543,7 +547,8 @@ class Q4Product:
         types = Storage(*(storage(b, v) if v is not None else "f32" for v in (x, xs, scales, bias, out)))
         bound = [*operands, *tail, out, self.q]
         self.routes = gemv_routes(w.wpr, rows=not dq8) if gemv else []
-        self.gemv_rows = gpu_gemv_rows(w.n) if gemv and b.adapter != CPU else GEMV_MAX_ROWS  # more: the GEMM
+        most = self.routes[-1][0] if self.routes else GEMV_MAX_ROWS
+        self.gemv_rows = gpu_gemv_rows(w.n, most) if gemv and b.adapter != CPU else most  # more: the GEMM
         self.gemvs = [b.dispatch(gemv_shader(dq8, zp_packed, has_bias, word_group, lanes, types, residual, rows), bound) for _, lanes, rows in self.routes]
         self.shapes = q4_subgroup_shapes(b, w)
         self.sgs = [(b.dispatch(sg_shader(dq8, zp_packed, has_bias, shape, types, residual), bound), shape) for shape in self.shapes]

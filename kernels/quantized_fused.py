@@ -18,7 +18,7 @@ replaced stored it (the products rounded to their tensors' types before the gate
 
 The fused kernel per adapter class: on CPU adapters with subgroups (and weights of whole subgroup
 steps) the subgroup kernels of every row count, Q4_SG_GEMV's one row and Q4_SG_GEMM's shape for
-more, as the plain op; otherwise the GEMV up to GEMV_MAX_ROWS rows, as the plain op too. More
+more, as the plain op; otherwise the GEMV up to Q4_GEMV_MAX_ROWS rows, as the plain op too. More
 rows run each product's plain routes (Q4Product: the dequantizing GEMM), then SwiGLU's
 elementwise gate.
 """
@@ -28,7 +28,7 @@ import struct
 from resize.shapes import fold_grid, numel_of
 
 from .gemm import storage
-from .linear import GEMV_MAX_ROWS, sg_wg_rows, vec4_loader, vec4_type
+from .linear import Q4_GEMV_MAX_ROWS, sg_wg_rows, vec4_loader, vec4_type
 from .linear_fused import _RMS, SILU, swiglu_elementwise
 from .quantized import (
     Q4_SG_GEMM,
@@ -147,7 +147,7 @@ class _Fused:
         floats = [self.x, *(s for _, s in self.products), *items] + ([x_pre, gamma] if self.norm else [])
         steps = all(w.subgroup_steps() for w in self.ws) and all(storage(b, v) in ("f32", "f16") for v in floats)
         self.kind = SUBGROUP if b.adapter == CPU and b.subgroups and steps else GEMV
-        self.most = None if self.kind == SUBGROUP else GEMV_MAX_ROWS  # the rows the fused kernel takes: every count, or the GEMV's
+        self.most = None if self.kind == SUBGROUP else Q4_GEMV_MAX_ROWS  # the rows the fused kernel takes: every count, or the GEMV's
         types = {
             "x": storage(b, self.x), "scales": [storage(b, s) for _, s in self.products], "gamma": gamma is not None and storage(b, gamma),
             "outs": [storage(b, o) for o in self.outs], "rows": storage(b, self.x), "gate": storage(b, items[-2]), "up": storage(b, items[-1]),

@@ -90,7 +90,7 @@ CASES = {
     "q4_n52": (quantized(lambda: Linear(96, 52, True), "4w", 32), (33, 96), 0),
     "dq8_n44": (quantized(lambda: Linear(192, 44, False), "8da4w", 64), (33, 192), 0),
     # wide weights, N not a multiple of a workgroup's outputs
-    "q4_wide": (quantized(lambda: Linear(96, 1032, True), "4w", 32), (33, 96), 0),
+    "q4_wide": (quantized(lambda: Linear(96, 1032, True), "4w", 32), (70, 96), 0),
     "dq8_wide": (quantized(lambda: Linear(64, 1048, False), "8da4w", 16), (33, 64), 0),
     # N >= GEMV_T4_MIN_N (an LM head): GPUs take the GEMM past BITWISE_ROWS rows
     "q4_lm_head": (quantized(lambda: Linear(64, 8200, False), "4w", 32), (33, 64), 0),
@@ -166,15 +166,15 @@ async def test_cpu_adapters_take_the_subgroup_gemv(name, subgroup, load_pte, ker
     assert ran == (subgroup and kernel_variants == "cpu" and "subgroup" in model.device_info.features)
 
 
-@pytest.mark.parametrize("name, most", [("q4_wide", 32), ("dq8_wide", 32), ("q4_lm_head", 16)])
-async def test_gpus_take_the_gemv_up_to_32_rows(name, most, load_pte, kernel_variants):
+@pytest.mark.parametrize("name, most", [("q4_wide", 64), ("dq8_wide", 32), ("q4_lm_head", 16)])
+async def test_gpus_take_the_gemv_up_to_its_rows(name, most, load_pte, kernel_variants):
     """With the GPU variants, even on a device with subgroups, a wide 4-bit linear runs the GEMV
-    up to GEMV_MAX_ROWS rows, or BITWISE_ROWS for N >= GEMV_T4_MIN_N, and the tiled GEMM past
-    that, never a subgroup kernel."""
+    up to Q4_GEMV_MAX_ROWS rows (dq8: GEMV_MAX_ROWS; BITWISE_ROWS for N >= GEMV_T4_MIN_N), and the
+    tiled GEMM past that, never a subgroup kernel."""
     model = await load_pte(_export(name)[0])
     if kernel_variants != "gpu":
         pytest.skip("the GPU variants")
-    for m in (1, 16, 17, 32, 33):
+    for m in (m for m in (1, 16, 17, 32, 33, 64, 65) if m <= CASES[name][1][0]):
         await model.execute(_rows(name, m, np.random.default_rng(m)))
         grids = model._default.state.grids
         running = [d.shader or "" for i, d in enumerate(model.graph.dispatches) if all(grids[i])]
