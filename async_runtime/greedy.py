@@ -5,7 +5,9 @@ A pass of single-token decode steps needs from the host only the next token of e
 and greedy sampling can pick that on the GPU (kernels/sampling.py): after each pass a small kernel
 writes every sequence's argmax into the token table and advances its position, so the next pass
 runs from the GPU's own tables. A burst of k passes waits for the GPU once and reads back k token
-ids a sequence; the host encodes each pass while the GPU runs the one before. The passes are the
+ids a sequence; the host encodes each pass while the GPU runs the one before, and the next burst
+of the same sequences goes in before this one's readback (two staging buffers), so the GPU runs
+on through it. The passes are the
 very passes a host loop would run (same shapes, same tables, same kernels), so the ids are
 bitwise those of picking `logits.argmax()` on the host.
 """
@@ -28,7 +30,7 @@ BURST_MAX = 32  # decode passes one burst runs at most
 
 class GreedyBursts:
     """The GPU objects of bursts over one ragged runner: the sampler's pipeline, the ids buffer, its
-    staging, and one bind group per pass index."""
+    two stagings (a burst's readback while the next burst runs), and one bind group per pass index."""
 
     @staticmethod
     def fits(model, ragged):
@@ -51,7 +53,7 @@ class GreedyBursts:
         self.slices = -(-self.vocab // GREEDY_SLICE)  # the sampler's workgroups a sequence
         size = BURST_MAX * ragged.max_seqs * 4
         self.ids = model._create_buffer(size, STORAGE_USAGE, "burst token ids")
-        self.staging = model._create_buffer(size, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST, "burst readback")
+        self.stagings = [model._create_buffer(size, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST, "burst readback") for _ in range(2)]
         self.params = model._create_buffer(BURST_MAX * PARAMS_ALIGN, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST, "burst params")
         parts = model._create_buffer(ragged.max_seqs * self.slices * 8, STORAGE_USAGE, "sampler slices")
         arrivals = model._create_buffer(ragged.max_seqs * 4, STORAGE_USAGE, "sampler arrivals")  # zeros
@@ -74,9 +76,10 @@ class GreedyBursts:
         device.queue.write_buffer(self.params, 0, struct.pack("<4I", 0, self.vocab, self.vocab, 0))
         dispatch_once(device, self.pipeline, self.bind_groups[0])
 
-    def submit(self, seqs, passes):
+    def submit(self, seqs, passes, staging=0):
         """`passes` decode passes of the runner's current tables, each followed by the sampler over
-        `seqs` sequences (in the pass's last compute pass), the last one by the ids' copy into staging. Each pass is submitted as
+        `seqs` sequences (in the pass's last compute pass), the last one by the ids' copy into
+        `stagings[staging]`. Each pass is submitted as
         soon as it is encoded, so the GPU runs it while the host encodes the next (every encoded
         command buffer is submitted: wgpu-native on NVIDIA crashes on dropping one unsubmitted)."""
         device = self.model.device
@@ -88,13 +91,13 @@ class GreedyBursts:
             encoder = device.create_command_encoder()
             self.runner._encode_commands(encoder, tail=[(*prepare(self.pipeline, self.bind_groups[k]), (self.slices, seqs, 1))])
             if k == passes - 1:
-                encoder.copy_buffer_to_buffer(self.ids, 0, self.staging, 0, passes * seqs * 4)
+                encoder.copy_buffer_to_buffer(self.ids, 0, self.stagings[staging], 0, passes * seqs * 4)
             device.queue.submit([encoder.finish()])
 
-    def read(self, seqs, passes):
-        """The ids of the last burst, [seqs, passes] (mapped staging: map it first)."""
+    def read(self, seqs, passes, staging=0):
+        """The ids of the burst copied into `stagings[staging]`, [seqs, passes] (map it first)."""
         try:
-            raw = self.staging.read_mapped(0, passes * seqs * 4, copy=False)
+            raw = self.stagings[staging].read_mapped(0, passes * seqs * 4, copy=False)
             return np.frombuffer(raw, np.int32).reshape(passes, seqs).T.astype(np.int64)
         finally:
-            self.staging.unmap()
+            self.stagings[staging].unmap()

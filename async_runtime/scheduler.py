@@ -110,7 +110,7 @@ class Scheduler:
             await anyio.lowlevel.checkpoint()
         pieces = self.model._batcher.compose(self._ready)
         try:
-            finished = await self.model._batcher.run_pass(pieces, self._unless_lost)
+            finished = await self.model._batcher.run_pass(pieces, self._unless_lost, lambda: len(self._ready) > len(pieces))
         except (InputError, ResizeError) as e:  # checked before the hand-over: a bug if seen here
             finished = [step for step, _, _ in pieces]
             for step in finished:

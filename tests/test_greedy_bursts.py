@@ -64,6 +64,27 @@ async def test_bursts_pick_the_host_loops_tokens(llama):
 
 
 @pytest.mark.anyio
+async def test_a_burst_goes_in_before_the_last_ones_readback(llama):
+    """One session alone picking more than a burst: the second burst is submitted before the
+    first one's readback (into the other staging buffer) and still picks the host loop's ids."""
+    prompt = np.array([3, 1, 4], np.int64)
+    n = CONTEXT - len(prompt)  # a burst of BURST_MAX, then one of the rest
+    async with await ar.load(llama, batch_submits=False) as ref:
+        want = await _host_loop(ref, prompt, n)
+    async with await ar.load(llama) as model:
+        submitted = []
+        submit = model._batcher.bursts.submit
+        model._batcher.bursts.submit = lambda seqs, passes, staging=0: submitted.append((passes, staging)) or submit(seqs, passes, staging)
+        async with model.session() as s:
+            (logits,) = await s.execute(prompt[None], np.array([0]))
+            before = model.statistics()
+            got = [int(logits.argmax())] + (await s.greedy(np.array([[int(logits.argmax())]]), np.array([len(prompt)]), n=n - 1)).tolist()
+            after = model.statistics()
+    assert got == want
+    assert submitted == [(BURST_MAX, 0), (n - 1 - BURST_MAX, 1)] and after.readbacks - before.readbacks == 2
+
+
+@pytest.mark.anyio
 async def test_generate_streams_the_same_tokens_and_positions(llama):
     vocab = CONFIGS["fp32"]["vocab_size"]
     prompt = np.random.default_rng(3).integers(0, vocab, 9).tolist()
