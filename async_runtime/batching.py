@@ -62,7 +62,6 @@ class Batcher:
         self.nonzero = {vid: bool(model._constant_data[vid].any()) for vid in self.slot_bytes}
         self.capacity = 1
         self.free = [0]
-
         self.shape, self.smaller = None, 0  # (rows, sequences) of the last pass
         self.bursts = GreedyBursts(model, ragged, runner) if GreedyBursts.fits(model, ragged) else None
 

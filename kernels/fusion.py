@@ -59,7 +59,6 @@ RMS_NORM_FOR_GEMM = "pte_wgpu.rms_norm_for_gemm"
 RMS_NORM_FOR_Q4 = "pte_wgpu.rms_norm_for_q4"  # before a fused 4-bit linear
 ROPE = "et_vk.apply_rotary_emb.default"
 CLONE = "aten.clone.default"
-
 ROPE_INTO_CACHE = "pte_wgpu.rope_into_cache"
 RAGGED_SDPA = "pte_wgpu.ragged_sdpa"
 RAGGED_SDPA_CACHED = "pte_wgpu.ragged_sdpa_cached"
@@ -364,9 +363,13 @@ def _fuse_rope_into_groups(graph):
         g = groups.get(q)  # the group whose first product is q
         if g is None:
             continue
-        clones = [f.producer.get(t) for t in (fcos, fsin)]
-        clones = [c for c in clones if c is not None and g < c and calls[c][0] == CLONE and f.uses[calls[c][1][-1]] == 1]
-        tables = [calls[c][1][0] if c in clones else t for c, t in zip((f.producer.get(fcos), f.producer.get(fsin)), (fcos, fsin))]
+        tables, clones = [], []  # the rotary tables, read past clones that only the RoPE reads
+        for t in (fcos, fsin):
+            c = f.producer.get(t)
+            if c is not None and g < c and calls[c][0] == CLONE and f.uses[t] == 1:
+                clones.append(c)
+                t = calls[c][1][0]
+            tables.append(t)
         if (
             values[calls[g][1][-1]].items != (q, k, v_out)
             or any(name not in VIEWS and j not in clones for j, (name, _) in enumerate(calls[g + 1 : i], g + 1))

@@ -70,23 +70,24 @@ def _lanes(words, share):
     return lanes
 
 
-# Input rows a GEMV workgroup takes past one row: each weight word is dequantized once for them
-# all. A row's sums are the same whatever the count (its own accumulators and tree).
-GEMV_GROUP_ROWS = 2
+# Input rows a GEMV workgroup takes past one row, and past GEMV_MAX_ROWS: each weight word is
+# dequantized once for them all. A row's sums are the same whatever the count (its own
+# accumulators and tree).
+GEMV_GROUP_ROWS, GEMV_GROUP_ROWS_PAST_MAX = 2, 4
 
 
-def gemv_routes(words, rows=True):
+def gemv_routes(words, grouped=True):
     """The GEMV's dispatches for rows of `words` u32 words, as (most rows, lanes, rows a
     workgroup), by row count: GEMV_WG lanes for one row; up to BITWISE_ROWS rows the lanes
     holding half the words, whose sums are GEMV_WG lanes' bit for bit up to a zero's sign (a lane
     adds its second word where the wider tree's first live step would), so a row of a pass is what
     it gets alone; more rows a quarter of them; past one row GEMV_GROUP_ROWS rows a workgroup,
-    past GEMV_MAX_ROWS four (up to Q4_GEMV_MAX_ROWS: H100, SmolLM2 4w, 48 and 64 streams 7,405 and
+    past GEMV_MAX_ROWS GEMV_GROUP_ROWS_PAST_MAX (up to Q4_GEMV_MAX_ROWS: H100, SmolLM2 4w, 48 and 64 streams 7,405 and
     9,867 tokens/s with the dequantizing GEMM there, 8,868 and 11,724 with this). Neighbours of the
-    same shape are one dispatch. `rows` False: one row a workgroup, none past GEMV_MAX_ROWS (dq8)."""
-    routes, group = [], GEMV_GROUP_ROWS if rows else 1
+    same shape are one dispatch. `grouped` False: one row a workgroup, none past GEMV_MAX_ROWS (dq8)."""
+    routes, group = [], GEMV_GROUP_ROWS if grouped else 1
     shapes = [(1, GEMV_WG, 1), (BITWISE_ROWS, _lanes(words, 2), group), (GEMV_MAX_ROWS, _lanes(words, 4), group)]
-    shapes += [(Q4_GEMV_MAX_ROWS, _lanes(words, 4), 4)] if rows else []
+    shapes += [(Q4_GEMV_MAX_ROWS, _lanes(words, 4), GEMV_GROUP_ROWS_PAST_MAX)] if grouped else []
     for most, lanes, rows in shapes:
         if routes and routes[-1][1:] == (lanes, rows):
             routes[-1] = (most, lanes, rows)
@@ -546,7 +547,7 @@ class Q4Product:
         word_group = w.gs % 8 == 0
         types = Storage(*(storage(b, v) if v is not None else "f32" for v in (x, xs, scales, bias, out)))
         bound = [*operands, *tail, out, self.q]
-        self.routes = gemv_routes(w.wpr, rows=not dq8) if gemv else []
+        self.routes = gemv_routes(w.wpr, grouped=not dq8) if gemv else []
         most = self.routes[-1][0] if self.routes else GEMV_MAX_ROWS
         self.gemv_rows = gpu_gemv_rows(w.n, most) if gemv and b.adapter != CPU else most  # more: the GEMM
         self.gemvs = [b.dispatch(gemv_shader(dq8, zp_packed, has_bias, word_group, lanes, types, residual, rows), bound) for _, lanes, rows in self.routes]

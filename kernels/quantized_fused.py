@@ -28,7 +28,7 @@ import struct
 from resize.shapes import fold_grid, numel_of
 
 from .gemm import storage
-from .linear import Q4_GEMV_MAX_ROWS, sg_wg_rows, vec4_loader, vec4_type
+from .linear import sg_wg_rows, vec4_loader, vec4_type
 from .linear_fused import _RMS, SILU, swiglu_elementwise
 from .quantized import (
     Q4_SG_GEMM,
@@ -147,7 +147,6 @@ class _Fused:
         floats = [self.x, *(s for _, s in self.products), *items] + ([x_pre, gamma] if self.norm else [])
         steps = all(w.subgroup_steps() for w in self.ws) and all(storage(b, v) in ("f32", "f16") for v in floats)
         self.kind = SUBGROUP if b.adapter == CPU and b.subgroups and steps else GEMV
-        self.most = None if self.kind == SUBGROUP else Q4_GEMV_MAX_ROWS  # the rows the fused kernel takes: every count, or the GEMV's
         types = {
             "x": storage(b, self.x), "scales": [storage(b, s) for _, s in self.products], "gamma": gamma is not None and storage(b, gamma),
             "outs": [storage(b, o) for o in self.outs], "rows": storage(b, self.x), "gate": storage(b, items[-2]), "up": storage(b, items[-1]),
@@ -156,6 +155,7 @@ class _Fused:
         word_group = self.ws[0].gs % 8 == 0
         sg = ((Q4_SG_GEMV[0], Q4_SG_GEMV[1] * len(self.ws)) if swiglu else Q4_SG_GEMV, Q4_SG_GEMM)
         self.shapes = sg if self.kind == SUBGROUP else gemv_routes(self.ws[0].wpr)
+        self.most = None if self.kind == SUBGROUP else self.shapes[-1][0]  # the rows the fused kernel takes: every count, or the GEMV's
         self.dispatches = []
         for shape in self.shapes:
             norm = self.norm and self.kind == GEMV  # the subgroup kernels read rms_norm_for_q4's rows

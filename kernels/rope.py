@@ -122,7 +122,9 @@ def rope_route(b, args, oq, ok):
         half = dim // 2
         if (s_k, dim_k) != (s, dim):
             raise ValueError(f"{b.name}: q {list(q_shape)} and k {list(k_shape)} differ in positions or head size")
-        check_rope_table(b.name, ctx.dims(fcos), s, half)
+        table = ctx.dims(fcos)
+        if table[0] < s or table[-1] != half:
+            raise ValueError(f"{b.name}: the rotary table has {table[0]} rows for {s} positions (are the positions past the context?)")
         q_pairs = numel_of(q_shape) // 2
         pairs = q_pairs + numel_of(k_shape) // 2
         if row and k_heads * dim != row:
@@ -133,12 +135,6 @@ def rope_route(b, args, oq, ok):
         ctx.set_dims(ok, k_shape)
 
     return set_rope
-
-
-def check_rope_table(name, table, s, half):
-    """A rotary table of dims `table` must have S rows of half a head each."""
-    if table[0] < s or table[-1] != half:
-        raise ValueError(f"{name}: the rotary table has {table[0]} rows for {s} positions (are the positions past the context?)")
 
 
 # The same rotation and cache stores in the epilogue of a q/k/v GEMV (kernels/qkv_rope.py), whose
