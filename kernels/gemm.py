@@ -71,17 +71,19 @@ def bindings(inputs, has_bias, uniform="p: P", scratch=False, bias="f32", out="f
     return lines
 
 
-def header(has_bias, inputs, scratch=False, bias="f32", out="f32", clamp=None, residual=False):
-    """The uniform P, `bindings`, and `epilogue(acc, b, m, n)`: alpha * acc (+ beta * bias) in f32,
-    clamped to `clamp` (lo, hi) if given, converted to the output's storage type `out`; with
-    `residual`, alpha * acc is rounded to `out` before the bias (a residual) is added, as the add
-    that a fused 4-bit residual linear replaced read it."""
+def header(has_bias, inputs, scratch=False, bias="f32", out="f32", clamp=None, residual=False, store=None):
+    """The uniform P, `bindings`, `epilogue(acc, b, m, n)`: alpha * acc (+ beta * bias) in f32,
+    clamped to `clamp` (lo, hi) if given, converted to the output's storage type `out` (with
+    `residual`, alpha * acc is rounded to `out` before the bias, a residual, is added, as the add
+    that a fused 4-bit residual linear replaced read it), and `store(b, m, n, acc)`, which writes
+    an output element: `store` if given (WGSL), else out[b, m, n] = epilogue(acc, b, m, n)."""
     lines = [STRUCT + ";", *bindings(inputs, has_bias, scratch=scratch, bias=bias, out=out)]
     value = f"f32({out}(p.alpha * acc))" if residual else "p.alpha * acc"
     value += " + p.beta * f32(bias[b * p.bias_bs + m * p.bias_sm + n * p.bias_sn])" if has_bias else ""
     if clamp is not None:
         value = f"clamp({value}, {float(clamp[0])!r}, {float(clamp[1])!r})"
     lines.append(f"fn epilogue(acc: f32, b: u32, m: u32, n: u32) -> {out} {{ return {out}({value}); }}")
+    lines.append(store or "fn store(b: u32, m: u32, n: u32, acc: f32) { out[b * p.c_bs + m * p.N + n] = epilogue(acc, b, m, n); }")
     return "\n".join(lines) + "\n"
 
 
@@ -118,6 +120,39 @@ fn b_at(off: u32, n: u32, k: u32, kend: u32) -> f32 {{
 """,
         b_along_k=transposed_b,
     )
+
+
+def column_group(x, weights, ns, out):
+    """(TileLoad, `store` WGSL) of products out_j = x @ w_j.T as one product over their columns
+    side by side: column n of the whole is row n - s_j of w_j (an [N_j, K] weight), s_j the N of
+    the products before it, and goes to out_j, bound as `out` (j = 0) and `out1`, `out2`, ...
+    (GemmRoute's `more_outs`). `x`, `weights`, `out`: WGSL storage types; `ns`: the N_j; rows of
+    one batch (a linear's M is every leading dim)."""
+    ends = [sum(ns[: j + 1]) for j in range(len(ns))]
+    starts = [0, *ends[:-1]]
+    reads = "".join(
+        f"    if (n < {e}u) {{ return f32(w{j}[off + (n - {s}u) * p.K + k]); }}\n" for j, (s, e) in enumerate(zip(starts, ends))
+    )
+    names = ["out", *(f"out{j}" for j in range(1, len(ns)))]
+    writes = " else ".join(
+        f"if (n < {e}u) {{ {name}[m * {size}u + n - {s}u] = epilogue(acc, b, m, n); }}"
+        for name, s, e, size in zip(names, starts, ends, ns)
+    )
+    load = TileLoad(
+        inputs=(("a", x), *((f"w{j}", t) for j, t in enumerate(weights))),
+        functions=f"""
+fn a_at(off: u32, m: u32, k: u32, kend: u32) -> f32 {{
+    if (m < p.M && k < kend) {{ return f32(a[off + m * p.K + k]); }}
+    return 0.0;
+}}
+fn b_at(off: u32, n: u32, k: u32, kend: u32) -> f32 {{
+    if (k >= kend) {{ return 0.0; }}
+{reads}    return 0.0;
+}}
+""",
+        b_along_k=True,
+    )
+    return load, f"fn store(b: u32, m: u32, n: u32, acc: f32) {{ {writes} }}"
 
 
 QUADS = """
@@ -184,7 +219,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         for (var j = 0u; j < 4u; j = j + 1u) {
             if (n + j < p.N) {
                 if (p.splits == 1u) {
-                    out[b * p.c_bs + m * p.N + n + j] = epilogue(row[j], b, m, n + j);
+                    store(b, m, n + j, row[j]);
                 } else {
                     part[split * total + (b * p.M + m) * p.N + n + j] = row[j];
                 }
@@ -206,22 +241,23 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     for (var s = 0u; s < p.splits; s = s + 1u) {{ acc = acc + part[s * total + i]; }}
     let b = i / (p.M * p.N);
     let m = (i / p.N) % p.M;
-    let n = i % p.N;
-    out[b * p.c_bs + m * p.N + n] = epilogue(acc, b, m, n);
+    store(b, m, i % p.N, acc);
 }}
 """
 
 
-def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, residual=False):
+def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, residual=False, store=None):
     """The template with `load`'s tile reads; `extra`: WGSL bindings after the scratch; `bias` and
-    `out` their storage types; `clamp`: the epilogue's (lo, hi)."""
+    `out` their storage types; `clamp`: the epilogue's (lo, hi); `store`: header's."""
     setup = "    let a_row0 = m0 + 4u * am4;\n    let b_col0 = n0 + 4u * bn4;\n" + load.setup if load.setup else ""
     body = GEMM.replace("{B_SLOT}", B_SLOT_ALONG_K if load.b_along_k else B_SLOT_ALONG_N).replace("{SETUP}", setup)
-    return header(has_bias, load.inputs, scratch=True, bias=bias, out=out, clamp=clamp, residual=residual) + extra + load.functions + QUADS + body
+    head = header(has_bias, load.inputs, scratch=True, bias=bias, out=out, clamp=clamp, residual=residual, store=store)
+    return head + extra + load.functions + QUADS + body
 
 
-def gemm_reduce_shader(has_bias, bias="f32", out="f32", clamp=None, residual=False):
-    return header(has_bias, (("part", "f32"),), bias=bias, out=out, clamp=clamp, residual=residual) + GEMM_REDUCE
+def gemm_reduce_shader(has_bias, bias="f32", out="f32", clamp=None, residual=False, store=None, extra=""):
+    """Split-K's reduce; `extra`: WGSL bindings after the uniform (those `store` writes)."""
+    return header(has_bias, (("part", "f32"),), bias=bias, out=out, clamp=clamp, residual=residual, store=store) + extra + GEMM_REDUCE
 
 
 def gemm_split(m, n, k, batch):
@@ -240,11 +276,13 @@ def gemm_grid(name, m, n, batch, splits=1):
     return grid
 
 
-def gemm_scratch(b, outs):
-    """Split-K's scratch for an op whose products (run one after another) write `outs`: room for
-    the splits' sums of the largest, at most SPLIT_TARGET * BM * BN floats (gemm_split's bound). A
-    value of the op alone, so the memory planner lets every op's scratch share one buffer."""
-    most = max(numel_of(b.graph.values[o].dims) for o in outs)
+def gemm_scratch(b, outs, together=False):
+    """Split-K's scratch for an op whose products (run one after another; `together`: as one,
+    column_group) write `outs`: room for the splits' sums of the largest (of all), at most
+    SPLIT_TARGET * BM * BN floats (gemm_split's bound). A value of the op alone, so the memory
+    planner lets every op's scratch share one buffer."""
+    sizes = [numel_of(b.graph.values[o].dims) for o in outs]
+    most = sum(sizes) if together else max(sizes)
     vid = len(b.graph.values)
     b.graph.values.append(Tensor("float32", (max(1, min(SPLIT_TARGET * BM * BN, MAX_SPLITS * most)),)))
     b.writes(vid)
@@ -254,15 +292,20 @@ def gemm_scratch(b, outs):
 class GemmRoute:
     """The GEMM route of one product: its dispatch, reading through `load`, and split-K's reduce
     over `scratch` (gemm_scratch); `extra` are bindings after the scratch (WGSL `extra_wgsl`);
-    `clamp` the epilogue's (lo, hi) or None; `residual`: header's."""
+    `clamp` the epilogue's (lo, hi) or None; `residual`, `store`: header's; `more_outs`: outputs
+    that `store` writes besides `out`, bound last as out1, out2, ... (column_group)."""
 
-    def __init__(self, b, load, inputs, bias, out, params, scratch, extra=(), extra_wgsl="", clamp=None, residual=False):
+    def __init__(self, b, load, inputs, bias, out, params, scratch, extra=(), extra_wgsl="", clamp=None, residual=False, store=None, more_outs=()):
         self.name = b.name
         tail = [bias] if bias is not None else []
-        epilogue = {"bias": storage(b, bias) if tail else "f32", "out": storage(b, out), "clamp": clamp, "residual": residual}
-        shader = gemm_shader(load, bias is not None, extra_wgsl, **epilogue)
-        self.gemm = b.dispatch(shader, [*inputs, *tail, out, params, scratch, *extra])
-        self.reduce = b.dispatch(gemm_reduce_shader(bias is not None, **epilogue), [scratch, *tail, out, params])
+        epilogue = {"bias": storage(b, bias) if tail else "f32", "out": storage(b, out), "clamp": clamp, "residual": residual, "store": store}
+        more = lambda first: "".join(  # noqa: E731
+            f"@group(0) @binding({first + j}) var<storage, read_write> out{j + 1}: array<{storage(b, o)}>;\n" for j, o in enumerate(more_outs)
+        )
+        shader = gemm_shader(load, bias is not None, extra_wgsl + more(len(inputs) + len(tail) + 3 + len(extra)), **epilogue)
+        self.gemm = b.dispatch(shader, [*inputs, *tail, out, params, scratch, *extra, *more_outs])
+        reduce = gemm_reduce_shader(bias is not None, extra=more(len(tail) + 3), **epilogue)
+        self.reduce = b.dispatch(reduce, [scratch, *tail, out, params, *more_outs])
 
     def set(self, ctx, shape, on):
         """As a variant's route (kernels/variants.py), for a shape with m, n, k and batch."""

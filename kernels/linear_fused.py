@@ -23,7 +23,7 @@ import struct
 
 from resize.shapes import fold_grid, numel_of
 
-from .gemm import PARAMS_SIZE, GemmRoute, float_load, gemm_scratch, params_bytes, storage
+from .gemm import PARAMS_SIZE, GemmRoute, column_group, float_load, gemm_scratch, params_bytes, storage
 from .linear import (
     CPU_GROUP_ROWS,
     CPU_WG,
@@ -268,30 +268,43 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 
 class _Products:
     """The GEMM route of products out_j = x @ w_j.T (none where the GEMV takes every row count,
-    `gemm` False), and the live (M, K, N_j) they share."""
+    `gemm` False), and the live (M, K, N_j) they share. The products run as one GEMM over their
+    columns side by side (gemm.py's column_group: one dispatch, and one wave of workgroups where
+    each alone would leave the GPU half idle) where their outputs share a storage type."""
 
     def __init__(self, b, x, weights, outs, gemm=True, gemv_rows=GEMV_MAX_ROWS):
         self.x, self.weights, self.outs, self.gemv_rows = x, weights, outs, gemv_rows
         self.shape_fn = linear_shapes(b.name)
-        self.routes, scratch = [], gemm and gemm_scratch(b, outs)
-        for w, out in zip(weights, outs) if gemm else ():
+        self.routes = []
+        together = len({storage(b, o) for o in outs}) == 1
+        if not gemm:
+            return
+        scratch = gemm_scratch(b, outs, together)
+        if together:
+            ns = [b.graph.values[w].dims[0] for w in weights]
+            load, store = column_group(storage(b, x), [storage(b, w) for w in weights], ns, storage(b, outs[0]))
+            params = b.params(PARAMS_SIZE)
+            route = GemmRoute(b, load, [x, *weights], None, outs[0], params, scratch, store=store, more_outs=outs[1:])
+            self.routes.append((params, route))
+            return
+        for w, out in zip(weights, outs):
             params = b.params(PARAMS_SIZE)
             load = float_load(True, storage(b, x), storage(b, w))
             self.routes.append((params, GemmRoute(b, load, [x, w], None, out, params, scratch)))
 
     def resize(self, ctx):
-        """Set each product's shape and GEMM params; returns (gemv?, M, K, [N_j])."""
+        """Set each product's shape and the GEMM params; returns (gemv?, M, K, [N_j])."""
         xd, ns = ctx.dims(self.x), []
-        for j, (w, out) in enumerate(zip(self.weights, self.outs)):
+        for w, out in zip(self.weights, self.outs):
             _, m, n, k, _, _, out_dims = self.shape_fn(xd, ctx.dims(w))
-            gemv, on = (0 < m <= self.gemv_rows, m > self.gemv_rows) if self.routes else (m > 0, False)
-            if self.routes:
-                params, gemm = self.routes[j]
-                splits, kspan = gemm.plan(m, n, k, 1, on)
-                ctx.set_params(params, params_bytes(m, n, k, split=(splits, kspan)))
-                gemm.set_grids(ctx, m, n, 1, splits, on)
             ctx.set_dims(out, out_dims)
             ns.append(n)
+        gemv, on = (0 < m <= self.gemv_rows, m > self.gemv_rows) if self.routes else (m > 0, False)
+        widths = [sum(ns)] if len(self.routes) == 1 else ns
+        for (params, gemm), n in zip(self.routes, widths):
+            splits, kspan = gemm.plan(m, n, k, 1, on)
+            ctx.set_params(params, params_bytes(m, n, k, split=(splits, kspan)))
+            gemm.set_grids(ctx, m, n, 1, splits, on)
         return gemv, m, k, ns
 
 
