@@ -21,6 +21,7 @@ import numpy as np
 
 from resize.events import InputResized
 
+from .encoding import Pieces
 from .errors import BusyResourceError, ClosedResourceError, InputError, MemoryBudgetError
 from .greedy import BURST_MAX, GreedyBursts
 from .scheduler import Step
@@ -172,10 +173,10 @@ class Batcher:
             return await self._run_bursts(pieces, unless_lost, others_wait)
         model, runner, ragged = self.model, self.runner, self.ragged
         ctx = await self._stage_tables(pieces)
-        encoder = model.device.create_command_encoder()
-        reads = runner._encode(encoder)
-        model.device.queue.submit([encoder.finish()])
-        model._counters.submits += 1
+        submitted = Pieces(model.device)
+        reads = runner._encode(submitted)
+        submitted.finish()
+        model._counters.submits += 1  # a pass, whatever its pieces
         await unless_lost(runner._staging.map_async("READ_NOSYNC"))
         outputs = runner._read_outputs(reads)
         finished, first = [], 0

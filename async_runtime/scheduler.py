@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
+from .encoding import Pieces
 from .errors import BrokenResourceError, InputError, ResizeError
 
 COALESCE_CHECKPOINTS = 2  # event-loop turns a ragged pass waits for more steps to arrive
@@ -85,11 +86,11 @@ class Scheduler:
     async def _submit(self, batch):
         model = self.model
         try:
-            encoder = model.device.create_command_encoder()
+            pieces = Pieces(model.device)
             for step in batch:
-                step.reads = step.session._encode(encoder)
-            model.device.queue.submit([encoder.finish()])
-            model._counters.submits += 1
+                step.reads = step.session._encode(pieces)
+            pieces.finish()
+            model._counters.submits += 1  # a pass, whatever its pieces
             for step in batch:
                 step.session._counters.submits += 1
                 # "READ" would first submit an empty command buffer, synchronously, and on lavapipe

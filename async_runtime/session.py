@@ -282,11 +282,11 @@ class Session(SessionBase):
         for counters in (self._counters, self._model._counters):
             counters.bytes_up += up
 
-    def _encode(self, encoder):
-        """Encode this step into `encoder`, then the outputs' live bytes into staging. Returns
-        what `_read_outputs` needs."""
-        self._encode_commands(encoder)
-        graph, reads = self._model.graph, []
+    def _encode(self, pieces):
+        """Encode this step into `pieces` (an encoding.Pieces, submitted as it goes), then the
+        outputs' live bytes into staging. Returns what `_read_outputs` needs."""
+        self._encode_commands(pieces.encoder, pieces=pieces)
+        encoder, graph, reads = pieces.encoder, self._model.graph, []
         for vid, offset in zip(graph.outputs, self._out_offsets):
             v = graph.values[vid]
             if not isinstance(v, Tensor):
@@ -301,20 +301,22 @@ class Session(SessionBase):
             counters.dispatches += self._dispatch_count
         return reads
 
-    def _encode_commands(self, encoder, tail=()):
+    def _encode_commands(self, encoder, tail=(), pieces=None):
         """The graph's dispatches and copies: many dispatches per compute pass; then `tail`,
-        dispatches (as `encode_dispatches` takes them) after the graph's."""
+        dispatches (as `encode_dispatches` takes them) after the graph's. With `pieces` (an
+        encoding.Pieces whose encoder is `encoder`), submitted in pieces as they are encoded; the
+        caller goes on in `pieces.encoder`."""
         if self.profiler is not None:  # profiling: timestamped passes (profile.py), the tail its own
             self.profiler.encode(self, encoder)
             return self._encode_runs(encoder, tail=tail, commands=())
-        self._encode_runs(encoder, tail=tail)
+        self._encode_runs(encoder, tail=tail, pieces=pieces)
 
-    def _encode_runs(self, encoder, timestamps=None, tail=(), commands=None):
+    def _encode_runs(self, encoder, timestamps=None, tail=(), commands=None, pieces=None):
         """`_commands` (or `commands`) into `encoder`, then the `tail` dispatches in the last
         compute pass (in one of their own if the step ends with a copy: a pass less to start on
         the GPU); with a `timestamps` query set, the first compute pass writes its beginning at
-        index 0 and the last its end at index 1 (a whole step's GPU time). Returns whether the
-        step has a compute pass."""
+        index 0 and the last its end at index 1 (a whole step's GPU time); with `pieces`, as
+        `_encode_commands`. Returns whether the step has a compute pass."""
         commands = self._commands if commands is None else commands
         if tail and (not commands or commands[-1][0] != "compute"):
             commands = [*commands, ("compute", ())]  # the tail's own pass
@@ -330,7 +332,14 @@ class Session(SessionBase):
                 if i == last:
                     writes["end_of_pass_write_index"] = 1
                 compute = encoder.begin_compute_pass(timestamp_writes={"query_set": timestamps, **writes} if writes else None)
-                encode_dispatches(compute, run[1])
+                at = 0
+                for cut in pieces.cuts(len(run[1])) if pieces is not None else ():
+                    encode_dispatches(compute, run[1][at:cut])
+                    compute.end()
+                    pieces.submit()
+                    encoder, at = pieces.encoder, cut
+                    compute = encoder.begin_compute_pass()
+                encode_dispatches(compute, run[1][at:])
                 if i == len(commands) - 1:
                     encode_dispatches(compute, tail)
                 compute.end()

@@ -127,6 +127,42 @@ async def test_sessions_opened_while_others_decode(llama, kernels, monkeypatch):
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("batch_submits", [True, False])
+async def test_a_step_submitted_in_pieces_is_the_same_step(llama, batch_submits, monkeypatch):
+    """A long step goes to the GPU in pieces as it is encoded (encoding.Pieces). With pieces of 2,
+    then 3 dispatches, a prompt of 7 and 4 decode steps give bitwise the logits they give in one
+    piece (this tiny model's steps are shorter than a piece), through the ragged batch and, with
+    `batch_submits=False`, the scheduler's own submits; every encoder begun is submitted."""
+    from async_runtime import encoding
+
+    prompt = np.array([3, 1, 4, 1, 5, 9, 2])
+    async with await ar.load(llama["fp32"], batch_submits=batch_submits) as model:
+        want = await _alone(model, prompt, 4)
+        begun, submitted = [], []
+        real_init, real_submit = encoding.Pieces.__init__, encoding.Pieces.submit
+
+        def init(self, device):
+            real_init(self, device)
+            begun.append(self)
+
+        def submit(self):
+            submitted.append(self)
+            real_submit(self)
+
+        monkeypatch.setattr(encoding, "FIRST_PIECE", 2)
+        monkeypatch.setattr(encoding, "PIECE", 3)
+        monkeypatch.setattr(encoding, "PIECE_TAIL", 1)
+        monkeypatch.setattr(encoding.Pieces, "__init__", init)
+        monkeypatch.setattr(encoding.Pieces, "submit", submit)
+        got = await _alone(model, prompt, 4)
+        steps = model.statistics()
+    _same(got, want, "in pieces")
+    assert len(begun) == 5 and all(p.encoder is None for p in begun)  # each finished
+    assert len(submitted) >= 5 * 5  # each step in more than five pieces
+    assert steps.submits == steps.executes  # the statistics count passes, not pieces
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize("option", [{"max_batch": 0}, {"token_budget": -3}, {"max_batch": 2.5}])
 async def test_batching_options_are_checked(llama, option):
     with pytest.raises(ValueError, match=f"{next(iter(option))} must be a positive int"):
