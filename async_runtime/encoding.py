@@ -48,8 +48,8 @@ def encode_dispatches(compute, dispatches):
 
 
 # A step is submitted in pieces: the first after FIRST_PIECE dispatches, then every PIECE, none
-# leaving fewer than PIECE_TAIL behind (kernels/README's H100 figures: a submit boundary costs the
-# GPU ~22 µs, encoding and finishing a dispatch the host ~7 µs).
+# leaving fewer than PIECE_TAIL behind. On an H100 a submit boundary costs the GPU ~22 µs, and
+# encoding and finishing a dispatch the host ~7 µs (BENCHMARKS.md, eleventh session).
 FIRST_PIECE, PIECE, PIECE_TAIL = 32, 128, 16
 
 
