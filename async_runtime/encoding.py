@@ -47,10 +47,12 @@ def encode_dispatches(compute, dispatches):
         compute.dispatch_workgroups(x, y, z)
 
 
-# A step is submitted in pieces: the first after FIRST_PIECE dispatches, then every PIECE, none
-# leaving fewer than PIECE_TAIL behind. On an H100 a submit boundary costs the GPU ~22 µs, and
-# encoding and finishing a dispatch the host ~7 µs (BENCHMARKS.md, eleventh session).
-FIRST_PIECE, PIECE, PIECE_TAIL = 32, 128, 16
+# A step is submitted in pieces: the first after FIRST_PIECE dispatches, each next one twice as
+# long up to MAX_PIECE, none leaving fewer than PIECE_TAIL behind. Doubling keeps the GPU fed:
+# on an H100 the host encodes and finishes a dispatch in ~8 µs, a prefill's dispatch runs ~21 µs
+# on the GPU and a decode step's ~9, and a submit boundary costs the GPU ~22 µs (BENCHMARKS.md,
+# eleventh session).
+FIRST_PIECE, MAX_PIECE, PIECE_TAIL = 16, 256, 16
 
 
 class Pieces:
@@ -70,7 +72,7 @@ class Pieces:
         """The dispatch indices of a run of `count` at which a piece ends; counts them in."""
         cuts, at = [], 0
         while True:
-            room = max((FIRST_PIECE if self.submits + len(cuts) == 0 else PIECE) - self.since, 1)
+            room = max(min(FIRST_PIECE << (self.submits + len(cuts)), MAX_PIECE) - self.since, 1)
             if count - at - room < PIECE_TAIL:
                 self.since += count - at
                 return cuts

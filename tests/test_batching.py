@@ -129,8 +129,8 @@ async def test_sessions_opened_while_others_decode(llama, kernels, monkeypatch):
 @pytest.mark.anyio
 @pytest.mark.parametrize("batch_submits", [True, False])
 async def test_a_step_submitted_in_pieces_is_the_same_step(llama, batch_submits, monkeypatch):
-    """A long step goes to the GPU in pieces as it is encoded (encoding.Pieces). With pieces of 2,
-    then 3 dispatches, a prompt of 7 and 4 decode steps give bitwise the logits they give in one
+    """A long step goes to the GPU in pieces as it is encoded (encoding.Pieces). With pieces of 1,
+    2 and then 3 dispatches, a prompt of 7 and 4 decode steps give bitwise the logits they give in one
     piece (this tiny model's steps are shorter than a piece), through the ragged batch and, with
     `batch_submits=False`, the scheduler's own submits; every encoder begun is submitted."""
     from async_runtime import encoding
@@ -149,8 +149,8 @@ async def test_a_step_submitted_in_pieces_is_the_same_step(llama, batch_submits,
             submitted.append(self)
             real_submit(self)
 
-        monkeypatch.setattr(encoding, "FIRST_PIECE", 2)
-        monkeypatch.setattr(encoding, "PIECE", 3)
+        monkeypatch.setattr(encoding, "FIRST_PIECE", 1)
+        monkeypatch.setattr(encoding, "MAX_PIECE", 3)
         monkeypatch.setattr(encoding, "PIECE_TAIL", 1)
         monkeypatch.setattr(encoding.Pieces, "__init__", init)
         monkeypatch.setattr(encoding.Pieces, "submit", submit)
