@@ -82,12 +82,11 @@ class Pieces:
 
     def submit(self):
         """Submit the commands so far; later ones go into a new encoder."""
-        self.device.queue.submit([self.encoder.finish()])
-        self.submits += 1
+        self.finish()
         self.encoder = self.device.create_command_encoder()
 
     def finish(self):
-        """Submit the last piece."""
+        """Submit the commands so far, the step's last."""
         self.device.queue.submit([self.encoder.finish()])
         self.submits += 1
         self.encoder = None

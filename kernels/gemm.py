@@ -102,17 +102,23 @@ class TileLoad:
     setup: str = ""
 
 
+# A [M, K], rows of K, as f32 (float_load's and column_group's A)
+FLOAT_A_AT = """
+fn a_at(off: u32, m: u32, k: u32, kend: u32) -> f32 {
+    if (m < p.M && k < kend) { return f32(a[off + m * p.K + k]); }
+    return 0.0;
+}
+"""
+
+
 def float_load(transposed_b, a="f32", b="f32"):
     """A [M, K] and B, an [N, K] weight (`transposed_b`) or a [K, N] matrix, stored as WGSL types
     `a` and `b` (f32 or f16), loaded as f32."""
     b_index = "n * p.K + k" if transposed_b else "k * p.N + n"
     return TileLoad(
         inputs=(("a", a), ("bm", b)),
-        functions=f"""
-fn a_at(off: u32, m: u32, k: u32, kend: u32) -> f32 {{
-    if (m < p.M && k < kend) {{ return f32(a[off + m * p.K + k]); }}
-    return 0.0;
-}}
+        functions=FLOAT_A_AT
+        + f"""
 fn b_at(off: u32, n: u32, k: u32, kend: u32) -> f32 {{
     if (n < p.N && k < kend) {{ return f32(bm[off + {b_index}]); }}
     return 0.0;
@@ -122,12 +128,12 @@ fn b_at(off: u32, n: u32, k: u32, kend: u32) -> f32 {{
     )
 
 
-def column_group(x, weights, ns, out):
+def column_group(x, weights, ns):
     """(TileLoad, `store` WGSL) of products out_j = x @ w_j.T as one product over their columns
     side by side: column n of the whole is row n - s_j of w_j (an [N_j, K] weight), s_j the N of
     the products before it, and goes to out_j, bound as `out` (j = 0) and `out1`, `out2`, ...
-    (GemmRoute's `more_outs`). `x`, `weights`, `out`: WGSL storage types; `ns`: the N_j; rows of
-    one batch (a linear's M is every leading dim)."""
+    (GemmRoute's `more_outs`). `x`, `weights`: WGSL storage types; `ns`: the N_j; rows of one
+    batch (a linear's M is every leading dim)."""
     ends = [sum(ns[: j + 1]) for j in range(len(ns))]
     starts = [0, *ends[:-1]]
     reads = "".join(
@@ -140,11 +146,8 @@ def column_group(x, weights, ns, out):
     )
     load = TileLoad(
         inputs=(("a", x), *((f"w{j}", t) for j, t in enumerate(weights))),
-        functions=f"""
-fn a_at(off: u32, m: u32, k: u32, kend: u32) -> f32 {{
-    if (m < p.M && k < kend) {{ return f32(a[off + m * p.K + k]); }}
-    return 0.0;
-}}
+        functions=FLOAT_A_AT
+        + f"""
 fn b_at(off: u32, n: u32, k: u32, kend: u32) -> f32 {{
     if (k >= kend) {{ return 0.0; }}
 {reads}    return 0.0;

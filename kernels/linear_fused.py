@@ -276,13 +276,13 @@ class _Products:
         self.x, self.weights, self.outs, self.gemv_rows = x, weights, outs, gemv_rows
         self.shape_fn = linear_shapes(b.name)
         self.routes = []
-        together = len({storage(b, o) for o in outs}) == 1
         if not gemm:
             return
+        together = len({storage(b, o) for o in outs}) == 1
         scratch = gemm_scratch(b, outs, together)
         if together:
             ns = [b.graph.values[w].dims[0] for w in weights]
-            load, store = column_group(storage(b, x), [storage(b, w) for w in weights], ns, storage(b, outs[0]))
+            load, store = column_group(storage(b, x), [storage(b, w) for w in weights], ns)
             params = b.params(PARAMS_SIZE)
             route = GemmRoute(b, load, [x, *weights], None, outs[0], params, scratch, store=store, more_outs=outs[1:])
             self.routes.append((params, route))
