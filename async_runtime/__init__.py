@@ -6,7 +6,7 @@
     await model.aclose()
 """
 
-from resize.events import InputResized
+from pte_wgpu.resize.events import InputResized
 
 from .device import DeviceInfo
 from .errors import (

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import anyio
 import numpy as np
 
-from resize.events import InputResized
+from pte_wgpu.resize.events import InputResized
 
 from .encoding import Pieces
 from .errors import BusyResourceError, ClosedResourceError, InputError, MemoryBudgetError

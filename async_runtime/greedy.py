@@ -17,8 +17,8 @@ import struct
 import numpy as np
 import wgpu
 
-from kernels.sampling import GREEDY_SLICE, greedy_advance
-from kernels.wgsl import is_float, type_aliases
+from pte_wgpu.kernels.sampling import GREEDY_SLICE, greedy_advance
+from pte_wgpu.kernels.wgsl import is_float, type_aliases
 
 from .encoding import prepare
 from .pipelines import compile_pipeline, dispatch_once

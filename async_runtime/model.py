@@ -7,12 +7,12 @@ from dataclasses import dataclass, replace
 import anyio
 import numpy as np
 
-from kernels import adapter_class, build_node, fuse, fuse_ragged
-from kernels.registry import HalfUnsupported
-from kernels.wgsl import elem_bytes
-from resize.engine import LiveState, Plan, ResizeContext, run_all
-from resize.shapes import numel_of
-from resize.values import SymInt, Tensor
+from pte_wgpu.kernels import adapter_class, build_node, fuse, fuse_ragged
+from pte_wgpu.kernels.registry import HalfUnsupported
+from pte_wgpu.kernels.wgsl import elem_bytes
+from pte_wgpu.resize.engine import LiveState, Plan, ResizeContext, run_all
+from pte_wgpu.resize.shapes import numel_of
+from pte_wgpu.resize.values import SymInt, Tensor
 
 from .batching import Batcher, BatchedSession
 from .device import open_device

@@ -21,8 +21,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from kernels import OPS
-from resize.values import Scalar, Tensor, ValueList
+from pte_wgpu.kernels import OPS
+from pte_wgpu.resize.values import Scalar, Tensor, ValueList
 
 from .program.graph import Graph
 

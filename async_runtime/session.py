@@ -9,12 +9,12 @@ import anyio
 import numpy as np
 import wgpu
 
-from kernels import Params
-from kernels.wgsl import PACKED, elem_bytes
-from resize.engine import ResizeContext, ResizeFailure, ShapeOverflow, check_fits, propagate_resize
-from resize.events import InputResized
-from resize.shapes import numel_of
-from resize.values import HOST_DTYPES, Tensor
+from pte_wgpu.kernels import Params
+from pte_wgpu.kernels.wgsl import PACKED, elem_bytes
+from pte_wgpu.resize.engine import ResizeContext, ResizeFailure, ShapeOverflow, check_fits, propagate_resize
+from pte_wgpu.resize.events import InputResized
+from pte_wgpu.resize.shapes import numel_of
+from pte_wgpu.resize.values import HOST_DTYPES, Tensor
 
 from .encoding import encode_dispatches, prepare
 from .errors import BrokenResourceError, BusyResourceError, ClosedResourceError, InputError, ResizeError

@@ -3,9 +3,9 @@
 import numpy as np
 import wgpu
 
-from kernels.wgsl import PACKED, STORAGE
-from resize.shapes import numel_of
-from resize.values import HOST_DTYPES
+from pte_wgpu.kernels.wgsl import PACKED, STORAGE
+from pte_wgpu.resize.shapes import numel_of
+from pte_wgpu.resize.values import HOST_DTYPES
 
 from .errors import ModelFormatError
 

@@ -32,7 +32,7 @@ TOP_OPS = 8
 async def load(path, routes):
     """The model, built with every convolution route ("all") or the direct kernels only."""
     import async_runtime as ar
-    from kernels import conv
+    from pte_wgpu.kernels import conv
 
     table = conv.CONV_VARIANTS
     if routes == "direct":
@@ -45,7 +45,7 @@ async def load(path, routes):
 
 def _output_of(dispatch):
     """The output binding of a convolution's dispatch: the one just before its first uniform."""
-    from kernels.registry import Params
+    from pte_wgpu.kernels.registry import Params
 
     first = next(i for i, v in enumerate(dispatch.bindings) if isinstance(v, Params))
     return dispatch.bindings[first - 1]

@@ -20,9 +20,9 @@ import time
 import numpy as np
 import wgpu
 
-from kernels import gemm as G
-from kernels import linear as L
-from kernels import quantized as Q
+from pte_wgpu.kernels import gemm as G
+from pte_wgpu.kernels import linear as L
+from pte_wgpu.kernels import quantized as Q
 
 SHAPES = ((49152, 576), (1536, 576), (576, 1536))  # (N, K): the LM head, an MLP up/gate, down
 

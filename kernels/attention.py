@@ -27,8 +27,8 @@ import textwrap
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from resize.shapes import numel_of
-from resize.values import Constant, Tensor
+from pte_wgpu.resize.shapes import numel_of
+from pte_wgpu.resize.values import Constant, Tensor
 
 from .cache import CACHE_SLOT
 from .registry import op

@@ -9,7 +9,7 @@ The cache is a mutable buffer of the exported module, so it is a state tensor of
 
 import struct
 
-from resize.shapes import numel_of
+from pte_wgpu.resize.shapes import numel_of
 
 from .registry import op
 from .wgsl import FLAT_INDEX, WG, flat_grid, type_aliases

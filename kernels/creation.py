@@ -9,7 +9,7 @@ ops), or from arange's live start/end/step.
 import math
 import struct
 
-from resize.shapes import numel_of
+from pte_wgpu.resize.shapes import numel_of
 
 from .registry import op
 from .wgsl import FLAT_INDEX, PACKED, WG, flat_grid, is_float, wgsl_type

@@ -8,8 +8,8 @@ uniform. The arithmetic runs in f32 unless every tensor operand and the output a
 
 import struct
 
-from resize.shapes import broadcast_shapes, numel_of
-from resize.values import SymInt
+from pte_wgpu.resize.shapes import broadcast_shapes, numel_of
+from pte_wgpu.resize.values import SymInt
 
 from .registry import op
 from .wgsl import FLAT_INDEX, SPREAD_MAIN, STRIDED, is_float, pack_strides, pack_u32x8, spread_grid, wgsl_type

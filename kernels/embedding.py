@@ -3,7 +3,7 @@ storage type (f32, f16 or an integer type)."""
 
 import struct
 
-from resize.shapes import numel_of
+from pte_wgpu.resize.shapes import numel_of
 
 from .quantized import embedding_q4_shader
 from .registry import op

@@ -31,7 +31,7 @@ order of the ops it replaces.
 
 from collections import Counter
 
-from resize.values import Scalar, ValueList
+from pte_wgpu.resize.values import Scalar, ValueList
 
 from .elementwise import add_elementwise
 from .qkv_rope import GROUPS as ROPE_GROUPS  # the q/k/v groups that take a RoPE

@@ -22,8 +22,8 @@ to the output's storage type.
 import struct
 from dataclasses import dataclass
 
-from resize.shapes import MAX_WORKGROUPS, numel_of
-from resize.values import Tensor
+from pte_wgpu.resize.shapes import MAX_WORKGROUPS, numel_of
+from pte_wgpu.resize.values import Tensor
 
 from .wgsl import FLAT_INDEX, WG, flat_grid, wgsl_type
 

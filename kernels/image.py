@@ -2,7 +2,7 @@
 WGSL that places a flat output index in an [planes, height, width] output, and the f32 load and
 store of a float32 or float16 input and output."""
 
-from resize.values import ValueList
+from pte_wgpu.resize.values import ValueList
 
 from .wgsl import is_float, wgsl_type
 

@@ -12,8 +12,8 @@ tensors would need a data-dependent shape and are not supported.
 
 import struct
 
-from resize.shapes import broadcast_shapes, broadcast_strides, contiguous_strides, numel_of
-from resize.values import Scalar, Tensor
+from pte_wgpu.resize.shapes import broadcast_shapes, broadcast_strides, contiguous_strides, numel_of
+from pte_wgpu.resize.values import Scalar, Tensor
 
 from .registry import op
 from .wgsl import FLAT_INDEX, PACKED, STRIDED, WG, flat_grid, pack_u32x8, wgsl_type

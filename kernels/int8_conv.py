@@ -16,7 +16,7 @@ lands on a rounding boundary. One invocation computes the 4 outputs of one outpu
 
 import struct
 
-from resize.shapes import numel_of
+from pte_wgpu.resize.shapes import numel_of
 
 from .conv import conv_out_shape
 from .image import static_ints

@@ -19,7 +19,7 @@ path for LLM weights.
 
 import struct
 
-from resize.shapes import numel_of
+from pte_wgpu.resize.shapes import numel_of
 
 from .int8 import QUANT_FNS, inv, reader, word_grid, word_main, zero_point
 from .registry import op

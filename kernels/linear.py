@@ -21,7 +21,7 @@ Kept as one module past 400 lines: the GEMV kernels and the route table of every
 import struct
 from dataclasses import dataclass
 
-from resize.shapes import MAX_WORKGROUPS, broadcast_strides, fold_grid, numel_of
+from pte_wgpu.resize.shapes import MAX_WORKGROUPS, broadcast_strides, fold_grid, numel_of
 
 from .gemm import PARAMS_FORMAT, PARAMS_SIZE, GemmRoute, float_load, gemm_scratch, gemm_split, header, storage
 from .registry import op

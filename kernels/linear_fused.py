@@ -21,7 +21,7 @@ Every binding is stored as its tensor's type (f32, or f16 for float16), summed i
 
 import struct
 
-from resize.shapes import fold_grid, numel_of
+from pte_wgpu.resize.shapes import fold_grid, numel_of
 
 from .gemm import PARAMS_SIZE, GemmRoute, column_group, float_load, gemm_scratch, params_bytes, storage
 from .linear import (

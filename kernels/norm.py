@@ -10,7 +10,7 @@ or f16, each read and written in its own storage type; the statistics are comput
 
 import struct
 
-from resize.shapes import fold_grid, numel_of
+from pte_wgpu.resize.shapes import fold_grid, numel_of
 
 from .image import op_outputs
 from .registry import op

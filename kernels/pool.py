@@ -6,7 +6,7 @@ and the result converts back at the store."""
 
 import struct
 
-from resize.shapes import numel_of
+from pte_wgpu.resize.shapes import numel_of
 
 from .image import OUTPUT_PIXEL, float_types, load_store, op_outputs, static_ints
 from .registry import op

@@ -9,7 +9,7 @@ rope_store: the same expressions on the same values, so results are bitwise the 
 routes (more rows, CPU adapters' kernels) run rope_into_cache's own dispatch after them.
 """
 
-from resize.values import ValueList
+from pte_wgpu.resize.values import ValueList
 
 from .gemm import storage
 from .linear_fused import linear_group_routes

@@ -12,7 +12,7 @@ outputs are stored as f16 and converted at the load and the store.
 
 import struct
 
-from resize.shapes import fold_grid, normalize_dim, numel_of
+from pte_wgpu.resize.shapes import fold_grid, normalize_dim, numel_of
 
 from .int8 import QUANT_FNS, add_word_map, inv
 from .quantized import DIV_RN

@@ -35,7 +35,7 @@ Kept as one module past 400 lines: the 4-bit formats are read by every kernel he
 import struct
 from dataclasses import dataclass
 
-from resize.shapes import fold_grid, numel_of
+from pte_wgpu.resize.shapes import fold_grid, numel_of
 
 from .gemm import (
     PARAMS_SIZE,

@@ -25,7 +25,7 @@ elementwise gate.
 
 import struct
 
-from resize.shapes import fold_grid, numel_of
+from pte_wgpu.resize.shapes import fold_grid, numel_of
 
 from .gemm import storage
 from .linear import sg_wg_rows, vec4_loader, vec4_type

@@ -10,7 +10,7 @@ kernels/shape.py.
   (negative pads crop).
 """
 
-from resize.shapes import contiguous_strides
+from pte_wgpu.resize.shapes import contiguous_strides
 
 from .creation import fill_kernel
 from .registry import op

@@ -21,8 +21,8 @@ Kept as one module past 400 lines: every reduction shares the row decomposition,
 import math
 import struct
 
-from resize.shapes import contiguous_strides, fold_grid, normalize_dim, numel_of
-from resize.values import Scalar
+from pte_wgpu.resize.shapes import contiguous_strides, fold_grid, normalize_dim, numel_of
+from pte_wgpu.resize.values import Scalar
 
 from .linear import fused_norm_rows
 from .registry import op

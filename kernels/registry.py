@@ -14,8 +14,8 @@ maximum (`Node.bounded`), since its kernels or hooks may rely on that.
 
 from dataclasses import dataclass
 
-from resize.engine import Node
-from resize.values import Scalar, SymInt, Tensor, ValueList
+from pte_wgpu.resize.engine import Node
+from pte_wgpu.resize.values import Scalar, SymInt, Tensor, ValueList
 
 from .variants import GPU
 

@@ -12,7 +12,7 @@ import struct
 
 import numpy as np
 
-from resize.shapes import numel_of
+from pte_wgpu.resize.shapes import numel_of
 
 from .image import OUTPUT_PIXEL, float_types, load_store
 from .registry import op

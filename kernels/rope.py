@@ -11,7 +11,7 @@ rotation is computed in f32.
 import struct
 from dataclasses import dataclass
 
-from resize.shapes import numel_of
+from pte_wgpu.resize.shapes import numel_of
 
 from .cache import CACHE_SLOT, cache_slot
 from .registry import op

@@ -8,7 +8,7 @@ stops at the first element that decides the answer.
 
 import struct
 
-from resize.shapes import contiguous_strides, normalize_dim, numel_of
+from pte_wgpu.resize.shapes import contiguous_strides, normalize_dim, numel_of
 
 from .registry import op
 from .wgsl import FLAT_INDEX, PACKED, STRIDED, WG, flat_grid, is_float, pack_u32x8, wgsl_type

@@ -16,7 +16,7 @@ Each tensor is read and written in its own storage type (f32 or f16); the arithm
 import math
 import struct
 
-from resize.shapes import broadcast_strides
+from pte_wgpu.resize.shapes import broadcast_strides
 
 from .attention import MAX_HEAD_DIM, online_softmax_step
 from .registry import op

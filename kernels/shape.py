@@ -18,7 +18,7 @@ Kept as one module past 400 lines: every op here is the same two kernels with ot
 
 import struct
 
-from resize.shapes import broadcast_strides, contiguous_strides, normalize_dim, numel_of
+from pte_wgpu.resize.shapes import broadcast_strides, contiguous_strides, normalize_dim, numel_of
 
 from .registry import op
 from .wgsl import FLAT_INDEX, PACKED, SPREAD_MAIN, STRIDED, WG, copy_bytes, elem_bytes, flat_grid, pack_u32x8, spread_grid, wgsl_type

@@ -2,7 +2,7 @@
 pixel_unshuffle and unfold_copy. The output is walked contiguously over split coordinates and
 each coordinate's input stride says where its element comes from."""
 
-from resize.shapes import contiguous_strides, numel_of
+from pte_wgpu.resize.shapes import contiguous_strides, numel_of
 
 from .registry import op
 from .shape import _dim, _fail, strided_copy

@@ -6,7 +6,7 @@ which the ops reading them turn into parameter bytes. `select_as_symint` is data
 
 import operator
 
-from resize.shapes import normalize_dim
+from pte_wgpu.resize.shapes import normalize_dim
 
 from .registry import op
 from .shape import flat_copy

@@ -2,7 +2,7 @@
 
 import struct
 
-from resize.shapes import broadcast_strides, fold_grid
+from pte_wgpu.resize.shapes import broadcast_strides, fold_grid
 
 WG = 64  # workgroup size of the flat elementwise-style kernels
 

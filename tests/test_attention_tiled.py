@@ -19,7 +19,7 @@ import torch
 import wgpu
 
 from async_runtime.device import find_adapter
-from kernels.attention import SPLIT_MAX_ROWS, TILE_ROWS, _whole_range
+from pte_wgpu.kernels.attention import SPLIT_MAX_ROWS, TILE_ROWS, _whole_range
 
 from .exporting import EXPORT_DIR, export_pte
 

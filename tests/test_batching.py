@@ -12,7 +12,7 @@ import pytest
 
 import async_runtime as ar
 from async_runtime.errors import InputError
-from kernels.linear import BITWISE_ROWS
+from pte_wgpu.kernels.linear import BITWISE_ROWS
 
 from .test_llama import CONFIGS, CONTEXT, recorded
 
@@ -77,7 +77,7 @@ async def test_rope_in_the_qkv_products_is_the_rope_op(llama, kernels, monkeypat
     epilogue rotates and fills the caches, for up to GEMV_MAX_ROWS rows; else rope_into_cache's own
     dispatch) give every step's logits bitwise as the separate RoPE op does: prompts of 1, 13 and
     37 rows (GEMV, GEMV, GEMM), then decode steps."""
-    import kernels.fusion as fusion
+    import pte_wgpu.kernels.fusion as fusion
 
     monkeypatch.setenv("PTE_WGPU_KERNELS", kernels)
     rng = np.random.default_rng(9)

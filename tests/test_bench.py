@@ -198,9 +198,9 @@ def test_streaming_grids_reach_every_element(limit, monkeypatch):
         grids = [g for d, g in active if d.shader is not None]
         if kernel.per_invocation and kernel.wgsl is None and limit > 1 << 30:
             assert grids[0][1] > 1, kernel.label  # the fold is exercised
-    import kernels.wgsl
+    from pte_wgpu.kernels import wgsl
 
-    monkeypatch.setattr(kernels.wgsl, "fold_grid", lambda w: (min(w, 65535), 1, 1))  # a fold that truncates
+    monkeypatch.setattr(wgsl, "fold_grid", lambda w: (min(w, 65535), 1, 1))  # a fold that truncates
     with pytest.raises(ValueError, match="reaches fewer"):
         bench_streaming.plan(next(k for k in full if k.label == "aten.add.Tensor"))
 

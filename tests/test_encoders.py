@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
-from kernels import build_node
-from resize import LiveState, Plan, ResizeContext
-from resize.values import IntList, Scalar, SymInt, Tensor, ValueList
+from pte_wgpu.kernels import build_node
+from pte_wgpu.resize import LiveState, Plan, ResizeContext
+from pte_wgpu.resize.values import IntList, Scalar, SymInt, Tensor, ValueList
 
 from .exporting import export_pte
 

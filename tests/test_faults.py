@@ -14,7 +14,7 @@ import torch
 import wgpu
 
 import async_runtime as ar
-from kernels import OPS
+from pte_wgpu.kernels import OPS
 
 from .exporting import export_pte
 from .models import MLP

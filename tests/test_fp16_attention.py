@@ -36,9 +36,9 @@ import wgpu
 
 from async_runtime.device import find_adapter
 from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
-from kernels import OPS
-from kernels.attention import SPLIT_MAX_ROWS
-from kernels.sampling import GREEDY_SLICE, greedy_advance
+from pte_wgpu.kernels import OPS
+from pte_wgpu.kernels.attention import SPLIT_MAX_ROWS
+from pte_wgpu.kernels.sampling import GREEDY_SLICE, greedy_advance
 
 from . import test_attention_tiled as tiled
 from .exporting import eager, export_pte

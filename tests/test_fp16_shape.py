@@ -12,7 +12,7 @@ import torch
 
 from async_runtime.storage import to_storage
 from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
-from resize.values import IntList, Tensor
+from pte_wgpu.resize.values import IntList, Tensor
 
 from .exporting import export_pte
 from .test_shape_ops import DynShapes, _Graph, _resize

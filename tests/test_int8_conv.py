@@ -230,7 +230,7 @@ async def test_custom_sdpa_matches_eager_at_live_query_lengths(load_pte):
 def _q8ta_conv_graph(transposed):
     """A q8ta_conv2d(_transposed) call by hand: 6 -> 8 channels, kernel 3, stride 2, padding 1,
     two groups, at a maximum input of [2, 6, 9, 11]; (graph, x, out)."""
-    from resize.values import Scalar, Tensor, ValueList
+    from pte_wgpu.resize.values import Scalar, Tensor, ValueList
 
     from .test_shape_ops import _Graph
 
@@ -306,7 +306,7 @@ async def test_q8ta_convolutions_apply_relu_before_requantizing(load_pte):
 
 
 def test_q8ta_pixel_shuffle_rejects_channels_the_factor_does_not_divide():
-    from resize.values import Scalar, Tensor
+    from pte_wgpu.resize.values import Scalar, Tensor
 
     from .test_shape_ops import _Graph, _resize
 

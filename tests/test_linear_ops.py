@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from async_runtime.testing import assert_matches_eager
-from resize.values import Scalar, Tensor, ValueList
-from kernels import build_node
-from kernels import gemm as G
-from kernels import linear as L
+from pte_wgpu.resize.values import Scalar, Tensor, ValueList
+from pte_wgpu.kernels import build_node
+from pte_wgpu.kernels import gemm as G
+from pte_wgpu.kernels import linear as L
 
 from .exporting import export_pte
 
@@ -268,8 +268,8 @@ def test_fusion_leaves_a_malformed_graph_unfused():
     hold): the rewrites roll back and leave the calls as they were, for the ops' builds to refuse."""
     from types import SimpleNamespace
 
-    from kernels.fusion import fuse, fuse_ragged
-    from resize.values import Scalar, Tensor
+    from pte_wgpu.kernels.fusion import fuse, fuse_ragged
+    from pte_wgpu.resize.values import Scalar, Tensor
 
     values = [Tensor("float32", (3, 5)), Scalar(2.0), Scalar(None), Tensor("float32", (3, 7))]
     calls = [("aten.linear.default", (0, 1, 2, 3)), ("aten.squeeze_copy.dims", ()), ("aten.add.Tensor", (3, 3, 1, 3))]

@@ -11,7 +11,7 @@ import torch
 
 from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
 from async_runtime.vulkan_patterns import cache_vulkan_pattern_graphs
-from resize.values import Scalar, SymInt
+from pte_wgpu.resize.values import Scalar, SymInt
 
 from .exporting import export_pte, stored_pte
 from .test_shape_ops import _Graph, _resize
@@ -253,7 +253,7 @@ def test_symint_comparisons(name, expected):
 def test_inspect_names_an_op_without_a_kernel(monkeypatch):
     import io
 
-    import kernels
+    from pte_wgpu import kernels
     from async_runtime.tools.cli import inspect
 
     pte, _ = export_pte("more_pointwise", Pointwise, POINTWISE_SAMPLE, POINTWISE_SHAPES)

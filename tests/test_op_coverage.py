@@ -9,7 +9,7 @@ VkGraph serializer writes them (`node.target.__name__`: `aten.add.Tensor`, `et_v
 
 import pytest
 
-import kernels
+from pte_wgpu import kernels
 
 # Registry entries that never reach a VkGraph: getitem resolves to a ValueList item while
 # serializing, and the assertion ops are removed by the Vulkan preprocess (RemoveAssertsTransform).

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import async_runtime as ar
-from kernels import OPS
+from pte_wgpu.kernels import OPS
 
 from .exporting import export_pte
 

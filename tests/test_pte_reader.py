@@ -11,7 +11,7 @@ from async_runtime.tools.cli import inspect
 from async_runtime.program.graph import link
 from async_runtime.program.pte import DelegateCall, KernelCall, read_program
 from async_runtime.program.vkgraph import read_vkgraph
-from resize.values import SymInt, Tensor
+from pte_wgpu.resize.values import SymInt, Tensor
 
 from .exporting import export_pte
 from .models import MLP, Block
@@ -98,7 +98,7 @@ def test_inspect_lists_ops_and_shapes():
 def test_inspect_shows_dtypes_and_how_float16_is_stored(monkeypatch):
     import io
 
-    from kernels import OPS
+    from pte_wgpu.kernels import OPS
 
     data = export_pte("mlp_half", lambda: MLP().half(), [torch.randn(5, 13).half()])[0]
     out = io.StringIO()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from async_runtime import model as model_module
-from kernels import build_node, fusion
+from pte_wgpu.kernels import build_node, fusion
 
 from .exporting import export_pte
 from .test_linear_ops import FusedLinears

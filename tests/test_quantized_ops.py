@@ -206,7 +206,7 @@ async def test_cpu_subgroup_rows_are_each_row_alone(name, load_pte, monkeypatch)
     """With the CPU variants on a device with subgroups, the linear runs only subgroup kernels at
     every row count (1; 2, 8, 9 and 33 in groups of Q4_SG_GEMM's rows, a partial one included),
     and each row of a pass is bitwise what the row gets alone."""
-    from kernels.quantized import Q4_SG_GEMM
+    from pte_wgpu.kernels.quantized import Q4_SG_GEMM
 
     monkeypatch.setenv("PTE_WGPU_KERNELS", "cpu")
     model = await load_pte(_export(name)[0])
@@ -253,7 +253,7 @@ def test_div_rn_is_correctly_rounded():
     """The shaders' software division against numpy's IEEE float32 division."""
     import wgpu
 
-    from kernels.quantized import DIV_RN
+    from pte_wgpu.kernels.quantized import DIV_RN
 
     rng = np.random.default_rng(0)
     n = 1 << 16

@@ -5,9 +5,9 @@ import sys
 
 import pytest
 
-from resize import LiveState, Node, Plan, ResizeContext, broadcast_shapes, fold_grid, normalize_dim, numel_of, propagate_resize
-from resize.engine import ResizeFailure, ShapeOverflow
-from resize.values import Tensor
+from pte_wgpu.resize import LiveState, Node, Plan, ResizeContext, broadcast_shapes, fold_grid, normalize_dim, numel_of, propagate_resize
+from pte_wgpu.resize.engine import ResizeFailure, ShapeOverflow
+from pte_wgpu.resize.values import Tensor
 
 
 def test_importing_resize_does_not_import_wgpu():

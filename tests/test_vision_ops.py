@@ -368,9 +368,9 @@ async def test_model_zoo_at_square_sizes_64_to_96(name, make, load_pte):
 def test_shape_functions_follow_torch():
     """conv_out_shape, pool_out_size and upsample_out_size against torch's own output shapes over
     odd sizes, strides, paddings, dilations and ceil modes."""
-    from kernels.conv import conv_out_shape
-    from kernels.pool import pool_out_size
-    from kernels.resample import upsample_out_size
+    from pte_wgpu.kernels.conv import conv_out_shape
+    from pte_wgpu.kernels.pool import pool_out_size
+    from pte_wgpu.kernels.resample import upsample_out_size
 
     for size in (5, 7, 11, 13):
         for k, s, p, d in ((3, 2, 1, 1), (2, 3, 0, 2), (5, 1, 2, 1), (3, 3, 1, 2)):

@@ -8,9 +8,9 @@ them run as one GPU plan. Values inside a delegate get fresh ids. The delegates'
 import math
 from dataclasses import dataclass, field, replace
 
-from kernels import OPS
-from kernels.wgsl import elem_bytes
-from resize.values import NONE, Scalar, SymInt, Tensor, ValueList
+from pte_wgpu.kernels import OPS
+from pte_wgpu.kernels.wgsl import elem_bytes
+from pte_wgpu.resize.values import NONE, Scalar, SymInt, Tensor, ValueList
 
 from ..errors import ModelFormatError, UnsupportedOperatorError
 from .pte import DelegateCall, FreeCall, JumpFalseCall, KernelCall, MoveCall

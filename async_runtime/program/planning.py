@@ -9,9 +9,9 @@ share a buffer when no op lies in both lifetimes (an op's input and output never
 
 from dataclasses import dataclass
 
-from kernels.wgsl import elem_bytes
-from resize.shapes import numel_of
-from resize.values import Tensor
+from pte_wgpu.kernels.wgsl import elem_bytes
+from pte_wgpu.resize.shapes import numel_of
+from pte_wgpu.resize.values import Tensor
 
 
 @dataclass

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ModelFormatError
 from .flatbuf import Buffer
-from resize.values import ET_DTYPES, NONE, BoolList, Constant, DoubleList, Scalar, Tensor, ValueList
+from pte_wgpu.resize.values import ET_DTYPES, NONE, BoolList, Constant, DoubleList, Scalar, Tensor, ValueList
 
 MAX_VALUES = 1 << 22  # bounds on table sizes a real program never comes near
 

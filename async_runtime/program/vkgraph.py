@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from ..errors import ModelFormatError
 from .flatbuf import Buffer
-from resize.values import (
+from pte_wgpu.resize.values import (
     NONE,
     VK_DTYPES,
     BoolList,

@@ -5,10 +5,10 @@ import os
 import sys
 from collections import Counter
 
-from kernels import OPS
-from kernels.wgsl import elem_bytes
-from resize.shapes import numel_of
-from resize.values import SymInt, Tensor, ValueList
+from pte_wgpu.kernels import OPS
+from pte_wgpu.kernels.wgsl import elem_bytes
+from pte_wgpu.resize.shapes import numel_of
+from pte_wgpu.resize.values import SymInt, Tensor, ValueList
 
 from ..errors import ModelFormatError
 from ..program.graph import link

@@ -33,8 +33,8 @@ from collections import defaultdict
 import numpy as np
 import wgpu
 
-from kernels.wgsl import elem_bytes
-from resize.shapes import numel_of
+from pte_wgpu.kernels.wgsl import elem_bytes
+from pte_wgpu.resize.shapes import numel_of
 
 MAX_QUERIES = 4096  # WebGPU's limit on one query set
 PAIRS_PER_SET = MAX_QUERIES // 2  # a dispatch's (begin, end)

@@ -41,11 +41,11 @@ import anyio
 import numpy as np
 import wgpu
 
-from kernels import Params, build_node
-from kernels.wgsl import PER_INVOCATION, elem_bytes
-from resize.engine import LiveState, Plan, ResizeContext
-from resize.shapes import MAX_WORKGROUPS, fold_grid, numel_of
-from resize.values import Scalar, Tensor
+from pte_wgpu.kernels import Params, build_node
+from pte_wgpu.kernels.wgsl import PER_INVOCATION, elem_bytes
+from pte_wgpu.resize.engine import LiveState, Plan, ResizeContext
+from pte_wgpu.resize.shapes import MAX_WORKGROUPS, fold_grid, numel_of
+from pte_wgpu.resize.values import Scalar, Tensor
 
 from ...device import open_device
 from ...encoding import encode_dispatches, prepare
