@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import anyio
 import wgpu
 
-# "subgroup": the CPU adapters' GEMVs sum along K across a subgroup's lanes (kernels/linear.py);
+# "subgroup": the CPU adapters' GEMVs sum along K across a subgroup's lanes (kernels/matmul/linear.py);
 # kernels use it only when the device was opened with it (`build_node(..., subgroups=...)`).
 WANTED_FEATURES = ("shader-f16", "timestamp-query", "subgroup")
 ADAPTER_ENV = "PTE_WGPU_ADAPTER"

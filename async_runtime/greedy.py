@@ -2,7 +2,7 @@
 of the per-token loop.
 
 A pass of single-token decode steps needs from the host only the next token of every sequence,
-and greedy sampling can pick that on the GPU (kernels/sampling.py): after each pass a small kernel
+and greedy sampling can pick that on the GPU (kernels/attention/sampler.py): after each pass a small kernel
 writes every sequence's argmax into the token table and advances its position, so the next pass
 runs from the GPU's own tables. A burst of k passes waits for the GPU once and reads back k token
 ids a sequence; the host encodes each pass while the GPU runs the one before, and the next burst
@@ -17,7 +17,7 @@ import struct
 import numpy as np
 import wgpu
 
-from pte_wgpu.kernels.sampling import GREEDY_SLICE, greedy_advance
+from pte_wgpu.kernels.attention.sampler import GREEDY_SLICE, greedy_advance
 from pte_wgpu.kernels.wgsl import is_float, type_aliases
 
 from .encoding import prepare

@@ -21,13 +21,14 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from pte_wgpu.kernels import OPS
+from pte_wgpu.kernels import OPS, fusion
+from pte_wgpu.kernels.tensor import elementwise
 from pte_wgpu.resize.values import Scalar, Tensor, ValueList
 
 from .program.graph import Graph
 
 INTS = {"int32", "int64"}
-ELEMENTWISE_MODULES = {"kernels.elementwise", "kernels.fusion"}
+ELEMENTWISE_MODULES = {elementwise.__name__, fusion.__name__}  # ops registered there map elements to elements
 # Ops that map each row to a row: their labelled inputs carry the token axis before the last dim
 # (features) or anywhere (integer indices), and their outputs keep it at the same position.
 ROW_WISE = {

@@ -1,5 +1,5 @@
 """The convolution routes side by side in one process: one `.pte` loaded twice, once with every
-route of kernels/conv.py (the implicit GEMM where it applies) and once with the direct kernels
+route of kernels/vision/conv.py (the implicit GEMM where it applies) and once with the direct kernels
 only, run alternately on the same input; then one profiled execute of each (GPU timestamps), the
 top ops and every convolution's time on both routes.
 
@@ -32,7 +32,7 @@ TOP_OPS = 8
 async def load(path, routes):
     """The model, built with every convolution route ("all") or the direct kernels only."""
     import async_runtime as ar
-    from pte_wgpu.kernels import conv
+    from pte_wgpu.kernels.vision import conv
 
     table = conv.CONV_VARIANTS
     if routes == "direct":

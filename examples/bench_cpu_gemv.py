@@ -6,10 +6,10 @@ with other work inflates far less than wall clock. Each kernel is the runtime's 
 
 Rows, for each storage type of the input, weights and output (f32, f16): one input row (decode)
 by a weight, the one-invocation-a-row GEMV (GEMV_T_CPU) against the subgroup GEMV
-(kernels/linear.py); `--rows` input rows (a prompt), the tiled GEMM against the subgroup kernel
+(kernels/matmul/linear.py); `--rows` input rows (a prompt), the tiled GEMM against the subgroup kernel
 of SG_GEMM's shape; 4-bit weights (group 32) with activations of that type, one row and `--rows`
 rows, the 256-invocation GEMV and the tiled 4-bit GEMM against the subgroup kernels
-(kernels/quantized.py). Each output is checked against numpy. Needs an adapter with the
+(kernels/matmul/q4_linear.py). Each output is checked against numpy. Needs an adapter with the
 "subgroup" feature (and "shader-f16" for f16). Best of `--reps` (a shared machine only slows runs).
 """
 
@@ -20,9 +20,9 @@ import time
 import numpy as np
 import wgpu
 
-from pte_wgpu.kernels import gemm as G
-from pte_wgpu.kernels import linear as L
-from pte_wgpu.kernels import quantized as Q
+from pte_wgpu.kernels.matmul import gemm as G
+from pte_wgpu.kernels.matmul import linear as L
+from pte_wgpu.kernels.matmul import q4_linear as Q
 
 SHAPES = ((49152, 576), (1536, 576), (576, 1536))  # (N, K): the LM head, an MLP up/gate, down
 

@@ -1,7 +1,21 @@
-"""WGSL kernels and the op registry, one module per op family; importing this registers them all."""
+"""WGSL kernels and the op registry; importing this registers every op.
 
-from . import attention, cache, creation, elementwise, embedding, indexing, int8, int8_linear, linear, linear_fused, qkv_rope, quantize, quantized, quantized_fused, rearrange, reduce, rope, scan, sdpa, shape, symint  # noqa: F401
-from . import conv, int8_conv, norm, pool, resample, spatial_copy  # noqa: F401  (the vision ops)
+The registry (`registry.py`), the variant tables (`variants.py`), the WGSL building blocks
+(`wgsl.py`) and load-time fusion (`fusion.py`) sit here; the kernels sit in one sub-package per
+family, each op registered with `@op` beside its kernel:
+
+- `tensor/`: elementwise, reductions, scans, shape and memory ops, indexing, creation, SymInts,
+  embeddings;
+- `matmul/`: the GEMM template, the row routes, float and 4-bit linears and their fused forms;
+- `attention/`: attention with and without a KV-cache update, RoPE, KV-cache writes, the GPU
+  sampler;
+- `quant/`: quantize and dequantize, choose_qparams, 8-bit elementwise ops, per-channel quantized
+  linears and int8 convolutions;
+- `vision/`: convolutions (direct and implicit GEMM), pooling, batch and group norm, resampling,
+  pixel shuffles.
+"""
+
+from . import attention, matmul, quant, tensor, vision  # noqa: F401  (registers the ops)
 from .fusion import fuse, fuse_ragged
 from .registry import OPS, Dispatch, OpBuilder, Params, build_node, op
 from .variants import adapter_class

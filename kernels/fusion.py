@@ -7,13 +7,13 @@ the GPU and on the host, whatever its size), so the rewrites below cut that numb
   y = g * b. When s and g feed nothing else, the three become one `pte_wgpu.silu_mul` dispatch at
   the place of the last multiply (b is often computed in between).
 - SwiGLU: silu_mul of two bias-free linears of one input (gate and up) becomes
-  `pte_wgpu.linear_silu_mul` (kernels/linear_fused.py).
+  `pte_wgpu.linear_silu_mul` (kernels/matmul/fused_linear.py).
 - A bias-free linear whose result only feeds `residual + linear(x)` becomes
   `pte_wgpu.linear_residual`, the residual added in the linear's epilogue.
 - Bias-free linears of one input (attention's q, k and v) become one `pte_wgpu.linear_group`.
 - The same three over bias-free 4-bit linears (`et_vk.linear_q4gsw`) of one group size and K
   become `pte_wgpu.q4_linear_silu_mul`, `pte_wgpu.q4_linear_residual` and
-  `pte_wgpu.q4_linear_group` (kernels/quantized_fused.py); float and 4-bit products never mix.
+  `pte_wgpu.q4_linear_group` (kernels/matmul/q4_fused_linear.py); float and 4-bit products never mix.
 - An RMS norm that only feeds one of those two (through a view or not) is computed again inside
   their GEMV (`pte_wgpu.rms_linear_group`, `pte_wgpu.rms_linear_silu_mul`), and the norm op itself
   runs only when the rows are too many for the GEMV (`pte_wgpu.rms_norm_for_gemm`; before a
@@ -23,7 +23,7 @@ After the ragged rewrite (async_runtime.ragged), `fuse_ragged` lets RoPE store t
 v in the KV caches (`pte_wgpu.rope_into_cache`), so attention skips its own cache update; where
 q, k and v are one group (float or 4-bit, normalizing or not) that only the RoPE reads (v also
 attention), the group takes the RoPE too (`pte_wgpu.linear_group_rope` and its forms,
-kernels/qkv_rope.py: on GPUs its GEMV rotates and stores in its epilogue).
+kernels/matmul/qkv_rope.py: on GPUs its GEMV rotates and stores in its epilogue).
 
 Views that only fed a fused op are dropped with it. Each rewrite keeps every row's sums in the
 order of the ops it replaces.
@@ -33,9 +33,9 @@ from collections import Counter
 
 from pte_wgpu.resize.values import Scalar, ValueList
 
-from .elementwise import add_elementwise
-from .qkv_rope import GROUPS as ROPE_GROUPS  # the q/k/v groups that take a RoPE
+from .matmul.qkv_rope import GROUPS as ROPE_GROUPS  # the q/k/v groups that take a RoPE
 from .registry import op
+from .tensor.elementwise import add_elementwise
 
 SIGMOID = ("aten.sigmoid.default",)
 MUL = ("aten.mul.Tensor",)

@@ -18,6 +18,7 @@ from pte_wgpu.resize.engine import Node
 from pte_wgpu.resize.values import Scalar, SymInt, Tensor, ValueList
 
 from .variants import GPU
+from .wgsl import PACKED, is_float, wgsl_type
 
 OPS = {}
 
@@ -95,9 +96,49 @@ class OpBuilder:
         v = self.value(i)
         return isinstance(v, Scalar) and v.value is None
 
+    def flag(self, i):
+        """A Bool argument that may be left off the end of the list (keepdim): False if absent."""
+        return bool(self.scalar(i, False)) if i < len(self.args) - 1 else False
+
+    def int_list(self, i):
+        """An int list argument fixed in the file: an IntList in a delegate, a list of Int values
+        outside one."""
+        v = self.value(i)
+        if isinstance(v, ValueList):
+            return tuple(int(self.graph.values[k].value) for k in v.items)
+        return tuple(v.items)
+
     @property
     def out(self):
         return self.args[-1]
+
+    def outputs(self, n):
+        """The `n` outputs of a multi-output op (its last argument, a ValueList)."""
+        v = self.graph.values[self.out]
+        if not isinstance(v, ValueList) or len(v.items) != n:
+            self.fail(f"expected a list of {n} outputs")
+        return list(v.items)
+
+    # storage and errors
+    def storage(self, vid, packed=True):
+        """The WGSL storage type of value `vid` (f32, f16, i32, u32); `packed` False refuses 8-bit
+        tensors, stored 4 a word, for kernels that read one element a storage word."""
+        dtype = self.graph.values[vid].dtype
+        if not packed and dtype in PACKED:
+            self.fail(f"{dtype} tensors are not supported")
+        return wgsl_type(dtype)
+
+    def float_storage(self, *vids):
+        """The storage types (f32 or f16) of the float tensors `vids`, for kernels that compute in
+        f32 and convert at loads and stores; NotImplementedError naming the dtypes otherwise."""
+        dtypes = [self.graph.values[v].dtype for v in vids]
+        if not all(is_float(t) for t in dtypes):
+            raise NotImplementedError(f"{self.name}: {', '.join(dtypes)} tensors, expected float ones")
+        return [wgsl_type(t) for t in dtypes]
+
+    def fail(self, msg):
+        """Refuse the op's arguments or live shapes: ValueError naming the op."""
+        raise ValueError(f"{self.name}: {msg}")
 
     # recording
     def params(self, size):

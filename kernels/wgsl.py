@@ -114,3 +114,62 @@ fn strided_offsets(i: u32, rank: u32, sizes: array<vec4<u32>, 2>, s0: array<vec4
     return o;
 }
 """
+
+
+# Correctly rounded a / b for finite a and normal b (subnormal quotients flush to 0, overflow
+# gives inf): the 24-bit quotient of the mantissas by restoring division, rounded to nearest even.
+DIV_RN = """
+fn div_rn(a: f32, b: f32) -> f32 {
+    let ab = bitcast<u32>(a);
+    let bb = bitcast<u32>(b);
+    let sign = (ab ^ bb) & 0x80000000u;
+    var ea = i32((ab >> 23u) & 0xFFu);
+    var eb = i32((bb >> 23u) & 0xFFu);
+    if (ea == 255 || eb == 255 || eb == 0) { return a / b; }
+    var ma = ab & 0x7FFFFFu;
+    if (ea == 0) {
+        if (ma == 0u) { return bitcast<f32>(sign); }
+        let s = countLeadingZeros(ma) - 8u;
+        ma = ma << s;
+        ea = 1 - i32(s);
+    } else {
+        ma = ma | 0x800000u;
+    }
+    let mb = (bb & 0x7FFFFFu) | 0x800000u;
+    var e = ea - eb + 127;
+    if (ma < mb) { ma = ma << 1u; e = e - 1; }
+    var q = 0u;
+    var r = ma;
+    for (var i = 0u; i < 24u; i = i + 1u) {
+        q = q << 1u;
+        if (r >= mb) { r = r - mb; q = q | 1u; }
+        r = r << 1u;
+    }
+    if (r > mb || (r == mb && (q & 1u) == 1u)) {
+        q = q + 1u;
+        if (q == 0x1000000u) { q = 0x800000u; e = e + 1; }
+    }
+    if (e <= 0) { return bitcast<f32>(sign); }
+    if (e >= 255) { return bitcast<f32>(sign | 0x7F800000u); }
+    return bitcast<f32>(sign | (u32(e) << 23u) | (q & 0x7FFFFFu));
+}
+"""
+
+
+# Subgroup kernels: each invocation's lane and the subgroup's size, added to an entry point's
+# builtins; vec4 loads of a tensor stored as f32 or f16.
+SUBGROUP_BUILTINS = ", @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sgs: u32"
+
+
+def vec4_type(t):
+    """The array element type a subgroup kernel binds a tensor stored as `t` with: vec4<f32>, or
+    for f16 vec2<u32> (4 halves, unpacked by `vec4_loader`): on lavapipe a vec4<f16> load is four
+    16-bit loads a lane and made a one-row f16 GEMV slower than f32's (LM head 47 against 36
+    CPU-ms), a vec2<u32> two 32-bit loads."""
+    return {"f32": "vec4<f32>", "f16": "vec2<u32>"}[t]
+
+
+def vec4_loader(name, t):
+    """WGSL `fn {name}4(i: u32) -> vec4<f32>`: vec4 i of binding `name` (bound as vec4_type(t))."""
+    value = f"{name}[i]" if t == "f32" else f"vec4<f32>(unpack2x16float({name}[i].x), unpack2x16float({name}[i].y))"
+    return f"fn {name}4(i: u32) -> vec4<f32> {{ return {value}; }}\n"

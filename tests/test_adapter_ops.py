@@ -1,6 +1,6 @@
 """Ops added for issue 4's op list beyond the Llama export: the `_hf` (rotate-half) and
-`_interleaved` rotary embeddings (kernels/rope.py) and the standalone `llama::update_cache`
-(kernels/cache.py). Each is exported through the VulkanPartitioner and compared with torch eager at
+`_interleaved` rotary embeddings (kernels/attention/rope.py) and the standalone `llama::update_cache`
+(kernels/attention/kv_cache.py). Each is exported through the VulkanPartitioner and compared with torch eager at
 several live shapes and positions, large then small and back."""
 
 import importlib

@@ -7,13 +7,18 @@ one, never a higher one, and no chain of imports comes back to where it started.
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("resize", "kernels", "async_runtime")
+# Each folder of the tree and the import name it installs as (pyproject.toml's package-dir): the
+# top-level names `resize` and `kernels` belong to other distributions.
+IMPORT_NAMES = {"resize": "pte_wgpu.resize", "kernels": "pte_wgpu.kernels", "async_runtime": "async_runtime"}
+ROOTS = ("pte_wgpu", "async_runtime")
 
 # Lowest first. A module's layer is that of the longest prefix of its name listed here.
 LAYERS = [
-    ("resize",),
-    ("kernels",),
+    ("pte_wgpu.resize",),
+    ("pte_wgpu.kernels",),
     ("async_runtime.errors",),
     ("async_runtime.program",),
     ("async_runtime",),  # the runtime core: model, session, scheduler, batching, device, ...
@@ -21,6 +26,18 @@ LAYERS = [
     ("async_runtime.__init__",),  # the public API, which re-exports `generate` from llm
     ("async_runtime.testing", "async_runtime.tools", "async_runtime.__main__"),
 ]
+
+# Inside `kernels/`: the building blocks every family uses, the families, and what sits above them.
+KERNELS = "pte_wgpu.kernels"
+BUILDING_BLOCKS = {f"{KERNELS}.{m}" for m in ("registry", "variants", "wgsl")}
+# Each family and the families it may import (each family's __init__ says the same in words).
+FAMILIES = {
+    "attention": set(),
+    "matmul": {"attention"},  # RoPE in the q/k/v products' epilogue
+    "tensor": {"matmul"},  # the RMS norm leaves to a fused linear the rows it normalizes itself
+    "vision": {"tensor", "matmul"},  # the strided copy; the GEMM template of the implicit-GEMM conv
+    "quant": {"vision"},  # the int8 convolutions' output shapes
+}
 
 
 def layer_of(module):
@@ -34,8 +51,8 @@ def layer_of(module):
 
 
 def module_name(path):
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    return ".".join(parts)  # a package's own name ends in ".__init__"
+    folder, *rest = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join([IMPORT_NAMES[folder], *rest])  # a package's own name ends in ".__init__"
 
 
 def imports_of(path):
@@ -55,7 +72,7 @@ def imports_of(path):
         else:
             continue
         for t in targets:
-            if t.split(".")[0] in PACKAGES:
+            if t.split(".")[0] in ROOTS:
                 found.add(t)
     return found
 
@@ -72,7 +89,7 @@ def resolve(target, modules):
 
 
 def project_modules():
-    return {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    return {module_name(p): p for folder in IMPORT_NAMES for p in (ROOT / folder).rglob("*.py")}
 
 
 def edges():
@@ -121,10 +138,64 @@ def test_every_room_says_what_it_holds_and_may_import():
 
 
 def test_the_checker_sees_an_upward_import_and_a_cycle():
-    assert layer_of("kernels.linear") < layer_of("async_runtime.model") < layer_of("async_runtime.llm.server")
+    assert layer_of("pte_wgpu.kernels.matmul.linear") < layer_of("async_runtime.model") < layer_of("async_runtime.llm.server")
     assert layer_of("async_runtime.program.graph") < layer_of("async_runtime.session")
     assert layer_of("async_runtime.errors") < layer_of("async_runtime.program.pte")
     assert resolve("async_runtime.program.graph.link", project_modules()) == "async_runtime.program.graph"
     deps = edges()
     assert "async_runtime.program.graph" in deps["async_runtime.model"]
-    assert "kernels.registry" in deps["kernels.__init__"]
+    assert "pte_wgpu.kernels.registry" in deps["pte_wgpu.kernels.__init__"]
+    assert family_of("pte_wgpu.kernels.matmul.gemm") == "matmul" and family_of("pte_wgpu.kernels.wgsl") is None
+
+
+def family_of(module):
+    """The kernel family of a module under kernels/ (its sub-package), or None."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[:2] == KERNELS.split(".") else None
+
+
+def test_kernels_sit_in_their_families():
+    """kernels/ holds the building blocks, fusion and the package itself at the top; every kernel
+    sits in a family folder, and every family folder is listed."""
+    top = {p.stem for p in (ROOT / "kernels").glob("*.py")}
+    assert top == {"__init__", "registry", "variants", "wgsl", "fusion"}, top
+    folders = {p.parent.name for p in (ROOT / "kernels").glob("*/__init__.py")}
+    assert folders == set(FAMILIES), folders
+
+
+def test_families_import_only_the_families_they_name():
+    wrong = []
+    for m, deps in edges().items():
+        if m in BUILDING_BLOCKS:
+            wrong += [f"{m} (a building block) imports {d}" for d in deps if d.startswith(KERNELS) and d not in BUILDING_BLOCKS]
+        elif family_of(m):
+            allowed = FAMILIES[family_of(m)] | {family_of(m)}
+            wrong += [f"{m} imports {d}" for d in deps if family_of(d) and family_of(d) not in allowed]
+            wrong += [f"{m} imports {d}" for d in deps if d.startswith(KERNELS + ".fusion")]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_family_says_what_it_holds_and_may_import():
+    for family in FAMILIES:
+        doc = ast.get_docstring(ast.parse((ROOT / "kernels" / family / "__init__.py").read_text()))
+        assert doc and "import" in doc, f"kernels/{family}/__init__.py needs a docstring naming what it may import"
+
+
+def test_nothing_imports_the_folders_by_their_bare_names():
+    """`import kernels` would find Hugging Face's package once installed (and a second copy of ours
+    from a checkout, registering every op twice): the tree imports pte_wgpu.kernels."""
+    bare = []
+    for folder in ("async_runtime", "kernels", "resize", "tests", "examples"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+                bare += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in ("kernels", "resize")]
+    assert not bare, "\n".join(bare)
+
+
+def test_pyproject_installs_every_package_under_its_import_name():
+    tomllib = pytest.importorskip("tomllib")
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = {module_name(p).removesuffix(".__init__") for folder in IMPORT_NAMES for p in (ROOT / folder).rglob("__init__.py")}
+    assert set(config["packages"]) == packages
+    assert config["package-dir"] == {v: k for k, v in IMPORT_NAMES.items() if v != k}

@@ -1,4 +1,4 @@
-"""The query-tiled attention kernel (kernels/attention.py TILED), which takes passes of more than
+"""The query-tiled attention kernel (kernels/attention/kv_cache_sdpa.py TILED), which takes passes of more than
 SPLIT_MAX_ROWS query rows, against float64 / torch eager attention.
 
 First the kernels alone on raw buffers: the plain form at a start position past 0, and ragged
@@ -19,7 +19,7 @@ import torch
 import wgpu
 
 from async_runtime.device import find_adapter
-from pte_wgpu.kernels.attention import SPLIT_MAX_ROWS, TILE_ROWS, _whole_range
+from pte_wgpu.kernels.attention.kv_cache_sdpa import SPLIT_MAX_ROWS, TILE_ROWS, _whole_range
 
 from .exporting import EXPORT_DIR, export_pte
 

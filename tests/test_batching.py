@@ -12,7 +12,7 @@ import pytest
 
 import async_runtime as ar
 from async_runtime.errors import InputError
-from pte_wgpu.kernels.linear import BITWISE_ROWS
+from pte_wgpu.kernels.matmul.routes import BITWISE_ROWS
 
 from .test_llama import CONFIGS, CONTEXT, recorded
 

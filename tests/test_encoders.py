@@ -2,7 +2,7 @@
 weights (mean-pooled sentence embeddings) and a small random GPT-2 without KV cache, both from
 transformers. Their exports leave creation ops, cumsum and advanced indexing outside the Vulkan
 delegates; the runtime runs them on the GPU in the same plan, so each execute is one submit and
-one readback. Also the creation, scan and indexing kernels on their own (kernels/creation.py,
+one readback. Also the creation, scan and indexing kernels on their own (kernels/tensor/creation.py,
 scan.py, indexing.py)."""
 
 import os

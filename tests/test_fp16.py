@@ -28,7 +28,7 @@ import pytest
 
 import async_runtime as ar
 from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
-from pte_wgpu.kernels.linear import BITWISE_ROWS
+from pte_wgpu.kernels.matmul.routes import BITWISE_ROWS
 
 from .byte_tokenizer import ByteTokenizer
 from .models import HALF_DYNAMIC, HALF_SAMPLE, forced_fp16_block, half_block

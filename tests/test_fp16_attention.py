@@ -37,8 +37,8 @@ import wgpu
 from async_runtime.device import find_adapter
 from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
 from pte_wgpu.kernels import OPS
-from pte_wgpu.kernels.attention import SPLIT_MAX_ROWS
-from pte_wgpu.kernels.sampling import GREEDY_SLICE, greedy_advance
+from pte_wgpu.kernels.attention.kv_cache_sdpa import SPLIT_MAX_ROWS
+from pte_wgpu.kernels.attention.sampler import GREEDY_SLICE, greedy_advance
 
 from . import test_attention_tiled as tiled
 from .exporting import eager, export_pte
@@ -140,7 +140,7 @@ async def test_sdpa_caches_take_half_the_bytes_and_f32_still_matches(load_pte):
 
 
 def _copies_in_f16(*names):
-    """Byte-copy ops (kernels/shape.py flat_copy, sized by elem_bytes: correct for f16) opted in to
+    """Byte-copy ops (kernels/tensor/shape.py flat_copy, sized by elem_bytes: correct for f16) opted in to
     f16 for a load, as they are on branch f16-generic: these exports also need them."""
     stack = contextlib.ExitStack()
     for name in names:
@@ -168,7 +168,7 @@ async def _concurrent_sessions(model, plans, reference, rng):
 
 
 async def test_ragged_sessions(load_pte, kernel_variants):
-    """Concurrent sessions' steps share ragged passes (kernels/attention.py ragged_sdpa, its cache
+    """Concurrent sessions' steps share ragged passes (kernels/attention/kv_cache_sdpa.py ragged_sdpa, its cache
     update and both routes) over f16 KV-cache slots."""
     pytest.importorskip("executorch.extension.llm.custom_ops.custom_ops")
     sample = (torch.randint(0, tiled.VOCAB, (1, 41)), torch.tensor([5]))

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from async_runtime.testing import assert_matches_eager
-from pte_wgpu.kernels import linear as L
+from pte_wgpu.kernels.matmul import linear as L
 
 from . import test_linear_ops as linear_ops
 from .exporting import export_pte

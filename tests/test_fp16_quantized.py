@@ -1,4 +1,4 @@
-"""float16 activations around the quantized ops (kernels/quantize.py, int8_linear.py): f16 inputs
+"""float16 activations around the quantized ops (kernels/quant/quantize.py, per_channel_linear.py): f16 inputs
 with f32 scales into quantize/dequantize/choose_qparams; the weight-only int8 and 4-bit linears
 that ExecuTorch's VulkanQuantizer makes of a `.half()` model; and a statically quantized
 (XNNPACKQuantizer) `.half()` linear, whose q8ta_linear takes an f16 bias between f16 quantize and

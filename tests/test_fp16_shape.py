@@ -1,4 +1,4 @@
-"""float16 on f16 storage for the generic families: shape ops and casts (kernels/shape.py), creation
+"""float16 on f16 storage for the generic families: shape ops and casts (kernels/tensor/shape.py), creation
 (creation.py), advanced indexing (indexing.py), flip/repeat/pad (rearrange.py), pixel shuffles and
 unfold (spatial_copy.py), cumsum and any/all (scan.py) and the SymInt ops reading f16 tensors
 (symint.py). Each module is `.half()` exported with the VulkanPartitioner (dynamic dims) and

@@ -1,4 +1,4 @@
-"""float16 on f16 storage for the vision families: convolutions (kernels/conv.py, the direct kernels
+"""float16 on f16 storage for the vision families: convolutions (kernels/vision/conv.py, the direct kernels
 and the implicit GEMM), pools (pool.py) and resampling (resample.py, with spatial_copy.py's
 shuffles), `.half()` exported with the VulkanPartitioner and compared with torch eager fp16 on the
 same weights and inputs; then a MobileNet-like block at dynamic heights and widths.
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.usefixtures("adapter")
 
 
 class PoolsNoMean(Pools):
-    """test_vision_ops' pools without the adaptive one, whose mean is kernels/reduce.py's."""
+    """test_vision_ops' pools without the adaptive one, whose mean is kernels/tensor/reduce.py's."""
 
     def forward(self, x):
         return super().forward(x)[:-1]

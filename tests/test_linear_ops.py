@@ -11,8 +11,8 @@ import torch
 from async_runtime.testing import assert_matches_eager
 from pte_wgpu.resize.values import Scalar, Tensor, ValueList
 from pte_wgpu.kernels import build_node
-from pte_wgpu.kernels import gemm as G
-from pte_wgpu.kernels import linear as L
+from pte_wgpu.kernels.matmul import gemm as G
+from pte_wgpu.kernels.matmul import linear as L
 
 from .exporting import export_pte
 

@@ -1,4 +1,4 @@
-"""The 4-bit linears fused at load (kernels/fusion.py, kernels/quantized_fused.py): a graph whose
+"""The 4-bit linears fused at load (kernels/fusion.py, kernels/matmul/q4_fused_linear.py): a graph whose
 q/k/v, SwiGLU and residual linears are `et_vk.linear_q4gsw` runs them as the fused ops, in fewer
 dispatches, and every output is bitwise the unfused graph's (the 4-bit rewrites turned off, every
 other fusion kept) at one row, a few rows and prompt-sized row counts, with both kernel variant sets
@@ -77,7 +77,7 @@ async def test_a_4w_llama_fuses_its_linears_bitwise(name, tmp_path_factory, load
     vocab = config["vocab_size"]
     (got, fused_dispatches), (want, plain_dispatches) = await _steps(fused, SESSIONS, vocab), await _steps(plain, SESSIONS, vocab)
     # a decode step: per layer, two linears of q/k/v, two of SwiGLU and its gate, two adds, and the
-    # two norms and the RoPE, except on CPU adapters with subgroups (kernels/linear.py's
+    # two norms and the RoPE, except on CPU adapters with subgroups (kernels/matmul/routes.py's
     # fused_norm_rows; their subgroup kernels have no RoPE epilogue)
     norms_and_rope = 0 if kernel_variants == "cpu" and "subgroup" in fused.device_info.features else 3
     assert fused_dispatches == plain_dispatches - (6 + norms_and_rope) * layers, (fused_dispatches, plain_dispatches)

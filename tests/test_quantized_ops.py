@@ -184,7 +184,7 @@ async def test_gpus_take_the_gemv_up_to_its_rows(name, most, load_pte, kernel_va
 
 async def test_gpu_gemv_rows_are_each_row_alone(load_pte, kernel_variants):
     """With the GPU variants, K = 576 (72 words a row): the GEMV takes one row at 256 lanes a quad
-    of outputs, 2 to 16 rows at 64 and 17 to 32 at 32 (kernels/quantized.py's gemv_routes), and
+    of outputs, 2 to 16 rows at 64 and 17 to 32 at 32 (kernels/matmul/q4_linear.py's gemv_routes), and
     each row of a pass of up to 16 rows is bitwise what it gets alone."""
     if kernel_variants != "gpu":
         pytest.skip("the GPU variants")
@@ -206,7 +206,7 @@ async def test_cpu_subgroup_rows_are_each_row_alone(name, load_pte, monkeypatch)
     """With the CPU variants on a device with subgroups, the linear runs only subgroup kernels at
     every row count (1; 2, 8, 9 and 33 in groups of Q4_SG_GEMM's rows, a partial one included),
     and each row of a pass is bitwise what the row gets alone."""
-    from pte_wgpu.kernels.quantized import Q4_SG_GEMM
+    from pte_wgpu.kernels.matmul.q4_linear import Q4_SG_GEMM
 
     monkeypatch.setenv("PTE_WGPU_KERNELS", "cpu")
     model = await load_pte(_export(name)[0])
@@ -253,7 +253,7 @@ def test_div_rn_is_correctly_rounded():
     """The shaders' software division against numpy's IEEE float32 division."""
     import wgpu
 
-    from pte_wgpu.kernels.quantized import DIV_RN
+    from pte_wgpu.kernels.wgsl import DIV_RN
 
     rng = np.random.default_rng(0)
     n = 1 << 16

@@ -1,4 +1,4 @@
-"""Reductions, softmax and norms (kernels/reduce.py) end to end: export with the VulkanPartitioner,
+"""Reductions, softmax and norms (kernels/tensor/reduce.py) end to end: export with the VulkanPartitioner,
 run on WebGPU, compare with torch eager. Odd and prime sizes; a dynamic dim run at several live
 sizes in random order, including its minimum and maximum."""
 

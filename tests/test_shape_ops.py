@@ -1,4 +1,4 @@
-"""Shape and memory ops (kernels/shape.py) end to end: export with the VulkanPartitioner, run on
+"""Shape and memory ops (kernels/tensor/shape.py) end to end: export with the VulkanPartitioner, run on
 WebGPU, compare exactly with torch eager. Odd and prime sizes; dynamic dims run at several live
 sizes in random order, including their minimum and maximum."""
 

@@ -1,4 +1,4 @@
-"""Vision ops (kernels/conv.py, pool.py, norm.py, resample.py, spatial_copy.py) end to end: export
+"""Vision ops (kernels/vision/conv.py, pool.py, norm.py, resample.py, spatial_copy.py) end to end: export
 with the VulkanPartitioner, run on WebGPU, compare with torch eager in fp32. Prime and odd sizes;
 dynamic heights and widths run at several live sizes in random order, including min and max.
 
@@ -270,7 +270,7 @@ async def test_cnn_refuses_inputs_outside_its_shapes(shape, message, load_pte):
 
 
 class GemmConvolutions(nn.Module):
-    """The implicit-GEMM route's shape classes (kernels/conv_gemm.py) at prime channel counts:
+    """The implicit-GEMM route's shape classes (kernels/vision/conv_gemm.py) at prime channel counts:
     ResNet's stem (7x7, stride 2, 3 input channels), 3x3 with padding 1, stride 2, dilation 2, an
     asymmetric window, 1x1 (a plain GEMM), strided 1x1, a deep one few tiles split over K, a 1-D
     one; ReLU and a clamp fused (et_vk.conv_with_clamp); a batch of 2 left to the portable kernel
@@ -368,9 +368,9 @@ async def test_model_zoo_at_square_sizes_64_to_96(name, make, load_pte):
 def test_shape_functions_follow_torch():
     """conv_out_shape, pool_out_size and upsample_out_size against torch's own output shapes over
     odd sizes, strides, paddings, dilations and ceil modes."""
-    from pte_wgpu.kernels.conv import conv_out_shape
-    from pte_wgpu.kernels.pool import pool_out_size
-    from pte_wgpu.kernels.resample import upsample_out_size
+    from pte_wgpu.kernels.vision.conv import conv_out_shape
+    from pte_wgpu.kernels.vision.pool import pool_out_size
+    from pte_wgpu.kernels.vision.resample import upsample_out_size
 
     for size in (5, 7, 11, 13):
         for k, s, p, d in ((3, 2, 1, 1), (2, 3, 0, 2), (5, 1, 2, 1), (3, 3, 1, 2)):

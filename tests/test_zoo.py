@@ -105,7 +105,7 @@ async def test_zoo_model_matches_eager(name, load_pte):
 async def test_wide_3x3_convolution(cin, load_pte):
     """One 3x3 convolution at 8 x 8 over `cin` input channels (DeepLab V3's ASPP has 2048): with
     its window's loops left in, lavapipe's loop limit cut the sums from 1024 channels on
-    (kernels/conv.py)."""
+    (kernels/vision/conv.py)."""
     pte, module = export_pte(f"zoo_conv3x3_{cin}", lambda: torch.nn.Conv2d(cin, 16, 3, padding=1), (torch.randn(1, cin, 8, 8),))
     await assert_matches_eager(await load_pte(pte), module, [(torch.randn(1, cin, 8, 8),)], atol=1e-4, rtol=1e-3)
 

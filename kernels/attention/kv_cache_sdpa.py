@@ -1,0 +1,790 @@
+"""`sdpa_with_kv_cache` and its ragged-batch form: writes this step's K and V into the session's
+caches at the live position, then causal attention of the S query rows over the cache prefix,
+with grouped-query heads.
+
+The attention kernels stream the keys in blocks with an online softmax, so no scores matrix is
+ever materialized, whatever the context length. Prefill-sized passes take the query-tiled kernel
+("flash attention": one workgroup per query head and tile of TILE_ROWS rows, keys shared through
+workgroup memory), or, for head dims it does not take, one workgroup per (query head, query row).
+For a few rows (decode) that is too few workgroups for a long cache, so up to SPLIT_MAX_ROWS rows
+take the split-K route ("flash decoding"): one workgroup per (head, row, key range) writes a
+partial softmax state, and a second kernel merges the ranges. The hook picks the route. On a GPU,
+a ragged pass takes split-K up to RAGGED_SPLIT_MAX_ROWS rows: its rows are mostly one decode step
+each of different sessions, whose keys a query tile cannot share, and a few tiles leave the GPU
+idle (on an H100, 64 SmolLM2 sessions spent 119 us a layer in 18 tiled workgroups, against 13.5 us
+for 32 rows split).
+
+Every kernel reads q and the caches, and writes its output, in their own storage types (f32 or
+f16, named by WGSL aliases: `_typed`); scores, softmax statistics and sums are f32, and so is
+split-K's scratch of partial states.
+
+Kept as one module past 400 lines: its variants (tiled prefill, split-K decode for GPUs and CPUs, plain) share one bindings header, the online-softmax step and one route table.
+"""
+
+import math
+import struct
+import textwrap
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from pte_wgpu.resize.shapes import numel_of
+from pte_wgpu.resize.values import Constant, Tensor
+
+from ..registry import op
+from ..variants import ANY, CPU_ONLY, GPU, GPU_ONLY, Routes, Variant
+from ..wgsl import FLAT_INDEX, WG, flat_grid, type_aliases
+from .kv_cache import CACHE_SLOT
+
+MAX_HEAD_DIM = 256
+CHUNK = 64  # keys per chunk = workgroup size
+MAX_SPLITS = 16  # split-K: the context is cut into this many key ranges (fewer if shorter)
+SPLIT_MAX_ROWS = 32  # up to this many query rows (decode) use split-K
+RAGGED_SPLIT_MAX_ROWS = 128  # the same for a ragged pass on a GPU (its scratch, 5 MB at SmolLM2 size, is pooled)
+
+UPDATE_CACHE = f"""
+struct P {{ n: u32, offset: u32, pad0: u32, pad1: u32 }}
+@group(0) @binding(0) var<storage, read> k: array<KT>;
+@group(0) @binding(1) var<storage, read> v: array<VT>;
+@group(0) @binding(2) var<storage, read_write> kc: array<KCT>;
+@group(0) @binding(3) var<storage, read_write> vc: array<VCT>;
+@group(0) @binding(4) var<uniform> p: P;
+{FLAT_INDEX}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
+    let i = flat_index(gid, nwg, {WG}u);
+    if (i >= p.n) {{ return; }}
+    kc[p.offset + i] = KCT(k[i]);
+    vc[p.offset + i] = VCT(v[i]);
+}}
+"""
+
+# Ragged batches (async_runtime.ragged): row r of the batch belongs to the session whose cache
+# is slot row_slot[r] of the pooled caches, at absolute position row_pos[r]; slot -1 marks a
+# padding row, which writes nothing (and attends, harmlessly, to slot 0).
+RAGGED_TABLES = """
+@group(0) @binding(5) var<storage, read> row_pos: array<i32>;
+@group(0) @binding(6) var<storage, read> row_slot: array<i32>;
+"""
+
+RAGGED_UPDATE_CACHE = f"""
+struct P {{ n: u32, row: u32, stride: u32, pad: u32 }}
+@group(0) @binding(0) var<storage, read> k: array<KT>;
+@group(0) @binding(1) var<storage, read> v: array<VT>;
+@group(0) @binding(2) var<storage, read_write> kc: array<KCT>;
+@group(0) @binding(3) var<storage, read_write> vc: array<VCT>;
+@group(0) @binding(4) var<uniform> p: P;
+{RAGGED_TABLES}
+{CACHE_SLOT}
+{FLAT_INDEX}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
+    let i = flat_index(gid, nwg, {WG}u);
+    if (i >= p.n) {{ return; }}
+    let r = i / p.row;
+    if (row_slot[r] < 0) {{ return; }}  // a padding row
+    let at = cache_at(r, i % p.row);
+    kc[at] = KCT(k[i]);
+    vc[at] = VCT(v[i]);
+}}
+"""
+
+# The workgroup's max and sum of red[0..CHUNK) (both attention kernels).
+REDUCTIONS = f"""
+fn reduce_max(t: u32) -> f32 {{
+    for (var stride = {CHUNK // 2}u; stride > 0u; stride = stride / 2u) {{
+        if (t < stride) {{ red[t] = max(red[t], red[t + stride]); }}
+        workgroupBarrier();
+    }}
+    return red[0];
+}}
+
+fn reduce_sum(t: u32) -> f32 {{
+    for (var stride = {CHUNK // 2}u; stride > 0u; stride = stride / 2u) {{
+        if (t < stride) {{ red[t] = red[t] + red[t + stride]; }}
+        workgroupBarrier();
+    }}
+    return red[0];
+}}
+"""
+
+# A chunk's scores (`score`, -3e38 past the key range) into the running max m and sum l:
+# probs[t] = exp(score - m_new), `corr` rescales what was accumulated, `n` keys are live.
+ONLINE_SOFTMAX = f"""        red[t] = score;
+        workgroupBarrier();
+        let m_new = max(m, reduce_max(t));
+        workgroupBarrier();
+        let e = select(0.0, exp(score - m_new), j < k_end);
+        probs[t] = e;
+        red[t] = e;
+        workgroupBarrier();
+        let total = reduce_sum(t);
+        let corr = exp(m - m_new);
+        l = l * corr + total;
+        let n = min({CHUNK}u, k_end - base);"""
+
+
+def _bindings(vec4):
+    """The attention kernels' uniform and bindings, the caches read as scalars or as vec4s."""
+    return """
+struct P {{ s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }}
+@group(0) @binding(0) var<storage, read> q: array<QT>;
+@group(0) @binding(1) var<storage, read> kc: array<KCACHE>;
+@group(0) @binding(2) var<storage, read> vc: array<VCACHE>;
+@group(0) @binding(3) var<storage, read_write> out: array<OT>;
+@group(0) @binding(4) var<uniform> p: P;
+{tables}
+""".replace("KCACHE", "vec4<KCT>" if vec4 else "KCT").replace("VCACHE", "vec4<VCT>" if vec4 else "VCT")
+
+
+F32_BINDINGS = _bindings(False)  # scalar loads (of f32 or f16 storage: the aliases QT, KCT, VCT, OT)
+# The bindings of the kernels that read the caches as vec4s (split-K's SPLIT_VEC4 and TILED).
+VEC4_BINDINGS = _bindings(True)
+
+ATTENTION = F32_BINDINGS + """var<workgroup> qs: array<f32, {MAX_HEAD_DIM}>;
+var<workgroup> probs: array<f32, {CHUNK}>;
+var<workgroup> red: array<f32, {CHUNK}>;
+
+{reductions}
+@compute @workgroup_size({CHUNK})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{
+    let h = wid.x;
+    let s = wid.y;
+    let t = lid.x;
+    let kvh = h / (p.hq / p.hkv);
+    let row = (s * p.hq + h) * p.d;
+    for (var d = t; d < p.d; d = d + {CHUNK}u) {{ qs[d] = f32(q[row + d]) * p.scale; }}
+    workgroupBarrier();
+    let keys = {keys};  // causal: the row at absolute position P sees keys 0..P
+    let cbase = {cache_base};
+{key_range}
+    var m = -3.0e38;
+    var l = 0.0;
+    var acc = array<f32, {SLICES}>();
+    for (var base = k_begin; base < k_end; base = base + {CHUNK}u) {{
+        let j = base + t;
+        var score = -3.0e38;
+        if (j < k_end) {{
+            let kbase = cbase + (j * p.hkv + kvh) * p.d;
+            var dot = 0.0;
+            for (var d = 0u; d < p.d; d = d + 1u) {{ dot = dot + qs[d] * f32(kc[kbase + d]); }}
+            score = dot;
+        }}
+{online_softmax}
+        for (var c = 0u; c < {SLICES}u; c = c + 1u) {{
+            let d = t + c * {CHUNK}u;
+            if (d < p.d) {{
+                var sum = 0.0;
+                for (var jj = 0u; jj < n; jj = jj + 1u) {{
+                    sum = sum + probs[jj] * f32(vc[cbase + ((base + jj) * p.hkv + kvh) * p.d + d]);
+                }}
+                acc[c] = acc[c] * corr + sum;
+            }}
+        }}
+        m = m_new;
+        workgroupBarrier();
+    }}
+{finish}
+}}
+"""
+
+
+WHOLE_RANGE = """    let k_begin = 0u;
+    let k_end = keys;"""
+WHOLE_FINISH = """    for (var c = 0u; c < {SLICES}u; c = c + 1u) {{
+        let d = t + c * {CHUNK}u;
+        if (d < p.d) {{ out[row + d] = OT(acc[c] / l); }}
+    }}"""
+# Split-K ("flash decoding"): workgroup z takes one slice of the keys and writes its partial
+# softmax state (acc[0..d), running max m, sum l) to `out`, here the op's scratch tensor.
+# A row's keys are spread over the splits in whole chunks: a row of up to MAX_SPLITS chunks of keys
+# takes one chunk a workgroup, a longer one ceil(keys / splits) rounded up to chunks (at most
+# p.span, ceil(context / splits)). With p.span for every row, a row of 65-128 keys walked two
+# chunks in one workgroup while the others idled: on an H100 a decode row's split-K and combine
+# took 21 us a dispatch from 65 keys on (and at 1,000), 12 at 8 keys; now 16 at 120 and 1,000
+# (`examples/profile_ragged_decode.py MODEL 1,32 --prompt P`).
+SPLIT_RANGE = f"""    let span = max({CHUNK}u, ((keys + p.splits - 1u) / p.splits + {CHUNK - 1}u) / {CHUNK}u * {CHUNK}u);
+    let k_begin = min(keys, wid.z * span);
+    let k_end = min(keys, k_begin + span);"""
+SPLIT_FINISH = """    let part = ((s * p.hq + h) * p.splits + wid.z) * (p.d + 2u);
+    for (var c = 0u; c < {SLICES}u; c = c + 1u) {{
+        let d = t + c * {CHUNK}u;
+        if (d < p.d) {{ out[part + d] = OT(acc[c]); }}
+    }}
+    if (t == 0u) {{ out[part + p.d] = OT(m); out[part + p.d + 1u] = OT(l); }}"""
+
+
+# The split-K kernel for head dims of 4 * G with G dividing CHUNK (64 for SmolLM2 and Llama): a
+# decode row's attention is latency-bound, and the kernel above walks 64-long serial loops (a dot
+# product per key, a weighted sum per dim). Here the dot products read vec4s (G steps), and the
+# weighted sum splits each chunk's keys over CHUNK / G invocations per vec4 of dims, whose partial
+# sums are then added in a fixed order. Same partial-state layout as SPLIT_FINISH.
+SPLIT_VEC4 = VEC4_BINDINGS + """var<workgroup> qs: array<vec4<f32>, {G}>;
+var<workgroup> probs: array<f32, {CHUNK}>;
+var<workgroup> red: array<f32, {CHUNK}>;
+var<workgroup> part: array<vec4<f32>, {CHUNK}>;
+{merged}
+{reductions}
+@compute @workgroup_size({CHUNK})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{
+    let h = wid.x;
+    let s = wid.y;
+    let t = lid.x;
+    let kvh = h / (p.hq / p.hkv);
+    let row = (s * p.hq + h) * p.d;
+    if (t < {G}u) {{
+        let i = row + 4u * t;
+        qs[t] = vec4<f32>(f32(q[i]), f32(q[i + 1u]), f32(q[i + 2u]), f32(q[i + 3u])) * p.scale;
+    }}
+    workgroupBarrier();
+    let keys = {keys};  // causal: the row at absolute position P sees keys 0..P
+    let cbase = ({cache_base}) / 4u;
+{key_range}
+    let used = (keys + span - 1u) / span;  // the splits the row's keys take; the rest leave, and the merge skips them
+    if (wid.z >= used) {{ return; }}
+    let g = t % {G}u;  // this invocation's vec4 of dims in the weighted sum
+    let sub = t / {G}u;  // and its share of each chunk's keys
+    var m = -3.0e38;
+    var l = 0.0;
+    var acc = vec4<f32>(0.0);
+    for (var base = k_begin; base < k_end; base = base + {CHUNK}u) {{
+        let j = base + t;
+        var score = -3.0e38;
+        if (j < k_end) {{
+            let kb = cbase + (j * p.hkv + kvh) * {G}u;
+            var sc = 0.0;
+            for (var e = 0u; e < {G}u; e = e + 1u) {{ sc = sc + dot(qs[e], vec4<f32>(kc[kb + e])); }}
+            score = sc;
+        }}
+{online_softmax}
+        var sum = vec4<f32>(0.0);
+        for (var jj = sub; jj < n; jj = jj + {SUBS}u) {{
+            sum = sum + probs[jj] * vec4<f32>(vc[cbase + ((base + jj) * p.hkv + kvh) * {G}u + g]);
+        }}
+        part[t] = sum;
+        workgroupBarrier();
+        if (t < {G}u) {{
+            var all = part[t];
+            for (var k = 1u; k < {SUBS}u; k = k + 1u) {{ all = all + part[k * {G}u + t]; }}
+            acc = acc * corr + all;
+        }}
+        m = m_new;
+        workgroupBarrier();
+    }}
+    if (used == 1u) {{  // one split: its state merged alone is acc / l, written here without the merge
+        if (t < {G}u) {{
+            let r = acc / l;
+            let o = row + 4u * t;
+            result[o] = RT(r.x);
+            result[o + 1u] = RT(r.y);
+            result[o + 2u] = RT(r.z);
+            result[o + 3u] = RT(r.w);
+        }}
+        return;
+    }}
+    let at = ((s * p.hq + h) * p.splits + wid.z) * (p.d + 2u);
+    if (t < {G}u) {{
+        out[at + 4u * t] = OT(acc.x);
+        out[at + 4u * t + 1u] = OT(acc.y);
+        out[at + 4u * t + 2u] = OT(acc.z);
+        out[at + 4u * t + 3u] = OT(acc.w);
+    }}
+    if (t == 0u) {{ out[at + p.d] = OT(m); out[at + p.d + 1u] = OT(l); }}
+{finish}
+}}
+"""
+
+def online_softmax_step(dim, value):
+    """WGSL folding one key into the online softmax state (max m, sum l, accumulator acc[0..dim))
+    of a kernel that keeps it in registers: `score` is the key's score, `value` its value at d."""
+    return f"""        let m_new = max(m, score);
+        let corr = exp(m - m_new);
+        let e = exp(score - m_new);
+        l = l * corr + e;
+        for (var d = 0u; d < {dim}; d = d + 1u) {{ acc[d] = acc[d] * corr + e * {value}; }}
+        m = m_new;"""
+
+
+# The split-K kernel for CPU adapters (kernels/variants.py): no workgroup memory, no barrier. One
+# invocation per (head, row, key range), invocation z of a workgroup of MAX_SPLITS taking range z
+# (so SIMD lanes run different key ranges side by side), each key folded into its own online
+# softmax state (max m, sum l, accumulator acc[0..d)) in registers. Same partial-state layout as
+# SPLIT_FINISH, merged by COMBINE.
+SPLIT_CPU = F32_BINDINGS + """@compute @workgroup_size({MAX_SPLITS})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{
+    let h = wid.x;
+    let s = wid.y;
+    let z = lid.x;
+    if (z >= p.splits) {{ return; }}
+    let kvh = h / (p.hq / p.hkv);
+    let row = (s * p.hq + h) * p.d;
+    let keys = {keys};  // causal: the row at absolute position P sees keys 0..P
+    let cbase = {cache_base};
+    let k_begin = min(keys, z * p.span);
+    let k_end = min(keys, k_begin + p.span);
+    var m = -3.0e38;
+    var l = 0.0;
+    var acc = array<f32, {MAX_HEAD_DIM}>();
+    for (var j = k_begin; j < k_end; j = j + 1u) {{
+        let kbase = cbase + (j * p.hkv + kvh) * p.d;
+        var score = 0.0;
+        for (var d = 0u; d < p.d; d = d + 1u) {{ score = score + f32(q[row + d]) * p.scale * f32(kc[kbase + d]); }}
+{online_step}
+    }}
+    let at = ((s * p.hq + h) * p.splits + z) * (p.d + 2u);
+    for (var d = 0u; d < p.d; d = d + 1u) {{ out[at + d] = OT(acc[d]); }}
+    out[at + p.d] = OT(m);
+    out[at + p.d + 1u] = OT(l);
+}}
+"""
+
+# The merge of one (head, row)'s first `count` split partial states, rescaled to the overall max,
+# by invocation t of CHUNK: from PARTS (f32) into RESULT (of type RT). COMBINE runs it in a
+# dispatch of its own over every split; SPLIT_VEC4's fused form in the last of the row's
+# workgroups to finish, over the splits the row's keys took (the others' states, an empty range's,
+# would add exact zeros: the result is the same).
+MERGE = f"""
+fn merge(s: u32, h: u32, t: u32, count: u32) {{
+    let width = p.d + 2u;
+    let base = (s * p.hq + h) * p.splits * width;
+    var mx = -3.0e38;
+    for (var g = 0u; g < count; g = g + 1u) {{ mx = max(mx, PARTS[base + g * width + p.d]); }}
+    var total = 0.0;
+    for (var g = 0u; g < count; g = g + 1u) {{
+        total = total + PARTS[base + g * width + p.d + 1u] * exp(PARTS[base + g * width + p.d] - mx);
+    }}
+    for (var d = t; d < p.d; d = d + {CHUNK}u) {{
+        var sum = 0.0;
+        for (var g = 0u; g < count; g = g + 1u) {{
+            sum = sum + PARTS[base + g * width + d] * exp(PARTS[base + g * width + p.d] - mx);
+        }}
+        RESULT[(s * p.hq + h) * p.d + d] = RT(sum / total);
+    }}
+}}
+"""
+
+COMBINE = f"""
+struct P {{ s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }}
+@group(0) @binding(0) var<storage, read> parts: array<f32>;
+@group(0) @binding(1) var<storage, read_write> out: array<RT>;
+@group(0) @binding(2) var<uniform> p: P;
+{MERGE.replace("PARTS", "parts").replace("RESULT", "out")}
+@compute @workgroup_size({CHUNK})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{
+    merge(wid.y, wid.x, lid.x, p.splits);
+}}
+"""
+
+# SPLIT_VEC4's finish on a GPU: the (head, row)'s workgroups that have keys count their arrivals,
+# and the last merges their splits (MERGE) and sets the count back to 0, so split-K is one
+# dispatch, not two (a decode step's attention was 60 of its 216 dispatches). Each workgroup's
+# partial-state stores are ordered before its arrival by a storage barrier (device scope), and the
+# last one's loads after it by another. A row of up to 64 keys takes one split of 16: on an H100
+# the other 15 workgroups' stores, arrivals and merged zeros took attention a layer from 19.7 to
+# 28.3 us at one decode row.
+def _arrivals(first):
+    """The fused finish's bindings (the result, then the arrival counts, from binding `first`)
+    and its merge."""
+    return f"""@group(0) @binding({first}) var<storage, read_write> result: array<RT>;
+@group(0) @binding({first + 1}) var<storage, read_write> arrivals: array<atomic<u32>>;
+var<workgroup> arrived_last: u32;
+""" + MERGE.replace("PARTS", "out").replace("RESULT", "result")
+
+
+LAST_MERGES = """    storageBarrier();
+    if (t == 0u) { arrived_last = u32(atomicAdd(&arrivals[s * p.hq + h], 1u) == used - 1u); }
+    if (workgroupUniformLoad(&arrived_last) == 1u) {
+        storageBarrier();
+        merge(s, h, t, used);
+        if (t == 0u) { atomicStore(&arrivals[s * p.hq + h], 0u); }
+    }"""
+
+
+# The query-tiled kernel ("flash attention") for head dims d = 4 * G up to TILED_MAX_DIM: one
+# workgroup per (query head, tile of TILE_ROWS rows), TILE_SUBS invocations per row. Each one keeps
+# its row's q (pre-scaled) and its own online-softmax state (max m, sum l, accumulator a) in
+# registers, as separate vec4 variables (a private array indexed in a loop spills to local memory),
+# and takes keys sub * KPS .. sub * KPS + KPS - 1 of each block of BK keys, whose K and V rows the
+# workgroup loads into `kv` together. Invocation t is row t % TILE_ROWS of sub t / TILE_ROWS, so a
+# warp's invocations read the same K and V vec4 at once (a broadcast). `kv` is indexed
+# [sub][key][vec4] with constant inner indices: naga clamps each dynamic index into a workgroup
+# array, and this way that is one clamp per kernel, not one per read. Every row's result is the
+# same whatever the tile's other rows: blocks are aligned at key 0, masked keys add exact zeros.
+TILE_ROWS = 32
+TILE_SUBS = 4
+TILED_MAX_DIM = 64  # q and a take 2 * d registers per invocation
+KV_BYTES = 16384  # workgroup storage of a block's K and V rows (the WebGPU default limit)
+TILED = VEC4_BINDINGS + """// [sub][i] is the K row of key sub * KPS + i of the block, [SUBS + sub][i] its V row; the merge's
+// scratch afterwards, as 2 * BK rows of G vec4s
+var<workgroup> kv: array<array<array<vec4<f32>, {G}>, {KPS}>, {SUBS2}>;
+
+fn hsum(x: vec4<f32>) -> f32 {{ return (x.x + x.y) + (x.z + x.w); }}
+
+@compute @workgroup_size({THREADS})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{
+    let h = wid.x;
+    let r0 = ((p.s + {BQ}u - 1u) / {BQ}u - 1u - wid.y) * {BQ}u;  // the last (longest) tiles first
+    let r_end = min(r0 + {BQ}u, p.s);
+    let t = lid.x;
+    let lane = t % {BQ}u;
+    let sub = t / {BQ}u;
+    let vsub = {SUBS}u + sub;
+    let row = r0 + lane;
+    let r = min(row, p.s - 1u);
+    let kvh = h / (p.hq / p.hkv);
+    let qi = (r * p.hq + h) * {D}u;
+    {q}
+    {acc}
+    var m = -3.0e38;
+    var l = 0.0;
+{ranges}
+    // Merge the row's TILE_SUBS states: rescaled to their common max, then summed pairwise in a
+    // fixed order through kv (free: the last key block ended on a barrier).
+    {merge}
+}}
+"""
+
+# The key blocks of the rows `mine` (keys 0..keys-1 each) over the cache at `cbase` (in vec4s);
+# `kmax` bounds every row's key count and is the same for the whole workgroup.
+TILED_BLOCKS = """    for (var kb = 0u; kb < kmax; kb = kb + {BK}u) {{
+        for (var i = t; i < {BKG}u; i = i + {THREADS}u) {{
+            let key = i / {G}u;
+            let j = min(kb + key, kmax - 1u);  // past kmax: a live key's row, masked below
+            let at = cbase + (j * p.hkv + kvh) * {G}u + i % {G}u;
+            kv[key / {KPS}u][key % {KPS}u][i % {G}u] = vec4<f32>(kc[at]);
+            kv[{SUBS}u + key / {KPS}u][key % {KPS}u][i % {G}u] = vec4<f32>(vc[at]);
+        }}
+        workgroupBarrier();
+        let j0 = kb + sub * {KPS}u;
+        if (mine && j0 < keys) {{
+            {scores}
+            let m_new = max(m, {max});
+            let corr = exp(m - m_new);
+            {probs}
+            l = l * corr + {total};
+            {weighted}
+            m = m_new;
+        }}
+        workgroupBarrier();
+    }}"""
+
+TILED_PLAIN = """    let keys = p.pos + row + 1u;  // causal: the row at absolute position P sees keys 0..P
+    let mine = row < p.s;
+    let kmax = p.pos + r_end;
+    let cbase = 0u;
+{blocks}"""
+
+# Ragged: the tile's segments (maximal runs of rows of one slot) one after the other, each over
+# its own slot's cache; padding rows (slot -1) attend to nothing and write zeros.
+TILED_RAGGED = """    let keys = u32(row_pos[r]) + 1u;  // causal: the row at absolute position P sees keys 0..P
+    var seg = r0;
+    while (seg < r_end) {{
+        let slot = row_slot[seg];
+        var e = seg + 1u;
+        var kmax = u32(row_pos[seg]) + 1u;
+        while (e < r_end && row_slot[e] == slot) {{
+            kmax = max(kmax, u32(row_pos[e]) + 1u);
+            e = e + 1u;
+        }}
+        if (slot >= 0) {{
+            let mine = row >= seg && row < e;
+            let cbase = u32(slot) * (p.stride / 4u);
+{blocks}
+        }}
+        seg = e;
+    }}"""
+
+
+def _tiled_shader(ragged, dim):
+    """TILED for head dim `dim` (a multiple of 4, at most TILED_MAX_DIM), its G-long loops written out."""
+    g, bq, subs = dim // 4, TILE_ROWS, TILE_SUBS
+    bk = min(64, KV_BYTES // (8 * dim)) // subs * subs  # keys per block
+    kps = bk // subs  # of which each invocation takes kps
+    assert 2 * bk >= max(-(-bq * subs // g), bq * subs // 2), "kv must hold the merge's scratch"
+    n = "\n            "
+    vis = [f"j0 + {i}u < keys" for i in range(kps)]
+    blocks = TILED_BLOCKS.format(
+        BK=bk, BKG=bk * g, G=g, KPS=kps, SUBS=subs, THREADS=bq * subs,
+        scores=n.join(
+            f"let s{i} = select(-3.0e38, hsum({' + '.join(f'q{e} * kv[sub][{i}][{e}]' for e in range(g))}), {vis[i]});"
+            for i in range(kps)
+        ),
+        max=_max_tree([f"s{i}" for i in range(kps)]),
+        probs=n.join(f"let p{i} = select(0.0, exp(s{i} - m_new), {vis[i]});" for i in range(kps)),
+        total=" + ".join(f"p{i}" for i in range(kps)),
+        weighted=n.join(
+            f"a{e} = a{e} * corr + {' + '.join(f'p{i} * kv[vsub][{i}][{e}]' for i in range(kps))};" for e in range(g)
+        ),
+    )
+    ranges = TILED_RAGGED.format(blocks=textwrap.indent(blocks, " " * 8)) if ragged else TILED_PLAIN.format(blocks=blocks)
+
+    def flat(i):  # vec4 i of kv
+        return f"kv[{i} / {g * kps}u][{i} / {g}u % {kps}u][{i} % {g}u]"
+
+    states = [f"st{k}" for k in range(subs)]
+    merge = [f"{flat('t')} = vec4<f32>(m, l, 0.0, 0.0);", "workgroupBarrier();"]
+    merge += [f"let st{k} = {flat(f'({k * bq}u + lane)')};" for k in range(subs)]
+    merge.append(f"let mx = {_max_tree([f'{s}.x' for s in states])};")
+    merge.append(f"let total = {' + '.join(f'{s}.y * exp({s}.x - mx)' for s in states)};")
+    merge.append("let c = exp(m - mx);")
+    merge += [f"a{e} = a{e} * c;" for e in range(g)]
+    half = subs // 2
+    while half:  # subs [half, 2 * half) hand their a to subs [0, half)
+        put = " ".join(f"kv[at / {kps}u][at % {kps}u][{e}] = a{e};" for e in range(g))
+        add = " ".join(f"a{e} = a{e} + kv[at / {kps}u][at % {kps}u][{e}];" for e in range(g))
+        merge += [
+            "workgroupBarrier();",
+            f"if (sub >= {half}u && sub < {2 * half}u) {{ let at = (sub - {half}u) * {bq}u + lane; {put} }}",
+            "workgroupBarrier();",
+            f"if (sub < {half}u) {{ let at = sub * {bq}u + lane; {add} }}",
+        ]
+        half //= 2
+    # a real row's total is at least 1 (its largest score's exp(0)); a padding row's is 0, a = 0
+    writes = " ".join(f"out[o + {4 * e + c}u] = OT(a{e}.{'xyzw'[c]} / w);" for e in range(g) for c in range(4))
+    merge.append(f"if (sub == 0u && row < p.s) {{ let o = (row * p.hq + h) * {dim}u; let w = max(total, 1e-30); {writes} }}")
+    n = "\n    "
+    q = [", ".join(f"f32(q[qi + {4 * e + c}u])" for c in range(4)) for e in range(g)]
+    return TILED.format(
+        tables=RAGGED_TABLES if ragged else "",
+        G=g, KPS=kps, SUBS=subs, SUBS2=2 * subs, THREADS=bq * subs, BQ=bq, D=dim,
+        q=n.join(f"let q{e} = vec4<f32>({q[e]}) * p.scale;" for e in range(g)),
+        acc=n.join(f"var a{e} = vec4<f32>(0.0);" for e in range(g)),
+        ranges=ranges,
+        merge=n.join(merge),
+    )
+
+
+def _max_tree(terms):
+    """WGSL of the max of `terms`, as a balanced tree of max() calls."""
+    while len(terms) > 1:
+        terms = [f"max({a}, {b})" for a, b in zip(terms[::2], terms[1::2])] + terms[len(terms) - len(terms) % 2 :]
+    return terms[0]
+
+
+def _merges_itself(dim):
+    """Whether split-K of head dim `dim` is SPLIT_VEC4, which merges its splits itself."""
+    return dim % 4 == 0 and CHUNK % (dim // 4) == 0
+
+
+def _attention_shader(ragged, split=False, dim=None):
+    """The whole-range kernel, or the split-K one: SPLIT_VEC4, merging its own splits, when `dim`
+    allows it (its result and arrival counts bound after the tables)."""
+    common = dict(
+        _row_exprs(ragged),
+        reductions=REDUCTIONS,
+        online_softmax=ONLINE_SOFTMAX,
+        CHUNK=CHUNK,
+    )
+    if split and _merges_itself(dim):
+        merged = _arrivals(7 if ragged else 5)
+        return SPLIT_VEC4.format(G=dim // 4, SUBS=CHUNK // (dim // 4), key_range=SPLIT_RANGE, merged=merged, finish=LAST_MERGES, **common)
+    return ATTENTION.format(
+        key_range=SPLIT_RANGE if split else WHOLE_RANGE,
+        finish=(SPLIT_FINISH if split else WHOLE_FINISH).format(SLICES=MAX_HEAD_DIM // CHUNK, CHUNK=CHUNK),
+        MAX_HEAD_DIM=MAX_HEAD_DIM,
+        SLICES=MAX_HEAD_DIM // CHUNK,
+        **common,
+    )
+
+
+def _whole_range(ragged, dim):
+    """(shader, query rows per workgroup) of the route for more rows than split-K takes."""
+    if dim % 4 == 0 and dim <= TILED_MAX_DIM:
+        return _tiled_shader(ragged, dim), TILE_ROWS
+    return _attention_shader(ragged), 1
+
+
+def _attention_args(b):
+    """Checks shared by both forms; returns (context, kv heads, head dim, q heads, scale)."""
+    if not b.is_none(7):
+        raise ValueError(f"{b.name}: an explicit attn_mask is not supported (causal only)")
+    if b.scalar(8, 0):
+        raise ValueError(f"{b.name}: dropout is not supported")
+    _, context, hkv, dim = b.tensor(3).dims
+    hq = b.tensor(0).dims[2]
+    if dim > MAX_HEAD_DIM or hq % hkv:
+        raise ValueError(f"{b.name}: head dim {dim} (max {MAX_HEAD_DIM}) or heads {hq}/{hkv} unsupported")
+    scale = b.scalar(10, None)
+    b.writes(b.args[3])
+    b.writes(b.args[4])
+    return context, hkv, dim, hq, 1.0 / math.sqrt(dim) if scale is None else float(scale)
+
+
+def _rows(b, ctx):
+    s = ctx.dims(b.args[0])[1]
+    if ctx.dims(b.args[1])[1] != s or ctx.dims(b.args[2])[1] != s:
+        raise ValueError(f"{b.name}: q, k, v have {s}, {ctx.dims(b.args[1])[1]}, {ctx.dims(b.args[2])[1]} rows")
+    return s
+
+
+class Rows(NamedTuple):
+    """The shape the attention variants choose by: live query rows, and up to how many of them
+    this op takes split-K."""
+
+    n: int
+    split_max: int
+
+
+class _Launch:
+    """A route of dispatches with their grids for a live row count, as a variant's route."""
+
+    def __init__(self, *dispatches_and_grids):
+        self.parts = dispatches_and_grids
+
+    def set(self, ctx, rows, on):
+        for d, grid in self.parts:
+            ctx.set_grid(d, grid(rows.n) if on else (0, 0, 0))
+
+
+def _split_route(cpu):
+    """Split-K decode and its combine; on CPU adapters one invocation per key range (SPLIT_CPU)."""
+
+    def build(b, att):
+        if cpu:
+            step = online_softmax_step("p.d", "f32(vc[kbase + d])")
+            shader = SPLIT_CPU.format(MAX_SPLITS=MAX_SPLITS, MAX_HEAD_DIM=MAX_HEAD_DIM, online_step=step, **att.common)
+            grid = lambda s: (att.hq, s, 1)  # noqa: E731
+        else:
+            shader = _attention_shader(att.ragged, split=True, dim=att.dim)
+            grid = lambda s: (att.hq, s, att.splits)  # noqa: E731
+        shader = type_aliases(b.graph.values, QT=att.q, KCT=att.k_cache, VCT=att.v_cache, OT=att.scratch, RT=b.out) + shader
+        bindings = [att.q, att.k_cache, att.v_cache, att.scratch, att.params, *att.tables]
+        if not cpu and _merges_itself(att.dim):
+            return _Launch((b.dispatch(shader, [*bindings, b.out, _arrival_counts(b, att)]), grid))
+        split = b.dispatch(shader, bindings)
+        combine = b.dispatch(type_aliases(b.graph.values, RT=b.out) + COMBINE, [att.scratch, b.out, att.params])
+        return _Launch((split, grid), (combine, lambda s: (att.hq, s, 1)))
+
+    return build
+
+
+def _arrival_counts(b, att):
+    """The fused split-K's arrival count per (row, head): zeros, kept by each session (a state
+    tensor: its initial contents are a constant), set back to 0 by the merging workgroup."""
+    n = att.rows * att.hq
+    vid = len(b.graph.values)
+    b.graph.values.append(Tensor("int32", (n,), constant=Constant(blob=bytes(4 * n), length=4 * n)))
+    b.writes(vid)
+    return vid
+
+
+def _whole_route(b, att):
+    shader, rows_per_group = _whole_range(att.ragged, att.dim)
+    shader = type_aliases(b.graph.values, QT=att.q, KCT=att.k_cache, VCT=att.v_cache, OT=b.out) + shader
+    whole = b.dispatch(shader, [att.q, att.k_cache, att.v_cache, b.out, att.params, *att.tables])
+    return _Launch((whole, lambda s: (att.hq, -(-s // rows_per_group), 1)))
+
+
+# The variants of attention by live query rows s, first match wins (kernels/variants.py).
+ATTENTION_VARIANTS = (
+    Variant("decode_split", GPU_ONLY, lambda r: r.n <= r.split_max, _split_route(cpu=False)),
+    Variant("decode_split_cpu", CPU_ONLY, lambda r: r.n <= r.split_max, _split_route(cpu=True)),
+    Variant("whole", ANY, lambda s: True, _whole_route),
+)
+
+
+@dataclass
+class _Attention:
+    """What the variants' builds need of one op."""
+
+    q: int
+    k_cache: int
+    v_cache: int
+    scratch: int
+    params: object
+    tables: tuple
+    hq: int
+    dim: int
+    splits: int
+    rows: int  # the most query rows split-K takes
+
+    @property
+    def ragged(self):
+        return bool(self.tables)
+
+    @property
+    def common(self):
+        return _row_exprs(self.ragged)
+
+
+def _row_exprs(ragged):
+    """The per-row WGSL pieces of the one-row-per-(workgroup y) kernels: tables, key count, cache base."""
+    return dict(
+        tables=RAGGED_TABLES if ragged else "",
+        keys="u32(row_pos[s]) + 1u" if ragged else "p.pos + s + 1u",
+        cache_base="u32(max(row_slot[s], 0)) * p.stride" if ragged else "0u",  # padding rows: slot 0
+    )
+
+
+def _add_attention(b, context, hkv, dim, hq, scale, tables=(), split_max=SPLIT_MAX_ROWS):
+    """Record the attention variants (one pass, query-tiled where the head dim allows; split-K and
+    its combine for up to `split_max` rows); returns `set_attention(ctx, s, pos, stride)` for the
+    hook."""
+    splits = min(MAX_SPLITS, context)
+    span = -(-context // splits)
+    scratch = len(b.graph.values)  # the splits' partial states, this op's own
+    b.graph.values.append(Tensor("float32", (split_max * hq * splits * (dim + 2),)))
+    b.writes(scratch)
+    params = b.params(48)
+    att = _Attention(b.args[0], b.args[3], b.args[4], scratch, params, tuple(tables), hq, dim, splits, split_max)
+    routes = Routes(ATTENTION_VARIANTS, b, att)
+
+    def set_attention(ctx, s, pos, stride):
+        ctx.set_params(params, struct.pack("<5If5I", s, pos, hq, hkv, dim, scale, stride, splits, span, 0, 0))
+        routes.set(ctx, Rows(s, split_max))
+
+    return set_attention
+
+
+@op("sdpa_with_kv_cache.default", half=True)
+def sdpa_with_kv_cache(b):
+    q, k, v, k_cache, v_cache, input_pos = b.args[:6]
+    context, hkv, dim, hq, scale = _attention_args(b)
+    p_update = b.params(16)
+    shader = type_aliases(b.graph.values, KT=k, VT=v, KCT=k_cache, VCT=v_cache) + UPDATE_CACHE
+    d_update = b.dispatch(shader, [k, v, k_cache, v_cache, p_update])
+    set_attention = _add_attention(b, context, hkv, dim, hq, scale)
+
+    def resize(ctx):
+        s = _rows(b, ctx)
+        pos = ctx.int_value(input_pos)
+        if pos < 0 or pos + s > context:
+            raise ValueError(
+                f"sdpa_with_kv_cache: positions {pos}..{pos + s - 1} do not fit the KV cache of {context} positions"
+            )
+        n = numel_of(ctx.dims(k))
+        ctx.set_params(p_update, struct.pack("<4I", n, pos * hkv * dim, 0, 0))
+        ctx.set_grid(d_update, flat_grid(n))
+        set_attention(ctx, s, pos, 0)
+        ctx.set_dims(b.out, ctx.dims(q))
+
+    b.hook(resize)
+
+
+@op("pte_wgpu.ragged_sdpa", "pte_wgpu.ragged_sdpa_cached", half=True)
+def ragged_sdpa(b):
+    """`sdpa_with_kv_cache` over a ragged batch: args 5 and 6 are the row_pos and row_slot tables,
+    and the caches are pools of per-session slots (the runtime checks positions before a pass).
+    `pte_wgpu.ragged_sdpa_cached` finds k and v already in the caches (pte_wgpu.rope_into_cache)."""
+    q, k, v, k_cache, v_cache, row_pos, row_slot = b.args[:7]
+    context, hkv, dim, hq, scale = _attention_args(b)
+    stride = context * hkv * dim
+    cached = b.name == "pte_wgpu.ragged_sdpa_cached"
+    if not cached:
+        p_update = b.params(16)
+        shader = type_aliases(b.graph.values, KT=k, VT=v, KCT=k_cache, VCT=v_cache) + RAGGED_UPDATE_CACHE
+        d_update = b.dispatch(shader, [k, v, k_cache, v_cache, p_update, row_pos, row_slot])
+    split_max = RAGGED_SPLIT_MAX_ROWS if b.adapter == GPU else SPLIT_MAX_ROWS
+    set_attention = _add_attention(b, context, hkv, dim, hq, scale, (row_pos, row_slot), split_max)
+
+    def resize(ctx):
+        s = _rows(b, ctx)
+        if ctx.dims(row_pos)[0] != s:
+            raise ValueError(f"{b.name}: {s} rows but {ctx.dims(row_pos)[0]} row positions")
+        if not cached:
+            n = numel_of(ctx.dims(k))
+            ctx.set_params(p_update, struct.pack("<4I", n, hkv * dim, stride, 0))
+            ctx.set_grid(d_update, flat_grid(n))
+        set_attention(ctx, s, 0, stride)
+        ctx.set_dims(b.out, ctx.dims(q))
+
+    b.hook(resize)

@@ -1,0 +1,288 @@
+"""Rotary position embeddings: `et_vk.apply_rotary_emb` (Llama's interleaved-pair layout), and the
+`_hf` (rotate-half) and `_interleaved` (EdgeTAM, one tensor of cos/sin pairs) variants.
+
+In `apply_rotary_emb`, x is [1, S, H, D]; freqs_cos and freqs_sin are [S, D/2] rows for the live
+positions (sliced upstream), and pairs (2i, 2i+1) of each head rotate by frequency i.
+
+Each tensor is read and written in its own storage type (f32 or f16, named by WGSL aliases); the
+rotation is computed in f32.
+"""
+
+import struct
+from dataclasses import dataclass
+
+from pte_wgpu.resize.shapes import numel_of
+
+from ..registry import op
+from ..wgsl import FLAT_INDEX, WG, flat_grid, type_aliases
+from .kv_cache import CACHE_SLOT, cache_slot
+
+# One dispatch rotates both q and k: invocations past q's pairs continue into k's. The ragged
+# form (`pte_wgpu.rope_into_cache`) also stores this step's rotated k, and v, in the KV caches as
+# ragged_sdpa's own update would (kernels/attention/kv_cache_sdpa.py RAGGED_UPDATE_CACHE), which then skips it.
+ROPE = """
+struct P {{ q_pairs: u32, pairs: u32, q_heads: u32, k_heads: u32, half: u32, row: u32, stride: u32, pad: u32 }}
+{CACHE_BINDINGS}
+@group(0) @binding(0) var<storage, read> xq: array<XQT>;
+@group(0) @binding(1) var<storage, read> xk: array<XKT>;
+@group(0) @binding(2) var<storage, read> fcos: array<CT>;
+@group(0) @binding(3) var<storage, read> fsin: array<ST>;
+@group(0) @binding(4) var<storage, read_write> oq: array<OQT>;
+@group(0) @binding(5) var<storage, read_write> ok: array<OKT>;
+@group(0) @binding(6) var<uniform> p: P;
+{FLAT_INDEX}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
+    let g = flat_index(gid, nwg, {WG}u);
+    if (g >= p.pairs) {{ return; }}
+    let in_q = g < p.q_pairs;
+    var i = g;
+    var heads = p.q_heads;
+    if (!in_q) {{ i = g - p.q_pairs; heads = p.k_heads; }}
+    let k = i % p.half;            // frequency index
+    let row = i / p.half;          // (b, s, h) row
+    let s = row / heads;           // position row in the freqs table (batch 1)
+    let c = f32(fcos[s * p.half + k]);
+    let sn = f32(fsin[s * p.half + k]);
+    let ia = row * p.half * 2u + 2u * k;
+    if (in_q) {{
+        let a = f32(xq[ia]);
+        let b = f32(xq[ia + 1u]);
+        oq[ia] = OQT(a * c - b * sn);
+        oq[ia + 1u] = OQT(a * sn + b * c);
+    }} else {{
+        let a = f32(xk[ia]);
+        let b = f32(xk[ia + 1u]);
+        ok[ia] = OKT(a * c - b * sn);
+        ok[ia + 1u] = OKT(a * sn + b * c);{CACHE_STORE}
+    }}
+}}
+"""
+SHADER = ROPE.format(FLAT_INDEX=FLAT_INDEX, WG=WG, CACHE_BINDINGS="", CACHE_STORE="")
+CACHE_BINDINGS = """
+@group(0) @binding(7) var<storage, read> v: array<VT>;
+@group(0) @binding(8) var<storage, read_write> kc: array<KCT>;
+@group(0) @binding(9) var<storage, read_write> vc: array<VCT>;
+@group(0) @binding(10) var<storage, read> row_pos: array<i32>;
+@group(0) @binding(11) var<storage, read> row_slot: array<i32>;
+""" + CACHE_SLOT
+CACHE_STORE = """
+        let r = ia / p.row;  // the pass's token row
+        if (row_slot[r] >= 0) {{  // not a padding row
+            let at = cache_at(r, ia % p.row);
+            kc[at] = KCT(ok[ia]);
+            kc[at + 1u] = KCT(ok[ia + 1u]);
+            vc[at] = VCT(v[ia]);
+            vc[at + 1u] = VCT(v[ia + 1u]);
+        }}"""
+SHADER_CACHE = ROPE.format(FLAT_INDEX=FLAT_INDEX, WG=WG, CACHE_BINDINGS=CACHE_BINDINGS, CACHE_STORE=CACHE_STORE)
+
+
+@op("et_vk.apply_rotary_emb.default", "pte_wgpu.rope_into_cache", half=True)
+def apply_rotary_emb(b):
+    """`pte_wgpu.rope_into_cache` takes (v, k_cache, v_cache, row_pos, row_slot) after the four."""
+    xq, xk = b.args[:2]
+    oq, ok = b.graph.values[b.out].items[:2]
+    set_rope = rope_route(b, b.args[:-1], oq, ok)
+
+    def resize(ctx):
+        shapes = []
+        for src in (xq, xk):
+            shape = ctx.dims(src)
+            if len(shape) != 4 or shape[0] != 1:
+                raise ValueError(f"{b.name}: expected x of shape [1, S, H, D], got {list(shape)}")
+            shapes.append(shape)
+        set_rope(ctx, *shapes)
+
+    b.hook(resize)
+
+
+def rope_route(b, args, oq, ok):
+    """The dispatch rotating q and k (`args`: xq, xk, fcos, fsin, and with v, k_cache, v_cache,
+    row_pos, row_slot after them storing k and v in the caches) into `oq` and `ok`; returns
+    `set(ctx, q_shape, k_shape, on=True)` for shapes [1, S, H, D] (the grid off unless `on`)."""
+    xq, xk, fcos, fsin = args[:4]
+    params = b.params(32)
+    row = stride = 0
+    if len(args) > 4:
+        v, k_cache, v_cache = args[4:7]
+        _, context, hkv, dim = b.graph.values[k_cache].dims
+        row, stride = hkv * dim, context * hkv * dim
+        b.writes(k_cache)
+        b.writes(v_cache)
+        types = type_aliases(b.graph.values, XQT=xq, XKT=xk, CT=fcos, ST=fsin, OQT=oq, OKT=ok, VT=v, KCT=k_cache, VCT=v_cache)
+        d = b.dispatch(types + SHADER_CACHE, [xq, xk, fcos, fsin, oq, ok, params, *args[4:9]])
+    else:
+        types = type_aliases(b.graph.values, XQT=xq, XKT=xk, CT=fcos, ST=fsin, OQT=oq, OKT=ok)
+        d = b.dispatch(types + SHADER, [xq, xk, fcos, fsin, oq, ok, params])
+
+    def set_rope(ctx, q_shape, k_shape, on=True):
+        (_, s, q_heads, dim), (_, s_k, k_heads, dim_k) = q_shape, k_shape
+        half = dim // 2
+        if (s_k, dim_k) != (s, dim):
+            raise ValueError(f"{b.name}: q {list(q_shape)} and k {list(k_shape)} differ in positions or head size")
+        table = ctx.dims(fcos)
+        if table[0] < s or table[-1] != half:
+            raise ValueError(f"{b.name}: the rotary table has {table[0]} rows for {s} positions (are the positions past the context?)")
+        q_pairs = numel_of(q_shape) // 2
+        pairs = q_pairs + numel_of(k_shape) // 2
+        if row and k_heads * dim != row:
+            raise ValueError(f"{b.name}: k rows of {k_heads} x {dim} do not match the cache's {row}")
+        ctx.set_params(params, struct.pack("<8I", q_pairs, pairs, q_heads, k_heads, half, row, stride, 0))
+        ctx.set_grid(d, flat_grid(pairs) if on else (0, 0, 0))
+        ctx.set_dims(oq, q_shape)
+        ctx.set_dims(ok, k_shape)
+
+    return set_rope
+
+
+# The same rotation and cache stores in the epilogue of a q/k/v GEMV (kernels/matmul/qkv_rope.py), whose
+# invocation for output n of a pair also holds the pair's other output.
+@dataclass
+class RopeEpilogue:
+    """What q/k/v products that take the RoPE (kernels/matmul/qkv_rope.py) add to their GEMV on GPUs:
+    after its uniform, the bindings `values` (fcos, fsin, rotated q, rotated k, k cache, v cache,
+    row_pos, row_slot) of storage `types`, and the uniform's fields half, dim, row, stride (as
+    ROPE's p)."""
+
+    values: list
+    types: list
+    fields: tuple
+
+
+ROPE_NAMES = ("fcos", "fsin", "oq", "ok", "kc", "vc", "row_pos", "row_slot")
+
+
+def rope_bindings(first, types):
+    """The epilogue's bindings from `first`, and the cache slot formula."""
+    lines = [
+        f"@group(0) @binding({first + i}) var<storage, {'read_write' if name in ('oq', 'ok', 'kc', 'vc') else 'read'}> {name}: array<{t}>;"
+        for i, (name, t) in enumerate(zip(ROPE_NAMES, types))
+    ]
+    return "\n" + "\n".join(lines) + cache_slot("q")
+
+
+def rope_store(j, row, t, rope_types):
+    """Output n of q (j 0), k (1) or v (2) of input row `row` (WGSL) as SHADER_CACHE leaves it (the
+    same expressions on the same values: the product rounded to its type `t`, then f32): q and k
+    rotated with the other output of their pair (pair0), k and v also in the caches. The products
+    themselves are stored too (every binding is used: the pipeline's layout keeps them all)."""
+    _, _, oq, ok, kc, vc, _, _ = rope_types
+    row = f"let row = {row};"
+    cache = "if (row_slot[row] >= 0) {{ {}[cache_at(row, n)] = {}; }}"
+    if j == 2:
+        return f"{{ {row} let x = {t}(v0); o2[row * q.N2 + n] = x; {cache.format('vc', f'{vc}(x)')} }}"
+    out, ot = (("oq", oq), ("ok", ok))[j]
+    rotate = (
+        f"let fi = row * q.half + (n % q.dim) / 2u; let c = f32(fcos[fi]); let sn = f32(fsin[fi]); "
+        f"let mine = f32({t}(v0)); let other = f32({t}(pair0)); let even = (n & 1u) == 0u; "
+        "let ev = select(other, mine, even); let od = select(mine, other, even); "
+        "var y = ev * sn + od * c; if (even) { y = ev * c - od * sn; }"
+    )
+    stored = cache.format("kc", f"{kc}({ot}(y))") if j == 1 else ""
+    return f"{{ {row} {rotate} o{j}[row * q.N{j} + n] = {t}(v0); {out}[row * q.N{j} + n] = {ot}(y); {stored} }}"
+
+
+# `et_vk.apply_rotary_emb_hf` (HuggingFace rotate-half): the first `rd` dims of each head rotate,
+# dim d < rd/2 pairing with d + rd/2; the rest pass through. cos and sin are [rows, rd] tables,
+# read at row start_pos + s (the full table and a SymInt start_pos, or a slice and 0).
+ROPE_HF = """
+struct P {{ numel: u32, dim: u32, heads: u32, seq: u32, rd: u32, start: u32, pad0: u32, pad1: u32 }}
+@group(0) @binding(0) var<storage, read> x: array<XT>;
+@group(0) @binding(1) var<storage, read> fcos: array<CT>;
+@group(0) @binding(2) var<storage, read> fsin: array<ST>;
+@group(0) @binding(3) var<storage, read_write> out: array<OT>;
+@group(0) @binding(4) var<uniform> p: P;
+{FLAT_INDEX}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
+    let i = flat_index(gid, nwg, {WG}u);
+    if (i >= p.numel) {{ return; }}
+    let d = i % p.dim;
+    if (d >= p.rd) {{ out[i] = OT(x[i]); return; }}
+    let half = p.rd / 2u;
+    let s = (i / p.dim / p.heads) % p.seq;
+    let t = (p.start + s) * p.rd + d;
+    var partner: f32;
+    if (d < half) {{ partner = -f32(x[i + half]); }} else {{ partner = f32(x[i - half]); }}
+    out[i] = OT(f32(x[i]) * f32(fcos[t]) + partner * f32(fsin[t]));
+}}
+"""
+SHADER_HF = ROPE_HF.format(FLAT_INDEX=FLAT_INDEX, WG=WG)
+
+
+@op("et_vk.apply_rotary_emb_hf.default", half=True)
+def apply_rotary_emb_hf(b):
+    xq, xk, fcos, fsin, start_pos = b.args[:5]
+    outs = b.graph.values[b.out].items
+    jobs = []
+    for src, dst in ((xq, outs[0]), (xk, outs[1])):
+        params = b.params(32)
+        shader = type_aliases(b.graph.values, XT=src, CT=fcos, ST=fsin, OT=dst) + SHADER_HF
+        jobs.append((src, dst, params, b.dispatch(shader, [src, fcos, fsin, dst, params])))
+
+    def resize(ctx):
+        rows, rd = ctx.dims(fcos)
+        start = ctx.int_value(start_pos)
+        for src, dst, params, d in jobs:
+            shape = ctx.dims(src)
+            if len(shape) != 4 or rd % 2 or rd > shape[3]:
+                raise ValueError(f"{b.name}: x of shape {list(shape)} with a rotary table of width {rd}")
+            _, s, heads, dim = shape
+            if start < 0 or start + s > rows:
+                raise ValueError(
+                    f"{b.name}: the rotary table has {rows} rows for positions {start}..{start + s - 1} "
+                    "(are the positions past the context?)"
+                )
+            n = numel_of(shape)
+            ctx.set_params(params, struct.pack("<8I", n, dim, heads, s, rd, start, 0, 0))
+            ctx.set_grid(d, flat_grid(n))
+            ctx.set_dims(dst, shape)
+
+    b.hook(resize)
+
+
+# `et_vk.apply_rotary_emb_interleaved` (EdgeTAM): x is [B, N, C] with (real, imag) pairs along C;
+# freqs_cis, of any rank, holds N * C values laid out as [N, C/2, (cos, sin)].
+ROPE_INTERLEAVED = """
+struct P {{ pairs: u32, half: u32, n: u32, pad: u32 }}
+@group(0) @binding(0) var<storage, read> x: array<XT>;
+@group(0) @binding(1) var<storage, read> cis: array<CT>;
+@group(0) @binding(2) var<storage, read_write> out: array<OT>;
+@group(0) @binding(3) var<uniform> p: P;
+{FLAT_INDEX}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
+    let i = flat_index(gid, nwg, {WG}u);
+    if (i >= p.pairs) {{ return; }}
+    let f = ((i / p.half) % p.n * p.half + i % p.half) * 2u;
+    let c = f32(cis[f]);
+    let sn = f32(cis[f + 1u]);
+    let a = f32(x[2u * i]);
+    let b = f32(x[2u * i + 1u]);
+    out[2u * i] = OT(a * c - b * sn);
+    out[2u * i + 1u] = OT(a * sn + b * c);
+}}
+"""
+SHADER_INTERLEAVED = ROPE_INTERLEAVED.format(FLAT_INDEX=FLAT_INDEX, WG=WG)
+
+
+@op("et_vk.apply_rotary_emb_interleaved.default", half=True)
+def apply_rotary_emb_interleaved(b):
+    x, cis = b.args[:2]
+    params = b.params(16)
+    d = b.dispatch(type_aliases(b.graph.values, XT=x, CT=cis, OT=b.out) + SHADER_INTERLEAVED, [x, cis, b.out, params])
+
+    def resize(ctx):
+        shape = ctx.dims(x)
+        if len(shape) != 3 or shape[2] % 2:
+            raise ValueError(f"{b.name}: expected x of shape [B, N, C] with an even C, got {list(shape)}")
+        _, n, c = shape
+        if numel_of(ctx.dims(cis)) != n * c:
+            raise ValueError(f"{b.name}: freqs_cis of shape {list(ctx.dims(cis))} for x of shape {list(shape)}")
+        pairs = numel_of(shape) // 2
+        ctx.set_params(params, struct.pack("<4I", pairs, c // 2, n, 0))
+        ctx.set_grid(d, flat_grid(pairs))
+        ctx.set_dims(b.out, shape)
+
+    b.hook(resize)

@@ -1,0 +1,137 @@
+"""Attention without a KV-cache update: `et_vk.sdpa` and `llama::custom_sdpa`.
+
+- `et_vk.sdpa(q [B, Hq, S, D], k, v [B, Hkv, L, D], attn_mask or None, scale or None)`:
+  softmax(q @ k^T * scale + mask) @ v, the mask additive and broadcast to [B, Hq, S, L].
+- `custom_sdpa(q [B, S, Hq, D], k_cache, v_cache [B, Smax, Hkv, D], start_pos, attn_mask
+  (None only), dropout_p (0 only), is_causal, scale or None)`: query row s at position
+  start_pos + s attends the first start_pos + S cache rows, or with is_causal those up to its own.
+
+Both read any head layout through strides, with grouped-query heads (query head h reads kv head
+h / (Hq / Hkv)). One invocation computes one query row with an online softmax over the keys: the
+plain kernel for the small attention blocks of encoders and vision models, where the tuned
+flash-attention kernels of kernels/attention/kv_cache_sdpa.py (cache updates, causal LLM decode) do not apply.
+Each tensor is read and written in its own storage type (f32 or f16); the arithmetic is f32.
+"""
+
+import math
+import struct
+
+from pte_wgpu.resize.shapes import broadcast_strides
+
+from ..registry import op
+from ..wgsl import FLAT_INDEX, WG, flat_grid, is_float, type_aliases
+from .kv_cache_sdpa import MAX_HEAD_DIM, online_softmax_step
+
+SDPA_PARAMS = "<6IfI4I4I4I"
+SDPA = f"""
+struct P {{ rows: u32, s: u32, hq: u32, group: u32, dim: u32, keys: u32, scale: f32, causal_pos: u32,
+           qs: vec4<u32>, ks: vec4<u32>, ms: vec4<u32> }}
+@group(0) @binding(0) var<storage, read> q: array<QT>;
+@group(0) @binding(1) var<storage, read> k: array<KT>;
+@group(0) @binding(2) var<storage, read> v: array<VT>;
+MASK_DECL
+@group(0) @binding(OUT) var<storage, read_write> out: array<OT>;
+@group(0) @binding(PARAMS) var<uniform> p: P;
+{FLAT_INDEX}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
+    let i = flat_index(gid, nwg, {WG}u);
+    if (i >= p.rows) {{ return; }}
+    let s = i % p.s;
+    let h = (i / p.s) % p.hq;
+    let b = i / (p.s * p.hq);
+    let qrow = b * p.qs.x + h * p.qs.y + s * p.qs.z;
+    let kbase = b * p.ks.x + (h / p.group) * p.ks.y;
+    let mrow = b * p.ms.x + h * p.ms.y + s * p.ms.z;
+    // causal_pos: 0 for none, else 1 + the position of query row 0
+    let keys = select(p.keys, min(p.keys, p.causal_pos + s), p.causal_pos > 0u);
+    var acc: array<f32, {MAX_HEAD_DIM}>;
+    for (var d = 0u; d < p.dim; d = d + 1u) {{ acc[d] = 0.0; }}
+    var m = -3.0e38;
+    var l = 0.0;
+    for (var j = 0u; j < keys; j = j + 1u) {{
+        let krow = kbase + j * p.ks.z;
+        var dot = 0.0;
+        for (var d = 0u; d < p.dim; d = d + 1u) {{ dot = dot + f32(q[qrow + d]) * f32(k[krow + d]); }}
+        let score = dot * p.scale + MASK;
+{online_softmax_step("p.dim", "f32(v[krow + d])")}
+    }}
+    let orow = b * p.qs.x + h * p.qs.y + s * p.qs.z;
+    for (var d = 0u; d < p.dim; d = d + 1u) {{ out[orow + d] = OT(acc[d] / l); }}
+}}
+"""
+
+
+def _add_sdpa(b, q, k, v, mask, scale, geometry):
+    """Record the kernel; `geometry(ctx)` -> (B, Hq, S, Hkv, L keys, D, q strides (b, h, s),
+    kv strides (b, h, row), causal_pos) from the live shapes."""
+    tensors = dict(QT=q, KT=k, VT=v, OT=b.out, **({"MT": mask} if mask is not None else {}))
+    for vid in tensors.values():
+        if not is_float(b.graph.values[vid].dtype):
+            raise NotImplementedError(f"{b.name}: {b.graph.values[vid].dtype} tensors")
+    bindings = [q, k, v] + ([mask] if mask is not None else [])
+    shader = type_aliases(b.graph.values, **tensors) + (
+        SDPA.replace("MASK_DECL", "@group(0) @binding(3) var<storage, read> mask: array<MT>;" if mask is not None else "")
+        .replace("MASK", "f32(mask[mrow + j * p.ms.w])" if mask is not None else "0.0")
+        .replace("OUT", str(len(bindings)))
+        .replace("PARAMS", str(len(bindings) + 1))
+    )
+    params = b.params(struct.calcsize(SDPA_PARAMS))
+    d = b.dispatch(shader, bindings + [b.out, params])
+
+    def resize(ctx):
+        batch, hq, s, hkv, keys, dim, q_strides, kv_strides, causal_pos = geometry(ctx)
+        if dim > MAX_HEAD_DIM or hq % hkv or ctx.dims(k) != ctx.dims(v):
+            raise ValueError(f"{b.name}: head dim {dim} (max {MAX_HEAD_DIM}), heads {hq}/{hkv} or k, v shapes {ctx.dims(k)}, {ctx.dims(v)}")
+        mask_strides = (0, 0, 0, 0)
+        if mask is not None:
+            scores = (batch, hq, s, keys)
+            shape = ctx.dims(mask)
+            if len(shape) > 4 or any(m not in (1, n) for m, n in zip(shape[::-1], scores[::-1])):
+                raise ValueError(f"{b.name}: a mask of shape {shape} for scores of shape {scores}")
+            mask_strides = broadcast_strides(shape, scores)
+        rows = batch * hq * s
+        data = struct.pack(SDPA_PARAMS, rows, s, hq, hq // hkv, dim, keys, scale(dim), causal_pos, *q_strides, 0, *kv_strides, 0, *mask_strides)
+        ctx.set_params(params, data)
+        ctx.set_grid(d, flat_grid(rows))
+        ctx.set_dims(b.out, ctx.dims(q))
+
+    b.hook(resize)
+
+
+def _scale(given):
+    return lambda dim: 1.0 / math.sqrt(dim) if given is None else float(given)
+
+
+@op("et_vk.sdpa.default", half=True)
+def sdpa(b):
+    """[q, k, v, attn_mask or None, scale or None, out]."""
+    q, k, v = b.args[:3]
+    mask = None if b.is_none(3) else b.args[3]
+
+    def geometry(ctx):
+        (batch, hq, s, dim), (_, hkv, keys, _) = ctx.dims(q), ctx.dims(k)
+        return batch, hq, s, hkv, keys, dim, (hq * s * dim, s * dim, dim), (hkv * keys * dim, keys * dim, dim), 0
+
+    _add_sdpa(b, q, k, v, mask, _scale(b.scalar(4, None)), geometry)
+
+
+@op("custom_sdpa.default", "llama.custom_sdpa.default", half=True)
+def custom_sdpa(b):
+    """[q, k_cache, v_cache, start_pos, attn_mask (None), dropout_p (0), is_causal, scale, out]."""
+    q, k, v, start_pos = b.args[:4]
+    if not b.is_none(4):
+        raise NotImplementedError(f"{b.name}: an explicit attn_mask")
+    if b.scalar(5, 0.0):
+        raise NotImplementedError(f"{b.name}: dropout")
+    causal = bool(b.scalar(6, False))
+
+    def geometry(ctx):
+        (batch, s, hq, dim), (_, context, hkv, _) = ctx.dims(q), ctx.dims(k)
+        pos = ctx.int_value(start_pos)
+        if pos < 0 or pos + s > context:
+            raise ValueError(f"{b.name}: positions {pos}..{pos + s - 1} do not fit the cache of {context}")
+        kv_strides = (context * hkv * dim, dim, hkv * dim)
+        return batch, hq, s, hkv, pos + s, dim, (s * hq * dim, dim, hq * dim), kv_strides, pos + 1 if causal else 0
+
+    _add_sdpa(b, q, k, v, None, _scale(b.scalar(7, None)), geometry)

@@ -1,0 +1,319 @@
+"""The register-tiled GEMM template, shared by every product that runs as tiles (linear, mm, bmm,
+addmm, the fused linears' prefill, 4-bit weights), and its split-K reduce.
+
+out[b, m, n] = epilogue(sum_k A[b, m, k] * B[b, k, n]): a 64x64 output tile per 16x16 workgroup,
+each invocation a 4x4 register tile (rows 4 * lid.y.., columns 4 * lid.x..). A and B go through
+workgroup memory in K steps of 16 as vec4s of 4 rows (columns of B), rows padded to 17 vec4s
+against bank conflicts. Each invocation loads one vec4 of each per step; the next step's loads are
+issued before this step's products, so their latency hides behind the arithmetic. A product with
+few tiles (a prompt of a few hundred rows on a GPU with over a hundred cores) also splits K
+(`gemm_split`): workgroup z = (batch, split) sums one K range into the op's scratch, and
+GEMM_REDUCE adds the ranges in split order and applies the epilogue. H100, SmolLM2 shapes: 1.5-2x
+the 64x64 kernel this replaced at 512-2047 rows, before splitting.
+
+How the tiles are read is a parameter, a `TileLoad`: WGSL functions `a_at(off, m, k, kend)` and
+`b_at(off, n, k, kend)` giving one element of A and B (0 outside the product), and so a plain
+load (f32 or f16 storage), a 4-bit dequantizing load (kernels/matmul/q4_linear.py), an implicit im2col
+load (kernels/vision/conv_gemm.py), and later int8 loads. Whatever the storage, the tiles, sums and
+split-K's scratch are f32; `epilogue` ends with an optional clamp (a fused activation) and converts
+to the output's storage type.
+"""
+
+import struct
+from dataclasses import dataclass
+
+from pte_wgpu.resize.shapes import MAX_WORKGROUPS, numel_of
+from pte_wgpu.resize.values import Tensor
+
+from ..wgsl import FLAT_INDEX, WG, flat_grid
+
+# The uniform, defined once: (name, WGSL type); struct.pack format follows from the type.
+FIELDS = (
+    ("M", "u32"), ("N", "u32"), ("K", "u32"), ("batch", "u32"),
+    ("a_bs", "u32"), ("b_bs", "u32"), ("c_bs", "u32"), ("bias_bs", "u32"),
+    ("bias_sm", "u32"), ("bias_sn", "u32"), ("alpha", "f32"), ("beta", "f32"),
+    ("splits", "u32"), ("kspan", "u32"),
+)  # fmt: skip
+PARAMS_FORMAT = "<" + "".join("I" if t == "u32" else "f" for _, t in FIELDS)
+PARAMS_SIZE = struct.calcsize(PARAMS_FORMAT)  # 56
+STRUCT = "struct P { " + ", ".join(f"{n}: {t}" for n, t in FIELDS) + " }"
+
+BM, BN, BK = 64, 64, 16  # GEMM tile
+# Split K while a product has fewer than SPLIT_TARGET workgroups, into at most MAX_SPLITS ranges
+# of at least MIN_SPLIT_K. The splits' sums then take at most SPLIT_TARGET * BM * BN floats.
+SPLIT_TARGET, MAX_SPLITS, MIN_SPLIT_K = 256, 8, 64
+
+
+def params_bytes(m, n, k, batch=1, a_bs=0, b_bs=0, bias=(0, 0, 0), alpha=1.0, beta=1.0, split=(1, 0)):
+    """The uniform P of one product; `bias` is its (batch, row, column) strides, `split` (splits, kspan)."""
+    splits, kspan = split
+    return struct.pack(PARAMS_FORMAT, m, n, k, batch, a_bs, b_bs, m * n, *bias, alpha, beta, splits, kspan or max(k, 1))
+
+
+def bindings(inputs, has_bias, uniform="p: P", scratch=False, bias="f32", out="f32"):
+    """WGSL binding lines in order: `inputs` ((name, WGSL element type), read), bias, out (of
+    storage types `bias` and `out`), the `uniform` and split-K's scratch `part`. The products'
+    GEMVs bind the same way."""
+    lines = [f"@group(0) @binding({i}) var<storage, read> {name}: array<{t}>;" for i, (name, t) in enumerate(inputs)]
+    n = len(inputs)
+    if has_bias:
+        lines.append(f"@group(0) @binding({n}) var<storage, read> bias: array<{bias}>;")
+        n += 1
+    lines.append(f"@group(0) @binding({n}) var<storage, read_write> out: array<{out}>;")
+    lines.append(f"@group(0) @binding({n + 1}) var<uniform> {uniform};")
+    if scratch:
+        lines.append(f"@group(0) @binding({n + 2}) var<storage, read_write> part: array<f32>;")
+    return lines
+
+
+def header(has_bias, inputs, scratch=False, bias="f32", out="f32", clamp=None, residual=False, store=None):
+    """The uniform P, `bindings`, `epilogue(acc, b, m, n)`: alpha * acc (+ beta * bias) in f32,
+    clamped to `clamp` (lo, hi) if given, converted to the output's storage type `out` (with
+    `residual`, alpha * acc is rounded to `out` before the bias, a residual, is added, as the add
+    that a fused 4-bit residual linear replaced read it), and `store(b, m, n, acc)`, which writes
+    an output element: `store` if given (WGSL), else out[b, m, n] = epilogue(acc, b, m, n)."""
+    lines = [STRUCT + ";", *bindings(inputs, has_bias, scratch=scratch, bias=bias, out=out)]
+    value = f"f32({out}(p.alpha * acc))" if residual else "p.alpha * acc"
+    value += " + p.beta * f32(bias[b * p.bias_bs + m * p.bias_sm + n * p.bias_sn])" if has_bias else ""
+    if clamp is not None:
+        value = f"clamp({value}, {float(clamp[0])!r}, {float(clamp[1])!r})"
+    lines.append(f"fn epilogue(acc: f32, b: u32, m: u32, n: u32) -> {out} {{ return {out}({value}); }}")
+    lines.append(store or "fn store(b: u32, m: u32, n: u32, acc: f32) { out[b * p.c_bs + m * p.N + n] = epilogue(acc, b, m, n); }")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class TileLoad:
+    """How the template reads A and B. `inputs`: the operand bindings, (name, WGSL element type);
+    `functions`: WGSL defining a_at and b_at (and anything they use; GemmRoute's `extra_wgsl`
+    declares bindings past the scratch); `b_along_k`: B's neighbouring elements lie along K (an [N, K]
+    weight), so neighbouring invocations load along K; `setup`: statements run once per
+    invocation before the K loop, knowing `a_row0` and `b_col0`, the first of the 4 A rows and of
+    the 4 B columns it loads."""
+
+    inputs: tuple
+    functions: str
+    b_along_k: bool
+    setup: str = ""
+
+
+# A [M, K], rows of K, as f32 (float_load's and column_group's A)
+FLOAT_A_AT = """
+fn a_at(off: u32, m: u32, k: u32, kend: u32) -> f32 {
+    if (m < p.M && k < kend) { return f32(a[off + m * p.K + k]); }
+    return 0.0;
+}
+"""
+
+
+def float_load(transposed_b, a="f32", b="f32"):
+    """A [M, K] and B, an [N, K] weight (`transposed_b`) or a [K, N] matrix, stored as WGSL types
+    `a` and `b` (f32 or f16), loaded as f32."""
+    b_index = "n * p.K + k" if transposed_b else "k * p.N + n"
+    return TileLoad(
+        inputs=(("a", a), ("bm", b)),
+        functions=FLOAT_A_AT
+        + f"""
+fn b_at(off: u32, n: u32, k: u32, kend: u32) -> f32 {{
+    if (n < p.N && k < kend) {{ return f32(bm[off + {b_index}]); }}
+    return 0.0;
+}}
+""",
+        b_along_k=transposed_b,
+    )
+
+
+def column_group(x, weights, ns):
+    """(TileLoad, `store` WGSL) of products out_j = x @ w_j.T as one product over their columns
+    side by side: column n of the whole is row n - s_j of w_j (an [N_j, K] weight), s_j the N of
+    the products before it, and goes to out_j, bound as `out` (j = 0) and `out1`, `out2`, ...
+    (GemmRoute's `more_outs`). `x`, `weights`: WGSL storage types; `ns`: the N_j; rows of one
+    batch (a linear's M is every leading dim)."""
+    ends = [sum(ns[: j + 1]) for j in range(len(ns))]
+    starts = [0, *ends[:-1]]
+    reads = "".join(
+        f"    if (n < {e}u) {{ return f32(w{j}[off + (n - {s}u) * p.K + k]); }}\n" for j, (s, e) in enumerate(zip(starts, ends))
+    )
+    names = ["out", *(f"out{j}" for j in range(1, len(ns)))]
+    writes = " else ".join(
+        f"if (n < {e}u) {{ {name}[m * {size}u + n - {s}u] = epilogue(acc, b, m, n); }}"
+        for name, s, e, size in zip(names, starts, ends, ns)
+    )
+    load = TileLoad(
+        inputs=(("a", x), *((f"w{j}", t) for j, t in enumerate(weights))),
+        functions=FLOAT_A_AT
+        + f"""
+fn b_at(off: u32, n: u32, k: u32, kend: u32) -> f32 {{
+    if (k >= kend) {{ return 0.0; }}
+{reads}    return 0.0;
+}}
+""",
+        b_along_k=True,
+    )
+    return load, f"fn store(b: u32, m: u32, n: u32, acc: f32) {{ {writes} }}"
+
+
+QUADS = """
+fn a_quad(off: u32, m: u32, k: u32, kend: u32) -> vec4<f32> {
+    return vec4<f32>(a_at(off, m, k, kend), a_at(off, m + 1u, k, kend), a_at(off, m + 2u, k, kend), a_at(off, m + 3u, k, kend));
+}
+fn b_quad(off: u32, n: u32, k: u32, kend: u32) -> vec4<f32> {
+    return vec4<f32>(b_at(off, n, k, kend), b_at(off, n + 1u, k, kend), b_at(off, n + 2u, k, kend), b_at(off, n + 3u, k, kend));
+}
+"""
+# Which (column quad, k) of the B tile invocation li loads: along K for an [N, K] weight, along N
+# for a [K, N] matrix (so that neighbouring invocations read neighbouring addresses).
+B_SLOT_ALONG_K = "let bn4 = li / 16u; let bk = li % 16u;"
+B_SLOT_ALONG_N = "let bn4 = li % 16u; let bk = li / 16u;"
+
+GEMM = """
+var<workgroup> As: array<vec4<f32>, 272>;  // [k][m / 4], 16 x 17
+var<workgroup> Bs: array<vec4<f32>, 272>;  // [k][n / 4]
+
+@compute @workgroup_size(16, 16)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    let b = wid.z / p.splits;
+    let split = wid.z % p.splits;
+    let m0 = wid.y * 64u;
+    let n0 = wid.x * 64u;
+    let aoff = b * p.a_bs;
+    let boff = b * p.b_bs;
+    let kbeg = split * p.kspan;
+    let kend = min(p.K, kbeg + p.kspan);
+    let am4 = li / 16u;  // this invocation's loads: rows 4 * am4.. of A at k am, and B's slot
+    let ak = li % 16u;
+    {B_SLOT}
+{SETUP}
+    var ra = a_quad(aoff, m0 + 4u * am4, kbeg + ak, kend);
+    var rb = b_quad(boff, n0 + 4u * bn4, kbeg + bk, kend);
+    var c0 = vec4<f32>(0.0);
+    var c1 = vec4<f32>(0.0);
+    var c2 = vec4<f32>(0.0);
+    var c3 = vec4<f32>(0.0);
+    for (var k0 = kbeg; k0 < kend; k0 = k0 + 16u) {
+        As[ak * 17u + am4] = ra;
+        Bs[bk * 17u + bn4] = rb;
+        workgroupBarrier();
+        ra = a_quad(aoff, m0 + 4u * am4, k0 + 16u + ak, kend);
+        rb = b_quad(boff, n0 + 4u * bn4, k0 + 16u + bk, kend);
+        for (var k = 0u; k < 16u; k = k + 1u) {
+            let x = As[k * 17u + lid.y];
+            let y = Bs[k * 17u + lid.x];
+            c0 = c0 + x.x * y;
+            c1 = c1 + x.y * y;
+            c2 = c2 + x.z * y;
+            c3 = c3 + x.w * y;
+        }
+        workgroupBarrier();
+    }
+    let total = p.batch * p.M * p.N;
+    let n = n0 + 4u * lid.x;
+    for (var i = 0u; i < 4u; i = i + 1u) {
+        let m = m0 + 4u * lid.y + i;
+        if (m >= p.M) { break; }
+        var row = c0;
+        if (i == 1u) { row = c1; } else if (i == 2u) { row = c2; } else if (i == 3u) { row = c3; }
+        for (var j = 0u; j < 4u; j = j + 1u) {
+            if (n + j < p.N) {
+                if (p.splits == 1u) {
+                    store(b, m, n + j, row[j]);
+                } else {
+                    part[split * total + (b * p.M + m) * p.N + n + j] = row[j];
+                }
+            }
+        }
+    }
+}
+"""
+
+# Split-K's second dispatch: one invocation per output adds its K ranges in order.
+GEMM_REDUCE = f"""
+{FLAT_INDEX}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
+    let i = flat_index(gid, nwg, {WG}u);
+    let total = p.batch * p.M * p.N;
+    if (i >= total) {{ return; }}
+    var acc = 0.0;
+    for (var s = 0u; s < p.splits; s = s + 1u) {{ acc = acc + part[s * total + i]; }}
+    let b = i / (p.M * p.N);
+    let m = (i / p.N) % p.M;
+    store(b, m, i % p.N, acc);
+}}
+"""
+
+
+def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, residual=False, store=None):
+    """The template with `load`'s tile reads; `extra`: WGSL bindings after the scratch; `bias` and
+    `out` their storage types; `clamp`: the epilogue's (lo, hi); `store`: header's."""
+    setup = "    let a_row0 = m0 + 4u * am4;\n    let b_col0 = n0 + 4u * bn4;\n" + load.setup if load.setup else ""
+    body = GEMM.replace("{B_SLOT}", B_SLOT_ALONG_K if load.b_along_k else B_SLOT_ALONG_N).replace("{SETUP}", setup)
+    head = header(has_bias, load.inputs, scratch=True, bias=bias, out=out, clamp=clamp, residual=residual, store=store)
+    return head + extra + load.functions + QUADS + body
+
+
+def gemm_reduce_shader(has_bias, bias="f32", out="f32", clamp=None, residual=False, store=None, extra=""):
+    """Split-K's reduce; `extra`: WGSL bindings after the uniform (those `store` writes)."""
+    return header(has_bias, (("part", "f32"),), bias=bias, out=out, clamp=clamp, residual=residual, store=store) + extra + GEMM_REDUCE
+
+
+def gemm_split(m, n, k, batch):
+    """(splits, K per split) of a product: more workgroups for a GPU a few tiles leave idle."""
+    tiles = -(-n // BN) * -(-m // BM) * batch
+    splits = max(1, min(MAX_SPLITS, SPLIT_TARGET // tiles, k // MIN_SPLIT_K))
+    kspan = -(-k // splits // BK) * BK if splits > 1 else max(k, 1)
+    return -(-k // kspan) if splits > 1 else 1, kspan
+
+
+def gemm_grid(name, m, n, batch, splits=1):
+    """(N tiles, M tiles, batch * splits); ValueError past the per-dimension workgroup limit."""
+    grid = (-(-n // BN), -(-m // BM), batch * splits)
+    if max(grid) > MAX_WORKGROUPS:
+        raise ValueError(f"{name}: GEMM grid {grid} exceeds {MAX_WORKGROUPS} workgroups per dimension")
+    return grid
+
+
+def gemm_scratch(b, outs, together=False):
+    """Split-K's scratch for an op whose products (run one after another; `together`: as one,
+    column_group) write `outs`: room for the splits' sums of the largest (of all), at most
+    SPLIT_TARGET * BM * BN floats (gemm_split's bound). A value of the op alone, so the memory
+    planner lets every op's scratch share one buffer."""
+    sizes = [numel_of(b.graph.values[o].dims) for o in outs]
+    most = sum(sizes) if together else max(sizes)
+    vid = len(b.graph.values)
+    b.graph.values.append(Tensor("float32", (max(1, min(SPLIT_TARGET * BM * BN, MAX_SPLITS * most)),)))
+    b.writes(vid)
+    return vid
+
+
+class GemmRoute:
+    """The GEMM route of one product: its dispatch, reading through `load`, and split-K's reduce
+    over `scratch` (gemm_scratch); `extra` are bindings after the scratch (WGSL `extra_wgsl`);
+    `clamp` the epilogue's (lo, hi) or None; `residual`, `store`: header's; `more_outs`: outputs
+    that `store` writes besides `out`, bound last as out1, out2, ... (column_group)."""
+
+    def __init__(self, b, load, inputs, bias, out, params, scratch, extra=(), extra_wgsl="", clamp=None, residual=False, store=None, more_outs=()):
+        self.name = b.name
+        tail = [bias] if bias is not None else []
+        epilogue = {"bias": b.storage(bias) if tail else "f32", "out": b.storage(out), "clamp": clamp, "residual": residual, "store": store}
+        more = lambda first: "".join(  # noqa: E731
+            f"@group(0) @binding({first + j}) var<storage, read_write> out{j + 1}: array<{b.storage(o)}>;\n" for j, o in enumerate(more_outs)
+        )
+        shader = gemm_shader(load, bias is not None, extra_wgsl + more(len(inputs) + len(tail) + 3 + len(extra)), **epilogue)
+        self.gemm = b.dispatch(shader, [*inputs, *tail, out, params, scratch, *extra, *more_outs])
+        reduce = gemm_reduce_shader(bias is not None, extra=more(len(tail) + 3), **epilogue)
+        self.reduce = b.dispatch(reduce, [scratch, *tail, out, params, *more_outs])
+
+    def set(self, ctx, shape, on):
+        """As a variant's route (kernels/variants.py), for a shape with m, n, k and batch."""
+        splits, _ = self.plan(shape.m, shape.n, shape.k, shape.batch, on)
+        self.set_grids(ctx, shape.m, shape.n, shape.batch, splits, on)
+
+    def plan(self, m, n, k, batch, on=True):
+        """(splits, kspan) for the uniform; (1, K) when the route is off."""
+        return gemm_split(m, n, k, batch) if on else (1, max(k, 1))
+
+    def set_grids(self, ctx, m, n, batch, splits, on=True):
+        ctx.set_grid(self.gemm, gemm_grid(self.name, m, n, batch, splits) if on else (0, 0, 0))
+        ctx.set_grid(self.reduce, flat_grid(batch * m * n) if on and splits > 1 else (0, 0, 0))

@@ -1,0 +1,610 @@
+"""Matrix multiplication: linear, mm, bmm and addmm, with a GEMV route and a GEMM route.
+
+Every op is one batched product out[b, m, n] = alpha * sum_k A[b, m, k] * B[b, k, n] + beta * bias,
+where B is either row-major [K, N] (mm, bmm, addmm) or a transposed [N, K] weight (linear). Which
+layout is fixed at build time; M, N, K and the batch come from live shapes through one uniform.
+
+Each op records a route group the hook picks from by the live row count:
+- GEMV (M == 1, decode; and up to GEMV_MAX_ROWS rows with an [N, K] weight): a 256-thread workgroup
+  reduces over K for a few outputs in shared memory; for a [N, K] weight, 4 weight rows per
+  workgroup with the input row reused from registers; for a [K, N] matrix, 32 columns per
+  workgroup with K split over 8 slices.
+- GEMM (more rows, prefill): kernels/matmul/gemm.py's register-tiled template with fp32 tile loads.
+The unused route gets a (0, 0, 0) grid.
+
+Each operand and the output is stored as its tensor's type (f32, or f16 for float16: `Storage`);
+every kernel converts at the load and the store and sums in f32.
+
+Kept as one module past 400 lines: the GEMV kernels and the route table of every product live together (the fused linears build on them).
+"""
+
+import struct
+from dataclasses import dataclass
+
+from pte_wgpu.resize.shapes import MAX_WORKGROUPS, broadcast_strides, fold_grid, numel_of
+
+from ..registry import op
+from ..variants import ANY, CPU_ONLY, GPU_ONLY, Routes, Variant
+from ..wgsl import SUBGROUP_BUILTINS, is_float, vec4_loader, vec4_type
+from .gemm import PARAMS_FORMAT, PARAMS_SIZE, GemmRoute, float_load, gemm_scratch, gemm_split, header
+from .routes import GEMV_MAX_ROWS, GEMV_T4_MIN_N, gpu_gemv_rows
+
+
+@dataclass(frozen=True)
+class Storage:
+    """The WGSL storage types of a product's A, B, bias and output (f32 or f16 each)."""
+
+    a: str = "f32"
+    b: str = "f32"
+    bias: str = "f32"
+    out: str = "f32"
+
+
+F32 = Storage()
+
+GEMV_ROWS = 4  # outputs per workgroup, [N, K] weight
+GEMV_COLS, GEMV_SLICES = 32, 8  # outputs per workgroup and K slices, [K, N] matrix
+GEMV_GROUP_ROWS = 8
+
+
+# [N, K] weights: each workgroup computes 4 outputs (weight rows) for up to GEMV_GROUP_ROWS input
+# rows, the weight element reused across the rows; rows past N are clamped to N - 1 (valid memory)
+# and never written. `kernels/matmul/fused_linear.py` builds its fused products from the same pieces.
+# The accumulators' sums: one shared-memory tree sums TREE_WIDTH of them at once (4 x 256 vec4s
+# is 16 KiB, WebGPU's default workgroup storage), each in the same order as a tree of its own.
+# Per-row trees cost ~9 barriers a row, which dominated a GEMV of 8 rows.
+TREE_WIDTH = 4
+GEMV_REDUCE = f"""
+var<workgroup> red: array<vec4<f32>, {TREE_WIDTH * 256}>;
+"""
+
+
+def _trees(accs, rows_first, partners=False):
+    """Sum `accs` (WGSL vec4 names) over the workgroup, TREE_WIDTH per tree; thread li < 4 gets lane
+    li of each in v<name> (with `partners`, lane li ^ 1 in pair<name> too: the other of its pair).
+    A tree runs only if its first accumulator's row `rows_first[i]` is live."""
+    lines = [f"var {p}{acc} = 0.0;" for acc in accs for p in (("v", "pair") if partners else ("v",))]
+    for c in range(0, len(accs), TREE_WIDTH):
+        chunk = accs[c : c + TREE_WIDTH]
+        slots = [f"red[{i * 256}u + li]" for i in range(len(chunk))]
+        adds = " ".join(f"{x} = {x} + red[{i * 256}u + li + s];" for i, x in enumerate(slots))
+        lines.append(f"if ({rows_first[c]}u < rows) {{")
+        lines += [f"    {x} = {acc};" for x, acc in zip(slots, chunk)]
+        lines.append("    workgroupBarrier();")
+        lines.append(f"    for (var s = 128u; s > 0u; s = s >> 1u) {{ if (li < s) {{ {adds} }} workgroupBarrier(); }}")
+        lines += [f"    v{acc} = red[{i * 256}u][min(li, 3u)];" for i, acc in enumerate(chunk)]
+        lines += [f"    pair{acc} = red[{i * 256}u][min(li, 3u) ^ 1u];" for i, acc in enumerate(chunk) if partners]
+        lines.append("    workgroupBarrier();")
+        lines.append("}")
+    return lines
+
+
+def gemv_t_body(weights, n, k, store, base="0u", scale=None, group_rows=GEMV_GROUP_ROWS, partners=False):
+    """WGSL statements of the [N, K]-weight GEMV for the weight bindings `weights` (N rows of `n`,
+    K of `k`, from `base`): one accumulator variable per (weight, row), written out (a private
+    array indexed in a loop can spill to local memory). Expects `n0`, `rows`, `aoff` and `li`;
+    `store(r)` is the statement that writes row r's output n from lanes v0, v1, ... (one a weight;
+    with `partners`, pair0, pair1, ... hold output n ^ 1, the other of its pair: n0 is a multiple of 4).
+    `scale(r, i, x)`, if given, turns input element i of row r, loaded as f32 expression x, into
+    what is multiplied (a fused norm). The kernel
+    takes `group_rows` input rows per workgroup."""
+    rows = range(group_rows)
+    lines = []
+    for j, w in enumerate(weights):
+        lines += [f"let {w}_{i} = {base} + min(n0 + {i}u, {n} - 1u) * {k};" for i in range(4)]
+        lines += [f"var acc{j}_{r} = vec4<f32>(0.0);" for r in rows]
+    lines.append(f"for (var k = li; k < {k}; k = k + 256u) {{")
+    for j, w in enumerate(weights):
+        lines.append(f"    let wv{j} = vec4<f32>({', '.join(f'f32({w}[{w}_{i} + k])' for i in range(4))});")
+    for r in rows:
+        fma = " ".join(f"acc{j}_{r} = acc{j}_{r} + x * wv{j};" for j in range(len(weights)))
+        x = f"f32(a[aoff + {r}u * {k} + k])"
+        x = scale(r, "k", x) if scale else x
+        lines.append(f"    if ({r}u < rows) {{ let x = {x}; {fma} }}")
+    lines.append("}")
+    order = [(j, r) for r in rows for j in range(len(weights))]
+    lines += _trees([f"acc{j}_{r}" for j, r in order], [r for _, r in order], partners)
+    for r in rows:
+        lanes = " ".join(f"let {p}{j} = {p}acc{j}_{r};" for j in range(len(weights)) for p in (("v", "pair") if partners else ("v",)))
+        lines.append(f"if ({r}u < rows) {{ {lanes} let n = n0 + li; if (li < 4u && n < {n}) {{ {store(r)} }} }}")
+    return "\n    ".join(lines)
+
+
+def rows_main(size, group_rows, builtins=""):
+    """The [N, K] GEMVs' entry: workgroup z is (batch b, group of rows from r0, `rows` of them live).
+    `builtins`: more entry-point arguments (SUBGROUP_BUILTINS)."""
+    return f"""
+@compute @workgroup_size({size})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32{builtins}) {{
+    let groups = (p.M + {group_rows}u - 1u) / {group_rows}u;  // z runs over (batch, group of rows)
+    let b = wid.z / groups;
+    let r0 = (wid.z % groups) * {group_rows}u;
+    let rows = min({group_rows}u, p.M - r0);
+"""
+
+
+GEMV_ROWS_MAIN = rows_main(256, GEMV_GROUP_ROWS)
+
+GEMV_T = GEMV_REDUCE + GEMV_ROWS_MAIN + f"""    let n0 = (wid.x + wid.y * nwg.x) * 4u;
+    let aoff = b * p.a_bs + r0 * p.K;
+    {gemv_t_body(["bm"], "p.N", "p.K", lambda r: f"out[b * p.c_bs + (r0 + {r}u) * p.N + n] = epilogue(v0, b, r0 + {r}u, n);", "b * p.b_bs")}
+}}
+"""
+
+# [N, K] weights with K a multiple of 4 (aten.linear's decode route): 32 weight rows per workgroup,
+# 8 invocations a row, each summing every 8th vec4 of its row for up to GEMV_GROUP_ROWS input rows,
+# then the 8 partial sums of a row added in a fixed order. A row's sum does not depend on how many
+# rows the pass has, so a ragged batch's rows are bitwise what each row gets alone. Against the
+# 4-rows-per-workgroup kernel above (a 256-wide tree of barriers for 4 outputs): the 113 MB
+# SmolLM2 LM head 124 -> 49 us on an H100 (0.9 -> 2.3 TB/s). With few rows (N / 32 workgroups)
+# it is slower: a 576 x 1536 weight 7.6 -> 27 us. So only N >= GEMV_T4_MIN_N takes it (a fixed
+# choice per weight, whatever the row count).
+# An f16 weight with K a multiple of 8 is read 8 weights (16 bytes) a load, as a vec4<u32> of f16
+# pairs: a vec4<f16> load moves half the bytes of the f32 kernel's vec4 per loop step.
+GEMV_T4_ROWS, GEMV_T4_LANES = 32, 8
+# The loop step's weight load and each row's accumulation, per weights a load (4 or 8).
+T4_STEPS = {
+    4: ("let w = vec4<f32>(bm[w0 + kv]);", "w * row_of_a(x)"),
+    8: (
+        (
+            "let u = bm[w0 + kv]; let w = vec4<f32>(unpack2x16float(u.x), unpack2x16float(u.y)); "
+            "let w1 = vec4<f32>(unpack2x16float(u.z), unpack2x16float(u.w));"
+        ),
+        "w * row_of_a(x) + w1 * row_of_a(x + 4u)",
+    ),
+}
+
+
+def gemv_t4(step):
+    """The vec4 GEMV's WGSL, `step` weights a load (T4_STEPS)."""
+    load, fma = T4_STEPS[step]
+    return f"""
+var<workgroup> red: array<f32, {256 * GEMV_GROUP_ROWS}>;
+
+fn row_of_a(i: u32) -> vec4<f32> {{ return vec4<f32>(f32(a[i]), f32(a[i + 1u]), f32(a[i + 2u]), f32(a[i + 3u])); }}
+""" + GEMV_ROWS_MAIN + f"""    let lane = li % {GEMV_T4_LANES}u;
+    let n = (wid.x + wid.y * nwg.x) * {GEMV_T4_ROWS}u + li / {GEMV_T4_LANES}u;
+    let kvs = p.K / {step}u;
+    let w0 = b * p.b_bs / {step}u + min(n, p.N - 1u) * kvs;
+    let aoff = b * p.a_bs + r0 * p.K;
+    {"".join(f"var acc{r} = vec4<f32>(0.0);{chr(10)}    " for r in range(GEMV_GROUP_ROWS))}
+    for (var kv = lane; kv < kvs; kv = kv + {GEMV_T4_LANES}u) {{
+        {load}
+        {"".join(f"if ({r}u < rows) {{ let x = aoff + {r}u * p.K + {step}u * kv; acc{r} = acc{r} + {fma}; }}{chr(10)}        " for r in range(GEMV_GROUP_ROWS))}
+    }}
+    {"".join(f"red[{r * 256}u + li] = (acc{r}.x + acc{r}.y) + (acc{r}.z + acc{r}.w);{chr(10)}    " for r in range(GEMV_GROUP_ROWS))}
+    workgroupBarrier();
+    let at = li % {GEMV_T4_ROWS}u * {GEMV_T4_LANES}u;  // invocation li adds row li % 32's lanes for input row li / 32
+    let r = li / {GEMV_T4_ROWS}u;
+    let o = (wid.x + wid.y * nwg.x) * {GEMV_T4_ROWS}u + li % {GEMV_T4_ROWS}u;
+    if (r < rows && o < p.N) {{
+        let e = r * 256u + at;
+        let v = ((red[e] + red[e + 1u]) + (red[e + 2u] + red[e + 3u])) + ((red[e + 4u] + red[e + 5u]) + (red[e + 6u] + red[e + 7u]));
+        out[b * p.c_bs + (r0 + r) * p.N + o] = epilogue(v, b, r0 + r, o);
+    }}
+}}
+"""
+
+
+GEMV_N = """
+var<workgroup> red: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    let b = wid.z;
+    let c = li % 32u;
+    let s = li / 32u;
+    let n = (wid.x + wid.y * nwg.x) * 32u + c;
+    let col = b * p.b_bs + min(n, p.N - 1u);
+    let aoff = b * p.a_bs;
+    var acc = 0.0;
+    for (var k = s; k < p.K; k = k + 8u) {
+        acc = acc + f32(a[aoff + k]) * f32(bm[col + k * p.N]);
+    }
+    red[li] = acc;
+    workgroupBarrier();
+    for (var h = 128u; h >= 32u; h = h >> 1u) {
+        if (li < h) { red[li] = red[li] + red[li + h]; }
+        workgroupBarrier();
+    }
+    if (li < 32u && n < p.N) { out[b * p.c_bs + n] = epilogue(red[li], b, 0u, n); }
+}
+"""
+
+
+# CPU adapters (kernels/variants.py): one invocation per output, its whole sum over K in registers,
+# no workgroup memory and no barrier. For an [N, K] weight, invocation n reads weight row n as
+# vec4 steps (lane c of the accumulator sums k = c mod 4), reused for the group's input rows, then
+# the 4 lanes and the K % 4 tail in a fixed order: a row's sum does not depend on the pass's other
+# rows. `kernels/matmul/fused_linear.py` builds its fused CPU products from the same body.
+CPU_WG = 64  # invocations (outputs) per workgroup
+# Input rows per invocation: side by side on lavapipe (2 cores, 1536 x 576, M = 1), one row took
+# 11 ms against 20 for a group of 8 (the group's branches and accumulators), and a decode step is
+# one row. A ragged pass of several rows reads each weight row once per input row.
+CPU_GROUP_ROWS = 1
+
+
+def gemv_t_cpu_body(weights, n, k, store, base="0u", scale=None, group_rows=CPU_GROUP_ROWS):
+    """`gemv_t_body`'s CPU variant, with the same arguments; expects `n` (this invocation's output,
+    possibly past the last: clamped for reads, not written), `rows` and `aoff`. `scale(r, i, x)`
+    turns input element i of row r, loaded as x."""
+    rows = range(group_rows)
+    lines = []
+    for j, w in enumerate(weights):
+        lines.append(f"let {w}_row = {base} + min(n, {n} - 1u) * {k};")
+        lines += [f"var acc{j}_{r} = vec4<f32>(0.0);" for r in rows]
+
+    def x_at(r, i):
+        x = f"f32(a[aoff + {r}u * {k} + {i}])"
+        return scale(r, i, x) if scale else x
+
+    lines.append(f"let k4 = {k} / 4u * 4u;")
+    lines.append("for (var k = 0u; k < k4; k = k + 4u) {")
+    for j, w in enumerate(weights):
+        lines.append(f"    let wv{j} = vec4<f32>({', '.join(f'f32({w}[{w}_row + k + {c}u])' for c in range(4))});")
+    for r in rows:
+        x = ", ".join(x_at(r, f"k + {c}u") for c in range(4))
+        fma = " ".join(f"acc{j}_{r} = acc{j}_{r} + x * wv{j};" for j in range(len(weights)))
+        lines.append(f"    if ({r}u < rows) {{ let x = vec4<f32>({x}); {fma} }}")
+    lines.append("}")
+    for j in range(len(weights)):
+        lines += [f"var v{j}_{r} = (acc{j}_{r}.x + acc{j}_{r}.y) + (acc{j}_{r}.z + acc{j}_{r}.w);" for r in rows]
+    lines.append(f"for (var k = k4; k < {k}; k = k + 1u) {{")
+    for r in rows:
+        adds = " ".join(f"v{j}_{r} = v{j}_{r} + x * f32({w}[{w}_row + k]);" for j, w in enumerate(weights))
+        lines.append(f"    if ({r}u < rows) {{ let x = {x_at(r, 'k')}; {adds} }}")
+    lines.append("}")
+    for r in rows:
+        lanes = " ".join(f"let v{j} = v{j}_{r};" for j in range(len(weights)))
+        lines.append(f"if ({r}u < rows && n < {n}) {{ {lanes} {store(r)} }}")
+    return "\n    ".join(lines)
+
+
+GEMV_T_CPU = rows_main(CPU_WG, CPU_GROUP_ROWS) + f"""    let n = (wid.x + wid.y * nwg.x) * {CPU_WG}u + li;
+    let aoff = b * p.a_bs + r0 * p.K;
+    {gemv_t_cpu_body(["bm"], "p.N", "p.K", lambda r: f"out[b * p.c_bs + (r0 + {r}u) * p.N + n] = epilogue(v0, b, r0 + {r}u, n);", "b * p.b_bs")}
+}}
+"""
+
+# CPU adapters with subgroups, an [N, K] weight with K a multiple of 4: the lanes of a subgroup
+# walk one weight row together, lane l reading vec4s l, l + S, .. (S the subgroup size), so the
+# lanes' loads are neighbours, not one row each; a subgroup takes several weight rows and input
+# rows at once (a shape, below), each vec4 it loads used for all of the other kind, and
+# subgroupAdd sums each output's lanes. An output's sum is the same whatever the shape and the
+# other rows of the pass. A workgroup takes CPU_WG / SG_LANES groups of weight rows whatever S
+# is: subgroup s takes groups s, s + CPU_WG / S, ..
+# On lavapipe (Mesa 22.3) every load of a storage buffer is a loop over the SIMD lanes, one scalar
+# load per lane and component, so what counts is vec4 loads and how many products each feeds.
+# Micro-benchmarks, CPU time of the process (2 cores shared with other work; weights read per
+# CPU-second): one row by the LM head (49152 x 576) 37 ms, 3.1 GB/s, at 4 weight rows a subgroup,
+# against 108 ms, 1.05 GB/s, for one invocation a weight row (GEMV_T_CPU); 1536 x 576 and
+# 576 x 1536 2.7 against 1.2 and 1.0 GB/s. 64 x 576 by 1536 x 576 (input rows x weight rows a
+# subgroup): 1 x 4 69 ms, 4 x 4 48 ms, 8 x 4 29 ms, 4 x 8 26 ms, 8 x 8 20 ms, 8 x 16 and 16 x 16
+# 18-19 ms.
+SG_LANES = 8  # llvmpipe's subgroup size on 256-bit SIMD (other sizes run the same kernel)
+SG_GEMV = (1, 4)  # (input rows, weight rows) a subgroup takes: one row (decode)
+SG_GEMM = (8, 8)  # any other row count (prefill, a ragged pass of several sessions)
+def sg_wg_rows(shape, weights=1):
+    """Outputs per workgroup of a subgroup kernel of `shape` whose rows are split among `weights`."""
+    return shape[1] // weights * (CPU_WG // SG_LANES)
+
+
+def gemv_sg_body(weights, n, k4, store, base="0u", shape=SG_GEMV):
+    """WGSL statements of the subgroup GEMV for vec4 weight bindings `weights` (N rows of `n`, K / 4
+    vec4s of `k4`, from vec4 `base`) over `shape` = (input rows, weight rows split among the
+    weights): input row r at vec4s `aoff4 + r * k4 ..` of `a`, rows past `rows` read as the last
+    live one and not written (no branch in the loop). Every binding X is read through its
+    `vec4_loader` X4, so any of them may be stored f32 or f16. Expects `nw` (the workgroup's first output),
+    `rows`, `li`, `lane`, `sgs`; `store(r)` writes input row r's output n from v0, v1, .. (one a
+    weight)."""
+    outs, ins = range(shape[1] // len(weights)), range(shape[0])
+    lines = [f"for (var g = li / sgs; g < {CPU_WG // SG_LANES}u; g = g + {CPU_WG}u / sgs) {{", f"let n0 = nw + g * {len(outs)}u;"]
+    lines += [f"let x{r}_ = aoff4 + min({r}u, rows - 1u) * {k4};" for r in ins if r]
+    for j, w in enumerate(weights):
+        lines += [f"let {w}_{i} = {base} + min(n0 + {i}u, {n} - 1u) * {k4};" for i in outs]
+        lines += [f"var acc{j}_{i}_{r} = vec4<f32>(0.0);" for i in outs for r in ins]
+    lines.append(f"for (var k = lane; k < {k4}; k = k + sgs) {{")
+    lines += [f"    let x{r} = a4({f'x{r}_' if r else 'aoff4'} + k);" for r in ins]
+    lines += [f"    let w{j}_{i} = {w}4({w}_{i} + k);" for j, w in enumerate(weights) for i in outs]
+    lines += [f"    acc{j}_{i}_{r} = acc{j}_{i}_{r} + x{r} * w{j}_{i};" for j in range(len(weights)) for i in outs for r in ins]
+    lines.append("}")
+    for r in ins:
+        for i in outs:
+            sums = " ".join(f"let v{j} = subgroupAdd((acc{j}_{i}_{r}.x + acc{j}_{i}_{r}.y) + (acc{j}_{i}_{r}.z + acc{j}_{i}_{r}.w));" for j in range(len(weights)))
+            lines.append(f"{{ {sums} let n = n0 + {i}u; if (lane == 0u && n < {n} && {r}u < rows) {{ {store(r)} }} }}")
+    lines.append("}")
+    return "\n    ".join(lines)
+
+
+def _sg_kernel(shape):
+    return rows_main(CPU_WG, shape[0], SUBGROUP_BUILTINS) + f"""    let nw = (wid.x + wid.y * nwg.x) * {sg_wg_rows(shape)}u;
+    let aoff4 = (b * p.a_bs + r0 * p.K) / 4u;
+    {gemv_sg_body(["bm"], "p.N", "(p.K / 4u)", lambda r: f"out[b * p.c_bs + (r0 + {r}u) * p.N + n] = epilogue(v0, b, r0 + {r}u, n);", "b * p.b_bs / 4u", shape=shape)}
+}}
+"""
+
+
+# A [K, N] matrix on a CPU adapter: invocation n walks column n down K (neighbouring invocations
+# read neighbouring addresses).
+GEMV_N_CPU = f"""
+@compute @workgroup_size({CPU_WG})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {{
+    let b = wid.z;
+    let n = (wid.x + wid.y * nwg.x) * {CPU_WG}u + li;
+    if (n >= p.N) {{ return; }}
+    let col = b * p.b_bs + n;
+    let aoff = b * p.a_bs;
+    var acc = 0.0;
+    for (var k = 0u; k < p.K; k = k + 1u) {{ acc = acc + f32(a[aoff + k]) * f32(bm[col + k * p.N]); }}
+    out[b * p.c_bs + n] = epilogue(acc, b, 0u, n);
+}}
+"""
+
+
+def gemv_shader(transposed_b, has_bias, cpu=False, types=F32):
+    kernels = (GEMV_T_CPU, GEMV_N_CPU) if cpu else (GEMV_T, GEMV_N)
+    return header(has_bias, (("a", types.a), ("bm", types.b)), bias=types.bias, out=types.out) + kernels[0 if transposed_b else 1]
+
+
+def gemv_sg_shader(has_bias, shape=SG_GEMV, types=F32):
+    inputs = (("a", vec4_type(types.a)), ("bm", vec4_type(types.b)))
+    loaders = vec4_loader("a", types.a) + vec4_loader("bm", types.b)
+    return header(has_bias, inputs, bias=types.bias, out=types.out) + loaders + _sg_kernel(shape)
+
+
+def gemv_t4_shader(has_bias, types=F32, step=4):
+    weights = f"vec4<{types.b}>" if step == 4 else "vec4<u32>"  # step 8: f16 pairs
+    return header(has_bias, (("a", types.a), ("bm", weights)), bias=types.bias, out=types.out) + gemv_t4(step)
+
+
+def gemv_grid(name, n, transposed_b, batch, per=None):
+    """Output groups of `per` (by default the kernel's for the layout) folded into (x, y), batch in z."""
+    per = per or (GEMV_ROWS if transposed_b else GEMV_COLS)
+    x, y, _ = fold_grid(-(-n // per))
+    if batch > MAX_WORKGROUPS:
+        raise ValueError(f"{name}: batch {batch} exceeds {MAX_WORKGROUPS} workgroups")
+    return (x, y, batch)
+
+
+def _check_float(b, positions):
+    for i in positions:
+        t = b.tensor(i)
+        if not is_float(t.dtype):
+            raise ValueError(f"{b.name}: argument {i} has dtype {t.dtype}; only floating point is supported")
+
+
+@dataclass(frozen=True)
+class Product:
+    """A product's live shape, which its variants choose by (`transposed`: an [N, K] weight)."""
+
+    m: int
+    n: int
+    k: int
+    batch: int
+    b_bs: int
+    transposed: bool
+
+    @property
+    def empty(self):
+        return self.m * self.n * self.batch == 0
+
+    @property
+    def gemv(self):
+        return not self.empty and (self.m == 1 or (self.transposed and self.m <= GEMV_MAX_ROWS))
+
+    @property
+    def gpu_gemv(self):
+        """The rows the GPU GEMVs take (gpu_gemv_rows)."""
+        return self.gemv and self.m <= gpu_gemv_rows(self.n)
+
+    @property
+    def vec4_rows(self):
+        """An [N, K] weight whose rows (and batches) are whole vec4s."""
+        return self.transposed and self.k % 4 == 0 and self.b_bs % 4 == 0
+
+    @property
+    def wide(self):
+        """Rows the vec4 GEMV takes: K and the batch stride whole vec4s, N >= GEMV_T4_MIN_N."""
+        return self.vec4_rows and self.n >= GEMV_T4_MIN_N
+
+
+@dataclass
+class Matmul:
+    """What a variant's build needs of one op: its operands and uniform."""
+
+    b: object
+    a: int
+    bmat: int
+    bias: int | None
+    params: object
+    transposed: bool
+
+    @property
+    def bindings(self):
+        return [self.a, self.bmat] + ([self.bias] if self.bias is not None else []) + [self.b.out, self.params]
+
+    @property
+    def types(self):
+        b = self.b
+        return Storage(b.storage(self.a), b.storage(self.bmat), b.storage(self.bias) if self.bias is not None else "f32", b.storage(b.out))
+
+
+class Grid:
+    """A one-dispatch route: `grid(shape)` when on."""
+
+    def __init__(self, dispatch, grid):
+        self.dispatch, self.grid = dispatch, grid
+
+    def set(self, ctx, shape, on):
+        ctx.set_grid(self.dispatch, self.grid(shape) if on else (0, 0, 0))
+
+
+def _gemv_groups(s, rows=GEMV_GROUP_ROWS):
+    return s.batch * -(-s.m // rows)
+
+
+def _gemv(cpu):
+    def build(b, mm):
+        shader = gemv_shader(mm.transposed, mm.bias is not None, cpu, mm.types)
+        per, rows = (CPU_WG, CPU_GROUP_ROWS) if cpu else (None, GEMV_GROUP_ROWS)
+        return Grid(b.dispatch(shader, mm.bindings), lambda s: gemv_grid(b.name, s.n, s.transposed, _gemv_groups(s, rows), per))
+
+    return build
+
+
+def _gemv_t4(step):
+    def build(b, mm):
+        if not mm.transposed or (step == 8 and mm.types.b != "f16"):
+            return None
+        shader = gemv_t4_shader(mm.bias is not None, mm.types, step)
+        return Grid(b.dispatch(shader, mm.bindings), lambda s: gemv_grid(b.name, s.n, True, _gemv_groups(s), GEMV_T4_ROWS))
+
+    return build
+
+
+def _sg(shape):
+    def build(b, mm):
+        if not (mm.transposed and b.subgroups):
+            return None
+        shader = gemv_sg_shader(mm.bias is not None, shape, mm.types)
+        return Grid(b.dispatch(shader, mm.bindings), lambda s: gemv_grid(b.name, s.n, True, _gemv_groups(s, shape[0]), sg_wg_rows(shape)))
+
+    return build
+
+
+def _gemm(b, mm):
+    load = float_load(mm.transposed, mm.types.a, mm.types.b)
+    return GemmRoute(b, load, [mm.a, mm.bmat], mm.bias, b.out, mm.params, gemm_scratch(b, [b.out]))
+
+
+# The variants of a product, first match wins (kernels/variants.py).
+MATMUL_VARIANTS = (
+    Variant("gemv_vec8_f16", GPU_ONLY, lambda s: s.gpu_gemv and s.wide and s.k % 8 == 0 and s.b_bs % 8 == 0, _gemv_t4(8)),
+    Variant("gemv_vec4", GPU_ONLY, lambda s: s.gpu_gemv and s.wide, _gemv_t4(4)),
+    Variant("gemv", GPU_ONLY, lambda s: s.gpu_gemv, _gemv(cpu=False)),
+    Variant("gemv_cpu_subgroup", CPU_ONLY, lambda s: s.m == 1 and s.vec4_rows, _sg(SG_GEMV)),
+    Variant("gemm_cpu_subgroup", CPU_ONLY, lambda s: not s.empty and s.vec4_rows, _sg(SG_GEMM)),
+    Variant("gemv_cpu", CPU_ONLY, lambda s: s.gemv, _gemv(cpu=True)),
+    Variant("gemm", ANY, lambda s: not s.empty, _gemm),
+)
+
+
+def add_matmul(b, a, bmat, bias, transposed_b, shape_fn, alpha=1.0, beta=1.0, residual=False):
+    """Record the variants of out = alpha * A @ B + beta * bias and the resize hook.
+
+    `a`, `bmat`, `bias` are value ids (`bias` None for none); `shape_fn(a_dims, b_dims)` returns
+    (batch, M, N, K, a_batch_stride, b_batch_stride, out_dims) or raises ValueError. With
+    `residual`, bias is a tensor of M * N elements in the output's row order (any shape), and the
+    output takes its shape."""
+    has_bias = bias is not None
+    params = b.params(PARAMS_SIZE)
+    routes = Routes(MATMUL_VARIANTS, b, Matmul(b, a, bmat, bias, params, transposed_b))
+
+    def resize(ctx):
+        batch, m, n, k, a_bs, b_bs, out_dims = shape_fn(ctx.dims(a), ctx.dims(bmat))
+        bias_bs = bias_sm = bias_sn = 0
+        if residual:
+            out_dims = ctx.dims(bias)
+            if numel_of(out_dims) != m * n:
+                raise ValueError(f"{b.name}: residual of shape {tuple(out_dims)} for a product of {m} x {n}")
+            bias_sm, bias_sn = n, 1
+        elif has_bias:
+            bias_dims = ctx.dims(bias)
+            try:
+                if len(bias_dims) > 2:
+                    raise ValueError("more than 2 dims")
+                bias_sm, bias_sn = broadcast_strides(bias_dims, (m, n))
+                if any(d not in (1, t) for d, t in zip(reversed(bias_dims), (n, m))):
+                    raise ValueError(f"does not broadcast to {(m, n)}")
+            except ValueError as e:
+                raise ValueError(f"{b.name}: bias of shape {tuple(bias_dims)}: {e}") from None
+        shape = Product(m, n, k, batch, b_bs, transposed_b)
+        chosen = routes.set(ctx, shape)
+        splits, kspan = gemm_split(m, n, k, batch) if chosen == "gemm" else (1, max(k, 1))
+        fields = (m, n, k, batch, a_bs, b_bs, m * n, bias_bs, bias_sm, bias_sn, alpha, beta, splits, kspan)
+        ctx.set_params(params, struct.pack(PARAMS_FORMAT, *fields))
+        ctx.set_dims(b.out, out_dims)
+
+    b.hook(resize)
+
+
+def linear_shapes(b):
+    def shape_fn(x, w):
+        if len(w) != 2:
+            b.fail(f"weight must be 2-D [N, K], got {tuple(w)}")
+        if len(x) < 1:
+            b.fail("input must have at least one dim")
+        n, k = w
+        if x[-1] != k:
+            b.fail(f"input {tuple(x)} has K={x[-1]}, weight {tuple(w)} has K={k}")
+        m = numel_of(x[:-1])
+        return 1, m, n, k, 0, 0, tuple(x[:-1]) + (n,)
+
+    return shape_fn
+
+
+def mm_shapes(b):
+    def shape_fn(a, bm):
+        if len(a) != 2 or len(bm) != 2:
+            b.fail(f"expects 2-D operands, got {tuple(a)} and {tuple(bm)}")
+        (m, k), (k2, n) = a, bm
+        if k != k2:
+            b.fail(f"cannot multiply {tuple(a)} by {tuple(bm)}")
+        return 1, m, n, k, 0, 0, (m, n)
+
+    return shape_fn
+
+
+def bmm_shapes(b):
+    def shape_fn(a, bm):
+        if len(a) != 3 or len(bm) != 3:
+            b.fail(f"expects 3-D operands, got {tuple(a)} and {tuple(bm)}")
+        (batch, m, k), (batch2, k2, n) = a, bm
+        if batch != batch2 or k != k2:
+            b.fail(f"cannot batch-multiply {tuple(a)} by {tuple(bm)}")
+        return batch, m, n, k, m * k, k * n, (batch, m, n)
+
+    return shape_fn
+
+
+@op("aten.linear.default", half=True)
+def linear(b):
+    """[x [..., K], weight [N, K], bias [N] or None, out [..., N]]."""
+    bias = None if b.is_none(2) else b.args[2]
+    _check_float(b, [0, 1] + ([2] if bias is not None else []))
+    add_matmul(b, b.args[0], b.args[1], bias, True, linear_shapes(b))
+
+
+@op("pte_wgpu.linear_residual", half=True)
+def linear_residual(b):
+    """[x [..., K], weight [N, K], residual, out]: residual + x @ weight.T, out shaped as residual
+    (kernels/fusion.py: a linear whose result only fed that add)."""
+    _check_float(b, [0, 1, 2])
+    add_matmul(b, b.args[0], b.args[1], b.args[2], True, linear_shapes(b), residual=True)
+
+
+@op("aten.mm.default", "aten::mm.out", half=True)
+def mm(b):
+    """[a [M, K], b [K, N], out [M, N]]."""
+    _check_float(b, [0, 1])
+    add_matmul(b, b.args[0], b.args[1], None, False, mm_shapes(b))
+
+
+@op("aten.bmm.default", "aten::bmm.out", half=True)
+def bmm(b):
+    """[a [B, M, K], b [B, K, N], out [B, M, N]]."""
+    _check_float(b, [0, 1])
+    add_matmul(b, b.args[0], b.args[1], None, False, bmm_shapes(b))
+
+
+@op("aten.addmm.default", "aten::addmm.out", half=True)
+def addmm(b):
+    """[bias, a [M, K], b [K, N], beta, alpha, out]: beta * bias + alpha * a @ b, bias broadcast."""
+    beta, alpha = float(b.scalar(3, 1.0)), float(b.scalar(4, 1.0))
+    # beta == 0 ignores bias entirely (torch does not propagate its NaNs).
+    bias = b.args[0] if beta != 0.0 else None
+    _check_float(b, [0, 1, 2])
+    add_matmul(b, b.args[1], b.args[2], bias, False, mm_shapes(b), alpha=alpha, beta=beta)

@@ -1,0 +1,237 @@
+"""4-bit linears (et_vk.linear_q4gsw) that kernels/fusion.py merged at load, as
+kernels/matmul/fused_linear.py does for float weights, so a 4-bit layer's decode step takes as few
+dispatches as an fp32 one. Every result is bitwise the unfused ops': each output summed in the order
+of the plain op's kernel for that row count (kernels/matmul/q4_linear.py), and stored as the ops it
+replaced stored it (the products rounded to their tensors' types before the gate or the residual).
+
+- `pte_wgpu.q4_linear_group` [x, group_size, w_0, s_0, .., w_g-1, s_g-1, outs]: out_j = x @ W_j.T,
+  one kernel over every product's outputs (a uniform branch per product, as fused_linear.py's).
+- `pte_wgpu.q4_linear_silu_mul` [x, group_size, w_gate, s_gate, w_up, s_up, (out, gate, up)]:
+  silu(x @ W_gate.T) * (x @ W_up.T), both weights' rows for the same outputs in one kernel.
+- `pte_wgpu.rms_q4_linear_group` / `pte_wgpu.rms_q4_linear_silu_mul` take the input before an
+  RMS norm as well, after the weights: (x, gamma, eps). The GEMV normalizes its row itself with
+  the sums of et_vk.rms_norm's (fused_linear.py's _RMS); `pte_wgpu.rms_norm_for_q4` writes the
+  normalized rows for the row counts the fused op reads them (kernels/matmul/routes.py's
+  fused_norm_rows: on CPU adapters every count, their subgroup kernels having no barrier).
+- `pte_wgpu.q4_linear_residual` [x, weight, scales, group_size, residual, out]: the plain op's
+  routes with the residual added in their epilogue.
+
+The fused kernel per adapter class: on CPU adapters with subgroups (and weights of whole subgroup
+steps) the subgroup kernels of every row count, Q4_SG_GEMV's one row and Q4_SG_GEMM's shape for
+more, as the plain op; otherwise the GEMV up to Q4_GEMV_MAX_ROWS rows, as the plain op too. More
+rows run each product's plain routes (Q4Product: the dequantizing GEMM), then SwiGLU's
+elementwise gate.
+"""
+
+import struct
+
+from pte_wgpu.resize.shapes import fold_grid, numel_of
+
+from ..attention.rope import rope_bindings, rope_store
+from ..registry import op
+from ..variants import CPU
+from ..wgsl import flat_grid, vec4_loader, vec4_type
+from .fused_linear import _RMS, SILU, swiglu_elementwise
+from .linear import sg_wg_rows
+from .q4_linear import (
+    Q4_SG_GEMM,
+    Q4_SG_GEMV,
+    Q4_SG_STEP,
+    Q4_SG_WORDS,
+    Q4Product,
+    _add_q4_linear,
+    _dequant,
+    gemv_body,
+    gemv_main,
+    gemv_outputs,
+    gemv_reduce,
+    gemv_route,
+    gemv_routes,
+    q4_weight,
+    sg_body,
+    sg_main,
+)
+
+SUBGROUP, GEMV = "subgroup", "gemv"  # the fused kernel's algorithm (the module docstring)
+HEAD = ("M", "K", "wpr", "groups", "gs", "kw", "eps", "pad")  # then N, sn, S and a pad a product
+
+
+ROPE_FIELDS = ("half", "dim", "row", "stride")  # with a RoPE epilogue, after the products'
+
+
+def _uniform(count, rope):
+    fields = [f"{f}: {'f32' if f == 'eps' else 'u32'}" for f in HEAD]
+    fields += [f"{f}{j}: u32" for j in range(count) for f in ("N", "sn", "S", "pad")]
+    fields += [f"{f}: u32" for f in ROPE_FIELDS] if rope else []
+    return "struct Q { " + ", ".join(fields) + " }\n"
+
+
+def _shader(kind, shape, count, swiglu, norm, types, word_group, rope=None):
+    """The fused kernel of `kind` (SUBGROUP at `shape`, or GEMV) over `count` weights: a product
+    each (a branch per product), or with `swiglu` the two of SwiGLU for the same outputs. `types`:
+    storage types of x, the scales, gamma, the outputs and the rows a norm writes (`rows`) and the
+    products as stored before the gate (`gate`, `up`). The GEMV's shape is its route (most rows,
+    lanes, rows a workgroup), kernels/matmul/q4_linear.py's gemv_routes. With `rope` (kernels/attention/rope.py's
+    RopeEpilogue) the GEMV's epilogue rotates q and k and stores k and v in the caches."""
+    sg = kind == SUBGROUP
+    reads = [("x", vec4_type(types["x"]) if sg else types["x"])]
+    for j in range(count):
+        reads += [(f"wq{j}", f"vec{Q4_SG_WORDS}<u32>" if sg else "u32"), (f"ws{j}", types["scales"][j])]
+    reads += [("gamma", types["gamma"])] if norm else []  # the GEMV's: the subgroup kernels read normalized rows
+    outs = types["outs"]
+    rotates = rope is not None and not sg
+    lines = [_uniform(count, rope)]
+    lines += [f"@group(0) @binding({i}) var<storage, read> {name}: array<{t}>;" for i, (name, t) in enumerate(reads)]
+    lines += [f"@group(0) @binding({len(reads) + j}) var<storage, read_write> o{j}: array<{t}>;" for j, t in enumerate(outs)]
+    lines.append(f"@group(0) @binding({len(reads) + len(outs)}) var<uniform> q: Q;")
+    lines += [rope_bindings(len(reads) + len(outs) + 1, rope.types)] if rotates else []
+    lines.append(vec4_loader("x", types["x"]) if sg else "fn a_at(i: u32) -> f32 { return f32(x[i]); }")
+    src = "\n".join(lines) + _dequant(False, False, word_group, [(str(j), f"ws{j}", f"q.sn{j}") for j in range(count)])
+    rows_t = types["rows"]
+    if sg:
+        src += sg_main(shape)
+        at = lambda r: f"(r0 + {r}u)"  # noqa: E731
+    else:
+        src += gemv_reduce((2 if swiglu else 1) * shape[2]) + gemv_main(shape[2])
+        src += f"    let rows = live;\n    let aoff = m0 * q.K;\n    {_RMS}\n" if norm else ""
+        x_at = (lambda r, e: f"f32({rows_t}(f32(x[xo{r} + {e}]) * rstd{r} * f32(gamma[{e}])))") if norm else None
+        at = lambda r: f"(m0 + {r}u)"  # noqa: E731
+
+    def body(weights, n, store):
+        if sg:
+            per = sg_wg_rows(shape, len(weights))
+            return f"let nw = wg * {per}u;\n    " + sg_body(False, shape, weights, n, store)
+        return gemv_body(False, [(w, f"dq8{s}") for w, s in weights], n, store, shape[1], x_at, partners=rotates, rows=shape[2])
+
+    fn = (lambda j: f"wscale{j}") if sg else (lambda j: str(j))
+    if swiglu:
+        g, u = types["gate"], types["up"]
+
+        def store(r):
+            return f"let g = f32({g}(v0)); let u = f32({u}(v1)); o0[{at(r)} * q.N0 + n] = {outs[0]}({SILU.replace('v0', 'g').replace('v1', 'u')});"
+
+        src += f"    let wg = wg0;\n    {body([('wq0', fn(0)), ('wq1', fn(1))], 'q.N0', store)}\n}}\n"
+        return src
+    branches = []
+    for j in range(count):
+        if rotates:
+            store = lambda r, j=j: rope_store(j, at(r), outs[j], rope.types)  # noqa: E731
+        else:
+            store = lambda r, j=j: f"o{j}[{at(r)} * q.N{j} + n] = {outs[j]}(v0);"  # noqa: E731
+        cond = f"if (wg0 < q.S{j + 1}) " if j + 1 < count else ""
+        branches.append(f"{cond}{{\n    let wg = wg0 - q.S{j};\n    {body([(f'wq{j}', fn(j))], f'q.N{j}', store)}\n    }}")
+    return src + "    " + " else ".join(branches) + "\n}\n"
+
+
+class _Fused:
+    """A fused op's kernels and routes (the module docstring), for `products` (weight, scales)
+    pairs of one input; `outs`: what the fused kernel writes (one a product, or SwiGLU's out);
+    `stored`: the products' own outputs (SwiGLU: gate and up), which more rows write."""
+
+    def __init__(self, b, swiglu, rope=None):
+        self.b, self.swiglu, self.rope = b, swiglu, rope
+        self.norm = b.name.startswith("pte_wgpu.rms_")
+        args = b.args
+        pairs = args[2:-4] if self.norm else args[2:-1]
+        self.x, gs = args[0], b.scalar(1)
+        self.products = list(zip(pairs[0::2], pairs[1::2]))
+        self.ws = [q4_weight(b, self.x, w, s, gs) for w, s in self.products]
+        if len({(w.wpr, w.groups, w.gs) for w in self.ws}) != 1 or (swiglu and len(self.ws) != 2):
+            b.fail("the fused products must share K, the scale groups and the group size")
+        items = list(b.graph.values[b.out].items)
+        self.outs, self.stored = (items[:1], items[1:]) if swiglu else (items, items)
+        x_pre, gamma = (args[-4], args[-3]) if self.norm else (self.x, None)
+        self.eps = float(b.scalar(len(args) - 2, 1e-6)) if self.norm else 0.0
+        floats = [self.x, *(s for _, s in self.products), *items] + ([x_pre, gamma] if self.norm else [])
+        steps = all(w.subgroup_steps() for w in self.ws) and all(b.storage(v) in ("f32", "f16") for v in floats)
+        self.kind = SUBGROUP if b.adapter == CPU and b.subgroups and steps else GEMV
+        types = {
+            "x": b.storage(self.x), "scales": [b.storage(s) for _, s in self.products], "gamma": gamma is not None and b.storage(gamma),
+            "outs": [b.storage(o) for o in self.outs], "rows": b.storage(self.x), "gate": b.storage(items[-2]), "up": b.storage(items[-1]),
+        }  # fmt: skip
+        self.q = b.params(4 * (len(HEAD) + 4 * len(self.ws) + (len(ROPE_FIELDS) if rope else 0)))
+        word_group = self.ws[0].gs % 8 == 0
+        sg = ((Q4_SG_GEMV[0], Q4_SG_GEMV[1] * len(self.ws)) if swiglu else Q4_SG_GEMV, Q4_SG_GEMM)
+        self.shapes = sg if self.kind == SUBGROUP else gemv_routes(self.ws[0].wpr)
+        self.most = None if self.kind == SUBGROUP else self.shapes[-1][0]  # the rows the fused kernel takes: every count, or the GEMV's
+        self.dispatches = []
+        for shape in self.shapes:
+            norm = self.norm and self.kind == GEMV  # the subgroup kernels read rms_norm_for_q4's rows
+            t = dict(types, x=b.storage(x_pre)) if norm else types
+            reads = [x_pre if norm else self.x, *(v for pair in self.products for v in pair)] + ([gamma] if norm else [])
+            shader = _shader(self.kind, shape, len(self.ws), swiglu, norm, t, word_group, rope)
+            extra = rope.values if rope and self.kind == GEMV else []
+            self.dispatches.append((b.dispatch(shader, [*reads, *self.outs, self.q, *extra]), shape))
+        # more rows: each product's plain routes (the dequantizing GEMM)
+        self.plain = [] if self.most is None else [
+            Q4Product(b, self.x, None, None, w, s, gs, None, o, gemv=False) for (w, s), o in zip(self.products, self.stored)
+        ]  # fmt: skip
+        if swiglu and self.plain:
+            self.e = b.params(16)
+            self.gate_up = b.dispatch(swiglu_elementwise(*(b.storage(v) for v in items[1:] + items[:1])), [*items[1:], items[0], self.e])
+
+    def per(self, shape):
+        """Outputs a workgroup of the kernel at `shape`."""
+        return gemv_outputs(shape[1]) if self.kind == GEMV else sg_wg_rows(shape, len(self.ws) if self.swiglu else 1)
+
+    def resize(self, ctx):
+        """Routes for the live rows; returns whether the fused GEMV took `rope` (its rows)."""
+        b, xd = self.b, ctx.dims(self.x)
+        if len(xd) < 1:
+            b.fail("input must have at least one dim")
+        k, m = xd[-1], numel_of(xd[:-1])
+        for w in self.ws:
+            w.check_input(b, k)
+        if self.kind == SUBGROUP and k % Q4_SG_STEP:
+            b.fail(f"input K={k} is not whole subgroup steps of {Q4_SG_STEP}")
+        fused = m > 0 and (self.most is None or m <= self.most)
+        for product in self.plain:
+            product.resize(ctx, on=not fused)
+        chosen, shape = self.dispatches[gemv_route(self.shapes, m) if self.kind == GEMV else int(m > 1)]
+        per = self.per(shape)
+        ns = [w.n for w in self.ws][: 1 if self.swiglu else None]
+        starts = [0]
+        for n in ns:
+            starts.append(starts[-1] + -(-n // per))
+        w = self.ws[0]
+        fields = [m, k, w.wpr, w.groups, w.gs, -(-k // 8)]
+        for j, pw in enumerate(self.ws):
+            fields += [pw.n, pw.sn, starts[j] if j < len(ns) else 0, 0]
+        fields += self.rope.fields if self.rope else []
+        ctx.set_params(self.q, struct.pack(f"<6If{len(fields) - 5}I", *fields[:6], self.eps, 0, *fields[6:]))
+        x, y, _ = fold_grid(starts[-1])
+        rows = shape[2] if self.kind == GEMV else shape[0]  # rows a workgroup
+        for d, _ in self.dispatches:
+            ctx.set_grid(d, (x, y, -(-m // rows)) if fused and d == chosen else (0, 0, 0))
+        for o, n in zip(self.stored, [w.n for w in self.ws]):
+            ctx.set_dims(o, tuple(xd[:-1]) + (n,))
+        if self.swiglu:
+            n = self.ws[0].n
+            if self.ws[1].n != n:
+                b.fail(f"gate and up weights have {n} and {self.ws[1].n} rows")
+            ctx.set_dims(self.outs[0], tuple(xd[:-1]) + (n,))
+            if self.plain:
+                ctx.set_params(self.e, struct.pack("<4I", m * n, 0, 0, 0))
+                ctx.set_grid(self.gate_up, flat_grid(m * n) if m and not fused else (0, 0, 0))
+        return self.rope is not None and fused and self.kind == GEMV
+
+
+@op("pte_wgpu.q4_linear_group", "pte_wgpu.rms_q4_linear_group", half=True)
+def q4_linear_group(b):
+    b.hook(q4_group_routes(b))
+
+
+def q4_group_routes(b, rope=None):
+    """Record the op's routes; returns its hook (which returns whether the GEMV took `rope`)."""
+    return _Fused(b, swiglu=False, rope=rope).resize
+
+
+@op("pte_wgpu.q4_linear_silu_mul", "pte_wgpu.rms_q4_linear_silu_mul", half=True)
+def q4_linear_silu_mul(b):
+    b.hook(_Fused(b, swiglu=True).resize)
+
+
+@op("pte_wgpu.q4_linear_residual", half=True)
+def q4_linear_residual(b):
+    """[x, weight, scales, group_size, residual, out]: residual + x @ dequant(weight).T."""
+    _add_q4_linear(b, b.args[0], None, None, b.args[1], b.args[2], b.scalar(3), b.args[4], residual=True)

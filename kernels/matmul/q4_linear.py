@@ -1,0 +1,778 @@
+"""4-bit group-symmetric weights (q4gsw) and dynamic int8 activation quantization.
+
+Formats (as `executorch.backends.vulkan.patterns` writes them):
+- weight: uint8 [N, Kp / 2] raw bytes, Kp = K padded to a multiple of 8 with zeros; byte b of a row
+  holds k = 2b in its low nibble and k = 2b + 1 in its high nibble, each stored as (q + 8), q in
+  [-8, 7]. Read in WGSL as u32 words, so word w of a row holds k = 8w + j at bits 4j..4j+3.
+- weight scales: f32 [num_groups, Np] (transposed; N padded to a multiple of 4), group = k / gs.
+  The dequantized weight is (nibble - 8) * scale, exactly as torchao's dequantize_affine.
+- `et_vk.embedding_q4gsw`: the same nibbles, per-row scales [V, groups] (not transposed); with
+  `is_linear_weight` false the even element sits in the high nibble instead.
+- `torchao.choose_qparams_affine` gives per-block scale (f32) and zero point (int8, stored packed
+  4 per word, or int32); `et_vk.linear_dq8ca_q4gsw` quantizes its input with them on the fly,
+  q = clamp(round(x * (1 / scale)) + zp, -128, 127), and multiplies (q - zp) * scale by the
+  dequantized weight, the math of torchao's quantize_affine / dequantize_affine. The divisions
+  are done by `div_rn`, an integer long division that is correctly rounded on every GPU (WGSL
+  allows 2.5 ULP for `/`), so the integer activations match the CPU reference exactly.
+
+The two linear ops record GEMV routes (up to Q4_GEMV_MAX_ROWS rows, dq8 GEMV_MAX_ROWS, on GPUs BITWISE_ROWS for weights
+of GEMV_T4_MIN_N rows or more, kernels/matmul/routes.py's gpu_gemv_rows; each its own: a workgroup's 256
+threads reduce over K for quads of outputs, one u32 word = 8 weights per thread step, as many
+threads a quad as the row count suits, gemv_routes) and a GEMM route (more rows:
+kernels/matmul/gemm.py's template with a B load that dequantizes each weight as it is staged, and with
+dq8 an A load that quantizes each activation; split-K as for fp32). On CPU adapters with
+subgroups, where K and the group size are multiples of 16 (a lane's step: 2 words), two subgroup
+kernels take every row count instead (one row, and Q4_SG_GEMM's shape for more). The hook zeroes the
+grids of the routes not taken.
+
+Activations, scales, bias and outputs are stored as their tensors' types (f32, or f16 for
+float16, in any mix); every kernel converts at the load and the store, and dequantizes and sums
+in f32.
+
+Kept as one module past 400 lines: the 4-bit formats are read by every kernel here, and the family's variants share them.
+"""
+
+import struct
+from dataclasses import dataclass
+
+from pte_wgpu.resize.shapes import fold_grid, numel_of
+
+from ..registry import op
+from ..variants import CPU
+from ..wgsl import DIV_RN, FLAT_INDEX, PACKED, SUBGROUP_BUILTINS, WG, flat_grid, is_float, vec4_loader, vec4_type, wgsl_type
+from .gemm import (
+    PARAMS_SIZE,
+    GemmRoute,
+    TileLoad,
+    bindings,
+    gemm_scratch,
+    params_bytes,
+)
+from .linear import CPU_WG, SG_LANES, sg_wg_rows
+from .routes import BITWISE_ROWS, GEMV_MAX_ROWS, Q4_GEMV_MAX_ROWS, gpu_gemv_rows
+
+# The GEMV spreads a row's words over `lanes` invocations a quad of outputs, so a workgroup of
+# GEMV_WG takes 4 * GEMV_WG / lanes outputs; which lanes, by the pass's row count (gemv_routes).
+# GEMV_WG lanes leave most of them idle at K = 576 (72 words), which cost several rows dearly; yet
+# fewer lanes cost one decode row more in a real pass than the per-dispatch profile shows. H100,
+# SmolLM2-shaped 4w export, greedy bursts (one stream, 6 runs; 16 and 32 streams), one call:
+# GEMV_WG lanes at every count 537 / 3,467 / 4,203 tokens/s; half the words 504 / 4,900 / 6,574; a
+# quarter 449 / 5,230 / 7,180. (The per-dispatch profile of one row: 3,671 us at GEMV_WG lanes,
+# 3,037 at a quarter.)
+GEMV_WG = 256
+
+
+def _lanes(words, share):
+    """The smallest power of two from 32 holding 1 / `share` of `words`, at most GEMV_WG."""
+    lanes = 32
+    while lanes < GEMV_WG and share * lanes < words:
+        lanes *= 2
+    return lanes
+
+
+# Input rows a GEMV workgroup takes past one row, and past GEMV_MAX_ROWS: each weight word is
+# dequantized once for them all. A row's sums are the same whatever the count (its own
+# accumulators and tree).
+GEMV_GROUP_ROWS, GEMV_GROUP_ROWS_PAST_MAX = 2, 4
+
+
+def gemv_routes(words, grouped=True):
+    """The GEMV's dispatches for rows of `words` u32 words, as (most rows, lanes, rows a
+    workgroup), by row count: GEMV_WG lanes for one row; up to BITWISE_ROWS rows the lanes
+    holding half the words, whose sums are GEMV_WG lanes' bit for bit up to a zero's sign (a lane
+    adds its second word where the wider tree's first live step would), so a row of a pass is what
+    it gets alone; more rows a quarter of them; past one row GEMV_GROUP_ROWS rows a workgroup,
+    past GEMV_MAX_ROWS GEMV_GROUP_ROWS_PAST_MAX (up to Q4_GEMV_MAX_ROWS: H100, SmolLM2 4w, 48 and 64 streams 7,405 and
+    9,867 tokens/s with the dequantizing GEMM there, 8,868 and 11,724 with this). Neighbours of the
+    same shape are one dispatch. `grouped` False: one row a workgroup, none past GEMV_MAX_ROWS (dq8)."""
+    routes, group = [], GEMV_GROUP_ROWS if grouped else 1
+    shapes = [(1, GEMV_WG, 1), (BITWISE_ROWS, _lanes(words, 2), group), (GEMV_MAX_ROWS, _lanes(words, 4), group)]
+    shapes += [(Q4_GEMV_MAX_ROWS, _lanes(words, 4), GEMV_GROUP_ROWS_PAST_MAX)] if grouped else []
+    for most, lanes, rows in shapes:
+        if routes and routes[-1][1:] == (lanes, rows):
+            routes[-1] = (most, lanes, rows)
+        else:
+            routes.append((most, lanes, rows))
+    return routes
+
+
+def gemv_route(routes, m):
+    """The index of the route of `routes` (gemv_routes) that takes M rows (the last past them)."""
+    return next((i for i, (most, _, _) in enumerate(routes) if m <= most), len(routes) - 1)
+
+
+def gemv_outputs(lanes):
+    """Outputs a GEMV workgroup takes at `lanes` lanes a quad."""
+    return 4 * GEMV_WG // lanes
+
+
+# A signed byte of a packed int8 array.
+I8_AT = """
+fn i8_at(i: u32) -> i32 {
+    let w = ZP_ARRAY[i / 4u];
+    return bitcast<i32>(w << (24u - 8u * (i % 4u))) >> 24u;
+}
+"""
+
+# ---------------------------------------------------------------- linear_q4gsw / linear_dq8ca_q4gsw
+
+LIN_FIELDS = ("M", "N", "K", "wpr", "sn", "groups", "gs", "kw")
+LIN_STRUCT = "struct Q { " + ", ".join(f"{n}: u32" for n in LIN_FIELDS) + " }"
+LIN_FORMAT = "<" + "I" * len(LIN_FIELDS)
+LIN_SIZE = struct.calcsize(LIN_FORMAT)
+
+
+@dataclass(frozen=True)
+class Storage:
+    """The WGSL storage types of a 4-bit linear's activations, activation scales (dq8), weight
+    scales, bias and output (f32 or f16 each)."""
+
+    x: str = "f32"
+    xs: str = "f32"
+    ws: str = "f32"
+    bias: str = "f32"
+    out: str = "f32"
+
+
+def _operands(dq8, zp_packed, types, vec4=False):
+    """The read bindings of the routes, (name, WGSL element type), in order; with `vec4`, the
+    input and the weights as vec4s (the subgroup GEMV's)."""
+    acts = (("xs", types.xs), ("xz", "u32" if zp_packed else "i32")) if dq8 else ()
+    x, wq = (vec4_type(types.x), f"vec{Q4_SG_WORDS}<u32>") if vec4 else (types.x, "u32")
+    return (("x", x), *acts, ("wq", wq), ("ws", types.ws))
+
+
+def _dequant(dq8, zp_packed, word_group, scales=(("", "ws", "q.sn"),)):
+    """WGSL both routes share: the weights' dequantization over uniform `q`, and with `dq8` the
+    activations' quantize-dequantize. `scales`: (suffix, scale binding, its row stride) of each
+    weight, for its `wscale<suffix>` and `dq8<suffix>` (the fused ops read several weights)."""
+    src = """
+struct W8 { a: vec4<f32>, b: vec4<f32> }
+// The 8 weights of one word, k = 8w .. 8w + 7, before their scale: nibble - 8.
+fn nibbles(word: u32) -> W8 {
+    let v = vec4<u32>(word);
+    let lo = vec4<f32>((v >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u)) - vec4<f32>(8.0);
+    let hi = vec4<f32>((v >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u)) - vec4<f32>(8.0);
+    return W8(lo, hi);
+}
+"""
+    for suffix, ws, sn in scales:
+        src += f"fn wscale{suffix}(k: u32, n: u32) -> f32 {{ return f32({ws}[min(k / q.gs, q.groups - 1u) * {sn} + n]); }}\n"
+        # the 8 weights of word `word` (k = k0 .. k0 + 7) of output row n, dequantized
+        src += f"fn dq8{suffix}(word: u32, k0: u32, n: u32) -> W8 {{\n    let w = nibbles(word);\n"
+        if word_group:  # gs % 8 == 0: one group per word
+            src += f"    let s = wscale{suffix}(k0, n);\n    return W8(w.a * s, w.b * s);\n}}\n"
+        else:
+            at = lambda i: f"wscale{suffix}(k0{f' + {i}u' if i else ''}, n)"  # noqa: E731
+            src += (
+                f"    let sa = vec4<f32>({', '.join(at(i) for i in range(4))});\n"
+                f"    let sb = vec4<f32>({', '.join(at(i) for i in range(4, 8))});\n"
+                "    return W8(w.a * sa, w.b * sb);\n}\n"
+            )
+    if dq8:
+        src += DIV_RN
+        if zp_packed:
+            src += I8_AT.replace("ZP_ARRAY", "xz")
+            src += "fn zp_at(m: u32) -> f32 { return f32(i8_at(m)); }\n"
+        else:
+            src += "fn zp_at(m: u32) -> f32 { return f32(xz[m]); }\n"
+        # quantize_affine then dequantize_affine of one activation with its row's (1/s, zp, s).
+        src += """
+fn xq(v: f32, inv: f32, zp: f32, s: f32) -> f32 {
+    return (clamp(round(v * inv) + zp, -128.0, 127.0) - zp) * s;
+}
+"""
+    return src
+
+
+def _gemv_header(dq8, zp_packed, has_bias, types, vec4=False, residual=False):
+    """The plain op's bindings and `epilogue(acc, m, n)`: with `residual`, the bias binding holds
+    an [M, N] residual added to the product as `pte_wgpu.q4_linear_residual` does it (the product
+    rounded to the output's type first, as the add it replaced read it)."""
+    lines = [LIN_STRUCT + ";", *bindings(_operands(dq8, zp_packed, types, vec4), has_bias, uniform="q: Q", bias=types.bias, out=types.out)]
+    total = f"f32({types.out}(acc)) + f32(bias[m * q.N + n])" if residual else "acc + f32(bias[n])" if has_bias else "acc"
+    lines.append(f"fn epilogue(acc: f32, m: u32, n: u32) -> {types.out} {{ return {types.out}({total}); }}")
+    return "\n".join(lines) + "\n"
+
+
+def gemv_main(rows):
+    """The GEMV's entry: workgroup z takes input rows m0 .. m0 + rows - 1, `live` of them, row r at
+    element xo{r} of x."""
+    offsets = "".join(f"\n    let xo{r} = (m0 + {r}u) * q.K;" for r in range(rows))
+    return f"""
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {{
+    let wg0 = wid.x + wid.y * nwg.x;
+    let m0 = wid.z * {rows}u;
+    let live = min({rows}u, q.M - m0);{offsets}
+"""
+
+
+def gemv_body(dq8, weights, n, store, lanes, x_at=None, partners=False, rows=1):
+    """The GEMV's statements for the outputs of workgroup `wg` of N = `n` (WGSL), input rows r <
+    `rows` from m0 (gemv_main): each quad of outputs from `n0` summed by `lanes` invocations, over
+    `weights` ((word binding, dequantizing fn) pairs read for the same outputs, dequantized once
+    for every row; one accumulator and one tree of `red`'s 256-vec4 slices a weight and row, each
+    summed as the plain op's): `store(r)` writes output n of row m0 + r from v0, v1, .. (one a
+    weight; with `partners`, pair0, pair1, .. hold output n ^ 1, the other of its pair).
+    `x_at(r, e)`: row r's element at WGSL offset e as f32 (a fused norm's). dq8 takes one row."""
+    assert rows == 1 or not dq8
+    x_at = x_at or (lambda r, e: f"f32(x[xo{r} + {e}])")
+    ws = range(len(weights))
+    slot = lambda j, r: 256 * (j * rows + r)  # noqa: E731  (weight j, row r)'s tree
+    lines = [f"let lane = li % {lanes}u;", f"let n0 = wg * {gemv_outputs(lanes)}u + 4u * (li / {lanes}u);"]
+    lines += [f"let last = {n} - 1u;", *(f"let c{i} = min(n0{f' + {i}u' if i else ''}, last);" for i in range(4))]
+    lines += [GEMV_DQ8_SETUP.strip()] if dq8 else []
+    lines += [f"var acc{j}_{r} = vec4<f32>(0.0);" for j in ws for r in range(rows)]
+    lines += [f"for (var w = lane; w < q.kw; w = w + {lanes}u) {{", "    let k0 = w * 8u;"]
+    for j, (wq, dq) in enumerate(weights):
+        lines += [f"    let d{j}_{i} = {dq}({wq}[c{i} * q.wpr + w], k0, c{i});" for i in range(4)]
+    for r in range(rows):
+        at = lambda i, r=r: x_at(r, f"k0 + {i}u" if i else "k0")  # noqa: E731
+        lines += [
+            f"    if ({r}u < live) {{",
+            "    var xa = vec4<f32>(0.0);",
+            "    var xb = vec4<f32>(0.0);",
+            "    if (k0 + 8u <= q.K) {",
+            f"        xa = vec4<f32>({', '.join(at(i) for i in range(4))});",
+            f"        xb = vec4<f32>({', '.join(at(i) for i in range(4, 8))});",
+            "    } else {",
+            "        for (var j = 0u; j < 4u; j = j + 1u) {",
+            f"            if (k0 + j < q.K) {{ xa[j] = {x_at(r, 'k0 + j')}; }}",
+            f"            if (k0 + 4u + j < q.K) {{ xb[j] = {x_at(r, 'k0 + 4u + j')}; }}",
+            "        }",
+            "    }",
+        ]
+        lines += [GEMV_DQ8_X.strip()] if dq8 else []
+        for j in ws:
+            dots = ", ".join(f"dot(xa, d{j}_{i}.a) + dot(xb, d{j}_{i}.b)" for i in range(4))
+            lines.append(f"    acc{j}_{r} = acc{j}_{r} + vec4<f32>({dots});")
+        lines.append("    }")
+    lines.append("}")
+    lines += [f"red[{slot(j, r)}u + li] = acc{j}_{r};" for j in ws for r in range(rows)]
+    adds = " ".join(f"red[{slot(j, r)}u + li] = red[{slot(j, r)}u + li] + red[{slot(j, r)}u + li + s];" for j in ws for r in range(rows))
+    lines += ["workgroupBarrier();", f"for (var s = {lanes // 2}u; s > 0u; s = s >> 1u) {{ if (lane < s) {{ {adds} }} workgroupBarrier(); }}"]
+    for r in range(rows):
+        vals = " ".join(f"let v{j} = red[{slot(j, r)}u + li - lane][lane];" for j in ws)
+        vals += "".join(f" let pair{j} = red[{slot(j, r)}u + li - lane][lane ^ 1u];" for j in ws if partners)
+        lines.append(f"if ({r}u < live && lane < 4u) {{ let n = n0 + lane; if (n < {n}) {{ {vals} {store(r)} }} }}")
+    return "\n    ".join(lines)
+
+
+def gemv_reduce(trees):
+    """The workgroup memory of gemv_body's `trees` trees (weights times rows)."""
+    return f"\nvar<workgroup> red: array<vec4<f32>, {256 * trees}>;\n"
+
+
+GEMV_DQ8_SETUP = """    let s_row = f32(xs[m0]);
+    let zp_row = zp_at(m0);
+    let inv_row = div_rn(1.0, s_row);"""
+GEMV_DQ8_X = """        xa = vec4<f32>(xq(xa.x, inv_row, zp_row, s_row), xq(xa.y, inv_row, zp_row, s_row),
+                       xq(xa.z, inv_row, zp_row, s_row), xq(xa.w, inv_row, zp_row, s_row));
+        xb = vec4<f32>(xq(xb.x, inv_row, zp_row, s_row), xq(xb.y, inv_row, zp_row, s_row),
+                       xq(xb.z, inv_row, zp_row, s_row), xq(xb.w, inv_row, zp_row, s_row));"""
+
+
+def gemv_shader(dq8, zp_packed, has_bias, word_group, lanes, types=Storage(), residual=False, rows=1):
+    """A GEMV route (`lanes` invocations reduce over K for each 4 outputs of `rows` rows)."""
+    store = lambda r: f"out[(m0 + {r}u) * q.N + n] = epilogue(v0, m0 + {r}u, n);"  # noqa: E731
+    body = gemv_body(dq8, [("wq", "dq8")], "q.N", store, lanes, rows=rows)
+    head = _gemv_header(dq8, zp_packed, has_bias, types, residual=residual) + _dequant(dq8, zp_packed, word_group)
+    return head + gemv_reduce(rows) + gemv_main(rows) + f"    let wg = wg0;\n    {body}\n}}\n"
+
+
+# CPU adapters with subgroups (kernels/matmul/linear.py's gemv_sg_body, for 4-bit words): the lanes of a
+# subgroup walk a weight row together, lane l reading Q4_SG_WORDS words (8 weights each, one scale
+# group: gs a multiple of Q4_SG_STEP) at step l, l + S, ..; a subgroup takes a shape of
+# (input rows, weight rows), each weight word it dequantizes used for all of its input rows and
+# each input vec4 for all of its weight rows; subgroupAdd sums an output's lanes. Needs K a
+# multiple of Q4_SG_STEP and rows of whole steps.
+# An output's sum is the same at every shape (vec4 accumulators, the words in order), so a row of
+# a prompt or a ragged pass is bitwise the row alone. f16 activations are read through
+# vec4_loader. On lavapipe each invocation's load is a scalar loop over the lanes, so loading
+# several words at once and each input vec4 once for several weight rows is what counts
+# (examples/bench_cpu_gemv.py, CPU time, 2 busy cores): one row by 49152 x 576 weights (group
+# 32) 24 ms at 4 weight rows a subgroup with dot products, 23 with vec4 accumulators, 20 at 8
+# weight rows (22-23 at 16), against 314 for GEMV above; 64 rows by 1536 x 576 52 ms in the
+# tiled 4-bit GEMM, 28 at 8 x 8, 31-46 at 4 x 4, 4 x 8, 8 x 4 and 16 x 4 (16 x 8 as 8 x 8).
+# 2 words a step rather than 4 (a vec4): K = 576 is 36 steps, 5 a lane of 8 (4 words: 18 steps,
+# 3 a lane, the last with 2 of 8 lanes live); 64 rows by 1536 x 576 24-27 against 28-33 ms.
+Q4_SG_GEMV = (1, 8)  # (input rows, weight rows) a subgroup takes: one row (decode)
+Q4_SG_GEMM = (8, 8)  # any other row count (prefill, a ragged pass): no tiled GEMM, no barriers
+Q4_SG_WORDS = 2  # words a lane loads a step (a vec2<u32>: 16 weights)
+Q4_SG_STEP = 8 * Q4_SG_WORDS  # weights a lane step: K and the group size must be whole steps
+# GPUs take the GEMV up to Q4_GEMV_MAX_ROWS rows, as the fused 4-bit linears do (so that those stay
+# bitwise the plain ops). With its lanes fitted to K past one row (gemv_routes) it beat this
+# kernel at kernels/matmul/routes.py's SG_GPU shape, which GPUs took for 17 to 32 rows of wide weights:
+# H100, SmolLM2-shaped 4w export, greedy bursts, two rounds in one call: 32 sessions 6,513 /
+# 6,533 -> 7,332 / 7,446 tokens/s (the fused SwiGLU normalizing its rows, one dispatch instead of
+# three and the norm's).
+
+
+def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None):
+    """The subgroup kernel's statements for `shape` = (input rows, weight rows split among
+    `weights`, (word binding, scale fn) pairs read for the same outputs, as SwiGLU's gate and up);
+    input row r of the workgroup's group of rows from r0 (rows past `rows` read as the last live
+    one, not written). `store(r)` writes row r's output n of N = `n` from v0, v1, .. (one a weight)."""
+    ins, outs = range(shape[0]), range(shape[1] // len(weights))
+    store = store or (lambda r: f"out[(r0 + {r}u) * q.N + n] = epilogue(v0, r0 + {r}u, n);")
+    ws = [(j, i) for j in range(len(weights)) for i in outs]
+    lines = [f"let x{r}_ = min(r0 + {r}u, q.M - 1u);" for r in ins]
+    if dq8:  # GEMV_DQ8_SETUP for each row
+        lines += [f"let s_row{r} = f32(xs[x{r}_]); let zp_row{r} = zp_at(x{r}_); let inv_row{r} = div_rn(1.0, s_row{r});" for r in ins]
+    lines += [f"for (var g = li / sgs; g < {CPU_WG // SG_LANES}u; g = g + {CPU_WG}u / sgs) {{", f"let n0 = nw + g * {len(outs)}u;"]
+    lines += [f"let c{i} = min(n0 + {i}u, {n} - 1u);" for i in outs]
+    lines += [f"var acc{j}_{i}_{r} = vec4<f32>(0.0);" for j, i in ws for r in ins]
+    lines += [f"for (var v = lane; v < q.K / {Q4_SG_STEP}u; v = v + sgs) {{", f"    let k0 = v * {Q4_SG_STEP}u;"]
+    for j, i in ws:
+        wq, wscale = weights[j]
+        lines += [f"    let w{j}_{i} = {wq}[c{i} * wprv + v];", f"    let s{j}_{i} = {wscale}(k0, c{i});"]
+    for c, word in enumerate("xyzw"[:Q4_SG_WORDS]):  # 8 weights a word: input vec4s 2c and 2c + 1 of the step
+        lines.append("    {")
+        for r in ins:
+            for h in range(2):
+                load = f"x4(x{r}_ * kv4 + v * {Q4_SG_STEP // 4}u + {2 * c + h}u)"
+                if dq8:  # GEMV_DQ8_X's quantize-dequantize, per component
+                    load = f"xq4({load}, inv_row{r}, zp_row{r}, s_row{r})"
+                lines.append(f"    let x{r}{'ab'[h]} = {load};")
+        for j, i in ws:
+            t = f"{j}_{i}"
+            lines.append(f"    let d{t} = nibbles(w{t}.{word}); let a{t} = d{t}.a * s{t}; let b{t} = d{t}.b * s{t};")
+            lines += [f"    acc{t}_{r} = acc{t}_{r} + x{r}a * a{t} + x{r}b * b{t};" for r in ins]
+        lines.append("    }")
+    lines.append("}")
+    for r in ins:
+        for i in outs:
+            sums = " ".join(f"let v{j} = subgroupAdd((acc{j}_{i}_{r}.x + acc{j}_{i}_{r}.y) + (acc{j}_{i}_{r}.z + acc{j}_{i}_{r}.w));" for j in range(len(weights)))
+            lines.append(f"{{ {sums} let n = n0 + {i}u; if (lane == 0u && n < {n} && {r}u < rows) {{ {store(r)} }} }}")
+    lines.append("}")
+    return "\n    ".join(lines)
+
+
+XQ4 = """
+fn xq4(v: vec4<f32>, inv: f32, zp: f32, s: f32) -> vec4<f32> {
+    return vec4<f32>(xq(v.x, inv, zp, s), xq(v.y, inv, zp, s), xq(v.z, inv, zp, s), xq(v.w, inv, zp, s));
+}
+"""
+
+
+SG_MAIN = f"""
+@compute @workgroup_size({CPU_WG})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32{SUBGROUP_BUILTINS}) {{
+    let r0 = wid.z * ROWSu;
+    let rows = min(ROWSu, q.M - r0);
+    let kv4 = q.K / 4u;
+    let wprv = q.wpr / {Q4_SG_WORDS}u;
+    let wg0 = wid.x + wid.y * nwg.x;
+"""
+
+
+def sg_main(shape):
+    """The subgroup kernels' entry for `shape`: workgroup z is a group of shape[0] rows from r0,
+    `rows` of them live; wg0 the workgroup's index over x and y."""
+    return SG_MAIN.replace("ROWS", str(shape[0]))
+
+
+def sg_shader(dq8, zp_packed, has_bias, shape=Q4_SG_GEMV, types=Storage(), residual=False):
+    """The subgroup kernel of `shape`: workgroup z is a group of shape[0] rows;
+    K, the weight rows and gs whole steps of Q4_SG_WORDS words; activations f32 or f16."""
+    head = _gemv_header(dq8, zp_packed, has_bias, types, vec4=True, residual=residual) + vec4_loader("x", types.x)
+    return head + _dequant(dq8, zp_packed, True) + (XQ4 if dq8 else "") + sg_main(shape) + f"    let nw = wg0 * {sg_wg_rows(shape)}u;\n    {sg_body(dq8, shape)}\n}}\n"
+
+
+# The GEMM template's B load: one weight of row n at k, dequantized as dq8 does it.
+Q4_B_AT = """
+fn b_at(off: u32, n: u32, k: u32, kend: u32) -> f32 {
+    if (n < p.N && k < kend) {
+        let word = wq[n * q.wpr + k / 8u];
+        return (f32((word >> (4u * (k % 8u))) & 15u) - 8.0) * wscale(k, n);
+    }
+    return 0.0;
+}
+"""
+# Its A load: fp32, or with dq8 quantized and dequantized with the row's (1 / scale, zero point,
+# scale), which each invocation computes once for its 4 rows (the setup) into private vec4s.
+A_AT = """
+fn a_at(off: u32, m: u32, k: u32, kend: u32) -> f32 {
+    if (m < p.M && k < kend) { return f32(x[off + m * p.K + k]); }
+    return 0.0;
+}
+"""
+DQ8_A_AT = """
+var<private> r_inv: vec4<f32>;
+var<private> r_zp: vec4<f32>;
+var<private> r_s: vec4<f32>;
+fn a_at(off: u32, m: u32, k: u32, kend: u32) -> f32 {
+    let i = m % 4u;  // the invocation's rows are a_row0.. with a_row0 a multiple of 4
+    if (m < p.M && k < kend) { return xq(f32(x[off + m * p.K + k]), r_inv[i], r_zp[i], r_s[i]); }
+    return 0.0;
+}
+"""
+DQ8_SETUP = """    for (var i = 0u; i < 4u; i = i + 1u) {
+        var s = 1.0;
+        var zp = 0.0;
+        if (a_row0 + i < p.M) { s = f32(xs[a_row0 + i]); zp = zp_at(a_row0 + i); }
+        r_s[i] = s;
+        r_zp[i] = zp;
+        r_inv[i] = div_rn(1.0, s);
+    }
+"""
+
+
+def q4_load(dq8, zp_packed, word_group, types=Storage()):
+    """The GEMM template's tile loads for 4-bit weights (kernels/matmul/gemm.py)."""
+    return TileLoad(
+        inputs=_operands(dq8, zp_packed, types),
+        functions=_dequant(dq8, zp_packed, word_group) + (DQ8_A_AT if dq8 else A_AT) + Q4_B_AT,
+        b_along_k=True,
+        setup=DQ8_SETUP if dq8 else "",
+    )
+
+
+@dataclass(frozen=True)
+class Q4Weight:
+    """A 4-bit weight's checked layout: N rows of `wpr` u32 words, scales [groups, sn], group gs."""
+
+    n: int
+    wpr: int
+    groups: int
+    sn: int
+    gs: int
+
+    def subgroup_steps(self):
+        """Whether its rows and groups are whole steps of the subgroup kernels (K is checked live)."""
+        return self.wpr % Q4_SG_WORDS == 0 and self.gs % Q4_SG_STEP == 0
+
+    def check_input(self, b, k):
+        if -(-k // 8) > self.wpr or -(-k // self.gs) > self.groups:
+            b.fail(f"input K={k} does not fit weight [{self.n}, {4 * self.wpr}] / scales [{self.groups}, {self.sn}] (group {self.gs})")
+
+
+def q4_weight(b, x, weight, scales, group_size):
+    """The Q4Weight of `weight` and `scales` for input `x`, or ValueError naming what is wrong."""
+    wt, st, xt = b.graph.values[weight], b.graph.values[scales], b.graph.values[x]
+    if wt.dtype not in ("uint8", "int8") or len(wt.dims) != 2:
+        b.fail(f"weight must be packed uint8 [N, K/2], got {wt.dtype}{list(wt.dims)}")
+    if not is_float(xt.dtype) or not is_float(st.dtype):
+        b.fail(f"input ({xt.dtype}) and scales ({st.dtype}) must be floating point")
+    n, row_bytes = wt.dims
+    if row_bytes % 4:
+        b.fail(f"weight rows of {row_bytes} bytes are not whole u32 words (K must be padded to 8)")
+    if len(st.dims) != 2 or st.dims[-1] < n:
+        b.fail(f"scales must be [groups, >= N={n}], got {list(st.dims)}")
+    gs = int(group_size)
+    if gs <= 0:
+        b.fail(f"group size {gs}")
+    return Q4Weight(n, row_bytes // 4, *st.dims, gs)
+
+
+def q4_subgroup_shapes(b, w):
+    """The subgroup kernel shapes a plain 4-bit product of weight `w` builds on this device: CPU
+    adapters with subgroups take them at every row count, one row and more."""
+    if not (b.adapter == CPU and b.subgroups and w.subgroup_steps()):
+        return ()
+    return (Q4_SG_GEMV, Q4_SG_GEMM)
+
+
+def q4_subgroup_shape(b, shapes, m, k):
+    """The subgroup shape a product built with `shapes` takes for M x K, or None."""
+    if shapes and k % Q4_SG_STEP == 0 and m > 0:
+        return Q4_SG_GEMV if m == 1 else Q4_SG_GEMM
+    return None
+
+
+class Q4Product:
+    """The routes of one product out = x @ dequant(weight).T (+ bias) as the plain op runs it:
+    the GEMV up to its routes' rows (`gemv` False: not built, for a fused op whose own kernel
+    takes those rows), the subgroup kernels where the device takes them, the GEMM for more.
+    `xs`/`xz` (per-row activation scale and zero point) turn on the dynamic int8 activation
+    quantization; with `residual`, `bias` is an [..., N] residual added in the epilogue, to the
+    product rounded to the output's type (as the add it replaced read it)."""
+
+    def __init__(self, b, x, xs, xz, weight, scales, group_size, bias, out, residual=False, gemv=True):
+        self.b, self.x, self.xs, self.xz, self.bias, self.out, self.residual = b, x, xs, xz, bias, out, residual
+        self.w = w = q4_weight(b, x, weight, scales, group_size)
+        dq8 = xs is not None
+        zp_packed = dq8 and b.graph.values[xz].dtype in PACKED
+        has_bias = bias is not None
+        self.q, self.p = b.params(LIN_SIZE), b.params(PARAMS_SIZE)
+        operands = [x] + ([xs, xz] if dq8 else []) + [weight, scales]
+        tail = [bias] if has_bias else []
+        word_group = w.gs % 8 == 0
+        types = Storage(*(b.storage(v) if v is not None else "f32" for v in (x, xs, scales, bias, out)))
+        bound = [*operands, *tail, out, self.q]
+        self.routes = gemv_routes(w.wpr, grouped=not dq8) if gemv else []
+        most = self.routes[-1][0] if self.routes else GEMV_MAX_ROWS
+        self.gemv_rows = gpu_gemv_rows(w.n, most) if gemv and b.adapter != CPU else most  # more: the GEMM
+        self.gemvs = [b.dispatch(gemv_shader(dq8, zp_packed, has_bias, word_group, lanes, types, residual, rows), bound) for _, lanes, rows in self.routes]
+        self.shapes = q4_subgroup_shapes(b, w)
+        self.sgs = [(b.dispatch(sg_shader(dq8, zp_packed, has_bias, shape, types, residual), bound), shape) for shape in self.shapes]
+        q_binding = len(operands) + len(tail) + 3  # after out, p and the scratch
+        q_wgsl = f"{LIN_STRUCT};\n@group(0) @binding({q_binding}) var<uniform> q: Q;\n"
+        load = q4_load(dq8, zp_packed, word_group, types)
+        self.gemm = GemmRoute(b, load, operands, bias, out, self.p, gemm_scratch(b, [out]), [self.q], q_wgsl, residual=residual)
+
+    def resize(self, ctx, on=True):
+        """Check the live shapes, set the uniforms, dims and grids (every route off unless `on`);
+        returns (M, K)."""
+        w, xd = self.w, ctx.dims(self.x)
+        if len(xd) < 1:
+            self.b.fail("input must have at least one dim")
+        k, m = xd[-1], numel_of(xd[:-1])
+        w.check_input(self.b, k)
+        if self.xs is not None:
+            for vid, what in ((self.xs, "scales"), (self.xz, "zero points")):
+                if ctx.numel(vid) != m:
+                    self.b.fail(f"input {tuple(xd)} has {m} rows but its activation {what} have {ctx.numel(vid)}")
+        if self.residual and ctx.numel(self.bias) != m * w.n:
+            self.b.fail(f"residual of shape {tuple(ctx.dims(self.bias))} for a product of {m} x {w.n}")
+        if self.bias is not None and not self.residual and ctx.numel(self.bias) < w.n:
+            self.b.fail(f"bias of {ctx.numel(self.bias)} elements for N={w.n}")
+        sg_shape = q4_subgroup_shape(self.b, self.shapes, m, k) if on else None
+        use_gemv = on and m <= self.gemv_rows and sg_shape is None
+        use_gemm = on and m > self.gemv_rows and sg_shape is None
+        if use_gemv and not self.gemvs:
+            self.b.fail(f"{m} rows need the GEMV route, not built")
+        splits, kspan = self.gemm.plan(m, w.n, k, 1, use_gemm)
+        ctx.set_params(self.q, struct.pack(LIN_FORMAT, m, w.n, k, w.wpr, w.sn, w.groups, w.gs, -(-k // 8)))
+        bias_strides = (0, w.n, 1) if self.residual else (0, 0, 1)
+        ctx.set_params(self.p, params_bytes(m, w.n, k, bias=bias_strides, split=(splits, kspan)))
+        chosen = gemv_route(self.routes, m) if use_gemv else None
+        for i, (d, (_, lanes, rows)) in enumerate(zip(self.gemvs, self.routes)):
+            ctx.set_grid(d, fold_grid(-(-w.n // gemv_outputs(lanes)))[:2] + (-(-m // rows),) if i == chosen else (0, 0, 0))
+        for d, shape in self.sgs:
+            ctx.set_grid(d, fold_grid(-(-w.n // sg_wg_rows(shape)))[:2] + (-(-m // shape[0]),) if shape == sg_shape else (0, 0, 0))
+        self.gemm.set_grids(ctx, m, w.n, 1, splits, use_gemm)
+        ctx.set_dims(self.out, ctx.dims(self.bias) if self.residual else tuple(xd[:-1]) + (w.n,))
+        return m, k
+
+
+def _add_q4_linear(b, x, xs, xz, weight, scales, group_size, bias, residual=False):
+    """Record the routes of out = x @ dequant(weight).T (+ bias or residual) and the hook."""
+    product = Q4Product(b, x, xs, xz, weight, scales, group_size, bias, b.out, residual)
+    b.hook(product.resize)
+
+
+@op("et_vk.linear_q4gsw.default", half=True)
+def linear_q4gsw(b):
+    """[x [..., K], weight u8 [N, Kp/2], scales f32 [groups, Np], group_size Int, bias or None, out]."""
+    bias = None if b.is_none(4) else b.args[4]
+    _add_q4_linear(b, b.args[0], None, None, b.args[1], b.args[2], b.scalar(3), bias)
+
+
+@op("et_vk.linear_dq8ca_q4gsw.default", half=True)
+def linear_dq8ca_q4gsw(b):
+    """[x [..., K], input_scale f32 [M], input_zp int8 [M], weight u8 [N, Kp/2], weight_sums i32
+    [groups, N8] (unused: for integer accumulation), scales f32 [groups, Np], group_size Int,
+    bias or None, out]."""
+    bias = None if b.is_none(7) else b.args[7]
+    if not b.is_tensor(1) or not b.is_tensor(2):
+        b.fail("activation scales and zero points must be tensors (dynamic quantization)")
+    _add_q4_linear(b, b.args[0], b.args[1], b.args[2], b.args[3], b.args[5], b.scalar(6), bias)
+
+
+# ---------------------------------------------------------------- choose_qparams_affine
+
+QP_FORMAT = "<IIIiifff"  # blocks, block, mode, qmin, qmax, eps, divisor, zp_sym
+QP_SIZE = struct.calcsize(QP_FORMAT)
+MODES = {"ASYMMETRIC": 0, "SYMMETRIC": 1, "SYMMETRIC_NO_CLIPPING_ERR": 2}
+
+# 4 blocks per workgroup, 64 threads each: min/max, then torchao's scale and zero point.
+CHOOSE_QPARAMS = """
+struct P { blocks: u32, block: u32, mode: u32, qmin: i32, qmax: i32, eps: f32, divisor: f32, zp_sym: f32 }
+@group(0) @binding(0) var<storage, read> x: array<X_TYPE>;
+@group(0) @binding(1) var<storage, read_write> scale: array<SCALE_TYPE>;
+@group(0) @binding(2) var<storage, read_write> zpo: array<ZP_TYPE>;
+@group(0) @binding(3) var<uniform> p: P;
+DIV_RN
+var<workgroup> rmin: array<f32, 256>;
+var<workgroup> rmax: array<f32, 256>;
+var<workgroup> zps: array<i32, 4>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    let g = wid.x + wid.y * nwg.x;
+    let lane = li % 64u;
+    let slot = li / 64u;
+    let blk = g * 4u + slot;
+    // min(min(x), 0) and max(max(x), 0)
+    var mn = 0.0;
+    var mx = 0.0;
+    if (blk < p.blocks) {
+        let base = blk * p.block;
+        for (var k = lane; k < p.block; k = k + 64u) {
+            let v = f32(x[base + k]);
+            mn = min(mn, v);
+            mx = max(mx, v);
+        }
+    }
+    rmin[li] = mn;
+    rmax[li] = mx;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s = s >> 1u) {
+        if (lane < s) {
+            rmin[li] = min(rmin[li], rmin[li + s]);
+            rmax[li] = max(rmax[li], rmax[li + s]);
+        }
+        workgroupBarrier();
+    }
+    if (lane == 0u) {
+        var zp = 0;
+        if (blk < p.blocks) {
+            let lo = rmin[li];
+            let hi = rmax[li];
+            let qmin = f32(p.qmin);
+            let qmax = f32(p.qmax);
+            var sc = 0.0;
+            var z = p.zp_sym;
+            if (p.mode == 0u) {
+                sc = max(div_rn(hi - lo, p.divisor), p.eps);
+                z = clamp(qmin - round(div_rn(lo, sc)), qmin, qmax);
+            } else if (p.mode == 1u) {
+                sc = max(div_rn(max(-lo, hi), p.divisor), p.eps);
+            } else {
+                let smin = div_rn(lo, qmin);
+                let smax = div_rn(hi, qmax);
+                sc = select(smax, smin, smin > smax);
+                sc = max(sc, p.eps);
+            }
+            scale[blk] = SCALE_TYPE(sc);
+            zp = i32(z);
+            ZP_STORE
+        }
+        zps[slot] = zp;
+    }
+    ZP_PACK
+}
+"""
+ZP_PACK = """workgroupBarrier();
+    if (li == 0u) {
+        zpo[g] = (u32(zps[0]) & 0xFFu) | ((u32(zps[1]) & 0xFFu) << 8u) | ((u32(zps[2]) & 0xFFu) << 16u)
+               | ((u32(zps[3]) & 0xFFu) << 24u);
+    }"""
+
+
+@op("torchao.choose_qparams_affine.default", half=True)
+def choose_qparams_affine(b):
+    """[input, mapping_type Str, block_size IntList, target_dtype (None), quant_min, quant_max,
+    eps Double or None, scale_dtype, zero_point_dtype, keepdim, ValueList[scale, zero_point]]."""
+    x = b.args[0]
+    xt = b.tensor(0)
+    if not is_float(xt.dtype):
+        b.fail(f"input dtype {xt.dtype}")
+    mapping = b.scalar(1)
+    if mapping not in MODES:
+        b.fail(f"mapping type {mapping!r} is not supported")
+    block = tuple(b.value(2).items)
+    if len(block) != len(xt.dims) or any(int(s) != 1 for s in block[:-1]) or block[-1] <= 0:
+        b.fail(f"block_size {list(block)} for input {list(xt.dims)}: only [1, ..., 1, B] (per row group)")
+    bsize = int(block[-1])
+    qmin, qmax = b.scalar(4, -128), b.scalar(5, 127)
+    eps = b.scalar(6, None)
+    eps = 2.0**-126 if eps is None else float(eps)  # torch.finfo(float32).smallest_normal
+    outs = b.value(len(b.args) - 1).items
+    if len(outs) != 2:
+        b.fail(f"expected 2 outputs, got {len(outs)}")
+    sc, zp = outs
+    st, zt = b.graph.values[sc], b.graph.values[zp]
+    zp_packed = zt.dtype in PACKED
+    if not is_float(st.dtype):
+        b.fail(f"scale dtype {st.dtype}")
+    mode = MODES[mapping]
+    divisor = float(qmax - qmin) if mode == 0 else float(qmax - qmin) / 2
+    zp_sym = float(int((qmax + qmin + 1) / 2))
+    src = (
+        CHOOSE_QPARAMS.replace("DIV_RN", DIV_RN)
+        .replace("ZP_TYPE", "u32" if zp_packed else "i32")
+        .replace("X_TYPE", wgsl_type(xt.dtype))
+        .replace("SCALE_TYPE", wgsl_type(st.dtype))
+        .replace("ZP_STORE", "" if zp_packed else "zpo[blk] = zp;")
+        .replace("ZP_PACK", ZP_PACK if zp_packed else "")
+    )
+    params = b.params(QP_SIZE)
+    d = b.dispatch(src, [x, sc, zp, params])
+    out_rank = len(st.dims)
+
+    def resize(ctx):
+        xd = ctx.dims(x)
+        k = xd[-1]
+        if k % bsize:
+            b.fail(f"input {tuple(xd)} does not split into blocks of {bsize}")
+        blocks = numel_of(xd) // bsize
+        if out_rank == len(xd):
+            dims = tuple(xd[:-1]) + (k // bsize,)
+        else:
+            dims = tuple(xd[:-1]) + ((k // bsize,) if k != bsize else ())
+        if len(dims) != out_rank:
+            b.fail(f"cannot shape {blocks} blocks into rank {out_rank}")
+        ctx.set_params(params, struct.pack(QP_FORMAT, blocks, bsize, mode, qmin, qmax, eps, divisor, zp_sym))
+        ctx.set_grid(d, fold_grid(-(-blocks // 4)))
+        ctx.set_dims(sc, dims)
+        ctx.set_dims(zp, dims)
+
+    b.hook(resize)
+
+
+# ---------------------------------------------------------------- embedding_q4gsw
+
+EMBEDDING_Q4 = f"""
+struct P {{ n: u32, dim: u32, rows: u32, wpr: u32, groups: u32, gs: u32, linear: u32, pad: u32 }}
+@group(0) @binding(0) var<storage, read> wq: array<u32>;
+@group(0) @binding(1) var<storage, read> ws: array<WS_TYPE>;
+@group(0) @binding(2) var<storage, read> index: array<i32>;
+@group(0) @binding(3) var<storage, read_write> out: array<OUT_TYPE>;
+@group(0) @binding(4) var<uniform> p: P;
+{FLAT_INDEX}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
+    let i = flat_index(gid, nwg, {WG}u);
+    if (i >= p.n) {{ return; }}
+    let t = i / p.dim;
+    let d = i % p.dim;
+    // An index outside the table reads its nearest row instead of out-of-bounds memory.
+    let row = u32(clamp(index[t], 0, i32(p.rows) - 1));
+    let byte = (wq[row * p.wpr + d / 8u] >> (8u * ((d / 2u) % 4u))) & 0xFFu;
+    // linear packing: even element in the low nibble; otherwise in the high nibble
+    let high = ((d % 2u) == 1u) == (p.linear == 1u);
+    let q = select(byte & 15u, byte >> 4u, high);
+    out[i] = OUT_TYPE((f32(q) - 8.0) * f32(ws[row * p.groups + min(d / p.gs, p.groups - 1u)]));
+}}
+"""
+
+
+def embedding_q4_shader(b, scales, out):
+    """EMBEDDING_Q4 over the storage types of the `scales` and `out` tensors (f32 or f16)."""
+    return EMBEDDING_Q4.replace("WS_TYPE", b.storage(scales)).replace("OUT_TYPE", b.storage(out))
+
+
+@op("et_vk.embedding_q4gsw.default", half=True)
+def embedding_q4gsw(b):
+    """[weight u8 [V, Dp/2], scales f32 [V, groups] (or [V]), group_size Int, indices, is_linear_weight
+    Bool, out [..., D]]."""
+    wt, st = b.tensor(0), b.tensor(1)
+    gs = int(b.scalar(2))
+    indices = b.args[3]
+    linear = bool(b.scalar(4, False)) if len(b.args) > 5 else False
+    if len(wt.dims) != 2 or wt.dims[1] % 4:
+        b.fail(f"weight must be packed [V, D/2] with whole u32 rows, got {list(wt.dims)}")
+    rows, row_bytes = wt.dims
+    groups = st.dims[1] if len(st.dims) == 2 else 1
+    if st.dims[0] != rows:
+        b.fail(f"scales {list(st.dims)} for {rows} rows")
+    dim = b.graph.values[b.out].dims[-1]
+    if dim > row_bytes * 2 or -(-dim // gs) > groups:
+        b.fail(f"embedding dim {dim} does not fit weight {list(wt.dims)} / scales {list(st.dims)}")
+    params = b.params(32)
+    d = b.dispatch(embedding_q4_shader(b, b.args[1], b.out), [b.args[0], b.args[1], indices, b.out, params])
+
+    def resize(ctx):
+        shape = ctx.dims(indices) + (dim,)
+        n = numel_of(shape)
+        ctx.set_params(params, struct.pack("<8I", n, dim, rows, row_bytes // 4, groups, gs, int(linear), 0))
+        ctx.set_grid(d, flat_grid(n))
+        ctx.set_dims(b.out, shape)
+
+    b.hook(resize)

@@ -1,0 +1,69 @@
+"""Which route takes a product's rows: the row counts where the GEMV, the subgroup kernels and the
+GEMM take over, on GPUs and on CPU adapters, and how many rows a fused linear normalizes itself.
+
+A route is chosen in the hook by the live row count M (kernels/variants.py): up to a route's rows
+its kernel runs, past them the next. What every route keeps: a pass of at most BITWISE_ROWS rows
+gives each row the bits it gets alone (a ragged pass of several sessions is bitwise each alone).
+"""
+
+from ..variants import CPU
+from ..wgsl import wgsl_type
+
+# Up to this many rows, a product with an [N, K] weight runs the GEMV for every row: a 64x64 GEMM
+# tile row leaves most of a large GPU idle for a few rows (a ragged decode pass of several
+# sessions). A workgroup loads its 4 weight rows once for a group of input rows (linear.py's
+# GEMV_GROUP_ROWS), and sums each row in the same order as a single-row GEMV: bitwise what the
+# row gets alone. Side by side on an H100 (16 and 32 SmolLM2-size sessions, two runs each): 8
+# rows per group with one accumulator variable per row decoded 6-16% faster than one row per
+# workgroup. (An accumulator array indexed in a loop was 7-13% slower than one row on an H200:
+# spills.)
+GEMV_MAX_ROWS = 32
+Q4_GEMV_MAX_ROWS = 64  # the 4-bit GEMV (q4_linear.py), four rows a workgroup past 32
+
+# GPUs with subgroups take the CPU adapters' subgroup kernel (linear.py) in the fused q/k/v and
+# SwiGLU products (fused_linear.py) for a ragged pass of SG_GPU_ROWS rows (several decode
+# sessions), at SG_GPU (4 x 4: 8 x 8's accumulators spill a GPU's registers): lanes along K and a
+# subgroupAdd, where the GEMV reduces 576-long rows across 256 invocations through workgroup
+# memory, ~9 barriers a row. H100, SmolLM2 shape, greedy bursts (examples/bench_llm.py, one
+# call): 32 sessions 5,972 -> 7,168 tokens/s, at 8 x 8 3,609, 8 x 2 7,066; but 16 sessions 4,472
+# -> 4,309 and one row 476 -> 317, so up to 16 rows keep the GEMV (whose rows a pass computes
+# bitwise as alone) and more than 128 the tiled GEMM. The plain and residual linears keep theirs:
+# with N = 576, 4 x 4 leaves too few workgroups (32 sessions: 6,084 tokens/s with them taking it
+# too).
+SG_GPU = (4, 4)
+SG_GPU_ROWS = (17, 128)
+# A pass of at most this many rows computes each row's products as the row alone would, on any
+# adapter (the GEMVs, and the CPU subgroup kernels at every shape, sum a row in one order).
+BITWISE_ROWS = SG_GPU_ROWS[0] - 1
+# On GPUs, weights of at least GEMV_T4_MIN_N rows (an LM head) take linear.py's vec4 GEMV, and
+# the GEMM past WIDE_GEMV_ROWS rows: the GEMVs read such a weight once per 8 rows (the vec4 GEMV)
+# or once per row (4-bit), the GEMM once. H100, SmolLM2's 49,152 x 576 LM head, per-dispatch
+# profile: fp32 the GEMV 335 us at 32 rows, the GEMM 203 us at 64; 4-bit 494 against 233.
+GEMV_T4_MIN_N = 8192
+WIDE_GEMV_ROWS = BITWISE_ROWS
+
+
+def gpu_gemv_rows(n, most=GEMV_MAX_ROWS):
+    """The most rows a GPU's GEMV takes for a weight of N rows (more: the GEMM)."""
+    return WIDE_GEMV_ROWS if n >= GEMV_T4_MIN_N else most
+
+
+def subgroup_products(b, k, tensors):
+    """Whether products of K = k built by `b` can run the subgroup kernels: a device with
+    subgroups, K whole vec4s, every tensor of `tensors` stored f32 or f16. CPU variants then take
+    them at every row count, GPU ones for SG_GPU_ROWS rows."""
+    return b.subgroups and k % 4 == 0 and all(wgsl_type(b.graph.values[v].dtype) in ("f32", "f16") for v in tensors)
+
+
+def fused_norm_rows(b, k, tensors, q4=False):
+    """The most rows a fused linear of K = k over `tensors` (`q4`: a 4-bit one, whose GEMV takes up
+    to Q4_GEMV_MAX_ROWS rows, q4_fused_linear.py) normalizes itself; for more,
+    `pte_wgpu.rms_norm_for_gemm` (or `pte_wgpu.rms_norm_for_q4`) writes the normalized rows, which
+    the subgroup kernels of more than one row and the GEMM read. On CPU adapters with subgroups
+    none: their subgroup kernels read the normalized rows at every row count, as normalizing in
+    the kernel takes a workgroup barrier, which costs lavapipe more than the norm's own dispatch
+    (SmolLM2 4w, one row: the fused SwiGLU 1.94 ms normalizing itself, 0.99 ms reading the rows,
+    the norm 45 us; fp32 the same, BENCHMARKS.md)."""
+    if subgroup_products(b, k, tensors):
+        return 0 if b.adapter == CPU else Q4_GEMV_MAX_ROWS if q4 else SG_GPU_ROWS[0] - 1
+    return Q4_GEMV_MAX_ROWS if q4 else GEMV_MAX_ROWS

@@ -1,0 +1,5 @@
+"""Quantization: quantize, dequantize and choose_qparams, ops over packed 8-bit tensors, linears
+over per-channel quantized weights (int8 and 4-bit) and int8 convolutions. May import the kernels'
+top modules and `vision` (convolution shapes)."""
+
+from . import int8_conv, int8_elementwise, per_channel_linear, quantize  # noqa: F401

@@ -1,0 +1,134 @@
+"""Linear layers over per-channel quantized weights: int8 (`_weight_int8pack_mm`, the q8ta
+family) and 4-bit (`et_vk.linear_qcs4w`).
+
+- `aten._weight_int8pack_mm(x, w int8 [N, K], scales [N])`: x @ w.T * scales (weight-only).
+- `et_vk.linear_qcs4w(x, w uint8 [N, Kp/2], scales [N])`: the same with 4-bit weights, two per
+  byte, the even k in the high nibble, each stored as q + 8.
+- `et_vk.linear_q8ta_q8csw`: x (float) quantized per tensor, times int8 weights, float out.
+- `et_vk.q8ta_linear` / `q8ta_linear_gemv`: int8 in, int8 out (optionally through relu).
+
+The q8ta ops accumulate (xq - x_zp) * wq exactly in i32, then scale by x_scale * w_scale[n], add
+the bias and requantize; the reference dequantizes both operands and sums in f32, so an output
+can differ from it by one quantization step where it lands on a rounding boundary.
+
+One invocation computes the 4 outputs of one output word (kernels/quant/int8_elementwise.py), each a dot product
+over K in f32 or i32 (float16 activations, scales and biases read as f32): a plain kernel for the
+small layers quantized PT2E graphs have; the q4gsw kernels (kernels/matmul/q4_linear.py) are the tuned
+path for LLM weights.
+"""
+
+import struct
+
+from pte_wgpu.resize.shapes import numel_of
+
+from ..registry import op
+from ..wgsl import wgsl_type
+from .int8_elementwise import QUANT_FNS, inv, reader, word_grid, word_main, zero_point
+
+LIN_PARAMS = "<IIII4f4i"  # outputs, N, K, weight row length; then 4 floats and 4 ints of constants
+LIN_STRUCT = "struct P { n: u32, N: u32, K: u32, row: u32, f: vec4<f32>, k: vec4<i32> }"
+
+# A 4-bit weight: byte k / 2 of row n, the even k in the high nibble, stored as q + 8.
+NIBBLE_READER = """@group(0) @binding({binding}) var<storage, read> w: array<u32>;
+fn w_at(i: u32) -> i32 {{
+    let byte = (w[i / 8u] >> (8u * ((i / 2u) % 4u))) & 0xFFu;
+    return i32(select(byte & 15u, byte >> 4u, i % 2u == 0u)) - 8;
+}}
+"""
+
+DOT = """
+fn value(e: u32) -> OUT {
+    let m = e / p.N;
+    let n = e % p.N;
+    var acc = ACC(0);
+    for (var k = 0u; k < p.K; k = k + 1u) { acc = acc + TERM; }
+    EPILOGUE
+}
+"""
+
+
+def _add_linear(b, x, weight, scales, bias, term, epilogue, consts, integer=False, four_bit=False):
+    """Record out[m, n] = epilogue(sum over k of `term`, in i32 if `integer`), for x [..., K] and
+    weight rows n; `consts` fill the uniform's p.f and p.k."""
+    values = b.graph.values
+    xt, wt, out = values[x], values[weight], values[b.out]
+    n_out = wt.dims[0]
+    row = wt.dims[1] * 2 if four_bit else wt.dims[1]
+    src = reader("x", xt.dtype, 0)
+    src += NIBBLE_READER.format(binding=1) if four_bit else reader("w", wt.dtype, 1)
+    src += reader("ws", values[scales].dtype, 2)
+    bindings = [x, weight, scales]
+    if bias is not None:
+        src += reader("bias", values[bias].dtype, 3)
+        bindings.append(bias)
+    nb = len(bindings)
+    src += f"@group(0) @binding({nb}) var<storage, read_write> out: array<{wgsl_type(out.dtype)}>;\n"
+    src += f"@group(0) @binding({nb + 1}) var<uniform> p: P;\n{LIN_STRUCT};\n" + QUANT_FNS
+    src += (
+        DOT.replace("OUT", "i32" if out.dtype in ("int8", "uint8") else "f32")
+        .replace("ACC", "i32" if integer else "f32")
+        .replace("TERM", term)
+        .replace("EPILOGUE", epilogue.replace("BIAS", "bias_at(n)" if bias is not None else "0.0"))
+    )
+    src += word_main(out.dtype)
+    params = b.params(struct.calcsize(LIN_PARAMS))
+    d = b.dispatch(src, bindings + [b.out, params])
+
+    def resize(ctx):
+        dims = ctx.dims(x)
+        k = dims[-1]
+        if k > row:
+            raise ValueError(f"{b.name}: input {dims} has K={k}, the weight rows {row}")
+        shape = tuple(dims[:-1]) + (n_out,)
+        n = numel_of(shape)
+        ctx.set_params(params, struct.pack(LIN_PARAMS, n, n_out, k, row, *consts[0], *consts[1]))
+        ctx.set_grid(d, word_grid(n))
+        ctx.set_dims(b.out, shape)
+
+    b.hook(resize)
+
+
+WEIGHT_ONLY_TERM = "x_at(m * p.K + k) * f32(w_at(n * p.row + k))"
+
+
+@op("aten._weight_int8pack_mm.default", half=True)
+def weight_int8pack_mm(b):
+    """[x [M, K], weight int8 [N, K], scales [N], out [M, N]]."""
+    _add_linear(b, b.args[0], b.args[1], b.args[2], None, WEIGHT_ONLY_TERM, "return acc * ws_at(n);", ((0.0,) * 4, (0,) * 4))
+
+
+@op("et_vk.linear_qcs4w.default", half=True)
+def linear_qcs4w(b):
+    """[x [..., K], weight uint8 [N, Kp/2], scales [N], out [..., N]]."""
+    _add_linear(b, b.args[0], b.args[1], b.args[2], None, WEIGHT_ONLY_TERM, "return acc * ws_at(n);", ((0.0,) * 4, (0,) * 4), four_bit=True)
+
+
+# (x_q - x_zp) * w_q; x_q read as int8 (q8ta_linear) or quantized on the fly (linear_q8ta_q8csw)
+Q8_TERM = "(XQ - p.k.x) * w_at(n * p.row + k)"
+SCALED = "f32(acc) * p.f.x * ws_at(n) + BIAS"
+
+
+@op("et_vk.linear_q8ta_q8csw.default")
+def linear_q8ta_q8csw(b):
+    """[x float [..., K], input_scale, input_zp, weight int8 [N, K], weight_sums (unused),
+    weight_scales [>= N], bias or None, out float]."""
+    scale, zp = b.scalar(1), zero_point(b, 2)
+    bias = None if b.is_none(6) else b.args[6]
+    xq = "quantize(x_at(m * p.K + k), p.f.y, p.k.x, -128, 127)"
+    consts = ((scale, inv(scale), 0.0, 0.0), (zp, 0, 0, 0))
+    _add_linear(b, b.args[0], b.args[3], b.args[5], bias, Q8_TERM.replace("XQ", xq), f"return {SCALED};", consts, integer=True)
+
+
+@op("et_vk.q8ta_linear.default", "et_vk.q8ta_linear_gemv.default", half=True)
+def q8ta_linear(b):
+    """[x int8 [..., K], input_scale, input_zp, weight int8 [N, K], weight_sums (unused),
+    weight_scales [>= N], output_scale, output_zp, bias or None, activation Str, out int8]."""
+    scale, zp, out_scale, out_zp = b.scalar(1), zero_point(b, 2), b.scalar(6), zero_point(b, 7)
+    bias = None if b.is_none(8) else b.args[8]
+    activation = b.scalar(9, "none")
+    if activation not in ("none", "relu"):
+        raise ValueError(f"{b.name}: activation {activation!r}")
+    y = f"max({SCALED}, 0.0)" if activation == "relu" else SCALED
+    epilogue = f"return quantize({y}, p.f.y, p.k.y, -128, 127);"
+    consts = ((scale, inv(out_scale), 0.0, 0.0), (zp, out_zp, 0, 0))
+    _add_linear(b, b.args[0], b.args[3], b.args[5], bias, Q8_TERM.replace("XQ", "x_at(m * p.K + k)"), epilogue, consts, integer=True)

@@ -1,0 +1,245 @@
+"""Elementwise ops: unary, binary and `where`, with NumPy broadcasting of up to 8 dims.
+
+One WGSL template serves every op: each output element is decomposed into coordinates and each
+operand is read through its broadcast strides (0 on broadcast dims), unless no operand broadcasts:
+then every operand is read at the output's own flat index. A Scalar operand becomes a
+uniform. The arithmetic runs in f32 unless every tensor operand and the output are integers.
+"""
+
+import struct
+
+from pte_wgpu.resize.shapes import broadcast_shapes, numel_of
+from pte_wgpu.resize.values import SymInt
+
+from ..registry import op
+from ..wgsl import FLAT_INDEX, SPREAD_MAIN, STRIDED, is_float, pack_strides, pack_u32x8, spread_grid, wgsl_type
+
+PARAMS_SIZE = 16 + 32 * 4  # numel, rank, alpha, beta; sizes; 3 operand stride arrays
+
+TEMPLATE = """
+struct P {{ numel: u32, rank: u32, alpha: f32, beta: f32, sizes: array<vec4<u32>, 2>,
+           s0: array<vec4<u32>, 2>, s1: array<vec4<u32>, 2>, s2: array<vec4<u32>, 2> }}
+{decls}
+@group(0) @binding({out_binding}) var<storage, read_write> out: array<{TO}>;
+@group(0) @binding({p_binding}) var<uniform> p: P;
+{FLAT_INDEX}
+{STRIDED}
+{MAIN}
+fn element(i: u32) {{
+    if (i >= p.numel) {{ return; }}
+    let o = strided_offsets(i, p.rank, p.sizes, p.s0, p.s1, p.s2);  // rank 0: no operand broadcasts
+    let o0 = o.x; let o1 = o.y; let o2 = o.z;
+    let alpha = {CT}(p.alpha);
+    let beta = {CT}(p.beta);
+{loads}
+    out[i] = {TO}({expr});
+}}
+"""
+
+# name -> (expression over a, b, c, alpha, beta in the compute type CT)
+UNARY = {
+    "aten.relu.default": "max(a, CT(0))",
+    "aten.sigmoid.default": "1.0 / (1.0 + exp(-a))",
+    "aten.tanh.default": "tanh(clamp(a, -20.0, 20.0))",
+    "aten.exp.default": "exp(a)",
+    "aten.neg.default": "-a",
+    "aten.sqrt.default": "sqrt(a)",
+    "aten.rsqrt.default": "inverseSqrt(a)",
+    "aten.abs.default": "abs(a)",
+    "aten.sin.default": "sin(a)",
+    "aten.cos.default": "cos(a)",
+    "aten.log.default": "log(a)",
+    "aten.log10.default": "log2(a) * 0.30102999566398120",
+    "aten.reciprocal.default": "1.0 / a",
+    "aten.round.default": "round(a)",
+    "aten.logical_not.default": "CT(a == CT(0))",
+    "aten.bitwise_not.default": "CT(a == CT(0))",
+    "aten.silu.default": "a / (1.0 + exp(-a))",
+    "aten.hardtanh.default": "clamp(a, alpha, beta)",
+    "aten.clamp.default": "clamp(a, alpha, beta)",
+    "aten.leaky_relu.default": "select(a * alpha, a, a >= CT(0))",
+    "aten.hardswish.default": "a * clamp(a + 3.0, 0.0, 6.0) / 6.0",
+    "aten.hardshrink.default": "select(a, CT(0), abs(a) <= alpha)",
+}
+GELU = {
+    "none": "0.5 * a * (1.0 + erf_approx(a * 0.70710678118654752))",
+    "tanh": "0.5 * a * (1.0 + tanh(clamp(0.7978845608028654 * (a + 0.044715 * a * a * a), -20.0, 20.0)))",
+}
+# erf with |error| < 1.2e-7 (Numerical Recipes erfc), so gelu matches torch to ~1e-7.
+ERF = """
+fn erf_approx(x: f32) -> f32 {
+    let z = abs(x);
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let r = t * exp(-z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 +
+            t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 +
+            t * (-0.82215223 + t * 0.17087277)))))))));
+    return select(r - 1.0, 1.0 - r, x >= 0.0);
+}
+"""
+BINARY = {
+    "add": "a + alpha * b",
+    "sub": "a - alpha * b",
+    "mul": "a * b",
+    "div": "a / b",
+    "pow": "pow(a, b)",
+    "minimum": "min(a, b)",
+    "maximum": "max(a, b)",
+    "eq": "CT(a == b)",
+    "ne": "CT(a != b)",
+    "lt": "CT(a < b)",
+    "le": "CT(a <= b)",
+    "gt": "CT(a > b)",
+    "ge": "CT(a >= b)",
+    "logical_and": "CT(a != CT(0) && b != CT(0))",
+    "logical_or": "CT(a != CT(0) || b != CT(0))",
+    "bitwise_and": "CT(a != CT(0) && b != CT(0))",
+    "bitwise_or": "CT(a != CT(0) || b != CT(0))",
+}
+# In f32, pow of a negative base is NaN in WGSL; torch gives a real result for integral exponents.
+POW_F32 = "select(pow(abs(a), b), select(-1.0, 1.0, fract(b * 0.5) == 0.0) * pow(abs(a), b), a < 0.0 && fract(b) == 0.0)"
+
+
+def _shader(expr, operand_types, out_type, ct, uses_erf=False):
+    decls, loads = [], []
+    for k, t in enumerate(operand_types):
+        name = "abc"[k]
+        if t is None:  # a Scalar operand, passed in beta
+            loads.append(f"    let {name} = beta;")
+            continue
+        decls.append(f"@group(0) @binding({len(decls)}) var<storage, read> in{k}: array<{t}>;")
+        loads.append(f"    let {name} = {ct}(in{k}[o{k}]);")
+    n = len(decls)
+    src = TEMPLATE.format(
+        decls="\n".join(decls),
+        out_binding=n,
+        p_binding=n + 1,
+        TO=out_type,
+        CT=ct,
+        MAIN=SPREAD_MAIN,
+        FLAT_INDEX=FLAT_INDEX,
+        STRIDED=STRIDED,
+        loads="\n".join(loads),
+        expr=expr.replace("CT(", f"{ct}("),
+    )
+    return src + (ERF if uses_erf else "")
+
+
+def add_elementwise(b, operands, expr, alpha=1.0, beta=0.0):
+    """Record a broadcast elementwise op: `operands` are arg positions (or None for the Scalar in
+    `beta`), `expr` is over a, b, c (or {compute type: expr}). `alpha` and `beta` are numbers or
+    `fn(ctx)` for live values (a SymInt clamp bound)."""
+    out = b.tensor(len(b.args) - 1)
+    tensors = [b.args[i] if i is not None else None for i in operands]
+    dtypes = [b.graph.values[v].dtype for v in tensors if v is not None] + [out.dtype]
+    ct = "f32" if any(is_float(d) for d in dtypes) else "i32"
+    if isinstance(expr, dict):
+        expr = expr[ct]
+    if ct == "f32" and expr == BINARY["pow"]:
+        expr = POW_F32
+    types = [wgsl_type(b.graph.values[v].dtype) if v is not None else None for v in tensors]
+    shader = _shader(expr, types, wgsl_type(out.dtype), ct, uses_erf="erf_approx" in expr)
+    params = b.params(PARAMS_SIZE)
+    live = [v for v in tensors if v is not None]
+    d = b.dispatch(shader, live + [b.out, params])
+
+    def resize(ctx):
+        a, c = (x(ctx) if callable(x) else x for x in (alpha, beta))
+        if ct == "i32":
+            a, c = float(int(a)), float(int(c))
+        shapes = [ctx.dims(v) for v in live]
+        try:
+            shape = broadcast_shapes(*shapes)
+        except ValueError as e:
+            raise ValueError(f"{b.name}: {e}") from None
+        n = numel_of(shape)
+        strides = b"".join(pack_strides(s, shape) for s in shapes)
+        strides += bytes(32 * (3 - len(shapes)))
+        # rank 0 when every operand has the output's elements (none broadcasts): the kernel then
+        # skips the coordinate loop, whose divisions cost more than the memory traffic
+        rank = len(shape) if any(numel_of(s) != n for s in shapes) else 0
+        ctx.set_params(params, struct.pack("<IIff", n, rank, a, c) + pack_u32x8(shape) + strides)
+        ctx.set_grid(d, spread_grid(n))
+        ctx.set_dims(b.out, shape)
+
+    b.hook(resize)
+
+
+def _bound(b, i, default):
+    """A clamp bound: a number fixed in the file (None: `default`), or `fn(ctx)` for a SymInt."""
+    if isinstance(b.value(i), SymInt):
+        vid = b.args[i]
+        return lambda ctx: ctx.int_value(vid)
+    return b.scalar(i, default)
+
+
+def _unary(expr):
+    def build(b):
+        alpha, beta = -3.4e38, 3.4e38
+        if b.name in ("aten.clamp.default", "aten.hardtanh.default"):
+            alpha, beta = _bound(b, 1, alpha), _bound(b, 2, beta)
+        elif b.name == "aten.leaky_relu.default":
+            alpha = b.scalar(1, 0.01)
+        elif b.name == "aten.hardshrink.default":
+            alpha = b.scalar(1, 0.5)
+        add_elementwise(b, [0], expr, alpha, beta)
+
+    return build
+
+
+for _name, _expr in UNARY.items():
+    op(_name, half=True, capacity=True)(_unary(_expr))
+
+
+@op("aten.gelu.default", half=True, capacity=True)
+def gelu(b):
+    add_elementwise(b, [0], GELU[b.scalar(1, "none")])
+
+
+def _binary(expr):
+    def build(b):
+        alpha = 1.0
+        if len(b.args) == 4 and not b.is_tensor(2):  # add/sub carry alpha
+            alpha = b.scalar(2, 1)
+        if b.is_tensor(1):
+            add_elementwise(b, [0, 1], expr, alpha)
+        else:
+            add_elementwise(b, [0, None], expr, alpha, beta=b.scalar(1))
+
+    return build
+
+
+for _base, _expr in BINARY.items():
+    names = [f"aten.{_base}.Tensor", f"aten.{_base}.Scalar", f"aten::{_base}.out", f"aten::{_base}.Scalar_out"]
+    if _base == "pow":
+        names = ["aten.pow.Tensor_Tensor", "aten.pow.Tensor_Scalar", "aten::pow.Tensor_Tensor_out", "aten::pow.Tensor_Scalar_out"]
+    if _base in ("minimum", "maximum"):
+        names = [f"aten.{_base}.default", f"aten::{_base}.out"]
+    if _base in ("logical_and", "logical_or"):
+        names = [f"aten.{_base}.default", f"aten::{_base}.out"]
+    if _base in ("eq", "ne", "lt", "le", "gt", "ge"):
+        names.append(f"aten::{_base}.Tensor_out")  # the portable kernels' name for the Tensor form
+    op(*names, half=True, capacity=True)(_binary(_expr))
+
+
+# div with rounding_mode "trunc" or "floor"; WGSL integer division truncates.
+DIV_MODE = {
+    None: "a / b",
+    "trunc": {"f32": "trunc(a / b)", "i32": "a / b"},
+    "floor": {"f32": "floor(a / b)", "i32": "a / b - CT((a % b != CT(0)) && ((a < CT(0)) != (b < CT(0))))"},
+}
+
+
+@op("aten.div.Tensor_mode", "aten.div.Scalar_mode", "aten::div.out_mode", "aten::div.Scalar_mode_out", half=True, capacity=True)
+def div_mode(b):
+    mode = b.scalar(2, None)
+    if mode not in DIV_MODE:
+        raise ValueError(f"{b.name}: rounding mode {mode!r}")
+    if b.is_tensor(1):
+        add_elementwise(b, [0, 1], DIV_MODE[mode])
+    else:
+        add_elementwise(b, [0, None], DIV_MODE[mode], beta=b.scalar(1))
+
+
+@op("aten.where.self", "aten::where.self_out", half=True, capacity=True)
+def where(b):
+    add_elementwise(b, [0, 1, 2], "select(c, b, a != CT(0))")

@@ -1,0 +1,436 @@
+"""Row reductions: sum, mean, amax, amin, argmax, argmin, softmax, log_softmax, layer norm, RMS norm.
+
+Every op views its input as rows: the kept dims index a row, the reduced dims run along it. After
+dropping size-1 dims and merging neighbours of the same kind, a shape of rank <= 8 has at most 4
+kept groups and 4 reduced groups; the kernel rebuilds a row's base offset from the kept groups
+(sizes and strides) and an element's offset along the row from the reduced groups. The output
+row index is the flat index over the kept dims, in order, so it is also the output offset whether
+keepdim is set or not. One workgroup of `RWG` invocations handles one row: each invocation folds
+a strided slice of the row, then a shared-memory tree combines the partials (no subgroups).
+Rows are folded over the grid's x and y (resize.shapes.fold_grid).
+
+Softmax and the norms make several passes over their row (max, sum, write; mean, variance,
+write) and write elements back at the offsets they read, so any softmax dim works.
+
+Tensors are read and written in their own storage types (f32, f16, integers); every sum, max,
+mean and variance is computed in f32, conversions only at loads and stores.
+
+Kept as one module past 400 lines: every reduction shares the row decomposition, its uniform and one hook.
+"""
+
+import math
+import struct
+
+from pte_wgpu.resize.shapes import contiguous_strides, fold_grid, normalize_dim, numel_of
+from pte_wgpu.resize.values import Scalar
+
+from ..matmul.routes import fused_norm_rows
+from ..registry import op
+
+RWG = 128  # invocations per row
+NEG_INF = -math.inf
+PARAMS_SIZE = 96  # P below: 4 u32, 4 vec4<u32>, eps, neg_inf, 2 pad
+
+HEADER = """
+struct P {{ nk: u32, nr: u32, rows: u32, rlen: u32,
+           ks: vec4<u32>, kst: vec4<u32>, rs: vec4<u32>, rst: vec4<u32>,
+           eps: f32, neg_inf: f32, pad0: u32, pad1: u32 }}
+{decls}
+@group(0) @binding({p_binding}) var<uniform> p: P;
+
+fn group_offset(i: u32, n: u32, sizes: vec4<u32>, strides: vec4<u32>) -> u32 {{
+    var rem = i;
+    var off = 0u;
+    for (var g = i32(n) - 1; g >= 0; g = g - 1) {{
+        let s = sizes[g];
+        off = off + (rem % s) * strides[g];
+        rem = rem / s;
+    }}
+    return off;
+}}
+fn row_base(row: u32) -> u32 {{ return group_offset(row, p.nk, p.ks, p.kst); }}
+fn elem(k: u32) -> u32 {{ return group_offset(k, p.nr, p.rs, p.rst); }}
+
+var<workgroup> sm: array<f32, {WG}>;
+"""
+
+# Tree-combines sm[0..WG) in place with COMBINE(a, b); every invocation reaches it (uniform).
+TREE = """
+    for (var s = {half}u; s > 0u; s = s >> 1u) {{
+        if (lid < s) {{ let a = sm[lid]; let b = sm[lid + s]; sm[lid] = {combine}; }}
+        workgroupBarrier();
+    }}
+"""
+
+MAIN = """
+@compute @workgroup_size({WG})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {{
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= p.rows) {{ return; }}
+    let base = row_base(row);
+{body}
+}}
+"""
+
+
+def _tree(combine):
+    return TREE.format(half=RWG // 2, combine=combine)
+
+
+def _shader(decls, body):
+    lines = [f"@group(0) @binding({k}) var<storage, {mode}> {name}: array<{t}>;" for k, (mode, name, t) in enumerate(decls)]
+    head = HEADER.format(decls="\n".join(lines), p_binding=len(decls), WG=RWG)
+    return head + MAIN.format(WG=RWG, body=body)
+
+
+# ---------------------------------------------------------------------------------------------
+# shape arithmetic
+
+
+def _groups(shape, reduced):
+    """(kept groups, reduced groups) of `shape` as [(size, stride)], outer first; size-1 dims dropped
+    and neighbours of the same kind merged."""
+    strides = contiguous_strides(shape)
+    groups = []  # [kind, size, stride]
+    for d, (size, stride) in enumerate(zip(shape, strides)):
+        if size == 1:
+            continue
+        kind = d in reduced
+        if groups and groups[-1][0] == kind:
+            groups[-1][1] *= size
+            groups[-1][2] = stride
+        else:
+            groups.append([kind, size, stride])
+    kept = [(s, st) for k, s, st in groups if not k]
+    red = [(s, st) for k, s, st in groups if k]
+    return kept, red
+
+
+def _vec4(items):
+    items = list(items)
+    return struct.pack("<4I", *(items + [0] * (4 - len(items))))
+
+
+def _pack(shape, reduced, eps=0.0):
+    """Parameter bytes of `shape` reduced over the dim set `reduced`, plus (rows, row length)."""
+    if any(s == 0 for s in shape):
+        rows = numel_of([s for d, s in enumerate(shape) if d not in reduced])
+        rlen = numel_of([s for d, s in enumerate(shape) if d in reduced])
+        kept, red = [], []
+    else:
+        kept, red = _groups(shape, reduced)
+        rows, rlen = numel_of([s for s, _ in kept]), numel_of([s for s, _ in red])
+    if len(kept) > 4 or len(red) > 4:
+        raise ValueError(f"rank {len(shape)} exceeds 8")
+    data = struct.pack("<4I", len(kept), len(red), rows, rlen)
+    data += _vec4(s for s, _ in kept) + _vec4(st for _, st in kept)
+    data += _vec4(s for s, _ in red) + _vec4(st for _, st in red)
+    data += struct.pack("<ff2I", eps, NEG_INF, 0, 0)
+    return data, rows, rlen
+
+
+def _dims_arg(b, ctx, i, rank):
+    """The reduced dim set of argument `i` (an int, a list, or None/empty for all dims)."""
+    if i is None:
+        dims = ()
+    else:
+        v = b.graph.values[b.args[i]]
+        if isinstance(v, Scalar):
+            dims = () if v.value is None else (v.value,)
+        else:
+            dims = ctx.int_list(b.args[i])
+    if not dims:
+        return set(range(rank))
+    try:
+        return {normalize_dim(int(d), rank) for d in dims}
+    except IndexError as e:
+        raise ValueError(f"{b.name}: {e}") from None
+
+
+def _reduced_shape(shape, reduced, keepdim):
+    if keepdim:
+        return tuple(1 if d in reduced else s for d, s in enumerate(shape))
+    return tuple(s for d, s in enumerate(shape) if d not in reduced)
+
+
+# ---------------------------------------------------------------------------------------------
+# sum, mean, amax, amin, argmax, argmin
+
+# kind -> (init, combine of a and b, final of the combined value v)
+REDUCERS = {
+    "sum": ("0.0", "a + b", "v"),
+    "mean": ("0.0", "a + b", "v / f32(p.rlen)"),
+    "amax": ("p.neg_inf", "max(a, b)", "v"),
+    "amin": ("-p.neg_inf", "min(a, b)", "v"),
+}
+
+REDUCE_BODY = """
+    var acc = {init};
+    for (var k = lid; k < p.rlen; k = k + {WG}u) {{
+        let a = acc;
+        let b = f32(x[base + elem(k)]);
+        acc = {combine};
+    }}
+    sm[lid] = acc;
+    workgroupBarrier();
+{tree}
+    if (lid == 0u) {{
+        let v = sm[0];
+        out[row] = {TO}({final});
+    }}
+"""
+
+# argmax/argmin carry (value, index) pairs; ties keep the lower index, as torch does.
+ARG_BODY = """
+    var bv = {init};
+    var bi = 0xffffffffu;
+    for (var k = lid; k < p.rlen; k = k + {WG}u) {{
+        let v = f32(x[base + elem(k)]);
+        if (v {cmp} bv || (v == bv && k < bi)) {{ bv = v; bi = k; }}
+    }}
+    sm[lid] = bv;
+    si[lid] = bi;
+    workgroupBarrier();
+    for (var s = {half}u; s > 0u; s = s >> 1u) {{
+        if (lid < s) {{
+            let v = sm[lid + s];
+            let i = si[lid + s];
+            if (v {cmp} sm[lid] || (v == sm[lid] && i < si[lid])) {{ sm[lid] = v; si[lid] = i; }}
+        }}
+        workgroupBarrier();
+    }}
+    if (lid == 0u) {{
+        out[row] = {TO}(select(si[0], 0u, si[0] == 0xffffffffu));
+    }}
+"""
+
+
+def add_reduce(b, kind, dims_arg, keepdim):
+    """Record a reduction of argument 0 over the dims of argument `dims_arg` (None: all dims)."""
+    x, out = b.args[0], b.out
+    ti, to = b.storage(x, packed=False), b.storage(out, packed=False)
+    if kind in REDUCERS:
+        init, combine, final = REDUCERS[kind]
+        body = REDUCE_BODY.format(init=init, combine=combine, final=final, WG=RWG, TO=to, tree=_tree(combine))
+    else:
+        cmp = ">" if kind == "argmax" else "<"
+        init = "p.neg_inf" if kind == "argmax" else "-p.neg_inf"
+        body = ARG_BODY.format(init=init, cmp=cmp, WG=RWG, half=RWG // 2, TO=to)
+    shader = _shader([("read", "x", ti), ("read_write", "out", to)], body)
+    if kind not in REDUCERS:
+        shader = shader.replace("var<workgroup> sm:", f"var<workgroup> si: array<u32, {RWG}>;\nvar<workgroup> sm:")
+    params = b.params(PARAMS_SIZE)
+    d = b.dispatch(shader, [x, out, params])
+
+    def resize(ctx):
+        shape = ctx.dims(x)
+        reduced = _dims_arg(b, ctx, dims_arg, len(shape))
+        data, rows, rlen = _pack(shape, reduced)
+        if rlen == 0 and kind not in ("sum", "mean") and rows > 0:
+            raise ValueError(f"{b.name}: cannot reduce an empty dim of shape {shape}")
+        ctx.set_params(params, data)
+        ctx.set_grid(d, fold_grid(rows))
+        ctx.set_dims(out, _reduced_shape(shape, reduced, keepdim))
+
+    b.hook(resize)
+
+
+def _reduce_op(kind, has_dims=True):
+    def build(b):
+        if has_dims:
+            add_reduce(b, kind, 1, b.flag(2))
+        else:  # sum.out / mean.dtype_out: [x, dtype, out], every dim
+            add_reduce(b, kind, None, False)
+
+    return build
+
+
+op("aten.sum.dim_IntList", "aten::sum.IntList_out", half=True)(_reduce_op("sum"))
+op("aten::sum.out", half=True)(_reduce_op("sum", has_dims=False))
+op("aten.mean.dim", "aten::mean.out", half=True)(_reduce_op("mean"))
+op("aten::mean.dtype_out", half=True)(_reduce_op("mean", has_dims=False))
+op("aten.amax.default", "aten::amax.out", half=True)(_reduce_op("amax"))
+op("aten.amin.default", "aten::amin.out", half=True)(_reduce_op("amin"))
+op("aten.argmax.default", "aten::argmax.out", half=True)(_reduce_op("argmax"))
+op("aten.argmin.default", "aten::argmin.out", half=True)(_reduce_op("argmin"))
+
+
+# ---------------------------------------------------------------------------------------------
+# softmax, log_softmax
+
+SOFTMAX_BODY = """
+    var m = p.neg_inf;
+    for (var k = lid; k < p.rlen; k = k + {WG}u) {{ m = max(m, f32(x[base + elem(k)])); }}
+    sm[lid] = m;
+    workgroupBarrier();
+{tree_max}
+    let mx = sm[0];
+    workgroupBarrier();
+    var t = 0.0;
+    for (var k = lid; k < p.rlen; k = k + {WG}u) {{ t = t + exp(f32(x[base + elem(k)]) - mx); }}
+    sm[lid] = t;
+    workgroupBarrier();
+{tree_sum}
+    let total = sm[0];
+    let log_total = log(total);
+    for (var k = lid; k < p.rlen; k = k + {WG}u) {{
+        let o = base + elem(k);
+        let v = f32(x[o]) - mx;
+        out[o] = {TO}({write});
+    }}
+"""
+
+
+@op("aten._softmax.default", "aten._log_softmax.default", "aten::_softmax.out", "aten::_log_softmax.out", half=True)
+def softmax(b):
+    x, out = b.args[0], b.out
+    dim = int(b.scalar(1))
+    write = "v - log_total" if "log_softmax" in b.name else "exp(v) / total"
+    to = b.storage(out, packed=False)
+    body = SOFTMAX_BODY.format(WG=RWG, tree_max=_tree("max(a, b)"), tree_sum=_tree("a + b"), write=write, TO=to)
+    shader = _shader([("read", "x", b.storage(x, packed=False)), ("read_write", "out", to)], body)
+    params = b.params(PARAMS_SIZE)
+    d = b.dispatch(shader, [x, out, params])
+
+    def resize(ctx):
+        shape = ctx.dims(x)
+        try:
+            reduced = {normalize_dim(dim, len(shape))}
+        except IndexError as e:
+            raise ValueError(f"{b.name}: {e}") from None
+        data, rows, _ = _pack(shape, reduced)
+        ctx.set_params(params, data)
+        ctx.set_grid(d, fold_grid(rows))
+        ctx.set_dims(out, shape)
+
+    b.hook(resize)
+
+
+# ---------------------------------------------------------------------------------------------
+# native_layer_norm, rms_norm: rows of the trailing `normalized` dims
+
+LAYER_NORM_BODY = """
+    var t = 0.0;
+    for (var k = lid; k < p.rlen; k = k + {WG}u) {{ t = t + f32(x[base + k]); }}
+    sm[lid] = t;
+    workgroupBarrier();
+{tree}
+    let mean = sm[0] / f32(p.rlen);
+    workgroupBarrier();
+    var q = 0.0;
+    for (var k = lid; k < p.rlen; k = k + {WG}u) {{ let c = f32(x[base + k]) - mean; q = q + c * c; }}
+    sm[lid] = q;
+    workgroupBarrier();
+{tree}
+    let rstd = inverseSqrt(sm[0] / f32(p.rlen) + p.eps);
+    for (var k = lid; k < p.rlen; k = k + {WG}u) {{
+        out[base + k] = {TO}((f32(x[base + k]) - mean) * rstd{affine});
+    }}
+    if (lid == 0u) {{
+        mean_out[row] = {TM}(mean);
+        rstd_out[row] = {TR}(rstd);
+    }}
+"""
+
+RMS_NORM_BODY = """
+    var q = 0.0;
+    for (var k = lid; k < p.rlen; k = k + {WG}u) {{ let c = f32(x[base + k]); q = q + c * c; }}
+    sm[lid] = q;
+    workgroupBarrier();
+{tree}
+    let rstd = inverseSqrt(sm[0] / f32(p.rlen) + p.eps);
+    for (var k = lid; k < p.rlen; k = k + {WG}u) {{
+        out[base + k] = {TO}(f32(x[base + k]) * rstd * f32(w[k]));
+    }}
+"""
+
+
+def _norm_params(b, ctx, x, normalized, eps):
+    """Parameter bytes and row count of a norm over the trailing dims `normalized` of `x`."""
+    shape = ctx.dims(x)
+    n = len(normalized)
+    if n > len(shape) or tuple(shape[len(shape) - n :]) != tuple(normalized):
+        raise ValueError(f"{b.name}: input of shape {shape} does not end in the normalized shape {tuple(normalized)}")
+    rows, rlen = numel_of(shape[: len(shape) - n]), numel_of(normalized)
+    data = struct.pack("<4I", 1, 1, rows, rlen)
+    data += _vec4([rows]) + _vec4([rlen]) + _vec4([rlen]) + _vec4([1])
+    data += struct.pack("<ff2I", eps, NEG_INF, 0, 0)
+    return shape, data, rows
+
+
+def _check_param(b, ctx, vid, normalized, what):
+    if vid is not None and numel_of(ctx.dims(vid)) != numel_of(normalized):
+        raise ValueError(f"{b.name}: {what} of shape {ctx.dims(vid)} does not match the normalized shape {tuple(normalized)}")
+
+
+@op("aten.native_layer_norm.default", half=True)
+def native_layer_norm(b):
+    x = b.args[0]
+    weight = None if b.is_none(2) else b.args[2]
+    bias = None if b.is_none(3) else b.args[3]
+    eps = float(b.scalar(4, 1e-5))
+    outs = b.graph.values[b.out].items
+    if len(outs) != 3:
+        raise ValueError(f"{b.name}: expected 3 outputs, found {len(outs)}")
+    out, mean_out, rstd_out = outs
+    affine = ""
+    decls, bindings = [("read", "x", b.storage(x, packed=False))], [x]
+    if weight is not None:
+        affine += " * f32(w[k])"
+        decls.append(("read", "w", b.storage(weight, packed=False)))
+        bindings.append(weight)
+    if bias is not None:
+        affine += " + f32(bias[k])"
+        decls.append(("read", "bias", b.storage(bias, packed=False)))
+        bindings.append(bias)
+    types = [b.storage(v, packed=False) for v in (out, mean_out, rstd_out)]
+    decls += [("read_write", name, t) for name, t in zip(("out", "mean_out", "rstd_out"), types)]
+    bindings += [out, mean_out, rstd_out]
+    body = LAYER_NORM_BODY.format(WG=RWG, tree=_tree("a + b"), affine=affine, TO=types[0], TM=types[1], TR=types[2])
+    params = b.params(PARAMS_SIZE)
+    d = b.dispatch(_shader(decls, body), bindings + [params])
+
+    def resize(ctx):
+        normalized = ctx.int_list(b.args[1])
+        shape, data, rows = _norm_params(b, ctx, x, normalized, eps)
+        _check_param(b, ctx, weight, normalized, "weight")
+        _check_param(b, ctx, bias, normalized, "bias")
+        ctx.set_params(params, data)
+        ctx.set_grid(d, fold_grid(rows))
+        ctx.set_dims(out, shape)
+        stat = tuple(shape[: len(shape) - len(normalized)]) + (1,) * len(normalized)
+        ctx.set_dims(mean_out, stat)
+        ctx.set_dims(rstd_out, stat)
+
+    b.hook(resize)
+
+
+@op("et_vk.rms_norm.default", "pte_wgpu.rms_norm_for_gemm", "pte_wgpu.rms_norm_for_q4", half=True)
+def rms_norm(b):
+    """`pte_wgpu.rms_norm_for_gemm` and `pte_wgpu.rms_norm_for_q4` (kernels/fusion.py) run only
+    for more rows than the fused float or 4-bit linear that reads them normalizes itself
+    (kernels/matmul/routes.py's fused_norm_rows)."""
+    x, weight, out = b.args[0], b.args[1], b.out
+    for_gemm = b.name != "et_vk.rms_norm.default"
+    fused_rows = fused_norm_rows(b, b.tensor(1).dims[-1], (x, weight, out), q4=b.name == "pte_wgpu.rms_norm_for_q4")
+    eps = float(b.scalar(2, 1e-6))
+    to = b.storage(out, packed=False)
+    body = RMS_NORM_BODY.format(WG=RWG, tree=_tree("a + b"), TO=to)
+    decls = [("read", "x", b.storage(x, packed=False)), ("read", "w", b.storage(weight, packed=False)), ("read_write", "out", to)]
+    shader = _shader(decls, body)
+    params = b.params(PARAMS_SIZE)
+    d = b.dispatch(shader, [x, weight, out, params])
+
+    def resize(ctx):
+        shape = ctx.dims(x)
+        if not shape:
+            raise ValueError(f"{b.name}: input is 0-d")
+        normalized = shape[-1:]
+        _check_param(b, ctx, weight, normalized, "weight")
+        shape, data, rows = _norm_params(b, ctx, x, normalized, eps)
+        ctx.set_params(params, data)
+        ctx.set_grid(d, fold_grid(rows) if rows > fused_rows or not for_gemm else (0, 0, 0))
+        ctx.set_dims(out, shape)
+
+    b.hook(resize)

@@ -1,0 +1,155 @@
+"""Normalization over channels: batch norm in inference (running statistics) and group norm.
+
+Batch norm is elementwise: channel c of `x` scaled by `weight[c] / sqrt(var[c] + eps)` after
+subtracting `mean[c]`; its saved mean and invstd outputs are empty in inference and stay as they
+are. Group norm runs one workgroup per (sample, group) row, which is contiguous in NCHW: a sum for
+the mean, a sum of squared deviations for the (biased) variance, then the normalized write with
+each channel's affine. It also writes the mean and the reciprocal std of each row. Tensors are f32
+or f16, each read and written in its own storage type; the statistics are computed in f32.
+"""
+
+import struct
+
+from pte_wgpu.resize.shapes import fold_grid, numel_of
+
+from ..registry import op
+from ..wgsl import FLAT_INDEX, SPREAD_MAIN, spread_grid
+
+BATCH_NORM = """
+struct P {{ numel: u32, c: u32, inner: u32, eps: f32 }}
+@group(0) @binding(0) var<storage, read> x: array<{XT}>;
+@group(0) @binding(1) var<storage, read> mean: array<{MT}>;
+@group(0) @binding(2) var<storage, read> var_: array<{VT}>;
+{AFFINE_DECLS}
+@group(0) @binding({OUT}) var<storage, read_write> out: array<{OT}>;
+@group(0) @binding({P}) var<uniform> p: P;
+{FLAT_INDEX}
+{MAIN}
+fn element(i: u32) {{
+    if (i >= p.numel) {{ return; }}
+    let c = (i / p.inner) % p.c;
+    out[i] = {OT}((f32(x[i]) - f32(mean[c])) * inverseSqrt(f32(var_[c]) + p.eps){AFFINE});
+}}
+"""
+
+
+def _affine(b, first_binding, weight_arg, bias_arg):
+    """(binding declarations, expression suffix, value ids) of an optional weight and bias."""
+    decls, expr, vids = [], "", []
+    for arg, name, suffix in ((weight_arg, "weight", " * f32(weight[c])"), (bias_arg, "bias", " + f32(bias[c])")):
+        if not b.is_none(arg):
+            t = b.float_storage(b.args[arg])[0]
+            decls.append(f"@group(0) @binding({first_binding + len(vids)}) var<storage, read> {name}: array<{t}>;")
+            expr += suffix
+            vids.append(b.args[arg])
+    return "\n".join(decls), expr, vids
+
+
+def _channels(b, ctx, x, per_channel, what):
+    shape = ctx.dims(x)
+    if len(shape) < 2:
+        raise ValueError(f"{b.name}: input of shape {shape}: expected at least 2 dims")
+    for v in per_channel:
+        if numel_of(ctx.dims(v)) != shape[1]:
+            raise ValueError(f"{b.name}: {what} of shape {ctx.dims(v)} for {shape[1]} channels")
+    return shape
+
+
+# The portable kernel's out variant (a batch norm the partitioner leaves out, as at batch 8) has
+# the same arguments, its three outputs given before their list, which it returns.
+@op("aten._native_batch_norm_legit_no_training.default", "aten::_native_batch_norm_legit_no_training.out", half=True)
+def batch_norm(b):
+    x = b.args[0]
+    out = b.outputs(3)[0]
+    decls, expr, affine = _affine(b, 3, 1, 2)
+    mean, var = b.args[3], b.args[4]
+    eps = float(b.scalar(6, 1e-5))
+    types = dict(zip(("XT", "MT", "VT", "OT"), b.float_storage(x, mean, var, out)))
+    shader = BATCH_NORM.format(
+        AFFINE_DECLS=decls, AFFINE=expr, OUT=3 + len(affine), P=4 + len(affine), FLAT_INDEX=FLAT_INDEX, MAIN=SPREAD_MAIN, **types
+    )
+    params = b.params(16)
+    d = b.dispatch(shader, [x, mean, var, *affine, out, params])
+
+    def resize(ctx):
+        shape = _channels(b, ctx, x, [mean, var, *affine], "statistics")
+        numel = numel_of(shape)
+        ctx.set_params(params, struct.pack("<3If", numel, shape[1], numel_of(shape[2:]), eps))
+        ctx.set_grid(d, spread_grid(numel))
+        ctx.set_dims(out, shape)
+
+    b.hook(resize)
+
+
+GWG = 64  # invocations per group-norm row
+
+GROUP_NORM = """
+struct P {{ rows: u32, rlen: u32, inner: u32, cpg: u32, groups: u32, eps: f32, pad0: u32, pad1: u32 }}
+@group(0) @binding(0) var<storage, read> x: array<{XT}>;
+{AFFINE_DECLS}
+@group(0) @binding({OUT}) var<storage, read_write> out: array<{OT}>;
+@group(0) @binding({MEAN}) var<storage, read_write> mean_out: array<{MT}>;
+@group(0) @binding({RSTD}) var<storage, read_write> rstd_out: array<{RT}>;
+@group(0) @binding({P}) var<uniform> p: P;
+var<workgroup> sm: array<f32, {WG}>;
+
+fn row_sum(lid: u32, v: f32) -> f32 {{
+    sm[lid] = v;
+    workgroupBarrier();
+    for (var s = {HALF}u; s > 0u; s = s >> 1u) {{
+        if (lid < s) {{ sm[lid] = sm[lid] + sm[lid + s]; }}
+        workgroupBarrier();
+    }}
+    let total = sm[0];
+    workgroupBarrier();
+    return total;
+}}
+
+@compute @workgroup_size({WG})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {{
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= p.rows) {{ return; }}
+    let base = row * p.rlen;
+    var acc = 0.0;
+    for (var k = lid; k < p.rlen; k = k + {WG}u) {{ acc = acc + f32(x[base + k]); }}
+    let mean = row_sum(lid, acc) / f32(p.rlen);
+    acc = 0.0;
+    for (var k = lid; k < p.rlen; k = k + {WG}u) {{ let d = f32(x[base + k]) - mean; acc = acc + d * d; }}
+    let rstd = inverseSqrt(row_sum(lid, acc) / f32(p.rlen) + p.eps);
+    for (var k = lid; k < p.rlen; k = k + {WG}u) {{
+        let c = (row % p.groups) * p.cpg + k / p.inner;
+        out[base + k] = {OT}((f32(x[base + k]) - mean) * rstd{AFFINE});
+    }}
+    if (lid == 0u) {{ mean_out[row] = {MT}(mean); rstd_out[row] = {RT}(rstd); }}
+}}
+"""
+
+
+@op("aten.native_group_norm.default", half=True)
+def group_norm(b):
+    x = b.args[0]
+    out, mean_out, rstd_out = b.outputs(3)
+    groups, eps = int(b.scalar(6)), float(b.scalar(7, 1e-5))
+    decls, expr, affine = _affine(b, 1, 1, 2)
+    n = len(affine)
+    types = dict(zip(("XT", "OT", "MT", "RT"), b.float_storage(x, out, mean_out, rstd_out)))
+    shader = GROUP_NORM.format(
+        AFFINE_DECLS=decls, AFFINE=expr, OUT=1 + n, MEAN=2 + n, RSTD=3 + n, P=4 + n, WG=GWG, HALF=GWG // 2, **types
+    )
+    params = b.params(32)
+    d = b.dispatch(shader, [x, *affine, out, mean_out, rstd_out, params])
+
+    def resize(ctx):
+        shape = _channels(b, ctx, x, affine, "weight or bias")
+        if groups < 1 or shape[1] % groups:
+            raise ValueError(f"{b.name}: {shape[1]} channels in {groups} groups")
+        rows, inner = shape[0] * groups, numel_of(shape[2:])
+        cpg = shape[1] // groups
+        ctx.set_params(params, struct.pack("<5If2I", rows, cpg * inner, inner, cpg, groups, eps, 0, 0))
+        ctx.set_grid(d, fold_grid(rows))
+        ctx.set_dims(out, shape)
+        ctx.set_dims(mean_out, (shape[0], groups))
+        ctx.set_dims(rstd_out, (shape[0], groups))
+
+    b.hook(resize)
