@@ -6,7 +6,7 @@ Formats (as `executorch.backends.vulkan.patterns` writes them):
   [-8, 7]. Read in WGSL as u32 words, so word w of a row holds k = 8w + j at bits 4j..4j+3.
 - weight scales: f32 [num_groups, Np] (transposed; N padded to a multiple of 4), group = k / gs.
   The dequantized weight is (nibble - 8) * scale, exactly as torchao's dequantize_affine.
-- `et_vk.embedding_q4gsw`: the same nibbles, per-row scales [V, groups] (not transposed); with
+- `et_vk.embedding_q4gsw` (kernels/tensor/embedding.py): the same nibbles, per-row scales [V, groups] (not transposed); with
   `is_linear_weight` false the even element sits in the high nibble instead.
 - `torchao.choose_qparams_affine` gives per-block scale (f32) and zero point (int8, stored packed
   4 per word, or int32); `et_vk.linear_dq8ca_q4gsw` quantizes its input with them on the fly,
@@ -39,7 +39,7 @@ from pte_wgpu.resize.shapes import fold_grid, numel_of
 
 from ..registry import op
 from ..variants import CPU
-from ..wgsl import DIV_RN, FLAT_INDEX, PACKED, SUBGROUP_BUILTINS, WG, flat_grid, is_float, vec4_loader, vec4_type, wgsl_type
+from ..wgsl import DIV_RN, PACKED, SUBGROUP_BUILTINS, is_float, vec4_loader, vec4_type, wgsl_type
 from .gemm import (
     PARAMS_SIZE,
     GemmRoute,
@@ -712,67 +712,5 @@ def choose_qparams_affine(b):
         ctx.set_grid(d, fold_grid(-(-blocks // 4)))
         ctx.set_dims(sc, dims)
         ctx.set_dims(zp, dims)
-
-    b.hook(resize)
-
-
-# ---------------------------------------------------------------- embedding_q4gsw
-
-EMBEDDING_Q4 = f"""
-struct P {{ n: u32, dim: u32, rows: u32, wpr: u32, groups: u32, gs: u32, linear: u32, pad: u32 }}
-@group(0) @binding(0) var<storage, read> wq: array<u32>;
-@group(0) @binding(1) var<storage, read> ws: array<WS_TYPE>;
-@group(0) @binding(2) var<storage, read> index: array<i32>;
-@group(0) @binding(3) var<storage, read_write> out: array<OUT_TYPE>;
-@group(0) @binding(4) var<uniform> p: P;
-{FLAT_INDEX}
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
-    let i = flat_index(gid, nwg, {WG}u);
-    if (i >= p.n) {{ return; }}
-    let t = i / p.dim;
-    let d = i % p.dim;
-    // An index outside the table reads its nearest row instead of out-of-bounds memory.
-    let row = u32(clamp(index[t], 0, i32(p.rows) - 1));
-    let byte = (wq[row * p.wpr + d / 8u] >> (8u * ((d / 2u) % 4u))) & 0xFFu;
-    // linear packing: even element in the low nibble; otherwise in the high nibble
-    let high = ((d % 2u) == 1u) == (p.linear == 1u);
-    let q = select(byte & 15u, byte >> 4u, high);
-    out[i] = OUT_TYPE((f32(q) - 8.0) * f32(ws[row * p.groups + min(d / p.gs, p.groups - 1u)]));
-}}
-"""
-
-
-def embedding_q4_shader(b, scales, out):
-    """EMBEDDING_Q4 over the storage types of the `scales` and `out` tensors (f32 or f16)."""
-    return EMBEDDING_Q4.replace("WS_TYPE", b.storage(scales)).replace("OUT_TYPE", b.storage(out))
-
-
-@op("et_vk.embedding_q4gsw.default", half=True)
-def embedding_q4gsw(b):
-    """[weight u8 [V, Dp/2], scales f32 [V, groups] (or [V]), group_size Int, indices, is_linear_weight
-    Bool, out [..., D]]."""
-    wt, st = b.tensor(0), b.tensor(1)
-    gs = int(b.scalar(2))
-    indices = b.args[3]
-    linear = bool(b.scalar(4, False)) if len(b.args) > 5 else False
-    if len(wt.dims) != 2 or wt.dims[1] % 4:
-        b.fail(f"weight must be packed [V, D/2] with whole u32 rows, got {list(wt.dims)}")
-    rows, row_bytes = wt.dims
-    groups = st.dims[1] if len(st.dims) == 2 else 1
-    if st.dims[0] != rows:
-        b.fail(f"scales {list(st.dims)} for {rows} rows")
-    dim = b.graph.values[b.out].dims[-1]
-    if dim > row_bytes * 2 or -(-dim // gs) > groups:
-        b.fail(f"embedding dim {dim} does not fit weight {list(wt.dims)} / scales {list(st.dims)}")
-    params = b.params(32)
-    d = b.dispatch(embedding_q4_shader(b, b.args[1], b.out), [b.args[0], b.args[1], indices, b.out, params])
-
-    def resize(ctx):
-        shape = ctx.dims(indices) + (dim,)
-        n = numel_of(shape)
-        ctx.set_params(params, struct.pack("<8I", n, dim, rows, row_bytes // 4, groups, gs, int(linear), 0))
-        ctx.set_grid(d, flat_grid(n))
-        ctx.set_dims(b.out, shape)
 
     b.hook(resize)

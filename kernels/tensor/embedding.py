@@ -1,11 +1,16 @@
 """Table lookups: `aten.embedding` (rows of a weight by index), each table and output in its own
-storage type (f32, f16 or an integer type)."""
+storage type (f32, f16 or an integer type); a ragged batch's last row of each sequence; and rows
+of 4-bit tables (`quantized_decomposed.embedding_4bit`, `et_vk.embedding_q4gsw`).
+
+A 4-bit table is kernels/matmul/q4_linear.py's format: uint8 [V, D / 2], two elements a byte, each
+stored as q + 8, times its group's scale (scales [V, groups], or [V] for one group). Which nibble
+holds the even element is the one difference: the low one in a linear weight's packing
+(`is_linear_weight`), the high one otherwise."""
 
 import struct
 
 from pte_wgpu.resize.shapes import numel_of
 
-from ..matmul.q4_linear import embedding_q4_shader
 from ..registry import op
 from ..wgsl import FLAT_INDEX, WG, flat_grid, type_aliases
 
@@ -66,28 +71,78 @@ def last_rows(b):
     b.hook(resize)
 
 
-@op("quantized_decomposed.embedding_4bit.dtype", half=True)
-def embedding_4bit(b):
-    """[weight uint8 [V, D/2], scales [V] or [V, groups], zero_points (None), quant_min, quant_max,
-    indices, dtype, out [..., D]]: rows of 4-bit weights, the even element in the high nibble,
-    stored as q + 8, times their group's scale (the q4gsw embedding kernel's non-linear layout)."""
-    wt, st = b.tensor(0), b.tensor(1)
-    if not b.is_none(2):
-        raise NotImplementedError(f"{b.name}: zero points")
-    rows, row_bytes = wt.dims
-    if row_bytes % 4:
-        raise NotImplementedError(f"{b.name}: rows of {row_bytes} bytes are not whole u32 words")
-    groups = st.dims[1] if len(st.dims) == 2 else 1
-    dim, gs = row_bytes * 2, row_bytes * 2 // groups
-    indices = b.args[5]
+# Rows of a 4-bit table: element d of row r is byte d / 2 of the row, nibble by `p.linear`.
+EMBEDDING_Q4 = f"""
+struct P {{ n: u32, dim: u32, rows: u32, wpr: u32, groups: u32, gs: u32, linear: u32, pad: u32 }}
+@group(0) @binding(0) var<storage, read> wq: array<u32>;
+@group(0) @binding(1) var<storage, read> ws: array<WS_TYPE>;
+@group(0) @binding(2) var<storage, read> index: array<i32>;
+@group(0) @binding(3) var<storage, read_write> out: array<OUT_TYPE>;
+@group(0) @binding(4) var<uniform> p: P;
+{FLAT_INDEX}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
+    let i = flat_index(gid, nwg, {WG}u);
+    if (i >= p.n) {{ return; }}
+    let t = i / p.dim;
+    let d = i % p.dim;
+    // An index outside the table reads its nearest row instead of out-of-bounds memory.
+    let row = u32(clamp(index[t], 0, i32(p.rows) - 1));
+    let byte = (wq[row * p.wpr + d / 8u] >> (8u * ((d / 2u) % 4u))) & 0xFFu;
+    // linear packing: even element in the low nibble; otherwise in the high nibble
+    let high = ((d % 2u) == 1u) == (p.linear == 1u);
+    let q = select(byte & 15u, byte >> 4u, high);
+    out[i] = OUT_TYPE((f32(q) - 8.0) * f32(ws[row * p.groups + min(d / p.gs, p.groups - 1u)]));
+}}
+"""
+
+
+def _add_q4_embedding(b, weight, scales, indices, dim, group_size, linear):
+    """Record out[..., d] = (nibble - 8) * scale of row indices[...] of a 4-bit table."""
+    rows, row_bytes = b.graph.values[weight].dims
+    groups = b.graph.values[scales].dims[1] if len(b.graph.values[scales].dims) == 2 else 1
     params = b.params(32)
-    d = b.dispatch(embedding_q4_shader(b, b.args[1], b.out), [b.args[0], b.args[1], indices, b.out, params])
+    shader = EMBEDDING_Q4.replace("WS_TYPE", b.storage(scales)).replace("OUT_TYPE", b.storage(b.out))
+    d = b.dispatch(shader, [weight, scales, indices, b.out, params])
 
     def resize(ctx):
         shape = ctx.dims(indices) + (dim,)
         n = numel_of(shape)
-        ctx.set_params(params, struct.pack("<8I", n, dim, rows, row_bytes // 4, groups, gs, 0, 0))
+        ctx.set_params(params, struct.pack("<8I", n, dim, rows, row_bytes // 4, groups, group_size, int(linear), 0))
         ctx.set_grid(d, flat_grid(n))
         ctx.set_dims(b.out, shape)
 
     b.hook(resize)
+
+
+@op("quantized_decomposed.embedding_4bit.dtype", half=True)
+def embedding_4bit(b):
+    """[weight uint8 [V, D/2], scales [V] or [V, groups], zero_points (None), quant_min, quant_max,
+    indices, dtype, out [..., D]]: the even element in the high nibble."""
+    wt, st = b.tensor(0), b.tensor(1)
+    if not b.is_none(2):
+        raise NotImplementedError(f"{b.name}: zero points")
+    row_bytes = wt.dims[1]
+    if row_bytes % 4:
+        raise NotImplementedError(f"{b.name}: rows of {row_bytes} bytes are not whole u32 words")
+    groups = st.dims[1] if len(st.dims) == 2 else 1
+    _add_q4_embedding(b, b.args[0], b.args[1], b.args[5], row_bytes * 2, row_bytes * 2 // groups, linear=False)
+
+
+@op("et_vk.embedding_q4gsw.default", half=True)
+def embedding_q4gsw(b):
+    """[weight u8 [V, Dp/2], scales f32 [V, groups] (or [V]), group_size Int, indices, is_linear_weight
+    Bool, out [..., D]]."""
+    wt, st = b.tensor(0), b.tensor(1)
+    gs = int(b.scalar(2))
+    linear = bool(b.scalar(4, False)) if len(b.args) > 5 else False
+    if len(wt.dims) != 2 or wt.dims[1] % 4:
+        b.fail(f"weight must be packed [V, D/2] with whole u32 rows, got {list(wt.dims)}")
+    rows, row_bytes = wt.dims
+    groups = st.dims[1] if len(st.dims) == 2 else 1
+    if st.dims[0] != rows:
+        b.fail(f"scales {list(st.dims)} for {rows} rows")
+    dim = b.graph.values[b.out].dims[-1]
+    if dim > row_bytes * 2 or -(-dim // gs) > groups:
+        b.fail(f"embedding dim {dim} does not fit weight {list(wt.dims)} / scales {list(st.dims)}")
+    _add_q4_embedding(b, b.args[0], b.args[1], b.args[3], dim, gs, linear)
