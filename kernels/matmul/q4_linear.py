@@ -8,7 +8,7 @@ Formats (as `executorch.backends.vulkan.patterns` writes them):
   The dequantized weight is (nibble - 8) * scale, exactly as torchao's dequantize_affine.
 - `et_vk.embedding_q4gsw` (kernels/tensor/embedding.py): the same nibbles, per-row scales [V, groups] (not transposed); with
   `is_linear_weight` false the even element sits in the high nibble instead.
-- `torchao.choose_qparams_affine` gives per-block scale (f32) and zero point (int8, stored packed
+- `torchao.choose_qparams_affine` (kernels/quant/quantize.py) gives per-block scale (f32) and zero point (int8, stored packed
   4 per word, or int32); `et_vk.linear_dq8ca_q4gsw` quantizes its input with them on the fly,
   q = clamp(round(x * (1 / scale)) + zp, -128, 127), and multiplies (q - zp) * scale by the
   dequantized weight, the math of torchao's quantize_affine / dequantize_affine. The divisions
@@ -39,7 +39,7 @@ from pte_wgpu.resize.shapes import fold_grid, numel_of
 
 from ..registry import op
 from ..variants import CPU
-from ..wgsl import DIV_RN, PACKED, SUBGROUP_BUILTINS, is_float, vec4_loader, vec4_type, wgsl_type
+from ..wgsl import DIV_RN, PACKED, SUBGROUP_BUILTINS, is_float, vec4_loader, vec4_type
 from .gemm import (
     PARAMS_SIZE,
     GemmRoute,
@@ -571,146 +571,3 @@ def linear_dq8ca_q4gsw(b):
     if not b.is_tensor(1) or not b.is_tensor(2):
         b.fail("activation scales and zero points must be tensors (dynamic quantization)")
     _add_q4_linear(b, b.args[0], b.args[1], b.args[2], b.args[3], b.args[5], b.scalar(6), bias)
-
-
-# ---------------------------------------------------------------- choose_qparams_affine
-
-QP_FORMAT = "<IIIiifff"  # blocks, block, mode, qmin, qmax, eps, divisor, zp_sym
-QP_SIZE = struct.calcsize(QP_FORMAT)
-MODES = {"ASYMMETRIC": 0, "SYMMETRIC": 1, "SYMMETRIC_NO_CLIPPING_ERR": 2}
-
-# 4 blocks per workgroup, 64 threads each: min/max, then torchao's scale and zero point.
-CHOOSE_QPARAMS = """
-struct P { blocks: u32, block: u32, mode: u32, qmin: i32, qmax: i32, eps: f32, divisor: f32, zp_sym: f32 }
-@group(0) @binding(0) var<storage, read> x: array<X_TYPE>;
-@group(0) @binding(1) var<storage, read_write> scale: array<SCALE_TYPE>;
-@group(0) @binding(2) var<storage, read_write> zpo: array<ZP_TYPE>;
-@group(0) @binding(3) var<uniform> p: P;
-DIV_RN
-var<workgroup> rmin: array<f32, 256>;
-var<workgroup> rmax: array<f32, 256>;
-var<workgroup> zps: array<i32, 4>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-    let g = wid.x + wid.y * nwg.x;
-    let lane = li % 64u;
-    let slot = li / 64u;
-    let blk = g * 4u + slot;
-    // min(min(x), 0) and max(max(x), 0)
-    var mn = 0.0;
-    var mx = 0.0;
-    if (blk < p.blocks) {
-        let base = blk * p.block;
-        for (var k = lane; k < p.block; k = k + 64u) {
-            let v = f32(x[base + k]);
-            mn = min(mn, v);
-            mx = max(mx, v);
-        }
-    }
-    rmin[li] = mn;
-    rmax[li] = mx;
-    workgroupBarrier();
-    for (var s = 32u; s > 0u; s = s >> 1u) {
-        if (lane < s) {
-            rmin[li] = min(rmin[li], rmin[li + s]);
-            rmax[li] = max(rmax[li], rmax[li + s]);
-        }
-        workgroupBarrier();
-    }
-    if (lane == 0u) {
-        var zp = 0;
-        if (blk < p.blocks) {
-            let lo = rmin[li];
-            let hi = rmax[li];
-            let qmin = f32(p.qmin);
-            let qmax = f32(p.qmax);
-            var sc = 0.0;
-            var z = p.zp_sym;
-            if (p.mode == 0u) {
-                sc = max(div_rn(hi - lo, p.divisor), p.eps);
-                z = clamp(qmin - round(div_rn(lo, sc)), qmin, qmax);
-            } else if (p.mode == 1u) {
-                sc = max(div_rn(max(-lo, hi), p.divisor), p.eps);
-            } else {
-                let smin = div_rn(lo, qmin);
-                let smax = div_rn(hi, qmax);
-                sc = select(smax, smin, smin > smax);
-                sc = max(sc, p.eps);
-            }
-            scale[blk] = SCALE_TYPE(sc);
-            zp = i32(z);
-            ZP_STORE
-        }
-        zps[slot] = zp;
-    }
-    ZP_PACK
-}
-"""
-ZP_PACK = """workgroupBarrier();
-    if (li == 0u) {
-        zpo[g] = (u32(zps[0]) & 0xFFu) | ((u32(zps[1]) & 0xFFu) << 8u) | ((u32(zps[2]) & 0xFFu) << 16u)
-               | ((u32(zps[3]) & 0xFFu) << 24u);
-    }"""
-
-
-@op("torchao.choose_qparams_affine.default", half=True)
-def choose_qparams_affine(b):
-    """[input, mapping_type Str, block_size IntList, target_dtype (None), quant_min, quant_max,
-    eps Double or None, scale_dtype, zero_point_dtype, keepdim, ValueList[scale, zero_point]]."""
-    x = b.args[0]
-    xt = b.tensor(0)
-    if not is_float(xt.dtype):
-        b.fail(f"input dtype {xt.dtype}")
-    mapping = b.scalar(1)
-    if mapping not in MODES:
-        b.fail(f"mapping type {mapping!r} is not supported")
-    block = tuple(b.value(2).items)
-    if len(block) != len(xt.dims) or any(int(s) != 1 for s in block[:-1]) or block[-1] <= 0:
-        b.fail(f"block_size {list(block)} for input {list(xt.dims)}: only [1, ..., 1, B] (per row group)")
-    bsize = int(block[-1])
-    qmin, qmax = b.scalar(4, -128), b.scalar(5, 127)
-    eps = b.scalar(6, None)
-    eps = 2.0**-126 if eps is None else float(eps)  # torch.finfo(float32).smallest_normal
-    outs = b.value(len(b.args) - 1).items
-    if len(outs) != 2:
-        b.fail(f"expected 2 outputs, got {len(outs)}")
-    sc, zp = outs
-    st, zt = b.graph.values[sc], b.graph.values[zp]
-    zp_packed = zt.dtype in PACKED
-    if not is_float(st.dtype):
-        b.fail(f"scale dtype {st.dtype}")
-    mode = MODES[mapping]
-    divisor = float(qmax - qmin) if mode == 0 else float(qmax - qmin) / 2
-    zp_sym = float(int((qmax + qmin + 1) / 2))
-    src = (
-        CHOOSE_QPARAMS.replace("DIV_RN", DIV_RN)
-        .replace("ZP_TYPE", "u32" if zp_packed else "i32")
-        .replace("X_TYPE", wgsl_type(xt.dtype))
-        .replace("SCALE_TYPE", wgsl_type(st.dtype))
-        .replace("ZP_STORE", "" if zp_packed else "zpo[blk] = zp;")
-        .replace("ZP_PACK", ZP_PACK if zp_packed else "")
-    )
-    params = b.params(QP_SIZE)
-    d = b.dispatch(src, [x, sc, zp, params])
-    out_rank = len(st.dims)
-
-    def resize(ctx):
-        xd = ctx.dims(x)
-        k = xd[-1]
-        if k % bsize:
-            b.fail(f"input {tuple(xd)} does not split into blocks of {bsize}")
-        blocks = numel_of(xd) // bsize
-        if out_rank == len(xd):
-            dims = tuple(xd[:-1]) + (k // bsize,)
-        else:
-            dims = tuple(xd[:-1]) + ((k // bsize,) if k != bsize else ())
-        if len(dims) != out_rank:
-            b.fail(f"cannot shape {blocks} blocks into rank {out_rank}")
-        ctx.set_params(params, struct.pack(QP_FORMAT, blocks, bsize, mode, qmin, qmax, eps, divisor, zp_sym))
-        ctx.set_grid(d, fold_grid(-(-blocks // 4)))
-        ctx.set_dims(sc, dims)
-        ctx.set_dims(zp, dims)
-
-    b.hook(resize)

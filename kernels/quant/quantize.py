@@ -15,7 +15,7 @@ import struct
 from pte_wgpu.resize.shapes import fold_grid, normalize_dim, numel_of
 
 from ..registry import op
-from ..wgsl import DIV_RN, is_float, wgsl_type
+from ..wgsl import DIV_RN, PACKED, is_float, wgsl_type
 from .int8_elementwise import QUANT_FNS, add_word_map, inv
 
 QUANTIZE_TENSOR_QPARAMS = """
@@ -154,73 +154,126 @@ def dequantize_affine(b):
 
 # ---------------------------------------------------------------- choose_qparams
 
-# One workgroup per row: min(min(x), 0) and max(max(x), 0), then the row's scale and zero point,
-# with torch's f32 arithmetic (mode 0: determine_qparams' per-tensor affine; mode 1: the
-# XNNPACK-style per-token asymmetric rule of choose_qparams_per_token_asymmetric).
-CHOOSE_QPARAMS = """
-struct P { rows: u32, row: u32, mode: u32, pad: u32, qmin: f32, qmax: f32, eps: f32, pad2: f32 }
-@group(0) @binding(0) var<storage, read> x: array<TX>;
-@group(0) @binding(1) var<storage, read_write> scale: array<TS>;
-@group(0) @binding(2) var<storage, read_write> zero_point: array<i32>;
-@group(0) @binding(3) var<uniform> p: P;
-var<workgroup> lo: array<f32, 64>;
-var<workgroup> hi: array<f32, 64>;
+# The modes: torchao's mapping types (ASYMMETRIC is also determine_qparams' per-tensor affine rule
+# of quantized_decomposed.choose_qparams), and the XNNPACK-style per-token asymmetric rule of
+# choose_qparams_per_token_asymmetric.
+MODES = {"ASYMMETRIC": 0, "SYMMETRIC": 1, "SYMMETRIC_NO_CLIPPING_ERR": 2, "PER_TOKEN_ASYMMETRIC": 3}
+QP_FORMAT = "<IIIiifff"  # blocks, block, mode, qmin, qmax, eps, divisor, zp_sym
+QP_SIZE = struct.calcsize(QP_FORMAT)
+F32_EPS = 1.1920928955078125e-07  # torch.finfo(torch.float32).eps
 
-@compute @workgroup_size(64)
+# 4 blocks per workgroup, 64 threads each: min(min(x), 0) and max(max(x), 0) of the block, then its
+# scale and zero point with torch's f32 arithmetic (divisions correctly rounded by div_rn).
+CHOOSE_QPARAMS = """
+struct P { blocks: u32, block: u32, mode: u32, qmin: i32, qmax: i32, eps: f32, divisor: f32, zp_sym: f32 }
+@group(0) @binding(0) var<storage, read> x: array<X_TYPE>;
+@group(0) @binding(1) var<storage, read_write> scale: array<SCALE_TYPE>;
+@group(0) @binding(2) var<storage, read_write> zpo: array<ZP_TYPE>;
+@group(0) @binding(3) var<uniform> p: P;
+DIV_RN
+var<workgroup> rmin: array<f32, 256>;
+var<workgroup> rmax: array<f32, 256>;
+var<workgroup> zps: array<i32, 4>;
+
+@compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
-    let r = wid.x + wid.y * nwg.x;
-    if (r >= p.rows) { return; }
+    let g = wid.x + wid.y * nwg.x;
+    let lane = li % 64u;
+    let slot = li / 64u;
+    let blk = g * 4u + slot;
     var mn = 0.0;
     var mx = 0.0;
-    for (var k = li; k < p.row; k = k + 64u) {
-        let v = f32(x[r * p.row + k]);
-        mn = min(mn, v);
-        mx = max(mx, v);
+    if (blk < p.blocks) {
+        let base = blk * p.block;
+        for (var k = lane; k < p.block; k = k + 64u) {
+            let v = f32(x[base + k]);
+            mn = min(mn, v);
+            mx = max(mx, v);
+        }
     }
-    lo[li] = mn;
-    hi[li] = mx;
+    rmin[li] = mn;
+    rmax[li] = mx;
     workgroupBarrier();
     for (var s = 32u; s > 0u; s = s >> 1u) {
-        if (li < s) {
-            lo[li] = min(lo[li], lo[li + s]);
-            hi[li] = max(hi[li], hi[li + s]);
+        if (lane < s) {
+            rmin[li] = min(rmin[li], rmin[li + s]);
+            rmax[li] = max(rmax[li], rmax[li + s]);
         }
         workgroupBarrier();
     }
-    if (li != 0u) { return; }
-    let sc = max(div_rn(hi[0] - lo[0], p.qmax - p.qmin), p.eps);
-    var zp = 0.0;
-    if (p.mode == 0u) {
-        zp = clamp(p.qmin - round(div_rn(lo[0], sc)), p.qmin, p.qmax);
-    } else {
-        let dmin = div_rn(lo[0], sc);
-        let dmax = div_rn(hi[0], sc);
-        zp = round(clamp(select(p.qmax - dmax, p.qmin - dmin, (p.qmin + dmin) + (p.qmax + dmax) > 0.0), p.qmin, p.qmax));
+    if (lane == 0u) {
+        var zp = 0;
+        if (blk < p.blocks) {
+            let lo = rmin[li];
+            let hi = rmax[li];
+            let qmin = f32(p.qmin);
+            let qmax = f32(p.qmax);
+            var sc = 0.0;
+            var z = p.zp_sym;
+            if (p.mode == 0u || p.mode == 3u) {
+                sc = max(div_rn(hi - lo, p.divisor), p.eps);
+                if (p.mode == 0u) {
+                    z = clamp(qmin - round(div_rn(lo, sc)), qmin, qmax);
+                } else {
+                    let dmin = div_rn(lo, sc);
+                    let dmax = div_rn(hi, sc);
+                    z = round(clamp(select(qmax - dmax, qmin - dmin, (qmin + dmin) + (qmax + dmax) > 0.0), qmin, qmax));
+                }
+            } else if (p.mode == 1u) {
+                sc = max(div_rn(max(-lo, hi), p.divisor), p.eps);
+            } else {
+                let smin = div_rn(lo, qmin);
+                let smax = div_rn(hi, qmax);
+                sc = select(smax, smin, smin > smax);
+                sc = max(sc, p.eps);
+            }
+            scale[blk] = SCALE_TYPE(sc);
+            zp = i32(z);
+            ZP_STORE
+        }
+        zps[slot] = zp;
     }
-    scale[r] = TS(sc);
-    zero_point[r] = i32(zp);
+    ZP_PACK
 }
 """
-F32_EPS = 1.1920928955078125e-07  # torch.finfo(torch.float32).eps
+ZP_PACK = """workgroupBarrier();
+    if (li == 0u) {
+        zpo[g] = (u32(zps[0]) & 0xFFu) | ((u32(zps[1]) & 0xFFu) << 8u) | ((u32(zps[2]) & 0xFFu) << 16u)
+               | ((u32(zps[3]) & 0xFFu) << 24u);
+    }"""
 
 
-def _choose_qparams(b, mode, qmin, qmax, eps, per_row):
+def _choose_qparams(b, mode, qmin, qmax, eps, block_of, out_dims_of):
+    """Record the kernel giving each block of x (args[0]) its scale and zero point (the two
+    outputs, a ValueList): `block_of(dims)` elements a block, consecutive; `out_dims_of(dims,
+    block)` the outputs' live shape. A packed int8 zero point is stored 4 blocks a word."""
     x = b.args[0]
-    scale, zp = b.value(len(b.args) - 1).items
-    tx, ts, tz = (wgsl_type(b.graph.values[v].dtype) for v in (x, scale, zp))
-    if not is_float(b.graph.values[x].dtype) or ts not in ("f32", "f16") or tz != "i32":
-        raise NotImplementedError(f"{b.name}: {[b.graph.values[v].dtype for v in (x, scale, zp)]} tensors")
-    params = b.params(32)
-    d = b.dispatch(DIV_RN + CHOOSE_QPARAMS.replace("TX", tx).replace("TS", ts), [x, scale, zp, params])
+    scale, zp = b.outputs(2)
+    xt, st, zt = (b.graph.values[v] for v in (x, scale, zp))
+    if not is_float(xt.dtype) or not is_float(st.dtype) or zt.dtype not in ("int32", "int64", "int8"):
+        raise NotImplementedError(f"{b.name}: {[xt.dtype, st.dtype, zt.dtype]} tensors")
+    zp_packed = zt.dtype in PACKED
+    divisor = float(qmax - qmin) / (2 if mode in (1, 2) else 1)
+    zp_sym = float(int((qmax + qmin + 1) / 2))
+    src = (
+        CHOOSE_QPARAMS.replace("DIV_RN", DIV_RN)
+        .replace("ZP_TYPE", "u32" if zp_packed else "i32")
+        .replace("X_TYPE", wgsl_type(xt.dtype))
+        .replace("SCALE_TYPE", wgsl_type(st.dtype))
+        .replace("ZP_STORE", "" if zp_packed else "zpo[blk] = zp;")
+        .replace("ZP_PACK", ZP_PACK if zp_packed else "")
+    )
+    params = b.params(QP_SIZE)
+    d = b.dispatch(src, [x, scale, zp, params])
 
     def resize(ctx):
         dims = ctx.dims(x)
-        row = dims[-1] if per_row else numel_of(dims)
-        rows = numel_of(dims) // row
-        ctx.set_params(params, struct.pack("<IIIIffff", rows, row, mode, 0, qmin, qmax, eps, 0.0))
-        ctx.set_grid(d, fold_grid(rows))
-        shape = tuple(dims[:-1]) + (1,) if per_row else (1,)
+        block = block_of(dims)
+        blocks = numel_of(dims) // block
+        shape = out_dims_of(dims, block)
+        ctx.set_params(params, struct.pack(QP_FORMAT, blocks, block, mode, qmin, qmax, eps, divisor, zp_sym))
+        ctx.set_grid(d, fold_grid(-(-blocks // 4)))
         ctx.set_dims(scale, shape)
         ctx.set_dims(zp, shape)
 
@@ -230,10 +283,51 @@ def _choose_qparams(b, mode, qmin, qmax, eps, per_row):
 @op("quantized_decomposed.choose_qparams.tensor", half=True)
 def choose_qparams_tensor(b):
     """[input, quant_min, quant_max, eps, dtype, ValueList[scale [1], zero_point [1]]]."""
-    _choose_qparams(b, 0, b.scalar(1), b.scalar(2), float(b.scalar(3)), per_row=False)
+    mode, qmin, qmax, eps = MODES["ASYMMETRIC"], b.scalar(1), b.scalar(2), float(b.scalar(3))
+    _choose_qparams(b, mode, qmin, qmax, eps, lambda dims: max(numel_of(dims), 1), lambda dims, block: (1,))
 
 
 @op("quantized_decomposed.choose_qparams_per_token_asymmetric.default", half=True)
 def choose_qparams_per_token_asymmetric(b):
     """[input [..., K], dtype, ValueList[scales [..., 1], zero_points [..., 1]]]."""
-    _choose_qparams(b, 1, -128, 127, F32_EPS, per_row=True)
+    mode = MODES["PER_TOKEN_ASYMMETRIC"]
+    _choose_qparams(b, mode, -128, 127, F32_EPS, lambda dims: max(dims[-1], 1), lambda dims, block: tuple(dims[:-1]) + (1,))
+
+
+@op("torchao.choose_qparams_affine.default", half=True)
+def choose_qparams_affine(b):
+    """[input, mapping_type Str, block_size IntList, target_dtype (None), quant_min, quant_max,
+    eps Double or None, scale_dtype, zero_point_dtype, keepdim, ValueList[scale, zero_point]]."""
+    xt = b.tensor(0)
+    if not is_float(xt.dtype):
+        b.fail(f"input dtype {xt.dtype}")
+    mapping = b.scalar(1)
+    if mapping not in MODES or mapping == "PER_TOKEN_ASYMMETRIC":
+        b.fail(f"mapping type {mapping!r} is not supported")
+    block = tuple(b.value(2).items)
+    if len(block) != len(xt.dims) or any(int(s) != 1 for s in block[:-1]) or block[-1] <= 0:
+        b.fail(f"block_size {list(block)} for input {list(xt.dims)}: only [1, ..., 1, B] (per row group)")
+    bsize = int(block[-1])
+    qmin, qmax = b.scalar(4, -128), b.scalar(5, 127)
+    eps = b.scalar(6, None)
+    eps = 2.0**-126 if eps is None else float(eps)  # torch.finfo(float32).smallest_normal
+    outs = b.value(len(b.args) - 1).items
+    if len(outs) != 2:
+        b.fail(f"expected 2 outputs, got {len(outs)}")
+    if not is_float(b.graph.values[outs[0]].dtype):
+        b.fail(f"scale dtype {b.graph.values[outs[0]].dtype}")
+    out_rank = len(b.graph.values[outs[0]].dims)
+
+    def block_of(dims):
+        if dims[-1] % bsize:
+            b.fail(f"input {tuple(dims)} does not split into blocks of {bsize}")
+        return bsize
+
+    def out_dims_of(dims, block):
+        k = dims[-1]
+        shape = tuple(dims[:-1]) + ((k // block,) if out_rank == len(dims) or k != block else ())
+        if len(shape) != out_rank:
+            b.fail(f"cannot shape {numel_of(dims) // block} blocks into rank {out_rank}")
+        return shape
+
+    _choose_qparams(b, MODES[mapping], qmin, qmax, eps, block_of, out_dims_of)
