@@ -1,5 +1,5 @@
 """Quantize, dequantize and choose_qparams: `quantized_decomposed` (per tensor, per channel, per
-token) and torchao's `quantize_affine` / `dequantize_affine`.
+token) and torchao's `quantize_affine`, `dequantize_affine` and `choose_qparams_affine`.
 
 The arithmetic is the reference decomposition's, in f32: quantize is
 clamp(round(x * (1 / scale)) + zp, qmin, qmax) (per token: round(x * (1 / scale) + zp)), and
