@@ -51,7 +51,7 @@ def encode_dispatches(compute, dispatches):
 # long up to MAX_PIECE, none leaving fewer than PIECE_TAIL behind. Doubling keeps the GPU fed:
 # on an H100 the host encodes and finishes a dispatch in ~8 µs, a prefill's dispatch runs ~21 µs
 # on the GPU and a decode step's ~9, and a submit boundary costs the GPU ~22 µs (BENCHMARKS.md,
-# eleventh session).
+# "A step goes to the GPU in pieces").
 FIRST_PIECE, MAX_PIECE, PIECE_TAIL = 16, 256, 16
 
 

@@ -163,7 +163,7 @@ class Model:
 
         state_vids = {w for n in nodes for w in n.writes if isinstance(values[w], Tensor) and values[w].constant is not None}
         # A copy of a constant (et_vk.prepack) that an op then writes in place (a KV cache behind
-        # llama::update_cache) is state too: each session's starts from the constant, once.
+        # llama::update_cache) is state too: each session's copy starts from the constant, once.
         in_place = written_in_place(nodes)
         self._state_copies = {
             did: d for did, d in enumerate(graph.dispatches)

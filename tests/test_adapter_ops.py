@@ -1,4 +1,4 @@
-"""Ops added for issue 4's op list beyond the Llama export: the `_hf` (rotate-half) and
+"""Ops beyond the Llama export's: the `_hf` (rotate-half) and
 `_interleaved` rotary embeddings (kernels/attention/rope.py) and the standalone `llama::update_cache`
 (kernels/attention/kv_cache.py). Each is exported through the VulkanPartitioner and compared with torch eager at
 several live shapes and positions, large then small and back."""

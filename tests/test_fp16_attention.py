@@ -1,4 +1,4 @@
-"""f16 storage for attention, its KV caches, RoPE, embeddings and the greedy sampler (issue 20).
+"""f16 storage for attention, its KV caches, RoPE, embeddings and the greedy sampler.
 
 Each module is cast with `.half()` before export, so its inputs, caches and outputs are float16;
 the model must load with f16 storage (`model.precision == "f16"`) and match a reference of the

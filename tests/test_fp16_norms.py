@@ -1,4 +1,4 @@
-"""f16 storage for reductions, softmax and the norms (kernels/tensor/reduce.py, kernels/vision/norm.py; issue 20).
+"""f16 storage for reductions, softmax and the norms (kernels/tensor/reduce.py, kernels/vision/norm.py).
 
 Each module is cast with `.half()` before export; the model must load with f16 storage and match
 torch eager fp16 of the same module and inputs at several live shapes (the dynamic dim's minimum

@@ -1,4 +1,4 @@
-"""Issue 19's last ops: the int8 convolutions and pixel shuffle (`et_vk.q8ta_*`), and attention
+"""The int8 convolutions and pixel shuffle (`et_vk.q8ta_*`), and attention
 without a KV-cache update (`et_vk.sdpa`, `llama::custom_sdpa`).
 
 The convolutions come from ExecuTorch's own flow: a module quantized by the XNNPACKQuantizer

@@ -1,4 +1,4 @@
-"""Issue 19's ops end to end: elementwise, comparison and logic ops, transposes and copies, the
+"""Ops end to end: elementwise, comparison and logic ops, transposes and copies, the
 quantize/dequantize family, and int8 PT2E-quantized models, each exported with the
 VulkanPartitioner and compared with torch eager on the same inputs. Prime and odd sizes; dynamic
 dims run at several live sizes in random order, their minimum and maximum included."""

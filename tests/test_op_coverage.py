@@ -24,7 +24,7 @@ TRAINING_ONLY = {
     "et_vk.adamw_step.default",
 }
 
-# Delegated ops not written yet (issue 19's list is complete: none).
+# Delegated ops without a kernel yet: none.
 EXPECTED_MISSING = frozenset()
 
 

@@ -21,7 +21,7 @@ they always are (many dispatches per pass), with timestamps at the beginning of 
 compute pass and the end of its last, so the table has one row, "step", whose mean is the GPU
 time of a step as it runs unprofiled. Per-dispatch passes can mislead about the whole: on an
 H100 they rated a 4-bit GEMV variant 18% faster at one decode row that made real steps 17%
-slower (BENCHMARKS.md, ninth session).
+slower (BENCHMARKS.md, "The 4-bit GEMV by row count").
 
 Without the "timestamp-query" feature (some adapters; wgpu-native's lavapipe has it), `supported`
 is False, `encode` is never reached (attach only when supported) and the tables are empty.
