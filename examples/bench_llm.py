@@ -8,7 +8,7 @@ LlamaForCausalLM (eager), as the H100 numbers in BENCHMARKS.md.
 Decode rows: a host loop of `execute` per token (`decode_tok_s`, `sessions_N_*`), and, where the
 model has GPU bursts, greedy decoding with the GPU picking every token (`bursts_N_tok_s`:
 `session.greedy`, the path of `ar.generate` at temperature 0), which the peer table uses.
-`--peers` also runs the peer runtimes' kits (llama.cpp Vulkan, ORT WebGPU; bench_peers.py) in the
+`--peers` also runs the peer runtimes' kits (llama.cpp Vulkan, ORT WebGPU; async_runtime/tools/bench/peers.py) in the
 same call, after ours, and prints one table of the rows they share.
 
 `--params` is the params.json of the export (examples/export_bench_model.py writes it); the torch
@@ -306,12 +306,12 @@ def main(argv=None):
     if args.hf:
         results["hf_eager"] = bench_hf(params, args)
     if args.peers:
-        import bench_peers
+        from async_runtime.tools.bench import peers
 
-        results["peers"] = bench_peers.bench_peers(args.peers, args.peer_out, args.peer_kits.split(","))
+        results["peers"] = peers.bench_peers(args.peers, args.peer_out, args.peer_kits.split(","))
     print(json.dumps(results, indent=1))
     if args.peers:
-        print(bench_peers.markdown(our_rows(results["wgpu"]), results["peers"]))
+        print(peers.markdown(our_rows(results["wgpu"]), results["peers"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

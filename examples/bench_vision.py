@@ -24,7 +24,6 @@ and written to the JSON (per-dispatch passes: use the shares, not the sum, as th
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import time

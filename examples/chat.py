@@ -5,21 +5,19 @@ Vulkan `.pte`, then a streamed chat answer on the WebGPU adapter, with tokens/s.
     bash examples/setup.sh python examples/chat.py          # an interactive loop in a terminal
     bash examples/setup.sh python examples/chat.py --dtype fp16 --prompt "..."   # the fp16 export
 
-The export (minutes, once) is cached; see examples/export_smollm2.py for its options.
+The export (minutes, once) is cached (`async_runtime.llm.gguf_export`); examples/export_smollm2.py
+exports with other options.
 """
 
 import argparse
-import os
 import sys
 import time
 
 import anyio
 
 import async_runtime as ar
+from async_runtime.llm.gguf_export import export
 from async_runtime.llm.tokenizer import Tokenizer
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from export_smollm2 import export  # noqa: E402
 
 
 async def answer(model, tokenizer, messages, args):

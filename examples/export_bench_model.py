@@ -14,12 +14,9 @@ the bench's resize-overhead scenario compares the dynamic export against.
 import argparse
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from export_smollm2 import default_gguf_path, gguf_params, run_llama_export  # noqa: E402
-
-from async_runtime.llm.export import export_llm_args  # noqa: E402
+from async_runtime.llm.export import export_llm_args, run_llama_export
+from async_runtime.llm.gguf_export import default_gguf_path, gguf_params
 
 BLOCK_FLOATS = (1 << 20) // 4
 

@@ -239,13 +239,10 @@ def _run(device, op, reps):
 
 
 def test_peer_kit_outputs_become_rows(tmp_path):
-    """examples/bench_peers.py reads llama-bench's JSON, llama-batched-bench's JSONL and
-    bench_ort.py's JSON into the rows bench_llm.py reports for us."""
-    import importlib.util
+    """The peer kits' outputs (llama-bench's JSON, llama-batched-bench's JSONL, bench_ort.py's
+    JSON) become the rows bench_llm.py reports for us."""
+    from async_runtime.tools.bench import peers
 
-    spec = importlib.util.spec_from_file_location("bench_peers", Path(__file__).parent.parent / "examples" / "bench_peers.py")
-    peers = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(peers)
     runs = [dict(n_prompt=512, n_gen=0, avg_ts=50000.0, flash_attn=True), dict(n_prompt=512, n_gen=0, avg_ts=1.0, flash_attn=False),
             dict(n_prompt=0, n_gen=128, avg_ts=590.0, flash_attn=True), dict(n_prompt=2048, n_gen=0, avg_ts=45000.0, flash_attn=True)]
     (tmp_path / "llamacpp_f32.json").write_text(json.dumps(runs))

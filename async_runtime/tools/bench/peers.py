@@ -6,7 +6,7 @@ reports for pte-wgpu:
     decode_1, prefill_512, prefill_2048, decode_16, decode_32, decode_64   (tokens/s)
 
     python examples/bench_llm.py model.pte --params p.json --peers PEERS_DIR [--peer-kits llamacpp,ort]
-    python examples/bench_peers.py PEERS_DIR --out DIR [--kits llamacpp]   # the peers alone
+    python -m async_runtime.tools.bench.peers PEERS_DIR --out DIR [--kits llamacpp]   # the peers alone
 
 Each kit's `run.sh` writes its raw output into `--out`; this module only runs it and parses it.
 """
