@@ -199,3 +199,17 @@ def test_pyproject_installs_every_package_under_its_import_name():
     packages = {module_name(p).removesuffix(".__init__") for folder in IMPORT_NAMES for p in (ROOT / folder).rglob("__init__.py")}
     assert set(config["packages"]) == packages
     assert config["package-dir"] == {v: k for k, v in IMPORT_NAMES.items() if v != k}
+
+
+def test_no_test_imports_an_example():
+    """examples/ holds runnable examples only: what a test needs from one lives in the package."""
+    found = []
+    for path in (ROOT / "tests").rglob("*.py"):
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "examples":
+                found.append(f"{path.name}: from {node.module}")
+            elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("sys.path.insert", "sys.path.append", "importlib.util.spec_from_file_location"):
+                if "examples" in ast.unparse(node):
+                    found.append(f"{path.name}: {ast.unparse(node)}")
+    assert not found, "\n".join(found)
