@@ -97,7 +97,7 @@ def q4_rows(dev, m, reps, t, gs=32):
         uniform = struct.pack(Q.LIN_FORMAT, m, n, k, k // 8, n, k // gs, gs, k // 8)
         sg = Q.Q4_SG_GEMV if m == 1 else Q.Q4_SG_GEMM
         if m == 1:
-            kernels = [("256-invocation GEMV", Q.gemv_shader(False, False, False, True, types), (-(-n // Q.GEMV_ROWS), 1, 1), ())]
+            kernels = [("256-invocation GEMV", Q.gemv_shader(False, False, False, True, Q.GEMV_WG, types), (-(-n // Q.gemv_outputs(Q.GEMV_WG)), 1, 1), ())]
         else:  # the GEMM reads the uniform P at binding 4, its scratch at 5 and Q at 6
             load = Q.q4_load(False, False, True, types)
             q_wgsl = f"{Q.LIN_STRUCT};\n@group(0) @binding(6) var<uniform> q: Q;\n"

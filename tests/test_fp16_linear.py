@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from async_runtime.testing import assert_matches_eager
-from pte_wgpu.kernels.matmul import linear as L
+from pte_wgpu.kernels.matmul import routes as R
 
 from . import test_linear_ops as linear_ops
 from .exporting import export_pte
@@ -104,7 +104,7 @@ def _inputs(name, m, rng):
 def _live_ms(name):
     _, shapes, axes = CASES[name]
     top = next(s[a] for s, a in zip(shapes, axes) if a is not None)
-    ms = sorted(m for m in {1, 2, 3, L.GEMV_MAX_ROWS, L.GEMV_MAX_ROWS + 1, top - 1, top} if m <= top)
+    ms = sorted(m for m in {1, 2, 3, R.GEMV_MAX_ROWS, R.GEMV_MAX_ROWS + 1, top - 1, top} if m <= top)
     random.Random(name).shuffle(ms)
     return ms
 
@@ -154,7 +154,7 @@ async def test_fp16_products_take_the_cpu_subgroup_kernels(name, load_pte, kerne
     for m in (1, 2, 70):
         await model.execute(*_inputs(name, m, rng))
         live = [d for i, d in enumerate(model.graph.dispatches) if "linear" in d.op and all(model._default.state.grids[i])]
-        fused_rows = L.SG_GPU_ROWS[0] <= m <= L.SG_GPU_ROWS[1]
+        fused_rows = R.SG_GPU_ROWS[0] <= m <= R.SG_GPU_ROWS[1]
         for d in live:
             fused = fused_rows and d.op in ("pte_wgpu.linear_group", "pte_wgpu.linear_silu_mul")
             expected = subgroups and (kernel_variants == "cpu" or fused)

@@ -10,9 +10,10 @@ import torch
 
 from async_runtime.testing import assert_matches_eager
 from pte_wgpu.resize.values import Scalar, Tensor, ValueList
-from pte_wgpu.kernels import build_node
+from pte_wgpu.kernels import OpBuilder, build_node
 from pte_wgpu.kernels.matmul import gemm as G
 from pte_wgpu.kernels.matmul import linear as L
+from pte_wgpu.kernels.matmul import routes as R
 
 from .exporting import export_pte
 
@@ -164,13 +165,13 @@ async def test_subgroup_gemvs_where_k_is_whole_vec4s(load_pte, kernel_variants):
     if "subgroup" not in model.device_info.features:
         assert not any("subgroupAdd" in (d.shader or "") for d in model.graph.dispatches)
         return
-    for rows in (1, L.SG_GPU_ROWS[0], 34):
+    for rows in (1, R.SG_GPU_ROWS[0], 34):
         await model.execute(*_inputs("fused_dyn_k4", rows, np.random.default_rng(5)))
         grids = model._default.state.grids
         live = {}  # op -> whether a subgroup GEMV ran
         for i, d in enumerate(model.graph.dispatches):
             live[d.op] = live.get(d.op, False) or ("subgroupAdd" in (d.shader or "") and all(grids[i]))
-        subgroups = kernel_variants == "cpu" or rows >= L.SG_GPU_ROWS[0]
+        subgroups = kernel_variants == "cpu" or rows >= R.SG_GPU_ROWS[0]
         assert live["pte_wgpu.linear_group"] == live["pte_wgpu.linear_silu_mul"] == subgroups, rows
         assert not live["pte_wgpu.linear_residual"]
 
@@ -244,14 +245,17 @@ def test_gemm_splits_k_only_for_few_tiles():
 
 
 def test_shape_errors_name_the_op():
+    def op(name):
+        return OpBuilder(None, name, ())
+
     with pytest.raises(ValueError, match=r"aten.linear.default: input \(7, 12\) has K=12"):
-        L.linear_shapes("aten.linear.default")((7, 12), (29, 13))
+        L.linear_shapes(op("aten.linear.default"))((7, 12), (29, 13))
     with pytest.raises(ValueError, match="aten.mm.default: cannot multiply"):
-        L.mm_shapes("aten.mm.default")((7, 13), (12, 29))
+        L.mm_shapes(op("aten.mm.default"))((7, 13), (12, 29))
     with pytest.raises(ValueError, match="aten.bmm.default: cannot batch-multiply"):
-        L.bmm_shapes("aten.bmm.default")((3, 7, 13), (2, 13, 29))
-    assert L.linear_shapes("x")((2, 3, 13), (29, 13)) == (1, 6, 29, 13, 0, 0, (2, 3, 29))
-    assert L.bmm_shapes("x")((3, 7, 13), (3, 13, 29)) == (3, 7, 29, 13, 91, 377, (3, 7, 29))
+        L.bmm_shapes(op("aten.bmm.default"))((3, 7, 13), (2, 13, 29))
+    assert L.linear_shapes(op("x"))((2, 3, 13), (29, 13)) == (1, 6, 29, 13, 0, 0, (2, 3, 29))
+    assert L.bmm_shapes(op("x"))((3, 7, 13), (3, 13, 29)) == (3, 7, 29, 13, 91, 377, (3, 7, 29))
 
 
 def test_uniform_layout_matches_wgsl():
