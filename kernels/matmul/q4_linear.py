@@ -363,7 +363,7 @@ fn xq4(v: vec4<f32>, inv: f32, zp: f32, s: f32) -> vec4<f32> {
 SG_MAIN = """
 @compute @workgroup_size($CPU_WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32$SUBGROUP_BUILTINS) {
+        @builtin(local_invocation_index) li: u32$BUILTINS) {
     let r0 = wid.z * ${ROWS}u;
     let rows = min(${ROWS}u, q.M - r0);
     let kv4 = q.K / 4u;
@@ -375,7 +375,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 def sg_main(shape):
     """The subgroup kernels' entry for `shape`: workgroup z is a group of shape[0] rows from r0,
     `rows` of them live; wg0 the workgroup's index over x and y."""
-    return fill(SG_MAIN, CPU_WG=CPU_WG, SUBGROUP_BUILTINS=SUBGROUP_BUILTINS, Q4_SG_WORDS=Q4_SG_WORDS, ROWS=shape[0])
+    return fill(SG_MAIN, CPU_WG=CPU_WG, BUILTINS=SUBGROUP_BUILTINS, Q4_SG_WORDS=Q4_SG_WORDS, ROWS=shape[0])
 
 
 def sg_shader(dq8, zp_packed, has_bias, shape=Q4_SG_GEMV, types=Storage(), residual=False):
