@@ -1,10 +1,36 @@
-"""What every WGSL kernel shares: storage types, the folded flat index, parameter packing."""
+"""What every WGSL kernel shares: storage types, the folded flat index, parameter packing, and the
+filling of shader templates.
+
+A shader template is a plain string with `$NAME` placeholders (UPPER_CASE; `${NAME}u` where a
+letter follows), filled by `fill(template, NAME=value, ...)`: WGSL never uses `$`, so its braces
+stay single, and a placeholder or a value without its counterpart fails when the shader is built.
+Lines generated one by one in Python loops (a statement a row, a binding a tensor) are f-strings.
+"""
 
 import struct
+from string import Template
 
 from pte_wgpu.resize.shapes import broadcast_strides, fold_grid
 
 WG = 64  # workgroup size of the flat elementwise-style kernels
+
+
+def fill(template, **values):
+    """`template` with each `$NAME` (or `${NAME}`) replaced by `str(values[NAME])`, in one pass
+    (a value's own text is not searched for placeholders). KeyError for a placeholder without a
+    value, ValueError for a value that names no placeholder and for a `$` that starts none."""
+    names = set()
+    for m in Template.pattern.finditer(template):
+        if m.group("invalid") is not None:
+            raise ValueError(f"a '$' that starts no placeholder at offset {m.start()} of the template")
+        names.add(m.group("named") or m.group("braced"))
+    names.discard(None)  # "$$", an escaped "$"
+    if missing := names - values.keys():
+        raise KeyError(f"no value for the placeholders {sorted(missing)}")
+    if unused := values.keys() - names:
+        raise ValueError(f"values for no placeholder of the template: {sorted(unused)}")
+    return Template(template).substitute({name: str(value) for name, value in values.items()})
+
 
 # How each tensor dtype is stored on the GPU: 4-byte elements, except raw bytes of packed weights
 # and float16 (f16, 2 bytes). A device without `shader-f16` never sees float16: the load widens
@@ -62,19 +88,58 @@ def flat_grid(threads, wg=WG):
     return fold_grid(-(-threads // wg))
 
 
+FLAT_KERNEL = """
+struct P { $FIELDS }
+$BINDINGS
+@group(0) @binding($UNIFORM) var<uniform> p: P;
+$DECLARATIONS$FLAT_INDEX$FUNCTIONS
+@compute @workgroup_size($WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let $INDEX = flat_index(gid, nwg, ${WG}u);
+    if ($INDEX >= p.$COUNT) { return; }$BODY}
+"""
+
+
+def flat_kernel(fields, bindings, body, count="n", index="i", declarations="", functions=""):
+    """A flat kernel, one invocation an item over a folded grid (`flat_grid`): `struct P { fields }`,
+    the storage `bindings`, (name, WGSL element type, "read" or "read_write") from @binding(0) on,
+    the uniform `p: P` bound after them, `declarations` (bindings numbered past the uniform, say),
+    FLAT_INDEX, `functions`, then the entry point: invocation `index` at or past `p.<count>`
+    returns, the others run `body` (WGSL statements, from a newline on). Placeholders ($NAME) in
+    any of them stay in the text for a later `fill`."""
+    lines = [f"@group(0) @binding({k}) var<storage, {access}> {name}: array<{t}>;" for k, (name, t, access) in enumerate(bindings)]
+    return fill(
+        FLAT_KERNEL,
+        FIELDS=fields,
+        BINDINGS="\n".join(lines),
+        UNIFORM=len(bindings),
+        DECLARATIONS=declarations,
+        FLAT_INDEX=FLAT_INDEX,
+        FUNCTIONS=functions,
+        WG=WG,
+        INDEX=index,
+        COUNT=count,
+        BODY=body,
+    )
+
+
 # Flat kernels over many elements take PER_INVOCATION of them, a grid apart: one element per
 # 64-invocation workgroup made a 1 GiB tensor 4M workgroups, and launching them bounded an H100 at
 # 850 GB/s (tools/bench/streaming.py) against 2.97 TB/s for a vec4 copy kernel. Such a kernel defines
 # `fn element(i: u32)` and takes SPREAD_MAIN as its entry point, dispatched over `spread_grid(n)`.
 PER_INVOCATION = 4
-SPREAD_MAIN = f"""
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
-    let first = flat_index(gid, nwg, {WG}u);
-    let threads = nwg.x * nwg.y * {WG}u;
-    for (var e = 0u; e < {PER_INVOCATION}u; e = e + 1u) {{ element(first + e * threads); }}
-}}
-"""
+SPREAD_MAIN = fill(
+    """
+@compute @workgroup_size($WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let first = flat_index(gid, nwg, ${WG}u);
+    let threads = nwg.x * nwg.y * ${WG}u;
+    for (var e = 0u; e < ${PER_INVOCATION}u; e = e + 1u) { element(first + e * threads); }
+}
+""",
+    WG=WG,
+    PER_INVOCATION=PER_INVOCATION,
+)
 
 
 def spread_grid(n):

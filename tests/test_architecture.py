@@ -5,6 +5,7 @@ one, never a higher one, and no chain of imports comes back to where it started.
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -173,6 +174,31 @@ def test_families_import_only_the_families_they_name():
             wrong += [f"{m} imports {d}" for d in deps if family_of(d) and family_of(d) not in allowed]
             wrong += [f"{m} imports {d}" for d in deps if d.startswith(KERNELS + ".fusion")]
     assert not wrong, "\n".join(wrong)
+
+
+def test_kernels_fill_shader_templates_one_way():
+    """Shader templates are filled by wgsl.fill ($NAME placeholders; kernels/wgsl.py's docstring):
+    no str.format in kernels/, and no str.replace of an UPPER_CASE name or a braced one."""
+    by_hand = []
+    for path in (ROOT / "kernels").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            first = node.args[0] if node.args else None
+            named = isinstance(first, ast.Constant) and isinstance(first.value, str) and re.search(r"[A-Z]{2}|[{}]", first.value)
+            if node.func.attr == "format" or (node.func.attr == "replace" and named):
+                by_hand.append(f"{path.relative_to(ROOT)}:{node.lineno}: .{node.func.attr}(...)")
+    assert not by_hand, "\n".join(by_hand)
+
+
+def test_fill_refuses_a_placeholder_or_a_value_without_its_counterpart():
+    from pte_wgpu.kernels.wgsl import fill
+
+    assert fill("x = ${N}u + $N;", N=2) == "x = 2u + 2;"
+    with pytest.raises(KeyError):
+        fill("array<$T>", TYPE="f32")
+    with pytest.raises(ValueError):
+        fill("array<$T>", T="f32", TO="f16")
 
 
 def test_every_family_says_what_it_holds_and_may_import():

@@ -12,7 +12,7 @@ import struct
 from pte_wgpu.resize.shapes import numel_of
 
 from ..registry import op
-from ..wgsl import FLAT_INDEX, WG, flat_grid, type_aliases
+from ..wgsl import fill, flat_grid, flat_kernel, type_aliases
 
 
 # The ragged KV-cache slot formula, for every kernel that stores a ragged pass's k and v
@@ -21,27 +21,25 @@ from ..wgsl import FLAT_INDEX, WG, flat_grid, type_aliases
 # floats a slot) at position row_pos[r]. A padding row (slot -1) has no place; callers skip it.
 def cache_slot(uniform="p"):
     """`cache_at(r, e)`, reading p.stride and p.row from the uniform named `uniform`."""
-    return f"""
-fn cache_at(r: u32, e: u32) -> u32 {{ return u32(row_slot[r]) * {uniform}.stride + u32(row_pos[r]) * {uniform}.row + e; }}
-"""
+    return fill(
+        """
+fn cache_at(r: u32, e: u32) -> u32 { return u32(row_slot[r]) * $UNIFORM.stride + u32(row_pos[r]) * $UNIFORM.row + e; }
+""",
+        UNIFORM=uniform,
+    )
 
 
 CACHE_SLOT = cache_slot()
 
-UPDATE = f"""
-struct P {{ numel: u32, per_batch: u32, cache_per_batch: u32, offset: u32 }}
-@group(0) @binding(0) var<storage, read> value: array<VT>;
-@group(0) @binding(1) var<storage, read_write> cache: array<CT>;
-@group(0) @binding(2) var<uniform> p: P;
-{FLAT_INDEX}
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
-    let i = flat_index(gid, nwg, {WG}u);
-    if (i >= p.numel) {{ return; }}
+UPDATE = flat_kernel(
+    "numel: u32, per_batch: u32, cache_per_batch: u32, offset: u32",
+    [("value", "VT", "read"), ("cache", "CT", "read_write")],
+    """
     let batch = i / p.per_batch;
     cache[batch * p.cache_per_batch + p.offset + i % p.per_batch] = CT(value[i]);
-}}
-"""
+""",
+    count="numel",
+)
 
 
 @op("update_cache.default", half=True)

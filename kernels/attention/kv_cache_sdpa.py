@@ -32,7 +32,7 @@ from pte_wgpu.resize.values import Constant, Tensor
 
 from ..registry import op
 from ..variants import ANY, CPU_ONLY, GPU, GPU_ONLY, Routes, Variant
-from ..wgsl import FLAT_INDEX, WG, flat_grid, type_aliases
+from ..wgsl import fill, flat_grid, flat_kernel, type_aliases
 from .kv_cache import CACHE_SLOT
 
 MAX_HEAD_DIM = 256
@@ -41,22 +41,14 @@ MAX_SPLITS = 16  # split-K: the context is cut into this many key ranges (fewer 
 SPLIT_MAX_ROWS = 32  # up to this many query rows (decode) use split-K
 RAGGED_SPLIT_MAX_ROWS = 128  # the same for a ragged pass on a GPU (its scratch, 5 MB at SmolLM2 size, is pooled)
 
-UPDATE_CACHE = f"""
-struct P {{ n: u32, offset: u32, pad0: u32, pad1: u32 }}
-@group(0) @binding(0) var<storage, read> k: array<KT>;
-@group(0) @binding(1) var<storage, read> v: array<VT>;
-@group(0) @binding(2) var<storage, read_write> kc: array<KCT>;
-@group(0) @binding(3) var<storage, read_write> vc: array<VCT>;
-@group(0) @binding(4) var<uniform> p: P;
-{FLAT_INDEX}
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
-    let i = flat_index(gid, nwg, {WG}u);
-    if (i >= p.n) {{ return; }}
+UPDATE_CACHE = flat_kernel(
+    "n: u32, offset: u32, pad0: u32, pad1: u32",
+    [("k", "KT", "read"), ("v", "VT", "read"), ("kc", "KCT", "read_write"), ("vc", "VCT", "read_write")],
+    """
     kc[p.offset + i] = KCT(k[i]);
     vc[p.offset + i] = VCT(v[i]);
-}}
-"""
+""",
+)
 
 # Ragged batches (async_runtime.ragged): row r of the batch belongs to the session whose cache
 # is slot row_slot[r] of the pooled caches, at absolute position row_pos[r]; slot -1 marks a
@@ -66,50 +58,45 @@ RAGGED_TABLES = """
 @group(0) @binding(6) var<storage, read> row_slot: array<i32>;
 """
 
-RAGGED_UPDATE_CACHE = f"""
-struct P {{ n: u32, row: u32, stride: u32, pad: u32 }}
-@group(0) @binding(0) var<storage, read> k: array<KT>;
-@group(0) @binding(1) var<storage, read> v: array<VT>;
-@group(0) @binding(2) var<storage, read_write> kc: array<KCT>;
-@group(0) @binding(3) var<storage, read_write> vc: array<VCT>;
-@group(0) @binding(4) var<uniform> p: P;
-{RAGGED_TABLES}
-{CACHE_SLOT}
-{FLAT_INDEX}
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
-    let i = flat_index(gid, nwg, {WG}u);
-    if (i >= p.n) {{ return; }}
+RAGGED_UPDATE_CACHE = flat_kernel(
+    "n: u32, row: u32, stride: u32, pad: u32",
+    [("k", "KT", "read"), ("v", "VT", "read"), ("kc", "KCT", "read_write"), ("vc", "VCT", "read_write")],
+    """
     let r = i / p.row;
-    if (row_slot[r] < 0) {{ return; }}  // a padding row
+    if (row_slot[r] < 0) { return; }  // a padding row
     let at = cache_at(r, i % p.row);
     kc[at] = KCT(k[i]);
     vc[at] = VCT(v[i]);
-}}
-"""
+""",
+    declarations=RAGGED_TABLES + CACHE_SLOT,
+)
 
 # The workgroup's max and sum of red[0..CHUNK) (both attention kernels).
-REDUCTIONS = f"""
-fn reduce_max(t: u32) -> f32 {{
-    for (var stride = {CHUNK // 2}u; stride > 0u; stride = stride / 2u) {{
-        if (t < stride) {{ red[t] = max(red[t], red[t + stride]); }}
+REDUCTIONS = fill(
+    """
+fn reduce_max(t: u32) -> f32 {
+    for (var stride = ${HALF}u; stride > 0u; stride = stride / 2u) {
+        if (t < stride) { red[t] = max(red[t], red[t + stride]); }
         workgroupBarrier();
-    }}
+    }
     return red[0];
-}}
+}
 
-fn reduce_sum(t: u32) -> f32 {{
-    for (var stride = {CHUNK // 2}u; stride > 0u; stride = stride / 2u) {{
-        if (t < stride) {{ red[t] = red[t] + red[t + stride]; }}
+fn reduce_sum(t: u32) -> f32 {
+    for (var stride = ${HALF}u; stride > 0u; stride = stride / 2u) {
+        if (t < stride) { red[t] = red[t] + red[t + stride]; }
         workgroupBarrier();
-    }}
+    }
     return red[0];
-}}
-"""
+}
+""",
+    HALF=CHUNK // 2,
+)
 
 # A chunk's scores (`score`, -3e38 past the key range) into the running max m and sum l:
 # probs[t] = exp(score - m_new), `corr` rescales what was accumulated, `n` keys are live.
-ONLINE_SOFTMAX = f"""        red[t] = score;
+ONLINE_SOFTMAX = fill(
+    """        red[t] = score;
         workgroupBarrier();
         let m_new = max(m, reduce_max(t));
         workgroupBarrier();
@@ -120,80 +107,86 @@ ONLINE_SOFTMAX = f"""        red[t] = score;
         let total = reduce_sum(t);
         let corr = exp(m - m_new);
         l = l * corr + total;
-        let n = min({CHUNK}u, k_end - base);"""
+        let n = min(${CHUNK}u, k_end - base);""",
+    CHUNK=CHUNK,
+)
+
+
+BINDINGS = """
+struct P { s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }
+@group(0) @binding(0) var<storage, read> q: array<QT>;
+@group(0) @binding(1) var<storage, read> kc: array<$KCACHE>;
+@group(0) @binding(2) var<storage, read> vc: array<$VCACHE>;
+@group(0) @binding(3) var<storage, read_write> out: array<OT>;
+@group(0) @binding(4) var<uniform> p: P;
+"""
 
 
 def _bindings(vec4):
-    """The attention kernels' uniform and bindings, the caches read as scalars or as vec4s."""
-    return """
-struct P {{ s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }}
-@group(0) @binding(0) var<storage, read> q: array<QT>;
-@group(0) @binding(1) var<storage, read> kc: array<KCACHE>;
-@group(0) @binding(2) var<storage, read> vc: array<VCACHE>;
-@group(0) @binding(3) var<storage, read_write> out: array<OT>;
-@group(0) @binding(4) var<uniform> p: P;
-{tables}
-""".replace("KCACHE", "vec4<KCT>" if vec4 else "KCT").replace("VCACHE", "vec4<VCT>" if vec4 else "VCT")
+    """The attention kernels' uniform and bindings, the caches read as scalars or as vec4s (each
+    kernel's $TABLES follow)."""
+    return fill(BINDINGS, KCACHE="vec4<KCT>" if vec4 else "KCT", VCACHE="vec4<VCT>" if vec4 else "VCT")
 
 
 F32_BINDINGS = _bindings(False)  # scalar loads (of f32 or f16 storage: the aliases QT, KCT, VCT, OT)
 # The bindings of the kernels that read the caches as vec4s (split-K's SPLIT_VEC4 and TILED).
 VEC4_BINDINGS = _bindings(True)
 
-ATTENTION = F32_BINDINGS + """var<workgroup> qs: array<f32, {MAX_HEAD_DIM}>;
-var<workgroup> probs: array<f32, {CHUNK}>;
-var<workgroup> red: array<f32, {CHUNK}>;
+ATTENTION = F32_BINDINGS + """$TABLES
+var<workgroup> qs: array<f32, $MAX_HEAD_DIM>;
+var<workgroup> probs: array<f32, $CHUNK>;
+var<workgroup> red: array<f32, $CHUNK>;
 
-{reductions}
-@compute @workgroup_size({CHUNK})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{
+$REDUCTIONS
+@compute @workgroup_size($CHUNK)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let h = wid.x;
     let s = wid.y;
     let t = lid.x;
     let kvh = h / (p.hq / p.hkv);
     let row = (s * p.hq + h) * p.d;
-    for (var d = t; d < p.d; d = d + {CHUNK}u) {{ qs[d] = f32(q[row + d]) * p.scale; }}
+    for (var d = t; d < p.d; d = d + ${CHUNK}u) { qs[d] = f32(q[row + d]) * p.scale; }
     workgroupBarrier();
-    let keys = {keys};  // causal: the row at absolute position P sees keys 0..P
-    let cbase = {cache_base};
-{key_range}
+    let keys = $KEYS;  // causal: the row at absolute position P sees keys 0..P
+    let cbase = $CACHE_BASE;
+$KEY_RANGE
     var m = -3.0e38;
     var l = 0.0;
-    var acc = array<f32, {SLICES}>();
-    for (var base = k_begin; base < k_end; base = base + {CHUNK}u) {{
+    var acc = array<f32, $SLICES>();
+    for (var base = k_begin; base < k_end; base = base + ${CHUNK}u) {
         let j = base + t;
         var score = -3.0e38;
-        if (j < k_end) {{
+        if (j < k_end) {
             let kbase = cbase + (j * p.hkv + kvh) * p.d;
             var dot = 0.0;
-            for (var d = 0u; d < p.d; d = d + 1u) {{ dot = dot + qs[d] * f32(kc[kbase + d]); }}
+            for (var d = 0u; d < p.d; d = d + 1u) { dot = dot + qs[d] * f32(kc[kbase + d]); }
             score = dot;
-        }}
-{online_softmax}
-        for (var c = 0u; c < {SLICES}u; c = c + 1u) {{
-            let d = t + c * {CHUNK}u;
-            if (d < p.d) {{
+        }
+$ONLINE_SOFTMAX
+        for (var c = 0u; c < ${SLICES}u; c = c + 1u) {
+            let d = t + c * ${CHUNK}u;
+            if (d < p.d) {
                 var sum = 0.0;
-                for (var jj = 0u; jj < n; jj = jj + 1u) {{
+                for (var jj = 0u; jj < n; jj = jj + 1u) {
                     sum = sum + probs[jj] * f32(vc[cbase + ((base + jj) * p.hkv + kvh) * p.d + d]);
-                }}
+                }
                 acc[c] = acc[c] * corr + sum;
-            }}
-        }}
+            }
+        }
         m = m_new;
         workgroupBarrier();
-    }}
-{finish}
-}}
+    }
+$FINISH
+}
 """
 
 
 WHOLE_RANGE = """    let k_begin = 0u;
     let k_end = keys;"""
-WHOLE_FINISH = """    for (var c = 0u; c < {SLICES}u; c = c + 1u) {{
-        let d = t + c * {CHUNK}u;
-        if (d < p.d) {{ out[row + d] = OT(acc[c] / l); }}
-    }}"""
+WHOLE_FINISH = """    for (var c = 0u; c < ${SLICES}u; c = c + 1u) {
+        let d = t + c * ${CHUNK}u;
+        if (d < p.d) { out[row + d] = OT(acc[c] / l); }
+    }"""
 # Split-K ("flash decoding"): workgroup z takes one slice of the keys and writes its partial
 # softmax state (acc[0..d), running max m, sum l) to `out`, here the op's scratch tensor.
 # A row's keys are spread over the splits in whole chunks: a row of up to MAX_SPLITS chunks of keys
@@ -202,15 +195,19 @@ WHOLE_FINISH = """    for (var c = 0u; c < {SLICES}u; c = c + 1u) {{
 # chunks in one workgroup while the others idled: on an H100 a decode row's split-K and combine
 # took 21 us a dispatch from 65 keys on (and at 1,000), 12 at 8 keys; now 16 at 120 and 1,000
 # (`examples/profile_ragged_decode.py MODEL 1,32 --prompt P`).
-SPLIT_RANGE = f"""    let span = max({CHUNK}u, ((keys + p.splits - 1u) / p.splits + {CHUNK - 1}u) / {CHUNK}u * {CHUNK}u);
+SPLIT_RANGE = fill(
+    """    let span = max(${CHUNK}u, ((keys + p.splits - 1u) / p.splits + ${CHUNK_MINUS_1}u) / ${CHUNK}u * ${CHUNK}u);
     let k_begin = min(keys, wid.z * span);
-    let k_end = min(keys, k_begin + span);"""
+    let k_end = min(keys, k_begin + span);""",
+    CHUNK=CHUNK,
+    CHUNK_MINUS_1=CHUNK - 1,
+)
 SPLIT_FINISH = """    let part = ((s * p.hq + h) * p.splits + wid.z) * (p.d + 2u);
-    for (var c = 0u; c < {SLICES}u; c = c + 1u) {{
-        let d = t + c * {CHUNK}u;
-        if (d < p.d) {{ out[part + d] = OT(acc[c]); }}
-    }}
-    if (t == 0u) {{ out[part + p.d] = OT(m); out[part + p.d + 1u] = OT(l); }}"""
+    for (var c = 0u; c < ${SLICES}u; c = c + 1u) {
+        let d = t + c * ${CHUNK}u;
+        if (d < p.d) { out[part + d] = OT(acc[c]); }
+    }
+    if (t == 0u) { out[part + p.d] = OT(m); out[part + p.d + 1u] = OT(l); }"""
 
 
 # The split-K kernel for head dims of 4 * G with G dividing CHUNK (64 for SmolLM2 and Llama): a
@@ -218,90 +215,95 @@ SPLIT_FINISH = """    let part = ((s * p.hq + h) * p.splits + wid.z) * (p.d + 2u
 # product per key, a weighted sum per dim). Here the dot products read vec4s (G steps), and the
 # weighted sum splits each chunk's keys over CHUNK / G invocations per vec4 of dims, whose partial
 # sums are then added in a fixed order. Same partial-state layout as SPLIT_FINISH.
-SPLIT_VEC4 = VEC4_BINDINGS + """var<workgroup> qs: array<vec4<f32>, {G}>;
-var<workgroup> probs: array<f32, {CHUNK}>;
-var<workgroup> red: array<f32, {CHUNK}>;
-var<workgroup> part: array<vec4<f32>, {CHUNK}>;
-{merged}
-{reductions}
-@compute @workgroup_size({CHUNK})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{
+SPLIT_VEC4 = VEC4_BINDINGS + """$TABLES
+var<workgroup> qs: array<vec4<f32>, $G>;
+var<workgroup> probs: array<f32, $CHUNK>;
+var<workgroup> red: array<f32, $CHUNK>;
+var<workgroup> part: array<vec4<f32>, $CHUNK>;
+$MERGED
+$REDUCTIONS
+@compute @workgroup_size($CHUNK)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let h = wid.x;
     let s = wid.y;
     let t = lid.x;
     let kvh = h / (p.hq / p.hkv);
     let row = (s * p.hq + h) * p.d;
-    if (t < {G}u) {{
+    if (t < ${G}u) {
         let i = row + 4u * t;
         qs[t] = vec4<f32>(f32(q[i]), f32(q[i + 1u]), f32(q[i + 2u]), f32(q[i + 3u])) * p.scale;
-    }}
+    }
     workgroupBarrier();
-    let keys = {keys};  // causal: the row at absolute position P sees keys 0..P
-    let cbase = ({cache_base}) / 4u;
-{key_range}
+    let keys = $KEYS;  // causal: the row at absolute position P sees keys 0..P
+    let cbase = ($CACHE_BASE) / 4u;
+$KEY_RANGE
     let used = (keys + span - 1u) / span;  // the splits the row's keys take; the rest leave, and the merge skips them
-    if (wid.z >= used) {{ return; }}
-    let g = t % {G}u;  // this invocation's vec4 of dims in the weighted sum
-    let sub = t / {G}u;  // and its share of each chunk's keys
+    if (wid.z >= used) { return; }
+    let g = t % ${G}u;  // this invocation's vec4 of dims in the weighted sum
+    let sub = t / ${G}u;  // and its share of each chunk's keys
     var m = -3.0e38;
     var l = 0.0;
     var acc = vec4<f32>(0.0);
-    for (var base = k_begin; base < k_end; base = base + {CHUNK}u) {{
+    for (var base = k_begin; base < k_end; base = base + ${CHUNK}u) {
         let j = base + t;
         var score = -3.0e38;
-        if (j < k_end) {{
-            let kb = cbase + (j * p.hkv + kvh) * {G}u;
+        if (j < k_end) {
+            let kb = cbase + (j * p.hkv + kvh) * ${G}u;
             var sc = 0.0;
-            for (var e = 0u; e < {G}u; e = e + 1u) {{ sc = sc + dot(qs[e], vec4<f32>(kc[kb + e])); }}
+            for (var e = 0u; e < ${G}u; e = e + 1u) { sc = sc + dot(qs[e], vec4<f32>(kc[kb + e])); }
             score = sc;
-        }}
-{online_softmax}
+        }
+$ONLINE_SOFTMAX
         var sum = vec4<f32>(0.0);
-        for (var jj = sub; jj < n; jj = jj + {SUBS}u) {{
-            sum = sum + probs[jj] * vec4<f32>(vc[cbase + ((base + jj) * p.hkv + kvh) * {G}u + g]);
-        }}
+        for (var jj = sub; jj < n; jj = jj + ${SUBS}u) {
+            sum = sum + probs[jj] * vec4<f32>(vc[cbase + ((base + jj) * p.hkv + kvh) * ${G}u + g]);
+        }
         part[t] = sum;
         workgroupBarrier();
-        if (t < {G}u) {{
+        if (t < ${G}u) {
             var all = part[t];
-            for (var k = 1u; k < {SUBS}u; k = k + 1u) {{ all = all + part[k * {G}u + t]; }}
+            for (var k = 1u; k < ${SUBS}u; k = k + 1u) { all = all + part[k * ${G}u + t]; }
             acc = acc * corr + all;
-        }}
+        }
         m = m_new;
         workgroupBarrier();
-    }}
-    if (used == 1u) {{  // one split: its state merged alone is acc / l, written here without the merge
-        if (t < {G}u) {{
+    }
+    if (used == 1u) {  // one split: its state merged alone is acc / l, written here without the merge
+        if (t < ${G}u) {
             let r = acc / l;
             let o = row + 4u * t;
             result[o] = RT(r.x);
             result[o + 1u] = RT(r.y);
             result[o + 2u] = RT(r.z);
             result[o + 3u] = RT(r.w);
-        }}
+        }
         return;
-    }}
+    }
     let at = ((s * p.hq + h) * p.splits + wid.z) * (p.d + 2u);
-    if (t < {G}u) {{
+    if (t < ${G}u) {
         out[at + 4u * t] = OT(acc.x);
         out[at + 4u * t + 1u] = OT(acc.y);
         out[at + 4u * t + 2u] = OT(acc.z);
         out[at + 4u * t + 3u] = OT(acc.w);
-    }}
-    if (t == 0u) {{ out[at + p.d] = OT(m); out[at + p.d + 1u] = OT(l); }}
-{finish}
-}}
+    }
+    if (t == 0u) { out[at + p.d] = OT(m); out[at + p.d + 1u] = OT(l); }
+$FINISH
+}
 """
 
 def online_softmax_step(dim, value):
     """WGSL folding one key into the online softmax state (max m, sum l, accumulator acc[0..dim))
     of a kernel that keeps it in registers: `score` is the key's score, `value` its value at d."""
-    return f"""        let m_new = max(m, score);
+    return fill(
+        """        let m_new = max(m, score);
         let corr = exp(m - m_new);
         let e = exp(score - m_new);
         l = l * corr + e;
-        for (var d = 0u; d < {dim}; d = d + 1u) {{ acc[d] = acc[d] * corr + e * {value}; }}
-        m = m_new;"""
+        for (var d = 0u; d < $DIM; d = d + 1u) { acc[d] = acc[d] * corr + e * $VALUE; }
+        m = m_new;""",
+        DIM=dim,
+        VALUE=value,
+    )
 
 
 # The split-K kernel for CPU adapters (kernels/variants.py): no workgroup memory, no barrier. One
@@ -309,32 +311,33 @@ def online_softmax_step(dim, value):
 # (so SIMD lanes run different key ranges side by side), each key folded into its own online
 # softmax state (max m, sum l, accumulator acc[0..d)) in registers. Same partial-state layout as
 # SPLIT_FINISH, merged by COMBINE.
-SPLIT_CPU = F32_BINDINGS + """@compute @workgroup_size({MAX_SPLITS})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{
+SPLIT_CPU = F32_BINDINGS + """$TABLES
+@compute @workgroup_size($MAX_SPLITS)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let h = wid.x;
     let s = wid.y;
     let z = lid.x;
-    if (z >= p.splits) {{ return; }}
+    if (z >= p.splits) { return; }
     let kvh = h / (p.hq / p.hkv);
     let row = (s * p.hq + h) * p.d;
-    let keys = {keys};  // causal: the row at absolute position P sees keys 0..P
-    let cbase = {cache_base};
+    let keys = $KEYS;  // causal: the row at absolute position P sees keys 0..P
+    let cbase = $CACHE_BASE;
     let k_begin = min(keys, z * p.span);
     let k_end = min(keys, k_begin + p.span);
     var m = -3.0e38;
     var l = 0.0;
-    var acc = array<f32, {MAX_HEAD_DIM}>();
-    for (var j = k_begin; j < k_end; j = j + 1u) {{
+    var acc = array<f32, $MAX_HEAD_DIM>();
+    for (var j = k_begin; j < k_end; j = j + 1u) {
         let kbase = cbase + (j * p.hkv + kvh) * p.d;
         var score = 0.0;
-        for (var d = 0u; d < p.d; d = d + 1u) {{ score = score + f32(q[row + d]) * p.scale * f32(kc[kbase + d]); }}
-{online_step}
-    }}
+        for (var d = 0u; d < p.d; d = d + 1u) { score = score + f32(q[row + d]) * p.scale * f32(kc[kbase + d]); }
+$ONLINE_STEP
+    }
     let at = ((s * p.hq + h) * p.splits + z) * (p.d + 2u);
-    for (var d = 0u; d < p.d; d = d + 1u) {{ out[at + d] = OT(acc[d]); }}
+    for (var d = 0u; d < p.d; d = d + 1u) { out[at + d] = OT(acc[d]); }
     out[at + p.d] = OT(m);
     out[at + p.d + 1u] = OT(l);
-}}
+}
 """
 
 # The merge of one (head, row)'s first `count` split partial states, rescaled to the overall max,
@@ -342,37 +345,41 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 # dispatch of its own over every split; SPLIT_VEC4's fused form in the last of the row's
 # workgroups to finish, over the splits the row's keys took (the others' states, an empty range's,
 # would add exact zeros: the result is the same).
-MERGE = f"""
-fn merge(s: u32, h: u32, t: u32, count: u32) {{
+MERGE = """
+fn merge(s: u32, h: u32, t: u32, count: u32) {
     let width = p.d + 2u;
     let base = (s * p.hq + h) * p.splits * width;
     var mx = -3.0e38;
-    for (var g = 0u; g < count; g = g + 1u) {{ mx = max(mx, PARTS[base + g * width + p.d]); }}
+    for (var g = 0u; g < count; g = g + 1u) { mx = max(mx, $PARTS[base + g * width + p.d]); }
     var total = 0.0;
-    for (var g = 0u; g < count; g = g + 1u) {{
-        total = total + PARTS[base + g * width + p.d + 1u] * exp(PARTS[base + g * width + p.d] - mx);
-    }}
-    for (var d = t; d < p.d; d = d + {CHUNK}u) {{
+    for (var g = 0u; g < count; g = g + 1u) {
+        total = total + $PARTS[base + g * width + p.d + 1u] * exp($PARTS[base + g * width + p.d] - mx);
+    }
+    for (var d = t; d < p.d; d = d + ${CHUNK}u) {
         var sum = 0.0;
-        for (var g = 0u; g < count; g = g + 1u) {{
-            sum = sum + PARTS[base + g * width + d] * exp(PARTS[base + g * width + p.d] - mx);
-        }}
-        RESULT[(s * p.hq + h) * p.d + d] = RT(sum / total);
-    }}
-}}
+        for (var g = 0u; g < count; g = g + 1u) {
+            sum = sum + $PARTS[base + g * width + d] * exp($PARTS[base + g * width + p.d] - mx);
+        }
+        $RESULT[(s * p.hq + h) * p.d + d] = RT(sum / total);
+    }
+}
 """
 
-COMBINE = f"""
-struct P {{ s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }}
+COMBINE = fill(
+    """
+struct P { s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }
 @group(0) @binding(0) var<storage, read> parts: array<f32>;
 @group(0) @binding(1) var<storage, read_write> out: array<RT>;
 @group(0) @binding(2) var<uniform> p: P;
-{MERGE.replace("PARTS", "parts").replace("RESULT", "out")}
-@compute @workgroup_size({CHUNK})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{
+$MERGE
+@compute @workgroup_size($CHUNK)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     merge(wid.y, wid.x, lid.x, p.splits);
-}}
-"""
+}
+""",
+    MERGE=fill(MERGE, CHUNK=CHUNK, PARTS="parts", RESULT="out"),
+    CHUNK=CHUNK,
+)
 
 # SPLIT_VEC4's finish on a GPU: the (head, row)'s workgroups that have keys count their arrivals,
 # and the last merges their splits (MERGE) and sets the count back to 0, so split-K is one
@@ -384,10 +391,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 def _arrivals(first):
     """The fused finish's bindings (the result, then the arrival counts, from binding `first`)
     and its merge."""
-    return f"""@group(0) @binding({first}) var<storage, read_write> result: array<RT>;
-@group(0) @binding({first + 1}) var<storage, read_write> arrivals: array<atomic<u32>>;
+    return fill(
+        """@group(0) @binding($FIRST) var<storage, read_write> result: array<RT>;
+@group(0) @binding($SECOND) var<storage, read_write> arrivals: array<atomic<u32>>;
 var<workgroup> arrived_last: u32;
-""" + MERGE.replace("PARTS", "out").replace("RESULT", "result")
+$MERGE""",
+        FIRST=first,
+        SECOND=first + 1,
+        MERGE=fill(MERGE, CHUNK=CHUNK, PARTS="out", RESULT="result"),
+    )
 
 
 LAST_MERGES = """    storageBarrier();
@@ -413,85 +425,86 @@ TILE_ROWS = 32
 TILE_SUBS = 4
 TILED_MAX_DIM = 64  # q and a take 2 * d registers per invocation
 KV_BYTES = 16384  # workgroup storage of a block's K and V rows (the WebGPU default limit)
-TILED = VEC4_BINDINGS + """// [sub][i] is the K row of key sub * KPS + i of the block, [SUBS + sub][i] its V row; the merge's
+TILED = VEC4_BINDINGS + """$TABLES
+// [sub][i] is the K row of key sub * KPS + i of the block, [SUBS + sub][i] its V row; the merge's
 // scratch afterwards, as 2 * BK rows of G vec4s
-var<workgroup> kv: array<array<array<vec4<f32>, {G}>, {KPS}>, {SUBS2}>;
+var<workgroup> kv: array<array<array<vec4<f32>, $G>, $KPS>, $SUBS2>;
 
-fn hsum(x: vec4<f32>) -> f32 {{ return (x.x + x.y) + (x.z + x.w); }}
+fn hsum(x: vec4<f32>) -> f32 { return (x.x + x.y) + (x.z + x.w); }
 
-@compute @workgroup_size({THREADS})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{
+@compute @workgroup_size($THREADS)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let h = wid.x;
-    let r0 = ((p.s + {BQ}u - 1u) / {BQ}u - 1u - wid.y) * {BQ}u;  // the last (longest) tiles first
-    let r_end = min(r0 + {BQ}u, p.s);
+    let r0 = ((p.s + ${BQ}u - 1u) / ${BQ}u - 1u - wid.y) * ${BQ}u;  // the last (longest) tiles first
+    let r_end = min(r0 + ${BQ}u, p.s);
     let t = lid.x;
-    let lane = t % {BQ}u;
-    let sub = t / {BQ}u;
-    let vsub = {SUBS}u + sub;
+    let lane = t % ${BQ}u;
+    let sub = t / ${BQ}u;
+    let vsub = ${SUBS}u + sub;
     let row = r0 + lane;
     let r = min(row, p.s - 1u);
     let kvh = h / (p.hq / p.hkv);
-    let qi = (r * p.hq + h) * {D}u;
-    {q}
-    {acc}
+    let qi = (r * p.hq + h) * ${D}u;
+    $Q
+    $ACC
     var m = -3.0e38;
     var l = 0.0;
-{ranges}
+$RANGES
     // Merge the row's TILE_SUBS states: rescaled to their common max, then summed pairwise in a
     // fixed order through kv (free: the last key block ended on a barrier).
-    {merge}
-}}
+    $MERGE
+}
 """
 
 # The key blocks of the rows `mine` (keys 0..keys-1 each) over the cache at `cbase` (in vec4s);
 # `kmax` bounds every row's key count and is the same for the whole workgroup.
-TILED_BLOCKS = """    for (var kb = 0u; kb < kmax; kb = kb + {BK}u) {{
-        for (var i = t; i < {BKG}u; i = i + {THREADS}u) {{
-            let key = i / {G}u;
+TILED_BLOCKS = """    for (var kb = 0u; kb < kmax; kb = kb + ${BK}u) {
+        for (var i = t; i < ${BKG}u; i = i + ${THREADS}u) {
+            let key = i / ${G}u;
             let j = min(kb + key, kmax - 1u);  // past kmax: a live key's row, masked below
-            let at = cbase + (j * p.hkv + kvh) * {G}u + i % {G}u;
-            kv[key / {KPS}u][key % {KPS}u][i % {G}u] = vec4<f32>(kc[at]);
-            kv[{SUBS}u + key / {KPS}u][key % {KPS}u][i % {G}u] = vec4<f32>(vc[at]);
-        }}
+            let at = cbase + (j * p.hkv + kvh) * ${G}u + i % ${G}u;
+            kv[key / ${KPS}u][key % ${KPS}u][i % ${G}u] = vec4<f32>(kc[at]);
+            kv[${SUBS}u + key / ${KPS}u][key % ${KPS}u][i % ${G}u] = vec4<f32>(vc[at]);
+        }
         workgroupBarrier();
-        let j0 = kb + sub * {KPS}u;
-        if (mine && j0 < keys) {{
-            {scores}
-            let m_new = max(m, {max});
+        let j0 = kb + sub * ${KPS}u;
+        if (mine && j0 < keys) {
+            $SCORES
+            let m_new = max(m, $MAX);
             let corr = exp(m - m_new);
-            {probs}
-            l = l * corr + {total};
-            {weighted}
+            $PROBS
+            l = l * corr + $TOTAL;
+            $WEIGHTED
             m = m_new;
-        }}
+        }
         workgroupBarrier();
-    }}"""
+    }"""
 
 TILED_PLAIN = """    let keys = p.pos + row + 1u;  // causal: the row at absolute position P sees keys 0..P
     let mine = row < p.s;
     let kmax = p.pos + r_end;
     let cbase = 0u;
-{blocks}"""
+$BLOCKS"""
 
 # Ragged: the tile's segments (maximal runs of rows of one slot) one after the other, each over
 # its own slot's cache; padding rows (slot -1) attend to nothing and write zeros.
 TILED_RAGGED = """    let keys = u32(row_pos[r]) + 1u;  // causal: the row at absolute position P sees keys 0..P
     var seg = r0;
-    while (seg < r_end) {{
+    while (seg < r_end) {
         let slot = row_slot[seg];
         var e = seg + 1u;
         var kmax = u32(row_pos[seg]) + 1u;
-        while (e < r_end && row_slot[e] == slot) {{
+        while (e < r_end && row_slot[e] == slot) {
             kmax = max(kmax, u32(row_pos[e]) + 1u);
             e = e + 1u;
-        }}
-        if (slot >= 0) {{
+        }
+        if (slot >= 0) {
             let mine = row >= seg && row < e;
             let cbase = u32(slot) * (p.stride / 4u);
-{blocks}
-        }}
+$BLOCKS
+        }
         seg = e;
-    }}"""
+    }"""
 
 
 def _tiled_shader(ragged, dim):
@@ -502,20 +515,20 @@ def _tiled_shader(ragged, dim):
     assert 2 * bk >= max(-(-bq * subs // g), bq * subs // 2), "kv must hold the merge's scratch"
     n = "\n            "
     vis = [f"j0 + {i}u < keys" for i in range(kps)]
-    blocks = TILED_BLOCKS.format(
-        BK=bk, BKG=bk * g, G=g, KPS=kps, SUBS=subs, THREADS=bq * subs,
-        scores=n.join(
+    blocks = fill(
+        TILED_BLOCKS, BK=bk, BKG=bk * g, G=g, KPS=kps, SUBS=subs, THREADS=bq * subs,
+        SCORES=n.join(
             f"let s{i} = select(-3.0e38, hsum({' + '.join(f'q{e} * kv[sub][{i}][{e}]' for e in range(g))}), {vis[i]});"
             for i in range(kps)
         ),
-        max=_max_tree([f"s{i}" for i in range(kps)]),
-        probs=n.join(f"let p{i} = select(0.0, exp(s{i} - m_new), {vis[i]});" for i in range(kps)),
-        total=" + ".join(f"p{i}" for i in range(kps)),
-        weighted=n.join(
+        MAX=_max_tree([f"s{i}" for i in range(kps)]),
+        PROBS=n.join(f"let p{i} = select(0.0, exp(s{i} - m_new), {vis[i]});" for i in range(kps)),
+        TOTAL=" + ".join(f"p{i}" for i in range(kps)),
+        WEIGHTED=n.join(
             f"a{e} = a{e} * corr + {' + '.join(f'p{i} * kv[vsub][{i}][{e}]' for i in range(kps))};" for e in range(g)
         ),
     )
-    ranges = TILED_RAGGED.format(blocks=textwrap.indent(blocks, " " * 8)) if ragged else TILED_PLAIN.format(blocks=blocks)
+    ranges = fill(TILED_RAGGED, BLOCKS=textwrap.indent(blocks, " " * 8)) if ragged else fill(TILED_PLAIN, BLOCKS=blocks)
 
     def flat(i):  # vec4 i of kv
         return f"kv[{i} / {g * kps}u][{i} / {g}u % {kps}u][{i} % {g}u]"
@@ -543,13 +556,14 @@ def _tiled_shader(ragged, dim):
     merge.append(f"if (sub == 0u && row < p.s) {{ let o = (row * p.hq + h) * {dim}u; let w = max(total, 1e-30); {writes} }}")
     n = "\n    "
     q = [", ".join(f"f32(q[qi + {4 * e + c}u])" for c in range(4)) for e in range(g)]
-    return TILED.format(
-        tables=RAGGED_TABLES if ragged else "",
+    return fill(
+        TILED,
+        TABLES=RAGGED_TABLES if ragged else "",
         G=g, KPS=kps, SUBS=subs, SUBS2=2 * subs, THREADS=bq * subs, BQ=bq, D=dim,
-        q=n.join(f"let q{e} = vec4<f32>({q[e]}) * p.scale;" for e in range(g)),
-        acc=n.join(f"var a{e} = vec4<f32>(0.0);" for e in range(g)),
-        ranges=ranges,
-        merge=n.join(merge),
+        Q=n.join(f"let q{e} = vec4<f32>({q[e]}) * p.scale;" for e in range(g)),
+        ACC=n.join(f"var a{e} = vec4<f32>(0.0);" for e in range(g)),
+        RANGES=ranges,
+        MERGE=n.join(merge),
     )
 
 
@@ -570,16 +584,17 @@ def _attention_shader(ragged, split=False, dim=None):
     allows it (its result and arrival counts bound after the tables)."""
     common = dict(
         _row_exprs(ragged),
-        reductions=REDUCTIONS,
-        online_softmax=ONLINE_SOFTMAX,
+        REDUCTIONS=REDUCTIONS,
+        ONLINE_SOFTMAX=ONLINE_SOFTMAX,
         CHUNK=CHUNK,
     )
     if split and _merges_itself(dim):
         merged = _arrivals(7 if ragged else 5)
-        return SPLIT_VEC4.format(G=dim // 4, SUBS=CHUNK // (dim // 4), key_range=SPLIT_RANGE, merged=merged, finish=LAST_MERGES, **common)
-    return ATTENTION.format(
-        key_range=SPLIT_RANGE if split else WHOLE_RANGE,
-        finish=(SPLIT_FINISH if split else WHOLE_FINISH).format(SLICES=MAX_HEAD_DIM // CHUNK, CHUNK=CHUNK),
+        return fill(SPLIT_VEC4, G=dim // 4, SUBS=CHUNK // (dim // 4), KEY_RANGE=SPLIT_RANGE, MERGED=merged, FINISH=LAST_MERGES, **common)
+    return fill(
+        ATTENTION,
+        KEY_RANGE=SPLIT_RANGE if split else WHOLE_RANGE,
+        FINISH=fill(SPLIT_FINISH if split else WHOLE_FINISH, SLICES=MAX_HEAD_DIM // CHUNK, CHUNK=CHUNK),
         MAX_HEAD_DIM=MAX_HEAD_DIM,
         SLICES=MAX_HEAD_DIM // CHUNK,
         **common,
@@ -641,7 +656,7 @@ def _split_route(cpu):
     def build(b, att):
         if cpu:
             step = online_softmax_step("p.d", "f32(vc[kbase + d])")
-            shader = SPLIT_CPU.format(MAX_SPLITS=MAX_SPLITS, MAX_HEAD_DIM=MAX_HEAD_DIM, online_step=step, **att.common)
+            shader = fill(SPLIT_CPU, MAX_SPLITS=MAX_SPLITS, MAX_HEAD_DIM=MAX_HEAD_DIM, ONLINE_STEP=step, **att.common)
             grid = lambda s: (att.hq, s, 1)  # noqa: E731
         else:
             shader = _attention_shader(att.ragged, split=True, dim=att.dim)
@@ -709,9 +724,9 @@ class _Attention:
 def _row_exprs(ragged):
     """The per-row WGSL pieces of the one-row-per-(workgroup y) kernels: tables, key count, cache base."""
     return dict(
-        tables=RAGGED_TABLES if ragged else "",
-        keys="u32(row_pos[s]) + 1u" if ragged else "p.pos + s + 1u",
-        cache_base="u32(max(row_slot[s], 0)) * p.stride" if ragged else "0u",  # padding rows: slot 0
+        TABLES=RAGGED_TABLES if ragged else "",
+        KEYS="u32(row_pos[s]) + 1u" if ragged else "p.pos + s + 1u",
+        CACHE_BASE="u32(max(row_slot[s], 0)) * p.stride" if ragged else "0u",  # padding rows: slot 0
     )
 
 

@@ -14,15 +14,15 @@ from dataclasses import dataclass
 from pte_wgpu.resize.shapes import numel_of
 
 from ..registry import op
-from ..wgsl import FLAT_INDEX, WG, flat_grid, type_aliases
+from ..wgsl import FLAT_INDEX, WG, fill, flat_grid, flat_kernel, type_aliases
 from .kv_cache import CACHE_SLOT, cache_slot
 
 # One dispatch rotates both q and k: invocations past q's pairs continue into k's. The ragged
 # form (`pte_wgpu.rope_into_cache`) also stores this step's rotated k, and v, in the KV caches as
 # ragged_sdpa's own update would (kernels/attention/kv_cache_sdpa.py RAGGED_UPDATE_CACHE), which then skips it.
 ROPE = """
-struct P {{ q_pairs: u32, pairs: u32, q_heads: u32, k_heads: u32, half: u32, row: u32, stride: u32, pad: u32 }}
-{CACHE_BINDINGS}
+struct P { q_pairs: u32, pairs: u32, q_heads: u32, k_heads: u32, half: u32, row: u32, stride: u32, pad: u32 }
+$CACHE_BINDINGS
 @group(0) @binding(0) var<storage, read> xq: array<XQT>;
 @group(0) @binding(1) var<storage, read> xk: array<XKT>;
 @group(0) @binding(2) var<storage, read> fcos: array<CT>;
@@ -30,35 +30,35 @@ struct P {{ q_pairs: u32, pairs: u32, q_heads: u32, k_heads: u32, half: u32, row
 @group(0) @binding(4) var<storage, read_write> oq: array<OQT>;
 @group(0) @binding(5) var<storage, read_write> ok: array<OKT>;
 @group(0) @binding(6) var<uniform> p: P;
-{FLAT_INDEX}
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
-    let g = flat_index(gid, nwg, {WG}u);
-    if (g >= p.pairs) {{ return; }}
+$FLAT_INDEX
+@compute @workgroup_size($WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let g = flat_index(gid, nwg, ${WG}u);
+    if (g >= p.pairs) { return; }
     let in_q = g < p.q_pairs;
     var i = g;
     var heads = p.q_heads;
-    if (!in_q) {{ i = g - p.q_pairs; heads = p.k_heads; }}
+    if (!in_q) { i = g - p.q_pairs; heads = p.k_heads; }
     let k = i % p.half;            // frequency index
     let row = i / p.half;          // (b, s, h) row
     let s = row / heads;           // position row in the freqs table (batch 1)
     let c = f32(fcos[s * p.half + k]);
     let sn = f32(fsin[s * p.half + k]);
     let ia = row * p.half * 2u + 2u * k;
-    if (in_q) {{
+    if (in_q) {
         let a = f32(xq[ia]);
         let b = f32(xq[ia + 1u]);
         oq[ia] = OQT(a * c - b * sn);
         oq[ia + 1u] = OQT(a * sn + b * c);
-    }} else {{
+    } else {
         let a = f32(xk[ia]);
         let b = f32(xk[ia + 1u]);
         ok[ia] = OKT(a * c - b * sn);
-        ok[ia + 1u] = OKT(a * sn + b * c);{CACHE_STORE}
-    }}
-}}
+        ok[ia + 1u] = OKT(a * sn + b * c);$CACHE_STORE
+    }
+}
 """
-SHADER = ROPE.format(FLAT_INDEX=FLAT_INDEX, WG=WG, CACHE_BINDINGS="", CACHE_STORE="")
+SHADER = fill(ROPE, FLAT_INDEX=FLAT_INDEX, WG=WG, CACHE_BINDINGS="", CACHE_STORE="")
 CACHE_BINDINGS = """
 @group(0) @binding(7) var<storage, read> v: array<VT>;
 @group(0) @binding(8) var<storage, read_write> kc: array<KCT>;
@@ -66,6 +66,7 @@ CACHE_BINDINGS = """
 @group(0) @binding(10) var<storage, read> row_pos: array<i32>;
 @group(0) @binding(11) var<storage, read> row_slot: array<i32>;
 """ + CACHE_SLOT
+# (its doubled braces open a nested block, as they always have in this shader)
 CACHE_STORE = """
         let r = ia / p.row;  // the pass's token row
         if (row_slot[r] >= 0) {{  // not a padding row
@@ -75,7 +76,7 @@ CACHE_STORE = """
             vc[at] = VCT(v[ia]);
             vc[at + 1u] = VCT(v[ia + 1u]);
         }}"""
-SHADER_CACHE = ROPE.format(FLAT_INDEX=FLAT_INDEX, WG=WG, CACHE_BINDINGS=CACHE_BINDINGS, CACHE_STORE=CACHE_STORE)
+SHADER_CACHE = fill(ROPE, FLAT_INDEX=FLAT_INDEX, WG=WG, CACHE_BINDINGS=CACHE_BINDINGS, CACHE_STORE=CACHE_STORE)
 
 
 @op("et_vk.apply_rotary_emb.default", "pte_wgpu.rope_into_cache", half=True)
@@ -169,9 +170,12 @@ def rope_store(j, row, t, rope_types):
     themselves are stored too (every binding is used: the pipeline's layout keeps them all)."""
     _, _, oq, ok, kc, vc, _, _ = rope_types
     row = f"let row = {row};"
-    cache = "if (row_slot[row] >= 0) {{ {}[cache_at(row, n)] = {}; }}"
+
+    def cache(name, value):
+        return f"if (row_slot[row] >= 0) {{ {name}[cache_at(row, n)] = {value}; }}"
+
     if j == 2:
-        return f"{{ {row} let x = {t}(v0); o2[row * q.N2 + n] = x; {cache.format('vc', f'{vc}(x)')} }}"
+        return f"{{ {row} let x = {t}(v0); o2[row * q.N2 + n] = x; {cache('vc', f'{vc}(x)')} }}"
     out, ot = (("oq", oq), ("ok", ok))[j]
     rotate = (
         f"let fi = row * q.half + (n % q.dim) / 2u; let c = f32(fcos[fi]); let sn = f32(fsin[fi]); "
@@ -179,36 +183,28 @@ def rope_store(j, row, t, rope_types):
         "let ev = select(other, mine, even); let od = select(mine, other, even); "
         "var y = ev * sn + od * c; if (even) { y = ev * c - od * sn; }"
     )
-    stored = cache.format("kc", f"{kc}({ot}(y))") if j == 1 else ""
+    stored = cache("kc", f"{kc}({ot}(y))") if j == 1 else ""
     return f"{{ {row} {rotate} o{j}[row * q.N{j} + n] = {t}(v0); {out}[row * q.N{j} + n] = {ot}(y); {stored} }}"
 
 
 # `et_vk.apply_rotary_emb_hf` (HuggingFace rotate-half): the first `rd` dims of each head rotate,
 # dim d < rd/2 pairing with d + rd/2; the rest pass through. cos and sin are [rows, rd] tables,
 # read at row start_pos + s (the full table and a SymInt start_pos, or a slice and 0).
-ROPE_HF = """
-struct P {{ numel: u32, dim: u32, heads: u32, seq: u32, rd: u32, start: u32, pad0: u32, pad1: u32 }}
-@group(0) @binding(0) var<storage, read> x: array<XT>;
-@group(0) @binding(1) var<storage, read> fcos: array<CT>;
-@group(0) @binding(2) var<storage, read> fsin: array<ST>;
-@group(0) @binding(3) var<storage, read_write> out: array<OT>;
-@group(0) @binding(4) var<uniform> p: P;
-{FLAT_INDEX}
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
-    let i = flat_index(gid, nwg, {WG}u);
-    if (i >= p.numel) {{ return; }}
+SHADER_HF = flat_kernel(
+    "numel: u32, dim: u32, heads: u32, seq: u32, rd: u32, start: u32, pad0: u32, pad1: u32",
+    [("x", "XT", "read"), ("fcos", "CT", "read"), ("fsin", "ST", "read"), ("out", "OT", "read_write")],
+    """
     let d = i % p.dim;
-    if (d >= p.rd) {{ out[i] = OT(x[i]); return; }}
+    if (d >= p.rd) { out[i] = OT(x[i]); return; }
     let half = p.rd / 2u;
     let s = (i / p.dim / p.heads) % p.seq;
     let t = (p.start + s) * p.rd + d;
     var partner: f32;
-    if (d < half) {{ partner = -f32(x[i + half]); }} else {{ partner = f32(x[i - half]); }}
+    if (d < half) { partner = -f32(x[i + half]); } else { partner = f32(x[i - half]); }
     out[i] = OT(f32(x[i]) * f32(fcos[t]) + partner * f32(fsin[t]));
-}}
-"""
-SHADER_HF = ROPE_HF.format(FLAT_INDEX=FLAT_INDEX, WG=WG)
+""",
+    count="numel",
+)
 
 
 @op("et_vk.apply_rotary_emb_hf.default", half=True)
@@ -244,17 +240,10 @@ def apply_rotary_emb_hf(b):
 
 # `et_vk.apply_rotary_emb_interleaved` (EdgeTAM): x is [B, N, C] with (real, imag) pairs along C;
 # freqs_cis, of any rank, holds N * C values laid out as [N, C/2, (cos, sin)].
-ROPE_INTERLEAVED = """
-struct P {{ pairs: u32, half: u32, n: u32, pad: u32 }}
-@group(0) @binding(0) var<storage, read> x: array<XT>;
-@group(0) @binding(1) var<storage, read> cis: array<CT>;
-@group(0) @binding(2) var<storage, read_write> out: array<OT>;
-@group(0) @binding(3) var<uniform> p: P;
-{FLAT_INDEX}
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
-    let i = flat_index(gid, nwg, {WG}u);
-    if (i >= p.pairs) {{ return; }}
+SHADER_INTERLEAVED = flat_kernel(
+    "pairs: u32, half: u32, n: u32, pad: u32",
+    [("x", "XT", "read"), ("cis", "CT", "read"), ("out", "OT", "read_write")],
+    """
     let f = ((i / p.half) % p.n * p.half + i % p.half) * 2u;
     let c = f32(cis[f]);
     let sn = f32(cis[f + 1u]);
@@ -262,9 +251,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let b = f32(x[2u * i + 1u]);
     out[2u * i] = OT(a * c - b * sn);
     out[2u * i + 1u] = OT(a * sn + b * c);
-}}
-"""
-SHADER_INTERLEAVED = ROPE_INTERLEAVED.format(FLAT_INDEX=FLAT_INDEX, WG=WG)
+""",
+    count="pairs",
+)
 
 
 @op("et_vk.apply_rotary_emb_interleaved.default", half=True)

@@ -19,24 +19,14 @@ import struct
 from pte_wgpu.resize.shapes import broadcast_strides
 
 from ..registry import op
-from ..wgsl import FLAT_INDEX, WG, flat_grid, is_float, type_aliases
+from ..wgsl import fill, flat_grid, flat_kernel, is_float, type_aliases
 from .kv_cache_sdpa import MAX_HEAD_DIM, online_softmax_step
 
 SDPA_PARAMS = "<6IfI4I4I4I"
-SDPA = f"""
-struct P {{ rows: u32, s: u32, hq: u32, group: u32, dim: u32, keys: u32, scale: f32, causal_pos: u32,
-           qs: vec4<u32>, ks: vec4<u32>, ms: vec4<u32> }}
-@group(0) @binding(0) var<storage, read> q: array<QT>;
-@group(0) @binding(1) var<storage, read> k: array<KT>;
-@group(0) @binding(2) var<storage, read> v: array<VT>;
-MASK_DECL
-@group(0) @binding(OUT) var<storage, read_write> out: array<OT>;
-@group(0) @binding(PARAMS) var<uniform> p: P;
-{FLAT_INDEX}
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
-    let i = flat_index(gid, nwg, {WG}u);
-    if (i >= p.rows) {{ return; }}
+SDPA_FIELDS = """rows: u32, s: u32, hq: u32, group: u32, dim: u32, keys: u32, scale: f32, causal_pos: u32,
+           qs: vec4<u32>, ks: vec4<u32>, ms: vec4<u32>"""
+# The kernel's statements; $MASK: the mask's term of a score
+SDPA_BODY = """
     let s = i % p.s;
     let h = (i / p.s) % p.hq;
     let b = i / (p.s * p.hq);
@@ -45,20 +35,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let mrow = b * p.ms.x + h * p.ms.y + s * p.ms.z;
     // causal_pos: 0 for none, else 1 + the position of query row 0
     let keys = select(p.keys, min(p.keys, p.causal_pos + s), p.causal_pos > 0u);
-    var acc: array<f32, {MAX_HEAD_DIM}>;
-    for (var d = 0u; d < p.dim; d = d + 1u) {{ acc[d] = 0.0; }}
+    var acc: array<f32, $MAX_HEAD_DIM>;
+    for (var d = 0u; d < p.dim; d = d + 1u) { acc[d] = 0.0; }
     var m = -3.0e38;
     var l = 0.0;
-    for (var j = 0u; j < keys; j = j + 1u) {{
+    for (var j = 0u; j < keys; j = j + 1u) {
         let krow = kbase + j * p.ks.z;
         var dot = 0.0;
-        for (var d = 0u; d < p.dim; d = d + 1u) {{ dot = dot + f32(q[qrow + d]) * f32(k[krow + d]); }}
-        let score = dot * p.scale + MASK;
-{online_softmax_step("p.dim", "f32(v[krow + d])")}
-    }}
+        for (var d = 0u; d < p.dim; d = d + 1u) { dot = dot + f32(q[qrow + d]) * f32(k[krow + d]); }
+        let score = dot * p.scale + $MASK;
+$ONLINE_SOFTMAX_STEP
+    }
     let orow = b * p.qs.x + h * p.qs.y + s * p.qs.z;
-    for (var d = 0u; d < p.dim; d = d + 1u) {{ out[orow + d] = OT(acc[d] / l); }}
-}}
+    for (var d = 0u; d < p.dim; d = d + 1u) { out[orow + d] = OT(acc[d] / l); }
 """
 
 
@@ -70,12 +59,14 @@ def _add_sdpa(b, q, k, v, mask, scale, geometry):
         if not is_float(b.graph.values[vid].dtype):
             raise NotImplementedError(f"{b.name}: {b.graph.values[vid].dtype} tensors")
     bindings = [q, k, v] + ([mask] if mask is not None else [])
-    shader = type_aliases(b.graph.values, **tensors) + (
-        SDPA.replace("MASK_DECL", "@group(0) @binding(3) var<storage, read> mask: array<MT>;" if mask is not None else "")
-        .replace("MASK", "f32(mask[mrow + j * p.ms.w])" if mask is not None else "0.0")
-        .replace("OUT", str(len(bindings)))
-        .replace("PARAMS", str(len(bindings) + 1))
+    decls = [("q", "QT", "read"), ("k", "KT", "read"), ("v", "VT", "read")] + ([("mask", "MT", "read")] if mask is not None else [])
+    body = fill(
+        SDPA_BODY,
+        MAX_HEAD_DIM=MAX_HEAD_DIM,
+        MASK="f32(mask[mrow + j * p.ms.w])" if mask is not None else "0.0",
+        ONLINE_SOFTMAX_STEP=online_softmax_step("p.dim", "f32(v[krow + d])"),
     )
+    shader = type_aliases(b.graph.values, **tensors) + flat_kernel(SDPA_FIELDS, [*decls, ("out", "OT", "read_write")], body, count="rows")
     params = b.params(struct.calcsize(SDPA_PARAMS))
     d = b.dispatch(shader, bindings + [b.out, params])
 

@@ -26,12 +26,12 @@ from pte_wgpu.resize.shapes import fold_grid, numel_of
 from ..attention.rope import rope_bindings, rope_store
 from ..registry import op
 from ..variants import CPU, GPU
-from ..wgsl import FLAT_INDEX, SUBGROUP_BUILTINS, WG, flat_grid, vec4_loader, vec4_type
+from ..wgsl import FLAT_INDEX, SUBGROUP_BUILTINS, WG, fill, flat_grid, vec4_loader, vec4_type
 from .gemm import PARAMS_SIZE, GemmRoute, column_group, float_load, gemm_scratch, params_bytes
 from .linear import CPU_GROUP_ROWS, CPU_WG, GEMV_REDUCE, GEMV_ROWS, SG_GEMM, SG_GEMV, _check_float, gemv_sg_body, gemv_t_body, gemv_t_cpu_body, linear_shapes, sg_wg_rows
 from .routes import GEMV_MAX_ROWS, SG_GPU, SG_GPU_ROWS, subgroup_products
 
-SILU = "v0 / (1.0 + exp(-v0)) * v1"  # the same expression as pte_wgpu.silu_mul's
+SILU = "$G / (1.0 + exp(-$G)) * $U"  # of the gate $G and up $U: the same expression as pte_wgpu.silu_mul's
 # Input rows per GEMV workgroup: 4, not the plain GEMV's 8. With q/k/v or gate and up in one
 # kernel, 8 rows' accumulators cost more than they save: side by side on an H100, SwiGLU's GEMV
 # took 12 µs at 4 rows against 18 at 8 for one decode row, and 36 against 42 for 16 rows.
@@ -90,7 +90,7 @@ def _group_shader(count, norm, kind, shape, types, rope=None):
 
 
 def _swiglu_shader(norm, kind, shape, types):
-    store = lambda r: f"out[(r0 + {r}u) * q.N + n] = {types[-1]}({SILU});"
+    store = lambda r: f"out[(r0 + {r}u) * q.N + n] = {types[-1]}({fill(SILU, G='v0', U='v1')});"
     body = "let wg = wg0;\n    " + _body(kind, shape, ["wg_", "wu_"], "q.N", store, norm, types[0])
     return _gemv_shader(["M: u32", "K: u32", "eps: f32", "N: u32"], ["wg_", "wu_"], ["out"], norm, body, kind, shape[0], types)
 
@@ -155,6 +155,23 @@ def _scale(norm, rows):
     return (lambda r, i, x: f"f32({rows}({x} * rstd{r} * f32(gamma[{i}])))") if norm else None
 
 
+# The fused GEMVs' entry: workgroup z takes input rows r0 .., `rows` of them live; $RMS their
+# norm's rstd0.. where the kernel normalizes them
+GEMV_MAIN = """
+@compute @workgroup_size($SIZE)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32$BUILTINS) {
+    let r0 = wid.z * ${ROWS}u;
+    let rows = min(${ROWS}u, q.M - r0);
+    let wg0 = wid.x + wid.y * nwg.x;
+    let aoff = r0 * q.K;
+    let aoff4 = aoff / 4u;
+    $RMS
+    $BODY
+}
+"""
+
+
 def _gemv_shader(fields, weights, outs, norm, body, kind, rows, types, extra=""):
     """`types`: the bindings' storage types in order, the uniform left out; `extra`: WGSL after the
     uniform (more bindings). The subgroup GEMV reads the input, weights and gamma as vec4s;
@@ -168,19 +185,14 @@ def _gemv_shader(fields, weights, outs, norm, body, kind, rows, types, extra="")
     lines.append(f"@group(0) @binding({len(reads) + len(outs)}) var<uniform> q: Q;{extra}")
     lines.append(f"fn a_at(i: u32) -> f32 {{ return {'a4(i / 4u)[i % 4u]' if vec4 else 'f32(a[i])'}; }}")
     shared, size, rms = (GEMV_REDUCE, 256, _RMS) if kind == GPU else (_RMS_CPU_SHARED, CPU_WG, _rms_cpu(rows))
-    return "\n".join(lines) + shared + f"""
-@compute @workgroup_size({size})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32{SUBGROUP_BUILTINS if kind == SUBGROUP else ""}) {{
-    let r0 = wid.z * {rows}u;
-    let rows = min({rows}u, q.M - r0);
-    let wg0 = wid.x + wid.y * nwg.x;
-    let aoff = r0 * q.K;
-    let aoff4 = aoff / 4u;
-    {rms if norm else ""}
-    {body}
-}}
-"""
+    return "\n".join(lines) + shared + fill(
+        GEMV_MAIN,
+        SIZE=size,
+        BUILTINS=SUBGROUP_BUILTINS if kind == SUBGROUP else "",
+        ROWS=rows,
+        RMS=rms if norm else "",
+        BODY=body,
+    )
 
 
 # rstd0.. of the workgroup's rows as et_vk.rms_norm computes them (kernels/tensor/reduce.py,
@@ -229,21 +241,24 @@ def _rms_cpu(rows):
 assert CPU_GROUP_ROWS <= 4 * _RMS_CPU_VEC4S and CPU_WG == 64  # invocations li and li + 64 span the 128 partials
 
 
+SWIGLU = """
+struct E { n: u32, pad0: u32, pad1: u32, pad2: u32 }
+@group(0) @binding(0) var<storage, read> gate: array<$GATE>;
+@group(0) @binding(1) var<storage, read> up: array<$UP>;
+@group(0) @binding(2) var<storage, read_write> out: array<$OUT>;
+@group(0) @binding(3) var<uniform> e: E;
+$FLAT_INDEX
+@compute @workgroup_size($WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg, ${WG}u);
+    if (i < e.n) { let v0 = f32(gate[i]); let v1 = f32(up[i]); out[i] = $OUT($SILU); }
+}
+"""
+
+
 def swiglu_elementwise(gate, up, out):
     """The GEMM route's silu(gate) * up over storage types `gate`, `up` and `out`."""
-    return f"""
-struct E {{ n: u32, pad0: u32, pad1: u32, pad2: u32 }}
-@group(0) @binding(0) var<storage, read> gate: array<{gate}>;
-@group(0) @binding(1) var<storage, read> up: array<{up}>;
-@group(0) @binding(2) var<storage, read_write> out: array<{out}>;
-@group(0) @binding(3) var<uniform> e: E;
-{FLAT_INDEX}
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
-    let i = flat_index(gid, nwg, {WG}u);
-    if (i < e.n) {{ let v0 = f32(gate[i]); let v1 = f32(up[i]); out[i] = {out}({SILU}); }}
-}}
-"""
+    return fill(SWIGLU, GATE=gate, UP=up, OUT=out, FLAT_INDEX=FLAT_INDEX, WG=WG, SILU=fill(SILU, G="v0", U="v1"))
 
 
 class _Products:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pte_wgpu.resize.shapes import MAX_WORKGROUPS, numel_of
 from pte_wgpu.resize.values import Tensor
 
-from ..wgsl import FLAT_INDEX, WG, flat_grid
+from ..wgsl import FLAT_INDEX, WG, fill, flat_grid
 
 # The uniform, defined once: (name, WGSL type); struct.pack format follows from the type.
 FIELDS = (
@@ -106,21 +106,33 @@ fn a_at(off: u32, m: u32, k: u32, kend: u32) -> f32 {
 """
 
 
+# B [N, K] or [K, N] as f32 ($B_INDEX: element (n, k)'s offset)
+FLOAT_B_AT = """
+fn b_at(off: u32, n: u32, k: u32, kend: u32) -> f32 {
+    if (n < p.N && k < kend) { return f32(bm[off + $B_INDEX]); }
+    return 0.0;
+}
+"""
+
+
 def float_load(transposed_b, a="f32", b="f32"):
     """A [M, K] and B, an [N, K] weight (`transposed_b`) or a [K, N] matrix, stored as WGSL types
     `a` and `b` (f32 or f16), loaded as f32."""
     b_index = "n * p.K + k" if transposed_b else "k * p.N + n"
     return TileLoad(
         inputs=(("a", a), ("bm", b)),
-        functions=FLOAT_A_AT
-        + f"""
-fn b_at(off: u32, n: u32, k: u32, kend: u32) -> f32 {{
-    if (n < p.N && k < kend) {{ return f32(bm[off + {b_index}]); }}
-    return 0.0;
-}}
-""",
+        functions=FLOAT_A_AT + fill(FLOAT_B_AT, B_INDEX=b_index),
         b_along_k=transposed_b,
     )
+
+
+# column_group's B: $READS returns row n - s_j of w_j for the n of product j
+COLUMN_GROUP_B_AT = """
+fn b_at(off: u32, n: u32, k: u32, kend: u32) -> f32 {
+    if (k >= kend) { return 0.0; }
+$READS    return 0.0;
+}
+"""
 
 
 def column_group(x, weights, ns):
@@ -141,13 +153,7 @@ def column_group(x, weights, ns):
     )
     load = TileLoad(
         inputs=(("a", x), *((f"w{j}", t) for j, t in enumerate(weights))),
-        functions=FLOAT_A_AT
-        + f"""
-fn b_at(off: u32, n: u32, k: u32, kend: u32) -> f32 {{
-    if (k >= kend) {{ return 0.0; }}
-{reads}    return 0.0;
-}}
-""",
+        functions=FLOAT_A_AT + fill(COLUMN_GROUP_B_AT, READS=reads),
         b_along_k=True,
     )
     return load, f"fn store(b: u32, m: u32, n: u32, acc: f32) {{ {writes} }}"
@@ -183,8 +189,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let kend = min(p.K, kbeg + p.kspan);
     let am4 = li / 16u;  // this invocation's loads: rows 4 * am4.. of A at k am, and B's slot
     let ak = li % 16u;
-    {B_SLOT}
-{SETUP}
+    $B_SLOT
+$SETUP
     var ra = a_quad(aoff, m0 + 4u * am4, kbeg + ak, kend);
     var rb = b_quad(boff, n0 + 4u * bn4, kbeg + bk, kend);
     var c0 = vec4<f32>(0.0);
@@ -228,27 +234,31 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 """
 
 # Split-K's second dispatch: one invocation per output adds its K ranges in order.
-GEMM_REDUCE = f"""
-{FLAT_INDEX}
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
-    let i = flat_index(gid, nwg, {WG}u);
+GEMM_REDUCE = fill(
+    """
+$FLAT_INDEX
+@compute @workgroup_size($WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg, ${WG}u);
     let total = p.batch * p.M * p.N;
-    if (i >= total) {{ return; }}
+    if (i >= total) { return; }
     var acc = 0.0;
-    for (var s = 0u; s < p.splits; s = s + 1u) {{ acc = acc + part[s * total + i]; }}
+    for (var s = 0u; s < p.splits; s = s + 1u) { acc = acc + part[s * total + i]; }
     let b = i / (p.M * p.N);
     let m = (i / p.N) % p.M;
     store(b, m, i % p.N, acc);
-}}
-"""
+}
+""",
+    FLAT_INDEX=FLAT_INDEX,
+    WG=WG,
+)
 
 
 def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, residual=False, store=None):
     """The template with `load`'s tile reads; `extra`: WGSL bindings after the scratch; `bias` and
     `out` their storage types; `clamp`: the epilogue's (lo, hi); `store`: header's."""
     setup = "    let a_row0 = m0 + 4u * am4;\n    let b_col0 = n0 + 4u * bn4;\n" + load.setup if load.setup else ""
-    body = GEMM.replace("{B_SLOT}", B_SLOT_ALONG_K if load.b_along_k else B_SLOT_ALONG_N).replace("{SETUP}", setup)
+    body = fill(GEMM, B_SLOT=B_SLOT_ALONG_K if load.b_along_k else B_SLOT_ALONG_N, SETUP=setup)
     head = header(has_bias, load.inputs, scratch=True, bias=bias, out=out, clamp=clamp, residual=residual, store=store)
     return head + extra + load.functions + QUADS + body
 

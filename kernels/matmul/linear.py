@@ -25,7 +25,7 @@ from pte_wgpu.resize.shapes import MAX_WORKGROUPS, broadcast_strides, fold_grid,
 
 from ..registry import op
 from ..variants import ANY, CPU_ONLY, GPU_ONLY, Routes, Variant
-from ..wgsl import SUBGROUP_BUILTINS, is_float, vec4_loader, vec4_type
+from ..wgsl import SUBGROUP_BUILTINS, fill, is_float, vec4_loader, vec4_type
 from .gemm import PARAMS_FORMAT, PARAMS_SIZE, GemmRoute, float_load, gemm_scratch, gemm_split, header
 from .routes import GEMV_MAX_ROWS, GEMV_T4_MIN_N, gpu_gemv_rows
 
@@ -54,9 +54,12 @@ GEMV_GROUP_ROWS = 8
 # is 16 KiB, WebGPU's default workgroup storage), each in the same order as a tree of its own.
 # Per-row trees cost ~9 barriers a row, which dominated a GEMV of 8 rows.
 TREE_WIDTH = 4
-GEMV_REDUCE = f"""
-var<workgroup> red: array<vec4<f32>, {TREE_WIDTH * 256}>;
-"""
+GEMV_REDUCE = fill(
+    """
+var<workgroup> red: array<vec4<f32>, $SIZE>;
+""",
+    SIZE=TREE_WIDTH * 256,
+)
 
 
 def _trees(accs, rows_first, partners=False):
@@ -110,27 +113,37 @@ def gemv_t_body(weights, n, k, store, base="0u", scale=None, group_rows=GEMV_GRO
     return "\n    ".join(lines)
 
 
+ROWS_MAIN = """
+@compute @workgroup_size($SIZE)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32$BUILTINS) {
+    let groups = (p.M + ${GROUP_ROWS}u - 1u) / ${GROUP_ROWS}u;  // z runs over (batch, group of rows)
+    let b = wid.z / groups;
+    let r0 = (wid.z % groups) * ${GROUP_ROWS}u;
+    let rows = min(${GROUP_ROWS}u, p.M - r0);
+"""
+
+
 def rows_main(size, group_rows, builtins=""):
     """The [N, K] GEMVs' entry: workgroup z is (batch b, group of rows from r0, `rows` of them live).
     `builtins`: more entry-point arguments (SUBGROUP_BUILTINS)."""
-    return f"""
-@compute @workgroup_size({size})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32{builtins}) {{
-    let groups = (p.M + {group_rows}u - 1u) / {group_rows}u;  // z runs over (batch, group of rows)
-    let b = wid.z / groups;
-    let r0 = (wid.z % groups) * {group_rows}u;
-    let rows = min({group_rows}u, p.M - r0);
-"""
+    return fill(ROWS_MAIN, SIZE=size, GROUP_ROWS=group_rows, BUILTINS=builtins)
 
 
 GEMV_ROWS_MAIN = rows_main(256, GEMV_GROUP_ROWS)
 
-GEMV_T = GEMV_REDUCE + GEMV_ROWS_MAIN + f"""    let n0 = (wid.x + wid.y * nwg.x) * 4u;
+GEMV_T = (
+    GEMV_REDUCE
+    + GEMV_ROWS_MAIN
+    + fill(
+        """    let n0 = (wid.x + wid.y * nwg.x) * 4u;
     let aoff = b * p.a_bs + r0 * p.K;
-    {gemv_t_body(["bm"], "p.N", "p.K", lambda r: f"out[b * p.c_bs + (r0 + {r}u) * p.N + n] = epilogue(v0, b, r0 + {r}u, n);", "b * p.b_bs")}
-}}
-"""
+    $BODY
+}
+""",
+        BODY=gemv_t_body(["bm"], "p.N", "p.K", lambda r: f"out[b * p.c_bs + (r0 + {r}u) * p.N + n] = epilogue(v0, b, r0 + {r}u, n);", "b * p.b_bs"),
+    )
+)
 
 # [N, K] weights with K a multiple of 4 (aten.linear's decode route): 32 weight rows per workgroup,
 # 8 invocations a row, each summing every 8th vec4 of its row for up to GEMV_GROUP_ROWS input rows,
@@ -156,35 +169,51 @@ T4_STEPS = {
 }
 
 
-def gemv_t4(step):
-    """The vec4 GEMV's WGSL, `step` weights a load (T4_STEPS)."""
-    load, fma = T4_STEPS[step]
-    return f"""
-var<workgroup> red: array<f32, {256 * GEMV_GROUP_ROWS}>;
+GEMV_T4 = """
+var<workgroup> red: array<f32, $RED>;
 
-fn row_of_a(i: u32) -> vec4<f32> {{ return vec4<f32>(f32(a[i]), f32(a[i + 1u]), f32(a[i + 2u]), f32(a[i + 3u])); }}
-""" + GEMV_ROWS_MAIN + f"""    let lane = li % {GEMV_T4_LANES}u;
-    let n = (wid.x + wid.y * nwg.x) * {GEMV_T4_ROWS}u + li / {GEMV_T4_LANES}u;
-    let kvs = p.K / {step}u;
-    let w0 = b * p.b_bs / {step}u + min(n, p.N - 1u) * kvs;
+fn row_of_a(i: u32) -> vec4<f32> { return vec4<f32>(f32(a[i]), f32(a[i + 1u]), f32(a[i + 2u]), f32(a[i + 3u])); }
+$ROWS_MAIN    let lane = li % ${LANES}u;
+    let n = (wid.x + wid.y * nwg.x) * ${T4_ROWS}u + li / ${LANES}u;
+    let kvs = p.K / ${STEP}u;
+    let w0 = b * p.b_bs / ${STEP}u + min(n, p.N - 1u) * kvs;
     let aoff = b * p.a_bs + r0 * p.K;
-    {"".join(f"var acc{r} = vec4<f32>(0.0);{chr(10)}    " for r in range(GEMV_GROUP_ROWS))}
-    for (var kv = lane; kv < kvs; kv = kv + {GEMV_T4_LANES}u) {{
-        {load}
-        {"".join(f"if ({r}u < rows) {{ let x = aoff + {r}u * p.K + {step}u * kv; acc{r} = acc{r} + {fma}; }}{chr(10)}        " for r in range(GEMV_GROUP_ROWS))}
-    }}
-    {"".join(f"red[{r * 256}u + li] = (acc{r}.x + acc{r}.y) + (acc{r}.z + acc{r}.w);{chr(10)}    " for r in range(GEMV_GROUP_ROWS))}
+    $ACCS
+    for (var kv = lane; kv < kvs; kv = kv + ${LANES}u) {
+        $LOAD
+        $FMAS
+    }
+    $PARTIALS
     workgroupBarrier();
-    let at = li % {GEMV_T4_ROWS}u * {GEMV_T4_LANES}u;  // invocation li adds row li % 32's lanes for input row li / 32
-    let r = li / {GEMV_T4_ROWS}u;
-    let o = (wid.x + wid.y * nwg.x) * {GEMV_T4_ROWS}u + li % {GEMV_T4_ROWS}u;
-    if (r < rows && o < p.N) {{
+    let at = li % ${T4_ROWS}u * ${LANES}u;  // invocation li adds row li % 32's lanes for input row li / 32
+    let r = li / ${T4_ROWS}u;
+    let o = (wid.x + wid.y * nwg.x) * ${T4_ROWS}u + li % ${T4_ROWS}u;
+    if (r < rows && o < p.N) {
         let e = r * 256u + at;
         let v = ((red[e] + red[e + 1u]) + (red[e + 2u] + red[e + 3u])) + ((red[e + 4u] + red[e + 5u]) + (red[e + 6u] + red[e + 7u]));
         out[b * p.c_bs + (r0 + r) * p.N + o] = epilogue(v, b, r0 + r, o);
-    }}
-}}
+    }
+}
 """
+
+
+def gemv_t4(step):
+    """The vec4 GEMV's WGSL, `step` weights a load (T4_STEPS)."""
+    load, fma = T4_STEPS[step]
+    return fill(
+        GEMV_T4,
+        RED=256 * GEMV_GROUP_ROWS,
+        ROWS_MAIN=GEMV_ROWS_MAIN,
+        LANES=GEMV_T4_LANES,
+        T4_ROWS=GEMV_T4_ROWS,
+        STEP=step,
+        LOAD=load,
+        ACCS="".join(f"var acc{r} = vec4<f32>(0.0);\n    " for r in range(GEMV_GROUP_ROWS)),
+        FMAS="".join(
+            f"if ({r}u < rows) {{ let x = aoff + {r}u * p.K + {step}u * kv; acc{r} = acc{r} + {fma}; }}\n        " for r in range(GEMV_GROUP_ROWS)
+        ),
+        PARTIALS="".join(f"red[{r * 256}u + li] = (acc{r}.x + acc{r}.y) + (acc{r}.z + acc{r}.w);\n    " for r in range(GEMV_GROUP_ROWS)),
+    )
 
 
 GEMV_N = """
@@ -262,11 +291,15 @@ def gemv_t_cpu_body(weights, n, k, store, base="0u", scale=None, group_rows=CPU_
     return "\n    ".join(lines)
 
 
-GEMV_T_CPU = rows_main(CPU_WG, CPU_GROUP_ROWS) + f"""    let n = (wid.x + wid.y * nwg.x) * {CPU_WG}u + li;
+GEMV_T_CPU = rows_main(CPU_WG, CPU_GROUP_ROWS) + fill(
+    """    let n = (wid.x + wid.y * nwg.x) * ${CPU_WG}u + li;
     let aoff = b * p.a_bs + r0 * p.K;
-    {gemv_t_cpu_body(["bm"], "p.N", "p.K", lambda r: f"out[b * p.c_bs + (r0 + {r}u) * p.N + n] = epilogue(v0, b, r0 + {r}u, n);", "b * p.b_bs")}
-}}
-"""
+    $BODY
+}
+""",
+    CPU_WG=CPU_WG,
+    BODY=gemv_t_cpu_body(["bm"], "p.N", "p.K", lambda r: f"out[b * p.c_bs + (r0 + {r}u) * p.N + n] = epilogue(v0, b, r0 + {r}u, n);", "b * p.b_bs"),
+)
 
 # CPU adapters with subgroups, an [N, K] weight with K a multiple of 4: the lanes of a subgroup
 # walk one weight row together, lane l reading vec4s l, l + S, .. (S the subgroup size), so the
@@ -319,29 +352,36 @@ def gemv_sg_body(weights, n, k4, store, base="0u", shape=SG_GEMV):
 
 
 def _sg_kernel(shape):
-    return rows_main(CPU_WG, shape[0], SUBGROUP_BUILTINS) + f"""    let nw = (wid.x + wid.y * nwg.x) * {sg_wg_rows(shape)}u;
+    return rows_main(CPU_WG, shape[0], SUBGROUP_BUILTINS) + fill(
+        """    let nw = (wid.x + wid.y * nwg.x) * ${PER}u;
     let aoff4 = (b * p.a_bs + r0 * p.K) / 4u;
-    {gemv_sg_body(["bm"], "p.N", "(p.K / 4u)", lambda r: f"out[b * p.c_bs + (r0 + {r}u) * p.N + n] = epilogue(v0, b, r0 + {r}u, n);", "b * p.b_bs / 4u", shape=shape)}
-}}
-"""
+    $BODY
+}
+""",
+        PER=sg_wg_rows(shape),
+        BODY=gemv_sg_body(["bm"], "p.N", "(p.K / 4u)", lambda r: f"out[b * p.c_bs + (r0 + {r}u) * p.N + n] = epilogue(v0, b, r0 + {r}u, n);", "b * p.b_bs / 4u", shape=shape),
+    )
 
 
 # A [K, N] matrix on a CPU adapter: invocation n walks column n down K (neighbouring invocations
 # read neighbouring addresses).
-GEMV_N_CPU = f"""
-@compute @workgroup_size({CPU_WG})
+GEMV_N_CPU = fill(
+    """
+@compute @workgroup_size($CPU_WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {{
+        @builtin(local_invocation_index) li: u32) {
     let b = wid.z;
-    let n = (wid.x + wid.y * nwg.x) * {CPU_WG}u + li;
-    if (n >= p.N) {{ return; }}
+    let n = (wid.x + wid.y * nwg.x) * ${CPU_WG}u + li;
+    if (n >= p.N) { return; }
     let col = b * p.b_bs + n;
     let aoff = b * p.a_bs;
     var acc = 0.0;
-    for (var k = 0u; k < p.K; k = k + 1u) {{ acc = acc + f32(a[aoff + k]) * f32(bm[col + k * p.N]); }}
+    for (var k = 0u; k < p.K; k = k + 1u) { acc = acc + f32(a[aoff + k]) * f32(bm[col + k * p.N]); }
     out[b * p.c_bs + n] = epilogue(acc, b, 0u, n);
-}}
-"""
+}
+""",
+    CPU_WG=CPU_WG,
+)
 
 
 def gemv_shader(transposed_b, has_bias, cpu=False, types=F32):

@@ -30,7 +30,7 @@ from pte_wgpu.resize.shapes import fold_grid, numel_of
 from ..attention.rope import rope_bindings, rope_store
 from ..registry import op
 from ..variants import CPU
-from ..wgsl import flat_grid, vec4_loader, vec4_type
+from ..wgsl import fill, flat_grid, vec4_loader, vec4_type
 from .fused_linear import _RMS, SILU, swiglu_elementwise
 from .linear import sg_wg_rows
 from .q4_linear import (
@@ -108,7 +108,7 @@ def _shader(kind, shape, count, swiglu, norm, types, word_group, rope=None):
         g, u = types["gate"], types["up"]
 
         def store(r):
-            return f"let g = f32({g}(v0)); let u = f32({u}(v1)); o0[{at(r)} * q.N0 + n] = {outs[0]}({SILU.replace('v0', 'g').replace('v1', 'u')});"
+            return f"let g = f32({g}(v0)); let u = f32({u}(v1)); o0[{at(r)} * q.N0 + n] = {outs[0]}({fill(SILU, G='g', U='u')});"
 
         src += f"    let wg = wg0;\n    {body([('wq0', fn(0)), ('wq1', fn(1))], 'q.N0', store)}\n}}\n"
         return src

@@ -39,7 +39,7 @@ from pte_wgpu.resize.shapes import fold_grid, numel_of
 
 from ..registry import op
 from ..variants import CPU
-from ..wgsl import DIV_RN, PACKED, SUBGROUP_BUILTINS, is_float, vec4_loader, vec4_type
+from ..wgsl import DIV_RN, PACKED, SUBGROUP_BUILTINS, fill, is_float, vec4_loader, vec4_type
 from .gemm import (
     PARAMS_SIZE,
     GemmRoute,
@@ -106,10 +106,10 @@ def gemv_outputs(lanes):
     return 4 * GEMV_WG // lanes
 
 
-# A signed byte of a packed int8 array.
+# A signed byte of the packed int8 array $ZP_ARRAY.
 I8_AT = """
 fn i8_at(i: u32) -> i32 {
-    let w = ZP_ARRAY[i / 4u];
+    let w = $ZP_ARRAY[i / 4u];
     return bitcast<i32>(w << (24u - 8u * (i % 4u))) >> 24u;
 }
 """
@@ -172,7 +172,7 @@ fn nibbles(word: u32) -> W8 {
     if dq8:
         src += DIV_RN
         if zp_packed:
-            src += I8_AT.replace("ZP_ARRAY", "xz")
+            src += fill(I8_AT, ZP_ARRAY="xz")
             src += "fn zp_at(m: u32) -> f32 { return f32(i8_at(m)); }\n"
         else:
             src += "fn zp_at(m: u32) -> f32 { return f32(xz[m]); }\n"
@@ -195,18 +195,21 @@ def _gemv_header(dq8, zp_packed, has_bias, types, vec4=False, residual=False):
     return "\n".join(lines) + "\n"
 
 
+GEMV_MAIN = """
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    let wg0 = wid.x + wid.y * nwg.x;
+    let m0 = wid.z * ${ROWS}u;
+    let live = min(${ROWS}u, q.M - m0);$OFFSETS
+"""
+
+
 def gemv_main(rows):
     """The GEMV's entry: workgroup z takes input rows m0 .. m0 + rows - 1, `live` of them, row r at
     element xo{r} of x."""
     offsets = "".join(f"\n    let xo{r} = (m0 + {r}u) * q.K;" for r in range(rows))
-    return f"""
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {{
-    let wg0 = wid.x + wid.y * nwg.x;
-    let m0 = wid.z * {rows}u;
-    let live = min({rows}u, q.M - m0);{offsets}
-"""
+    return fill(GEMV_MAIN, ROWS=rows, OFFSETS=offsets)
 
 
 def gemv_body(dq8, weights, n, store, lanes, x_at=None, partners=False, rows=1):
@@ -357,14 +360,14 @@ fn xq4(v: vec4<f32>, inv: f32, zp: f32, s: f32) -> vec4<f32> {
 """
 
 
-SG_MAIN = f"""
-@compute @workgroup_size({CPU_WG})
+SG_MAIN = """
+@compute @workgroup_size($CPU_WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32{SUBGROUP_BUILTINS}) {{
-    let r0 = wid.z * ROWSu;
-    let rows = min(ROWSu, q.M - r0);
+        @builtin(local_invocation_index) li: u32$BUILTINS) {
+    let r0 = wid.z * ${ROWS}u;
+    let rows = min(${ROWS}u, q.M - r0);
     let kv4 = q.K / 4u;
-    let wprv = q.wpr / {Q4_SG_WORDS}u;
+    let wprv = q.wpr / ${Q4_SG_WORDS}u;
     let wg0 = wid.x + wid.y * nwg.x;
 """
 
@@ -372,7 +375,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 def sg_main(shape):
     """The subgroup kernels' entry for `shape`: workgroup z is a group of shape[0] rows from r0,
     `rows` of them live; wg0 the workgroup's index over x and y."""
-    return SG_MAIN.replace("ROWS", str(shape[0]))
+    return fill(SG_MAIN, CPU_WG=CPU_WG, BUILTINS=SUBGROUP_BUILTINS, Q4_SG_WORDS=Q4_SG_WORDS, ROWS=shape[0])
 
 
 def sg_shader(dq8, zp_packed, has_bias, shape=Q4_SG_GEMV, types=Storage(), residual=False):

@@ -20,6 +20,7 @@ from pte_wgpu.resize.shapes import numel_of
 
 from ..registry import op
 from ..vision.conv import conv_out_shape
+from ..wgsl import fill
 from .int8_elementwise import QUANT_FNS, inv, reader, word_grid, word_main, zero_point
 
 CONV_PARAMS = "<18I2i2f"
@@ -27,7 +28,7 @@ CONV_STRUCT = """struct P { n: u32, cout: u32, oh: u32, ow: u32, cin: u32, ih: u
            cout_g: u32, kh: u32, kw: u32, sh: u32, sw: u32, ph: u32, pw: u32, dh: u32, dw: u32,
            row: u32, x_zp: i32, out_zp: i32, x_scale: f32, inv_out: f32 }"""
 
-# Output element e at (n, co, oy, ox); TAPS adds (xq - x_zp) * wq over its receptive field.
+# Output element e at (n, co, oy, ox); $TAPS adds (xq - x_zp) * wq over its receptive field.
 VALUE = """
 fn value(e: u32) -> i32 {
     let ox = e % p.ow;
@@ -36,15 +37,15 @@ fn value(e: u32) -> i32 {
     let n = e / (p.ow * p.oh * p.cout);
     let g = co / p.cout_g;
     var acc = 0;
-TAPS
-    let y = f32(acc) * p.x_scale * ws_at(co) + BIAS;
-    return quantize(ACTIVATION, p.inv_out, p.out_zp, -128, 127);
+$TAPS
+    let y = f32(acc) * p.x_scale * ws_at(co) + $BIAS;
+    return quantize($ACTIVATION, p.inv_out, p.out_zp, -128, 127);
 }
 fn add_channels(acc: i32, n: u32, g: u32, co: u32, iy: u32, ix: u32, tap: u32) -> i32 {
     var sum = acc;
     for (var ci = 0u; ci < p.cin_g; ci = ci + 1u) {
         let xq = x_at(((n * p.cin + g * p.cin_g + ci) * p.ih + iy) * p.iw + ix);
-        sum = sum + (xq - p.x_zp) * w_at(WEIGHT);
+        sum = sum + (xq - p.x_zp) * w_at($WEIGHT);
     }
     return sum;
 }
@@ -110,11 +111,12 @@ def _q8ta_conv(b, transposed=False, depthwise=False):
     nb = len(bindings)
     src += f"@group(0) @binding({nb}) var<storage, read_write> out: array<u32>;\n"
     src += f"@group(0) @binding({nb + 1}) var<uniform> p: P;\n{CONV_STRUCT};\n" + QUANT_FNS
-    src += (
-        VALUE.replace("TAPS", TRANSPOSED_TAPS if transposed else DIRECT_TAPS)
-        .replace("WEIGHT", DEPTHWISE_WEIGHT if depthwise else ROW_WEIGHT)
-        .replace("BIAS", "bias_at(co)" if bias is not None else "0.0")
-        .replace("ACTIVATION", "max(y, 0.0)" if activation == "relu" else "y")
+    src += fill(
+        VALUE,
+        TAPS=TRANSPOSED_TAPS if transposed else DIRECT_TAPS,
+        WEIGHT=DEPTHWISE_WEIGHT if depthwise else ROW_WEIGHT,
+        BIAS="bias_at(co)" if bias is not None else "0.0",
+        ACTIVATION="max(y, 0.0)" if activation == "relu" else "y",
     )
     src += word_main("int8")
     params = b.params(struct.calcsize(CONV_PARAMS))

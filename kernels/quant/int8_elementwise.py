@@ -16,7 +16,7 @@ import struct
 from pte_wgpu.resize.shapes import numel_of
 
 from ..registry import op
-from ..wgsl import FLAT_INDEX, PACKED, WG, flat_grid, is_float, wgsl_type
+from ..wgsl import FLAT_INDEX, PACKED, WG, fill, flat_grid, is_float, wgsl_type
 
 # numel, a 4-dim coordinate helper (inner, channels), then 4 floats and 4 ints of op constants
 MAP_PARAMS = "<IIII4f4i"
@@ -39,32 +39,40 @@ def reader(name, dtype, binding):
     return decl + f"fn {name}_at(i: u32) -> {wgsl_type(dtype)} {{ return {name}[i]; }}\n"
 
 
+# The word kernels' entry point; $STORE stores the 4 values of word w
+WORD_MAIN = """
+@compute @workgroup_size($WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let w = flat_index(gid, nwg, ${WG}u);
+    let first = w * 4u;
+    if (first >= $TOTAL) { return; }$STORE
+}
+"""
+
+
 def word_main(out_dtype, total="p.n"):
     """The entry point: invocation w computes `fn value(i)` for elements 4w..4w+3 (below `total`)
     and stores them, packed into one word when the output has 8 bits."""
     if out_dtype in PACKED:
-        store = """
+        store = fill(
+            """
     var word = 0u;
     for (var j = 0u; j < 4u; j = j + 1u) {
-        if (first + j < TOTAL) { word = word | ((u32(value(first + j)) & 0xFFu) << (8u * j)); }
+        if (first + j < $TOTAL) { word = word | ((u32(value(first + j)) & 0xFFu) << (8u * j)); }
     }
-    out[w] = word;"""
+    out[w] = word;""",
+            TOTAL=total,
+        )
     else:
-        store = """
+        store = fill(
+            """
     for (var j = 0u; j < 4u; j = j + 1u) {
-        if (first + j < TOTAL) { out[first + j] = OUT_T(value(first + j)); }
-    }"""
-    return (
-        FLAT_INDEX
-        + f"""
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
-    let w = flat_index(gid, nwg, {WG}u);
-    let first = w * 4u;
-    if (first >= TOTAL) {{ return; }}{store}
-}}
-""".replace("TOTAL", total).replace("OUT_T", wgsl_type(out_dtype))
-    )
+        if (first + j < $TOTAL) { out[first + j] = $OUT_T(value(first + j)); }
+    }""",
+            TOTAL=total,
+            OUT_T=wgsl_type(out_dtype),
+        )
+    return FLAT_INDEX + fill(WORD_MAIN, WG=WG, TOTAL=total, STORE=store)
 
 
 def word_grid(n):

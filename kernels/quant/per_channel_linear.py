@@ -22,40 +22,41 @@ import struct
 from pte_wgpu.resize.shapes import numel_of
 
 from ..registry import op
-from ..wgsl import wgsl_type
+from ..wgsl import fill, wgsl_type
 from .int8_elementwise import QUANT_FNS, inv, reader, word_grid, word_main, zero_point
 
 LIN_PARAMS = "<IIII4f4i"  # outputs, N, K, weight row length; then 4 floats and 4 ints of constants
 LIN_STRUCT = "struct P { n: u32, N: u32, K: u32, row: u32, f: vec4<f32>, k: vec4<i32> }"
 
 # A 4-bit weight: byte k / 2 of row n, the even k in the high nibble, stored as q + 8.
-NIBBLE_READER = """@group(0) @binding({binding}) var<storage, read> w: array<u32>;
-fn w_at(i: u32) -> i32 {{
+NIBBLE_READER = """@group(0) @binding($BINDING) var<storage, read> w: array<u32>;
+fn w_at(i: u32) -> i32 {
     let byte = (w[i / 8u] >> (8u * ((i / 2u) % 4u))) & 0xFFu;
     return i32(select(byte & 15u, byte >> 4u, i % 2u == 0u)) - 8;
-}}
+}
 """
 
 DOT = """
-fn value(e: u32) -> OUT {
+fn value(e: u32) -> $OUT {
     let m = e / p.N;
     let n = e % p.N;
-    var acc = ACC(0);
-    for (var k = 0u; k < p.K; k = k + 1u) { acc = acc + TERM; }
-    EPILOGUE
+    var acc = $ACC(0);
+    for (var k = 0u; k < p.K; k = k + 1u) { acc = acc + $TERM; }
+    $EPILOGUE
 }
 """
 
 
 def _add_linear(b, x, weight, scales, bias, term, epilogue, consts, integer=False, four_bit=False):
     """Record out[m, n] = epilogue(sum over k of `term`, in i32 if `integer`), for x [..., K] and
-    weight rows n; `consts` fill the uniform's p.f and p.k."""
+    weight rows n (an epilogue reads the bias as `bias_at(n)`: `_bias`); `consts` fill the
+    uniform's p.f and p.k."""
     values = b.graph.values
     xt, wt, out = values[x], values[weight], values[b.out]
     n_out = wt.dims[0]
     row = wt.dims[1] * 2 if four_bit else wt.dims[1]
     src = reader("x", xt.dtype, 0)
-    src += NIBBLE_READER.format(binding=1) if four_bit else reader("w", wt.dtype, 1)
+    src += fill(NIBBLE_READER, BINDING=1) if four_bit else reader("w", wt.dtype, 1)
     src += reader("ws", values[scales].dtype, 2)
     bindings = [x, weight, scales]
     if bias is not None:
@@ -64,12 +65,7 @@ def _add_linear(b, x, weight, scales, bias, term, epilogue, consts, integer=Fals
     nb = len(bindings)
     src += f"@group(0) @binding({nb}) var<storage, read_write> out: array<{wgsl_type(out.dtype)}>;\n"
     src += f"@group(0) @binding({nb + 1}) var<uniform> p: P;\n{LIN_STRUCT};\n" + QUANT_FNS
-    src += (
-        DOT.replace("OUT", "i32" if out.dtype in ("int8", "uint8") else "f32")
-        .replace("ACC", "i32" if integer else "f32")
-        .replace("TERM", term)
-        .replace("EPILOGUE", epilogue.replace("BIAS", "bias_at(n)" if bias is not None else "0.0"))
-    )
+    src += fill(DOT, OUT="i32" if out.dtype in ("int8", "uint8") else "f32", ACC="i32" if integer else "f32", TERM=term, EPILOGUE=epilogue)
     src += word_main(out.dtype)
     params = b.params(struct.calcsize(LIN_PARAMS))
     d = b.dispatch(src, bindings + [b.out, params])
@@ -103,9 +99,14 @@ def linear_qcs4w(b):
     _add_linear(b, b.args[0], b.args[1], b.args[2], None, WEIGHT_ONLY_TERM, "return acc * ws_at(n);", ((0.0,) * 4, (0,) * 4), four_bit=True)
 
 
-# (x_q - x_zp) * w_q; x_q read as int8 (q8ta_linear) or quantized on the fly (linear_q8ta_q8csw)
-Q8_TERM = "(XQ - p.k.x) * w_at(n * p.row + k)"
-SCALED = "f32(acc) * p.f.x * ws_at(n) + BIAS"
+# (x_q - x_zp) * w_q; x_q ($XQ) read as int8 (q8ta_linear) or quantized on the fly (linear_q8ta_q8csw)
+Q8_TERM = "($XQ - p.k.x) * w_at(n * p.row + k)"
+SCALED = "f32(acc) * p.f.x * ws_at(n) + $BIAS"
+
+
+def _bias(bias):
+    """The bias term of output n: `bias_at(n)` (a bias binding), or 0.0 for none."""
+    return "bias_at(n)" if bias is not None else "0.0"
 
 
 @op("et_vk.linear_q8ta_q8csw.default")
@@ -116,7 +117,8 @@ def linear_q8ta_q8csw(b):
     bias = None if b.is_none(6) else b.args[6]
     xq = "quantize(x_at(m * p.K + k), p.f.y, p.k.x, -128, 127)"
     consts = ((scale, inv(scale), 0.0, 0.0), (zp, 0, 0, 0))
-    _add_linear(b, b.args[0], b.args[3], b.args[5], bias, Q8_TERM.replace("XQ", xq), f"return {SCALED};", consts, integer=True)
+    epilogue = f"return {fill(SCALED, BIAS=_bias(bias))};"
+    _add_linear(b, b.args[0], b.args[3], b.args[5], bias, fill(Q8_TERM, XQ=xq), epilogue, consts, integer=True)
 
 
 @op("et_vk.q8ta_linear.default", "et_vk.q8ta_linear_gemv.default", half=True)
@@ -128,7 +130,8 @@ def q8ta_linear(b):
     activation = b.scalar(9, "none")
     if activation not in ("none", "relu"):
         raise ValueError(f"{b.name}: activation {activation!r}")
-    y = f"max({SCALED}, 0.0)" if activation == "relu" else SCALED
+    scaled = fill(SCALED, BIAS=_bias(bias))
+    y = f"max({scaled}, 0.0)" if activation == "relu" else scaled
     epilogue = f"return quantize({y}, p.f.y, p.k.y, -128, 127);"
     consts = ((scale, inv(out_scale), 0.0, 0.0), (zp, out_zp, 0, 0))
-    _add_linear(b, b.args[0], b.args[3], b.args[5], bias, Q8_TERM.replace("XQ", "x_at(m * p.K + k)"), epilogue, consts, integer=True)
+    _add_linear(b, b.args[0], b.args[3], b.args[5], bias, fill(Q8_TERM, XQ="x_at(m * p.K + k)"), epilogue, consts, integer=True)

@@ -15,20 +15,20 @@ import struct
 from pte_wgpu.resize.shapes import fold_grid, normalize_dim, numel_of
 
 from ..registry import op
-from ..wgsl import DIV_RN, PACKED, is_float, wgsl_type
+from ..wgsl import DIV_RN, PACKED, fill, is_float, wgsl_type
 from .int8_elementwise import QUANT_FNS, add_word_map, inv
 
 QUANTIZE_TENSOR_QPARAMS = """
 fn value(i: u32) -> i32 {
     let j = param_index(i);
-    return quantize(in0_at(i), div_rn(1.0, q0_at(j)), ZP, p.k.x, p.k.y);
+    return quantize(in0_at(i), div_rn(1.0, q0_at(j)), $ZP, p.k.x, p.k.y);
 }
 """
 QUANTIZE_SCALAR_QPARAMS = """
 fn value(i: u32) -> i32 { return quantize(in0_at(i), p.f.x, p.k.z, p.k.x, p.k.y); }
 """
 DEQUANTIZE_TENSOR_QPARAMS = """
-fn value(i: u32) -> f32 { let j = param_index(i); return dequantize(i32(in0_at(i)), q0_at(j), ZP); }
+fn value(i: u32) -> f32 { let j = param_index(i); return dequantize(i32(in0_at(i)), q0_at(j), $ZP); }
 """
 DEQUANTIZE_SCALAR_QPARAMS = """
 fn value(i: u32) -> f32 { return dequantize(i32(in0_at(i)), p.f.x, p.k.z); }
@@ -41,7 +41,7 @@ def _quantize(b, qmin, qmax, qparams, coords_of=None, body=QUANTIZE_TENSOR_QPARA
     if not is_float(b.graph.values[b.args[0]].dtype):
         raise ValueError(f"{b.name}: input dtype {b.graph.values[b.args[0]].dtype}")
     if qparams:
-        body = body.replace("ZP", "i32(q1_at(j))" if len(qparams) == 2 else "0")
+        body = fill(body, ZP="i32(q1_at(j))" if len(qparams) == 2 else "0")
         add_word_map(b, [b.args[0]], QUANT_FNS + DIV_RN + body, lambda ctx: ((0.0,) * 4, (qmin, qmax, 0, 0)), qparams, coords_of)
     else:
         scale, zp = b.scalar(1), b.scalar(2, 0)
@@ -51,7 +51,7 @@ def _quantize(b, qmin, qmax, qparams, coords_of=None, body=QUANTIZE_TENSOR_QPARA
 
 def _dequantize(b, scales, zps, coords_of=None):
     """dequantize with tensor scales (and zero points, or None for 0)."""
-    body = DEQUANTIZE_TENSOR_QPARAMS.replace("ZP", "0" if zps is None else "i32(q1_at(j))")
+    body = fill(DEQUANTIZE_TENSOR_QPARAMS, ZP="0" if zps is None else "i32(q1_at(j))")
     qparams = [scales] + ([] if zps is None else [zps])
     add_word_map(b, [b.args[0]], QUANT_FNS + body, lambda ctx: ((0.0,) * 4, (0,) * 4), qparams, coords_of)
 
@@ -102,7 +102,7 @@ def quantize_per_token(b):
     body = """
 fn value(i: u32) -> i32 {
     let j = param_index(i);
-    let q = round(in0_at(i) * div_rn(1.0, q0_at(j)) + f32(ZP));
+    let q = round(in0_at(i) * div_rn(1.0, q0_at(j)) + f32($ZP));
     return i32(clamp(q, f32(p.k.x), f32(p.k.y)));
 }
 """
@@ -166,11 +166,11 @@ F32_EPS = 1.1920928955078125e-07  # torch.finfo(torch.float32).eps
 # scale and zero point with torch's f32 arithmetic (divisions correctly rounded by div_rn).
 CHOOSE_QPARAMS = """
 struct P { blocks: u32, block: u32, mode: u32, qmin: i32, qmax: i32, eps: f32, divisor: f32, zp_sym: f32 }
-@group(0) @binding(0) var<storage, read> x: array<X_TYPE>;
-@group(0) @binding(1) var<storage, read_write> scale: array<SCALE_TYPE>;
-@group(0) @binding(2) var<storage, read_write> zpo: array<ZP_TYPE>;
+@group(0) @binding(0) var<storage, read> x: array<$X_TYPE>;
+@group(0) @binding(1) var<storage, read_write> scale: array<$SCALE_TYPE>;
+@group(0) @binding(2) var<storage, read_write> zpo: array<$ZP_TYPE>;
 @group(0) @binding(3) var<uniform> p: P;
-DIV_RN
+$DIV_RN
 var<workgroup> rmin: array<f32, 256>;
 var<workgroup> rmax: array<f32, 256>;
 var<workgroup> zps: array<i32, 4>;
@@ -228,13 +228,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 sc = select(smax, smin, smin > smax);
                 sc = max(sc, p.eps);
             }
-            scale[blk] = SCALE_TYPE(sc);
+            scale[blk] = $SCALE_TYPE(sc);
             zp = i32(z);
-            ZP_STORE
+            $ZP_STORE
         }
         zps[slot] = zp;
     }
-    ZP_PACK
+    $ZP_PACK
 }
 """
 ZP_PACK = """workgroupBarrier();
@@ -256,13 +256,14 @@ def _choose_qparams(b, mode, qmin, qmax, eps, block_of, out_dims_of):
     zp_packed = zt.dtype in PACKED
     divisor = float(qmax - qmin) / (2 if mode in (1, 2) else 1)
     zp_sym = float(int((qmax + qmin + 1) / 2))
-    src = (
-        CHOOSE_QPARAMS.replace("DIV_RN", DIV_RN)
-        .replace("ZP_TYPE", "u32" if zp_packed else "i32")
-        .replace("X_TYPE", wgsl_type(xt.dtype))
-        .replace("SCALE_TYPE", wgsl_type(st.dtype))
-        .replace("ZP_STORE", "" if zp_packed else "zpo[blk] = zp;")
-        .replace("ZP_PACK", ZP_PACK if zp_packed else "")
+    src = fill(
+        CHOOSE_QPARAMS,
+        DIV_RN=DIV_RN,
+        ZP_TYPE="u32" if zp_packed else "i32",
+        X_TYPE=wgsl_type(xt.dtype),
+        SCALE_TYPE=wgsl_type(st.dtype),
+        ZP_STORE="" if zp_packed else "zpo[blk] = zp;",
+        ZP_PACK=ZP_PACK if zp_packed else "",
     )
     params = b.params(QP_SIZE)
     d = b.dispatch(src, [x, scale, zp, params])

@@ -12,23 +12,20 @@ import struct
 from pte_wgpu.resize.shapes import numel_of
 
 from ..registry import op
-from ..wgsl import FLAT_INDEX, PACKED, WG, flat_grid, is_float, wgsl_type
+from ..wgsl import PACKED, fill, flat_grid, flat_kernel, is_float, wgsl_type
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
-FILL = """
-struct P {{ numel: u32, pad: u32, start: {CT}, step: {CT} }}
-@group(0) @binding(0) var<storage, read_write> out: array<{TO}>;
-@group(0) @binding(1) var<uniform> p: P;
-{FLAT_INDEX}
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
-    let i = flat_index(gid, nwg, {WG}u);
-    if (i >= p.numel) {{ return; }}
-    let x = p.start + {CT}(i) * p.step;
-    out[i] = {STORE};
-}}
-"""
+# out[i] = start + i * step in the compute type $CT, stored as $STORE (of x) into $TO
+FILL = flat_kernel(
+    "numel: u32, pad: u32, start: $CT, step: $CT",
+    [("out", "$TO", "read_write")],
+    """
+    let x = p.start + $CT(i) * p.step;
+    out[i] = $STORE;
+""",
+    count="numel",
+)
 
 
 def _compute_type(dtype):
@@ -65,7 +62,7 @@ def fill_kernel(b):
     to = wgsl_type(out.dtype)
     ct = _compute_type(out.dtype)
     store = "select(0u, 1u, x != 0)" if to == "u32" else f"{to}(x)"
-    shader = FILL.format(CT=ct, TO=to, STORE=store, WG=WG, FLAT_INDEX=FLAT_INDEX)
+    shader = fill(FILL, CT=ct, TO=to, STORE=store)
     params = b.params(16)
     d = b.dispatch(shader, [b.out, params])
 

@@ -12,33 +12,32 @@ from pte_wgpu.resize.shapes import broadcast_shapes, numel_of
 from pte_wgpu.resize.values import SymInt
 
 from ..registry import op
-from ..wgsl import FLAT_INDEX, SPREAD_MAIN, STRIDED, is_float, pack_strides, pack_u32x8, spread_grid, wgsl_type
+from ..wgsl import FLAT_INDEX, SPREAD_MAIN, STRIDED, fill, is_float, pack_strides, pack_u32x8, spread_grid, wgsl_type
 
 PARAMS_SIZE = 16 + 32 * 4  # numel, rank, alpha, beta; sizes; 3 operand stride arrays
 
+# Ended by the op's expression (`_shader`)
 TEMPLATE = """
-struct P {{ numel: u32, rank: u32, alpha: f32, beta: f32, sizes: array<vec4<u32>, 2>,
-           s0: array<vec4<u32>, 2>, s1: array<vec4<u32>, 2>, s2: array<vec4<u32>, 2> }}
-{decls}
-@group(0) @binding({out_binding}) var<storage, read_write> out: array<{TO}>;
-@group(0) @binding({p_binding}) var<uniform> p: P;
-{FLAT_INDEX}
-{STRIDED}
-{MAIN}
-fn element(i: u32) {{
-    if (i >= p.numel) {{ return; }}
+struct P { numel: u32, rank: u32, alpha: f32, beta: f32, sizes: array<vec4<u32>, 2>,
+           s0: array<vec4<u32>, 2>, s1: array<vec4<u32>, 2>, s2: array<vec4<u32>, 2> }
+$DECLS
+@group(0) @binding($OUT_BINDING) var<storage, read_write> out: array<$TO>;
+@group(0) @binding($P_BINDING) var<uniform> p: P;
+$FLAT_INDEX
+$STRIDED
+$MAIN
+fn element(i: u32) {
+    if (i >= p.numel) { return; }
     let o = strided_offsets(i, p.rank, p.sizes, p.s0, p.s1, p.s2);  // rank 0: no operand broadcasts
     let o0 = o.x; let o1 = o.y; let o2 = o.z;
-    let alpha = {CT}(p.alpha);
-    let beta = {CT}(p.beta);
-{loads}
-    out[i] = {TO}({expr});
-}}
+    let alpha = $CT(p.alpha);
+    let beta = $CT(p.beta);
+$LOADS
 """
 
-# name -> (expression over a, b, c, alpha, beta in the compute type CT)
+# name -> (expression over a, b, c, alpha, beta in the compute type $CT)
 UNARY = {
-    "aten.relu.default": "max(a, CT(0))",
+    "aten.relu.default": "max(a, $CT(0))",
     "aten.sigmoid.default": "1.0 / (1.0 + exp(-a))",
     "aten.tanh.default": "tanh(clamp(a, -20.0, 20.0))",
     "aten.exp.default": "exp(a)",
@@ -52,14 +51,14 @@ UNARY = {
     "aten.log10.default": "log2(a) * 0.30102999566398120",
     "aten.reciprocal.default": "1.0 / a",
     "aten.round.default": "round(a)",
-    "aten.logical_not.default": "CT(a == CT(0))",
-    "aten.bitwise_not.default": "CT(a == CT(0))",
+    "aten.logical_not.default": "$CT(a == $CT(0))",
+    "aten.bitwise_not.default": "$CT(a == $CT(0))",
     "aten.silu.default": "a / (1.0 + exp(-a))",
     "aten.hardtanh.default": "clamp(a, alpha, beta)",
     "aten.clamp.default": "clamp(a, alpha, beta)",
-    "aten.leaky_relu.default": "select(a * alpha, a, a >= CT(0))",
+    "aten.leaky_relu.default": "select(a * alpha, a, a >= $CT(0))",
     "aten.hardswish.default": "a * clamp(a + 3.0, 0.0, 6.0) / 6.0",
-    "aten.hardshrink.default": "select(a, CT(0), abs(a) <= alpha)",
+    "aten.hardshrink.default": "select(a, $CT(0), abs(a) <= alpha)",
 }
 GELU = {
     "none": "0.5 * a * (1.0 + erf_approx(a * 0.70710678118654752))",
@@ -84,16 +83,16 @@ BINARY = {
     "pow": "pow(a, b)",
     "minimum": "min(a, b)",
     "maximum": "max(a, b)",
-    "eq": "CT(a == b)",
-    "ne": "CT(a != b)",
-    "lt": "CT(a < b)",
-    "le": "CT(a <= b)",
-    "gt": "CT(a > b)",
-    "ge": "CT(a >= b)",
-    "logical_and": "CT(a != CT(0) && b != CT(0))",
-    "logical_or": "CT(a != CT(0) || b != CT(0))",
-    "bitwise_and": "CT(a != CT(0) && b != CT(0))",
-    "bitwise_or": "CT(a != CT(0) || b != CT(0))",
+    "eq": "$CT(a == b)",
+    "ne": "$CT(a != b)",
+    "lt": "$CT(a < b)",
+    "le": "$CT(a <= b)",
+    "gt": "$CT(a > b)",
+    "ge": "$CT(a >= b)",
+    "logical_and": "$CT(a != $CT(0) && b != $CT(0))",
+    "logical_or": "$CT(a != $CT(0) || b != $CT(0))",
+    "bitwise_and": "$CT(a != $CT(0) && b != $CT(0))",
+    "bitwise_or": "$CT(a != $CT(0) || b != $CT(0))",
 }
 # In f32, pow of a negative base is NaN in WGSL; torch gives a real result for integral exponents.
 POW_F32 = "select(pow(abs(a), b), select(-1.0, 1.0, fract(b * 0.5) == 0.0) * pow(abs(a), b), a < 0.0 && fract(b) == 0.0)"
@@ -109,25 +108,27 @@ def _shader(expr, operand_types, out_type, ct, uses_erf=False):
         decls.append(f"@group(0) @binding({len(decls)}) var<storage, read> in{k}: array<{t}>;")
         loads.append(f"    let {name} = {ct}(in{k}[o{k}]);")
     n = len(decls)
-    src = TEMPLATE.format(
-        decls="\n".join(decls),
-        out_binding=n,
-        p_binding=n + 1,
+    # the expression ends the template: its $CT is filled with the template's
+    template = TEMPLATE + "    out[i] = $TO(" + expr + ");\n}\n"
+    src = fill(
+        template,
+        DECLS="\n".join(decls),
+        OUT_BINDING=n,
+        P_BINDING=n + 1,
         TO=out_type,
         CT=ct,
         MAIN=SPREAD_MAIN,
         FLAT_INDEX=FLAT_INDEX,
         STRIDED=STRIDED,
-        loads="\n".join(loads),
-        expr=expr.replace("CT(", f"{ct}("),
+        LOADS="\n".join(loads),
     )
     return src + (ERF if uses_erf else "")
 
 
 def add_elementwise(b, operands, expr, alpha=1.0, beta=0.0):
     """Record a broadcast elementwise op: `operands` are arg positions (or None for the Scalar in
-    `beta`), `expr` is over a, b, c (or {compute type: expr}). `alpha` and `beta` are numbers or
-    `fn(ctx)` for live values (a SymInt clamp bound)."""
+    `beta`), `expr` is over a, b, c, `$CT` naming the compute type (or {compute type: expr}).
+    `alpha` and `beta` are numbers or `fn(ctx)` for live values (a SymInt clamp bound)."""
     out = b.tensor(len(b.args) - 1)
     tensors = [b.args[i] if i is not None else None for i in operands]
     dtypes = [b.graph.values[v].dtype for v in tensors if v is not None] + [out.dtype]
@@ -225,7 +226,7 @@ for _base, _expr in BINARY.items():
 DIV_MODE = {
     None: "a / b",
     "trunc": {"f32": "trunc(a / b)", "i32": "a / b"},
-    "floor": {"f32": "floor(a / b)", "i32": "a / b - CT((a % b != CT(0)) && ((a < CT(0)) != (b < CT(0))))"},
+    "floor": {"f32": "floor(a / b)", "i32": "a / b - $CT((a % b != $CT(0)) && ((a < $CT(0)) != (b < $CT(0))))"},
 }
 
 
@@ -242,4 +243,4 @@ def div_mode(b):
 
 @op("aten.where.self", "aten::where.self_out", half=True, capacity=True)
 def where(b):
-    add_elementwise(b, [0, 1, 2], "select(c, b, a != CT(0))")
+    add_elementwise(b, [0, 1, 2], "select(c, b, a != $CT(0))")

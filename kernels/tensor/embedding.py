@@ -12,25 +12,18 @@ import struct
 from pte_wgpu.resize.shapes import numel_of
 
 from ..registry import op
-from ..wgsl import FLAT_INDEX, WG, flat_grid, type_aliases
+from ..wgsl import fill, flat_grid, flat_kernel, type_aliases
 
-EMBEDDING = f"""
-struct P {{ n: u32, dim: u32, rows: u32, pad: u32 }}
-@group(0) @binding(0) var<storage, read> weight: array<WT>;
-@group(0) @binding(1) var<storage, read> index: array<i32>;
-@group(0) @binding(2) var<storage, read_write> out: array<OT>;
-@group(0) @binding(3) var<uniform> p: P;
-{FLAT_INDEX}
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
-    let i = flat_index(gid, nwg, {WG}u);
-    if (i >= p.n) {{ return; }}
+EMBEDDING = flat_kernel(
+    "n: u32, dim: u32, rows: u32, pad: u32",
+    [("weight", "WT", "read"), ("index", "i32", "read"), ("out", "OT", "read_write")],
+    """
     let t = i / p.dim;
     // An index outside the table reads its nearest row instead of out-of-bounds memory.
     let row = u32(clamp(index[t], 0, i32(p.rows) - 1));
     out[i] = OT(weight[row * p.dim + i % p.dim]);
-}}
-"""
+""",
+)
 
 
 @op("aten.embedding.default", "aten::embedding.out", half=True)
@@ -72,18 +65,10 @@ def last_rows(b):
 
 
 # Rows of a 4-bit table: element d of row r is byte d / 2 of the row, nibble by `p.linear`.
-EMBEDDING_Q4 = f"""
-struct P {{ n: u32, dim: u32, rows: u32, wpr: u32, groups: u32, gs: u32, linear: u32, pad: u32 }}
-@group(0) @binding(0) var<storage, read> wq: array<u32>;
-@group(0) @binding(1) var<storage, read> ws: array<WS_TYPE>;
-@group(0) @binding(2) var<storage, read> index: array<i32>;
-@group(0) @binding(3) var<storage, read_write> out: array<OUT_TYPE>;
-@group(0) @binding(4) var<uniform> p: P;
-{FLAT_INDEX}
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
-    let i = flat_index(gid, nwg, {WG}u);
-    if (i >= p.n) {{ return; }}
+EMBEDDING_Q4 = flat_kernel(
+    "n: u32, dim: u32, rows: u32, wpr: u32, groups: u32, gs: u32, linear: u32, pad: u32",
+    [("wq", "u32", "read"), ("ws", "$WS_TYPE", "read"), ("index", "i32", "read"), ("out", "$OUT_TYPE", "read_write")],
+    """
     let t = i / p.dim;
     let d = i % p.dim;
     // An index outside the table reads its nearest row instead of out-of-bounds memory.
@@ -92,9 +77,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     // linear packing: even element in the low nibble; otherwise in the high nibble
     let high = ((d % 2u) == 1u) == (p.linear == 1u);
     let q = select(byte & 15u, byte >> 4u, high);
-    out[i] = OUT_TYPE((f32(q) - 8.0) * f32(ws[row * p.groups + min(d / p.gs, p.groups - 1u)]));
-}}
-"""
+    out[i] = $OUT_TYPE((f32(q) - 8.0) * f32(ws[row * p.groups + min(d / p.gs, p.groups - 1u)]));
+""",
+)
 
 
 def _add_q4_embedding(b, weight, scales, indices, dim, group_size, linear):
@@ -102,7 +87,7 @@ def _add_q4_embedding(b, weight, scales, indices, dim, group_size, linear):
     rows, row_bytes = b.graph.values[weight].dims
     groups = b.graph.values[scales].dims[1] if len(b.graph.values[scales].dims) == 2 else 1
     params = b.params(32)
-    shader = EMBEDDING_Q4.replace("WS_TYPE", b.storage(scales)).replace("OUT_TYPE", b.storage(b.out))
+    shader = fill(EMBEDDING_Q4, WS_TYPE=b.storage(scales), OUT_TYPE=b.storage(b.out))
     d = b.dispatch(shader, [weight, scales, indices, b.out, params])
 
     def resize(ctx):

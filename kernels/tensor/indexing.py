@@ -16,43 +16,33 @@ from pte_wgpu.resize.shapes import broadcast_shapes, broadcast_strides, contiguo
 from pte_wgpu.resize.values import Scalar, Tensor
 
 from ..registry import op
-from ..wgsl import FLAT_INDEX, PACKED, STRIDED, WG, flat_grid, pack_u32x8, wgsl_type
+from ..wgsl import PACKED, STRIDED, fill, flat_grid, flat_kernel, pack_u32x8, wgsl_type
 
 MAX_INDICES = 8
 
-INDEX = """
-struct P {{ numel: u32, rank: u32, pad0: u32, pad1: u32, sizes: array<vec4<u32>, 2>,
+INDEX_FIELDS = """numel: u32, rank: u32, pad0: u32, pad1: u32, sizes: array<vec4<u32>, 2>,
            in_strides: array<vec4<u32>, 2>, dim_sizes: array<vec4<u32>, 2>, dim_strides: array<vec4<u32>, 2>,
-           idx_strides: array<array<vec4<u32>, 2>, {N}> }}
-@group(0) @binding(0) var<storage, read> src: array<{T}>;
-{DECLS}
-@group(0) @binding({OUT}) var<storage, read_write> dst: array<{T}>;
-@group(0) @binding({PB}) var<uniform> p: P;
-{FLAT_INDEX}
-{STRIDED}
-fn wrap(k: i32, j: u32) -> u32 {{
+           idx_strides: array<array<vec4<u32>, 2>, $N>"""
+WRAP = """
+fn wrap(k: i32, j: u32) -> u32 {
     let size = at8(p.dim_sizes, j);
     var kk = k;
-    if (kk < 0) {{ kk = kk + i32(size); }}
+    if (kk < 0) { kk = kk + i32(size); }
     return min(u32(max(kk, 0)), size - 1u) * at8(p.dim_strides, j);
-}}
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
-    let i = flat_index(gid, nwg, {WG}u);
-    if (i >= p.numel) {{ return; }}
+}"""
+INDEX_BODY = """
     var rem = i;
     var off = 0u;
-{ZERO}
-    for (var d = i32(p.rank) - 1; d >= 0; d = d - 1) {{
+$ZERO
+    for (var d = i32(p.rank) - 1; d >= 0; d = d - 1) {
         let size = at8(p.sizes, u32(d));
         let c = rem % size;
         rem = rem / size;
         off = off + c * at8(p.in_strides, u32(d));
-{ACCUM}
-    }}
-{GATHER}
+$ACCUM
+    }
+$GATHER
     dst[i] = src[off];
-}}
 """
 
 
@@ -92,16 +82,12 @@ def index(b):
         if dtype == "bool" or wgsl_type(dtype) != "i32":
             raise NotImplementedError(f"{b.name}: {dtype} index tensors (boolean masks have data-dependent shapes)")
     n = len(indexed)
-    decls = "\n".join(
-        f"@group(0) @binding({j + 1}) var<storage, read> idx{j}: array<i32>;" for j in range(n)
-    )
+    bindings = [("src", wgsl_type(t), "read"), *((f"idx{j}", "i32", "read") for j in range(n)), ("dst", wgsl_type(t), "read_write")]
     zero = "\n".join(f"    var o{j} = 0u;" for j in range(n))
     accum = "\n".join(f"        o{j} = o{j} + c * at8(p.idx_strides[{j}], u32(d));" for j in range(n))
     gather = "\n".join(f"    off = off + wrap(idx{j}[o{j}], {j}u);" for j in range(n))
-    shader = INDEX.format(
-        T=wgsl_type(t), N=n, DECLS=decls, OUT=n + 1, PB=n + 2, ZERO=zero, ACCUM=accum, GATHER=gather,
-        WG=WG, FLAT_INDEX=FLAT_INDEX, STRIDED=STRIDED,
-    )  # fmt: skip
+    body = fill(INDEX_BODY, ZERO=zero, ACCUM=accum, GATHER=gather)
+    shader = flat_kernel(fill(INDEX_FIELDS, N=n), bindings, body, count="numel", functions=STRIDED + WRAP)
     params = b.params(16 + 4 * 32 + n * 32)
     d = b.dispatch(shader, [src] + [vid for _, vid in indexed] + [b.out, params])
     out_rank = len(b.graph.values[b.out].dims)

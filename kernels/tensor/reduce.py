@@ -26,62 +26,64 @@ from pte_wgpu.resize.values import Scalar
 
 from ..matmul.routes import fused_norm_rows
 from ..registry import op
+from ..wgsl import fill
 
 RWG = 128  # invocations per row
 NEG_INF = -math.inf
 PARAMS_SIZE = 96  # P below: 4 u32, 4 vec4<u32>, eps, neg_inf, 2 pad
 
 HEADER = """
-struct P {{ nk: u32, nr: u32, rows: u32, rlen: u32,
+struct P { nk: u32, nr: u32, rows: u32, rlen: u32,
            ks: vec4<u32>, kst: vec4<u32>, rs: vec4<u32>, rst: vec4<u32>,
-           eps: f32, neg_inf: f32, pad0: u32, pad1: u32 }}
-{decls}
-@group(0) @binding({p_binding}) var<uniform> p: P;
+           eps: f32, neg_inf: f32, pad0: u32, pad1: u32 }
+$DECLS
+@group(0) @binding($P_BINDING) var<uniform> p: P;
 
-fn group_offset(i: u32, n: u32, sizes: vec4<u32>, strides: vec4<u32>) -> u32 {{
+fn group_offset(i: u32, n: u32, sizes: vec4<u32>, strides: vec4<u32>) -> u32 {
     var rem = i;
     var off = 0u;
-    for (var g = i32(n) - 1; g >= 0; g = g - 1) {{
+    for (var g = i32(n) - 1; g >= 0; g = g - 1) {
         let s = sizes[g];
         off = off + (rem % s) * strides[g];
         rem = rem / s;
-    }}
+    }
     return off;
-}}
-fn row_base(row: u32) -> u32 {{ return group_offset(row, p.nk, p.ks, p.kst); }}
-fn elem(k: u32) -> u32 {{ return group_offset(k, p.nr, p.rs, p.rst); }}
+}
+fn row_base(row: u32) -> u32 { return group_offset(row, p.nk, p.ks, p.kst); }
+fn elem(k: u32) -> u32 { return group_offset(k, p.nr, p.rs, p.rst); }
 
-var<workgroup> sm: array<f32, {WG}>;
+${SHARED}var<workgroup> sm: array<f32, $WG>;
 """
 
-# Tree-combines sm[0..WG) in place with COMBINE(a, b); every invocation reaches it (uniform).
+# Tree-combines sm[0..WG) in place with $COMBINE (of a and b); every invocation reaches it (uniform).
 TREE = """
-    for (var s = {half}u; s > 0u; s = s >> 1u) {{
-        if (lid < s) {{ let a = sm[lid]; let b = sm[lid + s]; sm[lid] = {combine}; }}
+    for (var s = ${HALF}u; s > 0u; s = s >> 1u) {
+        if (lid < s) { let a = sm[lid]; let b = sm[lid + s]; sm[lid] = $COMBINE; }
         workgroupBarrier();
-    }}
+    }
 """
 
 MAIN = """
-@compute @workgroup_size({WG})
+@compute @workgroup_size($WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {{
+        @builtin(local_invocation_index) lid: u32) {
     let row = wid.x + wid.y * nwg.x;
-    if (row >= p.rows) {{ return; }}
+    if (row >= p.rows) { return; }
     let base = row_base(row);
-{body}
-}}
+$BODY
+}
 """
 
 
 def _tree(combine):
-    return TREE.format(half=RWG // 2, combine=combine)
+    return fill(TREE, HALF=RWG // 2, COMBINE=combine)
 
 
-def _shader(decls, body):
+def _shader(decls, body, shared=""):
+    """`shared`: workgroup variables besides `sm`."""
     lines = [f"@group(0) @binding({k}) var<storage, {mode}> {name}: array<{t}>;" for k, (mode, name, t) in enumerate(decls)]
-    head = HEADER.format(decls="\n".join(lines), p_binding=len(decls), WG=RWG)
-    return head + MAIN.format(WG=RWG, body=body)
+    head = fill(HEADER, DECLS="\n".join(lines), P_BINDING=len(decls), WG=RWG, SHARED=shared)
+    return head + fill(MAIN, WG=RWG, BODY=body)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,43 +168,43 @@ REDUCERS = {
 }
 
 REDUCE_BODY = """
-    var acc = {init};
-    for (var k = lid; k < p.rlen; k = k + {WG}u) {{
+    var acc = $INIT;
+    for (var k = lid; k < p.rlen; k = k + ${WG}u) {
         let a = acc;
         let b = f32(x[base + elem(k)]);
-        acc = {combine};
-    }}
+        acc = $COMBINE;
+    }
     sm[lid] = acc;
     workgroupBarrier();
-{tree}
-    if (lid == 0u) {{
+$TREE
+    if (lid == 0u) {
         let v = sm[0];
-        out[row] = {TO}({final});
-    }}
+        out[row] = $TO($FINAL);
+    }
 """
 
 # argmax/argmin carry (value, index) pairs; ties keep the lower index, as torch does.
 ARG_BODY = """
-    var bv = {init};
+    var bv = $INIT;
     var bi = 0xffffffffu;
-    for (var k = lid; k < p.rlen; k = k + {WG}u) {{
+    for (var k = lid; k < p.rlen; k = k + ${WG}u) {
         let v = f32(x[base + elem(k)]);
-        if (v {cmp} bv || (v == bv && k < bi)) {{ bv = v; bi = k; }}
-    }}
+        if (v $CMP bv || (v == bv && k < bi)) { bv = v; bi = k; }
+    }
     sm[lid] = bv;
     si[lid] = bi;
     workgroupBarrier();
-    for (var s = {half}u; s > 0u; s = s >> 1u) {{
-        if (lid < s) {{
+    for (var s = ${HALF}u; s > 0u; s = s >> 1u) {
+        if (lid < s) {
             let v = sm[lid + s];
             let i = si[lid + s];
-            if (v {cmp} sm[lid] || (v == sm[lid] && i < si[lid])) {{ sm[lid] = v; si[lid] = i; }}
-        }}
+            if (v $CMP sm[lid] || (v == sm[lid] && i < si[lid])) { sm[lid] = v; si[lid] = i; }
+        }
         workgroupBarrier();
-    }}
-    if (lid == 0u) {{
-        out[row] = {TO}(select(si[0], 0u, si[0] == 0xffffffffu));
-    }}
+    }
+    if (lid == 0u) {
+        out[row] = $TO(select(si[0], 0u, si[0] == 0xffffffffu));
+    }
 """
 
 
@@ -212,14 +214,13 @@ def add_reduce(b, kind, dims_arg, keepdim):
     ti, to = b.storage(x, packed=False), b.storage(out, packed=False)
     if kind in REDUCERS:
         init, combine, final = REDUCERS[kind]
-        body = REDUCE_BODY.format(init=init, combine=combine, final=final, WG=RWG, TO=to, tree=_tree(combine))
+        body = fill(REDUCE_BODY, INIT=init, COMBINE=combine, FINAL=final, WG=RWG, TO=to, TREE=_tree(combine))
     else:
         cmp = ">" if kind == "argmax" else "<"
         init = "p.neg_inf" if kind == "argmax" else "-p.neg_inf"
-        body = ARG_BODY.format(init=init, cmp=cmp, WG=RWG, half=RWG // 2, TO=to)
-    shader = _shader([("read", "x", ti), ("read_write", "out", to)], body)
-    if kind not in REDUCERS:
-        shader = shader.replace("var<workgroup> sm:", f"var<workgroup> si: array<u32, {RWG}>;\nvar<workgroup> sm:")
+        body = fill(ARG_BODY, INIT=init, CMP=cmp, WG=RWG, HALF=RWG // 2, TO=to)
+    shared = "" if kind in REDUCERS else f"var<workgroup> si: array<u32, {RWG}>;\n"
+    shader = _shader([("read", "x", ti), ("read_write", "out", to)], body, shared)
     params = b.params(PARAMS_SIZE)
     d = b.dispatch(shader, [x, out, params])
 
@@ -261,24 +262,24 @@ op("aten.argmin.default", "aten::argmin.out", half=True)(_reduce_op("argmin"))
 
 SOFTMAX_BODY = """
     var m = p.neg_inf;
-    for (var k = lid; k < p.rlen; k = k + {WG}u) {{ m = max(m, f32(x[base + elem(k)])); }}
+    for (var k = lid; k < p.rlen; k = k + ${WG}u) { m = max(m, f32(x[base + elem(k)])); }
     sm[lid] = m;
     workgroupBarrier();
-{tree_max}
+$TREE_MAX
     let mx = sm[0];
     workgroupBarrier();
     var t = 0.0;
-    for (var k = lid; k < p.rlen; k = k + {WG}u) {{ t = t + exp(f32(x[base + elem(k)]) - mx); }}
+    for (var k = lid; k < p.rlen; k = k + ${WG}u) { t = t + exp(f32(x[base + elem(k)]) - mx); }
     sm[lid] = t;
     workgroupBarrier();
-{tree_sum}
+$TREE_SUM
     let total = sm[0];
     let log_total = log(total);
-    for (var k = lid; k < p.rlen; k = k + {WG}u) {{
+    for (var k = lid; k < p.rlen; k = k + ${WG}u) {
         let o = base + elem(k);
         let v = f32(x[o]) - mx;
-        out[o] = {TO}({write});
-    }}
+        out[o] = $TO($WRITE);
+    }
 """
 
 
@@ -288,7 +289,7 @@ def softmax(b):
     dim = int(b.scalar(1))
     write = "v - log_total" if "log_softmax" in b.name else "exp(v) / total"
     to = b.storage(out, packed=False)
-    body = SOFTMAX_BODY.format(WG=RWG, tree_max=_tree("max(a, b)"), tree_sum=_tree("a + b"), write=write, TO=to)
+    body = fill(SOFTMAX_BODY, WG=RWG, TREE_MAX=_tree("max(a, b)"), TREE_SUM=_tree("a + b"), WRITE=write, TO=to)
     shader = _shader([("read", "x", b.storage(x, packed=False)), ("read_write", "out", to)], body)
     params = b.params(PARAMS_SIZE)
     d = b.dispatch(shader, [x, out, params])
@@ -312,37 +313,37 @@ def softmax(b):
 
 LAYER_NORM_BODY = """
     var t = 0.0;
-    for (var k = lid; k < p.rlen; k = k + {WG}u) {{ t = t + f32(x[base + k]); }}
+    for (var k = lid; k < p.rlen; k = k + ${WG}u) { t = t + f32(x[base + k]); }
     sm[lid] = t;
     workgroupBarrier();
-{tree}
+$TREE
     let mean = sm[0] / f32(p.rlen);
     workgroupBarrier();
     var q = 0.0;
-    for (var k = lid; k < p.rlen; k = k + {WG}u) {{ let c = f32(x[base + k]) - mean; q = q + c * c; }}
+    for (var k = lid; k < p.rlen; k = k + ${WG}u) { let c = f32(x[base + k]) - mean; q = q + c * c; }
     sm[lid] = q;
     workgroupBarrier();
-{tree}
+$TREE
     let rstd = inverseSqrt(sm[0] / f32(p.rlen) + p.eps);
-    for (var k = lid; k < p.rlen; k = k + {WG}u) {{
-        out[base + k] = {TO}((f32(x[base + k]) - mean) * rstd{affine});
-    }}
-    if (lid == 0u) {{
-        mean_out[row] = {TM}(mean);
-        rstd_out[row] = {TR}(rstd);
-    }}
+    for (var k = lid; k < p.rlen; k = k + ${WG}u) {
+        out[base + k] = $TO((f32(x[base + k]) - mean) * rstd$AFFINE);
+    }
+    if (lid == 0u) {
+        mean_out[row] = $TM(mean);
+        rstd_out[row] = $TR(rstd);
+    }
 """
 
 RMS_NORM_BODY = """
     var q = 0.0;
-    for (var k = lid; k < p.rlen; k = k + {WG}u) {{ let c = f32(x[base + k]); q = q + c * c; }}
+    for (var k = lid; k < p.rlen; k = k + ${WG}u) { let c = f32(x[base + k]); q = q + c * c; }
     sm[lid] = q;
     workgroupBarrier();
-{tree}
+$TREE
     let rstd = inverseSqrt(sm[0] / f32(p.rlen) + p.eps);
-    for (var k = lid; k < p.rlen; k = k + {WG}u) {{
-        out[base + k] = {TO}(f32(x[base + k]) * rstd * f32(w[k]));
-    }}
+    for (var k = lid; k < p.rlen; k = k + ${WG}u) {
+        out[base + k] = $TO(f32(x[base + k]) * rstd * f32(w[k]));
+    }
 """
 
 
@@ -387,7 +388,7 @@ def native_layer_norm(b):
     types = [b.storage(v, packed=False) for v in (out, mean_out, rstd_out)]
     decls += [("read_write", name, t) for name, t in zip(("out", "mean_out", "rstd_out"), types)]
     bindings += [out, mean_out, rstd_out]
-    body = LAYER_NORM_BODY.format(WG=RWG, tree=_tree("a + b"), affine=affine, TO=types[0], TM=types[1], TR=types[2])
+    body = fill(LAYER_NORM_BODY, WG=RWG, TREE=_tree("a + b"), AFFINE=affine, TO=types[0], TM=types[1], TR=types[2])
     params = b.params(PARAMS_SIZE)
     d = b.dispatch(_shader(decls, body), bindings + [params])
 
@@ -416,7 +417,7 @@ def rms_norm(b):
     fused_rows = fused_norm_rows(b, b.tensor(1).dims[-1], (x, weight, out), q4=b.name == "pte_wgpu.rms_norm_for_q4")
     eps = float(b.scalar(2, 1e-6))
     to = b.storage(out, packed=False)
-    body = RMS_NORM_BODY.format(WG=RWG, tree=_tree("a + b"), TO=to)
+    body = fill(RMS_NORM_BODY, WG=RWG, TREE=_tree("a + b"), TO=to)
     decls = [("read", "x", b.storage(x, packed=False)), ("read", "w", b.storage(weight, packed=False)), ("read_write", "out", to)]
     shader = _shader(decls, body)
     params = b.params(PARAMS_SIZE)

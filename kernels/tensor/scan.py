@@ -11,53 +11,44 @@ import struct
 from pte_wgpu.resize.shapes import contiguous_strides, normalize_dim, numel_of
 
 from ..registry import op
-from ..wgsl import FLAT_INDEX, PACKED, STRIDED, WG, flat_grid, is_float, pack_u32x8, wgsl_type
+from ..wgsl import PACKED, STRIDED, fill, flat_grid, flat_kernel, is_float, pack_u32x8, wgsl_type
 
-CUMSUM = """
-struct P {{ lines: u32, size: u32, inner: u32, pad: u32 }}
-@group(0) @binding(0) var<storage, read> src: array<{TI}>;
-@group(0) @binding(1) var<storage, read_write> dst: array<{TO}>;
-@group(0) @binding(2) var<uniform> p: P;
-{FLAT_INDEX}
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
-    let l = flat_index(gid, nwg, {WG}u);
-    if (l >= p.lines) {{ return; }}
+CUMSUM = flat_kernel(
+    "lines: u32, size: u32, inner: u32, pad: u32",
+    [("src", "$TI", "read"), ("dst", "$TO", "read_write")],
+    """
     let base = (l / p.inner) * p.size * p.inner + l % p.inner;
-    var acc = {CT}(0);
-    for (var k = 0u; k < p.size; k = k + 1u) {{
+    var acc = $CT(0);
+    for (var k = 0u; k < p.size; k = k + 1u) {
         let at = base + k * p.inner;
-        acc = acc + {CT}(src[at]);
-        dst[at] = {STORE};
-    }}
-}}
-"""
+        acc = acc + $CT(src[at]);
+        dst[at] = $STORE;
+    }
+""",
+    count="lines",
+    index="l",
+)
 
-BOOL_REDUCE = """
-struct P {{ numel: u32, nr: u32, kr: u32, rr: u32, ksizes: array<vec4<u32>, 2>, kstrides: array<vec4<u32>, 2>,
-           rsizes: array<vec4<u32>, 2>, rstrides: array<vec4<u32>, 2> }}
-@group(0) @binding(0) var<storage, read> src: array<{TI}>;
-@group(0) @binding(1) var<storage, read_write> dst: array<{TO}>;
-@group(0) @binding(2) var<uniform> p: P;
-{FLAT_INDEX}
-{STRIDED}
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
-    let i = flat_index(gid, nwg, {WG}u);
-    if (i >= p.numel) {{ return; }}
+BOOL_REDUCE = flat_kernel(
+    """numel: u32, nr: u32, kr: u32, rr: u32, ksizes: array<vec4<u32>, 2>, kstrides: array<vec4<u32>, 2>,
+           rsizes: array<vec4<u32>, 2>, rstrides: array<vec4<u32>, 2>""",
+    [("src", "$TI", "read"), ("dst", "$TO", "read_write")],
+    """
     // (a rank of 0 has one element, at offset 0)
     let base = strided_offsets(i, p.kr, p.ksizes, p.kstrides, p.kstrides, p.kstrides).x;
-    var result = {INIT};
-    for (var r = 0u; r < p.nr; r = r + 1u) {{
+    var result = $INIT;
+    for (var r = 0u; r < p.nr; r = r + 1u) {
         let off = base + strided_offsets(r, p.rr, p.rsizes, p.rstrides, p.rstrides, p.rstrides).x;
-        if ((src[off] != {TI}(0)) == {DECIDER}) {{
-            result = {DECIDER};
+        if ((src[off] != $TI(0)) == $DECIDER) {
+            result = $DECIDER;
             break;
-        }}
-    }}
-    dst[i] = {TO}(select(0u, 1u, result));
-}}
-"""
+        }
+    }
+    dst[i] = $TO(select(0u, 1u, result));
+""",
+    count="numel",
+    functions=STRIDED,
+)
 
 
 def _check_unpacked(b, *vids):
@@ -74,7 +65,7 @@ def cumsum(b):
     ti, to = wgsl_type(b.tensor(0).dtype), wgsl_type(b.graph.values[b.out].dtype)
     ct = "f32" if is_float(b.graph.values[b.out].dtype) else "i32"
     store = "select(0u, 1u, acc != 0)" if to == "u32" else f"{to}(acc)"
-    shader = CUMSUM.format(TI=ti, TO=to, CT=ct, STORE=store, WG=WG, FLAT_INDEX=FLAT_INDEX)
+    shader = fill(CUMSUM, TI=ti, TO=to, CT=ct, STORE=store)
     params = b.params(16)
     d = b.dispatch(shader, [src, b.out, params])
 
@@ -98,9 +89,7 @@ def _bool_reduce(b, is_any, dims_of, keepdim):
     _check_unpacked(b, src, b.out)
     ti, to = wgsl_type(b.tensor(0).dtype), wgsl_type(b.graph.values[b.out].dtype)
     decider = "true" if is_any else "false"
-    shader = BOOL_REDUCE.format(
-        TI=ti, TO=to, INIT="false" if is_any else "true", DECIDER=decider, WG=WG, FLAT_INDEX=FLAT_INDEX, STRIDED=STRIDED
-    )
+    shader = fill(BOOL_REDUCE, TI=ti, TO=to, INIT="false" if is_any else "true", DECIDER=decider)
     params = b.params(16 + 4 * 32)
     d = b.dispatch(shader, [src, b.out, params])
     out_rank = len(b.graph.values[b.out].dims)

@@ -21,50 +21,44 @@ import struct
 from pte_wgpu.resize.shapes import broadcast_strides, contiguous_strides, normalize_dim, numel_of
 
 from ..registry import op
-from ..wgsl import FLAT_INDEX, PACKED, SPREAD_MAIN, STRIDED, WG, copy_bytes, elem_bytes, flat_grid, pack_u32x8, spread_grid, wgsl_type
+from ..wgsl import FLAT_INDEX, PACKED, SPREAD_MAIN, STRIDED, copy_bytes, elem_bytes, fill, flat_grid, flat_kernel, pack_u32x8, spread_grid, wgsl_type
 
 INT64_MAX = 2**63 - 1
 
 STRIDED_COPY = """
-struct P {{ numel: u32, rank: u32, in_off: u32, out_off: u32, sizes: array<vec4<u32>, 2>,
-           in_strides: array<vec4<u32>, 2>, out_strides: array<vec4<u32>, 2> }}
-@group(0) @binding(0) var<storage, read> src: array<{TI}>;
-@group(0) @binding(1) var<storage, read_write> dst: array<{TO}>;
+struct P { numel: u32, rank: u32, in_off: u32, out_off: u32, sizes: array<vec4<u32>, 2>,
+           in_strides: array<vec4<u32>, 2>, out_strides: array<vec4<u32>, 2> }
+@group(0) @binding(0) var<storage, read> src: array<$TI>;
+@group(0) @binding(1) var<storage, read_write> dst: array<$TO>;
 @group(0) @binding(2) var<uniform> p: P;
-{FLAT_INDEX}
-{STRIDED}
-{MAIN}
-fn element(i: u32) {{
-    if (i >= p.numel) {{ return; }}
+$FLAT_INDEX
+$STRIDED
+$MAIN
+fn element(i: u32) {
+    if (i >= p.numel) { return; }
     // rank 0: both sides contiguous, no coordinates
     let o = strided_offsets(i, p.rank, p.sizes, p.in_strides, p.out_strides, p.out_strides);
     let x = src[p.in_off + o.x];
-    dst[p.out_off + o.y] = {CONVERT};
-}}
+    dst[p.out_off + o.y] = $CONVERT;
+}
 """
 
 # out[c] = src[c with c[dim] replaced by idx[sum(c_d * idx_strides_d)]]; a negative index counts
 # from the end of the input's `dim`. in_strides[dim] is 0 (dim_stride holds it).
-INDEXED_COPY = """
-struct P {{ numel: u32, rank: u32, dim_stride: u32, dim_size: u32, sizes: array<vec4<u32>, 2>,
-           in_strides: array<vec4<u32>, 2>, idx_strides: array<vec4<u32>, 2> }}
-@group(0) @binding(0) var<storage, read> src: array<{T}>;
-@group(0) @binding(1) var<storage, read> idx: array<i32>;
-@group(0) @binding(2) var<storage, read_write> dst: array<{T}>;
-@group(0) @binding(3) var<uniform> p: P;
-{FLAT_INDEX}
-{STRIDED}
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
-    let i = flat_index(gid, nwg, {WG}u);
-    if (i >= p.numel) {{ return; }}
+INDEXED_COPY = flat_kernel(
+    """numel: u32, rank: u32, dim_stride: u32, dim_size: u32, sizes: array<vec4<u32>, 2>,
+           in_strides: array<vec4<u32>, 2>, idx_strides: array<vec4<u32>, 2>""",
+    [("src", "$T", "read"), ("idx", "i32", "read"), ("dst", "$T", "read_write")],
+    """
     let o = strided_offsets(i, p.rank, p.sizes, p.in_strides, p.idx_strides, p.idx_strides);
     var k = idx[o.y];
-    if (k < 0) {{ k = k + i32(p.dim_size); }}
+    if (k < 0) { k = k + i32(p.dim_size); }
     let kk = min(u32(max(k, 0)), p.dim_size - 1u);
     dst[i] = src[o.x + kk * p.dim_stride];
-}}
-"""
+""",
+    count="numel",
+    functions=STRIDED,
+)
 
 PARAMS_SIZE = 16 + 3 * 32
 
@@ -211,8 +205,8 @@ def strided_copy(b, src, dst):
     if ti in PACKED or to in PACKED:
         raise NotImplementedError(f"{b.name}: strided copies of packed {ti} -> {to} tensors")
     t_in, t_out = wgsl_type(ti), wgsl_type(to)
-    shader = STRIDED_COPY.format(
-        TI=t_in, TO=t_out, CONVERT=_convert(t_in, t_out), MAIN=SPREAD_MAIN, FLAT_INDEX=FLAT_INDEX, STRIDED=STRIDED
+    shader = fill(
+        STRIDED_COPY, TI=t_in, TO=t_out, CONVERT=_convert(t_in, t_out), MAIN=SPREAD_MAIN, FLAT_INDEX=FLAT_INDEX, STRIDED=STRIDED
     )
     params = b.params(PARAMS_SIZE)
     d = b.dispatch(shader, [src, dst, params])
@@ -435,7 +429,7 @@ def indexed_copy(b, src, index, dim_arg, out_shape_of, idx_strides_of):
     t, to = _dtype(b, src), _dtype(b, b.out)
     if t in PACKED or wgsl_type(t) != wgsl_type(to) or wgsl_type(_dtype(b, index)) != "i32":
         raise NotImplementedError(f"{b.name}: {t} source, {_dtype(b, index)} index, {to} output")
-    shader = INDEXED_COPY.format(T=wgsl_type(t), WG=WG, FLAT_INDEX=FLAT_INDEX, STRIDED=STRIDED)
+    shader = fill(INDEXED_COPY, T=wgsl_type(t))
     params = b.params(PARAMS_SIZE)
     d = b.dispatch(shader, [src, index, b.out, params])
 

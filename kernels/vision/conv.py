@@ -29,39 +29,39 @@ from dataclasses import dataclass
 
 from ..registry import op
 from ..variants import ANY, Routes, Variant
-from ..wgsl import FLAT_INDEX, SPREAD_MAIN, spread_grid
+from ..wgsl import FLAT_INDEX, SPREAD_MAIN, fill, spread_grid
 from .conv_gemm import ConvGemm
 from .pixels import OUTPUT_PIXEL, load_store
 
 F32_MAX = 3.4028234663852886e38
 
 HEADER = """
-struct P {{ numel: u32, cout: u32, oh: u32, ow: u32, cin: u32, ih: u32, iw: u32, cin_g: u32,
+struct P { numel: u32, cout: u32, oh: u32, ow: u32, cin: u32, ih: u32, iw: u32, cin_g: u32,
            cout_g: u32, sh: u32, sw: u32, ph: u32, pw: u32, dh: u32, dw: u32, blocks: u32,
-           wstep: u32, lo: f32, hi: f32, pad0: u32 }}
-const KH = {KH}u;
-const KW = {KW}u;
-@group(0) @binding(0) var<storage, read> x: array<{TX}>;
-@group(0) @binding(1) var<storage, read> w: array<{TW}>;
-{BIAS_DECL}
-@group(0) @binding({OUT}) var<storage, read_write> out: array<{TO}>;
-@group(0) @binding({P}) var<uniform> p: P;
-{FLAT_INDEX}
-{MAIN}
-{IO}
-fn weights(k: u32) -> {ACC} {{ return {WEIGHTS}; }}
-fn bias_of(c: u32) -> f32 {{ return {BIAS}; }}
-fn element(i: u32) {{
-{OUTPUT_PIXEL}
-    let co = nc % p.blocks * {B}u;
+           wstep: u32, lo: f32, hi: f32, pad0: u32 }
+const KH = ${KH}u;
+const KW = ${KW}u;
+@group(0) @binding(0) var<storage, read> x: array<$TX>;
+@group(0) @binding(1) var<storage, read> w: array<$TW>;
+$BIAS_DECL
+@group(0) @binding($OUT_BINDING) var<storage, read_write> out: array<$TO>;
+@group(0) @binding($P_BINDING) var<uniform> p: P;
+$FLAT_INDEX
+$MAIN
+$IO
+fn weights(k: u32) -> $ACC { return $WEIGHTS; }
+fn bias_of(c: u32) -> f32 { return $BIAS; }
+fn element(i: u32) {
+$OUTPUT_PIXEL
+    let co = nc % p.blocks * ${B}u;
     let n = nc / p.blocks;
     let g = co / p.cout_g;
-    var acc = {INIT};
-{BODY}
+    var acc = $INIT;
+$BODY
     let at = ((n * p.cout + co) * p.oh + oy) * p.ow + ox;
-    acc = clamp(acc, {ACC}(p.lo), {ACC}(p.hi));
-{STORE}
-}}
+    acc = clamp(acc, $ACC(p.lo), $ACC(p.hi));
+$STORE
+}
 """
 
 # Blocks of 4 output channels share each input load: a vec4 of the 4 channels' weights, `wstep` apart.
@@ -225,7 +225,8 @@ class Direct:
         self.cout_g = w[1] if conv.transposed else w[0] // conv.groups
         self.block = 4 if self.cout_g % 4 == 0 else 1
         bindings = conv.bindings
-        shader = HEADER.format(
+        shader = fill(
+            HEADER,
             KH=conv.kernel[0],
             KW=conv.kernel[1],
             TX=conv.tx,
@@ -236,8 +237,8 @@ class Direct:
             BIAS="f32(bias[c])" if conv.bias is not None else "0.0",
             B=self.block,
             **BLOCK[self.block],
-            OUT=len(bindings) - 1,
-            P=len(bindings),
+            OUT_BINDING=len(bindings) - 1,
+            P_BINDING=len(bindings),
             BODY=body,
             FLAT_INDEX=FLAT_INDEX,
             OUTPUT_PIXEL=OUTPUT_PIXEL,

@@ -24,6 +24,7 @@ loads convert to f32, the sums are f32, and gemm.py's epilogue converts to the o
 import struct
 
 from ..matmul.gemm import PARAMS_SIZE, GemmRoute, TileLoad, gemm_scratch, params_bytes
+from ..wgsl import fill
 
 GEOMETRY_SIZE = 16  # the second uniform: ih, iw, ow, unused
 
@@ -42,22 +43,22 @@ fn b_at(off: u32, n: u32, k: u32, kend: u32) -> f32 {
 """
 
 IM2COL_B = """
-const KH = {KH}u;
-const KW = {KW}u;
-const STRIDE = vec2<u32>({SH}u, {SW}u);
-const PAD = vec2<i32>({PH}, {PW});
-const DIL = vec2<u32>({DH}u, {DW}u);
-struct G {{ ih: u32, iw: u32, ow: u32, unused: u32 }}
+const KH = ${KH}u;
+const KW = ${KW}u;
+const STRIDE = vec2<u32>(${SH}u, ${SW}u);
+const PAD = vec2<i32>($PH, $PW);
+const DIL = vec2<u32>(${DH}u, ${DW}u);
+struct G { ih: u32, iw: u32, ow: u32, unused: u32 }
 var<private> y0: vec4<i32>;  // the first input row and column of this invocation's 4 pixels
 var<private> x0: vec4<i32>;
-fn b_at(off: u32, n: u32, k: u32, kend: u32) -> f32 {{
-    if (n >= p.N || k >= kend) {{ return 0.0; }}
+fn b_at(off: u32, n: u32, k: u32, kend: u32) -> f32 {
+    if (n >= p.N || k >= kend) { return 0.0; }
     let r = k % (KH * KW);
     let iy = y0[n % 4u] + i32(r / KW * DIL.x);
     let ix = x0[n % 4u] + i32(r % KW * DIL.y);
-    if (iy < 0 || ix < 0 || iy >= i32(g.ih) || ix >= i32(g.iw)) {{ return 0.0; }}
+    if (iy < 0 || ix < 0 || iy >= i32(g.ih) || ix >= i32(g.iw)) { return 0.0; }
     return f32(bm[off + (k / (KH * KW) * g.ih + u32(iy)) * g.iw + u32(ix)]);
-}}
+}
 """
 
 IM2COL_SETUP = """
@@ -79,7 +80,7 @@ def conv_load(kernel, stride, padding, dilation, weight="f32", x="f32"):
     if is_pointwise(kernel, stride, padding):
         return TileLoad(inputs, A_AT + POINTWISE_B, b_along_k=False)
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
-    functions = A_AT + IM2COL_B.format(KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw)
+    functions = A_AT + fill(IM2COL_B, KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw)
     return TileLoad(inputs, functions, b_along_k=False, setup=IM2COL_SETUP)
 
 

@@ -13,23 +13,23 @@ import struct
 from pte_wgpu.resize.shapes import fold_grid, numel_of
 
 from ..registry import op
-from ..wgsl import FLAT_INDEX, SPREAD_MAIN, spread_grid
+from ..wgsl import FLAT_INDEX, SPREAD_MAIN, fill, spread_grid
 
 BATCH_NORM = """
-struct P {{ numel: u32, c: u32, inner: u32, eps: f32 }}
-@group(0) @binding(0) var<storage, read> x: array<{XT}>;
-@group(0) @binding(1) var<storage, read> mean: array<{MT}>;
-@group(0) @binding(2) var<storage, read> var_: array<{VT}>;
-{AFFINE_DECLS}
-@group(0) @binding({OUT}) var<storage, read_write> out: array<{OT}>;
-@group(0) @binding({P}) var<uniform> p: P;
-{FLAT_INDEX}
-{MAIN}
-fn element(i: u32) {{
-    if (i >= p.numel) {{ return; }}
+struct P { numel: u32, c: u32, inner: u32, eps: f32 }
+@group(0) @binding(0) var<storage, read> x: array<$XT>;
+@group(0) @binding(1) var<storage, read> mean: array<$MT>;
+@group(0) @binding(2) var<storage, read> var_: array<$VT>;
+$AFFINE_DECLS
+@group(0) @binding($OUT_BINDING) var<storage, read_write> out: array<$OT>;
+@group(0) @binding($P_BINDING) var<uniform> p: P;
+$FLAT_INDEX
+$MAIN
+fn element(i: u32) {
+    if (i >= p.numel) { return; }
     let c = (i / p.inner) % p.c;
-    out[i] = {OT}((f32(x[i]) - f32(mean[c])) * inverseSqrt(f32(var_[c]) + p.eps){AFFINE});
-}}
+    out[i] = $OT((f32(x[i]) - f32(mean[c])) * inverseSqrt(f32(var_[c]) + p.eps)$AFFINE);
+}
 """
 
 
@@ -65,8 +65,15 @@ def batch_norm(b):
     mean, var = b.args[3], b.args[4]
     eps = float(b.scalar(6, 1e-5))
     types = dict(zip(("XT", "MT", "VT", "OT"), b.float_storage(x, mean, var, out)))
-    shader = BATCH_NORM.format(
-        AFFINE_DECLS=decls, AFFINE=expr, OUT=3 + len(affine), P=4 + len(affine), FLAT_INDEX=FLAT_INDEX, MAIN=SPREAD_MAIN, **types
+    shader = fill(
+        BATCH_NORM,
+        AFFINE_DECLS=decls,
+        AFFINE=expr,
+        OUT_BINDING=3 + len(affine),
+        P_BINDING=4 + len(affine),
+        FLAT_INDEX=FLAT_INDEX,
+        MAIN=SPREAD_MAIN,
+        **types,
     )
     params = b.params(16)
     d = b.dispatch(shader, [x, mean, var, *affine, out, params])
@@ -84,45 +91,45 @@ def batch_norm(b):
 GWG = 64  # invocations per group-norm row
 
 GROUP_NORM = """
-struct P {{ rows: u32, rlen: u32, inner: u32, cpg: u32, groups: u32, eps: f32, pad0: u32, pad1: u32 }}
-@group(0) @binding(0) var<storage, read> x: array<{XT}>;
-{AFFINE_DECLS}
-@group(0) @binding({OUT}) var<storage, read_write> out: array<{OT}>;
-@group(0) @binding({MEAN}) var<storage, read_write> mean_out: array<{MT}>;
-@group(0) @binding({RSTD}) var<storage, read_write> rstd_out: array<{RT}>;
-@group(0) @binding({P}) var<uniform> p: P;
-var<workgroup> sm: array<f32, {WG}>;
+struct P { rows: u32, rlen: u32, inner: u32, cpg: u32, groups: u32, eps: f32, pad0: u32, pad1: u32 }
+@group(0) @binding(0) var<storage, read> x: array<$XT>;
+$AFFINE_DECLS
+@group(0) @binding($OUT_BINDING) var<storage, read_write> out: array<$OT>;
+@group(0) @binding($MEAN_BINDING) var<storage, read_write> mean_out: array<$MT>;
+@group(0) @binding($RSTD_BINDING) var<storage, read_write> rstd_out: array<$RT>;
+@group(0) @binding($P_BINDING) var<uniform> p: P;
+var<workgroup> sm: array<f32, $WG>;
 
-fn row_sum(lid: u32, v: f32) -> f32 {{
+fn row_sum(lid: u32, v: f32) -> f32 {
     sm[lid] = v;
     workgroupBarrier();
-    for (var s = {HALF}u; s > 0u; s = s >> 1u) {{
-        if (lid < s) {{ sm[lid] = sm[lid] + sm[lid + s]; }}
+    for (var s = ${HALF}u; s > 0u; s = s >> 1u) {
+        if (lid < s) { sm[lid] = sm[lid] + sm[lid + s]; }
         workgroupBarrier();
-    }}
+    }
     let total = sm[0];
     workgroupBarrier();
     return total;
-}}
+}
 
-@compute @workgroup_size({WG})
+@compute @workgroup_size($WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {{
+        @builtin(local_invocation_index) lid: u32) {
     let row = wid.x + wid.y * nwg.x;
-    if (row >= p.rows) {{ return; }}
+    if (row >= p.rows) { return; }
     let base = row * p.rlen;
     var acc = 0.0;
-    for (var k = lid; k < p.rlen; k = k + {WG}u) {{ acc = acc + f32(x[base + k]); }}
+    for (var k = lid; k < p.rlen; k = k + ${WG}u) { acc = acc + f32(x[base + k]); }
     let mean = row_sum(lid, acc) / f32(p.rlen);
     acc = 0.0;
-    for (var k = lid; k < p.rlen; k = k + {WG}u) {{ let d = f32(x[base + k]) - mean; acc = acc + d * d; }}
+    for (var k = lid; k < p.rlen; k = k + ${WG}u) { let d = f32(x[base + k]) - mean; acc = acc + d * d; }
     let rstd = inverseSqrt(row_sum(lid, acc) / f32(p.rlen) + p.eps);
-    for (var k = lid; k < p.rlen; k = k + {WG}u) {{
+    for (var k = lid; k < p.rlen; k = k + ${WG}u) {
         let c = (row % p.groups) * p.cpg + k / p.inner;
-        out[base + k] = {OT}((f32(x[base + k]) - mean) * rstd{AFFINE});
-    }}
-    if (lid == 0u) {{ mean_out[row] = {MT}(mean); rstd_out[row] = {RT}(rstd); }}
-}}
+        out[base + k] = $OT((f32(x[base + k]) - mean) * rstd$AFFINE);
+    }
+    if (lid == 0u) { mean_out[row] = $MT(mean); rstd_out[row] = $RT(rstd); }
+}
 """
 
 
@@ -134,8 +141,17 @@ def group_norm(b):
     decls, expr, affine = _affine(b, 1, 1, 2)
     n = len(affine)
     types = dict(zip(("XT", "OT", "MT", "RT"), b.float_storage(x, out, mean_out, rstd_out)))
-    shader = GROUP_NORM.format(
-        AFFINE_DECLS=decls, AFFINE=expr, OUT=1 + n, MEAN=2 + n, RSTD=3 + n, P=4 + n, WG=GWG, HALF=GWG // 2, **types
+    shader = fill(
+        GROUP_NORM,
+        AFFINE_DECLS=decls,
+        AFFINE=expr,
+        OUT_BINDING=1 + n,
+        MEAN_BINDING=2 + n,
+        RSTD_BINDING=3 + n,
+        P_BINDING=4 + n,
+        WG=GWG,
+        HALF=GWG // 2,
+        **types,
     )
     params = b.params(32)
     d = b.dispatch(shader, [x, *affine, out, mean_out, rstd_out, params])

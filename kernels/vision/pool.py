@@ -9,23 +9,23 @@ import struct
 from pte_wgpu.resize.shapes import numel_of
 
 from ..registry import op
-from ..wgsl import FLAT_INDEX, SPREAD_MAIN, spread_grid
+from ..wgsl import FLAT_INDEX, SPREAD_MAIN, fill, spread_grid
 from .pixels import OUTPUT_PIXEL, load_store
 
 HEADER = """
-struct P {{ numel: u32, oh: u32, ow: u32, ih: u32, iw: u32, kh: u32, kw: u32, sh: u32,
-           sw: u32, ph: u32, pw: u32, dh: u32, dw: u32, divisor: u32, include_pad: u32, pad0: u32 }}
-@group(0) @binding(0) var<storage, read> x: array<{TX}>;
-{OUTS}
-{FLAT_INDEX}
-{MAIN}
-{IO}
-fn element(i: u32) {{
-{OUTPUT_PIXEL}
+struct P { numel: u32, oh: u32, ow: u32, ih: u32, iw: u32, kh: u32, kw: u32, sh: u32,
+           sw: u32, ph: u32, pw: u32, dh: u32, dw: u32, divisor: u32, include_pad: u32, pad0: u32 }
+@group(0) @binding(0) var<storage, read> x: array<$TX>;
+$OUTS
+$FLAT_INDEX
+$MAIN
+$IO
+fn element(i: u32) {
+$OUTPUT_PIXEL
     let iy0 = i32(oy * p.sh) - i32(p.ph);
     let ix0 = i32(ox * p.sw) - i32(p.pw);
-{BODY}
-}}
+$BODY
+}
 """
 
 MAX = """
@@ -94,8 +94,8 @@ def add_pool(b, kind, outs, kernel, stride, padding, dilation, ceil_mode, includ
         decls.append("@group(0) @binding(2) var<storage, read_write> indices: array<i32>;")
         body += "    indices[i] = i32(at);\n"
     decls.append(f"@group(0) @binding({len(outs) + 1}) var<uniform> p: P;")
-    shader = HEADER.format(
-        TX=tx, OUTS="\n".join(decls), IO=load_store(to), BODY=body, FLAT_INDEX=FLAT_INDEX, OUTPUT_PIXEL=OUTPUT_PIXEL, MAIN=SPREAD_MAIN
+    shader = fill(
+        HEADER, TX=tx, OUTS="\n".join(decls), IO=load_store(to), BODY=body, FLAT_INDEX=FLAT_INDEX, OUTPUT_PIXEL=OUTPUT_PIXEL, MAIN=SPREAD_MAIN
     )
     params = b.params(64)
     d = b.dispatch(shader, [x, *outs, params])

@@ -14,21 +14,21 @@ import numpy as np
 from pte_wgpu.resize.shapes import numel_of
 
 from ..registry import op
-from ..wgsl import FLAT_INDEX, SPREAD_MAIN, spread_grid
+from ..wgsl import FLAT_INDEX, SPREAD_MAIN, fill, spread_grid
 from .pixels import OUTPUT_PIXEL, load_store
 
 UPSAMPLE = """
-struct P {{ numel: u32, oh: u32, ow: u32, ih: u32, iw: u32, align: u32, scale_h: f32, scale_w: f32 }}
-@group(0) @binding(0) var<storage, read> x: array<{TX}>;
-@group(0) @binding(1) var<storage, read_write> out: array<{TO}>;
+struct P { numel: u32, oh: u32, ow: u32, ih: u32, iw: u32, align: u32, scale_h: f32, scale_w: f32 }
+@group(0) @binding(0) var<storage, read> x: array<$TX>;
+@group(0) @binding(1) var<storage, read_write> out: array<$TO>;
 @group(0) @binding(2) var<uniform> p: P;
-{FLAT_INDEX}
-{MAIN}
-{IO}
-fn element(i: u32) {{
-{OUTPUT_PIXEL}
-{BODY}
-}}
+$FLAT_INDEX
+$MAIN
+$IO
+fn element(i: u32) {
+$OUTPUT_PIXEL
+$BODY
+}
 """
 
 NEAREST = """
@@ -89,7 +89,7 @@ def upsample_out_size(shape, output_size, scale_factors):
 def add_upsample(b, body, align_corners, scales_arg):
     x, out = b.args[0], b.out
     tx, to = b.float_storage(x, out)
-    shader = UPSAMPLE.format(TX=tx, TO=to, IO=load_store(to), BODY=body, FLAT_INDEX=FLAT_INDEX, OUTPUT_PIXEL=OUTPUT_PIXEL, MAIN=SPREAD_MAIN)
+    shader = fill(UPSAMPLE, TX=tx, TO=to, IO=load_store(to), BODY=body, FLAT_INDEX=FLAT_INDEX, OUTPUT_PIXEL=OUTPUT_PIXEL, MAIN=SPREAD_MAIN)
     params = b.params(32)
     d = b.dispatch(shader, [x, out, params])
     scales = None if b.is_none(scales_arg) else tuple(b.value(scales_arg).items)
@@ -125,11 +125,11 @@ def upsample_bilinear2d(b):
 # grid_sampler_2d: out[n, c, y, x] samples input[n, c] at grid[n, y, x] = (gx, gy) in [-1, 1].
 GRID_SAMPLE = """
 struct P { numel: u32, c: u32, oh: u32, ow: u32, ih: u32, iw: u32, align: u32, padding: u32 }
-@group(0) @binding(0) var<storage, read> x: array<{TX}>;
-@group(0) @binding(1) var<storage, read> grid: array<{TG}>;
-@group(0) @binding(2) var<storage, read_write> out: array<{TO}>;
+@group(0) @binding(0) var<storage, read> x: array<$TX>;
+@group(0) @binding(1) var<storage, read> grid: array<$TG>;
+@group(0) @binding(2) var<storage, read_write> out: array<$TO>;
 @group(0) @binding(3) var<uniform> p: P;
-{IO}
+$IO
 // zeros (0), border (1) or reflection (2) padding of a source coordinate over `size` pixels
 fn source(g: f32, size: u32) -> f32 {
     let s = f32(size);
@@ -152,15 +152,15 @@ fn at(plane: u32, yy: f32, xx: f32) -> f32 {
     if (yy < 0.0 || xx < 0.0 || yy >= f32(p.ih) || xx >= f32(p.iw)) { return 0.0; }
     return load(plane + u32(yy) * p.iw + u32(xx));
 }
-{FLAT_INDEX}
-{MAIN}
+$FLAT_INDEX
+$MAIN
 fn element(i: u32) {
-{OUTPUT_PIXEL}
+$OUTPUT_PIXEL
     let n = nc / p.c;
     let g = ((n * p.oh + oy) * p.ow + ox) * 2u;
     let sx = source(f32(grid[g]), p.iw);
     let sy = source(f32(grid[g + 1u]), p.ih);
-{BODY}
+$BODY
 }
 """
 
@@ -186,9 +186,9 @@ def grid_sampler_2d(b):
         raise NotImplementedError(f"{b.name}: interpolation mode {mode}, padding mode {padding}")
     body = GRID_BILINEAR if mode == 0 else GRID_NEAREST
     tx, tg, to = b.float_storage(x, grid, out)
-    shader = GRID_SAMPLE.replace("{TX}", tx).replace("{TG}", tg).replace("{TO}", to).replace("{IO}", load_store(to))
-    shader = shader.replace("{BODY}", body).replace("{FLAT_INDEX}", FLAT_INDEX).replace("{OUTPUT_PIXEL}", OUTPUT_PIXEL)
-    shader = shader.replace("{MAIN}", SPREAD_MAIN)
+    shader = fill(
+        GRID_SAMPLE, TX=tx, TG=tg, TO=to, IO=load_store(to), BODY=body, FLAT_INDEX=FLAT_INDEX, OUTPUT_PIXEL=OUTPUT_PIXEL, MAIN=SPREAD_MAIN
+    )
     params = b.params(32)
     d = b.dispatch(shader, [x, grid, out, params])
 
@@ -208,15 +208,15 @@ def grid_sampler_2d(b):
 # et_vk.grid_priors: row y * W + x of the [H * W, 2] output is ((x + offset) * stride, (y + offset) * stride).
 GRID_PRIORS = """
 struct P { numel: u32, w: u32, stride: f32, offset: f32 }
-@group(0) @binding(0) var<storage, read_write> out: array<{TO}>;
+@group(0) @binding(0) var<storage, read_write> out: array<$TO>;
 @group(0) @binding(1) var<uniform> p: P;
-{FLAT_INDEX}
-{MAIN}
+$FLAT_INDEX
+$MAIN
 fn element(i: u32) {
     if (i >= p.numel) { return; }
     let cell = i / 2u;
     let c = select(cell / p.w, cell % p.w, i % 2u == 0u);
-    out[i] = {TO}((f32(c) + p.offset) * p.stride);
+    out[i] = $TO((f32(c) + p.offset) * p.stride);
 }
 """
 
@@ -226,7 +226,7 @@ def grid_priors(b):
     x, out = b.args[0], b.out
     stride, offset = float(b.scalar(1)), float(b.scalar(2))
     (to,) = b.float_storage(out)
-    shader = GRID_PRIORS.replace("{FLAT_INDEX}", FLAT_INDEX).replace("{MAIN}", SPREAD_MAIN).replace("{TO}", to)
+    shader = fill(GRID_PRIORS, FLAT_INDEX=FLAT_INDEX, MAIN=SPREAD_MAIN, TO=to)
     params = b.params(16)
     d = b.dispatch(shader, [out, params])
 
