@@ -137,8 +137,9 @@ class OpBuilder:
         return [wgsl_type(t) for t in dtypes]
 
     def fail(self, msg):
-        """Refuse the op's arguments or live shapes: ValueError naming the op."""
-        raise ValueError(f"{self.name}: {msg}")
+        """Refuse the op's arguments or live shapes: ValueError naming the op (raised from None:
+        the message says what was wrong, a caught error's own text included)."""
+        raise ValueError(f"{self.name}: {msg}") from None
 
     # recording
     def params(self, size):

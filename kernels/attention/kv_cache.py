@@ -55,10 +55,10 @@ def update_cache(b):
     def resize(ctx):
         shape = ctx.dims(value)
         if len(shape) != 4 or (shape[0], shape[2], shape[3]) != (batch, heads, dim):
-            raise ValueError(f"{b.name}: value of shape {list(shape)} for a cache of shape {[batch, context, heads, dim]}")
+            b.fail(f"value of shape {list(shape)} for a cache of shape {[batch, context, heads, dim]}")
         pos, s = ctx.int_value(start_pos), shape[1]
         if pos < 0 or pos + s > context:
-            raise ValueError(f"{b.name}: positions {pos}..{pos + s - 1} do not fit the cache of {context} positions")
+            b.fail(f"positions {pos}..{pos + s - 1} do not fit the cache of {context} positions")
         n = numel_of(shape)
         ctx.set_params(params, struct.pack("<4I", n, s * heads * dim, context * heads * dim, pos * heads * dim))
         ctx.set_grid(d, flat_grid(n))

@@ -611,13 +611,13 @@ def _whole_range(ragged, dim):
 def _attention_args(b):
     """Checks shared by both forms; returns (context, kv heads, head dim, q heads, scale)."""
     if not b.is_none(7):
-        raise ValueError(f"{b.name}: an explicit attn_mask is not supported (causal only)")
+        b.fail("an explicit attn_mask is not supported (causal only)")
     if b.scalar(8, 0):
-        raise ValueError(f"{b.name}: dropout is not supported")
+        b.fail("dropout is not supported")
     _, context, hkv, dim = b.tensor(3).dims
     hq = b.tensor(0).dims[2]
     if dim > MAX_HEAD_DIM or hq % hkv:
-        raise ValueError(f"{b.name}: head dim {dim} (max {MAX_HEAD_DIM}) or heads {hq}/{hkv} unsupported")
+        b.fail(f"head dim {dim} (max {MAX_HEAD_DIM}) or heads {hq}/{hkv} unsupported")
     scale = b.scalar(10, None)
     b.writes(b.args[3])
     b.writes(b.args[4])
@@ -627,7 +627,7 @@ def _attention_args(b):
 def _rows(b, ctx):
     s = ctx.dims(b.args[0])[1]
     if ctx.dims(b.args[1])[1] != s or ctx.dims(b.args[2])[1] != s:
-        raise ValueError(f"{b.name}: q, k, v have {s}, {ctx.dims(b.args[1])[1]}, {ctx.dims(b.args[2])[1]} rows")
+        b.fail(f"q, k, v have {s}, {ctx.dims(b.args[1])[1]}, {ctx.dims(b.args[2])[1]} rows")
     return s
 
 
@@ -794,7 +794,7 @@ def ragged_sdpa(b):
     def resize(ctx):
         s = _rows(b, ctx)
         if ctx.dims(row_pos)[0] != s:
-            raise ValueError(f"{b.name}: {s} rows but {ctx.dims(row_pos)[0]} row positions")
+            b.fail(f"{s} rows but {ctx.dims(row_pos)[0]} row positions")
         if not cached:
             n = numel_of(ctx.dims(k))
             ctx.set_params(p_update, struct.pack("<4I", n, hkv * dim, stride, 0))

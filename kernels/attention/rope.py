@@ -91,7 +91,7 @@ def apply_rotary_emb(b):
         for src in (xq, xk):
             shape = ctx.dims(src)
             if len(shape) != 4 or shape[0] != 1:
-                raise ValueError(f"{b.name}: expected x of shape [1, S, H, D], got {list(shape)}")
+                b.fail(f"expected x of shape [1, S, H, D], got {list(shape)}")
             shapes.append(shape)
         set_rope(ctx, *shapes)
 
@@ -121,14 +121,14 @@ def rope_route(b, args, oq, ok):
         (_, s, q_heads, dim), (_, s_k, k_heads, dim_k) = q_shape, k_shape
         half = dim // 2
         if (s_k, dim_k) != (s, dim):
-            raise ValueError(f"{b.name}: q {list(q_shape)} and k {list(k_shape)} differ in positions or head size")
+            b.fail(f"q {list(q_shape)} and k {list(k_shape)} differ in positions or head size")
         table = ctx.dims(fcos)
         if table[0] < s or table[-1] != half:
-            raise ValueError(f"{b.name}: the rotary table has {table[0]} rows for {s} positions (are the positions past the context?)")
+            b.fail(f"the rotary table has {table[0]} rows for {s} positions (are the positions past the context?)")
         q_pairs = numel_of(q_shape) // 2
         pairs = q_pairs + numel_of(k_shape) // 2
         if row and k_heads * dim != row:
-            raise ValueError(f"{b.name}: k rows of {k_heads} x {dim} do not match the cache's {row}")
+            b.fail(f"k rows of {k_heads} x {dim} do not match the cache's {row}")
         ctx.set_params(params, struct.pack("<8I", q_pairs, pairs, q_heads, k_heads, half, row, stride, 0))
         ctx.set_grid(d, flat_grid(pairs) if on else (0, 0, 0))
         ctx.set_dims(oq, q_shape)
@@ -223,13 +223,10 @@ def apply_rotary_emb_hf(b):
         for src, dst, params, d in jobs:
             shape = ctx.dims(src)
             if len(shape) != 4 or rd % 2 or rd > shape[3]:
-                raise ValueError(f"{b.name}: x of shape {list(shape)} with a rotary table of width {rd}")
+                b.fail(f"x of shape {list(shape)} with a rotary table of width {rd}")
             _, s, heads, dim = shape
             if start < 0 or start + s > rows:
-                raise ValueError(
-                    f"{b.name}: the rotary table has {rows} rows for positions {start}..{start + s - 1} "
-                    "(are the positions past the context?)"
-                )
+                b.fail(f"the rotary table has {rows} rows for positions {start}..{start + s - 1} (are the positions past the context?)")
             n = numel_of(shape)
             ctx.set_params(params, struct.pack("<8I", n, dim, heads, s, rd, start, 0, 0))
             ctx.set_grid(d, flat_grid(n))
@@ -265,10 +262,10 @@ def apply_rotary_emb_interleaved(b):
     def resize(ctx):
         shape = ctx.dims(x)
         if len(shape) != 3 or shape[2] % 2:
-            raise ValueError(f"{b.name}: expected x of shape [B, N, C] with an even C, got {list(shape)}")
+            b.fail(f"expected x of shape [B, N, C] with an even C, got {list(shape)}")
         _, n, c = shape
         if numel_of(ctx.dims(cis)) != n * c:
-            raise ValueError(f"{b.name}: freqs_cis of shape {list(ctx.dims(cis))} for x of shape {list(shape)}")
+            b.fail(f"freqs_cis of shape {list(ctx.dims(cis))} for x of shape {list(shape)}")
         pairs = numel_of(shape) // 2
         ctx.set_params(params, struct.pack("<4I", pairs, c // 2, n, 0))
         ctx.set_grid(d, flat_grid(pairs))

@@ -73,13 +73,13 @@ def _add_sdpa(b, q, k, v, mask, scale, geometry):
     def resize(ctx):
         batch, hq, s, hkv, keys, dim, q_strides, kv_strides, causal_pos = geometry(ctx)
         if dim > MAX_HEAD_DIM or hq % hkv or ctx.dims(k) != ctx.dims(v):
-            raise ValueError(f"{b.name}: head dim {dim} (max {MAX_HEAD_DIM}), heads {hq}/{hkv} or k, v shapes {ctx.dims(k)}, {ctx.dims(v)}")
+            b.fail(f"head dim {dim} (max {MAX_HEAD_DIM}), heads {hq}/{hkv} or k, v shapes {ctx.dims(k)}, {ctx.dims(v)}")
         mask_strides = (0, 0, 0, 0)
         if mask is not None:
             scores = (batch, hq, s, keys)
             shape = ctx.dims(mask)
             if len(shape) > 4 or any(m not in (1, n) for m, n in zip(shape[::-1], scores[::-1])):
-                raise ValueError(f"{b.name}: a mask of shape {shape} for scores of shape {scores}")
+                b.fail(f"a mask of shape {shape} for scores of shape {scores}")
             mask_strides = broadcast_strides(shape, scores)
         rows = batch * hq * s
         data = struct.pack(SDPA_PARAMS, rows, s, hq, hq // hkv, dim, keys, scale(dim), causal_pos, *q_strides, 0, *kv_strides, 0, *mask_strides)
@@ -121,7 +121,7 @@ def custom_sdpa(b):
         (batch, s, hq, dim), (_, context, hkv, _) = ctx.dims(q), ctx.dims(k)
         pos = ctx.int_value(start_pos)
         if pos < 0 or pos + s > context:
-            raise ValueError(f"{b.name}: positions {pos}..{pos + s - 1} do not fit the cache of {context}")
+            b.fail(f"positions {pos}..{pos + s - 1} do not fit the cache of {context}")
         kv_strides = (context * hkv * dim, dim, hkv * dim)
         return batch, hq, s, hkv, pos + s, dim, (s * hq * dim, dim, hq * dim), kv_strides, pos + 1 if causal else 0
 

@@ -359,7 +359,7 @@ def linear_silu_mul(b):
     def resize(ctx):
         use_gemv, m, k, (n, n_up) = products.resize(ctx)
         if n != n_up:
-            raise ValueError(f"{b.name}: gate and up weights have {n} and {n_up} rows")
+            b.fail(f"gate and up weights have {n} and {n_up} rows")
         out_dims = ctx.dims(gate)
         ctx.set_params(q, struct.pack("<2IfI", m, k, eps, n))
         ctx.set_params(e, struct.pack("<4I", numel_of(out_dims), 0, 0, 0))

@@ -324,6 +324,18 @@ def sg_wg_rows(shape, weights=1):
     return shape[1] // weights * (CPU_WG // SG_LANES)
 
 
+def sg_sums(weights, ins, outs, n, store):
+    """The subgroup kernels' last statements: each accumulator acc{j}_{i}_{r} (weight j, output
+    i, input row r) summed over its vec4 and the subgroup's lanes into v{j}, and lane 0 storing
+    output n0 + i of a live row r with `store(r)`, for N = `n` (WGSL)."""
+    lines = []
+    for r in ins:
+        for i in outs:
+            sums = " ".join(f"let v{j} = subgroupAdd((acc{j}_{i}_{r}.x + acc{j}_{i}_{r}.y) + (acc{j}_{i}_{r}.z + acc{j}_{i}_{r}.w));" for j in range(weights))
+            lines.append(f"{{ {sums} let n = n0 + {i}u; if (lane == 0u && n < {n} && {r}u < rows) {{ {store(r)} }} }}")
+    return lines
+
+
 def gemv_sg_body(weights, n, k4, store, base="0u", shape=SG_GEMV):
     """WGSL statements of the subgroup GEMV for vec4 weight bindings `weights` (N rows of `n`, K / 4
     vec4s of `k4`, from vec4 `base`) over `shape` = (input rows, weight rows split among the
@@ -343,10 +355,7 @@ def gemv_sg_body(weights, n, k4, store, base="0u", shape=SG_GEMV):
     lines += [f"    let w{j}_{i} = {w}4({w}_{i} + k);" for j, w in enumerate(weights) for i in outs]
     lines += [f"    acc{j}_{i}_{r} = acc{j}_{i}_{r} + x{r} * w{j}_{i};" for j in range(len(weights)) for i in outs for r in ins]
     lines.append("}")
-    for r in ins:
-        for i in outs:
-            sums = " ".join(f"let v{j} = subgroupAdd((acc{j}_{i}_{r}.x + acc{j}_{i}_{r}.y) + (acc{j}_{i}_{r}.z + acc{j}_{i}_{r}.w));" for j in range(len(weights)))
-            lines.append(f"{{ {sums} let n = n0 + {i}u; if (lane == 0u && n < {n} && {r}u < rows) {{ {store(r)} }} }}")
+    lines += sg_sums(len(weights), ins, outs, n, store)
     lines.append("}")
     return "\n    ".join(lines)
 
@@ -413,7 +422,7 @@ def _check_float(b, positions):
     for i in positions:
         t = b.tensor(i)
         if not is_float(t.dtype):
-            raise ValueError(f"{b.name}: argument {i} has dtype {t.dtype}; only floating point is supported")
+            b.fail(f"argument {i} has dtype {t.dtype}; only floating point is supported")
 
 
 @dataclass(frozen=True)
@@ -549,7 +558,7 @@ def add_matmul(b, a, bmat, bias, transposed_b, shape_fn, alpha=1.0, beta=1.0, re
         if residual:
             out_dims = ctx.dims(bias)
             if numel_of(out_dims) != m * n:
-                raise ValueError(f"{b.name}: residual of shape {tuple(out_dims)} for a product of {m} x {n}")
+                b.fail(f"residual of shape {tuple(out_dims)} for a product of {m} x {n}")
             bias_sm, bias_sn = n, 1
         elif has_bias:
             bias_dims = ctx.dims(bias)
@@ -560,7 +569,7 @@ def add_matmul(b, a, bmat, bias, transposed_b, shape_fn, alpha=1.0, beta=1.0, re
                 if any(d not in (1, t) for d, t in zip(reversed(bias_dims), (n, m))):
                     raise ValueError(f"does not broadcast to {(m, n)}")
             except ValueError as e:
-                raise ValueError(f"{b.name}: bias of shape {tuple(bias_dims)}: {e}") from None
+                b.fail(f"bias of shape {tuple(bias_dims)}: {e}")
         shape = Product(m, n, k, batch, b_bs, transposed_b)
         chosen = routes.set(ctx, shape)
         splits, kspan = gemm_split(m, n, k, batch) if chosen == "gemm" else (1, max(k, 1))

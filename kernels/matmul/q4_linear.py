@@ -48,7 +48,7 @@ from .gemm import (
     gemm_scratch,
     params_bytes,
 )
-from .linear import CPU_WG, SG_LANES, sg_wg_rows
+from .linear import CPU_WG, SG_LANES, sg_sums, sg_wg_rows
 from .routes import BITWISE_ROWS, GEMV_MAX_ROWS, Q4_GEMV_MAX_ROWS, gpu_gemv_rows
 
 # The GEMV spreads a row's words over `lanes` invocations a quad of outputs, so a workgroup of
@@ -345,10 +345,7 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None):
             lines += [f"    acc{t}_{r} = acc{t}_{r} + x{r}a * a{t} + x{r}b * b{t};" for r in ins]
         lines.append("    }")
     lines.append("}")
-    for r in ins:
-        for i in outs:
-            sums = " ".join(f"let v{j} = subgroupAdd((acc{j}_{i}_{r}.x + acc{j}_{i}_{r}.y) + (acc{j}_{i}_{r}.z + acc{j}_{i}_{r}.w));" for j in range(len(weights)))
-            lines.append(f"{{ {sums} let n = n0 + {i}u; if (lane == 0u && n < {n} && {r}u < rows) {{ {store(r)} }} }}")
+    lines += sg_sums(len(weights), ins, outs, n, store)
     lines.append("}")
     return "\n    ".join(lines)
 

@@ -96,7 +96,7 @@ def _q8ta_conv(b, transposed=False, depthwise=False):
     rest = 13 if transposed else 12
     dilation, groups, activation = b.int_list(rest), int(b.scalar(rest + 1)), b.scalar(rest + 2, "none")
     if activation not in ("none", "relu"):
-        raise ValueError(f"{b.name}: activation {activation!r}")
+        b.fail(f"activation {activation!r}")
     cin, cout = values[x].dims[1], values[out].dims[1]
     cin_g, cout_g = cin // groups, cout // groups
     # the torch weight shape, for the output shape formula
@@ -125,11 +125,11 @@ def _q8ta_conv(b, transposed=False, depthwise=False):
     def resize(ctx):
         shape = ctx.dims(x)
         if len(shape) != 4:
-            raise ValueError(f"{b.name}: input of shape {shape}, expected NCHW")
+            b.fail(f"input of shape {shape}, expected NCHW")
         try:
             oshape = conv_out_shape(shape, torch_w, stride, padding, dilation, transposed, output_padding, groups)
         except ValueError as e:
-            raise ValueError(f"{b.name}: {e}") from None
+            b.fail(f"{e}")
         n = numel_of(oshape)
         ints = (n, cout, *oshape[2:], cin, *shape[2:], cin_g, cout_g, kh, kw, *stride, *padding, *dilation, row)
         ctx.set_params(params, struct.pack(CONV_PARAMS, *ints, x_zp, out_zp, x_scale, inv(out_scale)))

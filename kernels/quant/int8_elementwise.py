@@ -107,7 +107,7 @@ def add_word_map(b, inputs, body, consts_of, qparams=(), coords_of=None):
         dims = ctx.dims(inputs[0])
         for v in inputs[1:]:
             if ctx.dims(v) != dims:
-                raise ValueError(f"{b.name}: operands of shapes {dims} and {ctx.dims(v)}")
+                b.fail(f"operands of shapes {dims} and {ctx.dims(v)}")
         n = numel_of(dims)
         floats, ints = consts_of(ctx)
         inner, channels = coords_of(ctx, dims) if coords_of else (1, 1)
@@ -206,7 +206,7 @@ def q8ta_pixel_shuffle(b):
     def resize(ctx):
         n, c, h, w = ctx.dims(b.args[0])
         if c % (r * r):
-            raise ValueError(f"{b.name}: {c} channels do not divide by the upscale factor {r} squared")
+            b.fail(f"{c} channels do not divide by the upscale factor {r} squared")
         shape = (n, c // (r * r), h * r, w * r)
         total = numel_of(shape)
         ctx.set_params(params, struct.pack("<4I2i2f", total, h * r, w * r, r, x_zp, out_zp, x_scale, inv_out))

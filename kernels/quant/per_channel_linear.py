@@ -74,7 +74,7 @@ def _add_linear(b, x, weight, scales, bias, term, epilogue, consts, integer=Fals
         dims = ctx.dims(x)
         k = dims[-1]
         if k > row:
-            raise ValueError(f"{b.name}: input {dims} has K={k}, the weight rows {row}")
+            b.fail(f"input {dims} has K={k}, the weight rows {row}")
         shape = tuple(dims[:-1]) + (n_out,)
         n = numel_of(shape)
         ctx.set_params(params, struct.pack(LIN_PARAMS, n, n_out, k, row, *consts[0], *consts[1]))
@@ -129,7 +129,7 @@ def q8ta_linear(b):
     bias = None if b.is_none(8) else b.args[8]
     activation = b.scalar(9, "none")
     if activation not in ("none", "relu"):
-        raise ValueError(f"{b.name}: activation {activation!r}")
+        b.fail(f"activation {activation!r}")
     scaled = fill(SCALED, BIAS=_bias(bias))
     y = f"max({scaled}, 0.0)" if activation == "relu" else scaled
     epilogue = f"return quantize({y}, p.f.y, p.k.y, -128, 127);"

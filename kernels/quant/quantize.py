@@ -39,7 +39,7 @@ def _quantize(b, qmin, qmax, qparams, coords_of=None, body=QUANTIZE_TENSOR_QPARA
     """quantize args[0] with tensor `qparams` [scales] or [scales, zero points], or with the
     scalar args 1 and 2."""
     if not is_float(b.graph.values[b.args[0]].dtype):
-        raise ValueError(f"{b.name}: input dtype {b.graph.values[b.args[0]].dtype}")
+        b.fail(f"input dtype {b.graph.values[b.args[0]].dtype}")
     if qparams:
         body = fill(body, ZP="i32(q1_at(j))" if len(qparams) == 2 else "0")
         add_word_map(b, [b.args[0]], QUANT_FNS + DIV_RN + body, lambda ctx: ((0.0,) * 4, (qmin, qmax, 0, 0)), qparams, coords_of)

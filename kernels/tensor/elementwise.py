@@ -151,7 +151,7 @@ def add_elementwise(b, operands, expr, alpha=1.0, beta=0.0):
         try:
             shape = broadcast_shapes(*shapes)
         except ValueError as e:
-            raise ValueError(f"{b.name}: {e}") from None
+            b.fail(f"{e}")
         n = numel_of(shape)
         strides = b"".join(pack_strides(s, shape) for s in shapes)
         strides += bytes(32 * (3 - len(shapes)))
@@ -234,7 +234,7 @@ DIV_MODE = {
 def div_mode(b):
     mode = b.scalar(2, None)
     if mode not in DIV_MODE:
-        raise ValueError(f"{b.name}: rounding mode {mode!r}")
+        b.fail(f"rounding mode {mode!r}")
     if b.is_tensor(1):
         add_elementwise(b, [0, 1], DIV_MODE[mode])
     else:

@@ -147,7 +147,7 @@ def _dims_arg(b, ctx, i, rank):
     try:
         return {normalize_dim(int(d), rank) for d in dims}
     except IndexError as e:
-        raise ValueError(f"{b.name}: {e}") from None
+        b.fail(f"{e}")
 
 
 def _reduced_shape(shape, reduced, keepdim):
@@ -229,7 +229,7 @@ def add_reduce(b, kind, dims_arg, keepdim):
         reduced = _dims_arg(b, ctx, dims_arg, len(shape))
         data, rows, rlen = _pack(shape, reduced)
         if rlen == 0 and kind not in ("sum", "mean") and rows > 0:
-            raise ValueError(f"{b.name}: cannot reduce an empty dim of shape {shape}")
+            b.fail(f"cannot reduce an empty dim of shape {shape}")
         ctx.set_params(params, data)
         ctx.set_grid(d, fold_grid(rows))
         ctx.set_dims(out, _reduced_shape(shape, reduced, keepdim))
@@ -299,7 +299,7 @@ def softmax(b):
         try:
             reduced = {normalize_dim(dim, len(shape))}
         except IndexError as e:
-            raise ValueError(f"{b.name}: {e}") from None
+            b.fail(f"{e}")
         data, rows, _ = _pack(shape, reduced)
         ctx.set_params(params, data)
         ctx.set_grid(d, fold_grid(rows))
@@ -352,7 +352,7 @@ def _norm_params(b, ctx, x, normalized, eps):
     shape = ctx.dims(x)
     n = len(normalized)
     if n > len(shape) or tuple(shape[len(shape) - n :]) != tuple(normalized):
-        raise ValueError(f"{b.name}: input of shape {shape} does not end in the normalized shape {tuple(normalized)}")
+        b.fail(f"input of shape {shape} does not end in the normalized shape {tuple(normalized)}")
     rows, rlen = numel_of(shape[: len(shape) - n]), numel_of(normalized)
     data = struct.pack("<4I", 1, 1, rows, rlen)
     data += _vec4([rows]) + _vec4([rlen]) + _vec4([rlen]) + _vec4([1])
@@ -362,7 +362,7 @@ def _norm_params(b, ctx, x, normalized, eps):
 
 def _check_param(b, ctx, vid, normalized, what):
     if vid is not None and numel_of(ctx.dims(vid)) != numel_of(normalized):
-        raise ValueError(f"{b.name}: {what} of shape {ctx.dims(vid)} does not match the normalized shape {tuple(normalized)}")
+        b.fail(f"{what} of shape {ctx.dims(vid)} does not match the normalized shape {tuple(normalized)}")
 
 
 @op("aten.native_layer_norm.default", half=True)
@@ -373,7 +373,7 @@ def native_layer_norm(b):
     eps = float(b.scalar(4, 1e-5))
     outs = b.graph.values[b.out].items
     if len(outs) != 3:
-        raise ValueError(f"{b.name}: expected 3 outputs, found {len(outs)}")
+        b.fail(f"expected 3 outputs, found {len(outs)}")
     out, mean_out, rstd_out = outs
     affine = ""
     decls, bindings = [("read", "x", b.storage(x, packed=False))], [x]
@@ -426,7 +426,7 @@ def rms_norm(b):
     def resize(ctx):
         shape = ctx.dims(x)
         if not shape:
-            raise ValueError(f"{b.name}: input is 0-d")
+            b.fail("input is 0-d")
         normalized = shape[-1:]
         _check_param(b, ctx, weight, normalized, "weight")
         shape, data, rows = _norm_params(b, ctx, x, normalized, eps)

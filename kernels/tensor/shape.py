@@ -75,7 +75,7 @@ def _dim(b, dim, rank):
     try:
         return normalize_dim(dim, rank)
     except IndexError as e:
-        raise ValueError(f"{b.name}: {e}") from None
+        b.fail(f"{e}")
 
 
 def _dtype(b, vid):

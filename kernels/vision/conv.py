@@ -315,7 +315,7 @@ def convolution(b):
         try:
             oshape = conv_out_shape(shape, w, stride, padding, dilation, transposed, output_padding, groups)
         except ValueError as e:
-            raise ValueError(f"{b.name}: {e}") from None
+            b.fail(f"{e}")
         n, cin, ih, iw = shape[:2] + as_2d(shape[2:])
         _, cout, oh, ow = oshape[:2] + as_2d(oshape[2:])
         routes.set(ctx, ConvShape(n, cin, ih, iw, cout, oh, ow, cin // groups * conv.kernel[0] * conv.kernel[1]))

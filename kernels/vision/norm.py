@@ -48,10 +48,10 @@ def _affine(b, first_binding, weight_arg, bias_arg):
 def _channels(b, ctx, x, per_channel, what):
     shape = ctx.dims(x)
     if len(shape) < 2:
-        raise ValueError(f"{b.name}: input of shape {shape}: expected at least 2 dims")
+        b.fail(f"input of shape {shape}: expected at least 2 dims")
     for v in per_channel:
         if numel_of(ctx.dims(v)) != shape[1]:
-            raise ValueError(f"{b.name}: {what} of shape {ctx.dims(v)} for {shape[1]} channels")
+            b.fail(f"{what} of shape {ctx.dims(v)} for {shape[1]} channels")
     return shape
 
 
@@ -159,7 +159,7 @@ def group_norm(b):
     def resize(ctx):
         shape = _channels(b, ctx, x, affine, "weight or bias")
         if groups < 1 or shape[1] % groups:
-            raise ValueError(f"{b.name}: {shape[1]} channels in {groups} groups")
+            b.fail(f"{shape[1]} channels in {groups} groups")
         rows, inner = shape[0] * groups, numel_of(shape[2:])
         cpg = shape[1] // groups
         ctx.set_params(params, struct.pack("<5If2I", rows, cpg * inner, inner, cpg, groups, eps, 0, 0))

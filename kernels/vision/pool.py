@@ -108,7 +108,7 @@ def add_pool(b, kind, outs, kernel, stride, padding, dilation, ceil_mode, includ
             oh = pool_out_size(shape[-2], kh, sh, ph, dh, ceil_mode)
             ow = pool_out_size(shape[-1], kw, sw, pw, dw, ceil_mode)
         except ValueError as e:
-            raise ValueError(f"{b.name}: {e}") from None
+            b.fail(f"{e}")
         oshape = (*shape[:-2], oh, ow)
         numel = numel_of(oshape)
         data = struct.pack("<15I", numel, oh, ow, shape[-2], shape[-1], kh, kw, sh, sw, ph, pw, dh, dw, divisor, include_pad)

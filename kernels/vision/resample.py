@@ -100,7 +100,7 @@ def add_upsample(b, body, align_corners, scales_arg):
         try:
             oh, ow = upsample_out_size(shape, sizes, scales)
         except ValueError as e:
-            raise ValueError(f"{b.name}: {e}") from None
+            b.fail(f"{e}")
         fh, fw = scales if scales is not None and sizes is None else (None, None)
         sh = source_scale(shape[2], oh, fh, align_corners)
         sw = source_scale(shape[3], ow, fw, align_corners)
@@ -195,7 +195,7 @@ def grid_sampler_2d(b):
     def resize(ctx):
         shape, gshape = ctx.dims(x), ctx.dims(grid)
         if len(shape) != 4 or len(gshape) != 4 or gshape[0] != shape[0] or gshape[3] != 2:
-            raise ValueError(f"{b.name}: input {shape} with grid {gshape}: expected [N, C, H, W] and [N, H', W', 2]")
+            b.fail(f"input {shape} with grid {gshape}: expected [N, C, H, W] and [N, H', W', 2]")
         oshape = (shape[0], shape[1], gshape[1], gshape[2])
         numel = numel_of(oshape)
         ctx.set_params(params, struct.pack("<8I", numel, shape[1], gshape[1], gshape[2], shape[2], shape[3], align, padding))
@@ -233,7 +233,7 @@ def grid_priors(b):
     def resize(ctx):
         shape = ctx.dims(x)
         if len(shape) < 2:
-            raise ValueError(f"{b.name}: input of shape {shape}: expected at least 2 dims")
+            b.fail(f"input of shape {shape}: expected at least 2 dims")
         h, w = shape[-2:]
         ctx.set_params(params, struct.pack("<2I2f", h * w * 2, w, stride, offset))
         ctx.set_grid(d, spread_grid(h * w * 2))
