@@ -66,16 +66,15 @@ CACHE_BINDINGS = """
 @group(0) @binding(10) var<storage, read> row_pos: array<i32>;
 @group(0) @binding(11) var<storage, read> row_slot: array<i32>;
 """ + CACHE_SLOT
-# (its doubled braces open a nested block, as they always have in this shader)
 CACHE_STORE = """
         let r = ia / p.row;  // the pass's token row
-        if (row_slot[r] >= 0) {{  // not a padding row
+        if (row_slot[r] >= 0) {  // not a padding row
             let at = cache_at(r, ia % p.row);
             kc[at] = KCT(ok[ia]);
             kc[at + 1u] = KCT(ok[ia + 1u]);
             vc[at] = VCT(v[ia]);
             vc[at + 1u] = VCT(v[ia + 1u]);
-        }}"""
+        }"""
 SHADER_CACHE = fill(ROPE, FLAT_INDEX=FLAT_INDEX, WG=WG, CACHE_BINDINGS=CACHE_BINDINGS, CACHE_STORE=CACHE_STORE)
 
 
