@@ -48,7 +48,7 @@ async def test_non_dynamic_dims_smaller_and_larger_match_eager(load_pte):
     assert all(np.prod(s) <= CAPACITY for s in SHAPES)
     calls = [(rand(*s),) for s in SHAPES]
     await assert_matches_eager(model, module, calls, atol=1e-5, seed=7)  # in order, shuffled, then the first again
-    async with model.session() as session:  # a second session, from the initial state
+    async with model.session() as session:  # another session, from the initial state
         await assert_matches_eager(session, module, calls[::-1], atol=1e-5, seed=11)
 
 

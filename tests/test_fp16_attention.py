@@ -15,14 +15,10 @@ same float16 values:
   v in the f16 caches (rope_into_cache) against float64 attention of the f16-rounded rotations;
 - the greedy sampler's kernel over f16 logits against numpy's argmax (ties to the first index).
 
-Four exports also need a byte-copy op of another family (et_vk.prepack, aten.view_copy), which
-these tests opt in to f16 themselves until branch f16-generic does.
-
 The f32 fallback (`load(..., precision="f32")`) runs the attention steps too, against the same
 reference.
 """
 
-import contextlib
 import copy
 import math
 import struct
@@ -36,7 +32,6 @@ import wgpu
 
 from async_runtime.device import find_adapter
 from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
-from pte_wgpu.kernels import OPS
 from pte_wgpu.kernels.attention.kv_cache_sdpa import SPLIT_MAX_ROWS
 from pte_wgpu.kernels.attention.sampler import GREEDY_SLICE, greedy_advance
 
@@ -139,15 +134,6 @@ async def test_sdpa_caches_take_half_the_bytes_and_f32_still_matches(load_pte):
 # -- ragged passes: token embeddings as q, k, v (test_attention_tiled's module, cast to f16) --------
 
 
-def _copies_in_f16(*names):
-    """Byte-copy ops (kernels/tensor/shape.py flat_copy, sized by elem_bytes: correct for f16) opted in to
-    f16 for a load, as they are on branch f16-generic: these exports also need them."""
-    stack = contextlib.ExitStack()
-    for name in names:
-        stack.enter_context(mock.patch.object(OPS[name], "half", True))
-    return stack
-
-
 async def _concurrent_sessions(model, plans, reference, rng):
     """One session a plan of rows per step, all at once (ragged passes), fed random tokens; each
     step's output must match `reference(history, pos, rows)` within TOL."""
@@ -174,8 +160,7 @@ async def test_ragged_sessions(load_pte, kernel_variants):
     sample = (torch.randint(0, tiled.VOCAB, (1, 41)), torch.tensor([5]))
     dynamic = ({1: torch.export.Dim("s", min=1, max=tiled.S_MAX)}, None)
     pte, module = export_pte("f16att_embedded_attention", lambda: tiled.EmbeddedAttention().half(), sample, dynamic)
-    with _copies_in_f16("aten.view_copy.default"):  # q, k and v are views of the embeddings
-        model = await load_pte(pte)
+    model = await load_pte(pte)
     assert (model.precision, model.batching, model.kernels) == ("f16", "ragged", kernel_variants)
     await _concurrent_sessions(model, tiled.PLANS, lambda *step: tiled._eager(module, *step), np.random.default_rng(4))
     stats = model.statistics()
@@ -231,8 +216,7 @@ async def test_ragged_rope_into_cache(load_pte, kernel_variants):
     sample = (torch.randint(0, tiled.VOCAB, (1, 7)), torch.tensor([5]))
     dynamic = ({1: torch.export.Dim("s", min=1, max=S_MAX)}, None)
     pte, module = export_pte("f16att_roped_attention", lambda: RopedAttention().half(), sample, dynamic)
-    with _copies_in_f16("aten.view_copy.default", "et_vk.prepack.default"):
-        model = await load_pte(pte)
+    model = await load_pte(pte)
     assert (model.precision, model.batching) == ("f16", "ragged")
     assert "pte_wgpu.rope_into_cache" in {name for name, _ in model.graph.calls}
     plans = ([S_MAX, 1, 1, 22], [1, 33, 1, 2], [7, 1, 1, 1])
@@ -270,8 +254,7 @@ async def test_update_cache_and_custom_sdpa(load_pte):
         dynamic = ({1: ROWS}, {1: ROWS}, {1: ROWS}, None)
         pte, _ = export_pte("f16att_update_custom_sdpa", lambda: UpdateThenAttend(dim).half(), sample, dynamic)
     assert {"update_cache.default", "llama.custom_sdpa.default", "et_vk.prepack.default"} <= _delegate_ops(pte)
-    with _copies_in_f16("et_vk.prepack.default"):  # the caches reach the ops through a prepack
-        model = await load_pte(pte)
+    model = await load_pte(pte)
     assert model.precision == "f16"
     rng = np.random.default_rng(7)
     k_hist, v_hist = (np.zeros((CONTEXT, HKV, dim), np.float16) for _ in range(2))
@@ -352,8 +335,7 @@ async def test_rope_hf(load_pte):
     sample = (torch.randn(1, 5, 3, 10).half(), torch.randn(1, 5, 1, 10).half(), torch.tensor([3]))
     s_dim = torch.export.Dim("s", min=1, max=16)
     pte, module = export_pte("f16att_rope_hf", lambda: HfRope(6).half(), sample, ({1: s_dim}, {1: s_dim}, None))
-    with _copies_in_f16("et_vk.prepack.default"):  # the tables reach the op through a prepack
-        model = await load_pte(pte)
+    model = await load_pte(pte)
     assert model.precision == "f16"
     rng = np.random.default_rng(6)
     for s, pos in [(5, 3), (16, 16), (1, 31), (16, 0), (2, 29)]:
