@@ -97,13 +97,19 @@ class TileLoad:
     setup: str = ""
 
 
-# A [M, K], rows of K, as f32 (float_load's and column_group's A)
+# A [M, K], rows of K, as f32 from binding $A at the batch's offset (the float products', the
+# 4-bit products' and the implicit-GEMM convolution's A)
 FLOAT_A_AT = """
 fn a_at(off: u32, m: u32, k: u32, kend: u32) -> f32 {
-    if (m < p.M && k < kend) { return f32(a[off + m * p.K + k]); }
+    if (m < p.M && k < kend) { return f32($A[off + m * p.K + k]); }
     return 0.0;
 }
 """
+
+
+def float_a_at(binding="a"):
+    """The GEMM's A load from `binding`, f32 or f16 storage."""
+    return fill(FLOAT_A_AT, A=binding)
 
 
 # B [N, K] or [K, N] as f32 ($B_INDEX: element (n, k)'s offset)
@@ -121,7 +127,7 @@ def float_load(transposed_b, a="f32", b="f32"):
     b_index = "n * p.K + k" if transposed_b else "k * p.N + n"
     return TileLoad(
         inputs=(("a", a), ("bm", b)),
-        functions=FLOAT_A_AT + fill(FLOAT_B_AT, B_INDEX=b_index),
+        functions=float_a_at() + fill(FLOAT_B_AT, B_INDEX=b_index),
         b_along_k=transposed_b,
     )
 
@@ -153,7 +159,7 @@ def column_group(x, weights, ns):
     )
     load = TileLoad(
         inputs=(("a", x), *((f"w{j}", t) for j, t in enumerate(weights))),
-        functions=FLOAT_A_AT + fill(COLUMN_GROUP_B_AT, READS=reads),
+        functions=float_a_at() + fill(COLUMN_GROUP_B_AT, READS=reads),
         b_along_k=True,
     )
     return load, f"fn store(b: u32, m: u32, n: u32, acc: f32) {{ {writes} }}"

@@ -40,14 +40,7 @@ from pte_wgpu.resize.shapes import fold_grid, numel_of
 from ..registry import op
 from ..variants import CPU
 from ..wgsl import DIV_RN, PACKED, SUBGROUP_BUILTINS, fill, is_float, vec4_loader, vec4_type
-from .gemm import (
-    PARAMS_SIZE,
-    GemmRoute,
-    TileLoad,
-    bindings,
-    gemm_scratch,
-    params_bytes,
-)
+from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, bindings, float_a_at, gemm_scratch, params_bytes
 from .linear import CPU_WG, SG_LANES, sg_sums, sg_wg_rows
 from .routes import BITWISE_ROWS, GEMV_MAX_ROWS, Q4_GEMV_MAX_ROWS, gpu_gemv_rows
 
@@ -392,14 +385,9 @@ fn b_at(off: u32, n: u32, k: u32, kend: u32) -> f32 {
     return 0.0;
 }
 """
-# Its A load: fp32, or with dq8 quantized and dequantized with the row's (1 / scale, zero point,
-# scale), which each invocation computes once for its 4 rows (the setup) into private vec4s.
-A_AT = """
-fn a_at(off: u32, m: u32, k: u32, kend: u32) -> f32 {
-    if (m < p.M && k < kend) { return f32(x[off + m * p.K + k]); }
-    return 0.0;
-}
-"""
+# Its A load: the float products' from binding x, or with dq8 quantized and dequantized with the
+# row's (1 / scale, zero point, scale), which each invocation computes once for its 4 rows (the
+# setup) into private vec4s.
 DQ8_A_AT = """
 var<private> r_inv: vec4<f32>;
 var<private> r_zp: vec4<f32>;
@@ -425,7 +413,7 @@ def q4_load(dq8, zp_packed, word_group, types=Storage()):
     """The GEMM template's tile loads for 4-bit weights (kernels/matmul/gemm.py)."""
     return TileLoad(
         inputs=_operands(dq8, zp_packed, types),
-        functions=_dequant(dq8, zp_packed, word_group) + (DQ8_A_AT if dq8 else A_AT) + Q4_B_AT,
+        functions=_dequant(dq8, zp_packed, word_group) + (DQ8_A_AT if dq8 else float_a_at("x")) + Q4_B_AT,
         b_along_k=True,
         setup=DQ8_SETUP if dq8 else "",
     )

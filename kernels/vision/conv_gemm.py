@@ -23,17 +23,10 @@ loads convert to f32, the sums are f32, and gemm.py's epilogue converts to the o
 
 import struct
 
-from ..matmul.gemm import PARAMS_SIZE, GemmRoute, TileLoad, gemm_scratch, params_bytes
+from ..matmul.gemm import PARAMS_SIZE, GemmRoute, TileLoad, float_a_at, gemm_scratch, params_bytes
 from ..wgsl import fill
 
 GEOMETRY_SIZE = 16  # the second uniform: ih, iw, ow, unused
-
-A_AT = """
-fn a_at(off: u32, m: u32, k: u32, kend: u32) -> f32 {
-    if (m < p.M && k < kend) { return f32(a[m * p.K + k]); }
-    return 0.0;
-}
-"""
 
 POINTWISE_B = """
 fn b_at(off: u32, n: u32, k: u32, kend: u32) -> f32 {
@@ -78,9 +71,9 @@ def conv_load(kernel, stride, padding, dilation, weight="f32", x="f32"):
     its weight and x stored as WGSL types `weight` and `x`: A the weight, B im2col(x)."""
     inputs = (("a", weight), ("bm", x))
     if is_pointwise(kernel, stride, padding):
-        return TileLoad(inputs, A_AT + POINTWISE_B, b_along_k=False)
+        return TileLoad(inputs, float_a_at() + POINTWISE_B, b_along_k=False)
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
-    functions = A_AT + fill(IM2COL_B, KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw)
+    functions = float_a_at() + fill(IM2COL_B, KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw)
     return TileLoad(inputs, functions, b_along_k=False, setup=IM2COL_SETUP)
 
 
