@@ -7,7 +7,6 @@ gives each row the bits it gets alone (a ragged pass of several sessions is bitw
 """
 
 from ..variants import CPU
-from ..wgsl import wgsl_type
 
 # Up to this many rows, a product with an [N, K] weight runs the GEMV for every row: a 64x64 GEMM
 # tile row leaves most of a large GPU idle for a few rows (a ragged decode pass of several
@@ -52,7 +51,7 @@ def subgroup_products(b, k, tensors):
     """Whether products of K = k built by `b` can run the subgroup kernels: a device with
     subgroups, K whole vec4s, every tensor of `tensors` stored f32 or f16. CPU variants then take
     them at every row count, GPU ones for SG_GPU_ROWS rows."""
-    return b.subgroups and k % 4 == 0 and all(wgsl_type(b.graph.values[v].dtype) in ("f32", "f16") for v in tensors)
+    return b.subgroups and k % 4 == 0 and all(b.storage(v) in ("f32", "f16") for v in tensors)
 
 
 def fused_norm_rows(b, k, tensors, q4=False):

@@ -15,7 +15,7 @@ import struct
 from pte_wgpu.resize.shapes import fold_grid, normalize_dim, numel_of
 
 from ..registry import op
-from ..wgsl import DIV_RN, PACKED, fill, is_float, wgsl_type
+from ..wgsl import DIV_RN, PACKED, fill, is_float
 from .int8_elementwise import QUANT_FNS, add_word_map, inv
 
 QUANTIZE_TENSOR_QPARAMS = """
@@ -260,8 +260,8 @@ def _choose_qparams(b, mode, qmin, qmax, eps, block_of, out_dims_of):
         CHOOSE_QPARAMS,
         DIV_RN=DIV_RN,
         ZP_TYPE="u32" if zp_packed else "i32",
-        X_TYPE=wgsl_type(xt.dtype),
-        SCALE_TYPE=wgsl_type(st.dtype),
+        X_TYPE=b.storage(x),
+        SCALE_TYPE=b.storage(scale),
         ZP_STORE="" if zp_packed else "zpo[blk] = zp;",
         ZP_PACK=ZP_PACK if zp_packed else "",
     )
@@ -312,12 +312,10 @@ def choose_qparams_affine(b):
     qmin, qmax = b.scalar(4, -128), b.scalar(5, 127)
     eps = b.scalar(6, None)
     eps = 2.0**-126 if eps is None else float(eps)  # torch.finfo(float32).smallest_normal
-    outs = b.value(len(b.args) - 1).items
-    if len(outs) != 2:
-        b.fail(f"expected 2 outputs, got {len(outs)}")
-    if not is_float(b.graph.values[outs[0]].dtype):
-        b.fail(f"scale dtype {b.graph.values[outs[0]].dtype}")
-    out_rank = len(b.graph.values[outs[0]].dims)
+    scale = b.graph.values[b.outputs(2)[0]]
+    if not is_float(scale.dtype):
+        b.fail(f"scale dtype {scale.dtype}")
+    out_rank = len(scale.dims)
 
     def block_of(dims):
         if dims[-1] % bsize:

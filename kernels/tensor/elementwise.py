@@ -137,7 +137,7 @@ def add_elementwise(b, operands, expr, alpha=1.0, beta=0.0):
         expr = expr[ct]
     if ct == "f32" and expr == BINARY["pow"]:
         expr = POW_F32
-    types = [wgsl_type(b.graph.values[v].dtype) if v is not None else None for v in tensors]
+    types = [b.storage(v) if v is not None else None for v in tensors]
     shader = _shader(expr, types, wgsl_type(out.dtype), ct, uses_erf="erf_approx" in expr)
     params = b.params(PARAMS_SIZE)
     live = [v for v in tensors if v is not None]

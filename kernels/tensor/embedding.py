@@ -120,7 +120,7 @@ def embedding_q4gsw(b):
     Bool, out [..., D]]."""
     wt, st = b.tensor(0), b.tensor(1)
     gs = int(b.scalar(2))
-    linear = bool(b.scalar(4, False)) if len(b.args) > 5 else False
+    linear = b.flag(4)
     if len(wt.dims) != 2 or wt.dims[1] % 4:
         b.fail(f"weight must be packed [V, D/2] with whole u32 rows, got {list(wt.dims)}")
     rows, row_bytes = wt.dims

@@ -75,7 +75,7 @@ def index(b):
         b.fail("no index tensors")
     if len(indexed) > MAX_INDICES:
         raise NotImplementedError(f"{b.name}: {len(indexed)} index tensors (at most {MAX_INDICES})")
-    if t in PACKED or wgsl_type(t) != wgsl_type(b.graph.values[b.out].dtype):
+    if t in PACKED or wgsl_type(t) != b.storage(b.out):
         raise NotImplementedError(f"{b.name}: {t} source, {b.graph.values[b.out].dtype} output")
     for _, vid in indexed:
         dtype = b.graph.values[vid].dtype

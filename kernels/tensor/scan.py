@@ -62,7 +62,7 @@ def _check_unpacked(b, *vids):
 def cumsum(b):
     src = b.args[0]
     _check_unpacked(b, src, b.out)
-    ti, to = wgsl_type(b.tensor(0).dtype), wgsl_type(b.graph.values[b.out].dtype)
+    ti, to = wgsl_type(b.tensor(0).dtype), b.storage(b.out)
     ct = "f32" if is_float(b.graph.values[b.out].dtype) else "i32"
     store = "select(0u, 1u, acc != 0)" if to == "u32" else f"{to}(acc)"
     shader = fill(CUMSUM, TI=ti, TO=to, CT=ct, STORE=store)
@@ -87,7 +87,7 @@ def _bool_reduce(b, is_any, dims_of, keepdim):
     """`dims_of(ctx, rank)`: the reduced dims (None or empty for all); `keepdim`: a bool."""
     src = b.args[0]
     _check_unpacked(b, src, b.out)
-    ti, to = wgsl_type(b.tensor(0).dtype), wgsl_type(b.graph.values[b.out].dtype)
+    ti, to = wgsl_type(b.tensor(0).dtype), b.storage(b.out)
     decider = "true" if is_any else "false"
     shader = fill(BOOL_REDUCE, TI=ti, TO=to, INIT="false" if is_any else "true", DECIDER=decider)
     params = b.params(16 + 4 * 32)
