@@ -20,8 +20,9 @@ from .errors import (
     RuntimeFault,
     UnsupportedOperatorError,
 )
-from .llm.generate import GenerationStats, Sampling, context_length, generate
+from .llm.generate import GenerationStats, context_length, generate
 from .model import IOSpec, Model, load
+from .sampling import Sampling
 from .session import Session
 from .stats import Statistics
 

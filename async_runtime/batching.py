@@ -23,7 +23,8 @@ from pte_wgpu.resize.events import InputResized
 
 from .encoding import Pieces
 from .errors import BusyResourceError, ClosedResourceError, InputError, MemoryBudgetError
-from .greedy import BURST_MAX, GreedyBursts
+from .bursts import BURST_MAX, NO_PICK, Bursts
+from .sampling import Sampling
 from .scheduler import Step
 from .session import SessionBase, check_inputs
 from .storage import align
@@ -39,8 +40,9 @@ class RaggedStep(Step):
     pos: int = 0  # absolute position of its first token
     taken: int = 0  # rows already run in earlier passes
     parts: list = field(default_factory=list)  # per output: the arrays of its passes
-    greedy: int = 0  # greedy tokens still to pick (BatchedSession.greedy); 0: an ordinary step
-    ids: list = field(default_factory=list)  # the greedy tokens picked so far
+    picks: int = 0  # tokens still to pick (BatchedSession.pick); 0: an ordinary step
+    row: bytes = NO_PICK  # its sampler settings (Sampling.row)
+    ids: list = field(default_factory=list)  # the tokens picked so far
 
     @property
     def remaining(self):
@@ -64,7 +66,7 @@ class Batcher:
         self.capacity = 1
         self.free = [0]
         self.shape, self.smaller = None, 0  # (rows, sequences) of the last pass
-        self.bursts = GreedyBursts(model, ragged, runner) if GreedyBursts.fits(model, ragged) else None
+        self.bursts = Bursts(model, ragged, runner, self.capacity) if Bursts.fits(model, ragged) else None
 
     # --- slots --------------------------------------------------------------------------------
     def acquire(self):
@@ -102,6 +104,8 @@ class Batcher:
         model.device.queue.submit([encoder.finish()])
         self.free.extend(range(capacity - 1, self.capacity - 1, -1))
         self.capacity = capacity
+        if self.bursts is not None:
+            self.bursts.grow(capacity)
 
     def _replace(self, vid, size):
         new = self.model._create_buffer(size, self.runner._own[vid].usage, f"KV-cache pool {vid}")
@@ -166,19 +170,27 @@ class Batcher:
         return ctx
 
     async def run_pass(self, pieces, unless_lost, others_wait=lambda: False):
-        """Run one pass, or greedy bursts when every piece is a greedy step's single decode token
+        """Run one pass, or bursts when every piece is a picking step's single decode token
         (`others_wait()`: whether steps outside the pieces wait, which ends the bursts); returns
-        the steps it finished."""
-        if self.bursts is not None and all(step.greedy and n == 1 == step.remaining for step, _, n in pieces):
+        the steps it finished. A picking step whose last input rows run in the pass picks its
+        first token on the GPU, after the pass."""
+        if self.bursts is not None and all(step.picks and n == 1 == step.remaining for step, _, n in pieces):
             return await self._run_bursts(pieces, unless_lost, others_wait)
         model, runner, ragged = self.model, self.runner, self.ragged
+        rows = [step.row if step.picks and start + n == len(step.tokens) else NO_PICK for step, start, n in pieces]
+        picking = self.bursts is not None and any(row is not NO_PICK for row in rows)
         ctx = await self._stage_tables(pieces)
         submitted = Pieces(model.device)
-        reads = runner._encode(submitted)
+        reads = runner._encode(submitted, tail=self.bursts.tail(rows) if picking else ())
+        if picking:
+            self.bursts.copy_ids(submitted.encoder, len(rows))
         submitted.finish()
         model._counters.submits += 1  # a pass, whatever its pieces
         await unless_lost(runner._staging.map_async("READ_NOSYNC"))
         outputs = runner._read_outputs(reads)
+        if picking:
+            await unless_lost(self.bursts.stagings[0].map_async("READ_NOSYNC"))
+            ids = self.bursts.read(len(rows), 1)
         finished, first = [], 0
         for b, (step, start, n) in enumerate(pieces):
             for k, ((kind, axis), arr) in enumerate(zip(ragged.output_axes, outputs)):
@@ -198,9 +210,9 @@ class Batcher:
                     parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
                     for (_, axis), parts in zip(ragged.output_axes, step.parts)
                 ]
-                if step.greedy:  # its token is picked on the host, as the burst's kernel would
-                    _picked(step, [int(result[0].argmax())])
-                    if step.greedy:
+                if step.picks:  # picked on the GPU, or where there is no sampler (greedy only) on the host
+                    _picked(step, [int(ids[b, 0]) if picking else int(result[0].argmax())])
+                    if step.picks:
                         continue
                     result = [np.array(step.ids, np.int64)]
                 step.outputs = result
@@ -208,7 +220,7 @@ class Batcher:
         return finished
 
     async def _run_bursts(self, pieces, unless_lost, others_wait):
-        """Bursts of up to BURST_MAX decode passes of these single-token greedy steps, one readback
+        """Bursts of up to BURST_MAX decode passes of these single-token picking steps, one readback
         each. While every step picks more after a burst and no other step waits to join, the next
         burst is submitted before this one's readback (into the other staging buffer), so the GPU
         runs on through it: on an H100 a burst's readback and the next one's first encoding left
@@ -216,15 +228,16 @@ class Batcher:
         advanced, as the passes of one burst do."""
         model, bursts = self.model, self.bursts
         ctx = await self._stage_tables(pieces)
-        left = min(step.greedy for step, _, _ in pieces)  # tokens every step still picks
+        rows = [step.row for step, _, _ in pieces]
+        left = min(step.picks for step, _, _ in pieces)  # tokens every step still picks
         passes, staging, finished, hooks = min(BURST_MAX, left), 0, [], ctx.hook_calls
-        bursts.submit(len(pieces), passes, staging)
+        tail = bursts.submit(rows, passes, staging)  # the sampler's dispatches a pass
         while True:
             left -= passes
             ahead = min(BURST_MAX, left) if left and not others_wait() else 0
             if ahead:
-                bursts.submit(len(pieces), ahead, 1 - staging)
-            dispatches = passes * (self.runner._dispatch_count + 1)
+                bursts.submit(rows, ahead, 1 - staging)
+            dispatches = passes * (self.runner._dispatch_count + tail)
             model._counters.submits += passes
             model._counters.readbacks += 1
             model._counters.dispatches += dispatches
@@ -234,7 +247,7 @@ class Batcher:
                 step.taken += 1
                 _count(step, hooks, dispatches)
                 _picked(step, ids[b].tolist())
-                if not step.greedy:
+                if not step.picks:
                     step.outputs = [np.array(step.ids, np.int64)]
                     finished.append(step)
             if not ahead:
@@ -249,9 +262,9 @@ def _count(step, hook_calls, dispatches):
 
 
 def _picked(step, ids):
-    """A greedy step took these tokens: the last is its next input, at the position after."""
+    """A picking step took these tokens: the last is its next input, at the position after."""
     step.ids.extend(ids)
-    step.greedy -= len(ids)
+    step.picks -= len(ids)
     step.pos += step.taken + len(ids) - 1
     step.tokens, step.taken, step.parts = np.array(ids[-1:], np.int64), 0, []
 
@@ -276,16 +289,30 @@ class BatchedSession(SessionBase):
         return await self._run(inputs, 0)
 
     async def greedy(self, *inputs, n):
-        """Feed these inputs (tokens [1, S] at input_pos, as `execute`), then pick `n` greedy tokens,
-        feeding each but the last: the ids [n] (int64) that a host loop of `execute` and
-        `logits.argmax()` would pick, bitwise. Decode passes run in bursts on the GPU when the
-        model allows (`model.greedy_bursts`), several passes a submit, reading back ids only.
-        After it, the KV cache holds the inputs and the first n - 1 ids."""
-        if int(n) < 1:
-            raise InputError(f"greedy needs n >= 1 tokens to pick, got {n}")
-        return (await self._run(inputs, int(n)))[0]
+        """`pick` with greedy choice: the ids a host loop of `execute` and `logits.argmax()` would
+        pick, bitwise."""
+        return await self.pick(*inputs, n=n)
 
-    async def _run(self, inputs, greedy):
+    async def pick(self, *inputs, n, sampling=None, history=None):
+        """Feed these inputs (tokens [1, S] at input_pos, as `execute`), then pick `n` tokens with
+        `sampling` (a `Sampling`; None: greedy), feeding each but the last: the ids [n] (int64).
+        The GPU picks them where the model allows (`model.gpu_sampling`): decode passes run in
+        bursts, several passes a submit, reading back ids only. `history` (the prompt's ids) starts
+        a generation: the session's token counts for the penalties start from it. After it, the
+        KV cache holds the inputs and the first n - 1 ids."""
+        if int(n) < 1:
+            raise InputError(f"pick needs n >= 1 tokens to pick, got {n}")
+        bursts = self._model._batcher.bursts
+        sampling = sampling or Sampling()
+        if bursts is None and not (sampling.greedy and not sampling.adjusts):
+            raise InputError("this model picks tokens on the GPU only greedily: it has no GPU sampler (model.gpu_sampling)")
+        if bursts is not None:
+            sampling.check_vocab(bursts.vocab)
+            if history is not None:
+                bursts.start(self.slot, sampling, history)
+        return (await self._run(inputs, int(n), sampling.row(self.slot, bursts.vocab if bursts else 0)))[0]
+
+    async def _run(self, inputs, picks, row=NO_PICK):
         await anyio.lowlevel.checkpoint_if_cancelled()
         model = self._model
         if self._closed:
@@ -296,7 +323,7 @@ class BatchedSession(SessionBase):
         ragged = model._batcher.ragged
         arrays = self._prepare(inputs)
         tokens, pos = arrays[ragged.tokens_input], int(arrays[ragged.pos_input].reshape(-1)[0])
-        n = tokens.shape[1] + max(greedy - 1, 0)  # the positions this call fills
+        n = tokens.shape[1] + max(picks - 1, 0)  # the positions this call fills
         if pos < 0 or pos + n > ragged.context:
             raise InputError(
                 f"these inputs do not fit the model: positions {pos}..{pos + n - 1} "
@@ -309,7 +336,7 @@ class BatchedSession(SessionBase):
         ]
         self._busy = True
         try:
-            step = RaggedStep(self, tokens=tokens.reshape(-1), pos=pos, greedy=greedy)
+            step = RaggedStep(self, tokens=tokens.reshape(-1), pos=pos, picks=picks, row=row)
             outputs = await model._scheduler.run(step)
         finally:
             self._busy = False

@@ -317,8 +317,9 @@ class Model:
         return await self._default.execute(*inputs)
 
     @property
-    def greedy_bursts(self):
-        """Whether greedy decoding runs in GPU bursts (`BatchedSession.greedy`, async_runtime/greedy.py)."""
+    def gpu_sampling(self):
+        """Whether the GPU picks tokens, greedy or sampled, in bursts of decode passes
+        (`BatchedSession.pick`, async_runtime/bursts.py)."""
         return self._batcher is not None and self._batcher.bursts is not None
 
     def describe_inputs(self):

@@ -282,10 +282,11 @@ class Session(SessionBase):
         for counters in (self._counters, self._model._counters):
             counters.bytes_up += up
 
-    def _encode(self, pieces):
-        """Encode this step into `pieces` (an encoding.Pieces, submitted as it goes), then the
-        outputs' live bytes into staging. Returns what `_read_outputs` needs."""
-        self._encode_commands(pieces.encoder, pieces=pieces)
+    def _encode(self, pieces, tail=()):
+        """Encode this step into `pieces` (an encoding.Pieces, submitted as it goes), then `tail`
+        (as `_encode_commands`), then the outputs' live bytes into staging. Returns what
+        `_read_outputs` needs."""
+        self._encode_commands(pieces.encoder, tail=tail, pieces=pieces)
         encoder, graph, reads = pieces.encoder, self._model.graph, []
         for vid, offset in zip(graph.outputs, self._out_offsets):
             v = graph.values[vid]

@@ -91,7 +91,7 @@ async def bench_wgpu(path, args):
                 out[f"sessions_{n}_{label}_tok_s"] = median_rate(rates)
                 out[f"sessions_{n}_{label}_steps_per_submit"] = (after.executes - before.executes) / max(
                     after.submits - before.submits, 1)
-        if model.greedy_bursts:  # greedy decoding with the GPU picking each token, bursts of passes
+        if model.gpu_sampling:  # greedy decoding with the GPU picking each token, bursts of passes
             for n in sorted({1, *args.sessions}):
                 rates = []
                 # one stream: a step is ~2 ms on an H100 and one run of it moved 10-20% between runs

@@ -21,19 +21,15 @@ reference.
 
 import copy
 import math
-import struct
 from unittest import mock
 
 import anyio
 import numpy as np
 import pytest
 import torch
-import wgpu
 
-from async_runtime.device import find_adapter
 from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
 from pte_wgpu.kernels.attention.kv_cache_sdpa import SPLIT_MAX_ROWS
-from pte_wgpu.kernels.attention.sampler import GREEDY_SLICE, greedy_advance
 
 from . import test_attention_tiled as tiled
 from .exporting import eager, export_pte
@@ -365,55 +361,3 @@ async def test_embedding_is_exact(load_pte):
     assert model.precision == "f16"
     calls = [(np.random.default_rng(n).integers(0, 37, (1, n)),) for n in (9, 1, 4, 9)]
     await assert_matches_eager(model, module, calls, atol=0, rtol=0)
-
-
-# -- the greedy sampler over f16 logits: the host's argmax, ties to the first index ------------------------
-
-
-@pytest.mark.parametrize("slice_", [GREEDY_SLICE, 256, 96])
-def test_greedy_sampler_reads_f16_logits(slice_):
-    """One workgroup a row (GREEDY_SLICE >= 1,001 logits), or 4 or 11 that merge their slices'
-    best (the last to arrive); twice, as a burst's passes run it (the arrival counts back to 0)."""
-    adapter = find_adapter()
-    if "shader-f16" not in adapter.features:
-        pytest.skip("the adapter has no shader-f16")
-    device = adapter.request_device_sync(required_features=["shader-f16"])
-    seqs, vocab = 5, 1001
-    rng = np.random.default_rng(0)
-    logits = (rng.standard_normal((seqs, vocab)) * 4).astype(np.float16)
-    logits[1, [3, 700]] = logits[1].max() + 1  # a tie: the first index wins, as numpy's argmax
-    logits[2] = -np.inf
-    logits[2, vocab - 1] = -65504.0  # the lowest finite f16, last
-    logits[3] /= 4  # all below 8 (the largest of 1001 normal values is about 3.3)
-    logits[3, 17] = np.float16(8.0) + np.float16(0.0078125)  # f16 neighbours of 8 differ by one ulp
-    logits[3, 900] = 8.0
-    usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
-    raw = logits.tobytes() + bytes(-logits.nbytes % 4)
-    seq_last = np.arange(seqs, dtype=np.int32)
-    slices = -(-vocab // slice_)
-    arrays = [raw, seq_last, np.zeros(seqs, np.int32), np.zeros(seqs, np.int32), np.zeros(2 * seqs, np.int32)]
-    buffers = [device.create_buffer_with_data(data=a, usage=usage) for a in arrays]
-    params = [struct.pack("<4I", seqs, vocab, vocab, step) for step in (0, 1)]
-    buffers += [device.create_buffer_with_data(data=params[0], usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)]
-    buffers += [device.create_buffer(size=8 * seqs * slices, usage=usage), device.create_buffer(size=4 * seqs, usage=usage)]
-    module = device.create_shader_module(code="enable f16;\nalias LT = f16;\n" + greedy_advance(slice_))
-    pipe = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
-    entries = [{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(buffers)]
-    group = device.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=entries)
-    for step in (0, 1):
-        device.queue.write_buffer(buffers[5], 0, params[step])
-        encoder = device.create_command_encoder()
-        compute = encoder.begin_compute_pass()
-        compute.set_pipeline(pipe)
-        compute.set_bind_group(0, group)
-        compute.dispatch_workgroups(slices, seqs, 1)
-        compute.end()
-        device.queue.submit([encoder.finish()])
-    ids = np.frombuffer(device.queue.read_buffer(buffers[4]), np.int32).reshape(2, seqs)
-    tokens = np.frombuffer(device.queue.read_buffer(buffers[2]), np.int32)
-    positions = np.frombuffer(device.queue.read_buffer(buffers[3]), np.int32)
-    np.testing.assert_array_equal(ids, np.stack([logits.argmax(-1)] * 2))
-    np.testing.assert_array_equal(tokens, ids[1])
-    np.testing.assert_array_equal(positions, np.full(seqs, 2))
-    assert (ids[0, 1], ids[0, 2], ids[0, 3]) == (3, vocab - 1, 17)
-    assert not np.frombuffer(device.queue.read_buffer(buffers[7]), np.uint32).any()

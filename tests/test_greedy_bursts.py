@@ -1,4 +1,4 @@
-"""Greedy decode bursts (async_runtime/greedy.py): the GPU picks each token and feeds it to the
+"""Greedy decode bursts (async_runtime/bursts.py): the GPU picks each token and feeds it to the
 next pass, several passes a submit. The ids must be bitwise those of the host loop (execute, then
 `logits.argmax()`), which the reference runs on the same file loaded with `batch_submits=False`.
 """
@@ -11,7 +11,7 @@ import pytest
 
 import async_runtime as ar
 from async_runtime.errors import InputError
-from async_runtime.greedy import BURST_MAX
+from async_runtime.bursts import BURST_MAX
 
 from .test_llama import CONFIGS, CONTEXT, recorded
 
@@ -45,7 +45,7 @@ async def test_bursts_pick_the_host_loops_tokens(llama):
     async with await ar.load(llama, batch_submits=False) as ref:
         want = [await _host_loop(ref, p, k) for p, (_, k) in zip(prompts, plans)]
     async with await ar.load(llama) as model:
-        assert model.greedy_bursts
+        assert model.gpu_sampling
         got = [None] * len(plans)
 
         async def run(i):

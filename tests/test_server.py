@@ -333,5 +333,5 @@ async def test_text_pieces_come_a_burst_at_a_time_as_token_by_token(model):
         pieces = [p for b in batches for p in b]
         assert pieces == pieces_token_by_token(tokenizer, ids, stop_strings)
         burst = lambda tokens: 0 if tokens == 1 else 1 + (tokens - 2) // 16  # the first token, then bursts of 16
-        assert model.greedy_bursts and all(len({burst(p.tokens) for p in batch}) == 1 for batch in batches)
+        assert model.gpu_sampling and all(len({burst(p.tokens) for p in batch}) == 1 for batch in batches)
         assert max(len(batch) for batch in batches) > 1  # a list holds a burst's pieces

@@ -8,10 +8,12 @@ Long prompts are fed in chunks of the largest step the export takes. Generation 
 token, after `max_new_tokens`, or when the context is full (`finish_reason == "length"`); a prompt
 that does not fit the context is an InputError before anything runs.
 
-Greedy generation (temperature 0) on a model with GPU bursts (`model.greedy_bursts`) picks its
-tokens on the GPU, up to `burst` decode steps a readback (`BatchedSession.greedy`), and still yields
-them one by one; the tokens are those of the host loop, bitwise. After a stop token inside a burst
-the burst's later steps were computed for nothing, and `position` is where the host loop's would be.
+On a model with GPU sampling (`model.gpu_sampling`) the GPU picks every token, greedy or sampled
+(async_runtime/sampling.py), up to `burst` decode steps a readback (`BatchedSession.pick`), and the
+iterator still yields them one by one; greedy tokens are those of the host loop, bitwise, and a
+seeded generation's are the same alone or beside others. After a stop token inside a burst the
+burst's later steps were computed for nothing, and `position` is where the host loop's would be.
+Other models run the host loop, choosing with `Sampling.pick`.
 """
 
 import time
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError
+from ..sampling import Sampling
 
 
 def context_length(model):
@@ -29,36 +32,6 @@ def context_length(model):
         if name in ("sdpa_with_kv_cache.default", "pte_wgpu.ragged_sdpa", "pte_wgpu.ragged_sdpa_cached"):
             return graph.values[args[3]].dims[1]
     raise InputError("this program has no KV cache (sdpa_with_kv_cache); it cannot generate")
-
-
-@dataclass
-class Sampling:
-    """temperature 0 is greedy; top_k 0 and top_p 1 keep every token."""
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-
-    def __post_init__(self):
-        if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
-            raise InputError(f"bad sampling settings: {self}; need temperature >= 0, top_k >= 0, 0 < top_p <= 1")
-        self._rng = np.random.default_rng(self.seed)
-
-    def pick(self, logits):
-        logits = np.asarray(logits, np.float64).reshape(-1)
-        if self.temperature == 0:
-            return int(logits.argmax())
-        logits = logits / self.temperature
-        order = np.argsort(-logits)
-        if self.top_k:
-            order = order[: self.top_k]
-        probs = np.exp(logits[order] - logits[order[0]])
-        probs /= probs.sum()
-        if self.top_p < 1:
-            keep = int(np.searchsorted(np.cumsum(probs), self.top_p) + 1)
-            order, probs = order[:keep], probs[:keep] / probs[:keep].sum()
-        return int(order[self._rng.choice(len(order), p=probs)])
 
 
 @dataclass
@@ -84,12 +57,14 @@ class generate:
     `position` are up to date as tokens come; `ready` is how many more tokens the iterator holds
     already (the rest of a greedy burst), so a consumer can handle a burst's tokens together."""
 
-    def __init__(self, session, prompt, *, max_new_tokens=256, temperature=0.0, top_k=0, top_p=1.0,
-                 seed=None, stop=(), start=0, burst=16):
+    def __init__(self, session, prompt, *, max_new_tokens=256, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0,
+                 seed=None, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, logit_bias=None,
+                 stop=(), start=0, burst=16):
         self.session = session
         self.prompt = [int(t) for t in prompt]
         self.max_new_tokens = int(max_new_tokens)
-        self.sampling = Sampling(temperature, top_k, top_p, seed)
+        self.sampling = Sampling(temperature, top_k, top_p, min_p, seed, presence_penalty, frequency_penalty,
+                                 repetition_penalty, logit_bias)
         self.stop = set(int(t) for t in stop)
         self.position = int(start)
         self.ready = 0
@@ -97,7 +72,9 @@ class generate:
         model = getattr(session, "_model", session)
         self.context = context_length(model)
         self.chunk = model.inputs[0].max_shape[1]
-        self.burst = int(burst) if temperature == 0 and getattr(model, "greedy_bursts", False) else 0
+        self.sampling.check_vocab(model.outputs[0].max_shape[-1])
+        self.burst = int(burst) if getattr(model, "gpu_sampling", False) else 0
+        self.generated = []  # the host loop's ids, for its penalties
         if not self.prompt:
             raise InputError("the prompt is empty: give at least one token")
         if start + len(self.prompt) > self.context:
@@ -117,11 +94,17 @@ class generate:
 
     async def _run(self):
         t0 = time.perf_counter()
-        for i in range(0, len(self.prompt), self.chunk):
-            logits = await self._step(self.prompt[i : i + self.chunk])
+        last = len(self.prompt) - 1 - (len(self.prompt) - 1) % self.chunk  # the last chunk's start
+        for i in range(0, last, self.chunk):
+            await self._step(self.prompt[i : i + self.chunk])
+        if self.burst:  # the last chunk, then its first token picked on the GPU
+            picked = await self._pick(self.prompt[last:], 1, history=self.prompt)
+            self.position += len(self.prompt) - last - 1
+        else:
+            picked = [self._host_pick(await self._step(self.prompt[last:]))]
         self.stats.prompt_seconds = time.perf_counter() - t0
         t0 = time.perf_counter()
-        picked, left = [self.sampling.pick(logits)], self.max_new_tokens  # picked: not yet fed but the last
+        left = self.max_new_tokens  # picked: not yet fed but the last
         while True:
             for i, token in enumerate(picked):
                 self.ready = len(picked) - i - 1
@@ -142,10 +125,19 @@ class generate:
             self.stats.generate_seconds = time.perf_counter() - t0
         self.stats.finish_reason = "length"
 
-    async def _feed(self, token, n):
-        """Feed `token`; the n tokens picked after it (a greedy burst feeds all but the last)."""
-        if not self.burst:
-            return [self.sampling.pick(await self._step([token]))]
-        ids = await self.session.greedy(np.array([[token]], np.int64), np.array([self.position], np.int64), n=n)
+    def _host_pick(self, logits):
+        token = self.sampling.pick(logits, self.generated, self.prompt)
+        self.generated.append(token)
+        return token
+
+    async def _pick(self, tokens, n, history=None):
+        ids = np.asarray(tokens, np.int64).reshape(1, -1)
+        picked = await self.session.pick(ids, np.array([self.position], np.int64), n=n, sampling=self.sampling, history=history)
         self.position += 1
-        return ids.tolist()
+        return picked.tolist()
+
+    async def _feed(self, token, n):
+        """Feed `token`; the n tokens picked after it (a burst feeds all but the last)."""
+        if not self.burst:
+            return [self._host_pick(await self._step([token]))]
+        return await self._pick([token], n)
