@@ -43,6 +43,8 @@ async def bench_wgpu(path, args):
         context = ar.context_length(model)
         rng = np.random.default_rng(0)
         vocab = model.outputs[0].max_shape[-1]
+        if args.generate_only:
+            return out | await bench_generate(model, args, vocab)
 
         async def prompt(session, start=8):
             await session.execute(rng.integers(0, vocab, (1, start)), np.array([0]))
@@ -108,6 +110,42 @@ async def bench_wgpu(path, args):
                     for s in sessions:
                         await s.aclose()
                 out[f"bursts_{n}_tok_s"] = median_rate(rates)
+        if args.generate:
+            out.update(await bench_generate(model, args, vocab))
+    return out
+
+
+SAMPLED = dict(temperature=0.8, top_p=0.95)  # what chat clients send
+
+
+async def bench_generate(model, args, vocab):
+    """`ar.generate` as a user runs it, greedy and sampled (SAMPLED, a seed each) in alternate runs:
+    N sessions opened, an 8-token prompt each, `--generate-tokens` new tokens, the wall time of
+    the whole (prompt and set-up included). Rows generate_{greedy,sampled}_N_tok_s and their
+    ratio sampled_over_greedy_N, the median of the runs' ratios."""
+    out, rng = {}, np.random.default_rng(1)
+    steps = args.generate_tokens
+
+    async def one(settings, seed):
+        async with model.session() as s:
+            async for _ in ar.generate(s, rng.integers(0, vocab, 8).tolist(), max_new_tokens=steps, seed=seed, **settings):
+                pass
+
+    for n in sorted({1, *args.sessions}):
+        rates = {"greedy": [], "sampled": []}
+        async with anyio.create_task_group() as tg:  # untimed: the first wave of n sessions grows the slot pool
+            for i in range(n):
+                tg.start_soon(one, SAMPLED, i)
+        for run in range(2 * args.runs if n == 1 else args.runs):
+            for label in ("greedy", "sampled") if run % 2 == 0 else ("sampled", "greedy"):
+                t = time.perf_counter()
+                async with anyio.create_task_group() as tg:
+                    for i in range(n):
+                        tg.start_soon(one, SAMPLED if label == "sampled" else {}, run * n + i)
+                rates[label].append(n * steps / (time.perf_counter() - t))
+        for label, r in rates.items():
+            out[f"generate_{label}_{n}_tok_s"] = median_rate(r)
+        out[f"sampled_over_greedy_{n}"] = statistics.median(s / g for s, g in zip(rates["sampled"], rates["greedy"]))
     return out
 
 
@@ -295,6 +333,9 @@ def main(argv=None):
     p.add_argument("--peers", help="the folder holding the peer kits (llamacpp/, ort/): run them too")
     p.add_argument("--peer-kits", default="llamacpp,ort")
     p.add_argument("--peer-out", default="peer_results", help="where the kits write their raw output")
+    p.add_argument("--generate", action="store_true", help="also time ar.generate greedy against sampled (SAMPLED)")
+    p.add_argument("--generate-only", action="store_true", help="time only ar.generate, greedy against sampled")
+    p.add_argument("--generate-tokens", type=int, default=128, help="new tokens a generation")
     p.add_argument("--json")
     args = p.parse_args(argv)
     args.sessions = [int(s) for s in args.sessions.split(",")]

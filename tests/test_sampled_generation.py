@@ -133,3 +133,14 @@ async def test_bad_settings_fail_the_request_and_nothing_else(llama, load_pte):
         with pytest.raises(InputError, match="n >= 1"):
             await s.pick(np.array([[9]]), np.array([0]), n=0, sampling=Sampling(temperature=1.0))
         assert [t async for t in ar.generate(s, [9], max_new_tokens=20, temperature=0.5, seed=3)] == want
+
+
+async def test_a_model_without_gpu_sampling_samples_on_the_host(llama, load_pte):
+    """One pass a session (no ragged batch): the host loop chooses with `Sampling.pick`, seeded
+    and with the same settings; the GPU path refuses what it cannot do there."""
+    model = await load_pte(llama, batch_submits=False)
+    assert not model.gpu_sampling
+    settings = dict(temperature=0.9, top_k=30, top_p=0.9, repetition_penalty=1.1)
+    first, second = [await _generate(model, [4, 5], settings, 21, n=12) for _ in range(2)]
+    assert first == second and all(0 <= t < VOCAB for t in first)
+    assert len(set(await _generate(model, [4, 5], dict(temperature=0.0, frequency_penalty=1000.0), 0, n=25))) == 25

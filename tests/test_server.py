@@ -124,6 +124,36 @@ async def test_bad_requests_get_400_with_a_message(server):
         assert r.status_code == 400 and "context holds 48" in r.json()["error"]["message"]
 
 
+async def test_sampling_parameters_reach_the_gpu_sampler(server):
+    """A seeded request is repeatable; logit_bias and the penalties take effect; what the API
+    allows and the server does not give is a 400 naming it."""
+    url, model = server
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        async def text(**body):
+            r = await client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 8, "ignore_eos": True, **body})
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["text"]
+
+        seeded = [await text(temperature=0.9, top_p=0.95, seed=s) for s in (7, 7, 8)]
+        assert seeded[0] == seeded[1] != seeded[2]
+        assert await text(logit_bias={str(ord("z")): 100}) == "z" * 8  # the server's default: temperature 1
+        assert len(set(await text(temperature=0, frequency_penalty=2.0, logit_bias={str(t): -100 for t in range(128, 257)}))) > 1
+        await text(min_p=0.1, top_k=20, presence_penalty=-1.5, repetition_penalty=1.3, seed=3)
+        await text(repeat_penalty=1.1, n=1, logprobs=None)
+        for body, words in [({"n": 2}, "'n' other than 1"), ({"best_of": 3}, "'best_of' other than 1"),
+                            ({"logprobs": 1}, "'logprobs'"), ({"top_logprobs": 2}, "'top_logprobs'"),
+                            ({"logit_bias": {"abc": 1}}, "'logit_bias' key 'abc'"), ({"logit_bias": {"300": 1}}, "ids run from 0 to 256"),
+                            ({"logit_bias": {"5": 101}}, "from -100 to 100"), ({"logit_bias": [1, 2]}, "must be an object"),
+                            ({"presence_penalty": 3}, "'presence_penalty' must be between -2.0 and 2.0"),
+                            ({"min_p": 2}, "'min_p'"), ({"repetition_penalty": 0}, "'repetition_penalty'")]:
+            r = await client.post("/v1/completions", json={"prompt": "x", **body})
+            assert r.status_code == 400 and words in r.json()["error"]["message"], (body, r.text)
+        r = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "logprobs": True})
+        assert r.status_code == 400 and "'logprobs'" in r.json()["error"]["message"]
+        r = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "logprobs": False, "max_tokens": 2})
+        assert r.status_code == 200
+
+
 async def test_overload_gets_429(server):
     url, _ = server
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
@@ -320,12 +350,14 @@ def pieces_token_by_token(tokenizer, ids, stop_strings):
     return pieces + [Piece("", "length", len(ids))]
 
 
-async def test_text_pieces_come_a_burst_at_a_time_as_token_by_token(model):
+@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=0.9, top_p=0.95, seed=11)], ids=["greedy", "sampled"])
+async def test_text_pieces_come_a_burst_at_a_time_as_token_by_token(model, sampling):
+    """Stop strings cut a burst's text where a token-by-token loop would, sampled as greedy."""
     tokenizer = ByteTokenizer()
     prompt = tokenizer.encode("hello")
-    settings = dict(max_new_tokens=40, temperature=0.0, top_p=1.0, top_k=0, seed=None, ignore_eos=True)
+    settings = dict(max_new_tokens=40, ignore_eos=True, **sampling)
     async with model.session() as session:
-        ids = [t async for t in ar.generate(session, prompt, max_new_tokens=40)]
+        ids = [t async for t in ar.generate(session, prompt, max_new_tokens=40, **sampling)]
     text = tokenizer.decode(ids)
     for stop_strings in ([], [text[20:22], "never"], [text[3:5]]):
         async with model.session() as session:

@@ -62,7 +62,8 @@ class ModelReplica:
         self._reporting = asyncio.get_running_loop().create_task(self._report_to_ingress())  # Serve runs asyncio
 
     def describe(self):
-        return {"context": self.engine.context, "device": self.engine.device_name, "capacity": self.engine.capacity}
+        return {"context": self.engine.context, "vocab": self.engine.vocab, "device": self.engine.device_name,
+                "capacity": self.engine.capacity}
 
     def check_health(self):
         """Ray Serve calls it every `health_check_period_s`: a lost device replaces the replica."""
@@ -147,6 +148,7 @@ class ClusterEngine:
         self.replicas = replicas  # deployed (autoscaling: the minimum); more count once they report
         self.max_waiting = max_waiting
         self.context = description["context"]
+        self.vocab = description["vocab"]
         self.device_name = description["device"]
         self.replica_capacity = description["capacity"]
         self.reports = {}  # replica id -> (monotonic time, report)

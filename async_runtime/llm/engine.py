@@ -143,6 +143,7 @@ class LocalEngine:
         self.tokenizer = tokenizer
         self.slots = Slots(max_sessions, max_waiting)
         self.context = context_length(model)
+        self.vocab = model.outputs[0].max_shape[-1]
         self.device_name = model.device_info.name
         self.sessions = set()  # the open sessions of requests, each holding a KV-cache slot
         self.device_lost = None  # the BrokenResourceError that a generation met, if any

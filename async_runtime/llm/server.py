@@ -3,7 +3,10 @@
 ASGI on Starlette, served by hypercorn on asyncio or trio. Every request gets its own session;
 concurrent requests share the model and the scheduler's batched submits. At most `max_sessions`
 generate at once, at most `max_waiting` more wait for a slot, and past that a request gets 429.
-A client that disconnects cancels its generation, and its session is freed at once.
+A client that disconnects cancels its generation, and its session is freed at once. Requests
+carry OpenAI's and vLLM's sampling settings (temperature 1 by default, top_p, top_k, min_p, seed,
+the penalties, logit_bias), which the GPU applies per request in the batch; several choices a
+request and log probabilities are refused with a 400.
 `/metrics` is Prometheus' (metrics.py); the API key, the body limit and the request log are
 middleware.py's. The same routes serve a Ray Serve cluster (cluster.py) over another engine.
 
@@ -21,6 +24,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from ..errors import InputError
+from ..sampling import Sampling
 from .engine import Busy, GenerationFailed, LocalEngine
 from .metrics import RequestRecord, ServerMetrics
 from .middleware import RECORD_KEY, Guard
@@ -43,6 +47,38 @@ def _number(body, key, default, kind, low=None, high=None):
     if (low is not None and value < low) or (high is not None and value > high):
         raise RequestError(f"'{key}' must be between {low} and {high}, not {value}")
     return value
+
+
+def _logit_bias(value, vocab):
+    """OpenAI's `logit_bias`: {token id (a string in JSON): bias in [-100, 100]}."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise RequestError("'logit_bias' must be an object mapping token ids to numbers from -100 to 100")
+    bias = {}
+    for key, number in value.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise RequestError(f"'logit_bias' key {key!r} is not a token id") from None
+        if not 0 <= token < vocab:
+            raise RequestError(f"'logit_bias' names token {token}; this model's ids run from 0 to {vocab - 1}")
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or not -100 <= number <= 100:
+            raise RequestError(f"'logit_bias' of token {token} must be a number from -100 to 100, not {number!r}")
+        bias[token] = float(number)
+    return bias
+
+
+def refuse_unsupported(body, chat):
+    """400 for what the API allows and this server does not give: several choices a request
+    (`n`, `best_of`) and log probabilities."""
+    for key in ("n", "best_of"):
+        if body.get(key) not in (None, 1):
+            raise RequestError(f"'{key}' other than 1 is not supported: one choice a request (send several requests, "
+                               "each with its own seed)")
+    logprobs = body.get("logprobs")
+    if (logprobs not in (None, False) if chat else logprobs is not None) or body.get("top_logprobs") not in (None, 0):
+        raise RequestError("'logprobs' and 'top_logprobs' are not supported: this server returns tokens' text only")
 
 
 def create_app(model, tokenizer, *, model_name="model", max_sessions=8, max_waiting=32, max_tokens=256, **options):
@@ -77,13 +113,21 @@ def build_app(engine, tokenizer, *, model_name="model", max_tokens=256, api_key=
         stop = body.get("stop")
         if stop is not None and not (isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))):
             raise RequestError("'stop' must be a string or a list of strings")
-        settings = dict(
-            max_new_tokens=_number(body, "max_tokens", max_tokens, int, 1, context),
+        refuse_unsupported(body, chat)
+        repetition = "repetition_penalty" if "repetition_penalty" in body else "repeat_penalty"  # vLLM's, llama.cpp's
+        sampling = dict(
             temperature=_number(body, "temperature", 1.0, float, 0.0, 100.0),
             top_p=_number(body, "top_p", 1.0, float, 1e-9, 1.0),
-            top_k=_number(body, "top_k", 0, int, 0, 1 << 20),
-            seed=_number(body, "seed", None, int),
+            top_k=_number(body, "top_k", 0, int, 0, 1 << 30),
+            min_p=_number(body, "min_p", 0.0, float, 0.0, 1.0),
+            seed=_number(body, "seed", None, int, -(1 << 63), (1 << 64) - 1),
+            presence_penalty=_number(body, "presence_penalty", 0.0, float, -2.0, 2.0),
+            frequency_penalty=_number(body, "frequency_penalty", 0.0, float, -2.0, 2.0),
+            repetition_penalty=_number(body, repetition, 1.0, float, 0.01, 10.0),
+            logit_bias=_logit_bias(body.get("logit_bias"), engine.vocab),
         )
+        Sampling(**sampling)  # its own checks, before the request takes a slot
+        settings = dict(max_new_tokens=_number(body, "max_tokens", max_tokens, int, 1, context), **sampling)
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise RequestError("'stream' must be true or false")

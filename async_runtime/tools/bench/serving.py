@@ -1,7 +1,8 @@
 """Host work of the serving path: the OpenAI-compatible server over HTTP against the engine alone.
 
     python -m async_runtime.tools.bench.serving MODEL.pte --tokenizer TOKENIZER.json [--streams 8,32,64]
-        [--requests 4] [--max-tokens 64] [--prompt TEXT] [--no-stream] [--rounds 3] [--profile] [--json FILE]
+        [--requests 4] [--max-tokens 64] [--prompt TEXT] [--no-stream] [--rounds 3] [--sampling default,chat]
+        [--profile] [--json FILE]
 
 `--tokenizer bytes` (the default) stands for a byte-level BPE of 256 byte tokens and one end token
 (the tiny Llama test export's vocabulary of 257), run by the `tokenizers` package like a real one.
@@ -16,7 +17,9 @@ alternating order for `--rounds` rounds:
   `/v1/completions` one after the other, streaming (reading every SSE event) unless `--no-stream`.
 
 Every request is greedy with `ignore_eos`, so each generates `--max-tokens` tokens (or fills the
-context). Reported per run: tokens/s (tokens generated over the wall time of the run), the CPU
+context). `--sampling` adds server runs of sampled requests in the same rounds (`default`: the
+server's defaults, temperature 1; `chat`: temperature 0.8, top_p 0.95; a seed each), reported
+with their ratio to the greedy server runs of the same rounds. Reported per run: tokens/s (tokens generated over the wall time of the run), the CPU
 time of the event loop's thread per token (`time.thread_time`: the host work of the loop, without
 the GPU driver's threads or the client's process), and tokens per GPU pass (how full the batches
 were: `statistics().submits` counts a burst's passes). The figures to improve are the
@@ -38,6 +41,7 @@ import time
 import anyio
 
 PROMPT = "The history of the world"  # 5 tokens of SmolLM2's tokenizer
+SAMPLING = {"greedy": {"temperature": 0}, "default": {}, "chat": {"temperature": 0.8, "top_p": 0.95}}  # request bodies' settings
 
 
 def byte_tokenizer():
@@ -84,10 +88,10 @@ async def engine_run(engine, prompt, streams, requests, max_tokens):
     return tokens, time.perf_counter() - t, time.thread_time() - cpu
 
 
-def client_command(url, streams, requests, max_tokens, prompt, stream=True):
+def client_command(url, streams, requests, max_tokens, prompt, stream=True, sampling="greedy"):
     """The command line of a child process running `clients` against `url`."""
     return [sys.executable, "-m", "async_runtime.tools.bench.serving", "--client", url, "--streams", str(streams), "--requests", str(requests),
-            "--max-tokens", str(max_tokens), "--prompt", prompt, *([] if stream else ["--no-stream"])]
+            "--max-tokens", str(max_tokens), "--prompt", prompt, "--sampling", sampling, *([] if stream else ["--no-stream"])]
 
 
 def client_report(stdout):
@@ -98,14 +102,14 @@ def client_report(stdout):
     return report
 
 
-async def server_run(url, metrics, streams, requests, max_tokens, prompt, stream=True, profiler=None):
+async def server_run(url, metrics, streams, requests, max_tokens, prompt, stream=True, profiler=None, sampling="greedy"):
     """(tokens, seconds, loop CPU seconds) of the child process's clients against the server."""
     generated = "pte_wgpu:generation_tokens_total"
     before = metrics.registry.get_sample_value(generated)
     cpu = time.thread_time()
     if profiler:
         profiler.enable()
-    result = await anyio.run_process(client_command(url, streams, requests, max_tokens, prompt, stream), check=True)
+    result = await anyio.run_process(client_command(url, streams, requests, max_tokens, prompt, stream, sampling), check=True)
     if profiler:
         profiler.disable()
     cpu = time.thread_time() - cpu
@@ -113,11 +117,12 @@ async def server_run(url, metrics, streams, requests, max_tokens, prompt, stream
     return metrics.registry.get_sample_value(generated) - before, report["seconds"], cpu
 
 
-async def clients(url, streams, requests, max_tokens, prompt, stream):
+async def clients(url, streams, requests, max_tokens, prompt, stream, sampling="greedy"):
     """The child process: N clients (streaming, or not); prints {"seconds", "events", "errors", ...}."""
     import httpx
 
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": stream}
+    body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": stream, **SAMPLING[sampling]}
+    seeds = iter(range(1 << 30))
     events, errors, first_error = 0, 0, None
     limits = httpx.Limits(max_connections=streams, max_keepalive_connections=streams)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
@@ -133,12 +138,13 @@ async def clients(url, streams, requests, max_tokens, prompt, stream):
             nonlocal events, errors, first_error
             for _ in range(requests):
                 try:
+                    request = body if sampling == "greedy" else dict(body, seed=next(seeds))
                     if not stream:
-                        r = await client.post("/v1/completions", json=body)
+                        r = await client.post("/v1/completions", json=request)
                         r.raise_for_status()
                         events += len(r.json()["choices"])
                         continue
-                    async with client.stream("POST", "/v1/completions", json=body) as r:
+                    async with client.stream("POST", "/v1/completions", json=request) as r:
                         r.raise_for_status()
                         done = False
                         async for line in r.aiter_lines():
@@ -216,19 +222,21 @@ async def measure(args):
             app = create_app(model, tokenizer, max_sessions=n, max_waiting=n, max_tokens=args.max_tokens)
             port, stop = free_port(), anyio.Event()
             url = f"http://127.0.0.1:{port}"
-            rows = {"engine": [], "server": []}
+            rows = {"engine": [], "server": [], **{f"server_{mode}": [] for mode in args.sampling}}
             async with anyio.create_task_group() as tg:
                 tg.start_soon(serve, app, "127.0.0.1", port, stop.wait)
                 await server_run(url, app.metrics, min(n, 4), 1, args.max_tokens, args.prompt, args.stream)  # up, warm
                 await engine_run(engine, prompt, min(n, 4), 1, args.max_tokens)
                 for r in range(args.rounds):
-                    order = ("engine", "server") if r % 2 == 0 else ("server", "engine")
+                    order = list(rows) if r % 2 == 0 else list(rows)[::-1]
                     for kind in order:
                         submits = model.statistics().submits
                         if kind == "engine":
                             run = await engine_run(engine, prompt, n, args.requests, args.max_tokens)
                         else:
-                            run = await server_run(url, app.metrics, n, args.requests, args.max_tokens, args.prompt, args.stream)
+                            mode = kind.removeprefix("server_") if kind != "server" else "greedy"
+                            run = await server_run(url, app.metrics, n, args.requests, args.max_tokens, args.prompt, args.stream,
+                                                   sampling=mode)
                         rows[kind].append((*run, model.statistics().submits - submits))
                 profile = {}
                 if args.profile:
@@ -268,6 +276,11 @@ def summarize(rows, profile):
         "server_loop_cpu_rounds": [round(c, 1) for c in cpu["server"]],
         "engine_loop_cpu_rounds": [round(c, 1) for c in cpu["engine"]],
     }
+    for kind in rows:
+        if kind.startswith("server_"):
+            out[f"{kind}_tokens_per_s"] = round(statistics.median(rate[kind]))
+            out[f"{kind.removeprefix('server_')}_over_greedy"] = round(statistics.median(
+                s / g for s, g in zip(rate[kind], rate["server"])), 3)
     if profile:
         out["profile_us_per_token"] = profile
     return out
@@ -283,15 +296,20 @@ def main(argv=None):
     p.add_argument("--prompt", default=PROMPT)
     p.add_argument("--no-stream", dest="stream", action="store_false", help="the clients ask for whole answers")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--sampling", default="", help="sampled server runs beside the greedy ones: default, chat (comma-separated)")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--profile-dump", help="also write each profile to PREFIX_<engine|server>_<N>.prof")
     p.add_argument("--json")
     p.add_argument("--client", help=argparse.SUPPRESS)  # the child process's role: the server's url
     args = p.parse_args(argv)
     if args.client:
-        return anyio.run(clients, args.client, int(args.streams), args.requests, args.max_tokens, args.prompt, args.stream)
+        return anyio.run(clients, args.client, int(args.streams), args.requests, args.max_tokens, args.prompt, args.stream,
+                         args.sampling or "greedy")
     if not args.pte:
         p.error("the .pte to serve is needed")
+    args.sampling = [mode for mode in args.sampling.split(",") if mode]
+    if any(mode not in SAMPLING or mode == "greedy" for mode in args.sampling):
+        p.error(f"--sampling takes {', '.join(m for m in SAMPLING if m != 'greedy')}")
     results = anyio.run(measure, args)
     if args.json:
         with open(args.json, "w") as f:
