@@ -181,11 +181,13 @@ class Batcher:
         picking = self.bursts is not None and any(row is not NO_PICK for row in rows)
         ctx = await self._stage_tables(pieces)
         submitted = Pieces(model.device)
-        reads = runner._encode(submitted, tail=self.bursts.tail(rows) if picking else ())
+        tail = self.bursts.tail(rows) if picking else ()
+        reads = runner._encode(submitted, tail=tail)
         if picking:
             self.bursts.copy_ids(submitted.encoder, len(rows))
         submitted.finish()
         model._counters.submits += 1  # a pass, whatever its pieces
+        model._counters.dispatches += len(tail)
         await unless_lost(runner._staging.map_async("READ_NOSYNC"))
         outputs = runner._read_outputs(reads)
         if picking:

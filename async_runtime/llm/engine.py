@@ -6,7 +6,7 @@ The cluster's engine (`cluster.py`) has the same interface over Ray Serve replic
 
 An engine's `stream(prompt, settings, stop_strings)` is an async generator: its first item is
 `ADMITTED` once the request holds a slot (or it raises `Busy` first), then lists of `Piece`s, a
-list for the tokens that came together (a greedy burst), so the layers above write, send and
+list for the tokens that came together (a burst), so the layers above write, send and
 count once a burst rather than once a token. A failure of the device or of a replica after
 admission is `GenerationFailed`.
 """
@@ -108,7 +108,7 @@ class Detokenizer:
 
 async def text_pieces(session, tokenizer, prompt, settings, stop_strings):
     """Lists of `Piece`s as tokens come, with the tokenizer's stop tokens and the stop strings cut:
-    one list for the tokens that came together (a greedy burst)."""
+    one list for the tokens that came together (a burst)."""
     sent, batch = "", []
     settings = dict(settings)
     stop_ids = () if settings.pop("ignore_eos", False) else tokenizer.stop_ids

@@ -55,7 +55,7 @@ class generate:
     """An async iterator over the new token ids for `prompt` (a list of ids) on `session`,
     starting at position `start` of its KV cache (0 for a new conversation). `stats` and
     `position` are up to date as tokens come; `ready` is how many more tokens the iterator holds
-    already (the rest of a greedy burst), so a consumer can handle a burst's tokens together."""
+    already (the rest of a burst), so a consumer can handle a burst's tokens together."""
 
     def __init__(self, session, prompt, *, max_new_tokens=256, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0,
                  seed=None, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, logit_bias=None,
