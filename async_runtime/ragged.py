@@ -63,6 +63,14 @@ VIEW = "aten.view_copy.default"
 GATHER_ROWS = "aten.embedding.default"  # table rows by index: what a position slice becomes
 
 
+def _is(name, names):
+    """Whether op `name` is one of `names` or another name of the same kernel: an op ExecuTorch left
+    outside the delegate comes as its portable kernel's name (`aten::embedding.out` for
+    `aten.embedding.default`, as a Llama 3's 128k-token embedding does), with the same arguments
+    and its output last."""
+    return name in names or ("::" in name and name in OPS and any(OPS[name] is OPS.get(n) for n in names))
+
+
 class NotRagged(Exception):
     """The graph cannot run ragged; the message says which op or value stops it."""
 
@@ -164,9 +172,9 @@ class _Analysis:
             self._view(args)
         elif any(not isinstance(k, tuple) for k in kinds):
             raise NotRagged(f"{name} reads a position or a token count")
-        elif getattr(OPS.get(name), "__module__", None) in ELEMENTWISE_MODULES or name in SAME_SHAPE:
+        elif getattr(OPS.get(name), "__module__", None) in ELEMENTWISE_MODULES or _is(name, SAME_SHAPE):
             self._elementwise(name, args)
-        elif name in ROW_WISE:
+        elif _is(name, ROW_WISE):
             self._row_wise(name, args)
         elif name in LINEAR_RESIDUAL and args[LINEAR_RESIDUAL[name]] in self.labels:
             self._row_wise(name, args)

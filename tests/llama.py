@@ -45,19 +45,25 @@ from async_runtime.llm.export import export_command, export_llm_args, write_tiny
 
 _CACHE = {}
 _PENDING = {}  # key -> _Export under way (start_export)
+# The partitioner's check of an embedding's weight size, answering "too large" whatever the size.
+EMBEDDING_OUTSIDE = (
+    "from executorch.backends.vulkan import op_registry; from executorch.exir.dialects._ops import ops as exir_ops; "
+    "op_registry.vulkan_supported_ops[exir_ops.edge.aten.embedding.default].are_node_inputs_supported_fn = lambda node: False\n"
+)
 
 class _Export:
     """One export_llm subprocess, started now and waited for when its result is first needed, so
     several exports (single-threaded Python, mostly) overlap each other and the tests."""
 
-    def __init__(self, overrides, out_dir, pte_path, state, params, nice=0):
+    def __init__(self, overrides, out_dir, pte_path, state, params, nice=0, prelude=""):
         self.out_dir, self.pte_path, self.state, self.params = out_dir, pte_path, state, params
         self.pt2_path = os.path.join(out_dir, "program.pt2")
         self.log_path = os.path.join(out_dir, "export.log")
         self.t0 = time.perf_counter()
+        command = export_command(overrides, self.pt2_path)
+        command[3] = prelude + command[3]  # python -u -c CODE: code run before the driver
         with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(export_command(overrides, self.pt2_path), cwd=out_dir,
-                                         stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(command, cwd=out_dir, stdout=log, stderr=subprocess.STDOUT)
         if nice:
             os.setpriority(os.PRIO_PROCESS, self.proc.pid, nice)
 
@@ -165,12 +171,15 @@ def start_export(
     dynamic=True,
     dtype="fp32",
     nice=0,
+    embedding_outside=False,
 ):
     """Start exporting this config in a subprocess unless it is done or under way; its cache key.
     `dtype` "fp16": float16 inside the delegates (`async_runtime.llm.export.export_llm_args`).
-    `nice` > 0: the subprocess runs at that lower priority (an export the tests need late)."""
+    `nice` > 0: the subprocess runs at that lower priority (an export the tests need late).
+    `embedding_outside`: the Vulkan partitioner leaves the token embedding to ExecuTorch's portable
+    kernel, as it does for an embedding past its buffer limit (128M elements: a Llama 3's)."""
     key = (dim, n_heads, n_kv_heads, n_layers, vocab_size, max_len, qmode, group_size, seed,
-           multiple_of, norm_eps, init_std, dynamic, dtype)
+           multiple_of, norm_eps, init_std, dynamic, dtype, embedding_outside)
     if qmode is not None and vocab_size % 4:
         # ExecuTorch 1.5.1's Vulkan FusePatternsPass pads q4gsw scales to N % 4 == 0 and then fails
         # ("shape '[257, 2, 1]' is invalid for input of size 520") on the output projection.
@@ -185,11 +194,11 @@ def start_export(
         base = tempfile.mkdtemp(prefix="llama_")
     tag = f"d{dim}h{n_heads}kv{n_kv_heads}l{n_layers}v{vocab_size}m{max_len}s{seed}"
     label = "_".join(filter(None, ({"8da4w": "dq8a4w"}.get(qmode, qmode), dtype if dtype != "fp32" or not qmode else None)))
-    label += "" if dynamic else "_static"  # no "8da4w" in paths (see above)
+    label += ("" if dynamic else "_static") + ("_portable_embedding" if embedding_outside else "")  # no "8da4w" in paths (see above)
     out_dir = tempfile.mkdtemp(prefix=f"llama_{label}_{tag}_", dir=base)
     params_path, ckpt_path, state = write_tiny_llama(out_dir, params, max_len, seed, init_std)
     pte_path = os.path.join(out_dir, f"llama_{label}.pte")
     overrides = export_llm_args(params_path, ckpt_path, out_dir, os.path.basename(pte_path), max_len,
                                 qmode=qmode, group_size=group_size, dynamic=dynamic, dtype=dtype)
-    _PENDING[key] = _Export(overrides, out_dir, pte_path, state, params, nice)
+    _PENDING[key] = _Export(overrides, out_dir, pte_path, state, params, nice, EMBEDDING_OUTSIDE if embedding_outside else "")
     return key
