@@ -39,6 +39,7 @@ async def bench_wgpu(path, args):
     async with await ar.load(path, max_batch=most) as model, await ar.load(path, batch_submits=False) as unbatched:
         out["device"] = model.device_info.name
         out["precision"], out["model_memory_bytes"] = model.precision, model.memory()
+        out["batching"], out["gpu_sampling"] = f"{model.batching} {model.batching_note}".strip(), model.gpu_sampling
         max_step = model.inputs[0].max_shape[1]
         context = ar.context_length(model)
         rng = np.random.default_rng(0)

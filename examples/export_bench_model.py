@@ -1,11 +1,17 @@
-"""Export a SmolLM2-135M-shaped Llama whose weights tile one 1 MiB random block, for timing.
+"""Export a Llama-family model of a real shape whose weights tile one 1 MiB random block, for timing.
 
-The real model's `.pte` is 623 MiB (fp32) and too large to carry to a GPU machine; these weights
-make the same graph, the same shapes and the same byte counts, while the file compresses to about
-1 MiB with xz: every tensor repeats one block, and one element per tensor is distinct so the named
-data (keyed by SHA-256) is not deduplicated. Timings only; the text it would produce is noise.
+Real models' `.pte` files (623 MiB for SmolLM2-135M in fp32, GBs past 1B) are too large to carry to
+a GPU machine; these weights make the same graph, the same shapes and the same byte counts, while
+the file compresses to a few MiB with xz: every tensor repeats one block, and one element per
+tensor is distinct so the named data (keyed by SHA-256) is not deduplicated. Timings only; the
+text it would produce is noise.
 
-    python examples/export_bench_model.py --out bench_models [--max-context 2048] [--qmode 4w] [--dtype fp16] [--static]
+    python examples/export_bench_model.py --out bench_models [--shape smollm2|llama3_2_1b|llama3_1_8b]
+        [--layers N] [--max-context 2048] [--qmode 4w] [--dtype fp16] [--static]
+
+`--shape` names the real model (SmolLM2-135M's from its GGUF; Llama 3.2 1B's and Llama 3.1 8B's
+from Meta's params.json); `--layers` keeps that many of its layers (an 8B in fp32 is 32 GB before
+quantization: too much memory to export whole on a small machine).
 
 `--static` exports the same model without dynamic shapes (one token per call): the static twin
 the bench's resize-overhead scenario compares the dynamic export against.
@@ -19,6 +25,11 @@ from async_runtime.llm.export import export_llm_args, run_llama_export
 from async_runtime.llm.gguf_export import default_gguf_path, gguf_params
 
 BLOCK_FLOATS = (1 << 20) // 4
+LLAMA3 = dict(norm_eps=1e-5, rope_theta=500000.0, use_scaled_rope=True, vocab_size=128256, n_heads=32, n_kv_heads=8)
+SHAPES = {  # Meta's params.json of each; SmolLM2's comes from its GGUF
+    "llama3_2_1b": dict(LLAMA3, dim=2048, n_layers=16, ffn_dim_multiplier=1.5, multiple_of=256, rope_scale_factor=32),
+    "llama3_1_8b": dict(LLAMA3, dim=4096, n_layers=32, ffn_dim_multiplier=1.3, multiple_of=1024, rope_scale_factor=8),
+}
 
 
 def synthetic_state_dict(params, seed=0):
@@ -41,6 +52,8 @@ def synthetic_state_dict(params, seed=0):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True)
+    p.add_argument("--shape", choices=["smollm2", *SHAPES], default="smollm2")
+    p.add_argument("--layers", type=int, help="keep this many of the shape's layers")
     p.add_argument("--max-context", type=int, default=2048)
     p.add_argument("--qmode", choices=["4w"])
     p.add_argument("--dtype", choices=["fp32", "fp16"], default="fp32", help="fp16: weights, activations and KV cache in float16")
@@ -49,12 +62,18 @@ def main(argv=None):
     import torch
     from gguf import GGUFReader
 
-    params = gguf_params(GGUFReader(default_gguf_path()))
-    params = {k: v for k, v in params.items() if k != "use_hf_rope"}
+    if args.shape == "smollm2":
+        params = gguf_params(GGUFReader(default_gguf_path()))
+        params = {k: v for k, v in params.items() if k != "use_hf_rope"}
+    else:
+        params = dict(SHAPES[args.shape])
+    if args.layers:
+        params["n_layers"] = args.layers
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     kind = args.qmode + ("" if args.dtype == "fp32" else f"_{args.dtype}") if args.qmode else args.dtype
-    name = f"smollm2_synthetic_{kind}_ctx{args.max_context}" + ("_static" if args.static else "")
+    layers = f"_{args.layers}layers" if args.layers else ""
+    name = f"{args.shape}_synthetic{layers}_{kind}_ctx{args.max_context}" + ("_static" if args.static else "")
     params_path, ckpt_path = os.path.join(out, f"{name}.json"), os.path.join(out, f"{name}.pth")
     with open(params_path, "w") as f:
         json.dump(params, f)

@@ -51,6 +51,10 @@ def exports_under_way(request, tmp_path_factory):
             from .test_llama import start_exports
 
             start_exports(tmp_path_factory)
+        if "test_llm_families.py" in selected:
+            from .test_llm_families import start_exports
+
+            start_exports(tmp_path_factory)
         if "test_fp16.py" in selected:
             from .test_fp16 import start_exports
 

@@ -172,14 +172,18 @@ def start_export(
     dtype="fp32",
     nice=0,
     embedding_outside=False,
+    model_args=(),
 ):
     """Start exporting this config in a subprocess unless it is done or under way; its cache key.
     `dtype` "fp16": float16 inside the delegates (`async_runtime.llm.export.export_llm_args`).
     `nice` > 0: the subprocess runs at that lower priority (an export the tests need late).
     `embedding_outside`: the Vulkan partitioner leaves the token embedding to ExecuTorch's portable
-    kernel, as it does for an embedding past its buffer limit (128M elements: a Llama 3's)."""
+    kernel, as it does for an embedding past its buffer limit (128M elements: a Llama 3's).
+    `model_args`: more ModelArgs fields as (name, value) pairs, a family's (q/k/v bias, q/k norm,
+    partial rotary, scaled RoPE, ...)."""
+    model_args = tuple(sorted(dict(model_args).items()))
     key = (dim, n_heads, n_kv_heads, n_layers, vocab_size, max_len, qmode, group_size, seed,
-           multiple_of, norm_eps, init_std, dynamic, dtype, embedding_outside)
+           multiple_of, norm_eps, init_std, dynamic, dtype, embedding_outside, model_args)
     if qmode is not None and vocab_size % 4:
         # ExecuTorch 1.5.1's Vulkan FusePatternsPass pads q4gsw scales to N % 4 == 0 and then fails
         # ("shape '[257, 2, 1]' is invalid for input of size 520") on the output projection.
@@ -187,7 +191,7 @@ def start_export(
     if key in _CACHE or key in _PENDING:
         return key
     params = dict(dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads, n_layers=n_layers,
-                  vocab_size=vocab_size, multiple_of=multiple_of, norm_eps=norm_eps)
+                  vocab_size=vocab_size, multiple_of=multiple_of, norm_eps=norm_eps, **dict(model_args))
     base = str(tmpdir)
     os.makedirs(base, exist_ok=True)
     if "int8" in base or "8da4w" in base:

@@ -1,5 +1,8 @@
-"""LLM exports beyond SmolLM2's graph: what ExecuTorch leaves outside the Vulkan delegate still
-runs ragged, with continuous batching and GPU sampling, and matches ExecuTorch's eager program."""
+"""The LLM families ExecuTorch's `export_llm` builds, beyond SmolLM2's graph: tiny random-weight
+configs with each family's switches (Llama 3's scaled RoPE, Qwen2.5's q/k/v bias, Qwen3's q/k norm
+and head_dim apart from dim / heads, Phi-4-mini's partial rotary, Hugging Face's RoPE layout), fp32
+and 4-bit, against ExecuTorch's eager program on the same weights; and what ExecuTorch leaves
+outside the Vulkan delegate still runs ragged, with continuous batching and GPU sampling."""
 
 import anyio
 import numpy as np
@@ -7,12 +10,44 @@ import pytest
 
 import async_runtime as ar
 
-from .llama import export_llama
-from .test_llama import CONFIGS
+from .llama import export_llama, start_export
+from .test_llama import CONFIGS, generate_and_check
 
 pytestmark = pytest.mark.usefixtures("adapter")
 
 CONTEXT = 40
+TINY = dict(dim=64, n_heads=4, n_kv_heads=2, n_layers=2, vocab_size=260)
+FAMILIES = {  # name -> the ModelArgs switches of the family, as ExecuTorch's configs of it set them
+    "llama3_2": dict(use_scaled_rope=True, rope_scale_factor=32, rope_theta=500000.0),
+    "qwen2_5": dict(attention_qkv_bias=True, rope_theta=1000000.0, use_hf_rope=True),
+    "qwen3": dict(use_qk_norm=True, qk_norm_before_rope=True, head_dim=24, rope_theta=1000000.0, use_hf_rope=True),
+    "phi_4_mini": dict(partial_rotary_factor=0.75, use_hf_rope=True, rope_theta=10000.0),
+}
+EXPORTS = [(family, qmode) for family in FAMILIES for qmode in (None, "4w")]
+
+
+def start_exports(tmp_path_factory):
+    """Every family's exports, side by side with the tests before them (niced)."""
+    for family, qmode in EXPORTS:
+        start_export(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, qmode=qmode, nice=5,
+                     model_args=tuple(FAMILIES[family].items()), **TINY)
+
+
+@pytest.mark.parametrize("family, qmode", EXPORTS, ids=[f"{f}-{q or 'fp32'}" for f, q in EXPORTS])
+async def test_a_family_matches_executorchs_eager_program(family, qmode, tmp_path_factory, load_pte):
+    """Logits at every step of a prompt and its greedy decode within 2e-4 of eager's (4-bit: of
+    eager's own 4-bit program), the same tokens; the model batches ragged with GPU sampling."""
+    path, ref = export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, qmode=qmode,
+                             model_args=tuple(FAMILIES[family].items()), **TINY)
+    model = await load_pte(path)
+    assert model.batching == "ragged" and model.gpu_sampling, model.batching_note
+    prompt = np.random.default_rng(7).integers(0, TINY["vocab_size"], (1, 9))
+    ref.reset()
+    ids, logits = ref.greedy(prompt, 10)
+    async with model.session() as s:
+        await generate_and_check(s, np.concatenate([prompt[0], ids]), logits, prompt.shape[1])
+    async with model.session() as s:
+        assert [t async for t in ar.generate(s, prompt[0].tolist(), max_new_tokens=10)] == ids
 
 
 @pytest.fixture(scope="module")
