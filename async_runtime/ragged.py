@@ -61,6 +61,7 @@ SELECT = "aten.select_copy.int"
 SDPA = "sdpa_with_kv_cache.default"
 VIEW = "aten.view_copy.default"
 GATHER_ROWS = "aten.embedding.default"  # table rows by index: what a position slice becomes
+ROPE_FROM = "et_vk.apply_rotary_emb_hf.default"  # its cos and sin tables read from a start position
 
 
 def _is(name, names):
@@ -167,6 +168,8 @@ class _Analysis:
             return self._sdpa(args)
         if name == SELECT:
             return self._last_row(args)
+        if name == ROPE_FROM:
+            return self._rope_from_position(args)
         kinds = {self.labels[a] for a in touched}
         if name == VIEW:
             self._view(args)
@@ -226,6 +229,24 @@ class _Analysis:
         self.context.append(v.dims[0])
         self.calls.append((GATHER_ROWS, (table, self.row_pos, args[-1])))
         self._label(args[-1], "rows", 0)
+
+    def _rope_from_position(self, args):
+        """Hugging Face's RoPE (Qwen, Phi) reads rows start_pos + s of its cos and sin tables: it
+        reads them at row 0 + r of the tables' rows gathered by each row's position."""
+        q, k, cos, sin, start = args[:5]
+        if any(self.labels.get(t) != ("rows", 1) for t in (q, k)) or self.labels.get(start) != "pos" or cos in self.labels or sin in self.labels:
+            raise NotRagged(f"{ROPE_FROM} whose q, k or start position are not per row")
+        gathered = []
+        for table in (cos, sin):
+            v = self.values[table]
+            self.context.append(v.dims[0])
+            rows = self._new(Tensor(v.dtype, (self.max_rows, *v.dims[1:])))
+            self.calls.append((GATHER_ROWS, (table, self.row_pos, rows)))
+            self._label(rows, "rows", 0)
+            gathered.append(rows)
+        self.calls.append((ROPE_FROM, (q, k, *gathered, self._new(Scalar(0)), *args[5:])))
+        for out in self._outputs(args[-1]):
+            self._label(out, "rows", 1)
 
     def _sdpa(self, args):
         q, k, v, k_cache, v_cache, start = args[:6]

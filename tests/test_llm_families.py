@@ -36,18 +36,31 @@ def start_exports(tmp_path_factory):
 @pytest.mark.parametrize("family, qmode", EXPORTS, ids=[f"{f}-{q or 'fp32'}" for f, q in EXPORTS])
 async def test_a_family_matches_executorchs_eager_program(family, qmode, tmp_path_factory, load_pte):
     """Logits at every step of a prompt and its greedy decode within 2e-4 of eager's (4-bit: of
-    eager's own 4-bit program), the same tokens; the model batches ragged with GPU sampling."""
+    eager's own 4-bit program); the model batches ragged with GPU sampling, and three prompts
+    generated together get eager's tokens."""
     path, ref = export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, qmode=qmode,
                              model_args=tuple(FAMILIES[family].items()), **TINY)
     model = await load_pte(path)
     assert model.batching == "ragged" and model.gpu_sampling, model.batching_note
-    prompt = np.random.default_rng(7).integers(0, TINY["vocab_size"], (1, 9))
-    ref.reset()
-    ids, logits = ref.greedy(prompt, 10)
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(0, TINY["vocab_size"], (1, n)) for n in (9, 4, 13)]
+    want = []
+    for prompt in prompts:
+        ref.reset()
+        want.append(ref.greedy(prompt, 10))
+    ids, logits = want[0]
     async with model.session() as s:
-        await generate_and_check(s, np.concatenate([prompt[0], ids]), logits, prompt.shape[1])
-    async with model.session() as s:
-        assert [t async for t in ar.generate(s, prompt[0].tolist(), max_new_tokens=10)] == ids
+        await generate_and_check(s, np.concatenate([prompts[0][0], ids]), logits, prompts[0].shape[1])
+    got = [None] * len(prompts)
+
+    async def run(i):  # together: one ragged pass for the three
+        async with model.session() as s:
+            got[i] = [t async for t in ar.generate(s, prompts[i][0].tolist(), max_new_tokens=10)]
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(prompts)):
+            tg.start_soon(run, i)
+    assert got == [ids for ids, _ in want]
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,7 @@ from ..variants import CPU
 from ..wgsl import DIV_RN, PACKED, SUBGROUP_BUILTINS, fill, is_float, vec4_loader, vec4_type
 from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, bindings, float_a_at, gemm_scratch, params_bytes
 from .linear import CPU_WG, SG_LANES, sg_sums, sg_wg_rows
-from .routes import BITWISE_ROWS, GEMV_MAX_ROWS, Q4_GEMV_MAX_ROWS, gpu_gemv_rows
+from .routes import BITWISE_ROWS, GEMV_MAX_ROWS, Q4_GEMV_MAX_ROWS, gpu_gemv_rows, q4_gemv_rows
 
 # The GEMV spreads a row's words over `lanes` invocations a quad of outputs, so a workgroup of
 # GEMV_WG takes 4 * GEMV_WG / lanes outputs; which lanes, by the pass's row count (gemv_routes).
@@ -77,10 +77,12 @@ def gemv_routes(words, grouped=True):
     it gets alone; more rows a quarter of them; past one row GEMV_GROUP_ROWS rows a workgroup,
     past GEMV_MAX_ROWS GEMV_GROUP_ROWS_PAST_MAX (up to Q4_GEMV_MAX_ROWS: H100, SmolLM2 4w, 48 and 64 streams 7,405 and
     9,867 tokens/s with the dequantizing GEMM there, 8,868 and 11,724 with this). Neighbours of the
-    same shape are one dispatch. `grouped` False: one row a workgroup, none past GEMV_MAX_ROWS (dq8)."""
+    same shape are one dispatch. `grouped` False: one row a workgroup, none past GEMV_MAX_ROWS (dq8).
+    None past kernels/matmul/routes.py's q4_gemv_rows for the K of the words."""
     routes, group = [], GEMV_GROUP_ROWS if grouped else 1
     shapes = [(1, GEMV_WG, 1), (BITWISE_ROWS, _lanes(words, 2), group), (GEMV_MAX_ROWS, _lanes(words, 4), group)]
     shapes += [(Q4_GEMV_MAX_ROWS, _lanes(words, 4), GEMV_GROUP_ROWS_PAST_MAX)] if grouped else []
+    shapes = [shape for shape in shapes if shape[0] <= q4_gemv_rows(8 * words)]
     for most, lanes, rows in shapes:
         if routes and routes[-1][1:] == (lanes, rows):
             routes[-1] = (most, lanes, rows)
@@ -492,7 +494,7 @@ class Q4Product:
         types = Storage(*(b.storage(v) if v is not None else "f32" for v in (x, xs, scales, bias, out)))
         bound = [*operands, *tail, out, self.q]
         self.routes = gemv_routes(w.wpr, grouped=not dq8) if gemv else []
-        most = self.routes[-1][0] if self.routes else GEMV_MAX_ROWS
+        most = self.routes[-1][0] if self.routes else 0  # without the GEMV, the GEMM at every row count
         self.gemv_rows = gpu_gemv_rows(w.n, most) if gemv and b.adapter != CPU else most  # more: the GEMM
         self.gemvs = [b.dispatch(gemv_shader(dq8, zp_packed, has_bias, word_group, lanes, types, residual, rows), bound) for _, lanes, rows in self.routes]
         self.shapes = q4_subgroup_shapes(b, w)

@@ -18,6 +18,19 @@ from ..variants import CPU
 # spills.)
 GEMV_MAX_ROWS = 32
 Q4_GEMV_MAX_ROWS = 64  # the 4-bit GEMV (q4_linear.py), four rows a workgroup past 32
+# ... but only BITWISE_ROWS for 4-bit weights of K >= Q4_GEMM_MIN_K (models from 1B parameters up),
+# past which the dequantizing GEMM, which reads a weight once, not once per 2 or 4 input rows:
+# such weights do not stay in the L2 cache between the GEMV's row groups. H100, Llama-3.2-1B
+# shape 4w (K = 2,048 and 8,192), per-dispatch profile at 64 rows: the fused SwiGLU GEMV 931 us
+# (25 GB/s) against 157 us at one row; greedy bursts, two rounds in one call, GEMV to 64 rows
+# against this: 32 streams 2,088 / 2,084 -> 2,889 / 2,887 tokens/s, 64 streams 2,200 / 2,204 ->
+# 5,482 / 5,431 (results/h100/kernel_choices/q4_gemm_past_16_rows/).
+Q4_GEMM_MIN_K = 2048
+
+
+def q4_gemv_rows(k):
+    """The most rows the 4-bit GEMVs take for weights of K = k (more: the dequantizing GEMM)."""
+    return BITWISE_ROWS if k >= Q4_GEMM_MIN_K else Q4_GEMV_MAX_ROWS
 
 # GPUs with subgroups take the CPU adapters' subgroup kernel (linear.py) in the fused q/k/v and
 # SwiGLU products (fused_linear.py) for a ragged pass of SG_GPU_ROWS rows (several decode
@@ -64,5 +77,5 @@ def fused_norm_rows(b, k, tensors, q4=False):
     (SmolLM2 4w, one row: the fused SwiGLU 1.94 ms normalizing itself, 0.99 ms reading the rows,
     the norm 45 us; fp32 the same, BENCHMARKS.md)."""
     if subgroup_products(b, k, tensors):
-        return 0 if b.adapter == CPU else Q4_GEMV_MAX_ROWS if q4 else SG_GPU_ROWS[0] - 1
-    return Q4_GEMV_MAX_ROWS if q4 else GEMV_MAX_ROWS
+        return 0 if b.adapter == CPU else q4_gemv_rows(k) if q4 else SG_GPU_ROWS[0] - 1
+    return q4_gemv_rows(k) if q4 else GEMV_MAX_ROWS
