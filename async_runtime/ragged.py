@@ -8,7 +8,8 @@ position table at the start position, `sdpa_with_kv_cache` (each session's own c
 and the selection of a sequence's last row. `plan_ragged` finds, from the graph alone, the token
 axis flowing through every op, and rewrites the per-sequence ops to read per-row tables:
 
-- `row_pos[r]`: the absolute position of row r in its sequence (a table slice becomes a gather);
+- `row_pos[r]`: the absolute position of row r in its sequence (a table slice becomes a gather, and
+  so do the cos and sin tables that Hugging Face's RoPE reads from a start position);
 - `row_slot[r]`: the KV-cache slot of row r's session (caches become pools of slots);
 - `seq_last[b]`: the row index of sequence b's last row (the last-row select becomes a gather, and
   the batch-1 axis before it becomes the sequence axis, up to `max_seqs`).
