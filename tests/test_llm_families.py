@@ -24,6 +24,7 @@ FAMILIES = {  # name -> the ModelArgs switches of the family, as ExecuTorch's co
     "phi_4_mini": dict(partial_rotary_factor=0.75, use_hf_rope=True, rope_theta=10000.0),
 }
 EXPORTS = [(family, qmode) for family in FAMILIES for qmode in (None, "4w")]
+LFM2 = (("layer_types", ("conv", "full_attention")), ("hidden_dim", 128))  # a short-convolution layer, then attention
 
 
 def start_exports(tmp_path_factory):
@@ -31,6 +32,7 @@ def start_exports(tmp_path_factory):
     for family, qmode in EXPORTS:
         start_export(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, qmode=qmode, nice=5,
                      model_args=tuple(FAMILIES[family].items()), **TINY)
+    start_export(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, nice=5, model_args=LFM2, **TINY)
 
 
 @pytest.mark.parametrize("family, qmode", EXPORTS, ids=[f"{f}-{q or 'fp32'}" for f, q in EXPORTS])
@@ -93,3 +95,11 @@ async def test_an_embedding_outside_the_delegate_batches_ragged(portable_embeddi
         for i in range(len(prompts)):
             tg.start_soon(run, i)
     assert got == want
+
+
+async def test_a_hybrid_family_is_refused_with_what_its_export_left_out(tmp_path_factory, load_pte):
+    """LFM2's export keeps the short convolution's new state as a delegate output that the program
+    never passes on: the load says so, naming the delegate's inputs and outputs."""
+    path, _ = export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, model_args=LFM2, **TINY)
+    with pytest.raises(ar.ModelFormatError, match=r"2 outputs \(float32\[1, 64, 2\], float32\[1, 260\]\); an output without an argument"):
+        await load_pte(path)

@@ -101,8 +101,16 @@ def _link_delegate(g, delegate, args, at):
     g.compile_specs.append(delegate.compile_specs)
     n_in, n_out = len(vk.inputs), len(vk.outputs)
     if len(args) != n_in + n_out:
+        def listed(ids):
+            return ", ".join(f"{v.dtype}{list(v.dims)}" if isinstance(v, Tensor) else type(v).__name__ for v in (vk.values[i] for i in ids))
+        why = (
+            "an output without an argument is a result the program never reads, such as a recurrent state the export "
+            "did not write back (LFM2's short-convolution state, ExecuTorch 1.5.1)" if len(args) < n_in + n_out else
+            "the program passes values the delegate's graph does not take (Qwen3.5's linear-attention states, ExecuTorch 1.5.1)"
+        )
         raise ModelFormatError(
-            f"instruction {at}: delegate call has {len(args)} arguments, its graph has {n_in} inputs and {n_out} outputs"
+            f"instruction {at}: delegate call has {len(args)} arguments, its graph has {n_in} inputs ({listed(vk.inputs)}) "
+            f"and {n_out} outputs ({listed(vk.outputs)}); {why}"
         )
     mapping = dict(zip(vk.outputs, args[n_in:]))
     mapping.update(zip(vk.inputs, args[:n_in]))  # an input that is also an output stays the input
