@@ -19,7 +19,7 @@ import numpy as np
 import wgpu
 
 from pte_wgpu.kernels.attention.sampler import (
-    BURST_MAX, ROW_WORDS, SAMPLER_SLICE, STATE_WORDS, draw_kernel, pick_kernel, select_kernel,
+    BURST_MAX, ROW_WORDS, STATE_WORDS, draw_kernel, pick_kernel, sampler_slices, select_kernel,
 )
 from pte_wgpu.kernels.wgsl import is_float, type_aliases
 
@@ -28,6 +28,26 @@ from .pipelines import compile_pipeline, dispatch_once
 from .storage import STORAGE_USAGE
 
 NO_PICK = bytes(4 * ROW_WORDS)  # the row of a sequence that picks nothing in a pass
+
+
+def scratch_bytes(seqs, vocab):
+    """The sampler kernels' buffers for `seqs` sequences of `vocab` logits, name -> bytes (all
+    zeros at the start; `ids` also sizes the readback)."""
+    slices = sampler_slices(vocab)
+    return {
+        "rows": seqs * ROW_WORDS * 4, "state": seqs * STATE_WORDS * 4, "arrivals": seqs * 4,
+        "z": seqs * vocab * 4, "ids": seqs * BURST_MAX * 4, "picked": seqs * 4, "parts": seqs * slices * 8,
+        "histograms": seqs * slices * 256 * 16, "slice_mass": seqs * slices * 8,  # vec3<u32>: 16 bytes each
+    }
+
+
+def kernel_sequence(rows):
+    """The sampler kernels after a pass whose sequences have these `Row`s, in order: `pick`; if
+    any row samples, the cut rounds the most demanding row needs, then `draw`."""
+    settings = [struct.unpack_from(f"<f{ROW_WORDS - 1}I", row) for row in rows]  # temperature, .., rounds
+    if not any(r[0] > 0 for r in settings):
+        return ["pick"]
+    return ["pick"] + ["select"] * max(r[-1] for r in settings) + ["draw"]
 
 
 class Bursts:
@@ -50,18 +70,13 @@ class Bursts:
         self.vocab = graph.values[graph.outputs[0]].dims[-1]
         self.model, self.runner = model, runner
         device, seqs = model.device, ragged.max_seqs
-        self.slices = -(-self.vocab // SAMPLER_SLICE)  # the sampler's workgroups a sequence
+        self.slices = sampler_slices(self.vocab)
         aliases = type_aliases(graph.values, LT=graph.outputs[0])
         self.pipelines = {"pick": compile_pipeline(device, aliases + pick_kernel()),
                           "select": compile_pipeline(device, select_kernel()),
                           "draw": compile_pipeline(device, draw_kernel())}
-        size = BURST_MAX * seqs * 4
-        self.stagings = [model._create_buffer(size, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST, "burst readback") for _ in range(2)]
-        scratch = {  # name -> bytes
-            "rows": seqs * ROW_WORDS * 4, "state": seqs * STATE_WORDS * 4, "arrivals": seqs * 4,
-            "z": seqs * self.vocab * 4, "ids": size, "picked": seqs * 4, "parts": seqs * self.slices * 8,
-            "histograms": seqs * self.slices * 256 * 16, "slice_mass": seqs * self.slices * 8,
-        }
+        scratch = scratch_bytes(seqs, self.vocab)
+        self.stagings = [model._create_buffer(scratch["ids"], wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST, "burst readback") for _ in range(2)]
         self.buffers = {name: model._create_buffer(n, STORAGE_USAGE, f"sampler {name}") for name, n in scratch.items()}
         self.buffers["params"] = model._create_buffer(16, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST, "sampler params")
         tokens, row_pos, _, seq_last = graph.inputs
@@ -123,13 +138,7 @@ class Bursts:
         queue = self.model.device.queue
         queue.write_buffer(self.buffers["rows"], 0, b"".join(rows))
         queue.write_buffer(self.buffers["picked"], 0, bytes(4 * seqs))
-        grid = (self.slices, seqs, 1)
-        dispatches = [(*self.kernels["pick"], grid)]
-        sampled = [struct.unpack_from("<f11I", r) for r in rows]
-        if any(r[0] > 0 for r in sampled):
-            rounds = max(r[11] for r in sampled)
-            dispatches += [(*self.kernels["select"], grid)] * rounds + [(*self.kernels["draw"], grid)]
-        return dispatches
+        return [(*self.kernels[name], (self.slices, seqs, 1)) for name in kernel_sequence(rows)]
 
     def submit(self, rows, passes, staging=0):
         """`passes` decode passes of the runner's current tables, each followed by the sampler over

@@ -7,11 +7,9 @@ import struct
 import numpy as np
 import wgpu
 
-from async_runtime.bursts import BINDINGS
+from async_runtime.bursts import BINDINGS, kernel_sequence, scratch_bytes
 from async_runtime.device import find_adapter
-from pte_wgpu.kernels.attention.sampler import (
-    BURST_MAX, ROW_WORDS, SAMPLER_SLICE, STATE_WORDS, draw_kernel, pick_kernel, select_kernel,
-)
+from pte_wgpu.kernels.attention.sampler import BURST_MAX, draw_kernel, pick_kernel, sampler_slices, select_kernel
 
 USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
 
@@ -29,37 +27,33 @@ def run_sampler(device, logits, rows, positions, counts=None, bias=None, passes=
     the same logits (as a burst's passes, each advancing the positions): ids [seqs, passes], the
     token table and positions after, and the slots' token counts."""
     seqs, vocab = logits.shape
-    slices = -(-vocab // SAMPLER_SLICE)
+    slices = sampler_slices(vocab)
     slots = max(1, len(counts) if counts is not None else 1)
     counts = np.zeros((slots, vocab), np.uint32) if counts is None else counts
     bias = np.zeros((slots, vocab), np.float32) if bias is None else bias
     alias = "alias LT = f16;\n" if logits.dtype == np.float16 else "alias LT = f32;\n"
     f16 = "enable f16;\n" if logits.dtype == np.float16 else ""
     texts = {"pick": f16 + alias + pick_kernel(), "select": select_kernel(), "draw": draw_kernel()}
-    data = {
-        "rows": b"".join(rows), "state": bytes(seqs * STATE_WORDS * 4), "arrivals": bytes(seqs * 4),
-        "z": bytes(seqs * vocab * 4), "ids": bytes(seqs * BURST_MAX * 4), "picked": bytes(seqs * 4),
-        "parts": bytes(seqs * slices * 8), "histograms": bytes(seqs * slices * 256 * 16),
-        "slice_mass": bytes(seqs * slices * 8), "counts": counts.tobytes(), "bias": bias.tobytes(),
-        "logits": logits.tobytes() + bytes(-logits.nbytes % 4), "seq_last": np.arange(seqs, dtype=np.int32).tobytes(),
-        "tokens": bytes(seqs * 4), "row_pos": np.asarray(positions, np.int32).tobytes(),
-    }
-    assert len(data["rows"]) == seqs * ROW_WORDS * 4
+    data = {name: bytes(n) for name, n in scratch_bytes(seqs, vocab).items()}
+    assert len(b"".join(rows)) == len(data["rows"])
+    data.update(
+        rows=b"".join(rows), counts=counts.tobytes(), bias=bias.tobytes(), logits=logits.tobytes() + bytes(-logits.nbytes % 4),
+        seq_last=np.arange(seqs, dtype=np.int32).tobytes(), tokens=bytes(seqs * 4), row_pos=np.asarray(positions, np.int32).tobytes(),
+    )
     buffers = {name: device.create_buffer_with_data(data=raw, usage=USAGE) for name, raw in data.items()}
     buffers["params"] = device.create_buffer_with_data(data=struct.pack("<4I", seqs, vocab, vocab, slices),
                                                        usage=wgpu.BufferUsage.UNIFORM)
-    rounds = max(struct.unpack_from("<11I", r, 4)[10] for r in rows)
-    sampled = any(struct.unpack_from("<f", r)[0] > 0 for r in rows)
-    kernels = []
-    for name in ["pick"] + (["select"] * rounds + ["draw"] if sampled else []):
+    sequence = kernel_sequence(rows)
+    kernels = {}
+    for name in set(sequence):
         module = device.create_shader_module(code=texts[name])
         pipeline = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
         entries = [{"binding": i, "resource": {"buffer": buffers[b]}} for i, b in enumerate(BINDINGS[name]) if b is not None]
-        kernels.append((pipeline, device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)))
+        kernels[name] = (pipeline, device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries))
     for _ in range(passes):
         encoder = device.create_command_encoder()
         compute = encoder.begin_compute_pass()
-        for pipeline, group in kernels:
+        for pipeline, group in map(kernels.get, sequence):
             compute.set_pipeline(pipeline)
             compute.set_bind_group(0, group)
             compute.dispatch_workgroups(slices, seqs, 1)

@@ -34,6 +34,12 @@ from ..wgsl import fill
 SAMPLER_WG = 256
 SAMPLER_SLICE = 2048  # logits a workgroup takes (8 an invocation): a SmolLM2 row takes 24 workgroups
 RADIX_ROUNDS = 4  # 8 bits a round of a 32-bit key
+
+
+def sampler_slices(vocab):
+    """The workgroups a sequence's `vocab` logits take in every kernel."""
+    return -(-vocab // SAMPLER_SLICE)
+
 BURST_MAX = 32  # ids a sequence records at most between two readbacks
 
 # Row.flags

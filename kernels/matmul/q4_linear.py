@@ -42,7 +42,7 @@ from ..variants import CPU
 from ..wgsl import DIV_RN, PACKED, SUBGROUP_BUILTINS, fill, is_float, vec4_loader, vec4_type
 from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, bindings, float_a_at, gemm_scratch, params_bytes
 from .linear import CPU_WG, SG_LANES, sg_sums, sg_wg_rows
-from .routes import BITWISE_ROWS, GEMV_MAX_ROWS, Q4_GEMV_MAX_ROWS, gpu_gemv_rows, q4_gemv_rows, Q4_GEMM_MIN_K
+from .routes import BITWISE_ROWS, GEMV_MAX_ROWS, Q4_GEMV_MAX_ROWS, gpu_gemv_rows, q4_wide
 
 # The GEMV spreads a row's words over `lanes` invocations a quad of outputs, so a workgroup of
 # GEMV_WG takes 4 * GEMV_WG / lanes outputs; which lanes, by the pass's row count (gemv_routes).
@@ -78,17 +78,17 @@ def gemv_routes(words, grouped=True):
     past GEMV_MAX_ROWS GEMV_GROUP_ROWS_PAST_MAX (up to Q4_GEMV_MAX_ROWS: H100, SmolLM2 4w, 48 and 64 streams 7,405 and
     9,867 tokens/s with the dequantizing GEMM there, 8,868 and 11,724 with this). Neighbours of the
     same shape are one dispatch. `grouped` False: one row a workgroup, none past GEMV_MAX_ROWS (dq8).
-    None past kernels/matmul/routes.py's q4_gemv_rows for the K of the words; at such K one row
+    None past BITWISE_ROWS for weights of kernels/matmul/routes.py's q4_wide K; at such K one row
     takes the lanes of up to BITWISE_ROWS rows too (H100, Llama-3.2-1B shape 4w, one and 16
     streams: 681 / 1,600 tokens/s at GEMV_WG lanes for one row, 706-712 / 1,602-1,609 at half the
     words; a quarter 666-670 / 1,830, an eighth 537-540 / 1,962-1,964:
     results/h100/kernel_choices/q4_gemv_lanes_wide_k/)."""
     routes, group = [], GEMV_GROUP_ROWS if grouped else 1
-    shapes = [(1, GEMV_WG, 1), (BITWISE_ROWS, _lanes(words, 2), group), (GEMV_MAX_ROWS, _lanes(words, 4), group)]
-    shapes += [(Q4_GEMV_MAX_ROWS, _lanes(words, 4), GEMV_GROUP_ROWS_PAST_MAX)] if grouped else []
-    if 8 * words >= Q4_GEMM_MIN_K:  # one row at the lanes of up to BITWISE_ROWS rows (their bits)
+    if q4_wide(8 * words):  # the GEMM past BITWISE_ROWS; one row at their lanes (their bits)
         shapes = [(1, _lanes(words, 2), 1), (BITWISE_ROWS, _lanes(words, 2), group)]
-    shapes = [shape for shape in shapes if shape[0] <= q4_gemv_rows(8 * words)]
+    else:
+        shapes = [(1, GEMV_WG, 1), (BITWISE_ROWS, _lanes(words, 2), group), (GEMV_MAX_ROWS, _lanes(words, 4), group)]
+        shapes += [(Q4_GEMV_MAX_ROWS, _lanes(words, 4), GEMV_GROUP_ROWS_PAST_MAX)] if grouped else []
     for most, lanes, rows in shapes:
         if routes and routes[-1][1:] == (lanes, rows):
             routes[-1] = (most, lanes, rows)

@@ -28,9 +28,15 @@ Q4_GEMV_MAX_ROWS = 64  # the 4-bit GEMV (q4_linear.py), four rows a workgroup pa
 Q4_GEMM_MIN_K = 2048
 
 
+def q4_wide(k):
+    """Whether 4-bit weights of K = k take the dequantizing GEMM past BITWISE_ROWS rows; K counted
+    in whole words of 8 weights, as the GEMV's routes (q4_linear.py's gemv_routes) see it."""
+    return 8 * -(-k // 8) >= Q4_GEMM_MIN_K
+
+
 def q4_gemv_rows(k):
     """The most rows the 4-bit GEMVs take for weights of K = k (more: the dequantizing GEMM)."""
-    return BITWISE_ROWS if k >= Q4_GEMM_MIN_K else Q4_GEMV_MAX_ROWS
+    return BITWISE_ROWS if q4_wide(k) else Q4_GEMV_MAX_ROWS
 
 # GPUs with subgroups take the CPU adapters' subgroup kernel (linear.py) in the fused q/k/v and
 # SwiGLU products (fused_linear.py) for a ragged pass of SG_GPU_ROWS rows (several decode
