@@ -99,7 +99,35 @@ def _export(half):
     return export_pte(f"q4_fused{'_f16' if half else ''}", make, [x], ({0: torch.export.Dim("m", min=1, max=40)},))
 
 
-PREBUILD = [functools.partial(_export, half) for half in (False, True)]  # tests/prebuild.py
+class NormedQLinears(torch.nn.Module):
+    """QLinears behind RMS norms at a 1B model's K = 2,048: the fused q/k/v and SwiGLU normalize
+    their rows themselves, a lane taking 4 weights at a step (kernels/matmul/q4_linear.py's
+    gemv_step)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = FusedLinears(2048, 64, 32, 96)
+        self.g1, self.g2 = (torch.nn.Parameter(torch.rand(2048) + 0.5) for _ in range(2))
+
+    @staticmethod
+    def _norm(x, g):
+        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-5) * g
+
+    def forward(self, x):
+        lin, n = self.lin, self._norm(x, self.g1)
+        q, k, v = lin.q(n), lin.k(n), lin.v(n)
+        h = x + lin.o(q * 0.5)
+        n2 = self._norm(h, self.g2)
+        return q, k, v, h + lin.down(torch.nn.functional.silu(lin.gate(n2)) * lin.up(n2))
+
+
+def _export_normed(half):
+    make = quantized((lambda: NormedQLinears().half()) if half else NormedQLinears, "4w", 32)
+    x = torch.randn(24, 2048, dtype=torch.float16 if half else torch.float32)
+    return export_pte(f"q4_fused_normed{'_f16' if half else ''}", make, [x], ({0: torch.export.Dim("m", min=1, max=24)},))
+
+
+PREBUILD = [functools.partial(f, half) for f in (_export, _export_normed) for half in (False, True)]  # tests/prebuild.py
 
 
 @pytest.mark.parametrize("subgroups", [True, False])
@@ -123,3 +151,25 @@ async def test_fused_4bit_products_without_views_and_wide_swiglu(half, subgroups
         got, want = await fused.execute(x), await plain.execute(x)
         for i, (g, w) in enumerate(zip(got, want)):
             np.testing.assert_array_equal(g, w, err_msg=f"{m} rows, output {i}")
+
+
+@pytest.mark.parametrize("half", [False, True])
+async def test_fused_4bit_norms_at_wide_k(half, load_pte, monkeypatch):
+    """At K = 2,048 the fused ops that normalize their rows (q/k/v, SwiGLU) and the residual ones
+    are bitwise the unfused graph's at 1 to 24 rows in shuffled order (the GEMV to 16, the GEMM
+    past), and the unfused graph is torch's to 4-bit rounding."""
+    pte, module = _export_normed(half)
+    fused, plain = [await _load(load_pte, pte, fuse, monkeypatch) for fuse in (True, False)]
+    names = [n for n, _ in fused.graph.calls]
+    assert all(op in names for op in ("pte_wgpu.rms_q4_linear_group", "pte_wgpu.q4_linear_residual")), names
+    rng = np.random.default_rng(17)
+    for m in (1, 24, 16, 2, 17, 9, 1):
+        x = rng.standard_normal((m, 2048)).astype(np.float16 if half else np.float32)
+        got, want = await fused.execute(x), await plain.execute(x)
+        for i, (g, w) in enumerate(zip(got, want)):
+            np.testing.assert_array_equal(g, w, err_msg=f"{m} rows, output {i}")
+        if not half:
+            with torch.no_grad():
+                eager = module(torch.from_numpy(x))
+            for g, e in zip(got, eager):
+                np.testing.assert_allclose(g, e.numpy(), rtol=1e-3, atol=1e-3 * float(e.abs().max()))

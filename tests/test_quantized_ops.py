@@ -96,6 +96,10 @@ CASES = {
     "q4_lm_head": (quantized(lambda: Linear(64, 8200, False), "4w", 32), (33, 64), 0),
     # SmolLM2's K: the GPU GEMV's three routes (256, 64 and 32 lanes a quad of outputs)
     "q4_k576": (quantized(lambda: Linear(576, 44, True), "4w", 32), (33, 576), 0),
+    # K of a 1B model's rows (kernels/matmul/routes.py's q4_wide): on GPUs the GEMV of 4-weight
+    # steps up to 16 rows, the GEMM past them; group 32, and 96 (groups across vec4s of words)
+    "q4_k2080": (quantized(lambda: Linear(2080, 44, True), "4w", 32), (21, 2080), 0),
+    "q4_k2112_g96": (quantized(lambda: Linear(2112, 36, False), "4w", 96), (17, 2112), 0),
     # long rows: the GPU GEMV's 256 lanes a quad at every row count (1,041 words), and 128 (275 words)
     "q4_long_k": (quantized(lambda: Linear(8328, 52, False), "4w", 24), (9, 8328), 0),
     "dq8_long_k": (quantized(lambda: Linear(2200, 36, True), "8da4w", 40), (9, 2200), 0),
@@ -199,6 +203,28 @@ async def test_gpu_gemv_rows_are_each_row_alone(load_pte, kernel_variants):
     alone = np.concatenate([(await model.execute(x[i : i + 1]))[0] for i in range(16)])
     for m in (2, 7, 16):
         np.testing.assert_array_equal((await model.execute(x[:m]))[0], alone[:m], err_msg=f"{m} rows")
+
+
+@pytest.mark.parametrize("name", ["q4_k2080", "q4_k2112_g96"])
+async def test_gpu_gemv_of_wide_k_takes_16_rows_each_as_alone(name, load_pte, kernel_variants):
+    """With the GPU variants, K >= Q4_GEMM_MIN_K: the GEMV takes 1 to 16 rows, a lane 4 weights at
+    a step at the same lanes for every count (kernels/matmul/q4_linear.py's gemv_step), the GEMM
+    more, and each row of a pass of up to 16 rows, in any order, is bitwise what it gets alone."""
+    if kernel_variants != "gpu":
+        pytest.skip("the GPU variants")
+    model = await load_pte(_export(name)[0])
+    rng = np.random.default_rng(13)
+    x = _rows(name, 16, rng)
+    alone = np.concatenate([(await model.execute(x[i : i + 1]))[0] for i in range(16)])
+    for m in (7, 16, 2, 17, 11):
+        rows = rng.permutation(16)[:m] if m <= 16 else None
+        (got,) = await model.execute(np.ascontiguousarray(x[rows]) if m <= 16 else np.concatenate([x, _rows(name, 1, rng)]))
+        grids = model._default.state.grids
+        running = [d.shader for i, d in enumerate(model.graph.dispatches) if d.shader and all(grids[i])]
+        assert any("var<workgroup> As" in s for s in running) == (m > 16), m
+        if m <= 16:
+            assert [(">> (u % 2u) * 16u" in s) for s in running] == [True], m
+            np.testing.assert_array_equal(got, alone[rows], err_msg=f"{m} rows")
 
 
 @pytest.mark.parametrize("name", ["q4_n52", "dq8_n44"])

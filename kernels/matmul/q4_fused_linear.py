@@ -47,6 +47,7 @@ from .q4_linear import (
     gemv_reduce,
     gemv_route,
     gemv_routes,
+    gemv_step,
     q4_weight,
     sg_body,
     sg_main,
@@ -66,13 +67,14 @@ def _uniform(count, rope):
     return "struct Q { " + ", ".join(fields) + " }\n"
 
 
-def _shader(kind, shape, count, swiglu, norm, types, word_group, rope=None):
+def _shader(kind, shape, count, swiglu, norm, types, word_group, rope=None, step=8):
     """The fused kernel of `kind` (SUBGROUP at `shape`, or GEMV) over `count` weights: a product
     each (a branch per product), or with `swiglu` the two of SwiGLU for the same outputs. `types`:
     storage types of x, the scales, gamma, the outputs and the rows a norm writes (`rows`) and the
     products as stored before the gate (`gate`, `up`). The GEMV's shape is its route (most rows,
     lanes, rows a workgroup), kernels/matmul/q4_linear.py's gemv_routes. With `rope` (kernels/attention/rope.py's
-    RopeEpilogue) the GEMV's epilogue rotates q and k and stores k and v in the caches."""
+    RopeEpilogue) the GEMV's epilogue rotates q and k and stores k and v in the caches. The GEMV
+    takes `step` weights of K at a time (q4_linear.py's gemv_step)."""
     sg = kind == SUBGROUP
     reads = [("x", vec4_type(types["x"]) if sg else types["x"])]
     for j in range(count):
@@ -101,7 +103,7 @@ def _shader(kind, shape, count, swiglu, norm, types, word_group, rope=None):
         if sg:
             per = sg_wg_rows(shape, len(weights))
             return f"let nw = wg * {per}u;\n    " + sg_body(False, shape, weights, n, store)
-        return gemv_body(False, [(w, f"dq8{s}") for w, s in weights], n, store, shape[1], x_at, partners=rotates, rows=shape[2])
+        return gemv_body(False, weights, n, store, shape[1], x_at, rotates, shape[2], step)
 
     fn = (lambda j: f"wscale{j}") if sg else (lambda j: str(j))
     if swiglu:
@@ -159,7 +161,7 @@ class _Fused:
             norm = self.norm and self.kind == GEMV  # the subgroup kernels read rms_norm_for_q4's rows
             t = dict(types, x=b.storage(x_pre)) if norm else types
             reads = [x_pre if norm else self.x, *(v for pair in self.products for v in pair)] + ([gamma] if norm else [])
-            shader = _shader(self.kind, shape, len(self.ws), swiglu, norm, t, word_group, rope)
+            shader = _shader(self.kind, shape, len(self.ws), swiglu, norm, t, word_group, rope, gemv_step(self.ws[0].wpr))
             extra = rope.values if rope and self.kind == GEMV else []
             self.dispatches.append((b.dispatch(shader, [*reads, *self.outs, self.q, *extra]), shape))
         # more rows: each product's plain routes (the dequantizing GEMM)

@@ -97,6 +97,15 @@ def gemv_routes(words, grouped=True):
     return routes
 
 
+def gemv_step(words):
+    """Weights of K a GEMV lane takes at a time for rows of `words` words: a word (8) where the
+    routes' lanes hold at most two steps (gemv_routes: their trees agree), 4 for weights of
+    q4_wide K, whose routes share their lanes. At 4 a warp's loads of a row's inputs are 16
+    bytes apart, not 32: half the cache lines a load (H100, Llama-3.2-1B shape 4w, greedy
+    bursts: BENCHMARKS.md)."""
+    return 4 if q4_wide(8 * words) else 8
+
+
 def gemv_route(routes, m):
     """The index of the route of `routes` (gemv_routes) that takes M rows (the last past them)."""
     return next((i for i, (most, _, _) in enumerate(routes) if m <= most), len(routes) - 1)
@@ -159,17 +168,13 @@ fn nibbles(word: u32) -> W8 {
 """
     for suffix, ws, sn in scales:
         src += f"fn wscale{suffix}(k: u32, n: u32) -> f32 {{ return f32({ws}[min(k / q.gs, q.groups - 1u) * {sn} + n]); }}\n"
-        # the 8 weights of word `word` (k = k0 .. k0 + 7) of output row n, dequantized
-        src += f"fn dq8{suffix}(word: u32, k0: u32, n: u32) -> W8 {{\n    let w = nibbles(word);\n"
+        # the 4 weights k0 .. k0 + 3 (k0 a multiple of 4) in the low 16 bits of `bits`, dequantized
+        src += f"fn dq4{suffix}(bits: u32, k0: u32, n: u32) -> vec4<f32> {{\n"
+        src += "    let w = vec4<f32>((vec4<u32>(bits) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u)) - vec4<f32>(8.0);\n"
         if word_group:  # gs % 8 == 0: one group per word
-            src += f"    let s = wscale{suffix}(k0, n);\n    return W8(w.a * s, w.b * s);\n}}\n"
+            src += f"    return w * wscale{suffix}(k0, n);\n}}\n"
         else:
-            at = lambda i: f"wscale{suffix}(k0{f' + {i}u' if i else ''}, n)"  # noqa: E731
-            src += (
-                f"    let sa = vec4<f32>({', '.join(at(i) for i in range(4))});\n"
-                f"    let sb = vec4<f32>({', '.join(at(i) for i in range(4, 8))});\n"
-                "    return W8(w.a * sa, w.b * sb);\n}\n"
-            )
+            src += f"    return w * vec4<f32>({', '.join(f'wscale{suffix}(k0 + {i}u, n)' for i in range(4))});\n}}\n"
     if dq8:
         src += DIV_RN
         if zp_packed:
@@ -213,44 +218,37 @@ def gemv_main(rows):
     return fill(GEMV_MAIN, ROWS=rows, OFFSETS=offsets)
 
 
-def gemv_body(dq8, weights, n, store, lanes, x_at=None, partners=False, rows=1):
+def gemv_body(dq8, weights, n, store, lanes, x_at=None, partners=False, rows=1, step=8):
     """The GEMV's statements for the outputs of workgroup `wg` of N = `n` (WGSL), input rows r <
     `rows` from m0 (gemv_main): each quad of outputs from `n0` summed by `lanes` invocations, over
-    `weights` ((word binding, dequantizing fn) pairs read for the same outputs, dequantized once
-    for every row; one accumulator and one tree of `red`'s 256-vec4 slices a weight and row, each
-    summed as the plain op's): `store(r)` writes output n of row m0 + r from v0, v1, .. (one a
-    weight; with `partners`, pair0, pair1, .. hold output n ^ 1, the other of its pair).
-    `x_at(r, e)`: row r's element at WGSL offset e as f32 (a fused norm's). dq8 takes one row."""
+    `weights` ((word binding, suffix of its `dq4` function) pairs read for the same outputs,
+    dequantized once for every row; one accumulator and one tree of `red`'s 256-vec4 slices a
+    weight and row, each summed as the plain op's): `store(r)` writes output n of row m0 + r from
+    v0, v1, .. (one a weight; with `partners`, pair0, pair1, .. hold output n ^ 1, the other of
+    its pair). A lane takes `step` consecutive weights of K at a time (gemv_step). `x_at(r, e)`:
+    row r's element at WGSL offset e as f32 (a fused norm's). dq8 takes one row."""
     assert rows == 1 or not dq8
     x_at = x_at or (lambda r, e: f"f32(x[xo{r} + {e}])")
-    ws = range(len(weights))
+    ws, chunks = range(len(weights)), range(step // 4)
     slot = lambda j, r: 256 * (j * rows + r)  # noqa: E731  (weight j, row r)'s tree
     lines = [f"let lane = li % {lanes}u;", f"let n0 = wg * {gemv_outputs(lanes)}u + 4u * (li / {lanes}u);"]
     lines += [f"let last = {n} - 1u;", *(f"let c{i} = min(n0{f' + {i}u' if i else ''}, last);" for i in range(4))]
     lines += [GEMV_DQ8_SETUP.strip()] if dq8 else []
     lines += [f"var acc{j}_{r} = vec4<f32>(0.0);" for j in ws for r in range(rows)]
-    lines += [f"for (var w = lane; w < q.kw; w = w + {lanes}u) {{", "    let k0 = w * 8u;"]
-    for j, (wq, dq) in enumerate(weights):
-        lines += [f"    let d{j}_{i} = {dq}({wq}[c{i} * q.wpr + w], k0, c{i});" for i in range(4)]
+    lines += [f"for (var u = lane; u < (q.K + {step - 1}u) / {step}u; u = u + {lanes}u) {{", f"    let k0 = u * {step}u;"]
+    word, shift = ("u", lambda c: f"{16 * c}u") if step == 8 else ("u / 2u", lambda c: "(u % 2u) * 16u")
+    for j, (wq, suffix) in enumerate(weights):
+        lines += [f"    let w{j}_{i} = {wq}[c{i} * q.wpr + {word}];" for i in range(4)]
+        lines += [f"    let d{j}_{i}_{c} = dq4{suffix}(w{j}_{i} >> {shift(c)}, k0{f' + {4 * c}u' if c else ''}, c{i});" for i in range(4) for c in chunks]
     for r in range(rows):
-        at = lambda i, r=r: x_at(r, f"k0 + {i}u" if i else "k0")  # noqa: E731
-        lines += [
-            f"    if ({r}u < live) {{",
-            "    var xa = vec4<f32>(0.0);",
-            "    var xb = vec4<f32>(0.0);",
-            "    if (k0 + 8u <= q.K) {",
-            f"        xa = vec4<f32>({', '.join(at(i) for i in range(4))});",
-            f"        xb = vec4<f32>({', '.join(at(i) for i in range(4, 8))});",
-            "    } else {",
-            "        for (var j = 0u; j < 4u; j = j + 1u) {",
-            f"            if (k0 + j < q.K) {{ xa[j] = {x_at(r, 'k0 + j')}; }}",
-            f"            if (k0 + 4u + j < q.K) {{ xb[j] = {x_at(r, 'k0 + 4u + j')}; }}",
-            "        }",
-            "    }",
-        ]
-        lines += [GEMV_DQ8_X.strip()] if dq8 else []
+        lines += [f"    if ({r}u < live) {{", *(f"    var x{c} = vec4<f32>(0.0);" for c in chunks), f"    if (k0 + {step}u <= q.K) {{"]
+        lines += [f"        x{c} = vec4<f32>({', '.join(x_at(r, f'k0 + {4 * c + i}u') for i in range(4))});" for c in chunks]
+        lines += ["    } else {", "        for (var j = 0u; j < 4u; j = j + 1u) {"]
+        lines += [f"            if (k0 + {4 * c}u + j < q.K) {{ x{c}[j] = {x_at(r, f'k0 + {4 * c}u + j')}; }}" for c in chunks]
+        lines += ["        }", "    }"]
+        lines += [fill(GEMV_DQ8_X, V=f"x{c}").strip() for c in chunks] if dq8 else []
         for j in ws:
-            dots = ", ".join(f"dot(xa, d{j}_{i}.a) + dot(xb, d{j}_{i}.b)" for i in range(4))
+            dots = ", ".join(" + ".join(f"dot(x{c}, d{j}_{i}_{c})" for c in chunks) for i in range(4))
             lines.append(f"    acc{j}_{r} = acc{j}_{r} + vec4<f32>({dots});")
         lines.append("    }")
     lines.append("}")
@@ -272,16 +270,15 @@ def gemv_reduce(trees):
 GEMV_DQ8_SETUP = """    let s_row = f32(xs[m0]);
     let zp_row = zp_at(m0);
     let inv_row = div_rn(1.0, s_row);"""
-GEMV_DQ8_X = """        xa = vec4<f32>(xq(xa.x, inv_row, zp_row, s_row), xq(xa.y, inv_row, zp_row, s_row),
-                       xq(xa.z, inv_row, zp_row, s_row), xq(xa.w, inv_row, zp_row, s_row));
-        xb = vec4<f32>(xq(xb.x, inv_row, zp_row, s_row), xq(xb.y, inv_row, zp_row, s_row),
-                       xq(xb.z, inv_row, zp_row, s_row), xq(xb.w, inv_row, zp_row, s_row));"""
+GEMV_DQ8_X = """        $V = vec4<f32>(xq($V.x, inv_row, zp_row, s_row), xq($V.y, inv_row, zp_row, s_row),
+                       xq($V.z, inv_row, zp_row, s_row), xq($V.w, inv_row, zp_row, s_row));"""
 
 
-def gemv_shader(dq8, zp_packed, has_bias, word_group, lanes, types=Storage(), residual=False, rows=1):
-    """A GEMV route (`lanes` invocations reduce over K for each 4 outputs of `rows` rows)."""
+def gemv_shader(dq8, zp_packed, has_bias, word_group, lanes, types=Storage(), residual=False, rows=1, step=8):
+    """A GEMV route (`lanes` invocations reduce over K for each 4 outputs of `rows` rows, `step`
+    weights at a time)."""
     store = lambda r: f"out[(m0 + {r}u) * q.N + n] = epilogue(v0, m0 + {r}u, n);"  # noqa: E731
-    body = gemv_body(dq8, [("wq", "dq8")], "q.N", store, lanes, rows=rows)
+    body = gemv_body(dq8, [("wq", "")], "q.N", store, lanes, rows=rows, step=step)
     head = _gemv_header(dq8, zp_packed, has_bias, types, residual=residual) + _dequant(dq8, zp_packed, word_group)
     return head + gemv_reduce(rows) + gemv_main(rows) + f"    let wg = wg0;\n    {body}\n}}\n"
 
@@ -502,7 +499,8 @@ class Q4Product:
         self.routes = gemv_routes(w.wpr, grouped=not dq8) if gemv else []
         most = self.routes[-1][0] if self.routes else 0  # without the GEMV, the GEMM at every row count
         self.gemv_rows = gpu_gemv_rows(w.n, most) if gemv and b.adapter != CPU else most  # more: the GEMM
-        self.gemvs = [b.dispatch(gemv_shader(dq8, zp_packed, has_bias, word_group, lanes, types, residual, rows), bound) for _, lanes, rows in self.routes]
+        step = gemv_step(w.wpr)
+        self.gemvs = [b.dispatch(gemv_shader(dq8, zp_packed, has_bias, word_group, lanes, types, residual, rows, step), bound) for _, lanes, rows in self.routes]
         self.shapes = q4_subgroup_shapes(b, w)
         self.sgs = [(b.dispatch(sg_shader(dq8, zp_packed, has_bias, shape, types, residual), bound), shape) for shape in self.shapes]
         q_binding = len(operands) + len(tail) + 3  # after out, p and the scratch
