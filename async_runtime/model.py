@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 
 import anyio
 import numpy as np
+import wgpu
 
 from pte_wgpu.kernels import adapter_class, build_node, fuse, fuse_ragged
 from pte_wgpu.kernels.registry import HalfUnsupported
@@ -112,7 +113,11 @@ async def load(
     report = LoadProgress(progress)
     data = await _read_source(source, report)
     model = Model(on_resize, batch_submits, memory_budget)
-    await model._build(data, method, device, max_batch, token_budget, report, precision)
+    try:
+        await model._build(data, method, device, max_batch, token_budget, report, precision)
+    except BaseException:
+        model._discard()
+        raise
     return model
 
 
@@ -255,8 +260,23 @@ class Model:
         self._reserved += nbytes
 
     def _create_buffer(self, size, usage, label=""):
+        """A buffer of `size` bytes; the device running out of memory is a MemoryBudgetError that
+        says what was being allocated (the caller's state stays as it was)."""
         self._counters.buffer_allocations += 1
-        return self.device.create_buffer(size=max(align(size, 4), 4), usage=usage, label=label)
+        try:
+            return self.device.create_buffer(size=max(align(size, 4), 4), usage=usage, label=label)
+        except wgpu.GPUOutOfMemoryError as e:
+            raise MemoryBudgetError(
+                f"the GPU ({self.device_info.name}) is out of memory: {label or 'a buffer'} needs {size} bytes, "
+                f"with {sum(b.size for b in getattr(self, '_buffers', {}).values())} bytes of this model's shared buffers "
+                f"allocated (wgpu: {e})"
+            ) from e
+
+    def _discard(self):
+        """Free what a load that failed had allocated."""
+        for b in getattr(self, "_buffers", {}).values():
+            b.destroy()
+        self._buffers = {}
 
     def _make_buffers(self, named, progress):
         values = self.graph.values
@@ -271,7 +291,9 @@ class Model:
             key: size for key, size in memory.sizes.items() if not (key[0] == "value" and key[1] in self._session_vids)
         }
         self._reserve(sum(align(size, 4) for size in shared.values()), "the model's weights and activations")
-        self._buffers = {key: self._create_buffer(size, STORAGE_USAGE, str(key)) for key, size in shared.items()}
+        self._buffers = {}
+        for key, size in shared.items():  # one by one: a failed load frees those made (_discard)
+            self._buffers[key] = self._create_buffer(size, STORAGE_USAGE, str(key))
         self._constant_data = {}  # initial contents of the session-owned constants (state tensors)
         constants = [(vid, v) for vid, v in enumerate(values) if isinstance(v, Tensor) and v.constant is not None]
         total, done = sum(numel_of(v.dims) * elem_bytes(v.dtype) for _, v in constants), 0

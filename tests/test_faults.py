@@ -201,6 +201,32 @@ async def test_memory_budget_refuses_a_load_that_does_not_fit_before_allocating(
         assert model.memory() + sum(s.memory() for s in model._sessions) <= need
 
 
+async def test_the_device_running_out_of_memory_at_load_is_a_memory_budget_error(monkeypatch):
+    """A load the device cannot hold (no budget given) fails with MemoryBudgetError naming the
+    buffer and its bytes, frees what it had allocated, and a model already loaded keeps working."""
+    pte, _ = mlp_dynamic_batch()
+    async with await ar.load(pte) as model:
+        largest = max(b.size for b in model._buffers.values())
+        before = live_objects()
+        real = type(model.device).create_buffer
+
+        def create_buffer(device, *, size, **kw):
+            if size >= largest:
+                raise wgpu.GPUOutOfMemoryError("Out of Memory")
+            return real(device, size=size, **kw)
+
+        with monkeypatch.context() as m:
+            m.setattr(type(model.device), "create_buffer", create_buffer)
+            with pytest.raises(ar.MemoryBudgetError, match=rf"out of memory: .* needs {largest} bytes"):
+                await ar.load(pte)
+        await anyio.sleep(0.05)
+        assert {k: n for k, n in live_objects().items() if n > before.get(k, 0) and k == "Buffer"} == {}
+        (out,) = await model.execute(x_of(3))
+        assert out.shape == (3, 7)
+    async with await ar.load(pte) as again:
+        assert (await again.execute(x_of(2)))[0].shape == (2, 7)
+
+
 async def test_memory_budget_counts_sessions_and_refuses_one_too_many():
     pte, _ = mlp_dynamic_batch()
     async with await ar.load(pte) as model:
