@@ -127,6 +127,8 @@ async def test_a_kernel_that_fails_to_compile_names_the_op_and_the_shader(monkey
     assert "--- shader ---" in text and "this is not WGSL" in text and "@compute" in text
     assert info.value.__cause__ is not None  # the wgpu error, for its details
     del info  # its traceback holds the half-built model's frames
+    await anyio.sleep(0.05)
+    assert {k: n for k, n in live_objects().items() if n > before.get(k, 0) and k == "Buffer"} == {}  # the load freed its buffers
     monkeypatch.undo()
     async with await ar.load(pte) as model:  # and the next load works
         (out,) = await model.execute(x_of(4))
