@@ -26,6 +26,7 @@ from .errors import (
 )
 from .program.graph import has_half, link, widen_half
 from .program.planning import plan_memory, written_in_place
+from .program.tables import split_tables
 from .ragged import NotRagged, plan_ragged
 from .pipelines import compile_pipelines, dispatch_each_once
 from .program.pte import read_program
@@ -33,7 +34,7 @@ from .progress import LoadProgress
 from .scheduler import Scheduler
 from .session import Session
 from .stats import Counters
-from .storage import STORAGE_USAGE, align, storage_dtype, to_storage
+from .storage import STORAGE_USAGE, align, constant_rows, storage_dtype, to_storage
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,7 @@ class Model:
         self._adapter, self.device, info = await open_device(device_name)
         self.kernels = adapter_class(info.adapter_type)  # which kernel variants
         self.subgroups = "subgroup" in info.features  # variants that need subgroup operations may be built
+        self._binding_limit = info.max_storage_binding
         half = precision == "auto" and has_half(linked) and "shader-f16" in info.features
         self.precision_note = "" if half else _why_f32(precision, linked, info)
         try:
@@ -194,6 +196,7 @@ class Model:
         tensors stored as f16 (`half`) or widened to f32. HalfUnsupported: an op has no f16 kernel."""
         if not half:
             widen_half(graph)
+        split_tables(graph, self._binding_limit)
         self._input_storage = tuple(getattr(graph.values[v], "dtype", None) for v in graph.inputs)  # float16 may be widened
         self.fused = fuse(graph)
         self.batching, self.batching_note, ragged = ("submits" if self._scheduler.batching else "off"), "", None
@@ -299,7 +302,8 @@ class Model:
         total, done = sum(numel_of(v.dims) * elem_bytes(v.dtype) for _, v in constants), 0
         progress.from_worker("upload", 0, total)
         for vid, v in constants:
-            data = to_storage(v, _constant_bytes(v.constant, named, f"constant tensor {vid}"), f"tensor {vid}")
+            raw = _constant_bytes(v.constant, named, f"constant tensor {vid}")
+            data = to_storage(v, constant_rows(raw, v.constant.rows) if v.constant.rows else raw, f"tensor {vid}")
             for d in self._state_copies.values():
                 if d.src == vid:
                     self._constant_data[d.dst] = data

@@ -50,6 +50,7 @@ ROW_WISE = {
     "et_vk.rms_norm.default",
     "aten.native_layer_norm.default",
     "aten.embedding.default",
+    "pte_wgpu.embedding_parts",
     "et_vk.embedding_q4gsw.default",
     "et_vk.apply_rotary_emb.default",
 }

@@ -34,6 +34,14 @@ def input_words(arr):
     return np.concatenate([arr.view(np.uint8).ravel(), np.zeros(-arr.nbytes % 4, np.uint8)])
 
 
+def constant_rows(raw, rows):
+    """The file's bytes of rows first .. end - 1 (`rows` = (first, end, table dims)) of a table whose
+    bytes are `raw` (Constant.rows: a part of a table too large for one binding)."""
+    first, end, dims = rows
+    row = len(raw) // dims[0]
+    return raw[first * row : end * row]
+
+
 def to_storage(tensor, raw, what):
     """A constant's bytes from the file as the device stores them; packed bytes are kept as is."""
     n = numel_of(tensor.dims)

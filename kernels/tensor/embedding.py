@@ -30,8 +30,14 @@ EMBEDDING = flat_kernel(
 def embedding(b):
     weight, indices = b.args[0], b.args[1]
     rows, dim = b.tensor(0).dims
+    _add_lookup(b, EMBEDDING, [weight], weight, indices, dim, rows)
+
+
+def _add_lookup(b, kernel, tables, table, indices, dim, rows):
+    """Record a lookup of `rows` rows of `dim` by `indices` from `tables` (bound in order, their
+    storage type `table`'s) with `kernel`, and its hook."""
     params = b.params(16)
-    d = b.dispatch(type_aliases(b.graph.values, WT=weight, OT=b.out) + EMBEDDING, [weight, indices, b.out, params])
+    d = b.dispatch(type_aliases(b.graph.values, WT=table, OT=b.out) + kernel, [*tables, indices, b.out, params])
 
     def resize(ctx):
         shape = ctx.dims(indices) + (dim,)
@@ -41,6 +47,38 @@ def embedding(b):
         ctx.set_dims(b.out, shape)
 
     b.hook(resize)
+
+
+EMBEDDING_PARTS = "pte_wgpu.embedding_parts"
+# A lookup binds its parts, the indices, the output and the uniform: within WebGPU's default of 8
+# storage buffers a shader stage.
+MAX_PARTS = 6
+
+
+@op(EMBEDDING_PARTS, half=True)
+def embedding_parts(b):
+    """[indices, rows a part, part 0, part 1, .., out]: aten.embedding over a table cut into parts
+    of whole rows (async_runtime/program/tables.py), each its own binding."""
+    indices, per, parts = b.args[0], b.scalar(1), b.args[2:-1]
+    dim = b.graph.values[parts[0]].dims[1]
+    rows = per * (len(parts) - 1) + b.graph.values[parts[-1]].dims[0]
+    reads = "\n    ".join(
+        f"{'else ' if j else ''}if (part == {j}u) {{ v = part{j}[(row - {j * per}u) * p.dim + i % p.dim]; }}" for j in range(len(parts))
+    )
+    kernel = flat_kernel(
+        "n: u32, dim: u32, rows: u32, pad: u32",
+        [*((f"part{j}", "WT", "read") for j in range(len(parts))), ("index", "i32", "read"), ("out", "OT", "read_write")],
+        f"""
+    let t = i / p.dim;
+    // An index outside the table reads its nearest row instead of out-of-bounds memory.
+    let row = u32(clamp(index[t], 0, i32(p.rows) - 1));
+    let part = row / {per}u;
+    var v = WT(0);
+    {reads}
+    out[i] = OT(v);
+""",
+    )
+    _add_lookup(b, kernel, parts, parts[0], indices, dim, rows)
 
 
 @op("pte_wgpu.last_rows", half=True)
