@@ -17,8 +17,9 @@ Formats (as `executorch.backends.vulkan.patterns` writes them):
 
 The two linear ops record GEMV routes (up to Q4_GEMV_MAX_ROWS rows, dq8 GEMV_MAX_ROWS, on GPUs BITWISE_ROWS for weights
 of GEMV_T4_MIN_N rows or more, kernels/matmul/routes.py's gpu_gemv_rows; each its own: a workgroup's 256
-threads reduce over K for quads of outputs, one u32 word = 8 weights per thread step, as many
-threads a quad as the row count suits, gemv_routes) and a GEMM route (more rows:
+threads reduce over K for quads of outputs, one u32 word = 8 weights per thread step (half a word
+for weights of routes.py's q4_wide K, gemv_step), as many threads a quad as the row count suits,
+gemv_routes) and a GEMM route (more rows:
 kernels/matmul/gemm.py's template with a B load that dequantizes each weight as it is staged, and with
 dq8 an A load that quantizes each activation; split-K as for fp32). On CPU adapters with
 subgroups, where K and the group size are multiples of 16 (a lane's step: 2 words), two subgroup
