@@ -117,7 +117,7 @@ async def load(
     try:
         await model._build(data, method, device, max_batch, token_budget, report, precision)
     except BaseException:
-        model._discard()
+        model._release()  # what the failed load allocated
         raise
     return model
 
@@ -133,6 +133,8 @@ class Model:
         self._counters = Counters()
         self._resized = OrderedDict()  # input shapes -> the LiveState the hooks computed for them
         self._sessions = set()
+        self._buffers = {}  # the shared buffers, made at load (_make_buffers)
+        self._batcher = None
         self._next_session_id = 0
         self._event_sinks = [on_resize] if on_resize is not None else []
         self._scheduler = Scheduler(self, batch_submits)
@@ -183,7 +185,6 @@ class Model:
         # take hundreds of ms for a real model: worker threads, so the event loop keeps running.
         await anyio.to_thread.run_sync(self._make_buffers, program.named_data, progress)
         self._pipelines = await compile_pipelines(self.device, graph.dispatches, progress)
-        self._batcher = None
         if ragged is not None:
             runner = await anyio.to_thread.run_sync(Session, self)
             self._sessions.discard(runner)  # the model's own: not a user session
@@ -271,15 +272,8 @@ class Model:
         except wgpu.GPUOutOfMemoryError as e:
             raise MemoryBudgetError(
                 f"the GPU ({self.device_info.name}) is out of memory: {label or 'a buffer'} needs {size} bytes, "
-                f"with {sum(b.size for b in getattr(self, '_buffers', {}).values())} bytes of this model's shared buffers "
-                f"allocated (wgpu: {e})"
+                f"with {self.memory()} bytes of this model's shared buffers allocated (wgpu: {e})"
             ) from e
-
-    def _discard(self):
-        """Free what a load that failed had allocated."""
-        for b in getattr(self, "_buffers", {}).values():
-            b.destroy()
-        self._buffers = {}
 
     def _make_buffers(self, named, progress):
         values = self.graph.values
@@ -294,8 +288,7 @@ class Model:
             key: size for key, size in memory.sizes.items() if not (key[0] == "value" and key[1] in self._session_vids)
         }
         self._reserve(sum(align(size, 4) for size in shared.values()), "the model's weights and activations")
-        self._buffers = {}
-        for key, size in shared.items():  # one by one: a failed load frees those made (_discard)
+        for key, size in shared.items():  # one by one: a failed load frees those made (_release)
             self._buffers[key] = self._create_buffer(size, STORAGE_USAGE, str(key))
         self._constant_data = {}  # initial contents of the session-owned constants (state tensors)
         constants = [(vid, v) for vid, v in enumerate(values) if isinstance(v, Tensor) and v.constant is not None]
@@ -385,13 +378,17 @@ class Model:
         if self._closed:
             return
         self._closed = True
+        self._release()
+        await anyio.lowlevel.checkpoint()
+
+    def _release(self):
+        """Free the GPU buffers of the sessions, the batcher's runner and the model."""
         for s in list(self._sessions):
             s._release()
         if self._batcher is not None:
             self._batcher.runner._release()
         for b in self._buffers.values():
             b.destroy()
-        await anyio.lowlevel.checkpoint()
 
     async def __aenter__(self):
         return self
