@@ -14,30 +14,45 @@ from pte_wgpu.resize.shapes import numel_of
 from ..registry import op
 from ..wgsl import fill, flat_grid, flat_kernel, type_aliases
 
-EMBEDDING = flat_kernel(
-    "n: u32, dim: u32, rows: u32, pad: u32",
-    [("weight", "WT", "read"), ("index", "i32", "read"), ("out", "OT", "read_write")],
-    """
+
+def lookup_kernel(parts=1, per=0):
+    """The flat lookup: out[i] = element i % dim of row index[i / dim] of a table bound as `parts`
+    bindings part0, part1, .. of `per` rows each (the last one the rest)."""
+    if parts == 1:
+        reads = "v = part0[row * p.dim + i % p.dim];"
+    else:
+        reads = "\n    ".join(
+            f"{'else ' if j else ''}if (row / {per}u == {j}u) {{ v = part{j}[(row - {j * per}u) * p.dim + i % p.dim]; }}" for j in range(parts)
+        )
+    return flat_kernel(
+        "n: u32, dim: u32, rows: u32, pad: u32",
+        [*((f"part{j}", "WT", "read") for j in range(parts)), ("index", "i32", "read"), ("out", "OT", "read_write")],
+        f"""
     let t = i / p.dim;
     // An index outside the table reads its nearest row instead of out-of-bounds memory.
     let row = u32(clamp(index[t], 0, i32(p.rows) - 1));
-    out[i] = OT(weight[row * p.dim + i % p.dim]);
+    var v = WT(0);
+    {reads}
+    out[i] = OT(v);
 """,
-)
+    )
+
+
+EMBEDDING = lookup_kernel()
 
 
 @op("aten.embedding.default", "aten::embedding.out", half=True)
 def embedding(b):
     weight, indices = b.args[0], b.args[1]
     rows, dim = b.tensor(0).dims
-    _add_lookup(b, EMBEDDING, [weight], weight, indices, dim, rows)
+    _add_lookup(b, EMBEDDING, [weight], indices, dim, rows)
 
 
-def _add_lookup(b, kernel, tables, table, indices, dim, rows):
-    """Record a lookup of `rows` rows of `dim` by `indices` from `tables` (bound in order, their
-    storage type `table`'s) with `kernel`, and its hook."""
+def _add_lookup(b, kernel, tables, indices, dim, rows):
+    """Record a lookup of `rows` rows of `dim` by `indices` from `tables` (lookup_kernel's parts,
+    bound in order, of one storage type) with `kernel`, and its hook."""
     params = b.params(16)
-    d = b.dispatch(type_aliases(b.graph.values, WT=table, OT=b.out) + kernel, [*tables, indices, b.out, params])
+    d = b.dispatch(type_aliases(b.graph.values, WT=tables[0], OT=b.out) + kernel, [*tables, indices, b.out, params])
 
     def resize(ctx):
         shape = ctx.dims(indices) + (dim,)
@@ -62,23 +77,7 @@ def embedding_parts(b):
     indices, per, parts = b.args[0], b.scalar(1), b.args[2:-1]
     dim = b.graph.values[parts[0]].dims[1]
     rows = per * (len(parts) - 1) + b.graph.values[parts[-1]].dims[0]
-    reads = "\n    ".join(
-        f"{'else ' if j else ''}if (part == {j}u) {{ v = part{j}[(row - {j * per}u) * p.dim + i % p.dim]; }}" for j in range(len(parts))
-    )
-    kernel = flat_kernel(
-        "n: u32, dim: u32, rows: u32, pad: u32",
-        [*((f"part{j}", "WT", "read") for j in range(len(parts))), ("index", "i32", "read"), ("out", "OT", "read_write")],
-        f"""
-    let t = i / p.dim;
-    // An index outside the table reads its nearest row instead of out-of-bounds memory.
-    let row = u32(clamp(index[t], 0, i32(p.rows) - 1));
-    let part = row / {per}u;
-    var v = WT(0);
-    {reads}
-    out[i] = OT(v);
-""",
-    )
-    _add_lookup(b, kernel, parts, parts[0], indices, dim, rows)
+    _add_lookup(b, lookup_kernel(len(parts), per), parts, indices, dim, rows)
 
 
 @op("pte_wgpu.last_rows", half=True)
