@@ -122,6 +122,13 @@ async def load(
     return model
 
 
+def is_out_of_memory(error):
+    """Whether a wgpu error from creating a buffer means the device has no memory left: wgpu-native
+    on NVIDIA's Vulkan driver reports it as a validation error ("Not enough memory left"), not as
+    GPUOutOfMemoryError."""
+    return isinstance(error, wgpu.GPUOutOfMemoryError) or "not enough memory" in str(error).lower()
+
+
 class Model:
     """The shared part: weights, activations, pipelines and the plan. Streams are `session()`s;
     `execute` runs on a default session."""
@@ -269,7 +276,9 @@ class Model:
         self._counters.buffer_allocations += 1
         try:
             return self.device.create_buffer(size=max(align(size, 4), 4), usage=usage, label=label)
-        except wgpu.GPUOutOfMemoryError as e:
+        except (wgpu.GPUOutOfMemoryError, wgpu.GPUValidationError) as e:
+            if not is_out_of_memory(e):
+                raise
             raise MemoryBudgetError(
                 f"the GPU ({self.device_info.name}) is out of memory: {label or 'a buffer'} needs {size} bytes, "
                 f"with {self.memory()} bytes of this model's shared buffers allocated (wgpu: {e})"

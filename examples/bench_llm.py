@@ -33,10 +33,35 @@ def median_rate(samples):
     return statistics.median(samples)
 
 
+class LoadPhases:
+    """`ar.load`'s progress callback that keeps when each phase ended and how many bytes it moved."""
+
+    def __init__(self):
+        self.start = self.last = time.perf_counter()
+        self.seconds, self.totals = {}, {}
+
+    def __call__(self, phase, done, total):
+        now = time.perf_counter()
+        if done == 0:
+            self.last = now  # a phase's clock starts at its first report
+        self.seconds[phase], self.totals[phase] = now - self.last, total
+
+    def rows(self):
+        """Seconds per phase and in all; the upload's GB/s (weights made into buffers and queued)."""
+        rows = {f"load_{phase.replace('-', '_')}_s": s for phase, s in self.seconds.items()}
+        rows["load_s"] = time.perf_counter() - self.start
+        if self.seconds.get("upload"):
+            rows["load_upload_gb_s"] = self.totals["upload"] / self.seconds["upload"] / 1e9
+        return rows
+
+
 async def bench_wgpu(path, args):
     out = {}
     most = max(32, *args.sessions)  # every session in one ragged pass
-    async with await ar.load(path, max_batch=most) as model, await ar.load(path, batch_submits=False) as unbatched:
+    phases = LoadPhases()
+    model = await ar.load(path, max_batch=most, progress=phases)
+    out |= phases.rows()
+    async with model, await ar.load(path, batch_submits=False) as unbatched:
         out["device"] = model.device_info.name
         out["precision"], out["model_memory_bytes"] = model.precision, model.memory()
         out["batching"], out["gpu_sampling"] = f"{model.batching} {model.batching_note}".strip(), model.gpu_sampling

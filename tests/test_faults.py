@@ -203,7 +203,16 @@ async def test_memory_budget_refuses_a_load_that_does_not_fit_before_allocating(
         assert model.memory() + sum(s.memory() for s in model._sessions) <= need
 
 
-async def test_the_device_running_out_of_memory_at_load_is_a_memory_budget_error(monkeypatch):
+# How wgpu-native reports a buffer the device has no memory for: NVIDIA's driver on an H100 gave
+# the validation error (a wgpu-native 0.32 probe, allocating 4 GiB buffers until one failed).
+DEVICE_OUT_OF_MEMORY = {
+    "out_of_memory_error": lambda: wgpu.GPUOutOfMemoryError("Out of Memory"),
+    "validation_error": lambda: wgpu.GPUValidationError("Validation Error\n\nCaused by:\n  In wgpuDeviceCreateBuffer\n    Not enough memory left.\n"),
+}
+
+
+@pytest.mark.parametrize("error", DEVICE_OUT_OF_MEMORY)
+async def test_the_device_running_out_of_memory_at_load_is_a_memory_budget_error(monkeypatch, error):
     """A load the device cannot hold (no budget given) fails with MemoryBudgetError naming the
     buffer and its bytes, frees what it had allocated, and a model already loaded keeps working."""
     pte, _ = mlp_dynamic_batch()
@@ -214,7 +223,7 @@ async def test_the_device_running_out_of_memory_at_load_is_a_memory_budget_error
 
         def create_buffer(device, *, size, **kw):
             if size >= largest:
-                raise wgpu.GPUOutOfMemoryError("Out of Memory")
+                raise DEVICE_OUT_OF_MEMORY[error]()
             return real(device, size=size, **kw)
 
         with monkeypatch.context() as m:
@@ -227,6 +236,13 @@ async def test_the_device_running_out_of_memory_at_load_is_a_memory_budget_error
         assert out.shape == (3, 7)
     async with await ar.load(pte) as again:
         assert (await again.execute(x_of(2)))[0].shape == (2, 7)
+
+
+def test_other_buffer_validation_errors_are_not_out_of_memory():
+    from async_runtime.model import is_out_of_memory
+
+    assert all(is_out_of_memory(make()) for make in DEVICE_OUT_OF_MEMORY.values())
+    assert not is_out_of_memory(wgpu.GPUValidationError("In wgpuDeviceCreateBuffer\n    Buffer size 8 is greater than the maximum 4"))
 
 
 async def test_memory_budget_counts_sessions_and_refuses_one_too_many():
