@@ -3,7 +3,8 @@ SPLIT_MAX_ROWS query rows, against float64 / torch eager attention.
 
 First the kernels alone on raw buffers: the plain form at a start position past 0, and ragged
 passes whose tiles span several sessions (prompt chunks, decode rows, padding), for head dims 64
-(SmolLM2's), 40 (G = 10, not a power of 2) and 80 (the whole-range fallback). Then an export:
+(SmolLM2's), 40 (G = 10, not a power of 2), 128 (Llama 3.1 8B's, Qwen's: each row's dims in two
+halves), 88 (halves of 11 vec4s; 128 merges its halves in chunks) and 136 (the whole-range fallback). Then an export:
 `llama::sdpa_with_kv_cache` of head dim 64 fed by token embeddings, run step by step at prime row
 counts (plain) and as concurrent sessions (ragged passes), against torch eager.
 """
@@ -26,7 +27,7 @@ from .exporting import EXPORT_DIR, export_pte
 pytestmark = pytest.mark.usefixtures("adapter")
 
 HQ, HKV = 6, 2
-DIMS = {64: TILE_ROWS, 40: TILE_ROWS, 80: 1}  # head dim: query rows per workgroup (80: the fallback)
+DIMS = {64: TILE_ROWS, 40: TILE_ROWS, 128: TILE_ROWS, 88: TILE_ROWS, 136: 1}  # head dim: query rows per workgroup (136: the fallback)
 
 
 @pytest.fixture(scope="module")

@@ -412,24 +412,30 @@ LAST_MERGES = """    storageBarrier();
 
 
 # The query-tiled kernel ("flash attention") for head dims d = 4 * G up to TILED_MAX_DIM: one
-# workgroup per (query head, tile of TILE_ROWS rows), TILE_SUBS invocations per row. Each one keeps
-# its row's q (pre-scaled) and its own online-softmax state (max m, sum l, accumulator a) in
-# registers, as separate vec4 variables (a private array indexed in a loop spills to local memory),
-# and takes keys sub * KPS .. sub * KPS + KPS - 1 of each block of BK keys, whose K and V rows the
-# workgroup loads into `kv` together. Invocation t is row t % TILE_ROWS of sub t / TILE_ROWS, so a
-# warp's invocations read the same K and V vec4 at once (a broadcast). `kv` is indexed
-# [sub][key][vec4] with constant inner indices: naga clamps each dynamic index into a workgroup
-# array, and this way that is one clamp per kernel, not one per read. Every row's result is the
-# same whatever the tile's other rows: blocks are aligned at key 0, masked keys add exact zeros.
+# workgroup per (query head, tile of TILE_ROWS rows), SUBS invocations per row and dims half
+# (HALVES). Each one keeps its row's q (pre-scaled) and its own online-softmax state (max m, sum l,
+# accumulator a) in registers, as separate vec4 variables (a private array indexed in a loop
+# spills to local memory), and takes keys sub * KPS .. sub * KPS + KPS - 1 of each block of BK
+# keys, whose K and V rows the workgroup loads into `kv` together. Invocation t is row t % TILE_ROWS
+# of sub t / TILE_ROWS % SUBS, so a warp's invocations read the same K and V vec4 at once (a
+# broadcast). `kv` is indexed [half, sub][key][vec4] with constant inner indices: naga clamps each
+# dynamic index into a workgroup array, and this way that is one clamp per kernel, not one per read.
+# Every row's result is the same whatever the tile's other rows: blocks are aligned at key 0,
+# masked keys add exact zeros.
+#
+# Past 64 dims q and a would take more than 2 * 64 registers: the row's dims are cut in two halves
+# (dh = t / (TILE_ROWS * SUBS)), each invocation keeping q and a of its half. The two halves of a
+# score meet in workgroup memory (`ps`) and are added in one order for both (p0 + p1 = p1 + p0), so
+# both compute the same softmax state, each for its own dims.
 TILE_ROWS = 32
 TILE_SUBS = 4
-TILED_MAX_DIM = 64  # q and a take 2 * d registers per invocation
-KV_BYTES = 16384  # workgroup storage of a block's K and V rows (the WebGPU default limit)
+TILED_MAX_DIM = 128
+KV_BYTES = 16384  # workgroup storage of a block's K and V rows (and the halves' scores; WebGPU's default limit)
 TILED = VEC4_BINDINGS + """$TABLES
-// [sub][i] is the K row of key sub * KPS + i of the block, [SUBS + sub][i] its V row; the merge's
-// scratch afterwards, as 2 * BK rows of G vec4s
-var<workgroup> kv: array<array<array<vec4<f32>, $G>, $KPS>, $SUBS2>;
-
+// [half * SUBS + sub][i] is the K row half of key sub * KPS + i of the block, [HALVES * SUBS + half *
+// SUBS + sub][i] its V row half; the merge's scratch afterwards, in rows of GH vec4s
+var<workgroup> kv: array<array<array<vec4<f32>, $GH>, $KPS>, $ROWS2>;
+$PS
 fn hsum(x: vec4<f32>) -> f32 { return (x.x + x.y) + (x.z + x.w); }
 
 @compute @workgroup_size($THREADS)
@@ -439,18 +445,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let r_end = min(r0 + ${BQ}u, p.s);
     let t = lid.x;
     let lane = t % ${BQ}u;
-    let sub = t / ${BQ}u;
-    let vsub = ${SUBS}u + sub;
+    $SUB
     let row = r0 + lane;
     let r = min(row, p.s - 1u);
     let kvh = h / (p.hq / p.hkv);
-    let qi = (r * p.hq + h) * ${D}u;
+    let qi = (r * p.hq + h) * ${D}u$HALF_OFFSET;
     $Q
     $ACC
     var m = -3.0e38;
     var l = 0.0;
 $RANGES
-    // Merge the row's TILE_SUBS states: rescaled to their common max, then summed pairwise in a
+    // Merge the row's SUBS states: rescaled to their common max, then summed pairwise in a
     // fixed order through kv (free: the last key block ended on a barrier).
     $MERGE
 }
@@ -463,11 +468,11 @@ TILED_BLOCKS = """    for (var kb = 0u; kb < kmax; kb = kb + ${BK}u) {
             let key = i / ${G}u;
             let j = min(kb + key, kmax - 1u);  // past kmax: a live key's row, masked below
             let at = cbase + (j * p.hkv + kvh) * ${G}u + i % ${G}u;
-            kv[key / ${KPS}u][key % ${KPS}u][i % ${G}u] = vec4<f32>(kc[at]);
-            kv[${SUBS}u + key / ${KPS}u][key % ${KPS}u][i % ${G}u] = vec4<f32>(vc[at]);
+            $STORE_KV
         }
         workgroupBarrier();
         let j0 = kb + sub * ${KPS}u;
+        $PARTS
         if (mine && j0 < keys) {
             $SCORES
             let m_new = max(m, $MAX);
@@ -507,61 +512,138 @@ $BLOCKS
     }"""
 
 
+@dataclass(frozen=True)
+class TiledShape:
+    """How the tiled kernel of head dim `dim` cuts a row's work: `halves` of its dims, `subs` key
+    ranges of each block, `bk` keys a block (kps an invocation), in KV_BYTES of workgroup memory."""
+
+    dim: int
+    halves: int
+    subs: int
+    bk: int
+
+    @property
+    def g(self):
+        return self.dim // 4
+
+    @property
+    def gh(self):  # vec4s of one half
+        return self.g // self.halves
+
+    @property
+    def kps(self):
+        return self.bk // self.subs
+
+    @property
+    def threads(self):
+        return TILE_ROWS * self.subs * self.halves
+
+
+def tiled_shape(dim):
+    """The TiledShape of head dim `dim`, or None where the tiled kernel does not take it."""
+    if dim % 4 or dim > TILED_MAX_DIM:
+        return None
+    if dim <= 64:
+        return TiledShape(dim, 1, TILE_SUBS, min(64, KV_BYTES // (8 * dim)) // TILE_SUBS * TILE_SUBS)
+    if dim % 8:
+        return None  # halves of whole vec4s
+    subs = 2  # a block's K and V rows and the halves' scores (threads * kps floats) share KV_BYTES
+    bk = KV_BYTES // (8 * dim + 4 * TILE_ROWS * 2) // subs * subs
+    return TiledShape(dim, 2, subs, bk)
+
+
 def _tiled_shader(ragged, dim):
-    """TILED for head dim `dim` (a multiple of 4, at most TILED_MAX_DIM), its G-long loops written out."""
-    g, bq, subs = dim // 4, TILE_ROWS, TILE_SUBS
-    bk = min(64, KV_BYTES // (8 * dim)) // subs * subs  # keys per block
-    kps = bk // subs  # of which each invocation takes kps
-    assert 2 * bk >= max(-(-bq * subs // g), bq * subs // 2), "kv must hold the merge's scratch"
+    """TILED for head dim `dim` (tiled_shape's), its G-long loops written out."""
+    sh = tiled_shape(dim)
+    g, gh, bq, subs, kps, bk, halves = sh.g, sh.gh, TILE_ROWS, sh.subs, sh.kps, sh.bk, sh.halves
     n = "\n            "
     vis = [f"j0 + {i}u < keys" for i in range(kps)]
+    dots = [f"hsum({' + '.join(f'q{e} * kv[ks][{i}][{e}]' for e in range(gh))})" for i in range(kps)]
+    if halves == 1:
+        store_kv = (
+            f"kv[key / {kps}u][key % {kps}u][i % {g}u] = vec4<f32>(kc[at]);\n"
+            f"            kv[{subs}u + key / {kps}u][key % {kps}u][i % {g}u] = vec4<f32>(vc[at]);"
+        )
+        parts, scores = "", [f"let s{i} = select(-3.0e38, {dots[i]}, {vis[i]});" for i in range(kps)]
+    else:  # vec4 c of the key's row is vec4 c % GH of half c / GH
+        kv_row = f"(i % {g}u / {gh}u) * {subs}u + key / {kps}u"
+        store_kv = (
+            f"kv[{kv_row}][key % {kps}u][i % {gh}u] = vec4<f32>(kc[at]);\n"
+            f"            kv[{halves * subs}u + {kv_row}][key % {kps}u][i % {gh}u] = vec4<f32>(vc[at]);"
+        )
+        other = bq * subs  # the same row and sub in the other half
+        parts = n.join([*(f"ps[{i}][t] = {dots[i]};" for i in range(kps)), "workgroupBarrier();"])
+        scores = [f"let s{i} = select(-3.0e38, ps[{i}][t] + ps[{i}][t ^ {other}u], {vis[i]});" for i in range(kps)]
     blocks = fill(
-        TILED_BLOCKS, BK=bk, BKG=bk * g, G=g, KPS=kps, SUBS=subs, THREADS=bq * subs,
-        SCORES=n.join(
-            f"let s{i} = select(-3.0e38, hsum({' + '.join(f'q{e} * kv[sub][{i}][{e}]' for e in range(g))}), {vis[i]});"
-            for i in range(kps)
-        ),
+        TILED_BLOCKS, BK=bk, BKG=bk * g, G=g, KPS=kps, THREADS=sh.threads, STORE_KV=store_kv, PARTS=parts,
+        SCORES=n.join(scores),
         MAX=_max_tree([f"s{i}" for i in range(kps)]),
         PROBS=n.join(f"let p{i} = select(0.0, exp(s{i} - m_new), {vis[i]});" for i in range(kps)),
         TOTAL=" + ".join(f"p{i}" for i in range(kps)),
         WEIGHTED=n.join(
-            f"a{e} = a{e} * corr + {' + '.join(f'p{i} * kv[vsub][{i}][{e}]' for i in range(kps))};" for e in range(g)
+            f"a{e} = a{e} * corr + {' + '.join(f'p{i} * kv[vs][{i}][{e}]' for i in range(kps))};" for e in range(gh)
         ),
     )
     ranges = fill(TILED_RAGGED, BLOCKS=textwrap.indent(blocks, " " * 8)) if ragged else fill(TILED_PLAIN, BLOCKS=blocks)
 
-    def flat(i):  # vec4 i of kv
-        return f"kv[{i} / {g * kps}u][{i} / {g}u % {kps}u][{i} % {g}u]"
+    def at(i):  # kv as rows of GH vec4s: row i
+        return f"kv[{i} / {kps}u][{i} % {kps}u]"
 
+    def flat(i):  # vec4 i of kv
+        return f"kv[{i} / {gh * kps}u][{i} / {gh}u % {kps}u][{i} % {gh}u]"
+
+    assert sh.threads <= 2 * bk * g, "kv must hold every invocation's (m, l)"
     states = [f"st{k}" for k in range(subs)]
+    first = "dh * " + str(bq * subs) + "u + " if halves > 1 else ""
     merge = [f"{flat('t')} = vec4<f32>(m, l, 0.0, 0.0);", "workgroupBarrier();"]
-    merge += [f"let st{k} = {flat(f'({k * bq}u + lane)')};" for k in range(subs)]
+    merge += [f"let st{k} = {flat(f'({first}{k * bq}u + lane)')};" for k in range(subs)]
     merge.append(f"let mx = {_max_tree([f'{s}.x' for s in states])};")
     merge.append(f"let total = {' + '.join(f'{s}.y * exp({s}.x - mx)' for s in states)};")
     merge.append("let c = exp(m - mx);")
-    merge += [f"a{e} = a{e} * c;" for e in range(g)]
+    merge += [f"a{e} = a{e} * c;" for e in range(gh)]
+    rows = 2 * bk * halves  # kv's rows of GH vec4s
     half = subs // 2
-    while half:  # subs [half, 2 * half) hand their a to subs [0, half)
-        put = " ".join(f"kv[at / {kps}u][at % {kps}u][{e}] = a{e};" for e in range(g))
-        add = " ".join(f"a{e} = a{e} + kv[at / {kps}u][at % {kps}u][{e}];" for e in range(g))
-        merge += [
-            "workgroupBarrier();",
-            f"if (sub >= {half}u && sub < {2 * half}u) {{ let at = (sub - {half}u) * {bq}u + lane; {put} }}",
-            "workgroupBarrier();",
-            f"if (sub < {half}u) {{ let at = sub * {bq}u + lane; {add} }}",
-        ]
+    while half:  # subs [half, 2 * half) hand their a to subs [0, half), chunk by chunk of the dims
+        slots = half * bq * halves
+        chunk = min(gh, rows * gh // slots)
+        assert chunk, "kv must hold a chunk of the merge"
+        base = f"dh * {half * bq}u + " if halves > 1 else ""
+        for c0 in range(0, gh, chunk):
+            dims = range(c0, min(gh, c0 + chunk))
+            if chunk == gh:  # one row a slot
+                put = " ".join(f"{at('at')}[{e}] = a{e};" for e in dims)
+                add = " ".join(f"a{e} = a{e} + {at('at')}[{e}];" for e in dims)
+            else:
+                put = " ".join(f"{flat(f'(at * {chunk}u + {e - c0}u)')} = a{e};" for e in dims)
+                add = " ".join(f"a{e} = a{e} + {flat(f'(at * {chunk}u + {e - c0}u)')};" for e in dims)
+            merge += [
+                "workgroupBarrier();",
+                f"if (sub >= {half}u && sub < {2 * half}u) {{ let at = {base}(sub - {half}u) * {bq}u + lane; {put} }}",
+                "workgroupBarrier();",
+                f"if (sub < {half}u) {{ let at = {base}sub * {bq}u + lane; {add} }}",
+            ]
         half //= 2
     # a real row's total is at least 1 (its largest score's exp(0)); a padding row's is 0, a = 0
-    writes = " ".join(f"out[o + {4 * e + c}u] = OT(a{e}.{'xyzw'[c]} / w);" for e in range(g) for c in range(4))
-    merge.append(f"if (sub == 0u && row < p.s) {{ let o = (row * p.hq + h) * {dim}u; let w = max(total, 1e-30); {writes} }}")
+    writes = " ".join(f"out[o + {4 * e + c}u] = OT(a{e}.{'xyzw'[c]} / w);" for e in range(gh) for c in range(4))
+    out0 = f" + dh * {4 * gh}u" if halves > 1 else ""
+    merge.append(f"if (sub == 0u && row < p.s) {{ let o = (row * p.hq + h) * {dim}u{out0}; let w = max(total, 1e-30); {writes} }}")
     n = "\n    "
-    q = [", ".join(f"f32(q[qi + {4 * e + c}u])" for c in range(4)) for e in range(g)]
+    q = [", ".join(f"f32(q[qi + {4 * e + c}u])" for c in range(4)) for e in range(gh)]
+    if halves == 1:
+        sub = f"let sub = t / {bq}u;\n    let ks = sub;\n    let vs = {subs}u + sub;"
+    else:
+        sub = (
+            f"let sub = t / {bq}u % {subs}u;\n    let dh = t / {bq * subs}u;  // the dims half\n"
+            f"    let ks = dh * {subs}u + sub;\n    let vs = {halves * subs}u + ks;"
+        )
     return fill(
         TILED,
         TABLES=RAGGED_TABLES if ragged else "",
-        G=g, KPS=kps, SUBS=subs, SUBS2=2 * subs, THREADS=bq * subs, BQ=bq, D=dim,
-        Q=n.join(f"let q{e} = vec4<f32>({q[e]}) * p.scale;" for e in range(g)),
-        ACC=n.join(f"var a{e} = vec4<f32>(0.0);" for e in range(g)),
+        PS=f"var<workgroup> ps: array<array<f32, {sh.threads}>, {kps}>;  // [key][t]: t's part of the key's score\n" if halves > 1 else "",
+        GH=gh, KPS=kps, ROWS2=2 * subs * halves, THREADS=sh.threads, BQ=bq, D=dim, SUB=sub,
+        HALF_OFFSET=f" + dh * {4 * gh}u" if halves > 1 else "",
+        Q=n.join(f"let q{e} = vec4<f32>({q[e]}) * p.scale;" for e in range(gh)),
+        ACC=n.join(f"var a{e} = vec4<f32>(0.0);" for e in range(gh)),
         RANGES=ranges,
         MERGE=n.join(merge),
     )
@@ -603,7 +685,7 @@ def _attention_shader(ragged, split=False, dim=None):
 
 def _whole_range(ragged, dim):
     """(shader, query rows per workgroup) of the route for more rows than split-K takes."""
-    if dim % 4 == 0 and dim <= TILED_MAX_DIM:
+    if tiled_shape(dim) is not None:
         return _tiled_shader(ragged, dim), TILE_ROWS
     return _attention_shader(ragged), 1
 
