@@ -12,7 +12,8 @@ GEMM_REDUCE adds the ranges in split order and applies the epilogue. H100, SmolL
 the 64x64 kernel this replaced at 512-2047 rows, before splitting.
 
 How the tiles are read is a parameter, a `TileLoad`: WGSL functions `a_at(off, m, k, kend)` and
-`b_at(off, n, k, kend)` giving one element of A and B (0 outside the product), and so a plain
+`b_at(off, n, k, kend)` giving one element of A and B (0 outside the product; or `b_k_quad`, 4 K
+values of B's column at once), and so a plain
 load (f32 or f16 storage), a 4-bit dequantizing load (kernels/matmul/q4_linear.py), an implicit im2col
 load (kernels/vision/conv_gemm.py), and later int8 loads. Whatever the storage, the tiles, sums and
 split-K's scratch are f32; `epilogue` ends with an optional clamp (a fused activation) and converts
@@ -89,12 +90,17 @@ class TileLoad:
     declares bindings past the scratch); `b_along_k`: B's neighbouring elements lie along K (an [N, K]
     weight), so neighbouring invocations load along K; `setup`: statements run once per
     invocation before the K loop, knowing `a_row0` and `b_col0`, the first of the 4 A rows and of
-    the 4 B columns it loads."""
+    the 4 B columns it loads; `b_k_quads` (with `b_along_k`): `functions` also define
+    `b_k_quad(off, n, k, kend)`, the elements (n, k..k + 3) of B (k a multiple of 4; instead of
+    b_at), and each
+    invocation loads one column's 4 K values a step instead of 4 columns' one (4-bit weights
+    dequantize 4 values of a word with one scale this way)."""
 
     inputs: tuple
     functions: str
     b_along_k: bool
     setup: str = ""
+    b_k_quads: bool = False
 
 
 # A [M, K], rows of K, as f32 from binding $A at the batch's offset (the float products', the
@@ -165,18 +171,29 @@ def column_group(x, weights, ns):
     return load, f"fn store(b: u32, m: u32, n: u32, acc: f32) {{ {writes} }}"
 
 
-QUADS = """
+A_QUAD = """
 fn a_quad(off: u32, m: u32, k: u32, kend: u32) -> vec4<f32> {
     return vec4<f32>(a_at(off, m, k, kend), a_at(off, m + 1u, k, kend), a_at(off, m + 2u, k, kend), a_at(off, m + 3u, k, kend));
 }
+"""
+B_QUAD = """
 fn b_quad(off: u32, n: u32, k: u32, kend: u32) -> vec4<f32> {
     return vec4<f32>(b_at(off, n, k, kend), b_at(off, n + 1u, k, kend), b_at(off, n + 2u, k, kend), b_at(off, n + 3u, k, kend));
 }
 """
 # Which (column quad, k) of the B tile invocation li loads: along K for an [N, K] weight, along N
-# for a [K, N] matrix (so that neighbouring invocations read neighbouring addresses).
+# for a [K, N] matrix (so that neighbouring invocations read neighbouring addresses); with K quads
+# (TileLoad.b_k_quads), which (column, k quad).
 B_SLOT_ALONG_K = "let bn4 = li / 16u; let bk = li % 16u;"
 B_SLOT_ALONG_N = "let bn4 = li % 16u; let bk = li / 16u;"
+B_SLOT_K_QUADS = "let bn = li / 4u; let bk4 = li % 4u; let bn4 = bn / 4u;"
+# (the first load, the next step's load, the store into Bs) of each way
+B_QUADS = ("b_quad(boff, n0 + 4u * bn4, kbeg + bk, kend)", "b_quad(boff, n0 + 4u * bn4, k0 + 16u + bk, kend)", "Bs[bk * 17u + bn4] = rb;")
+B_K_QUADS = (
+    "b_k_quad(boff, n0 + bn, kbeg + 4u * bk4, kend)",
+    "b_k_quad(boff, n0 + bn, k0 + 16u + 4u * bk4, kend)",
+    " ".join(f"Bs[(4u * bk4 + {i}u) * 17u + bn4][bn % 4u] = rb[{i}];" for i in range(4)),
+)
 
 GEMM = """
 var<workgroup> As: array<vec4<f32>, 272>;  // [k][m / 4], 16 x 17
@@ -198,17 +215,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     $B_SLOT
 $SETUP
     var ra = a_quad(aoff, m0 + 4u * am4, kbeg + ak, kend);
-    var rb = b_quad(boff, n0 + 4u * bn4, kbeg + bk, kend);
+    var rb = $B_FIRST;
     var c0 = vec4<f32>(0.0);
     var c1 = vec4<f32>(0.0);
     var c2 = vec4<f32>(0.0);
     var c3 = vec4<f32>(0.0);
     for (var k0 = kbeg; k0 < kend; k0 = k0 + 16u) {
         As[ak * 17u + am4] = ra;
-        Bs[bk * 17u + bn4] = rb;
+        $B_STORE
         workgroupBarrier();
         ra = a_quad(aoff, m0 + 4u * am4, k0 + 16u + ak, kend);
-        rb = b_quad(boff, n0 + 4u * bn4, k0 + 16u + bk, kend);
+        rb = $B_NEXT;
         for (var k = 0u; k < 16u; k = k + 1u) {
             let x = As[k * 17u + lid.y];
             let y = Bs[k * 17u + lid.x];
@@ -264,9 +281,11 @@ def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, res
     """The template with `load`'s tile reads; `extra`: WGSL bindings after the scratch; `bias` and
     `out` their storage types; `clamp`: the epilogue's (lo, hi); `store`: header's."""
     setup = "    let a_row0 = m0 + 4u * am4;\n    let b_col0 = n0 + 4u * bn4;\n" + load.setup if load.setup else ""
-    body = fill(GEMM, B_SLOT=B_SLOT_ALONG_K if load.b_along_k else B_SLOT_ALONG_N, SETUP=setup)
+    slot = B_SLOT_K_QUADS if load.b_k_quads else B_SLOT_ALONG_K if load.b_along_k else B_SLOT_ALONG_N
+    first, step, b_store = B_K_QUADS if load.b_k_quads else B_QUADS
+    body = fill(GEMM, B_SLOT=slot, SETUP=setup, B_FIRST=first, B_NEXT=step, B_STORE=b_store)
     head = header(has_bias, load.inputs, scratch=True, bias=bias, out=out, clamp=clamp, residual=residual, store=store)
-    return head + extra + load.functions + QUADS + body
+    return head + extra + load.functions + A_QUAD + ("" if load.b_k_quads else B_QUAD) + body
 
 
 def gemm_reduce_shader(has_bias, bias="f32", out="f32", clamp=None, residual=False, store=None, extra=""):

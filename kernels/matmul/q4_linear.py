@@ -381,14 +381,13 @@ def sg_shader(dq8, zp_packed, has_bias, shape=Q4_SG_GEMV, types=Storage(), resid
     return head + _dequant(dq8, zp_packed, True) + (XQ4 if dq8 else "") + sg_main(shape) + f"    let nw = wg0 * {sg_wg_rows(shape)}u;\n    {sg_body(dq8, shape)}\n}}\n"
 
 
-# The GEMM template's B load: one weight of row n at k, dequantized as dq8 does it.
-Q4_B_AT = """
-fn b_at(off: u32, n: u32, k: u32, kend: u32) -> f32 {
-    if (n < p.N && k < kend) {
-        let word = wq[n * q.wpr + k / 8u];
-        return (f32((word >> (4u * (k % 8u))) & 15u) - 8.0) * wscale(k, n);
-    }
-    return 0.0;
+# The GEMM template's B load: the weights k .. k + 3 of row n (k a multiple of 4: in one word),
+# dequantized as the GEMV's dq4 does it, with one scale where a word is in one group (gs % 8 == 0)
+Q4_B_K_QUAD = """
+fn b_k_quad(off: u32, n: u32, k: u32, kend: u32) -> vec4<f32> {
+    if (n >= p.N || k >= kend) { return vec4<f32>(0.0); }
+    let w = dq4(wq[n * q.wpr + k / 8u] >> (4u * (k % 8u)), k, n);
+    return select(vec4<f32>(0.0), w, vec4<u32>(k) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(kend));
 }
 """
 # Its A load: the float products' from binding x, or with dq8 quantized and dequantized with the
@@ -419,9 +418,10 @@ def q4_load(dq8, zp_packed, word_group, types=Storage()):
     """The GEMM template's tile loads for 4-bit weights (kernels/matmul/gemm.py)."""
     return TileLoad(
         inputs=_operands(dq8, zp_packed, types),
-        functions=_dequant(dq8, zp_packed, word_group) + (DQ8_A_AT if dq8 else float_a_at("x")) + Q4_B_AT,
+        functions=_dequant(dq8, zp_packed, word_group) + (DQ8_A_AT if dq8 else float_a_at("x")) + Q4_B_K_QUAD,
         b_along_k=True,
         setup=DQ8_SETUP if dq8 else "",
+        b_k_quads=True,
     )
 
 
