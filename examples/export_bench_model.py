@@ -6,11 +6,11 @@ the file compresses to a few MiB with xz: every tensor repeats one block, and on
 tensor is distinct so the named data (keyed by SHA-256) is not deduplicated. Timings only; the
 text it would produce is noise.
 
-    python examples/export_bench_model.py --out bench_models [--shape smollm2|llama3_2_1b|llama3_1_8b]
+    python examples/export_bench_model.py --out bench_models [--shape smollm2|llama3_2_1b|llama3_1_8b|qwen2_5_0_5b|qwen3_0_6b|phi_4_mini]
         [--layers N] [--max-context 2048] [--qmode 4w] [--dtype fp16] [--static]
 
 `--shape` names the real model (SmolLM2-135M's from its GGUF; Llama 3.2 1B's and Llama 3.1 8B's
-from Meta's params.json); `--layers` keeps that many of its layers (an 8B in fp32 is 32 GB before
+from Meta's params.json; Qwen2.5-0.5B's, Qwen3-0.6B's and Phi-4-mini's from their Hugging Face configs); `--layers` keeps that many of its layers (an 8B in fp32 is 32 GB before
 quantization: too much memory to export whole on a small machine).
 
 `--static` exports the same model without dynamic shapes (one token per call): the static twin
@@ -29,6 +29,13 @@ LLAMA3 = dict(norm_eps=1e-5, rope_theta=500000.0, use_scaled_rope=True, vocab_si
 SHAPES = {  # Meta's params.json of each; SmolLM2's comes from its GGUF
     "llama3_2_1b": dict(LLAMA3, dim=2048, n_layers=16, ffn_dim_multiplier=1.5, multiple_of=256, rope_scale_factor=32),
     "llama3_1_8b": dict(LLAMA3, dim=4096, n_layers=32, ffn_dim_multiplier=1.3, multiple_of=1024, rope_scale_factor=8),
+    # the other families' switches as tests/test_llm_families.py sets them, their sizes from the models' configs
+    "qwen2_5_0_5b": dict(dim=896, n_layers=24, n_heads=14, n_kv_heads=2, hidden_dim=4864, vocab_size=151936, norm_eps=1e-6,
+                         rope_theta=1000000.0, attention_qkv_bias=True, use_hf_rope=True),
+    "qwen3_0_6b": dict(dim=1024, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128, hidden_dim=3072, vocab_size=151936,
+                       norm_eps=1e-6, rope_theta=1000000.0, use_qk_norm=True, qk_norm_before_rope=True, use_hf_rope=True),
+    "phi_4_mini": dict(dim=3072, n_layers=32, n_heads=24, n_kv_heads=8, hidden_dim=8192, vocab_size=200064, norm_eps=1e-5,
+                       rope_theta=10000.0, partial_rotary_factor=0.75, use_hf_rope=True),
 }
 
 

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Llama-3.2-1B shape, 4w, against llama.cpp Q4_0 (same shape, tiled weights) on one GPU in one call:
 # llama.cpp before and after ours, its better run per row. Run from the checkout root with .gl/, .whl/,
-# .peers/llamacpp/bin/ (the kit's binaries) and .ab1b/models/ (llama3_2_1b_synthetic_4w_ctx2048.{pte.xz,json}, llama1b-q4_0.gguf.xz).
+# .peers/llamacpp/bin/ (the kit's binaries) and ${DIR:-.ab1b/models}/ (llama3_2_1b_synthetic_4w_ctx2048.{pte.xz,json}, llama1b-q4_0.gguf.xz).
 set -u
 for f in .gl/*.deb; do dpkg -x $f / ; done; ldconfig
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl1b/*.whl 2>&1 | tail -1
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json PYTHONUNBUFFERED=1 XDG_RUNTIME_DIR=/tmp PYTHONPATH=/tmp/site
 mkdir -p /tmp/m /tmp/lc
 M=${MODEL:-llama3_2_1b_synthetic_4w_ctx2048}
-[ -f /tmp/m/$M.pte ] || xz -dc .ab1b/models/$M.pte.xz > /tmp/m/$M.pte
-cp .ab1b/models/$M.json /tmp/m/
+[ -f /tmp/m/$M.pte ] || xz -dc ${DIR:-.ab1b/models}/$M.pte.xz > /tmp/m/$M.pte
+cp ${DIR:-.ab1b/models}/$M.json /tmp/m/
 G=/tmp/m/${GGUF:-llama1b-q4_0}.gguf
-[ -f $G ] || xz -dc .ab1b/models/$(basename $G).xz > $G
+[ -f $G ] || xz -dc ${DIR:-.ab1b/models}/$(basename $G).xz > $G
 [ -x /tmp/lc/llamacpp-bin/llama-bench ] || xz -dc .peers/llamacpp/bin/llamacpp-bin.tar.xz | tar -x -C /tmp/lc
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 peer() {  # $1: round
