@@ -61,6 +61,7 @@ SAME_SHAPE = {"aten.clone.default", "aten._to_copy.default", "dim_order_ops._to_
 SLICE = "aten.slice_copy.Tensor"
 SELECT = "aten.select_copy.int"
 SDPA = "sdpa_with_kv_cache.default"
+CAT = "aten.cat.default"
 VIEW = "aten.view_copy.default"
 GATHER_ROWS = "aten.embedding.default"  # table rows by index: what a position slice becomes
 ROPE_FROM = "et_vk.apply_rotary_emb_hf.default"  # its cos and sin tables read from a start position
@@ -181,12 +182,20 @@ class _Analysis:
             self._elementwise(name, args)
         elif _is(name, ROW_WISE):
             self._row_wise(name, args)
+        elif name == CAT and self._along_last(args):
+            self._row_wise(name, args)
         elif name in LINEAR_RESIDUAL and args[LINEAR_RESIDUAL[name]] in self.labels:
             self._row_wise(name, args)
             self._label(args[-1], *self.labels[args[LINEAR_RESIDUAL[name]]])
         else:
             raise NotRagged(f"{name} is not row-wise along the token axis")
         self.calls.append((name, args))
+
+    def _along_last(self, args):
+        """Whether aten.cat [tensors, dim, out] joins along its last dim (a linear cut into parts
+        of rows, async_runtime/program/tables.py): row-wise."""
+        dim, rank = self.values[args[1]].value, len(self.values[args[-1]].dims)
+        return isinstance(dim, int) and dim in (-1, rank - 1)
 
     def _operands(self, args):
         for a in args[:-1]:

@@ -1,6 +1,7 @@
-"""An embedding table larger than one storage binding (lavapipe binds at most 128 MiB; an H100 2 GiB,
-less than Phi-4-mini's 2.46 GB fp32 embedding) is cut into parts of whole rows at load
-(async_runtime/program/tables.py) and looked up from them (`pte_wgpu.embedding_parts`)."""
+"""An embedding table or a linear weight larger than one storage binding (lavapipe binds at most
+128 MiB; an H100 2 GiB, less than Phi-4-mini's 2.46 GB fp32 embedding) is cut into parts of whole
+rows at load (async_runtime/program/tables.py): the table looked up from them
+(`pte_wgpu.embedding_parts`), the linear run per part and its outputs joined (`aten.cat`)."""
 
 import functools
 
@@ -9,6 +10,8 @@ import pytest
 import torch
 
 from async_runtime.testing import assert_matches_eager
+from pte_wgpu.resize.shapes import numel_of
+from pte_wgpu.resize.values import Tensor
 
 from .exporting import export_pte
 
@@ -29,15 +32,38 @@ def _export():
     return export_pte("large_table", Lookup, [example], ({1: torch.export.Dim("t", min=1, max=37)},))
 
 
-PREBUILD = [functools.partial(_export)]  # tests/prebuild.py
+class Head(torch.nn.Module):
+    """An LM head of VOCAB rows (135 MB of fp32) behind a small layer, as a decoder's last."""
+
+    def __init__(self):
+        super().__init__()
+        self.mix = torch.nn.Linear(DIM, DIM)
+        self.head = torch.nn.Linear(DIM, VOCAB, bias=False)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.mix(x)))
 
 
-async def test_a_table_past_one_binding_is_looked_up_from_parts(load_pte):
-    pte, module = _export()
+def _export_head():
+    example = torch.randn(1, 37, DIM)
+    return export_pte("large_linear", Head, [example], ({1: torch.export.Dim("t", min=1, max=37)},))
+
+
+PREBUILD = [functools.partial(_export), _export_head]  # tests/prebuild.py
+
+
+async def _load_past_one_binding(load_pte, export):
+    """(model, its binding limit, the eager module) of an export whose big tensor passes the limit."""
+    pte, module = export()
     model = await load_pte(pte)
     limit = model.device_info.max_storage_binding
     if VOCAB * DIM * 4 <= limit:
-        pytest.skip(f"the adapter binds {limit} bytes: the table fits one binding")
+        pytest.skip(f"the adapter binds {limit} bytes: the tensor fits one binding")
+    return model, limit, module
+
+
+async def test_a_table_past_one_binding_is_looked_up_from_parts(load_pte):
+    model, limit, module = await _load_past_one_binding(load_pte, _export)
     names = [n for n, _ in model.graph.calls]
     assert "pte_wgpu.embedding_parts" in names and not any("embedding.default" in n or "embedding.out" in n for n in names), names
     rng = np.random.default_rng(3)
@@ -47,3 +73,15 @@ async def test_a_table_past_one_binding_is_looked_up_from_parts(load_pte):
         idx[0, : min(t, 4)] = [0, VOCAB - 1, limit // (DIM * 4) - 1, limit // (DIM * 4)][: min(t, 4)]
         calls.append(idx)
     await assert_matches_eager(model, module, calls, atol=0, rtol=0)
+
+
+async def test_a_linear_weight_past_one_binding_runs_in_parts_of_its_rows(load_pte):
+    model, limit, module = await _load_past_one_binding(load_pte, _export_head)
+    names = [n for n, _ in model.graph.calls]
+    assert "aten.cat.default" in names, names  # the parts' outputs joined (their linears fused into one group)
+    constants = [v for v in model.graph.values if isinstance(v, Tensor) and v.constant is not None]
+    assert max(numel_of(v.dims) * 4 for v in constants) <= limit
+    assert sum(v.dims[0] for v in constants if v.dims[1:] == (DIM,) and v.constant.rows) == VOCAB
+    rng = np.random.default_rng(5)
+    calls = [rng.standard_normal((1, t, DIM)).astype(np.float32) for t in (1, 37, 2, 13)]  # min, max, and between
+    await assert_matches_eager(model, module, calls, atol=2e-4, rtol=2e-4)

@@ -35,6 +35,30 @@ def start_exports(tmp_path_factory):
     start_export(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, nice=5, model_args=LFM2, **TINY)
 
 
+async def generate_together(model, prompts, n):
+    """Greedy generations of `prompts` (lists of ids), `n` tokens each, as concurrent sessions
+    (their steps share ragged passes)."""
+    got = [None] * len(prompts)
+
+    async def run(i):
+        async with model.session() as s:
+            got[i] = [t async for t in ar.generate(s, prompts[i], max_new_tokens=n)]
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(prompts)):
+            tg.start_soon(run, i)
+    return got
+
+
+def eager_greedy(ref, prompts, n):
+    """ExecuTorch's eager program's greedy ids for each of `prompts`."""
+    want = []
+    for prompt in prompts:
+        ref.reset()
+        want.append([int(t) for t in ref.greedy(np.array([prompt]), n)[0]])
+    return want
+
+
 @pytest.mark.parametrize("family, qmode", EXPORTS, ids=[f"{f}-{q or 'fp32'}" for f, q in EXPORTS])
 async def test_a_family_matches_executorchs_eager_program(family, qmode, tmp_path_factory, load_pte):
     """Logits at every step of a prompt and its greedy decode within 2e-4 of eager's (4-bit: of
@@ -53,15 +77,7 @@ async def test_a_family_matches_executorchs_eager_program(family, qmode, tmp_pat
     ids, logits = want[0]
     async with model.session() as s:
         await generate_and_check(s, np.concatenate([prompts[0][0], ids]), logits, prompts[0].shape[1])
-    got = [None] * len(prompts)
-
-    async def run(i):  # together: one ragged pass for the three
-        async with model.session() as s:
-            got[i] = [t async for t in ar.generate(s, prompts[i][0].tolist(), max_new_tokens=10)]
-
-    async with anyio.create_task_group() as tg:
-        for i in range(len(prompts)):
-            tg.start_soon(run, i)
+    got = await generate_together(model, [p[0].tolist() for p in prompts], 10)  # one ragged pass for the three
     assert got == [ids for ids, _ in want]
 
 
@@ -72,29 +88,25 @@ def portable_embedding(tmp_path_factory):
     return export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, embedding_outside=True, **CONFIGS["fp32"])
 
 
-async def test_an_embedding_outside_the_delegate_batches_ragged(portable_embedding, load_pte):
+@pytest.mark.parametrize("cut", [False, True], ids=["whole", "weights_in_parts"])
+async def test_an_embedding_outside_the_delegate_batches_ragged(portable_embedding, load_pte, monkeypatch, cut):
+    """The portable embedding's model batches ragged with GPU sampling and eager's tokens. `cut`:
+    linear weights past one binding run in parts of rows joined by aten.cat (as a 128k-vocab fp32
+    LM head past 2 GiB would); here every weight past 40 KB, the LM head among them."""
+    import async_runtime.model
+
+    real = async_runtime.model.split_weights
+    if cut:
+        monkeypatch.setattr(async_runtime.model, "split_weights", lambda graph, limit: real(graph, 40_000))
     path, ref = portable_embedding
     model = await load_pte(path)
-    assert "aten::embedding.out" in {name for name, _ in model.graph.calls}
+    names = {name for name, _ in model.graph.calls}
+    assert "aten::embedding.out" in names and ("aten.cat.default" in names) == cut
     assert model.batching == "ragged" and model.gpu_sampling, model.batching_note
     vocab = CONFIGS["fp32"]["vocab_size"]
     rng = np.random.default_rng(3)
     prompts = [rng.integers(0, vocab, n).tolist() for n in (5, 1, 11, 7)]
-    want = []
-    for prompt in prompts:  # ExecuTorch's eager program, greedy
-        ref.reset()
-        ids, _ = ref.greedy(np.array([prompt]), 12)
-        want.append([int(t) for t in ids])
-    got = [None] * len(prompts)
-
-    async def run(i):
-        async with model.session() as s:
-            got[i] = [t async for t in ar.generate(s, prompts[i], max_new_tokens=12)]
-
-    async with anyio.create_task_group() as tg:
-        for i in range(len(prompts)):
-            tg.start_soon(run, i)
-    assert got == want
+    assert await generate_together(model, prompts, 12) == eager_greedy(ref, prompts, 12)
 
 
 async def test_a_hybrid_family_is_refused_with_what_its_export_left_out(tmp_path_factory, load_pte):
