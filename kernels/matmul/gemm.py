@@ -40,6 +40,7 @@ PARAMS_SIZE = struct.calcsize(PARAMS_FORMAT)  # 56
 STRUCT = "struct P { " + ", ".join(f"{n}: {t}" for n, t in FIELDS) + " }"
 
 BM, BN, BK = 64, 64, 16  # GEMM tile
+SMALL_BM = 32  # the rows of a tile for products of few rows (GemmRoute's small)
 # Split K while a product has fewer than SPLIT_TARGET workgroups, into at most MAX_SPLITS ranges
 # of at least MIN_SPLIT_K. The splits' sums then take at most SPLIT_TARGET * BM * BN floats.
 SPLIT_TARGET, MAX_SPLITS, MIN_SPLIT_K = 256, 8, 64
@@ -183,51 +184,52 @@ fn b_quad(off: u32, n: u32, k: u32, kend: u32) -> vec4<f32> {
 """
 # Which (column quad, k) of the B tile invocation li loads: along K for an [N, K] weight, along N
 # for a [K, N] matrix (so that neighbouring invocations read neighbouring addresses); with K quads
-# (TileLoad.b_k_quads), which (column, k quad).
-B_SLOT_ALONG_K = "let bn4 = li / 16u; let bk = li % 16u;"
-B_SLOT_ALONG_N = "let bn4 = li % 16u; let bk = li / 16u;"
-B_SLOT_K_QUADS = "let bn = li / 4u; let bk4 = li % 4u; let bn4 = bn / 4u;"
+# (TileLoad.b_k_quads), which (column, k quad). A tile of fewer rows has fewer invocations, each
+# loading B twice as invocations li and li + its count: slot j of an invocation is named with j.
+B_SLOT_ALONG_K = "let bn4$J = $LI / 16u; let bk$J = $LI % 16u;"
+B_SLOT_ALONG_N = "let bn4$J = $LI % 16u; let bk$J = $LI / 16u;"
+B_SLOT_K_QUADS = "let bn$J = $LI / 4u; let bk4$J = $LI % 4u; let bn4$J = bn$J / 4u;"
 # (the first load, the next step's load, the store into Bs) of each way
-B_QUADS = ("b_quad(boff, n0 + 4u * bn4, kbeg + bk, kend)", "b_quad(boff, n0 + 4u * bn4, k0 + 16u + bk, kend)", "Bs[bk * 17u + bn4] = rb;")
+B_QUADS = ("b_quad(boff, n0 + 4u * bn4$J, kbeg + bk$J, kend)", "b_quad(boff, n0 + 4u * bn4$J, k0 + 16u + bk$J, kend)", "Bs[bk$J * 17u + bn4$J] = rb$J;")
 B_K_QUADS = (
-    "b_k_quad(boff, n0 + bn, kbeg + 4u * bk4, kend)",
-    "b_k_quad(boff, n0 + bn, k0 + 16u + 4u * bk4, kend)",
-    " ".join(f"Bs[(4u * bk4 + {i}u) * 17u + bn4][bn % 4u] = rb[{i}];" for i in range(4)),
+    "b_k_quad(boff, n0 + bn$J, kbeg + 4u * bk4$J, kend)",
+    "b_k_quad(boff, n0 + bn$J, k0 + 16u + 4u * bk4$J, kend)",
+    " ".join(f"Bs[(4u * bk4$J + {i}u) * 17u + bn4$J][bn$J % 4u] = rb$J[{i}];" for i in range(4)),
 )
 
 GEMM = """
-var<workgroup> As: array<vec4<f32>, 272>;  // [k][m / 4], 16 x 17
-var<workgroup> Bs: array<vec4<f32>, 272>;  // [k][n / 4]
+var<workgroup> As: array<vec4<f32>, ${A_SIZE}>;  // [k][m / 4], 16 x ${AP}
+var<workgroup> Bs: array<vec4<f32>, 272>;  // [k][n / 4], 16 x 17
 
-@compute @workgroup_size(16, 16)
+@compute @workgroup_size(16, ${TY})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
     let b = wid.z / p.splits;
     let split = wid.z % p.splits;
-    let m0 = wid.y * 64u;
+    let m0 = wid.y * ${BM}u;
     let n0 = wid.x * 64u;
     let aoff = b * p.a_bs;
     let boff = b * p.b_bs;
     let kbeg = split * p.kspan;
     let kend = min(p.K, kbeg + p.kspan);
-    let am4 = li / 16u;  // this invocation's loads: rows 4 * am4.. of A at k am, and B's slot
+    let am4 = li / 16u;  // this invocation's loads: rows 4 * am4.. of A at k am, and B's slots
     let ak = li % 16u;
     $B_SLOT
 $SETUP
     var ra = a_quad(aoff, m0 + 4u * am4, kbeg + ak, kend);
-    var rb = $B_FIRST;
+    $B_FIRST
     var c0 = vec4<f32>(0.0);
     var c1 = vec4<f32>(0.0);
     var c2 = vec4<f32>(0.0);
     var c3 = vec4<f32>(0.0);
     for (var k0 = kbeg; k0 < kend; k0 = k0 + 16u) {
-        As[ak * 17u + am4] = ra;
+        As[ak * ${AP}u + am4] = ra;
         $B_STORE
         workgroupBarrier();
         ra = a_quad(aoff, m0 + 4u * am4, k0 + 16u + ak, kend);
-        rb = $B_NEXT;
+        $B_NEXT
         for (var k = 0u; k < 16u; k = k + 1u) {
-            let x = As[k * 17u + lid.y];
+            let x = As[k * ${AP}u + lid.y];
             let y = Bs[k * 17u + lid.x];
             c0 = c0 + x.x * y;
             c1 = c1 + x.y * y;
@@ -277,13 +279,24 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 )
 
 
-def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, residual=False, store=None):
+def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, residual=False, store=None, bm=BM):
     """The template with `load`'s tile reads; `extra`: WGSL bindings after the scratch; `bias` and
-    `out` their storage types; `clamp`: the epilogue's (lo, hi); `store`: header's."""
+    `out` their storage types; `clamp`: the epilogue's (lo, hi); `store`: header's; `bm`: the
+    tile's rows, BM or SMALL_BM (whose invocations load B twice: a load whose setup reads no
+    b_col0)."""
+    assert bm in (BM, SMALL_BM) and (bm == BM or "b_col0" not in load.setup)
     setup = "    let a_row0 = m0 + 4u * am4;\n    let b_col0 = n0 + 4u * bn4;\n" + load.setup if load.setup else ""
     slot = B_SLOT_K_QUADS if load.b_k_quads else B_SLOT_ALONG_K if load.b_along_k else B_SLOT_ALONG_N
     first, step, b_store = B_K_QUADS if load.b_k_quads else B_QUADS
-    body = fill(GEMM, B_SLOT=slot, SETUP=setup, B_FIRST=first, B_NEXT=step, B_STORE=b_store)
+    threads = 4 * bm  # 16 x bm / 4
+    slots = [dict(J=f"_{j}" if j else "", LI=f"(li + {j * threads}u)" if j else "li") for j in range(BM // bm)]
+    body = fill(
+        GEMM, BM=bm, TY=bm // 4, AP=bm // 4 + 1, A_SIZE=16 * (bm // 4 + 1), SETUP=setup,
+        B_SLOT="\n    ".join(fill(slot, **j) for j in slots),
+        B_FIRST="\n    ".join(f"var rb{j['J']} = {fill(first, J=j['J'])};" for j in slots),
+        B_NEXT="\n        ".join(f"rb{j['J']} = {fill(step, J=j['J'])};" for j in slots),
+        B_STORE="\n        ".join(fill(b_store, J=j['J']) for j in slots),
+    )
     head = header(has_bias, load.inputs, scratch=True, bias=bias, out=out, clamp=clamp, residual=residual, store=store)
     return head + extra + load.functions + A_QUAD + ("" if load.b_k_quads else B_QUAD) + body
 
@@ -293,17 +306,18 @@ def gemm_reduce_shader(has_bias, bias="f32", out="f32", clamp=None, residual=Fal
     return header(has_bias, (("part", "f32"),), bias=bias, out=out, clamp=clamp, residual=residual, store=store) + extra + GEMM_REDUCE
 
 
-def gemm_split(m, n, k, batch):
-    """(splits, K per split) of a product: more workgroups for a GPU a few tiles leave idle."""
-    tiles = -(-n // BN) * -(-m // BM) * batch
+def gemm_split(m, n, k, batch, bm=BM):
+    """(splits, K per split) of a product in tiles of `bm` rows: more workgroups for a GPU a few
+    tiles leave idle."""
+    tiles = -(-n // BN) * -(-m // bm) * batch
     splits = max(1, min(MAX_SPLITS, SPLIT_TARGET // tiles, k // MIN_SPLIT_K))
     kspan = -(-k // splits // BK) * BK if splits > 1 else max(k, 1)
     return -(-k // kspan) if splits > 1 else 1, kspan
 
 
-def gemm_grid(name, m, n, batch, splits=1):
-    """(N tiles, M tiles, batch * splits); ValueError past the per-dimension workgroup limit."""
-    grid = (-(-n // BN), -(-m // BM), batch * splits)
+def gemm_grid(name, m, n, batch, splits=1, bm=BM):
+    """(N tiles, M tiles of `bm` rows, batch * splits); ValueError past the per-dimension workgroup limit."""
+    grid = (-(-n // BN), -(-m // bm), batch * splits)
     if max(grid) > MAX_WORKGROUPS:
         raise ValueError(f"{name}: GEMM grid {grid} exceeds {MAX_WORKGROUPS} workgroups per dimension")
     return grid
@@ -326,17 +340,22 @@ class GemmRoute:
     """The GEMM route of one product: its dispatch, reading through `load`, and split-K's reduce
     over `scratch` (gemm_scratch); `extra` are bindings after the scratch (WGSL `extra_wgsl`);
     `clamp` the epilogue's (lo, hi) or None; `residual`, `store`: header's; `more_outs`: outputs
-    that `store` writes besides `out`, bound last as out1, out2, ... (column_group)."""
+    that `store` writes besides `out`, bound last as out1, out2, ... (column_group); `small`: also
+    the template at SMALL_BM rows, which takes products of at most SMALL_BM rows (half the
+    products of a 64-row tile for a ragged pass of 17 to 32 decode rows)."""
 
-    def __init__(self, b, load, inputs, bias, out, params, scratch, extra=(), extra_wgsl="", clamp=None, residual=False, store=None, more_outs=()):
+    def __init__(self, b, load, inputs, bias, out, params, scratch, extra=(), extra_wgsl="", clamp=None, residual=False, store=None,
+                 more_outs=(), small=False):
         self.name = b.name
         tail = [bias] if bias is not None else []
         epilogue = {"bias": b.storage(bias) if tail else "f32", "out": b.storage(out), "clamp": clamp, "residual": residual, "store": store}
         more = lambda first: "".join(  # noqa: E731
             f"@group(0) @binding({first + j}) var<storage, read_write> out{j + 1}: array<{b.storage(o)}>;\n" for j, o in enumerate(more_outs)
         )
-        shader = gemm_shader(load, bias is not None, extra_wgsl + more(len(inputs) + len(tail) + 3 + len(extra)), **epilogue)
-        self.gemm = b.dispatch(shader, [*inputs, *tail, out, params, scratch, *extra, *more_outs])
+        bindings = [*inputs, *tail, out, params, scratch, *extra, *more_outs]
+        extra_wgsl += more(len(inputs) + len(tail) + 3 + len(extra))
+        self.gemm = b.dispatch(gemm_shader(load, bias is not None, extra_wgsl, **epilogue), bindings)
+        self.small = b.dispatch(gemm_shader(load, bias is not None, extra_wgsl, bm=SMALL_BM, **epilogue), bindings) if small else None
         reduce = gemm_reduce_shader(bias is not None, extra=more(len(tail) + 3), **epilogue)
         self.reduce = b.dispatch(reduce, [scratch, *tail, out, params, *more_outs])
 
@@ -345,10 +364,16 @@ class GemmRoute:
         splits, _ = self.plan(shape.m, shape.n, shape.k, shape.batch, on)
         self.set_grids(ctx, shape.m, shape.n, shape.batch, splits, on)
 
+    def tile_rows(self, m):
+        return SMALL_BM if self.small is not None and m <= SMALL_BM else BM
+
     def plan(self, m, n, k, batch, on=True):
         """(splits, kspan) for the uniform; (1, K) when the route is off."""
-        return gemm_split(m, n, k, batch) if on else (1, max(k, 1))
+        return gemm_split(m, n, k, batch, self.tile_rows(m)) if on else (1, max(k, 1))
 
     def set_grids(self, ctx, m, n, batch, splits, on=True):
-        ctx.set_grid(self.gemm, gemm_grid(self.name, m, n, batch, splits) if on else (0, 0, 0))
+        bm = self.tile_rows(m)
+        ctx.set_grid(self.gemm, gemm_grid(self.name, m, n, batch, splits) if on and bm == BM else (0, 0, 0))
+        if self.small is not None:
+            ctx.set_grid(self.small, gemm_grid(self.name, m, n, batch, splits, bm) if on and bm == SMALL_BM else (0, 0, 0))
         ctx.set_grid(self.reduce, flat_grid(batch * m * n) if on and splits > 1 else (0, 0, 0))

@@ -507,7 +507,8 @@ class Q4Product:
         q_binding = len(operands) + len(tail) + 3  # after out, p and the scratch
         q_wgsl = f"{LIN_STRUCT};\n@group(0) @binding({q_binding}) var<uniform> q: Q;\n"
         load = q4_load(dq8, zp_packed, word_group, types)
-        self.gemm = GemmRoute(b, load, operands, bias, out, self.p, gemm_scratch(b, [out]), [self.q], q_wgsl, residual=residual)
+        small = q4_wide(8 * w.wpr) and b.adapter != CPU  # a ragged pass of 17 to 32 decode rows takes the GEMM
+        self.gemm = GemmRoute(b, load, operands, bias, out, self.p, gemm_scratch(b, [out]), [self.q], q_wgsl, residual=residual, small=small)
 
     def resize(self, ctx, on=True):
         """Check the live shapes, set the uniforms, dims and grids (every route off unless `on`);
