@@ -10,8 +10,9 @@ text it would produce is noise.
         [--layers N] [--max-context 2048] [--qmode 4w] [--dtype fp16] [--static]
 
 `--shape` names the real model (SmolLM2-135M's from its GGUF; Llama 3.2 1B's and Llama 3.1 8B's
-from Meta's params.json; Qwen2.5-0.5B's, Qwen3-0.6B's and Phi-4-mini's from their Hugging Face configs); `--layers` keeps that many of its layers (an 8B in fp32 is 32 GB before
-quantization: too much memory to export whole on a small machine).
+from Meta's params.json; Qwen2.5-0.5B's, Qwen3-0.6B's and Phi-4-mini's from their Hugging Face
+configs); `--layers` keeps that many of its layers (an 8B in fp32 is 32 GB before quantization:
+too much memory to export whole on a small machine).
 
 `--static` exports the same model without dynamic shapes (one token per call): the static twin
 the bench's resize-overhead scenario compares the dynamic export against.

@@ -547,9 +547,9 @@ def tiled_shape(dim):
         return TiledShape(dim, 1, TILE_SUBS, min(64, KV_BYTES // (8 * dim)) // TILE_SUBS * TILE_SUBS)
     if dim % 8:
         return None  # halves of whole vec4s
-    subs = 2  # a block's K and V rows and the halves' scores (threads * kps floats) share KV_BYTES
-    bk = KV_BYTES // (8 * dim + 4 * TILE_ROWS * 2) // subs * subs
-    return TiledShape(dim, 2, subs, bk)
+    halves, subs = 2, 2  # a block's K and V rows (8 * dim bytes a key) and the halves' scores (threads * kps floats) share KV_BYTES
+    bk = KV_BYTES // (8 * dim + 4 * TILE_ROWS * halves) // subs * subs
+    return TiledShape(dim, halves, subs, bk)
 
 
 def _tiled_shader(ragged, dim):
@@ -625,8 +625,8 @@ def _tiled_shader(ragged, dim):
         half //= 2
     # a real row's total is at least 1 (its largest score's exp(0)); a padding row's is 0, a = 0
     writes = " ".join(f"out[o + {4 * e + c}u] = OT(a{e}.{'xyzw'[c]} / w);" for e in range(gh) for c in range(4))
-    out0 = f" + dh * {4 * gh}u" if halves > 1 else ""
-    merge.append(f"if (sub == 0u && row < p.s) {{ let o = (row * p.hq + h) * {dim}u{out0}; let w = max(total, 1e-30); {writes} }}")
+    half_offset = f" + dh * {4 * gh}u" if halves > 1 else ""  # the first of this invocation's dims in a row
+    merge.append(f"if (sub == 0u && row < p.s) {{ let o = (row * p.hq + h) * {dim}u{half_offset}; let w = max(total, 1e-30); {writes} }}")
     n = "\n    "
     q = [", ".join(f"f32(q[qi + {4 * e + c}u])" for c in range(4)) for e in range(gh)]
     if halves == 1:
@@ -641,7 +641,7 @@ def _tiled_shader(ragged, dim):
         TABLES=RAGGED_TABLES if ragged else "",
         PS=f"var<workgroup> ps: array<array<f32, {sh.threads}>, {kps}>;  // [key][t]: t's part of the key's score\n" if halves > 1 else "",
         GH=gh, KPS=kps, ROWS2=2 * subs * halves, THREADS=sh.threads, BQ=bq, D=dim, SUB=sub,
-        HALF_OFFSET=f" + dh * {4 * gh}u" if halves > 1 else "",
+        HALF_OFFSET=half_offset,
         Q=n.join(f"let q{e} = vec4<f32>({q[e]}) * p.scale;" for e in range(gh)),
         ACC=n.join(f"var a{e} = vec4<f32>(0.0);" for e in range(gh)),
         RANGES=ranges,

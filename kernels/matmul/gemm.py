@@ -93,9 +93,8 @@ class TileLoad:
     invocation before the K loop, knowing `a_row0` and `b_col0`, the first of the 4 A rows and of
     the 4 B columns it loads; `b_k_quads` (with `b_along_k`): `functions` also define
     `b_k_quad(off, n, k, kend)`, the elements (n, k..k + 3) of B (k a multiple of 4; instead of
-    b_at), and each
-    invocation loads one column's 4 K values a step instead of 4 columns' one (4-bit weights
-    dequantize 4 values of a word with one scale this way)."""
+    b_at), and each invocation loads one column's 4 K values a step instead of 4 columns' one
+    (4-bit weights dequantize 4 values of a word with one scale this way)."""
 
     inputs: tuple
     functions: str
