@@ -44,6 +44,9 @@ def cluster(tmp_path_factory):
     # Ray's workers import this checkout (not another one installed in the venv) and the tests' tokenizer.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parents[1]), saved.get("PYTHONPATH")]))
     os.environ.update(RAY_USAGE_STATS_ENABLED="0", XDG_RUNTIME_DIR=saved.get("XDG_RUNTIME_DIR", "/tmp"))
+    # Serve gives a starting proxy 5 s before it kills and restarts it; on a busy two-core machine a worker
+    # process can take longer than that to start, and every restart then dies the same way.
+    os.environ.update(RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S="50", RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S="30")
     nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
                                                           "node_ip_address": "127.0.0.1"})
     nodes.add_node(num_cpus=1, node_ip_address="127.0.0.1")
