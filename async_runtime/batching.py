@@ -1,8 +1,9 @@
 """Continuous batching: every ready step of every session of a model in one ragged pass.
 
 For a graph that qualifies (async_runtime.ragged), the model runs one program whose token axis
-holds the concatenated rows of several sessions' steps. Each session owns a slot of the pooled KV
-caches; its step becomes rows of a pass: decode rows first, then prefill rows up to the token
+holds the concatenated rows of several sessions' steps. Each session holds the blocks of the
+paged KV caches its positions are in (`Batcher`); its step becomes rows of a pass: decode rows
+first, then prefill rows up to the token
 budget, so a long prompt is split into chunks across passes and decodes keep flowing. Sessions
 join and leave between passes. A session's result is the rows of its own sequence, exactly what
 its own run computes (row-wise kernels; matrix products may pick another route for more rows).
@@ -11,26 +12,30 @@ A pass whose row or sequence count differs from the last one re-runs every resiz
 op), which costs more than the GPU work of a decode pass. So passes are padded to power-of-two
 row and sequence counts, and the shape shrinks only after SHRINK_AFTER passes that would fit a
 smaller one (or at once when a quarter would do, as after a prefill): sessions drifting in and out
-of step then cost no resize at all. Padding rows run at position 0 of no slot.
+of step then cost no resize at all. Padding rows run at position 0 of no sequence.
 """
 
 from dataclasses import dataclass, field
 
 import anyio
 import numpy as np
+import wgpu
 
+from pte_wgpu.kernels.attention.kv_cache import KV_BLOCK, table_entries
 from pte_wgpu.resize.events import InputResized
 
+from .bursts import BURST_MAX, NO_PICK, Bursts
 from .encoding import Pieces
 from .errors import BusyResourceError, ClosedResourceError, InputError, MemoryBudgetError
-from .bursts import BURST_MAX, NO_PICK, Bursts
+from .kv_blocks import BlockPool, OutOfBlocks
 from .sampling import Sampling
 from .scheduler import Step
 from .session import SessionBase, check_inputs
-from .storage import align
 
-STORAGE_OFFSET_ALIGN = 256  # minStorageBufferOffsetAlignment: slots start at multiples of it
-PADDING_SLOT = -1  # a padding row's slot: the cache update skips it
+COPY_USAGE = wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+PADDING_SEQ = -1  # a padding row's sequence: the cache update skips it
+UNKNOWN_TOKEN = -1  # what a position a step skipped holds, for the prefix cache: no prompt's token
+DEFAULT_POSITIONS = 32768  # the pool's positions by default: 16 sessions of 2,048 positions, 512 of 64
 SHRINK_AFTER = 16  # passes that would fit a smaller shape before the pass shape shrinks
 
 
@@ -51,91 +56,154 @@ class RaggedStep(Step):
 
 class Batcher:
     """The model's ragged runner: a session over the ragged program (its arena, staging, tables),
-    the slot pool of the KV caches, and the composition of each pass."""
+    the paged KV caches (one pool of blocks, kept by `blocks`) and the composition of each pass.
 
-    def __init__(self, model, ragged, runner, token_budget=None):
+    The pool is sized at load and never grows, so no pass waits for memory and no buffer is
+    rebound: `kv_positions` positions (default: DEFAULT_POSITIONS, or one context if that is
+    more), fewer where the memory budget or the device's binding limit allows fewer. A session
+    holds the blocks of the positions it wrote; a step that needs blocks when none is free fails
+    alone with OutOfBlocks (the session keeps what it holds, and runs on once blocks are freed),
+    so callers that know their need set it aside before they start (`BatchedSession.reserve`, as
+    `ar.generate` does)."""
+
+    def __init__(self, model, ragged, runner, token_budget=None, kv_positions=None):
         self.model, self.ragged, self.runner = model, ragged, runner
         self.budget = min(token_budget or ragged.max_rows, ragged.max_rows)
-        self.slot_bytes = {vid: align(runner._own[vid].size, STORAGE_OFFSET_ALIGN) for vid in ragged.caches}
-        for vid, size in self.slot_bytes.items():  # slot 0 is the runner's own buffer, realigned
-            if size != runner._own[vid].size:
-                self._replace(vid, size)
-        # which caches start from nonzero file values: scanning a cache (94 MB a session at SmolLM2
-        # size) for each new session took ~30 ms of the event loop, more than a request's decode
-        self.nonzero = {vid: bool(model._constant_data[vid].any()) for vid in self.slot_bytes}
-        self.capacity = 1
-        self.free = [0]
+        context = ragged.context
+        self.block_bytes = {vid: KV_BLOCK * (model._constant_data[vid].nbytes // context) for vid in ragged.caches}
+        blocks = self._pool_blocks(kv_positions)
+        model._reserve(blocks * sum(self.block_bytes.values()), "the KV-cache pool")
+        for vid, size in self.block_bytes.items():
+            self.runner._rebind(vid, model._create_buffer(blocks * size, runner._own[vid].usage, f"KV-cache pool {vid}"))
+        # a block copied for copy-on-write goes through here: WebGPU copies between two buffers only
+        self.copying = model._create_buffer(max(self.block_bytes.values()), COPY_USAGE, "KV-cache block copy")
+        self.blocks = BlockPool(blocks, KV_BLOCK, context)
+        self.entries = table_entries(context)
+        # a step needs the outputs of its last row only: rows whose keys are cached need not run
+        self.prefixes = all(kind == "seqs" for kind, _ in ragged.output_axes)
+        self.slots, self.free = 0, []  # sessions' slots: their sampler rows and their sequences in `blocks`
+        self.needs = {}  # slot -> the positions its session reserved
+        self.freed = anyio.Event()  # set when a session gives its blocks back
         self.shape, self.smaller = None, 0  # (rows, sequences) of the last pass
-        self.bursts = Bursts(model, ragged, runner, self.capacity) if Bursts.fits(model, ragged) else None
+        self.bursts = Bursts(model, ragged, runner, 1) if Bursts.fits(model, ragged) else None
+
+    def _pool_blocks(self, kv_positions):
+        """Blocks of the pool: `kv_positions` (or the default) in whole blocks, at least one,
+        within the binding limit and the memory budget."""
+        model, context = self.model, self.ragged.context
+        want = kv_positions or max(context, DEFAULT_POSITIONS)
+        blocks = -(-int(want) // KV_BLOCK)
+        limit = model.device_info.max_storage_binding
+        blocks = min(blocks, min(limit // size for size in self.block_bytes.values()))
+        if model.memory_budget is not None and kv_positions is None:
+            blocks = min(blocks, (model.memory_budget - model._reserved) // sum(self.block_bytes.values()))
+        if blocks < 1:
+            raise MemoryBudgetError(
+                f"the KV-cache pool needs at least one block of {sum(self.block_bytes.values())} bytes; "
+                f"{model._reserved} of the {model.memory_budget}-byte memory budget are taken"
+            )
+        return blocks
 
     # --- slots --------------------------------------------------------------------------------
     def acquire(self):
+        """A new session's slot: its sampler rows, and its sequence in the block pool."""
         if not self.free:
-            self._grow()
+            self.free.append(self.slots)
+            self.slots += 1
+            if self.bursts is not None and self.bursts.slots < self.slots:
+                self.bursts.grow(2 * self.bursts.slots)
         slot = self.free.pop()
-        self._reset(slot)
+        self.blocks.open(slot)
         return slot
 
     def release(self, slot):
+        self.blocks.close(slot)
+        self.needs.pop(slot, None)
         self.free.append(slot)
+        self.freed.set()
+        self.freed = anyio.Event()
 
-    def slot_memory(self):
-        return sum(self.slot_bytes.values())
+    def slot_memory(self, slot):
+        """Bytes of the pool the session on `slot` holds."""
+        return len(self.blocks.table(slot)) * sum(self.block_bytes.values())
 
-    def _grow(self):
-        """More slots: new pool buffers holding the old slots, bound in place of the old ones."""
-        model, limit = self.model, self.model.device_info.max_storage_binding
-        most = min(limit // size for size in self.slot_bytes.values())
-        budget = model.memory_budget
-        room = most if budget is None else min(most, self.capacity + (budget - model._reserved) // self.slot_memory())
-        capacity = min(self.capacity * 2, room)
-        if capacity <= self.capacity:
-            why = f"the {budget}-byte memory budget" if room < most else f"the device's {limit}-byte binding limit"
-            raise MemoryBudgetError(
-                f"a new session needs a KV-cache slot of {self.slot_memory()} bytes; {self.capacity} slots are in use "
-                f"and {why} allows no more"
-            )
-        model._reserve((capacity - self.capacity) * self.slot_memory(), "more KV-cache slots")
-        encoder = model.device.create_command_encoder()
-        for vid, size in self.slot_bytes.items():
-            old = self.runner._own[vid]
-            new = self._replace(vid, capacity * size)
-            encoder.copy_buffer_to_buffer(old, 0, new, 0, self.capacity * size)
-        model.device.queue.submit([encoder.finish()])
-        self.free.extend(range(capacity - 1, self.capacity - 1, -1))
-        self.capacity = capacity
-        if self.bursts is not None:
-            self.bursts.grow(capacity)
+    def reserve(self, slot, positions):
+        """Set aside the blocks the session on `slot` needs to reach `positions` positions;
+        OutOfBlocks unless they are free (`fits` says whether they ever could be)."""
+        self.blocks.reserve(slot, positions)
+        self.needs[slot] = max(positions, self.needs.get(slot, 0))
 
-    def _replace(self, vid, size):
-        new = self.model._create_buffer(size, self.runner._own[vid].usage, f"KV-cache pool {vid}")
-        self.runner._rebind(vid, new)
-        return new
+    def fits(self, positions):
+        """None, or why the whole pool is too small for `positions` positions of one session."""
+        need, blocks = table_entries(positions), self.blocks.blocks
+        if need > blocks:
+            return f"{positions} positions need {need} KV cache blocks; the pool has {blocks} in all (load's kv_positions)"
+        return None
 
-    def _reset(self, slot):
-        """A new session's slot starts from the file's values of the caches, like its own buffers would."""
-        model, encoder = self.model, None
-        for vid, size in self.slot_bytes.items():
-            data, buf = model._constant_data[vid], self.runner._own[vid]
-            if self.nonzero[vid]:
-                model.device.queue.write_buffer(buf, slot * size, data)
-                continue
-            encoder = encoder or model.device.create_command_encoder()
-            encoder.clear_buffer(buf, slot * size, align(data.nbytes, 4))
-        if encoder is not None:
-            model.device.queue.submit([encoder.finish()])
+    def _take(self, step, first, tokens):
+        """The blocks for positions first .. of `step`'s session that `tokens` go to, and the
+        record of what they hold. OutOfBlocks leaves everything as it was."""
+        slot, pool = step.session.slot, self.blocks
+        known = pool.length(slot)
+        if first < known:  # a caller rewinding its position
+            pool.truncate(slot, first)
+        self._prepare(slot, min(first, known), first + len(tokens))
+        pool.extend(slot, [UNKNOWN_TOKEN] * (first - known) + tokens)  # positions skipped: no prompt shares them
+
+    def _prepare(self, slot, start, end):
+        """Blocks for positions start .. end - 1 of `slot`'s sequence, copying first a shared
+        block it is about to write."""
+        copies = self.blocks.prepare(slot, start, end)
+        if copies:
+            encoder = self.model.device.create_command_encoder()
+            for vid, size in self.block_bytes.items():
+                buf = self.runner._own[vid]
+                for src, dst in copies:
+                    encoder.copy_buffer_to_buffer(buf, src * size, self.copying, 0, size)
+                    encoder.copy_buffer_to_buffer(self.copying, 0, buf, dst * size, size)
+            self.model.device.queue.submit([encoder.finish()])
+
+    def _share_prefix(self, step):
+        """A step from position 0 starts its session's sequence afresh, sharing the cached whole
+        blocks its tokens start with: its rows run from the first position they do not hold."""
+        slot, pool = step.session.slot, self.blocks
+        need = self.needs.get(slot)
+        need = need if need is not None and need >= len(step.tokens) else None
+        pool.close(slot)
+        try:
+            step.taken = pool.open(slot, step.tokens.tolist(), need)
+        except OutOfBlocks:  # the cached blocks it would revive are wanted elsewhere
+            pool.open(slot, need=need)
+
+    def _tables(self, pieces, seqs):
+        """The block tables of the pass's `seqs` sequences (the pieces' sessions, then padding)."""
+        table = np.zeros((seqs, self.entries), np.int32)
+        for b, (step, _, _) in enumerate(pieces):
+            held = self.blocks.table(step.session.slot)
+            table[b, : len(held)] = held
+        return table.reshape(-1)
 
     # --- passes -------------------------------------------------------------------------------
     def compose(self, ready):
-        """The pieces (step, first row, rows) of the next pass: decodes first, then prefill chunks."""
-        budget, pieces = self.budget, []
+        """The pieces (step, first row, rows) of the next pass, decodes first, then prefill chunks,
+        each with the blocks its rows write; and the steps refused for want of blocks (their
+        `error` set)."""
+        budget, pieces, refused = self.budget, [], []
         for step in sorted(ready, key=lambda s: s.remaining > 1):  # stable: arrival order within each
             if budget == 0 or len(pieces) == self.ragged.max_seqs:
                 break
+            if self.prefixes and step.pos == step.taken == 0:
+                self._share_prefix(step)
             n = min(step.remaining, budget)
+            try:
+                self._take(step, step.pos + step.taken, step.tokens[step.taken : step.taken + n].tolist())
+            except OutOfBlocks as e:
+                step.error = e
+                refused.append(step)
+                continue
             pieces.append((step, step.taken, n))
             budget -= n
-        return pieces
+        return pieces, refused
 
     def _pass_shape(self, rows, seqs):
         """(rows, sequences) of the next pass: padded, and kept while smaller passes come."""
@@ -160,8 +228,9 @@ class Batcher:
         tables = (
             np.concatenate([step.tokens[start : start + n] for step, start, n in pieces] + [np.zeros(pad)]).reshape(1, -1),
             np.concatenate([np.arange(step.pos + start, step.pos + start + n) for step, start, n in pieces] + [np.zeros(pad)]),
-            np.concatenate([np.full(n, step.session.slot) for step, _, n in pieces] + [np.full(pad, PADDING_SLOT)]),
+            np.concatenate([np.full(n, b) for b, (_, _, n) in enumerate(pieces)] + [np.full(pad, PADDING_SEQ)]),
             np.concatenate([np.cumsum(counts) - 1, np.zeros(pad_seqs)]),
+            self._tables(pieces, seqs),
         )
         host = {vid: np.ascontiguousarray(t, dtype=np.int32) for vid, t in zip(model.graph.inputs, tables)}
         ctx = await runner._propagate(host)
@@ -229,15 +298,19 @@ class Batcher:
         it idle ~2.5 ms per 32 passes. The next burst's passes start from the tables the GPU
         advanced, as the passes of one burst do."""
         model, bursts = self.model, self.bursts
+        left = min(step.picks for step, _, _ in pieces)  # tokens every step still picks
+        passes = 1 + self._burst_blocks(pieces, 1, min(BURST_MAX, left) - 1)  # compose took the first pass's
         ctx = await self._stage_tables(pieces)
         rows = [step.row for step, _, _ in pieces]
-        left = min(step.picks for step, _, _ in pieces)  # tokens every step still picks
-        passes, staging, finished, hooks = min(BURST_MAX, left), 0, [], ctx.hook_calls
+        staging, finished, hooks, follows = 0, [], ctx.hook_calls, False
         tail = bursts.submit(rows, passes, staging)  # the sampler's dispatches a pass
         while True:
             left -= passes
             ahead = min(BURST_MAX, left) if left and not others_wait() else 0
             if ahead:
+                ahead = self._burst_blocks(pieces, passes, ahead)
+            if ahead:
+                self.model.device.queue.write_buffer(self.runner._own[self.ragged.graph.inputs[-1]], 0, self._tables(pieces, len(pieces)))
                 bursts.submit(rows, ahead, 1 - staging)
             dispatches = passes * (self.runner._dispatch_count + tail)
             model._counters.submits += passes
@@ -248,13 +321,26 @@ class Batcher:
             for b, (step, _, _) in enumerate(pieces):
                 step.taken += 1
                 _count(step, hooks, dispatches)
+                written = ids[b, : passes - 1].tolist()  # the burst's passes fed its ids but the last
+                self.blocks.extend(step.session.slot, [int(step.tokens[0])] + written if follows else written)
                 _picked(step, ids[b].tolist())
                 if not step.picks:
                     step.outputs = [np.array(step.ids, np.int64)]
                     finished.append(step)
             if not ahead:
                 return finished
-            passes, staging, hooks = ahead, 1 - staging, 0
+            passes, staging, hooks, follows = ahead, 1 - staging, 0, True
+
+    def _burst_blocks(self, pieces, first, passes):
+        """Take the blocks of burst passes first .. first + passes - 1 of every piece's step (pass
+        0 writes position step.pos); the passes that got them: all, or none (a step that finds no
+        block then fails alone, in a pass of its own)."""
+        try:
+            for step, _, _ in pieces:
+                self._prepare(step.session.slot, step.pos + first, step.pos + first + passes)
+        except OutOfBlocks:
+            return 0
+        return passes
 
 
 def _count(step, hook_calls, dispatches):
@@ -289,6 +375,22 @@ class BatchedSession(SessionBase):
     async def execute(self, *inputs):
         """Run one step (see `Session.execute`); it shares a pass with other sessions' steps."""
         return await self._run(inputs, 0)
+
+    async def reserve(self, positions):
+        """Wait until the KV-cache blocks this session needs to hold `positions` positions are
+        free, and set them aside for it (a generation that knows its length: it then never finds
+        the pool full). OutOfBlocks at once if the whole pool is smaller."""
+        batcher, positions = self._model._batcher, int(positions)
+        why = batcher.fits(positions)
+        if why is not None:
+            raise OutOfBlocks(table_entries(positions), batcher.blocks.blocks, why)
+        while True:
+            if self._closed:  # (its slot may be another session's by now)
+                raise ClosedResourceError("the session is closed")
+            try:
+                return batcher.reserve(self.slot, positions)
+            except OutOfBlocks:
+                await batcher.freed.wait()
 
     async def greedy(self, *inputs, n):
         """`pick` with greedy choice: the ids a host loop of `execute` and `logits.argmax()` would
@@ -356,8 +458,8 @@ class BatchedSession(SessionBase):
         return check_inputs(self._model, inputs)
 
     def memory(self):
-        """Bytes of GPU memory this session owns: its slot of the KV caches."""
-        return self._model._batcher.slot_memory()
+        """Bytes of GPU memory this session holds: its blocks of the KV caches (none once closed)."""
+        return 0 if self._closed else self._model._batcher.slot_memory(self.slot)
 
     def _release(self):
         if self._closed:

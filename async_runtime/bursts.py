@@ -79,7 +79,7 @@ class Bursts:
         self.stagings = [model._create_buffer(scratch["ids"], wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST, "burst readback") for _ in range(2)]
         self.buffers = {name: model._create_buffer(n, STORAGE_USAGE, f"sampler {name}") for name, n in scratch.items()}
         self.buffers["params"] = model._create_buffer(16, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST, "sampler params")
-        tokens, row_pos, _, seq_last = graph.inputs
+        tokens, row_pos, _, seq_last, _ = graph.inputs
         self.tables = {"logits": graph.outputs[0], "seq_last": seq_last, "tokens": tokens, "row_pos": row_pos}
         self.slots = 0
         self.grow(slots)

@@ -88,6 +88,7 @@ async def load(
     memory_budget=None,
     max_batch=32,
     token_budget=None,
+    kv_positions=None,
     progress=None,
     precision="auto",
 ):
@@ -98,7 +99,10 @@ async def load(
     submit, and when the graph allows it (a KV-cache decoder, see `async_runtime.ragged`) one
     ragged pass of up to `max_batch` sequences and `token_budget` rows (default: the export's
     maximum sequence length); `model.batching` says which ("ragged", "submits" or "off") and
-    `model.batching_note` why not ragged. `batch_submits=False` gives every step its own submit
+    `model.batching_note` why not ragged. A ragged model keeps its sessions' KV caches in one pool
+    of blocks of positions, allocated here: `kv_positions` positions (default: 32,768, or one
+    context if that is more; within the memory budget), each session holding the blocks of the
+    positions it has written (async_runtime.batching). `batch_submits=False` gives every step its own submit
     and pass (for comparison). `memory_budget` caps the GPU bytes of the model and all its
     sessions: past it, load or `session()` raises MemoryBudgetError before allocating anything.
     `progress(phase, done, total)` is called on the event loop's thread as the load goes through
@@ -108,14 +112,14 @@ async def load(
     which was chosen and `model.precision_note` why f32."""
     if precision not in ("auto", "f32"):
         raise ValueError(f'load(): precision must be "auto" or "f32", got {precision!r}')
-    for name, value in (("max_batch", max_batch), ("token_budget", token_budget)):
+    for name, value in (("max_batch", max_batch), ("token_budget", token_budget), ("kv_positions", kv_positions)):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ValueError(f"load(): {name} must be a positive int, got {value!r}")
     report = LoadProgress(progress)
     data = await _read_source(source, report)
     model = Model(on_resize, batch_submits, memory_budget)
     try:
-        await model._build(data, method, device, max_batch, token_budget, report, precision)
+        await model._build(data, method, device, max_batch, token_budget, report, precision, kv_positions)
     except BaseException:
         model._release()  # what the failed load allocated
         raise
@@ -147,7 +151,7 @@ class Model:
         self._scheduler = Scheduler(self, batch_submits)
 
     # --- load ---------------------------------------------------------------------------------
-    async def _build(self, data, method, device_name, max_batch=32, token_budget=None, progress=None, precision="auto"):
+    async def _build(self, data, method, device_name, max_batch=32, token_budget=None, progress=None, precision="auto", kv_positions=None):
         progress = progress or LoadProgress()
         program = await anyio.to_thread.run_sync(read_program, data)
         linked = link(program.method(method))
@@ -195,7 +199,7 @@ class Model:
         if ragged is not None:
             runner = await anyio.to_thread.run_sync(Session, self)
             self._sessions.discard(runner)  # the model's own: not a user session
-            self._batcher = await anyio.to_thread.run_sync(Batcher, self, ragged, runner, token_budget)  # compiles the sampler
+            self._batcher = await anyio.to_thread.run_sync(Batcher, self, ragged, runner, token_budget, kv_positions)  # compiles the sampler
         self._default = await self.open_session()
         await self._warm_up(progress)
 
@@ -330,9 +334,10 @@ class Model:
 
     async def open_session(self):
         """`session()`, with the synchronous GPU object creation in a worker thread. A batching
-        model's session is a KV-cache slot, taken here on the event loop: growing the slot pool
-        rebinds the model's buffers, which in a worker thread raced with the passes being encoded
-        (a bind group paired with another kernel's pipeline, then wgpu-native's panic)."""
+        model's session is a slot (its block table and sampler rows), taken here on the event
+        loop: more slots grow the sampler's buffers, and rebinding in a worker thread raced with
+        the passes being encoded (a bind group paired with another kernel's pipeline, then
+        wgpu-native's panic)."""
         self._check_open()
         if self._batcher is not None:
             return BatchedSession(self)
@@ -355,7 +360,12 @@ class Model:
         return ", ".join(f"{s.dtype}{list(s.max_shape)}" for s in self.inputs)
 
     def statistics(self):
-        return self._counters.freeze()
+        stats = self._counters.freeze()
+        if self._batcher is None:
+            return stats
+        pool = self._batcher.blocks.stats()
+        return replace(stats, kv_blocks=pool["blocks"], kv_blocks_used=pool["used"], kv_blocks_cached=pool["cached"],
+                       prefix_cache_queries=pool["prefix_queries"], prefix_cache_hits=pool["prefix_hits"])
 
     def resize_events(self, max_buffer=256):
         """A receive stream of the `InputResized` events of every session: `async for e in it`.

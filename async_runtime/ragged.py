@@ -10,7 +10,8 @@ axis flowing through every op, and rewrites the per-sequence ops to read per-row
 
 - `row_pos[r]`: the absolute position of row r in its sequence (a table slice becomes a gather, and
   so do the cos and sin tables that Hugging Face's RoPE reads from a start position);
-- `row_slot[r]`: the KV-cache slot of row r's session (caches become pools of slots);
+- `row_seq[r]`: the sequence of the pass row r belongs to, and `seq_blocks`: each sequence's block
+  table (the caches become pools of blocks of positions, kernels/attention/kv_cache.py);
 - `seq_last[b]`: the row index of sequence b's last row (the last-row select becomes a gather, and
   the batch-1 axis before it becomes the sequence axis, up to `max_seqs`).
 
@@ -23,6 +24,7 @@ import math
 from dataclasses import dataclass
 
 from pte_wgpu.kernels import OPS, fusion
+from pte_wgpu.kernels.attention.kv_cache import table_entries
 from pte_wgpu.kernels.tensor import elementwise
 from pte_wgpu.resize.values import Scalar, Tensor, ValueList
 
@@ -81,11 +83,11 @@ class NotRagged(Exception):
 
 @dataclass
 class Ragged:
-    graph: Graph  # the rewritten graph: inputs (tokens, row_pos, row_slot, seq_last)
+    graph: Graph  # the rewritten graph: inputs (tokens, row_pos, row_seq, seq_last, seq_blocks)
     tokens_input: int  # index of the token input among the method's inputs
     pos_input: int  # index of the start-position input
     output_axes: tuple  # per output: ("rows" | "seqs", axis)
-    caches: tuple  # value ids of the KV-cache state tensors (pooled by slot)
+    caches: tuple  # value ids of the KV-cache state tensors (pools of blocks)
     context: int  # positions every cache and position table holds
     max_rows: int
     max_seqs: int
@@ -110,8 +112,9 @@ class _Analysis:
         self.max_seqs = max(1, min(self.max_seqs, self.max_rows))
         values = self.values = list(self.values)
         self.row_pos = self._new(Tensor("int32", (self.max_rows,)))
-        self.row_slot = self._new(Tensor("int32", (self.max_rows,)))
+        self.row_seq = self._new(Tensor("int32", (self.max_rows,)))
         self.seq_last = self._new(Tensor("int32", (self.max_seqs,)))
+        self.seq_blocks = self._new(Tensor("int32", (1,)))  # sized below, from the caches' context
         for name, args in self.g.calls:
             self._call(name, args)
         axes = []
@@ -129,10 +132,14 @@ class _Analysis:
                 dims = list(v.dims)
                 dims[label[1]] = self.max_seqs
                 values[vid] = dataclasses.replace(v, dims=tuple(dims))
-        inputs = (self.g.inputs[tokens], self.row_pos, self.row_slot, self.seq_last)
-        graph = Graph(values, inputs, self.g.outputs, self.calls, self.g.delegate_ops, self.g.kernel_ops, self.g.compile_specs)
         if not self.caches:
             raise NotRagged("no sdpa_with_kv_cache: nothing keeps per-session state")
+        contexts = {values[c].dims[1] for c in self.caches}
+        if len(contexts) != 1:
+            raise NotRagged(f"the KV caches hold different position counts {sorted(contexts)}: one block table cannot serve them")
+        values[self.seq_blocks] = Tensor("int32", (self.max_seqs * table_entries(contexts.pop()),))
+        inputs = (self.g.inputs[tokens], self.row_pos, self.row_seq, self.seq_last, self.seq_blocks)
+        graph = Graph(values, inputs, self.g.outputs, self.calls, self.g.delegate_ops, self.g.kernel_ops, self.g.compile_specs)
         return Ragged(graph, tokens, pos, tuple(axes), tuple(self.caches), min(self.context), self.max_rows, self.max_seqs)
 
     def _new(self, value):
@@ -269,7 +276,7 @@ class _Analysis:
                 raise NotRagged(f"KV cache {cache} is not a state tensor of its own")
             self.caches.append(cache)
             self.context.append(c.dims[1])
-        self.calls.append(("pte_wgpu.ragged_sdpa", (q, k, v, k_cache, v_cache, self.row_pos, self.row_slot, *args[7:])))
+        self.calls.append(("pte_wgpu.ragged_sdpa", (q, k, v, k_cache, v_cache, self.row_pos, self.row_seq, *args[7:-1], self.seq_blocks, args[-1])))
         self._label(args[-1], "rows", 1)
 
     def _last_row(self, args):

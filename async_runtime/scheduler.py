@@ -109,7 +109,13 @@ class Scheduler:
         """One pass of the model's ragged batch (async_runtime.batching): its finished steps end."""
         for _ in range(COALESCE_CHECKPOINTS):  # the tasks of the last pass's steps send their next ones
             await anyio.lowlevel.checkpoint()
-        pieces = self.model._batcher.compose(self._ready)
+        pieces, refused = self.model._batcher.compose(self._ready)
+        for step in refused:  # no blocks for its rows: it fails alone
+            self._ready.remove(step)
+            step.done = True
+            step.wake.set()
+        if not pieces:
+            return
         try:
             finished = await self.model._batcher.run_pass(pieces, self._unless_lost, lambda: len(self._ready) > len(pieces))
         except (InputError, ResizeError) as e:  # checked before the hand-over: a bug if seen here

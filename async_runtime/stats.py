@@ -16,6 +16,13 @@ class Statistics:
     readbacks: int = 0
     dispatches: int = 0
     dropped_events: int = 0  # resize events a full subscriber buffer could not take
+    # a ragged model's paged KV cache (a model's statistics only): its blocks now, and its prefix
+    # cache since load, in prompt tokens looked up and found
+    kv_blocks: int = 0
+    kv_blocks_used: int = 0  # held by sessions
+    kv_blocks_cached: int = 0  # held by none, kept for the prompts they start
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
 
 class Counters:

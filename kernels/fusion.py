@@ -337,12 +337,12 @@ def _fuse_ragged(graph):
     for j, (name, args) in enumerate(calls):
         if name != RAGGED_SDPA:
             continue
-        q, k, v, k_cache, v_cache, row_pos, row_slot = args[:7]
+        q, k, v, k_cache, v_cache, row_pos, row_seq = args[:7]
         i = rope_of.get(k)
         if i is None or rope_of.get(q) != i or not producer.get(v, -1) < i or len(graph.values[k_cache].dims) != 4:
             continue
         rope_args = calls[i][1]
-        calls[i] = (ROPE_INTO_CACHE, (*rope_args[:4], v, k_cache, v_cache, row_pos, row_slot, rope_args[-1]))
+        calls[i] = (ROPE_INTO_CACHE, (*rope_args[:4], v, k_cache, v_cache, row_pos, row_seq, args[-2], rope_args[-1]))
         calls[j] = (RAGGED_SDPA_CACHED, args)
         fused += 1
     return fused + _fuse_rope_into_groups(graph)
@@ -356,9 +356,9 @@ def _fuse_rope_into_groups(graph):
     calls, values, drop, fused = graph.calls, graph.values, set(), 0
     groups = {values[args[-1]].items[0]: g for g, (name, args) in enumerate(calls) if name in ROPE_GROUPS}
     for i, (name, args) in enumerate(calls):
-        if name != ROPE_INTO_CACHE or len(args) != 10:
+        if name != ROPE_INTO_CACHE or len(args) != 11:
             continue
-        xq, xk, fcos, fsin, v, k_cache, v_cache, row_pos, row_slot, out = args
+        xq, xk, fcos, fsin, v, k_cache, v_cache, row_pos, row_seq, seq_blocks, out = args
         (q, q_chain), (k, k_chain), (v_out, _) = (_viewed(f, x) for x in (xq, xk, v))
         g = groups.get(q)  # the group whose first product is q
         if g is None:
@@ -374,14 +374,14 @@ def _fuse_rope_into_groups(graph):
             values[calls[g][1][-1]].items != (q, k, v_out)
             or any(name not in VIEWS and j not in clones for j, (name, _) in enumerate(calls[g + 1 : i], g + 1))
             or any(f.uses[x] != 1 for x in (*q_chain, *k_chain))
-            or not all(f.before(t, g) for t in (*tables, row_pos, row_slot))
+            or not all(f.before(t, g) for t in (*tables, row_pos, row_seq, seq_blocks))
             or values[q].dims[-1] % values[k_cache].dims[-1]
         ):
             continue
         group_name, group_args = calls[g]
         oq, ok = values[out].items[:2]
         outs = f.new_list((q, k, v_out, oq, ok))
-        calls[g] = (group_name + "_rope", (*group_args[:-1], *tables, k_cache, v_cache, row_pos, row_slot, outs))
+        calls[g] = (group_name + "_rope", (*group_args[:-1], *tables, k_cache, v_cache, row_pos, row_seq, seq_blocks, outs))
         drop.update((i, *clones))  # the clones of the rotary tables fed only the RoPE: it reads their sources
         fused += 1
     f.rewrite({}, drop)

@@ -63,6 +63,10 @@ def exports_under_way(request, tmp_path_factory):
             from .test_q4_fusion import start_exports
 
             start_exports(tmp_path_factory)
+        if "test_paged_cache.py" in selected:
+            from .test_paged_cache import start_exports
+
+            start_exports(tmp_path_factory)
         if "test_vulkan_delegate_adapter.py" in selected:
             from .test_vulkan_delegate_adapter import start_lowerings
 

@@ -2,7 +2,7 @@
 SPLIT_MAX_ROWS query rows, against float64 / torch eager attention.
 
 First the kernels alone on raw buffers: the plain form at a start position past 0, and ragged
-passes whose tiles span several sessions (prompt chunks, decode rows, padding), for head dims 64
+passes whose tiles span several sessions (prompt chunks, decode rows, padding) over paged caches, for head dims 64
 (SmolLM2's), 40 (G = 10, not a power of 2), 128 (Llama 3.1 8B's, Qwen's: each row's dims in two
 halves), 88 (halves of 11 vec4s; 128 merges its halves in chunks) and 136 (the whole-range fallback). Then an export:
 `llama::sdpa_with_kv_cache` of head dim 64 fed by token embeddings, run step by step at prime row
@@ -20,6 +20,7 @@ import torch
 import wgpu
 
 from async_runtime.device import find_adapter
+from pte_wgpu.kernels.attention.kv_cache import KV_BLOCK, table_entries
 from pte_wgpu.kernels.attention.kv_cache_sdpa import SPLIT_MAX_ROWS, TILE_ROWS, _whole_range
 
 from .exporting import EXPORT_DIR, export_pte
@@ -37,11 +38,12 @@ def device():
     return adapter.request_device_sync(required_limits=dict(adapter.limits), required_features=features)
 
 
-def _run_kernel(device, dim, q, kc, vc, pos=0, tables=None):
+def _run_kernel(device, dim, q, kc, vc, pos=0, tables=None, entries=0):
     """The pass's attention output [S, HQ, dim] from the kernel the hook takes for S rows: q is
-    [S, HQ, dim]; kc, vc are [slots, context, HKV, dim]; tables (row_pos, row_slot) make it ragged.
-    The arrays are float32 or float16 (f16 storage; the output then float16 too)."""
-    s, context = q.shape[0], kc.shape[1]
+    [S, HQ, dim]; kc, vc are [1, context, HKV, dim], or with tables (row_pos, row_seq, seq_blocks,
+    ragged) pools [positions, HKV, dim] of blocks of KV_BLOCK positions, each sequence's table
+    `entries` long. The arrays are float32 or float16 (f16 storage; the output then float16 too)."""
+    s, context = q.shape[0], kc.shape[1] if tables is None else entries * KV_BLOCK
     assert s > SPLIT_MAX_ROWS
     shader, rows_per_group = _whole_range(tables is not None, dim)
     assert rows_per_group == DIMS[dim]
@@ -54,7 +56,7 @@ def _run_kernel(device, dim, q, kc, vc, pos=0, tables=None):
     usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
     out = device.create_buffer(size=-(-q.nbytes // 4) * 4, usage=usage)
     device.queue.write_buffer(out, 0, np.full(-(-q.nbytes // 4), np.nan, np.float32))
-    params = struct.pack("<5If6I", s, pos, HQ, HKV, dim, 1 / math.sqrt(dim), context * HKV * dim, 1, context, 0, 0, 0)
+    params = struct.pack("<5If6I", s, pos, HQ, HKV, dim, 1 / math.sqrt(dim), entries, 1, context, 0, 0, 0)
     buffers = [device.create_buffer_with_data(data=_words(a), usage=usage) for a in (q, kc, vc)]
     buffers += [out, device.create_buffer_with_data(data=params, usage=wgpu.BufferUsage.UNIFORM)]
     buffers += [device.create_buffer_with_data(data=t.astype(np.int32), usage=usage) for t in tables or ()]
@@ -115,24 +117,34 @@ def test_plain_pass_past_the_start(device, dim, dtype):
 @pytest.mark.parametrize("dtype", TOLERANCE)
 @pytest.mark.parametrize("dim", DIMS)
 def test_ragged_pass_of_several_sessions(device, dim, dtype):
-    """Tiles of rows of several slots: a long prompt chunk past position 0, decode rows, chunks
-    of other prompts, and padding rows at the end (slot -1), in a random order of sessions."""
+    """Tiles of rows of several sequences over paged caches: a long prompt chunk past position 0,
+    decode rows, chunks of other prompts, and padding rows at the end (sequence -1), in a random
+    order of sequences, each sequence's blocks scattered over the pool in a random order."""
     rng = np.random.default_rng(dim + 1)
-    slots, context = 6, 200
-    kc, vc = (rng.standard_normal((slots, context, HKV, dim), dtype=np.float32).astype(dtype) for _ in range(2))
-    pieces = [(2, 101, 67), (0, 199, 1), (1, 0, 31), (3, 5, 1), (5, 17, 13), (4, 150, 2)]  # (slot, start, rows)
+    seqs, context = 6, 200
+    entries = table_entries(context)
+    caches = [rng.standard_normal((seqs, context, HKV, dim), dtype=np.float32).astype(dtype) for _ in range(2)]
+    pieces = [(2, 101, 67), (0, 199, 1), (1, 0, 31), (3, 5, 1), (5, 17, 13), (4, 150, 2)]  # (sequence, start, rows)
     rng.shuffle(pieces)
+    held = [table_entries(start + n) for _, start, n in sorted(pieces)]  # blocks each sequence holds
+    blocks = rng.permutation(sum(held) + 3)  # and 3 no sequence holds
+    tables, pools = np.zeros((seqs, entries), np.int32), [np.zeros((len(blocks) * KV_BLOCK, HKV, dim), dtype) for _ in caches]
+    for b, n in enumerate(held):
+        tables[b, :n], blocks = blocks[:n], blocks[n:]
+        for i, block in enumerate(tables[b, :n]):
+            for pool, cache in zip(pools, caches):
+                pool[block * KV_BLOCK : (block + 1) * KV_BLOCK] = np.pad(cache[b], ((0, entries * KV_BLOCK - context), (0, 0), (0, 0)))[i * KV_BLOCK : (i + 1) * KV_BLOCK]
     pad = 13
-    row_slot = np.concatenate([np.full(n, slot) for slot, _, n in pieces] + [np.full(pad, -1)])
+    row_seq = np.concatenate([np.full(n, b) for b, _, n in pieces] + [np.full(pad, -1)])
     row_pos = np.concatenate([np.arange(start, start + n) for _, start, n in pieces] + [np.zeros(pad, int)])
     q = (rng.standard_normal((len(row_pos), HQ, dim), dtype=np.float32) * 2).astype(dtype)
-    got = _run_kernel(device, dim, q, kc, vc, tables=(row_pos, row_slot))
+    got = _run_kernel(device, dim, q, *pools, tables=(row_pos, row_seq, tables.reshape(-1)), entries=entries)
     tol = TOLERANCE[dtype]
     first = 0
-    for slot, start, n in pieces:
+    for b, start, n in pieces:
         rows = slice(first, first + n)
-        want = _attend(q[rows], kc[slot], vc[slot], row_pos[rows])
-        np.testing.assert_allclose(got[rows], want, rtol=tol, atol=tol, err_msg=f"slot {slot}, rows {rows}")
+        want = _attend(q[rows], caches[0][b], caches[1][b], row_pos[rows])
+        np.testing.assert_allclose(got[rows], want, rtol=tol, atol=tol, err_msg=f"sequence {b}, rows {rows}")
         first += n
     assert np.isfinite(got[first:]).all()  # padding rows: unused, but nothing undefined
 

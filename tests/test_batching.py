@@ -97,9 +97,9 @@ async def test_rope_in_the_qkv_products_is_the_rope_op(llama, kernels, monkeypat
 @pytest.mark.parametrize("kernels", ["gpu", "cpu"])
 async def test_sessions_opened_while_others_decode(llama, kernels, monkeypatch):
     """Six sessions opened at once, four of them while the first two decode (greedy bursts): the
-    pool of KV-cache slots grows 1 -> 2 -> 4 -> 8 meanwhile, each session gets a slot of its own
-    and picks the tokens it picks alone. (Opened in worker threads, the growth rebound buffers
-    while passes were encoded: a bind group met another kernel's pipeline.)"""
+    sampler's rows grow 1 -> 2 -> 4 -> 8 meanwhile, each session gets a slot of its own and picks
+    the tokens it picks alone. (Opened in worker threads, the growth rebound buffers while passes
+    were encoded: a bind group met another kernel's pipeline.)"""
     monkeypatch.setenv("PTE_WGPU_KERNELS", kernels)
     prompt = np.array([5, 1, 4])
     async with await ar.load(llama["fp32"]) as model:

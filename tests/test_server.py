@@ -225,11 +225,14 @@ async def test_metrics_follow_a_stream_and_count_its_tokens(server, monkeypatch)
                 await anyio.sleep(0.02)
     assert during[("pte_wgpu:num_requests_running", ())] == 1 and during[("pte_wgpu:kv_slots_used", ())] == 1
     assert during[("pte_wgpu:gpu_memory_bytes", (("part", "sessions"),))] > 0
+    assert during[("pte_wgpu:kv_blocks_used", ())] == 1 and after[("pte_wgpu:kv_blocks_used", ())] == 0
+    assert during[("pte_wgpu:kv_cache_usage_perc", ())] == 1 / during[("pte_wgpu:kv_blocks", ())]
     assert during[("pte_wgpu:gpu_memory_bytes", (("part", "model"),))] == model.memory()
     assert after[("pte_wgpu:gpu_memory_bytes", (("part", "sessions"),))] == 0
     chat_prompt = len(ByteTokenizer().chat([{"role": "user", "content": "hi"}]))
     assert after[("pte_wgpu:prompt_tokens_total", ())] == first["prompt_tokens"] + chat_prompt
     assert after[("pte_wgpu:generation_tokens_total", ())] > first["completion_tokens"] == 5
+    assert after[("pte_wgpu:prefix_cache_queries_total", ())] >= first["prompt_tokens"] + chat_prompt
     assert after[("pte_wgpu:time_to_first_token_seconds_count", ())] == 2
     assert after[("pte_wgpu:request_success_total", (("finished_reason", "length"),))] == 2
     assert after[("pte_wgpu:e2e_request_latency_seconds_count", ())] == 2

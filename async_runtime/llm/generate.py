@@ -94,6 +94,9 @@ class generate:
 
     async def _run(self):
         t0 = time.perf_counter()
+        reserve = getattr(self.session, "reserve", None)  # a batching model's session: its KV-cache blocks
+        if reserve is not None:
+            await reserve(min(self.context, self.position + len(self.prompt) + self.max_new_tokens))
         last = len(self.prompt) - 1 - (len(self.prompt) - 1) % self.chunk  # the last chunk's start
         for i in range(0, last, self.chunk):
             await self._step(self.prompt[i : i + self.chunk])

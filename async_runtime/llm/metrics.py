@@ -70,6 +70,15 @@ class _EngineCollector:
             memory.add_metric([part], size)
         yield memory
         stats = e.statistics()
+        if stats.kv_blocks:
+            yield GaugeMetricFamily(PREFIX + "kv_cache_usage_perc", "Fraction of the KV-cache blocks held by sessions.",
+                                    value=stats.kv_blocks_used / stats.kv_blocks)
+            for name, doc in (("kv_blocks_used", "KV-cache blocks held by sessions."),
+                              ("kv_blocks_cached", "KV-cache blocks held by none, kept for the prompts they start."),
+                              ("kv_blocks", "KV-cache blocks in all.")):
+                yield GaugeMetricFamily(PREFIX + name, doc, value=getattr(stats, name))
+            yield CounterMetricFamily(PREFIX + "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", value=stats.prefix_cache_queries)
+            yield CounterMetricFamily(PREFIX + "prefix_cache_hits", "Prompt tokens found in the prefix cache.", value=stats.prefix_cache_hits)
         for name in RUNTIME_COUNTERS:
             yield CounterMetricFamily(PREFIX + f"gpu_{name}", f"The runtime's {name} since load.", value=getattr(stats, name))
 

@@ -15,21 +15,42 @@ from ..registry import op
 from ..wgsl import fill, flat_grid, flat_kernel, type_aliases
 
 
-# The ragged KV-cache slot formula, for every kernel that stores a ragged pass's k and v
-# (kernels/attention/kv_cache_sdpa.py RAGGED_UPDATE_CACHE, kernels/attention/rope.py rope_into_cache): element e of the
-# pass's token row r (p.row floats a row) goes to slot row_slot[r] of the pooled cache (p.stride
-# floats a slot) at position row_pos[r]. A padding row (slot -1) has no place; callers skip it.
-def cache_slot(uniform="p"):
-    """`cache_at(r, e)`, reading p.stride and p.row from the uniform named `uniform`."""
+# The paged KV cache of a ragged pass (async_runtime/batching.py): each cache is a pool of blocks of
+# KV_BLOCK positions. Sequence b of the pass keeps its position j in block seq_blocks[b * blocks +
+# j / KV_BLOCK] (`blocks`: the table entries of a sequence, ceil(context / KV_BLOCK)), at row j %
+# KV_BLOCK of it; token row r of the pass is sequence row_seq[r]'s position row_pos[r], and a
+# padding row (sequence -1) has no place. Every kernel that stores or reads a ragged pass's k and v
+# goes through `key_row` (kernels/attention/kv_cache_sdpa.py, kernels/attention/rope.py).
+KV_BLOCK = 64
+
+
+def table_entries(context):
+    """Entries of a sequence's block table for a cache of `context` positions."""
+    return -(-context // KV_BLOCK)
+
+
+def key_row(uniform="p"):
+    """`key_row(b, j)`, the pool row of sequence b's position j, reading the table stride from
+    `uniform`.blocks, and `cache_at(r, e)`, the pool element e of token row r (`uniform`.row floats a
+    position), for a writer."""
     return fill(
         """
-fn cache_at(r: u32, e: u32) -> u32 { return u32(row_slot[r]) * $UNIFORM.stride + u32(row_pos[r]) * $UNIFORM.row + e; }
+fn key_row(b: u32, j: u32) -> u32 { return u32(seq_blocks[b * $UNIFORM.blocks + j / ${BLOCK}u]) * ${BLOCK}u + j % ${BLOCK}u; }
+""",
+        UNIFORM=uniform,
+        BLOCK=KV_BLOCK,
+    )
+
+
+def cache_at(uniform="p"):
+    return key_row(uniform) + fill(
+        """fn cache_at(r: u32, e: u32) -> u32 { return key_row(u32(row_seq[r]), u32(row_pos[r])) * $UNIFORM.row + e; }
 """,
         UNIFORM=uniform,
     )
 
 
-CACHE_SLOT = cache_slot()
+CACHE_AT = cache_at()
 
 UPDATE = flat_kernel(
     "numel: u32, per_batch: u32, cache_per_batch: u32, offset: u32",

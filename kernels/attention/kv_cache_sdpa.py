@@ -33,13 +33,14 @@ from pte_wgpu.resize.values import Constant, Tensor
 from ..registry import op
 from ..variants import ANY, CPU_ONLY, GPU, GPU_ONLY, Routes, Variant
 from ..wgsl import fill, flat_grid, flat_kernel, type_aliases
-from .kv_cache import CACHE_SLOT
+from .kv_cache import CACHE_AT, KV_BLOCK, key_row, table_entries
 
 MAX_HEAD_DIM = 256
 CHUNK = 64  # keys per chunk = workgroup size
 MAX_SPLITS = 16  # split-K: the context is cut into this many key ranges (fewer if shorter)
 SPLIT_MAX_ROWS = 32  # up to this many query rows (decode) use split-K
 RAGGED_SPLIT_MAX_ROWS = 128  # the same for a ragged pass on a GPU (its scratch, 5 MB at SmolLM2 size, is pooled)
+assert KV_BLOCK % CHUNK == 0, "a chunk of keys must lie in one block of the paged caches"
 
 UPDATE_CACHE = flat_kernel(
     "n: u32, offset: u32, pad0: u32, pad1: u32",
@@ -50,25 +51,29 @@ UPDATE_CACHE = flat_kernel(
 """,
 )
 
-# Ragged batches (async_runtime.ragged): row r of the batch belongs to the session whose cache
-# is slot row_slot[r] of the pooled caches, at absolute position row_pos[r]; slot -1 marks a
-# padding row, which writes nothing (and attends, harmlessly, to slot 0).
+# Ragged batches (async_runtime.ragged): row r of the batch is sequence row_seq[r] of the pass at
+# absolute position row_pos[r], its keys in the paged caches through seq_blocks (kernels/attention/kv_cache.py's
+# key_row); sequence -1 marks a padding row, which writes nothing (and attends, harmlessly, to
+# sequence 0's first key). The caches' whole chunks of CHUNK keys lie in one block.
 RAGGED_TABLES = """
 @group(0) @binding(5) var<storage, read> row_pos: array<i32>;
-@group(0) @binding(6) var<storage, read> row_slot: array<i32>;
+@group(0) @binding(6) var<storage, read> row_seq: array<i32>;
+@group(0) @binding(7) var<storage, read> seq_blocks: array<i32>;
 """
+# A plain cache (one sequence, positions in order): every key at its own row.
+PLAIN_KEYS = "fn key_row(b: u32, j: u32) -> u32 { return j; }\n"
 
 RAGGED_UPDATE_CACHE = flat_kernel(
-    "n: u32, row: u32, stride: u32, pad: u32",
+    "n: u32, row: u32, blocks: u32, pad: u32",
     [("k", "KT", "read"), ("v", "VT", "read"), ("kc", "KCT", "read_write"), ("vc", "VCT", "read_write")],
     """
     let r = i / p.row;
-    if (row_slot[r] < 0) { return; }  // a padding row
+    if (row_seq[r] < 0) { return; }  // a padding row
     let at = cache_at(r, i % p.row);
     kc[at] = KCT(k[i]);
     vc[at] = VCT(v[i]);
 """,
-    declarations=RAGGED_TABLES + CACHE_SLOT,
+    declarations=RAGGED_TABLES + CACHE_AT,
 )
 
 # The workgroup's max and sum of red[0..CHUNK) (both attention kernels).
@@ -113,7 +118,7 @@ ONLINE_SOFTMAX = fill(
 
 
 BINDINGS = """
-struct P { s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }
+struct P { s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, blocks: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }
 @group(0) @binding(0) var<storage, read> q: array<QT>;
 @group(0) @binding(1) var<storage, read> kc: array<$KCACHE>;
 @group(0) @binding(2) var<storage, read> vc: array<$VCACHE>;
@@ -148,16 +153,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     for (var d = t; d < p.d; d = d + ${CHUNK}u) { qs[d] = f32(q[row + d]) * p.scale; }
     workgroupBarrier();
     let keys = $KEYS;  // causal: the row at absolute position P sees keys 0..P
-    let cbase = $CACHE_BASE;
+    let seq = $SEQ;
 $KEY_RANGE
     var m = -3.0e38;
     var l = 0.0;
     var acc = array<f32, $SLICES>();
     for (var base = k_begin; base < k_end; base = base + ${CHUNK}u) {
         let j = base + t;
+        let first = key_row(seq, base);  // the chunk's keys: rows first.. of one block
         var score = -3.0e38;
         if (j < k_end) {
-            let kbase = cbase + (j * p.hkv + kvh) * p.d;
+            let kbase = ((first + t) * p.hkv + kvh) * p.d;
             var dot = 0.0;
             for (var d = 0u; d < p.d; d = d + 1u) { dot = dot + qs[d] * f32(kc[kbase + d]); }
             score = dot;
@@ -168,7 +174,7 @@ $ONLINE_SOFTMAX
             if (d < p.d) {
                 var sum = 0.0;
                 for (var jj = 0u; jj < n; jj = jj + 1u) {
-                    sum = sum + probs[jj] * f32(vc[cbase + ((base + jj) * p.hkv + kvh) * p.d + d]);
+                    sum = sum + probs[jj] * f32(vc[((first + jj) * p.hkv + kvh) * p.d + d]);
                 }
                 acc[c] = acc[c] * corr + sum;
             }
@@ -229,14 +235,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let t = lid.x;
     let kvh = h / (p.hq / p.hkv);
     let row = (s * p.hq + h) * p.d;
+    let keys = $KEYS;  // causal: the row at absolute position P sees keys 0..P
+    let seq = $SEQ;
+$KEY_RANGE
+    // the first chunk's block, asked for before q's loads so that its latency overlaps theirs (a
+    // decode row's attention is latency-bound: one more dependent load cost an H100 ~3%)
+    var first = key_row(seq, k_begin);
     if (t < ${G}u) {
         let i = row + 4u * t;
         qs[t] = vec4<f32>(f32(q[i]), f32(q[i + 1u]), f32(q[i + 2u]), f32(q[i + 3u])) * p.scale;
     }
     workgroupBarrier();
-    let keys = $KEYS;  // causal: the row at absolute position P sees keys 0..P
-    let cbase = ($CACHE_BASE) / 4u;
-$KEY_RANGE
     let used = (keys + span - 1u) / span;  // the splits the row's keys take; the rest leave, and the merge skips them
     if (wid.z >= used) { return; }
     let g = t % ${G}u;  // this invocation's vec4 of dims in the weighted sum
@@ -245,10 +254,10 @@ $KEY_RANGE
     var l = 0.0;
     var acc = vec4<f32>(0.0);
     for (var base = k_begin; base < k_end; base = base + ${CHUNK}u) {
-        let j = base + t;
+        let j = base + t;  // the chunk's keys: rows first.. of one block
         var score = -3.0e38;
         if (j < k_end) {
-            let kb = cbase + (j * p.hkv + kvh) * ${G}u;
+            let kb = ((first + t) * p.hkv + kvh) * ${G}u;
             var sc = 0.0;
             for (var e = 0u; e < ${G}u; e = e + 1u) { sc = sc + dot(qs[e], vec4<f32>(kc[kb + e])); }
             score = sc;
@@ -256,7 +265,7 @@ $KEY_RANGE
 $ONLINE_SOFTMAX
         var sum = vec4<f32>(0.0);
         for (var jj = sub; jj < n; jj = jj + ${SUBS}u) {
-            sum = sum + probs[jj] * vec4<f32>(vc[cbase + ((base + jj) * p.hkv + kvh) * ${G}u + g]);
+            sum = sum + probs[jj] * vec4<f32>(vc[((first + jj) * p.hkv + kvh) * ${G}u + g]);
         }
         part[t] = sum;
         workgroupBarrier();
@@ -266,6 +275,7 @@ $ONLINE_SOFTMAX
             acc = acc * corr + all;
         }
         m = m_new;
+        first = key_row(seq, base + ${CHUNK}u);  // the next chunk's block (past the table's rows: unused)
         workgroupBarrier();
     }
     if (used == 1u) {  // one split: its state merged alone is acc / l, written here without the merge
@@ -321,14 +331,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let kvh = h / (p.hq / p.hkv);
     let row = (s * p.hq + h) * p.d;
     let keys = $KEYS;  // causal: the row at absolute position P sees keys 0..P
-    let cbase = $CACHE_BASE;
+    let seq = $SEQ;
     let k_begin = min(keys, z * p.span);
     let k_end = min(keys, k_begin + p.span);
     var m = -3.0e38;
     var l = 0.0;
     var acc = array<f32, $MAX_HEAD_DIM>();
     for (var j = k_begin; j < k_end; j = j + 1u) {
-        let kbase = cbase + (j * p.hkv + kvh) * p.d;
+        let kbase = (key_row(seq, j) * p.hkv + kvh) * p.d;
         var score = 0.0;
         for (var d = 0u; d < p.d; d = d + 1u) { score = score + f32(q[row + d]) * p.scale * f32(kc[kbase + d]); }
 $ONLINE_STEP
@@ -367,7 +377,7 @@ fn merge(s: u32, h: u32, t: u32, count: u32) {
 
 COMBINE = fill(
     """
-struct P { s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, stride: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }
+struct P { s: u32, pos: u32, hq: u32, hkv: u32, d: u32, scale: f32, blocks: u32, splits: u32, span: u32, pad0: u32, pad1: u32, pad2: u32 }
 @group(0) @binding(0) var<storage, read> parts: array<f32>;
 @group(0) @binding(1) var<storage, read_write> out: array<RT>;
 @group(0) @binding(2) var<uniform> p: P;
@@ -461,13 +471,13 @@ $RANGES
 }
 """
 
-# The key blocks of the rows `mine` (keys 0..keys-1 each) over the cache at `cbase` (in vec4s);
+# The key blocks of the rows `mine` (keys 0..keys-1 each) over sequence `seq`'s keys (vec4s of key_row's rows);
 # `kmax` bounds every row's key count and is the same for the whole workgroup.
 TILED_BLOCKS = """    for (var kb = 0u; kb < kmax; kb = kb + ${BK}u) {
         for (var i = t; i < ${BKG}u; i = i + ${THREADS}u) {
             let key = i / ${G}u;
             let j = min(kb + key, kmax - 1u);  // past kmax: a live key's row, masked below
-            let at = cbase + (j * p.hkv + kvh) * ${G}u + i % ${G}u;
+            let at = (key_row(seq, j) * p.hkv + kvh) * ${G}u + i % ${G}u;
             $STORE_KV
         }
         workgroupBarrier();
@@ -488,24 +498,24 @@ TILED_BLOCKS = """    for (var kb = 0u; kb < kmax; kb = kb + ${BK}u) {
 TILED_PLAIN = """    let keys = p.pos + row + 1u;  // causal: the row at absolute position P sees keys 0..P
     let mine = row < p.s;
     let kmax = p.pos + r_end;
-    let cbase = 0u;
+    let seq = 0u;
 $BLOCKS"""
 
-# Ragged: the tile's segments (maximal runs of rows of one slot) one after the other, each over
-# its own slot's cache; padding rows (slot -1) attend to nothing and write zeros.
+# Ragged: the tile's segments (maximal runs of rows of one sequence) one after the other, each
+# over its own sequence's keys; padding rows (sequence -1) attend to nothing and write zeros.
 TILED_RAGGED = """    let keys = u32(row_pos[r]) + 1u;  // causal: the row at absolute position P sees keys 0..P
     var seg = r0;
     while (seg < r_end) {
-        let slot = row_slot[seg];
+        let owner = row_seq[seg];
         var e = seg + 1u;
         var kmax = u32(row_pos[seg]) + 1u;
-        while (e < r_end && row_slot[e] == slot) {
+        while (e < r_end && row_seq[e] == owner) {
             kmax = max(kmax, u32(row_pos[e]) + 1u);
             e = e + 1u;
         }
-        if (slot >= 0) {
+        if (owner >= 0) {
             let mine = row >= seg && row < e;
-            let cbase = u32(slot) * (p.stride / 4u);
+            let seq = u32(owner);
 $BLOCKS
         }
         seg = e;
@@ -638,7 +648,7 @@ def _tiled_shader(ragged, dim):
         )
     return fill(
         TILED,
-        TABLES=RAGGED_TABLES if ragged else "",
+        TABLES=_tables(ragged),
         PS=f"var<workgroup> ps: array<array<f32, {sh.threads}>, {kps}>;  // [key][t]: t's part of the key's score\n" if halves > 1 else "",
         GH=gh, KPS=kps, ROWS2=2 * subs * halves, THREADS=sh.threads, BQ=bq, D=dim, SUB=sub,
         HALF_OFFSET=half_offset,
@@ -671,7 +681,7 @@ def _attention_shader(ragged, split=False, dim=None):
         CHUNK=CHUNK,
     )
     if split and _merges_itself(dim):
-        merged = _arrivals(7 if ragged else 5)
+        merged = _arrivals(8 if ragged else 5)
         return fill(SPLIT_VEC4, G=dim // 4, SUBS=CHUNK // (dim // 4), KEY_RANGE=SPLIT_RANGE, MERGED=merged, FINISH=LAST_MERGES, **common)
     return fill(
         ATTENTION,
@@ -803,19 +813,24 @@ class _Attention:
         return _row_exprs(self.ragged)
 
 
+def _tables(ragged):
+    """The bindings of the ragged tables and `key_row`, or a plain cache's `key_row`."""
+    return RAGGED_TABLES + key_row() if ragged else PLAIN_KEYS
+
+
 def _row_exprs(ragged):
-    """The per-row WGSL pieces of the one-row-per-(workgroup y) kernels: tables, key count, cache base."""
+    """The per-row WGSL pieces of the one-row-per-(workgroup y) kernels: tables, key count, sequence."""
     return dict(
-        TABLES=RAGGED_TABLES if ragged else "",
+        TABLES=_tables(ragged),
         KEYS="u32(row_pos[s]) + 1u" if ragged else "p.pos + s + 1u",
-        CACHE_BASE="u32(max(row_slot[s], 0)) * p.stride" if ragged else "0u",  # padding rows: slot 0
+        SEQ="u32(max(row_seq[s], 0))" if ragged else "0u",  # padding rows: sequence 0
     )
 
 
 def _add_attention(b, context, hkv, dim, hq, scale, tables=(), split_max=SPLIT_MAX_ROWS):
     """Record the attention variants (one pass, query-tiled where the head dim allows; split-K and
-    its combine for up to `split_max` rows); returns `set_attention(ctx, s, pos, stride)` for the
-    hook."""
+    its combine for up to `split_max` rows); returns `set_attention(ctx, s, pos, blocks)` for the
+    hook (`blocks`: the entries of a sequence's block table, ragged)."""
     splits = min(MAX_SPLITS, context)
     span = -(-context // splits)
     scratch = len(b.graph.values)  # the splits' partial states, this op's own
@@ -825,8 +840,8 @@ def _add_attention(b, context, hkv, dim, hq, scale, tables=(), split_max=SPLIT_M
     att = _Attention(b.args[0], b.args[3], b.args[4], scratch, params, tuple(tables), hq, dim, splits, split_max)
     routes = Routes(ATTENTION_VARIANTS, b, att)
 
-    def set_attention(ctx, s, pos, stride):
-        ctx.set_params(params, struct.pack("<5If5I", s, pos, hq, hkv, dim, scale, stride, splits, span, 0, 0))
+    def set_attention(ctx, s, pos, blocks):
+        ctx.set_params(params, struct.pack("<5If5I", s, pos, hq, hkv, dim, scale, blocks, splits, span, 0, 0))
         routes.set(ctx, Rows(s, split_max))
 
     return set_attention
@@ -859,19 +874,21 @@ def sdpa_with_kv_cache(b):
 
 @op("pte_wgpu.ragged_sdpa", "pte_wgpu.ragged_sdpa_cached", half=True)
 def ragged_sdpa(b):
-    """`sdpa_with_kv_cache` over a ragged batch: args 5 and 6 are the row_pos and row_slot tables,
-    and the caches are pools of per-session slots (the runtime checks positions before a pass).
-    `pte_wgpu.ragged_sdpa_cached` finds k and v already in the caches (pte_wgpu.rope_into_cache)."""
-    q, k, v, k_cache, v_cache, row_pos, row_slot = b.args[:7]
+    """`sdpa_with_kv_cache` over a ragged batch: args 5 and 6 are the row_pos and row_seq tables,
+    the one before the output the sequences' block tables, and the caches are pools of blocks (the
+    runtime checks positions and takes the blocks before a pass). `pte_wgpu.ragged_sdpa_cached`
+    finds k and v already in the caches (pte_wgpu.rope_into_cache)."""
+    q, k, v, k_cache, v_cache, row_pos, row_seq = b.args[:7]
+    seq_blocks = b.args[-2]
     context, hkv, dim, hq, scale = _attention_args(b)
-    stride = context * hkv * dim
+    blocks = table_entries(context)
     cached = b.name == "pte_wgpu.ragged_sdpa_cached"
     if not cached:
         p_update = b.params(16)
         shader = type_aliases(b.graph.values, KT=k, VT=v, KCT=k_cache, VCT=v_cache) + RAGGED_UPDATE_CACHE
-        d_update = b.dispatch(shader, [k, v, k_cache, v_cache, p_update, row_pos, row_slot])
+        d_update = b.dispatch(shader, [k, v, k_cache, v_cache, p_update, row_pos, row_seq, seq_blocks])
     split_max = RAGGED_SPLIT_MAX_ROWS if b.adapter == GPU else SPLIT_MAX_ROWS
-    set_attention = _add_attention(b, context, hkv, dim, hq, scale, (row_pos, row_slot), split_max)
+    set_attention = _add_attention(b, context, hkv, dim, hq, scale, (row_pos, row_seq, seq_blocks), split_max)
 
     def resize(ctx):
         s = _rows(b, ctx)
@@ -879,9 +896,9 @@ def ragged_sdpa(b):
             b.fail(f"{s} rows but {ctx.dims(row_pos)[0]} row positions")
         if not cached:
             n = numel_of(ctx.dims(k))
-            ctx.set_params(p_update, struct.pack("<4I", n, hkv * dim, stride, 0))
+            ctx.set_params(p_update, struct.pack("<4I", n, hkv * dim, blocks, 0))
             ctx.set_grid(d_update, flat_grid(n))
-        set_attention(ctx, s, 0, stride)
+        set_attention(ctx, s, 0, blocks)
         ctx.set_dims(b.out, ctx.dims(q))
 
     b.hook(resize)

@@ -15,13 +15,13 @@ from pte_wgpu.resize.shapes import numel_of
 
 from ..registry import op
 from ..wgsl import FLAT_INDEX, WG, fill, flat_grid, flat_kernel, type_aliases
-from .kv_cache import CACHE_SLOT, cache_slot
+from .kv_cache import CACHE_AT, cache_at, table_entries
 
 # One dispatch rotates both q and k: invocations past q's pairs continue into k's. The ragged
 # form (`pte_wgpu.rope_into_cache`) also stores this step's rotated k, and v, in the KV caches as
 # ragged_sdpa's own update would (kernels/attention/kv_cache_sdpa.py RAGGED_UPDATE_CACHE), which then skips it.
 ROPE = """
-struct P { q_pairs: u32, pairs: u32, q_heads: u32, k_heads: u32, half: u32, row: u32, stride: u32, pad: u32 }
+struct P { q_pairs: u32, pairs: u32, q_heads: u32, k_heads: u32, half: u32, row: u32, blocks: u32, pad: u32 }
 $CACHE_BINDINGS
 @group(0) @binding(0) var<storage, read> xq: array<XQT>;
 @group(0) @binding(1) var<storage, read> xk: array<XKT>;
@@ -64,11 +64,12 @@ CACHE_BINDINGS = """
 @group(0) @binding(8) var<storage, read_write> kc: array<KCT>;
 @group(0) @binding(9) var<storage, read_write> vc: array<VCT>;
 @group(0) @binding(10) var<storage, read> row_pos: array<i32>;
-@group(0) @binding(11) var<storage, read> row_slot: array<i32>;
-""" + CACHE_SLOT
+@group(0) @binding(11) var<storage, read> row_seq: array<i32>;
+@group(0) @binding(12) var<storage, read> seq_blocks: array<i32>;
+""" + CACHE_AT
 CACHE_STORE = """
         let r = ia / p.row;  // the pass's token row
-        if (row_slot[r] >= 0) {  // not a padding row
+        if (row_seq[r] >= 0) {  // not a padding row
             let at = cache_at(r, ia % p.row);
             kc[at] = KCT(ok[ia]);
             kc[at + 1u] = KCT(ok[ia + 1u]);
@@ -80,7 +81,7 @@ SHADER_CACHE = fill(ROPE, FLAT_INDEX=FLAT_INDEX, WG=WG, CACHE_BINDINGS=CACHE_BIN
 
 @op("et_vk.apply_rotary_emb.default", "pte_wgpu.rope_into_cache", half=True)
 def apply_rotary_emb(b):
-    """`pte_wgpu.rope_into_cache` takes (v, k_cache, v_cache, row_pos, row_slot) after the four."""
+    """`pte_wgpu.rope_into_cache` takes (v, k_cache, v_cache, row_pos, row_seq, seq_blocks) after the four."""
     xq, xk = b.args[:2]
     oq, ok = b.graph.values[b.out].items[:2]
     set_rope = rope_route(b, b.args[:-1], oq, ok)
@@ -99,19 +100,19 @@ def apply_rotary_emb(b):
 
 def rope_route(b, args, oq, ok):
     """The dispatch rotating q and k (`args`: xq, xk, fcos, fsin, and with v, k_cache, v_cache,
-    row_pos, row_slot after them storing k and v in the caches) into `oq` and `ok`; returns
+    row_pos, row_seq, seq_blocks after them storing k and v in the caches) into `oq` and `ok`; returns
     `set(ctx, q_shape, k_shape, on=True)` for shapes [1, S, H, D] (the grid off unless `on`)."""
     xq, xk, fcos, fsin = args[:4]
     params = b.params(32)
-    row = stride = 0
+    row = blocks = 0
     if len(args) > 4:
         v, k_cache, v_cache = args[4:7]
         _, context, hkv, dim = b.graph.values[k_cache].dims
-        row, stride = hkv * dim, context * hkv * dim
+        row, blocks = hkv * dim, table_entries(context)
         b.writes(k_cache)
         b.writes(v_cache)
         types = type_aliases(b.graph.values, XQT=xq, XKT=xk, CT=fcos, ST=fsin, OQT=oq, OKT=ok, VT=v, KCT=k_cache, VCT=v_cache)
-        d = b.dispatch(types + SHADER_CACHE, [xq, xk, fcos, fsin, oq, ok, params, *args[4:9]])
+        d = b.dispatch(types + SHADER_CACHE, [xq, xk, fcos, fsin, oq, ok, params, *args[4:10]])
     else:
         types = type_aliases(b.graph.values, XQT=xq, XKT=xk, CT=fcos, ST=fsin, OQT=oq, OKT=ok)
         d = b.dispatch(types + SHADER, [xq, xk, fcos, fsin, oq, ok, params])
@@ -128,7 +129,7 @@ def rope_route(b, args, oq, ok):
         pairs = q_pairs + numel_of(k_shape) // 2
         if row and k_heads * dim != row:
             b.fail(f"k rows of {k_heads} x {dim} do not match the cache's {row}")
-        ctx.set_params(params, struct.pack("<8I", q_pairs, pairs, q_heads, k_heads, half, row, stride, 0))
+        ctx.set_params(params, struct.pack("<8I", q_pairs, pairs, q_heads, k_heads, half, row, blocks, 0))
         ctx.set_grid(d, flat_grid(pairs) if on else (0, 0, 0))
         ctx.set_dims(oq, q_shape)
         ctx.set_dims(ok, k_shape)
@@ -142,24 +143,24 @@ def rope_route(b, args, oq, ok):
 class RopeEpilogue:
     """What q/k/v products that take the RoPE (kernels/matmul/qkv_rope.py) add to their GEMV on GPUs:
     after its uniform, the bindings `values` (fcos, fsin, rotated q, rotated k, k cache, v cache,
-    row_pos, row_slot) of storage `types`, and the uniform's fields half, dim, row, stride (as
-    ROPE's p)."""
+    row_pos, row_seq, seq_blocks) of storage `types`, and the uniform's fields half, dim, row, blocks
+    (as ROPE's p)."""
 
     values: list
     types: list
     fields: tuple
 
 
-ROPE_NAMES = ("fcos", "fsin", "oq", "ok", "kc", "vc", "row_pos", "row_slot")
+ROPE_NAMES = ("fcos", "fsin", "oq", "ok", "kc", "vc", "row_pos", "row_seq", "seq_blocks")
 
 
 def rope_bindings(first, types):
-    """The epilogue's bindings from `first`, and the cache slot formula."""
+    """The epilogue's bindings from `first`, and the paged caches' `cache_at`."""
     lines = [
         f"@group(0) @binding({first + i}) var<storage, {'read_write' if name in ('oq', 'ok', 'kc', 'vc') else 'read'}> {name}: array<{t}>;"
         for i, (name, t) in enumerate(zip(ROPE_NAMES, types))
     ]
-    return "\n" + "\n".join(lines) + cache_slot("q")
+    return "\n" + "\n".join(lines) + cache_at("q")
 
 
 def rope_store(j, row, t, rope_types):
@@ -167,11 +168,11 @@ def rope_store(j, row, t, rope_types):
     same expressions on the same values: the product rounded to its type `t`, then f32): q and k
     rotated with the other output of their pair (pair0), k and v also in the caches. The products
     themselves are stored too (every binding is used: the pipeline's layout keeps them all)."""
-    _, _, oq, ok, kc, vc, _, _ = rope_types
+    _, _, oq, ok, kc, vc, _, _, _ = rope_types
     row = f"let row = {row};"
 
     def cache(name, value):
-        return f"if (row_slot[row] >= 0) {{ {name}[cache_at(row, n)] = {value}; }}"
+        return f"if (row_seq[row] >= 0) {{ {name}[cache_at(row, n)] = {value}; }}"
 
     if j == 2:
         return f"{{ {row} let x = {t}(v0); o2[row * q.N2 + n] = x; {cache('vc', f'{vc}(x)')} }}"

@@ -71,7 +71,7 @@ def _group_shader(count, norm, kind, shape, types, rope=None):
     `types`: the bindings' storage types in order, the uniform left out. With `rope` the GPU
     kind's epilogue rotates q and k and stores k and v in the caches (rope_store)."""
     fields = ["M: u32", "K: u32", "eps: f32"] + [f"N{j}: u32" for j in range(count)] + [f"S{j}: u32" for j in range(count)]
-    fields += ["half: u32", "dim: u32", "row: u32", "stride: u32"] if rope else []
+    fields += ["half: u32", "dim: u32", "row: u32", "blocks: u32"] if rope else []
     fields += [f"pad{i}: u32" for i in range(-len(fields) % 4)]
     weights = [f"w{j}" for j in range(count)]
     outs = [f"o{j}" for j in range(count)]

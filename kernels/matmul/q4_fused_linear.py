@@ -57,7 +57,7 @@ SUBGROUP, GEMV = "subgroup", "gemv"  # the fused kernel's algorithm (the module 
 HEAD = ("M", "K", "wpr", "groups", "gs", "kw", "eps", "pad")  # then N, sn, S and a pad a product
 
 
-ROPE_FIELDS = ("half", "dim", "row", "stride")  # with a RoPE epilogue, after the products'
+ROPE_FIELDS = ("half", "dim", "row", "blocks")  # with a RoPE epilogue, after the products'
 
 
 def _uniform(count, rope):

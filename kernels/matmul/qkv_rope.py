@@ -2,7 +2,7 @@
 dispatch fewer a decode layer.
 
 `pte_wgpu.linear_group_rope` (and its rms_, q4_ and rms_q4_ forms) is the q/k/v group of that
-name, its args but the outputs, then (fcos, fsin, k_cache, v_cache, row_pos, row_slot); out [q,
+name, its args but the outputs, then (fcos, fsin, k_cache, v_cache, row_pos, row_seq, seq_blocks); out [q,
 k, v, rotated q, rotated k]. Where a GPU's GEMV takes the rows, its epilogue rotates q and k as
 `pte_wgpu.rope_into_cache` does and stores k and v in the KV caches (kernels/attention/rope.py's
 rope_store: the same expressions on the same values, so results are bitwise the two ops'); other
@@ -11,6 +11,7 @@ routes (more rows, CPU adapters' kernels) run rope_into_cache's own dispatch aft
 
 from pte_wgpu.resize.values import ValueList
 
+from ..attention.kv_cache import table_entries
 from ..attention.rope import RopeEpilogue, rope_route
 from ..registry import op
 from .fused_linear import linear_group_routes
@@ -27,15 +28,15 @@ GROUPS = {
 @op(*(name + "_rope" for name in GROUPS), half=True)
 def linear_group_rope(b):
     values = b.graph.values
-    *group_args, fcos, fsin, k_cache, v_cache, row_pos, row_slot = b.args[:-1]
+    *group_args, fcos, fsin, k_cache, v_cache, row_pos, row_seq, seq_blocks = b.args[:-1]
     q, k, v, oq, ok = values[b.out].items
     _, context, hkv, dim = values[k_cache].dims
     values.append(ValueList((q, k, v)))
     group = b.part(b.name.removesuffix("_rope"), (*group_args, len(values) - 1))
-    bound = [fcos, fsin, oq, ok, k_cache, v_cache, row_pos, row_slot]
-    epilogue = RopeEpilogue(bound, [b.storage(vid) for vid in bound], (dim // 2, dim, hkv * dim, context * hkv * dim))
+    bound = [fcos, fsin, oq, ok, k_cache, v_cache, row_pos, row_seq, seq_blocks]
+    epilogue = RopeEpilogue(bound, [b.storage(vid) for vid in bound], (dim // 2, dim, hkv * dim, table_entries(context)))
     set_group = GROUPS[group.name](group, epilogue)
-    set_rope = rope_route(b, (q, k, fcos, fsin, v, k_cache, v_cache, row_pos, row_slot), oq, ok)
+    set_rope = rope_route(b, (q, k, fcos, fsin, v, k_cache, v_cache, row_pos, row_seq, seq_blocks), oq, ok)
     n_q = values[q].dims[-1]
 
     def resize(ctx):
