@@ -148,7 +148,9 @@ async def bench_generate(model, args, vocab):
     """`ar.generate` as a user runs it, greedy and sampled (SAMPLED, a seed each) in alternate runs:
     N sessions opened, an 8-token prompt each, `--generate-tokens` new tokens, the wall time of
     the whole (prompt and set-up included). Rows generate_{greedy,sampled}_N_tok_s and their
-    ratio sampled_over_greedy_N, the median of the runs' ratios."""
+    ratio sampled_over_greedy_N, the median of the runs' ratios; first_wave_N_tok_s, the first
+    greedy wave of N sessions the model serves, and first_over_steady_N, its ratio to the greedy
+    median."""
     out, rng = {}, np.random.default_rng(1)
     steps = args.generate_tokens
 
@@ -159,9 +161,11 @@ async def bench_generate(model, args, vocab):
 
     for n in sorted({1, *args.sessions}):
         rates = {"greedy": [], "sampled": []}
-        async with anyio.create_task_group() as tg:  # untimed: the first wave of n sessions grows the slot pool
+        t = time.perf_counter()
+        async with anyio.create_task_group() as tg:  # the first time the model serves n sessions at once
             for i in range(n):
-                tg.start_soon(one, SAMPLED, i)
+                tg.start_soon(one, {}, i)
+        first = n * steps / (time.perf_counter() - t)
         for run in range(2 * args.runs if n == 1 else args.runs):
             for label in ("greedy", "sampled") if run % 2 == 0 else ("sampled", "greedy"):
                 t = time.perf_counter()
@@ -172,6 +176,8 @@ async def bench_generate(model, args, vocab):
         for label, r in rates.items():
             out[f"generate_{label}_{n}_tok_s"] = median_rate(r)
         out[f"sampled_over_greedy_{n}"] = statistics.median(s / g for s, g in zip(rates["sampled"], rates["greedy"]))
+        out[f"first_wave_{n}_tok_s"] = first
+        out[f"first_over_steady_{n}"] = first / out[f"generate_greedy_{n}_tok_s"]
     return out
 
 
