@@ -26,7 +26,7 @@ from .errors import (
 )
 from .program.graph import has_half, link, widen_half
 from .program.planning import plan_memory, written_in_place
-from .program.tables import split_tables, split_weights
+from .program.tables import split_constants
 from .ragged import NotRagged, plan_ragged
 from .pipelines import compile_pipelines, dispatch_each_once
 from .program.pte import read_program
@@ -208,8 +208,7 @@ class Model:
         tensors stored as f16 (`half`) or widened to f32. HalfUnsupported: an op has no f16 kernel."""
         if not half:
             widen_half(graph)
-        split_tables(graph, self._binding_limit)
-        split_weights(graph, self._binding_limit)
+        split_constants(graph, self._binding_limit)
         self._input_storage = tuple(getattr(graph.values[v], "dtype", None) for v in graph.inputs)  # float16 may be widened
         self.fused = fuse(graph)
         self.batching, self.batching_note, ragged = ("submits" if self._scheduler.batching else "off"), "", None

@@ -1,7 +1,8 @@
 """An embedding table or a linear weight larger than one storage binding (lavapipe binds at most
 128 MiB; an H100 2 GiB, less than Phi-4-mini's 2.46 GB fp32 embedding) is cut into parts of whole
 rows at load (async_runtime/program/tables.py): the table looked up from them
-(`pte_wgpu.embedding_parts`), the linear run per part and its outputs joined (`aten.cat`)."""
+(`pte_wgpu.embedding_parts`), the linear run per part and its outputs joined (`aten.cat`); a tied
+table and LM head cut once for both, a linear's bias cut with its weight."""
 
 import functools
 
@@ -85,3 +86,43 @@ async def test_a_linear_weight_past_one_binding_runs_in_parts_of_its_rows(load_p
     rng = np.random.default_rng(5)
     calls = [rng.standard_normal((1, t, DIM)).astype(np.float32) for t in (1, 37, 2, 13)]  # min, max, and between
     await assert_matches_eager(model, module, calls, atol=2e-4, rtol=2e-4)
+
+
+class TiedAndBiased(torch.nn.Module):
+    """A tied embedding and LM head (one tensor: torch.export keeps one constant for both) and a
+    linear with a bias, each past a binding of CUT bytes."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(301, 64)
+        self.mix = torch.nn.Linear(64, 64)
+        self.head = torch.nn.Linear(64, 301, bias=False)
+        self.head.weight = self.emb.weight
+        self.biased = torch.nn.Linear(64, 307)
+
+    def forward(self, idx):
+        h = torch.tanh(self.mix(self.emb(idx)))
+        return self.head(h), self.biased(h)
+
+
+CUT = 20_000  # bytes a part: 78 rows of 64 floats, 4 parts of each big tensor
+
+
+async def test_a_tied_table_and_head_and_a_biased_linear_are_cut_once_into_parts(load_pte, monkeypatch):
+    import async_runtime.model
+
+    real = async_runtime.model.split_constants
+    monkeypatch.setattr(async_runtime.model, "split_constants", lambda graph, limit: real(graph, CUT))
+    example = torch.randint(0, 301, (1, 7))
+    pte, module = export_pte("tied_and_biased", TiedAndBiased, [example], ({1: torch.export.Dim("t", min=1, max=9)},))
+    model = await load_pte(pte)
+    names = [n for n, _ in model.graph.calls]
+    assert "pte_wgpu.embedding_parts" in names and "aten.cat.default" in names, names
+    constants = [v for v in model.graph.values if isinstance(v, Tensor) and v.constant is not None]
+    assert max(numel_of(v.dims) * 4 for v in constants) <= CUT
+    table_rows = [v.dims[0] for v in constants if v.constant.rows and v.constant.rows[2] == (301, 64)]
+    assert sum(table_rows) == 301 and len(table_rows) == 4  # one set of parts for the lookup and the head
+    rng = np.random.default_rng(7)
+    calls = [rng.integers(0, 301, (1, t)) for t in (1, 9, 4, 7)]
+    calls[0][0, 0], calls[1][0, :2] = 300, [0, 300]  # the last row and the first (the first and last parts)
+    await assert_matches_eager(model, module, calls, atol=1e-5, rtol=1e-5)

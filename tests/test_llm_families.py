@@ -91,17 +91,18 @@ def portable_embedding(tmp_path_factory):
 @pytest.mark.parametrize("cut", [False, True], ids=["whole", "weights_in_parts"])
 async def test_an_embedding_outside_the_delegate_batches_ragged(portable_embedding, load_pte, monkeypatch, cut):
     """The portable embedding's model batches ragged with GPU sampling and eager's tokens. `cut`:
-    linear weights past one binding run in parts of rows joined by aten.cat (as a 128k-vocab fp32
-    LM head past 2 GiB would); here every weight past 40 KB, the LM head among them."""
+    tables and linear weights past one binding are read in parts of rows, the lookups from their
+    parts and the linears joined by aten.cat (as a 128k-vocab fp32 embedding and LM head past
+    2 GiB would); here every one past 40 KB, the embedding and the LM head among them."""
     import async_runtime.model
 
-    real = async_runtime.model.split_weights
+    real = async_runtime.model.split_constants
     if cut:
-        monkeypatch.setattr(async_runtime.model, "split_weights", lambda graph, limit: real(graph, 40_000))
+        monkeypatch.setattr(async_runtime.model, "split_constants", lambda graph, limit: real(graph, 40_000))
     path, ref = portable_embedding
     model = await load_pte(path)
     names = {name for name, _ in model.graph.calls}
-    assert "aten::embedding.out" in names and ("aten.cat.default" in names) == cut
+    assert ("aten::embedding.out" in names) != cut == ("pte_wgpu.embedding_parts" in names) == ("aten.cat.default" in names)
     assert model.batching == "ragged" and model.gpu_sampling, model.batching_note
     vocab = CONFIGS["fp32"]["vocab_size"]
     rng = np.random.default_rng(3)
