@@ -9,7 +9,7 @@ own constant tensor (an H100 binds 2 GiB; lavapipe 128 MiB), once for all the op
 from dataclasses import replace
 
 from pte_wgpu.kernels.tensor.embedding import EMBEDDING_PARTS, MAX_PARTS
-from pte_wgpu.kernels.wgsl import PACKED, elem_bytes, is_float
+from pte_wgpu.kernels.wgsl import PACKED, elem_bytes
 from pte_wgpu.resize.values import Scalar, Tensor, ValueList
 
 from ..errors import ModelFormatError
