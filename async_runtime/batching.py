@@ -142,13 +142,27 @@ class Batcher:
 
     def _take(self, step, first, tokens):
         """The blocks for positions first .. of `step`'s session that `tokens` go to, and the
-        record of what they hold. OutOfBlocks leaves everything as it was."""
+        record of what they hold. Positions a step skips read as a new cache's, zeros. On
+        OutOfBlocks the session keeps its positions before `first` (those from it on, which the
+        step was to overwrite, are forgotten)."""
         slot, pool = step.session.slot, self.blocks
         known = pool.length(slot)
         if first < known:  # a caller rewinding its position
             pool.truncate(slot, first)
         self._prepare(slot, min(first, known), first + len(tokens))
+        if first > known:
+            self._clear(slot, known, first)
         pool.extend(slot, [UNKNOWN_TOKEN] * (first - known) + tokens)  # positions skipped: no prompt shares them
+
+    def _clear(self, slot, start, end):
+        """Zero positions start .. end - 1 of `slot`'s sequence in every cache (a block may hold
+        another session's keys from before)."""
+        table, encoder = self.blocks.table(slot), self.model.device.create_command_encoder()
+        for vid, size in self.block_bytes.items():
+            row = size // KV_BLOCK
+            for at in range(start, end):
+                encoder.clear_buffer(self.runner._own[vid], (table[at // KV_BLOCK] * KV_BLOCK + at % KV_BLOCK) * row, row)
+        self.model.device.queue.submit([encoder.finish()])
 
     def _prepare(self, slot, start, end):
         """Blocks for positions start .. end - 1 of `slot`'s sequence, copying first a shared

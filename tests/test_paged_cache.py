@@ -269,3 +269,68 @@ async def test_the_server_under_random_arrivals_cancellations_and_a_shared_syste
     assert got == {i: alone[i] for i in range(len(prompts)) if i not in leaving}
     assert metrics[("pte_wgpu:prefix_cache_hits_total", ())] >= 2 * KV_BLOCK * (len(prompts) - 1 + len(got))
     assert metrics[("pte_wgpu:kv_blocks_used", ())] == 0 and metrics[("pte_wgpu:kv_blocks_cached", ())] >= 2
+
+
+@pytest.mark.anyio
+async def test_random_steps_rewinds_and_shared_prompts_match_contiguous_caches(pte):
+    """Four sessions, one step at a time in random order, against the same steps on a model of
+    contiguous caches: prompts from a few shared beginnings (prefix hits, copies of shared blocks),
+    decode steps, rewinds to an earlier position with another token (into shared blocks too),
+    closes and reopens. A pool of 6 blocks: some steps find none and fail alone, and the session
+    goes on from before the positions the step was to write; every logit is bitwise equal."""
+    rng = np.random.default_rng(11)
+    vocab = CONFIG["vocab_size"]
+    beginnings = [rng.integers(0, vocab, n) for n in (70, 130)]
+    async with await ar.load(pte, batch_submits=False) as ref, \
+            await ar.load(pte, token_budget=BITWISE_ROWS, kv_positions=6 * KV_BLOCK) as model:
+        pairs, ends = [[ref.session(), await model.open_session()] for _ in range(4)], [0] * 4
+        compared = refused = 0
+        for _ in range(160):
+            i = int(rng.integers(4))
+            ref_s, s = pairs[i]
+            roll = rng.random()
+            if roll < 0.05:  # close and reopen
+                await s.aclose()
+                await ref_s.aclose()
+                pairs[i], ends[i] = [ref.session(), await model.open_session()], 0
+                continue
+            if ends[i] == 0 or roll < 0.15:  # a new prompt from position 0
+                start = beginnings[int(rng.integers(2))]
+                tokens, pos = np.concatenate([start[: int(rng.integers(1, len(start) + 1))], rng.integers(0, vocab, int(rng.integers(1, 9)))]), 0
+            elif roll < 0.25:  # rewind: another token at an earlier position
+                tokens, pos = rng.integers(0, vocab, 1), int(rng.integers(0, ends[i]))
+            else:
+                tokens, pos = rng.integers(0, vocab, int(rng.integers(1, 9))), ends[i]
+            if pos + len(tokens) > CONTEXT:
+                continue
+            try:
+                (got,) = await s.execute(tokens[None], np.array([pos]))
+            except OutOfBlocks:  # the positions it was to overwrite are forgotten
+                refused, ends[i] = refused + 1, min(ends[i], pos)
+                continue
+            for at in range(0, len(tokens), BITWISE_ROWS):  # the rows of a pass the token budget takes
+                (want,) = await ref_s.execute(tokens[None, at : at + BITWISE_ROWS], np.array([pos + at]))
+            np.testing.assert_array_equal(got, want)
+            compared, ends[i] = compared + 1, pos + len(tokens)
+        stats = model.statistics()
+        model._batcher.blocks._check()
+    assert compared > 100 and refused > 0 and stats.prefix_cache_hits > 0
+
+
+@pytest.mark.anyio
+async def test_positions_a_step_skips_read_as_a_new_caches_zeros(pte):
+    """A session that jumps past its last position, in a block another session filled before:
+    the skipped positions read as zeros, as in a new contiguous cache (not the other's keys)."""
+    rng = np.random.default_rng(12)
+    prompt, filler = rng.integers(0, CONFIG["vocab_size"], 5), rng.integers(0, CONFIG["vocab_size"], 60)
+    async with await ar.load(pte, batch_submits=False) as ref:
+        async with ref.session() as s:
+            await s.execute(prompt[None], np.array([0]))
+            (want,) = await s.execute(np.array([[7]]), np.array([9]))
+    async with await ar.load(pte, kv_positions=2 * KV_BLOCK) as model:
+        async with model.session() as other:  # fills a block, then gives it back
+            await other.execute(filler[None], np.array([0]))
+        async with model.session() as s:
+            await s.execute(prompt[None], np.array([0]))
+            (got,) = await s.execute(np.array([[7]]), np.array([9]))
+    np.testing.assert_array_equal(got, want)
