@@ -109,14 +109,19 @@ class BlockPool:
         s = self._seqs[seq]
         if positions > self.context:
             raise ValueError(f"{positions} positions pass the context of {self.context}")
-        s.need_blocks = max(s.need_blocks or 0, _blocks_for(positions, self.block_size))
-        more = s.need_blocks - len(s.table) - s.reserved
-        if more <= 0:
-            return
+        need = max(s.need_blocks or 0, _blocks_for(positions, self.block_size))
+        more = need - len(s.table) - s.reserved
         if more > self.free_blocks():
             raise OutOfBlocks(more, self.free_blocks())
-        s.reserved += more
-        self._reserved += more
+        s.need_blocks = need
+        if more > 0:
+            s.reserved += more
+            self._reserved += more
+
+    def need(self, seq):
+        """The positions `seq` has set blocks aside for (whole blocks, within the context), or None."""
+        blocks = self._seqs[seq].need_blocks
+        return None if blocks is None else min(blocks * self.block_size, self.context)
 
     def prepare(self, seq, start: int, end: int) -> list[tuple[int, int]]:
         """Make positions [start, end) of `seq` writable; returns the (src, dst) blocks to copy on the GPU first."""

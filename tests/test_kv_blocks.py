@@ -118,6 +118,21 @@ def test_reservations():
     pool._check()
 
 
+def test_a_reservation_that_fails_sets_nothing_aside():
+    pool = BlockPool(blocks=4, block_size=4, context=32)
+    pool.open("a")
+    pool.reserve("a", 8)
+    assert pool.need("a") == 8 and pool.free_blocks() == 2
+    pool.open("b")
+    with pytest.raises(OutOfBlocks, match="needed 4 .* 2 free"):
+        pool.reserve("b", 16)
+    assert pool.need("b") is None and pool.stats()["reserved"] == 2
+    write(pool, "b", range(4))  # a block of its own, then back: no reservation comes with it
+    pool.truncate("b", 0)
+    assert pool.stats()["reserved"] == 2 and pool.free_blocks() == 2
+    pool._check()
+
+
 def test_prefix_sharing():
     pool = BlockPool(blocks=16, block_size=4, context=64)
     prompt = list(range(12)) + [50, 51]
