@@ -3,9 +3,8 @@
 For a graph that qualifies (async_runtime.ragged), the model runs one program whose token axis
 holds the concatenated rows of several sessions' steps. Each session holds the blocks of the
 paged KV caches its positions are in (`Batcher`); its step becomes rows of a pass: decode rows
-first, then prefill rows up to the token
-budget, so a long prompt is split into chunks across passes and decodes keep flowing. Sessions
-join and leave between passes. A session's result is the rows of its own sequence, exactly what
+first, then prefill rows up to the token budget, so a long prompt is split into chunks across
+passes and decodes keep flowing. Sessions join and leave between passes. A session's result is the rows of its own sequence, exactly what
 its own run computes (row-wise kernels; matrix products may pick another route for more rows).
 
 A pass whose row or sequence count differs from the last one re-runs every resize hook (~1.7 per
@@ -71,8 +70,9 @@ class Batcher:
         self.budget = min(token_budget or ragged.max_rows, ragged.max_rows)
         context = ragged.context
         self.block_bytes = {vid: KV_BLOCK * (model._constant_data[vid].nbytes // context) for vid in ragged.caches}
+        self.bytes_a_block = sum(self.block_bytes.values())  # every cache's block of the same positions
         blocks = self._pool_blocks(kv_positions)
-        model._reserve(blocks * sum(self.block_bytes.values()), "the KV-cache pool")
+        model._reserve(blocks * self.bytes_a_block, "the KV-cache pool")
         for vid, size in self.block_bytes.items():
             self.runner._rebind(vid, model._create_buffer(blocks * size, runner._own[vid].usage, f"KV-cache pool {vid}"))
         # a block copied for copy-on-write goes through here: WebGPU copies between two buffers only
@@ -82,7 +82,6 @@ class Batcher:
         # a step needs the outputs of its last row only: rows whose keys are cached need not run
         self.prefixes = all(kind == "seqs" for kind, _ in ragged.output_axes)
         self.slots, self.free = 0, []  # sessions' slots: their sampler rows and their sequences in `blocks`
-        self.needs = {}  # slot -> the positions its session reserved
         self.freed = anyio.Event()  # set when a session gives its blocks back
         self.shape, self.smaller = None, 0  # (rows, sequences) of the last pass
         self.bursts = Bursts(model, ragged, runner, 1) if Bursts.fits(model, ragged) else None
@@ -96,10 +95,10 @@ class Batcher:
         limit = model.device_info.max_storage_binding
         blocks = min(blocks, min(limit // size for size in self.block_bytes.values()))
         if model.memory_budget is not None and kv_positions is None:
-            blocks = min(blocks, (model.memory_budget - model._reserved) // sum(self.block_bytes.values()))
+            blocks = min(blocks, (model.memory_budget - model._reserved) // self.bytes_a_block)
         if blocks < 1:
             raise MemoryBudgetError(
-                f"the KV-cache pool needs at least one block of {sum(self.block_bytes.values())} bytes; "
+                f"the KV-cache pool needs at least one block of {self.bytes_a_block} bytes; "
                 f"{model._reserved} of the {model.memory_budget}-byte memory budget are taken"
             )
         return blocks
@@ -118,27 +117,13 @@ class Batcher:
 
     def release(self, slot):
         self.blocks.close(slot)
-        self.needs.pop(slot, None)
         self.free.append(slot)
         self.freed.set()
         self.freed = anyio.Event()
 
     def slot_memory(self, slot):
         """Bytes of the pool the session on `slot` holds."""
-        return len(self.blocks.table(slot)) * sum(self.block_bytes.values())
-
-    def reserve(self, slot, positions):
-        """Set aside the blocks the session on `slot` needs to reach `positions` positions;
-        OutOfBlocks unless they are free (`fits` says whether they ever could be)."""
-        self.blocks.reserve(slot, positions)
-        self.needs[slot] = max(positions, self.needs.get(slot, 0))
-
-    def fits(self, positions):
-        """None, or why the whole pool is too small for `positions` positions of one session."""
-        need, blocks = table_entries(positions), self.blocks.blocks
-        if need > blocks:
-            return f"{positions} positions need {need} KV cache blocks; the pool has {blocks} in all (load's kv_positions)"
-        return None
+        return len(self.blocks.table(slot)) * self.bytes_a_block
 
     def _take(self, step, first, tokens):
         """The blocks for positions first .. of `step`'s session that `tokens` go to, and the
@@ -156,12 +141,16 @@ class Batcher:
 
     def _clear(self, slot, start, end):
         """Zero positions start .. end - 1 of `slot`'s sequence in every cache (a block may hold
-        another session's keys from before)."""
+        another session's keys from before): one clear a cache and block they fall in."""
         table, encoder = self.blocks.table(slot), self.model.device.create_command_encoder()
-        for vid, size in self.block_bytes.items():
-            row = size // KV_BLOCK
-            for at in range(start, end):
-                encoder.clear_buffer(self.runner._own[vid], (table[at // KV_BLOCK] * KV_BLOCK + at % KV_BLOCK) * row, row)
+        first = start
+        while first < end:
+            last = min(end, (first // KV_BLOCK + 1) * KV_BLOCK)  # to the end of first's block
+            at = table[first // KV_BLOCK] * KV_BLOCK + first % KV_BLOCK
+            for vid, size in self.block_bytes.items():
+                row = size // KV_BLOCK
+                encoder.clear_buffer(self.runner._own[vid], at * row, (last - first) * row)
+            first = last
         self.model.device.queue.submit([encoder.finish()])
 
     def _prepare(self, slot, start, end):
@@ -181,7 +170,7 @@ class Batcher:
         """A step from position 0 starts its session's sequence afresh, sharing the cached whole
         blocks its tokens start with: its rows run from the first position they do not hold."""
         slot, pool = step.session.slot, self.blocks
-        need = self.needs.get(slot)
+        need = pool.need(slot)
         need = need if need is not None and need >= len(step.tokens) else None
         pool.close(slot)
         try:
@@ -377,8 +366,9 @@ def _bucket(n, most):
 
 
 class BatchedSession(SessionBase):
-    """A session of a model that batches across sessions: its state is a KV-cache slot; its steps
-    run in the model's ragged passes. Same interface as `Session`."""
+    """A session of a model that batches across sessions: its state is a slot (its blocks of the
+    paged KV caches, its sampler rows); its steps run in the model's ragged passes. Same interface
+    as `Session`."""
 
     def __init__(self, model):
         super().__init__(model)
@@ -395,14 +385,14 @@ class BatchedSession(SessionBase):
         free, and set them aside for it (a generation that knows its length: it then never finds
         the pool full). OutOfBlocks at once if the whole pool is smaller."""
         batcher, positions = self._model._batcher, int(positions)
-        why = batcher.fits(positions)
-        if why is not None:
-            raise OutOfBlocks(table_entries(positions), batcher.blocks.blocks, why)
+        need, blocks = table_entries(positions), batcher.blocks.blocks
+        if need > blocks:
+            raise OutOfBlocks(need, blocks, f"{positions} positions need {need} KV cache blocks; the pool has {blocks} in all (load's kv_positions)")
         while True:
             if self._closed:  # (its slot may be another session's by now)
                 raise ClosedResourceError("the session is closed")
             try:
-                return batcher.reserve(self.slot, positions)
+                return batcher.blocks.reserve(self.slot, positions)
             except OutOfBlocks:
                 await batcher.freed.wait()
 

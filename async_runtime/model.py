@@ -102,8 +102,8 @@ async def load(
     `model.batching_note` why not ragged. A ragged model keeps its sessions' KV caches in one pool
     of blocks of positions, allocated here: `kv_positions` positions (default: 32,768, or one
     context if that is more; within the memory budget), each session holding the blocks of the
-    positions it has written (async_runtime.batching). `batch_submits=False` gives every step its own submit
-    and pass (for comparison). `memory_budget` caps the GPU bytes of the model and all its
+    positions it has written (async_runtime.batching). `batch_submits=False` gives every step its
+    own submit and pass (for comparison). `memory_budget` caps the GPU bytes of the model and all its
     sessions: past it, load or `session()` raises MemoryBudgetError before allocating anything.
     `progress(phase, done, total)` is called on the event loop's thread as the load goes through
     "read", "upload", "compile" and "warm-up" (see `async_runtime.progress`).

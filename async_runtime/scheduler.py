@@ -110,10 +110,7 @@ class Scheduler:
         for _ in range(COALESCE_CHECKPOINTS):  # the tasks of the last pass's steps send their next ones
             await anyio.lowlevel.checkpoint()
         pieces, refused = self.model._batcher.compose(self._ready)
-        for step in refused:  # no blocks for its rows: it fails alone
-            self._ready.remove(step)
-            step.done = True
-            step.wake.set()
+        self._end(refused)  # no blocks for their rows: they fail alone
         if not pieces:
             return
         try:
@@ -126,7 +123,11 @@ class Scheduler:
             self.fail(e, self._ready)
             self._ready = []
             return
-        for step in finished:
+        self._end(finished)
+
+    def _end(self, steps):
+        """These ready steps are done (their outputs or error set): wake their tasks."""
+        for step in steps:
             self._ready.remove(step)
             step.done = True
             step.wake.set()

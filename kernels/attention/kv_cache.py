@@ -31,8 +31,7 @@ def table_entries(context):
 
 def key_row(uniform="p"):
     """`key_row(b, j)`, the pool row of sequence b's position j, reading the table stride from
-    `uniform`.blocks, and `cache_at(r, e)`, the pool element e of token row r (`uniform`.row floats a
-    position), for a writer."""
+    `uniform`.blocks (a reader's)."""
     return fill(
         """
 fn key_row(b: u32, j: u32) -> u32 { return u32(seq_blocks[b * $UNIFORM.blocks + j / ${BLOCK}u]) * ${BLOCK}u + j % ${BLOCK}u; }
@@ -43,6 +42,8 @@ fn key_row(b: u32, j: u32) -> u32 { return u32(seq_blocks[b * $UNIFORM.blocks + 
 
 
 def cache_at(uniform="p"):
+    """`key_row` and `cache_at(r, e)`, the pool element e of token row r (`uniform`.row floats a
+    position): a writer's."""
     return key_row(uniform) + fill(
         """fn cache_at(r: u32, e: u32) -> u32 { return key_row(u32(row_seq[r]), u32(row_pos[r])) * $UNIFORM.row + e; }
 """,
