@@ -126,6 +126,9 @@ async def load(
     return model
 
 
+DEVICE_LOST = "device is lost"  # wgpu-native: "Parent device is lost", creating a buffer on a destroyed device
+
+
 def is_out_of_memory(error):
     """Whether a wgpu error from creating a buffer means the device has no memory left: wgpu-native
     on NVIDIA's Vulkan driver reports it as a validation error ("Not enough memory left"), not as
@@ -276,11 +279,15 @@ class Model:
 
     def _create_buffer(self, size, usage, label=""):
         """A buffer of `size` bytes; the device running out of memory is a MemoryBudgetError that
-        says what was being allocated (the caller's state stays as it was)."""
+        says what was being allocated (the caller's state stays as it was), a lost device the
+        BrokenResourceError every later call gets."""
         self._counters.buffer_allocations += 1
         try:
             return self.device.create_buffer(size=max(align(size, 4), 4), usage=usage, label=label)
         except (wgpu.GPUOutOfMemoryError, wgpu.GPUValidationError) as e:
+            if DEVICE_LOST in str(e):
+                self._scheduler.fail(e)
+                raise BrokenResourceError(f"the GPU failed: {e}") from e
             if not is_out_of_memory(e):
                 raise
             raise MemoryBudgetError(

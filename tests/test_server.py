@@ -311,8 +311,10 @@ async def test_a_lost_device_ends_the_stream_and_fails_the_health_check(model):
             async for line in r.aiter_lines():
                 if line.startswith("data: {"):
                     events.append(json.loads(line[6:]))
-                    if len(events) == 2:
-                        model.device.destroy()  # mid-stream
+                    if len(events) == 1:
+                        # mid-stream, at the role's chunk: by the first text's, the tiny model's two
+                        # remaining bursts may already be read back, and the stream then ends well
+                        model.device.destroy()
         assert "the GPU device was lost" in events[-1]["error"]["message"]
         r = await client.get("/health")  # what a Ray replica's check_health reports too: it gets replaced
         assert r.status_code == 503 and r.json()["status"] == "unhealthy"
