@@ -380,10 +380,11 @@ class BatchedSession(SessionBase):
         """Run one step (see `Session.execute`); it shares a pass with other sessions' steps."""
         return await self._run(inputs, 0)
 
-    async def reserve(self, positions):
+    async def reserve(self, positions, wait=True):
         """Wait until the KV-cache blocks this session needs to hold `positions` positions are
         free, and set them aside for it (a generation that knows its length: it then never finds
-        the pool full). OutOfBlocks at once if the whole pool is smaller."""
+        the pool full). OutOfBlocks at once if the whole pool is smaller, or, with `wait` false,
+        if they are not free now."""
         batcher, positions = self._model._batcher, int(positions)
         need, blocks = table_entries(positions), batcher.blocks.blocks
         if need > blocks:
@@ -394,6 +395,8 @@ class BatchedSession(SessionBase):
             try:
                 return batcher.blocks.reserve(self.slot, positions)
             except OutOfBlocks:
+                if not wait:
+                    raise
                 await batcher.freed.wait()
 
     async def greedy(self, *inputs, n):

@@ -272,6 +272,55 @@ async def test_the_server_under_random_arrivals_cancellations_and_a_shared_syste
 
 
 @pytest.mark.anyio
+async def test_requests_waiting_for_blocks_are_in_the_servers_line(pte):
+    """While the pool is full, requests that hold a session wait in the `max_waiting` line, not
+    as running ones; past that line a request gets 429 though sessions are free, one longer than
+    the whole pool gets 400, and once blocks are freed the waiting ones get what they get alone."""
+    import httpx
+
+    from async_runtime.llm.server import create_app
+
+    from .byte_tokenizer import ByteTokenizer
+    from .test_server import running, scrape
+
+    prompts = [f"question {i}?" for i in range(3)]
+    body = dict(max_tokens=8, temperature=0)
+    async with await ar.load(pte, token_budget=BITWISE_ROWS, kv_positions=3 * KV_BLOCK) as model:
+        app = create_app(model, ByteTokenizer(), model_name="tiny", max_sessions=4, max_waiting=2, max_tokens=8)
+        async with running(app) as url, httpx.AsyncClient(base_url=url, timeout=120) as client:
+
+            async def complete(prompt):
+                return await client.post("/v1/completions", json={"prompt": prompt, **body})
+
+            alone = [(await complete(p)).json()["choices"][0]["text"] for p in prompts[:2]]
+            got = {}
+            async with model.session() as holder:
+                await holder.reserve(3 * KV_BLOCK)  # the whole pool
+
+                async def waiting(i):
+                    got[i] = await complete(prompts[i])
+
+                async with anyio.create_task_group() as tg:
+                    for i in range(2):
+                        tg.start_soon(waiting, i)
+                    with anyio.fail_after(20):
+                        while (await scrape(client))[("pte_wgpu:num_requests_waiting", ())] < 2:
+                            await anyio.sleep(0.02)
+                    metrics = await scrape(client)
+                    assert metrics[("pte_wgpu:num_requests_running", ())] == 0
+                    busy = await complete(prompts[2])
+                    assert busy.status_code == 429, busy.text
+                    assert "0 requests are generating and 2 are waiting" in busy.json()["error"]["message"]
+                    too_long = await client.post("/v1/completions", json={**body, "prompt": "x" * 150, "max_tokens": 49})
+                    assert too_long.status_code == 400, too_long.text
+                    assert "199 positions need 4 KV cache blocks; the pool has 3" in too_long.json()["error"]["message"]
+                    assert not got
+                    await holder.aclose()
+        assert [got[i].json()["choices"][0]["text"] for i in range(2)] == alone
+        assert model.statistics().kv_blocks_used == 0
+
+
+@pytest.mark.anyio
 async def test_random_steps_rewinds_and_shared_prompts_match_contiguous_caches(pte):
     """Four sessions, one step at a time in random order, against the same steps on a model of
     contiguous caches: prompts from a few shared beginnings (prefix hits, copies of shared blocks),

@@ -1,22 +1,25 @@
 """What the HTTP layer asks of a generator of text: admission (or `Busy`), then pieces of text.
 
-`LocalEngine` runs on a model in this process: at most `max_sessions` requests generate at once
-(each in its own session, hence its own KV-cache slot), at most `max_waiting` more wait for a slot.
+`LocalEngine` runs on a model in this process: at most `max_sessions` requests generate at once,
+each in its own session with the KV-cache blocks of its whole length set aside before it starts;
+at most `max_waiting` more wait, for a session or for blocks while the model's pool is full.
 The cluster's engine (`cluster.py`) has the same interface over Ray Serve replicas.
 
 An engine's `stream(prompt, settings, stop_strings)` is an async generator: its first item is
-`ADMITTED` once the request holds a slot (or it raises `Busy` first), then lists of `Piece`s, a
+`ADMITTED` once the request holds a slot (or it raises `Busy`, or `OutOfBlocks` for a request
+longer than the whole pool, first), then lists of `Piece`s, a
 list for the tokens that came together (a burst), so the layers above write, send and
 count once a burst rather than once a token. A failure of the device or of a replica after
 admission is `GenerationFailed`.
 """
 
-from contextlib import aclosing
+from contextlib import aclosing, contextmanager
 from typing import NamedTuple
 
 import anyio
 
 from ..errors import BrokenResourceError
+from ..kv_blocks import OutOfBlocks
 from .generate import context_length, generate
 
 
@@ -42,17 +45,33 @@ def busy_message(running, waiting):
 
 
 class Slots:
-    """At most `running` requests generate at once; at most `waiting` more wait their turn."""
+    """At most `running` requests generate at once; at most `waiting` more wait their turn, for a
+    slot or, holding one, for KV-cache blocks (`waiting_for_blocks`)."""
 
     def __init__(self, running, waiting):
         self.semaphore = anyio.Semaphore(running)
         self.running = running
         self.max_waiting = waiting
         self.waiting = 0
+        self.blocked = 0  # of those waiting, the ones that hold a slot
 
     @property
     def in_use(self):
-        return self.running - self.semaphore.value
+        return self.running - self.semaphore.value - self.blocked
+
+    @contextmanager
+    def waiting_for_blocks(self):
+        """A request that holds a slot waits in the line while the pool has no room for it; Busy
+        if the line is full."""
+        if self.waiting >= self.max_waiting:
+            raise Busy(busy_message(self.in_use - 1, self.waiting))  # not counting itself
+        self.waiting += 1
+        self.blocked += 1
+        try:
+            yield
+        finally:
+            self.waiting -= 1
+            self.blocked -= 1
 
     def full(self):
         return self.semaphore.value == 0 and self.waiting >= self.max_waiting
@@ -177,9 +196,10 @@ class LocalEngine:
                 self.check_health()
             except BrokenResourceError as e:
                 raise GenerationFailed(str(e)) from e
-            yield ADMITTED
             try:
                 async with self.model.session() as session:
+                    await self._reserve(session, len(prompt) + settings.get("max_new_tokens", 256))
+                    yield ADMITTED
                     self.sessions.add(session)
                     try:
                         async with aclosing(text_pieces(session, self.tokenizer, prompt, settings, stop_strings)) as pieces:
@@ -190,3 +210,18 @@ class LocalEngine:
             except BrokenResourceError as e:
                 self.device_lost = e
                 raise GenerationFailed(f"the GPU device was lost: {e}") from e
+
+    async def _reserve(self, session, positions):
+        """Set aside the KV-cache blocks of the whole generation (a batching model's session;
+        `generate` then finds them set aside), waiting in the line while the pool is full."""
+        reserve = getattr(session, "reserve", None)
+        if reserve is None:
+            return
+        positions = min(self.context, positions)
+        try:
+            await reserve(positions, wait=False)
+        except OutOfBlocks as e:
+            if e.needed > self.model.statistics().kv_blocks:
+                raise
+            with self.slots.waiting_for_blocks():
+                await reserve(positions)

@@ -2,7 +2,8 @@
 
 ASGI on Starlette, served by hypercorn on asyncio or trio. Every request gets its own session;
 concurrent requests share the model and the scheduler's batched submits. At most `max_sessions`
-generate at once, at most `max_waiting` more wait for a slot, and past that a request gets 429.
+generate at once, at most `max_waiting` more wait (for a slot, or for KV-cache blocks while a
+batching model's pool is full), and past that a request gets 429.
 A client that disconnects cancels its generation, and its session is freed at once. Requests
 carry OpenAI's and vLLM's sampling settings (temperature 1 by default, top_p, top_k, min_p, seed,
 the penalties, logit_bias), which the GPU applies per request in the batch; several choices a
@@ -24,6 +25,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from ..errors import InputError
+from ..kv_blocks import OutOfBlocks
 from ..sampling import Sampling
 from .engine import Busy, GenerationFailed, LocalEngine
 from .metrics import RequestRecord, ServerMetrics
@@ -170,6 +172,8 @@ def build_app(engine, tokenizer, *, model_name="model", max_tokens=256, api_key=
             return _error(429, str(e), "server_busy")
         except GenerationFailed as e:
             return _error(503, str(e), "server_error")
+        except OutOfBlocks as e:  # longer than the model's whole KV-cache pool
+            return _error(400, f"the prompt and max_tokens need more KV cache than this server has: {e}")
         record.prompt(len(prompt))
 
         if not stream:
