@@ -254,20 +254,25 @@ class Batcher:
         ctx = await self._stage_tables(pieces)
         submitted = Pieces(model.device)
         tail = self.bursts.tail(rows) if picking else ()
-        reads = runner._encode(submitted, tail=tail)
+        # a pass of picking steps only is read back as the ids the GPU picked, not as its outputs
+        outputs = not picking or not all(step.picks for step, _, _ in pieces)
+        reads = runner._encode(submitted, tail=tail, outputs=outputs)
         if picking:
             self.bursts.copy_ids(submitted.encoder, len(rows))
         submitted.finish()
         model._counters.submits += 1  # a pass, whatever its pieces
         model._counters.dispatches += len(tail)
-        await unless_lost(runner._staging.map_async("READ_NOSYNC"))
-        outputs = runner._read_outputs(reads)
+        if outputs:
+            await unless_lost(runner._staging.map_async("READ_NOSYNC"))
+            outputs = runner._read_outputs(reads)
+        else:
+            model._counters.readbacks += 1  # the ids'
         if picking:
             await unless_lost(self.bursts.stagings[0].map_async("READ_NOSYNC"))
             ids = self.bursts.read(len(rows), 1)
         finished, first = [], 0
         for b, (step, start, n) in enumerate(pieces):
-            for k, ((kind, axis), arr) in enumerate(zip(ragged.output_axes, outputs)):
+            for k, ((kind, axis), arr) in enumerate(zip(ragged.output_axes, outputs or ())):
                 if len(step.parts) <= k:
                     step.parts.append([])
                 # views of the pass's output (each step's own rows), no copies
@@ -280,16 +285,13 @@ class Batcher:
             step.taken += n
             _count(step, ctx.hook_calls, runner._dispatch_count)
             if step.remaining == 0:
-                result = [
-                    parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
-                    for (_, axis), parts in zip(ragged.output_axes, step.parts)
-                ]
                 if step.picks:  # picked on the GPU, or where there is no sampler (greedy only) on the host
-                    _picked(step, [int(ids[b, 0]) if picking else int(result[0].argmax())])
+                    _picked(step, [int(ids[b, 0]) if picking else int(_joined(step, ragged)[0].argmax())])
                     if step.picks:
                         continue
-                    result = [np.array(step.ids, np.int64)]
-                step.outputs = result
+                    step.outputs = [np.array(step.ids, np.int64)]
+                else:
+                    step.outputs = _joined(step, ragged)
                 finished.append(step)
         return finished
 
@@ -344,6 +346,12 @@ class Batcher:
         except OutOfBlocks:
             return 0
         return passes
+
+
+def _joined(step, ragged):
+    """A finished step's outputs: its parts from the passes it ran in, joined along their row axes."""
+    return [parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
+            for (_, axis), parts in zip(ragged.output_axes, step.parts)]
 
 
 def _count(step, hook_calls, dispatches):

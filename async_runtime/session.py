@@ -282,12 +282,16 @@ class Session(SessionBase):
         for counters in (self._counters, self._model._counters):
             counters.bytes_up += up
 
-    def _encode(self, pieces, tail=()):
+    def _encode(self, pieces, tail=(), outputs=True):
         """Encode this step into `pieces` (an encoding.Pieces, submitted as it goes), then `tail`
-        (as `_encode_commands`), then the outputs' live bytes into staging. Returns what
-        `_read_outputs` needs."""
+        (as `_encode_commands`), then, unless `outputs` is false, the outputs' live bytes into
+        staging. Returns what `_read_outputs` needs."""
         self._encode_commands(pieces.encoder, tail=tail, pieces=pieces)
         encoder, graph, reads = pieces.encoder, self._model.graph, []
+        for counters in (self._counters, self._model._counters):
+            counters.dispatches += self._dispatch_count
+        if not outputs:
+            return reads
         for vid, offset in zip(graph.outputs, self._out_offsets):
             v = graph.values[vid]
             if not isinstance(v, Tensor):
@@ -298,8 +302,6 @@ class Session(SessionBase):
             if nbytes:
                 encoder.copy_buffer_to_buffer(self._buffer(vid), 0, self._staging, offset, align(nbytes, 4))
             reads.append((vid, dims, offset, nbytes))
-        for counters in (self._counters, self._model._counters):
-            counters.dispatches += self._dispatch_count
         return reads
 
     def _encode_commands(self, encoder, tail=(), pieces=None):
