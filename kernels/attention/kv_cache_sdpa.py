@@ -33,14 +33,13 @@ from pte_wgpu.resize.values import Constant, Tensor
 from ..registry import op
 from ..variants import ANY, CPU_ONLY, GPU, GPU_ONLY, Routes, Variant
 from ..wgsl import fill, flat_grid, flat_kernel, type_aliases
-from .kv_cache import CACHE_AT, KV_BLOCK, key_row, table_entries
+from .kv_cache import CACHE_AT, key_row, table_entries
 
 MAX_HEAD_DIM = 256
 CHUNK = 64  # keys per chunk = workgroup size
 MAX_SPLITS = 16  # split-K: the context is cut into this many key ranges (fewer if shorter)
 SPLIT_MAX_ROWS = 32  # up to this many query rows (decode) use split-K
 RAGGED_SPLIT_MAX_ROWS = 128  # the same for a ragged pass on a GPU (its scratch, 5 MB at SmolLM2 size, is pooled)
-assert KV_BLOCK % CHUNK == 0, "a chunk of keys must lie in one block of the paged caches"
 
 UPDATE_CACHE = flat_kernel(
     "n: u32, offset: u32, pad0: u32, pad1: u32",
@@ -54,7 +53,7 @@ UPDATE_CACHE = flat_kernel(
 # Ragged batches (async_runtime.ragged): row r of the batch is sequence row_seq[r] of the pass at
 # absolute position row_pos[r], its keys in the paged caches through seq_blocks (kernels/attention/kv_cache.py's
 # key_row); sequence -1 marks a padding row, which writes nothing (and attends, harmlessly, to
-# sequence 0's first key). The caches' whole chunks of CHUNK keys lie in one block.
+# sequence 0's first key).
 RAGGED_TABLES = """
 @group(0) @binding(5) var<storage, read> row_pos: array<i32>;
 @group(0) @binding(6) var<storage, read> row_seq: array<i32>;
@@ -141,6 +140,7 @@ ATTENTION = F32_BINDINGS + """$TABLES
 var<workgroup> qs: array<f32, $MAX_HEAD_DIM>;
 var<workgroup> probs: array<f32, $CHUNK>;
 var<workgroup> red: array<f32, $CHUNK>;
+var<workgroup> rows: array<u32, $CHUNK>;  // the cache rows of the chunk's keys (a block may be shorter than a chunk)
 
 $REDUCTIONS
 @compute @workgroup_size($CHUNK)
@@ -160,10 +160,10 @@ $KEY_RANGE
     var acc = array<f32, $SLICES>();
     for (var base = k_begin; base < k_end; base = base + ${CHUNK}u) {
         let j = base + t;
-        let first = key_row(seq, base);  // the chunk's keys: rows first.. of one block
         var score = -3.0e38;
         if (j < k_end) {
-            let kbase = ((first + t) * p.hkv + kvh) * p.d;
+            rows[t] = key_row(seq, j);
+            let kbase = (rows[t] * p.hkv + kvh) * p.d;
             var dot = 0.0;
             for (var d = 0u; d < p.d; d = d + 1u) { dot = dot + qs[d] * f32(kc[kbase + d]); }
             score = dot;
@@ -174,7 +174,7 @@ $ONLINE_SOFTMAX
             if (d < p.d) {
                 var sum = 0.0;
                 for (var jj = 0u; jj < n; jj = jj + 1u) {
-                    sum = sum + probs[jj] * f32(vc[((first + jj) * p.hkv + kvh) * p.d + d]);
+                    sum = sum + probs[jj] * f32(vc[(rows[jj] * p.hkv + kvh) * p.d + d]);
                 }
                 acc[c] = acc[c] * corr + sum;
             }
@@ -226,6 +226,7 @@ var<workgroup> qs: array<vec4<f32>, $G>;
 var<workgroup> probs: array<f32, $CHUNK>;
 var<workgroup> red: array<f32, $CHUNK>;
 var<workgroup> part: array<vec4<f32>, $CHUNK>;
+var<workgroup> rows: array<u32, $CHUNK>;  // the cache rows of the chunk's keys (a block may be shorter than a chunk)
 $MERGED
 $REDUCTIONS
 @compute @workgroup_size($CHUNK)
@@ -238,9 +239,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let keys = $KEYS;  // causal: the row at absolute position P sees keys 0..P
     let seq = $SEQ;
 $KEY_RANGE
-    // the first chunk's block, asked for before q's loads so that its latency overlaps theirs (a
-    // decode row's attention is latency-bound: one more dependent load cost an H100 ~3%)
-    var first = key_row(seq, k_begin);
+    // the cache row of this invocation's first key, asked for before q's loads so that its latency
+    // overlaps theirs (a decode row's attention is latency-bound: one more dependent load cost an H100 ~3%)
+    var kr = key_row(seq, k_begin + t);
     if (t < ${G}u) {
         let i = row + 4u * t;
         qs[t] = vec4<f32>(f32(q[i]), f32(q[i + 1u]), f32(q[i + 2u]), f32(q[i + 3u])) * p.scale;
@@ -254,10 +255,11 @@ $KEY_RANGE
     var l = 0.0;
     var acc = vec4<f32>(0.0);
     for (var base = k_begin; base < k_end; base = base + ${CHUNK}u) {
-        let j = base + t;  // the chunk's keys: rows first.. of one block
+        let j = base + t;
         var score = -3.0e38;
         if (j < k_end) {
-            let kb = ((first + t) * p.hkv + kvh) * ${G}u;
+            rows[t] = kr;
+            let kb = (kr * p.hkv + kvh) * ${G}u;
             var sc = 0.0;
             for (var e = 0u; e < ${G}u; e = e + 1u) { sc = sc + dot(qs[e], vec4<f32>(kc[kb + e])); }
             score = sc;
@@ -265,7 +267,7 @@ $KEY_RANGE
 $ONLINE_SOFTMAX
         var sum = vec4<f32>(0.0);
         for (var jj = sub; jj < n; jj = jj + ${SUBS}u) {
-            sum = sum + probs[jj] * vec4<f32>(vc[((first + jj) * p.hkv + kvh) * ${G}u + g]);
+            sum = sum + probs[jj] * vec4<f32>(vc[(rows[jj] * p.hkv + kvh) * ${G}u + g]);
         }
         part[t] = sum;
         workgroupBarrier();
@@ -275,7 +277,7 @@ $ONLINE_SOFTMAX
             acc = acc * corr + all;
         }
         m = m_new;
-        first = key_row(seq, base + ${CHUNK}u);  // the next chunk's block (past the table's rows: unused)
+        kr = key_row(seq, base + ${CHUNK}u + t);  // the next chunk's (past the table's rows: unused)
         workgroupBarrier();
     }
     if (used == 1u) {  // one split: its state merged alone is acc / l, written here without the merge
