@@ -222,3 +222,22 @@ async def test_the_ingress_line_admits_first_come_first_and_hands_freed_slots_on
         gate.admit()
         await anyio.wait_all_tasks_blocked()
         assert admitted == [0, 3, 4] and gate.waiting() == 0 and gate.taken == 3
+
+
+def test_a_replicas_refusals_reach_the_server_as_its_own_errors():
+    """What a replica raises before it admits a request comes through Ray as the exception the HTTP
+    layer answers: Busy (429), OutOfBlocks (400, with the replica's message), else GenerationFailed."""
+    from ray.exceptions import RayTaskError
+
+    from async_runtime.kv_blocks import OutOfBlocks
+    from async_runtime.llm.cluster import _as_busy_or_failed
+    from async_runtime.llm.engine import Busy, GenerationFailed
+
+    def through_ray(error):
+        return RayTaskError("generate", "Traceback (most recent call last): ...", error).as_instanceof_cause()
+
+    too_long = _as_busy_or_failed(through_ray(OutOfBlocks(4, 3, "199 positions need 4 KV cache blocks; the pool has 3 in all")), "busy")
+    assert type(too_long) is OutOfBlocks and (too_long.needed, too_long.free) == (4, 3)
+    assert str(too_long) == "199 positions need 4 KV cache blocks; the pool has 3 in all"
+    assert str(_as_busy_or_failed(through_ray(Busy("full")), "the cluster is busy")) == "the cluster is busy"
+    assert isinstance(_as_busy_or_failed(through_ray(RuntimeError("boom")), "busy"), GenerationFailed)

@@ -35,6 +35,7 @@ import ray
 from ray import serve
 
 from .. import load
+from ..kv_blocks import OutOfBlocks
 from ..stats import Statistics
 from .engine import ADMITTED, Busy, GenerationFailed, LocalEngine, Piece, busy_message
 from .middleware import log_requests_to_stderr
@@ -95,6 +96,9 @@ def _as_busy_or_failed(error, busy):
     """The exception the HTTP layer understands for an error that came through Ray."""
     if isinstance(error, Busy):
         return Busy(busy)
+    if isinstance(error, OutOfBlocks):  # longer than a replica's whole KV-cache pool: the server's 400
+        cause = getattr(error, "cause", None) or error
+        return OutOfBlocks(cause.needed, cause.free, str(cause))
     if isinstance(error, GenerationFailed):  # the replica's own message, without Ray's traceback
         return GenerationFailed(str(getattr(error, "cause", None) or error).splitlines()[-1])
     return GenerationFailed(f"the replica serving this request failed ({type(error).__name__}); "
