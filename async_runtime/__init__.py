@@ -6,6 +6,7 @@
     await model.aclose()
 """
 
+from . import backend  # noqa: F401 (first: it chooses the WebGPU implementation before wgpu is imported)
 from pte_wgpu.resize.events import InputResized
 
 from .device import DeviceInfo

@@ -6,9 +6,11 @@ from dataclasses import dataclass
 import anyio
 import wgpu
 
-# "subgroup": the CPU adapters' GEMVs sum along K across a subgroup's lanes (kernels/matmul/linear.py);
-# kernels use it only when the device was opened with it (`build_node(..., subgroups=...)`).
-WANTED_FEATURES = ("shader-f16", "timestamp-query", "subgroup")
+from .backend import SUBGROUP_FEATURES
+
+# subgroups: the CPU adapters' GEMVs sum along K across a subgroup's lanes (kernels/matmul/linear.py);
+# kernels use them only when the device was opened with them (`build_node(..., subgroups=...)`).
+WANTED_FEATURES = ("shader-f16", "timestamp-query", *SUBGROUP_FEATURES)
 ADAPTER_ENV = "PTE_WGPU_ADAPTER"
 GPU_INDEX_PREFIX = "gpu:"  # "gpu:1": the second GPU, for identical cards whose names cannot tell them apart
 

@@ -8,8 +8,10 @@ handles prepared once. Errors still surface: `encoder.finish()` and `queue.submi
 the public, checked API.
 """
 
-try:  # wgpu-py's wgpu-native backend (the only one wgpu-py 0.32 ships)
-    from wgpu.backends.wgpu_native._ffi import ffi, lib
+from .backend import native
+
+try:  # the backend's C functions (wgpu-native's or Dawn's webgpu.h)
+    ffi, lib = native.ffi, native.lib
 
     _SET_PIPELINE = lib.wgpuComputePassEncoderSetPipeline
     _SET_BIND_GROUP = lib.wgpuComputePassEncoderSetBindGroup

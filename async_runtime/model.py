@@ -16,6 +16,7 @@ from pte_wgpu.resize.shapes import numel_of
 from pte_wgpu.resize.values import SymInt, Tensor
 
 from .batching import Batcher, BatchedSession
+from .backend import SUBGROUP_FEATURES
 from .device import open_device
 from .errors import (
     BrokenResourceError,
@@ -162,7 +163,7 @@ class Model:
         self.outputs = tuple(_io_spec(linked.values[v], f"output {i}") for i, v in enumerate(linked.outputs))
         self._adapter, self.device, info = await open_device(device_name)
         self.kernels = adapter_class(info.adapter_type)  # which kernel variants
-        self.subgroups = "subgroup" in info.features  # variants that need subgroup operations may be built
+        self.subgroups = any(f in info.features for f in SUBGROUP_FEATURES)  # variants that need subgroup operations may be built
         self._binding_limit = info.max_storage_binding
         half = precision == "auto" and has_half(linked) and "shader-f16" in info.features
         self.precision_note = "" if half else _why_f32(precision, linked, info)

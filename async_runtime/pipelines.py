@@ -12,6 +12,7 @@ import re
 
 import anyio
 
+from . import backend
 from .encoding import encode_dispatches, prepare
 from .errors import RuntimeFault
 
@@ -21,6 +22,7 @@ COMPILE_THREADS = min(4, os.cpu_count() or 1)
 
 
 USES_F16 = re.compile(r"\bf16\b")
+USES_SUBGROUPS = re.compile(r"\bsubgroup[A-Z_]")  # subgroupAdd, subgroup_size, ...
 
 
 def shader_module(device, src):
@@ -32,12 +34,10 @@ def shader_module(device, src):
     the decode GEMVs). Every loop of this project's kernels ends by construction: fixed trip
     counts, halving strides, or counts from uniforms. Out-of-range indices stay checked (reads
     give 0, writes are dropped). wgpu-native offers this as a "trusted" module; another backend
-    gets the default one."""
-    try:
-        from wgpu.backends.wgpu_native import _api as native
-    except ImportError:  # pragma: no cover - wgpu-py always has wgpu_native today
-        return device.create_shader_module(code=src)
-    if not isinstance(device, native.GPUDevice):  # pragma: no cover
+    gets the default one (Dawn: Tint's checks)."""
+    native = backend.native._api
+    trusted = getattr(native.lib, "wgpuDeviceCreateShaderModuleTrusted", None) if backend.NAME == "wgpu-native" else None
+    if trusted is None or not isinstance(device, native.GPUDevice):
         return device.create_shader_module(code=src)
     source = native.new_struct_p("WGPUShaderSourceWGSL *", code=native.to_c_string_view(src))
     source[0].chain.next = native.ffi.NULL
@@ -55,6 +55,8 @@ def shader_module(device, src):
 def compile_pipeline(device, src):
     if USES_F16.search(src):  # kernels name f16 only for float16 tensors, on devices with shader-f16
         src = "enable f16;\n" + src
+    if backend.ENABLE_SUBGROUPS and USES_SUBGROUPS.search(src):
+        src = backend.ENABLE_SUBGROUPS + src
     module = shader_module(device, src)
     return device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
 

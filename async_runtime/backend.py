@@ -1,0 +1,45 @@
+"""Which WebGPU implementation runs the models: wgpu-native (wgpu-py's own, the default) or Dawn
+(Chrome's, through the `wgpudawn` package: `pip install 'pte-wgpu[dawn]'`), chosen once a process
+by $PTE_WGPU_BACKEND ("wgpu-native" or "dawn") when `async_runtime` is first imported. Both speak
+wgpu-py's API; Dawn takes the name `wgpu` (`wgpudawn.install_as_wgpu`), so it must be chosen
+before anything imports wgpu.
+
+`native` is the backend's module, whose C functions (`ffi`, `lib`) and classes the hot paths reach
+directly. They are taken as its attributes, never imported by a submodule path: under Dawn,
+`wgpu.backends.wgpu_native._ffi` would load wgpudawn's bindings a second time, and adapter requests
+then resolve to None.
+"""
+
+import os
+import sys
+
+BACKEND_ENV = "PTE_WGPU_BACKEND"
+BACKENDS = ("wgpu-native", "dawn")
+
+
+def _choose():
+    name = os.environ.get(BACKEND_ENV, "").strip().lower() or BACKENDS[0]
+    if name not in BACKENDS:
+        raise ValueError(f"{BACKEND_ENV}={name!r}: expected one of {', '.join(BACKENDS)}")
+    if name == "dawn":
+        try:
+            import wgpudawn
+        except ImportError as e:
+            raise ImportError(f"{BACKEND_ENV}=dawn needs the wgpudawn package: pip install 'pte-wgpu[dawn]'") from e
+        if getattr(sys.modules.get("wgpu"), "__file__", "") != getattr(wgpudawn, "__file__", None):
+            if "wgpu" in sys.modules:
+                raise RuntimeError(f"{BACKEND_ENV}=dawn: wgpu was imported before async_runtime, so it is wgpu-native's")
+            wgpudawn.install_as_wgpu()
+    return name
+
+
+NAME = _choose()
+
+import wgpu.backends.wgpu_native as native  # noqa: E402, F401 (after the choice; read by encoding.py and pipelines.py)
+
+# WebGPU's subgroup feature: "subgroup" in wgpu-native, "subgroups" in Dawn, whose WGSL compiler
+# also wants the extension enabled in every shader that uses it, and refuses subgroup operations
+# it cannot prove run in subgroup-uniform control flow (the kernels call them where every lane of
+# a subgroup does, past workgroup-uniform branches on loop bounds it does not follow)
+SUBGROUP_FEATURES = ("subgroup", "subgroups")
+ENABLE_SUBGROUPS = "enable subgroups;\ndiagnostic(off, subgroup_uniformity);\n" if NAME == "dawn" else ""

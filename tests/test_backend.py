@@ -1,0 +1,42 @@
+"""Choosing the WebGPU implementation ($PTE_WGPU_BACKEND, async_runtime/backend.py), in fresh
+interpreters: the choice is made once, when async_runtime is first imported."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def _import_runtime(backend, code="import async_runtime"):
+    env = dict(os.environ, PTE_WGPU_BACKEND=backend)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_default_is_wgpu_native():
+    r = _import_runtime("", "import async_runtime.backend as b, wgpu; print(b.NAME, b.native.__name__, wgpu.__name__)")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["wgpu-native", "wgpu.backends.wgpu_native", "wgpu"]
+
+
+def test_an_unknown_backend_is_named_with_the_choices():
+    r = _import_runtime("vulkan")
+    assert r.returncode != 0
+    assert "PTE_WGPU_BACKEND='vulkan': expected one of wgpu-native, dawn" in r.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wgpudawn") is not None, reason="wgpudawn is installed here")
+def test_dawn_without_wgpudawn_says_what_to_install():
+    r = _import_runtime("dawn")
+    assert r.returncode != 0
+    assert "PTE_WGPU_BACKEND=dawn needs the wgpudawn package: pip install 'pte-wgpu[dawn]'" in r.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wgpudawn") is None, reason="wgpudawn is not installed")
+def test_dawn_takes_the_name_wgpu_and_a_wgpu_imported_first_is_refused():
+    r = _import_runtime("dawn", "import async_runtime.backend as b, wgpu; print(b.NAME, wgpu.__file__)")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[0] == "dawn" and "wgpudawn" in r.stdout
+    r = _import_runtime("dawn", "import wgpu, async_runtime")
+    assert r.returncode != 0 and "wgpu was imported before async_runtime" in r.stderr
