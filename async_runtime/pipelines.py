@@ -52,12 +52,18 @@ def shader_module(device, src):
     return native.GPUShaderModule("", handle, device)
 
 
-def compile_pipeline(device, src):
-    if USES_F16.search(src):  # kernels name f16 only for float16 tensors, on devices with shader-f16
+def wgsl_for_device(src):
+    """A kernel's source with the directives its compiler wants: `enable f16;` where it names f16
+    (kernels do only for float16 tensors, on devices with shader-f16), Dawn's for subgroups."""
+    if USES_F16.search(src):
         src = "enable f16;\n" + src
     if backend.ENABLE_SUBGROUPS and USES_SUBGROUPS.search(src):
         src = backend.ENABLE_SUBGROUPS + src
-    module = shader_module(device, src)
+    return src
+
+
+def compile_pipeline(device, src):
+    module = shader_module(device, wgsl_for_device(src))
     return device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
 
 

@@ -223,7 +223,7 @@ async def test_gpu_gemv_of_wide_k_takes_16_rows_each_as_alone(name, load_pte, ke
         running = [d.shader for i, d in enumerate(model.graph.dispatches) if d.shader and all(grids[i])]
         assert any("var<workgroup> As" in s for s in running) == (m > 16), m
         if m <= 16:
-            assert [(">> (u % 2u) * 16u" in s) for s in running] == [True], m
+            assert [(">> ((u % 2u) * 16u)" in s) for s in running] == [True], m
             np.testing.assert_array_equal(got, alone[rows], err_msg=f"{m} rows")
 
 

@@ -84,7 +84,7 @@ struct State {
 @group(0) @binding(3) var<storage, read_write> arrivals: array<atomic<u32>>;  // a sequence's, 0 between dispatches
 @group(0) @binding(4) var<storage, read_write> z: array<f32>;  // adjusted logits, [seqs, vocab]
 
-fn neg_inf() -> f32 { return bitcast<f32>(0xff800000u); }
+fn neg_inf() -> f32 { let bits = 0xff800000u; return bitcast<f32>(bits); }  // a let: WGSL refuses an infinite constant
 var<workgroup> arrived_last: u32;
 
 // Whether this workgroup is the last of sequence b's to arrive (after its writes to storage).
@@ -233,6 +233,7 @@ var<workgroup> bin_lo: array<atomic<u32>, 256>;
 var<workgroup> bin_hi: array<atomic<u32>, 256>;
 var<workgroup> sum_count: array<u32, 256>;
 var<workgroup> sum_mass: array<vec2<u32>, 256>;
+var<workgroup> round_now: u32;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
@@ -240,7 +241,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     if (b >= p.seqs) { return; }
     let r = rows[b];
     let s = state[b];
-    if ((r.flags & ${PICKS}u) == 0u || r.temperature <= 0.0 || s.round >= r.rounds) { return; }
+    // the round through workgroup memory: WGSL counts a read_write load as non-uniform, and a
+    // return that depends on it would put the barriers after it in non-uniform control flow
+    if (lane == 0u) { round_now = s.round; }
+    let round = workgroupUniformLoad(&round_now);
+    if ((r.flags & ${PICKS}u) == 0u || r.temperature <= 0.0 || round >= r.rounds) { return; }
     let by_count = s.round < ${ROUNDS}u && r.top_k != 0u && r.top_k < p.vocab;  // else top-p's rounds
     let digit_round = s.round % ${ROUNDS}u;
     let shift = 24u - 8u * digit_round;

@@ -237,7 +237,7 @@ def gemv_body(dq8, weights, n, store, lanes, x_at=None, partners=False, rows=1, 
     lines += [GEMV_DQ8_SETUP.strip()] if dq8 else []
     lines += [f"var acc{j}_{r} = vec4<f32>(0.0);" for j in ws for r in range(rows)]
     lines += [f"for (var u = lane; u < (q.K + {step - 1}u) / {step}u; u = u + {lanes}u) {{", f"    let k0 = u * {step}u;"]
-    word, shift = ("u", lambda c: f"{16 * c}u") if step == 8 else ("u / 2u", lambda c: "(u % 2u) * 16u")
+    word, shift = ("u", lambda c: f"{16 * c}u") if step == 8 else ("u / 2u", lambda c: "((u % 2u) * 16u)")
     for j, (wq, suffix) in enumerate(weights):
         lines += [f"    let w{j}_{i} = {wq}[c{i} * q.wpr + {word}];" for i in range(4)]
         lines += [f"    let d{j}_{i}_{c} = dq4{suffix}(w{j}_{i} >> {shift(c)}, k0{f' + {4 * c}u' if c else ''}, c{i});" for i in range(4) for c in chunks]

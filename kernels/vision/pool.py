@@ -29,7 +29,8 @@ $BODY
 """
 
 MAX = """
-    var best = -bitcast<f32>(0x7f800000u);
+    let inf_bits = 0x7f800000u;  // a let: WGSL refuses an infinite constant
+    var best = -bitcast<f32>(inf_bits);
     var at = u32(max(iy0, 0)) * p.iw + u32(max(ix0, 0));
     for (var ky = 0u; ky < p.kh; ky = ky + 1u) {
         let iy = iy0 + i32(ky * p.dh);

@@ -1,0 +1,78 @@
+"""Every kernel these models compile on wgpu-native (naga) also compiles through Dawn's WGSL
+compiler, Tint, with the directives the runtime adds under Dawn (async_runtime/backend.py):
+tiny Llamas in fp32, 4-bit (also in fp16) and 8-bit-activation forms, with GPU and CPU kernel variants and
+the GPU sampler, and a small CNN. Dawn's Null backend compiles without a GPU; pipelines are not
+created, since its limits (8 storage buffers a stage, 16 KB of workgroup memory) are not a GPU's.
+
+Tint is stricter than naga: it wants `enable subgroups;` and refuses subgroup operations it cannot
+prove subgroup-uniform, a shift mixed with a product without parentheses, and infinite constants."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from async_runtime import pipelines
+
+from .llama import export_llama
+from .test_llama import CONFIGS, CONTEXT
+from .test_q4_fusion import LLAMA
+from .test_vision_ops import _cnn
+
+pytestmark = [
+    pytest.mark.usefixtures("adapter"),
+    pytest.mark.skipif(importlib.util.find_spec("wgpudawn") is None, reason="needs wgpudawn (the test extra)"),
+]
+
+COMPILE_UNDER_DAWN = """
+import json, sys
+from async_runtime import pipelines
+import wgpu
+adapter = wgpu.gpu.request_adapter_sync()
+assert adapter.info["backend_type"] == "Null", adapter.summary
+device = adapter.request_device_sync(required_features=[f for f in ("shader-f16", "subgroups") if f in adapter.features])
+failures = {}
+for src, where in json.load(sys.stdin).items():
+    try:
+        pipelines.shader_module(device, pipelines.wgsl_for_device(src))
+    except Exception as e:
+        failures[where] = str(e)[:2000]
+print(json.dumps(failures))
+"""
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_every_kernel_compiles_under_tint(tmp_path_factory, load_pte, monkeypatch):
+    sources, where = {}, [""]
+    prepared = pipelines.wgsl_for_device
+
+    def recording(src):
+        sources.setdefault(src, where[0])
+        return prepared(src)
+
+    monkeypatch.setattr(pipelines, "wgsl_for_device", recording)
+    configs = {**CONFIGS, **LLAMA}  # fp32, 4w, 8da4w, and 4w in fp16
+    models = {name: export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, **config)[0] for name, config in configs.items()}
+    models["cnn"] = _cnn()[0]
+    for name, pte in models.items():
+        for kernels in ("gpu", "cpu"):
+            monkeypatch.setenv("PTE_WGPU_KERNELS", kernels)
+            where[0] = f"{name}, {kernels} kernels"
+            model = await load_pte(pte)
+            assert name != "4w_fp16" or model.precision == "f16"
+    assert any("subgroupAdd" in s for s in sources) and any("neg_inf" in s for s in sources)
+    env = dict(os.environ, PTE_WGPU_BACKEND="dawn", WGPU_BACKEND_TYPE="Null")
+    done = subprocess.run([sys.executable, "-c", COMPILE_UNDER_DAWN], input=json.dumps(sources), env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    failures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not failures, "\n\n".join(f"{where}:\n{error}" for where, error in list(failures.items())[:3])
+    assert len(sources) > 100
