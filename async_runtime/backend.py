@@ -26,10 +26,10 @@ def _choose():
             import wgpudawn
         except ImportError as e:
             raise ImportError(f"{BACKEND_ENV}=dawn needs the wgpudawn package: pip install 'pte-wgpu[dawn]'") from e
-        if getattr(sys.modules.get("wgpu"), "__file__", "") != getattr(wgpudawn, "__file__", None):
-            if "wgpu" in sys.modules:
-                raise RuntimeError(f"{BACKEND_ENV}=dawn: wgpu was imported before async_runtime, so it is wgpu-native's")
+        if "wgpu" not in sys.modules:
             wgpudawn.install_as_wgpu()
+        elif sys.modules["wgpu"].__file__ != wgpudawn.__file__:  # (the caller may have installed it)
+            raise RuntimeError(f"{BACKEND_ENV}=dawn: wgpu was imported before async_runtime, so it is wgpu-native's")
     return name
 
 

@@ -255,14 +255,15 @@ class Batcher:
         submitted = Pieces(model.device)
         tail = self.bursts.tail(rows) if picking else ()
         # a pass of picking steps only is read back as the ids the GPU picked, not as its outputs
-        outputs = not picking or not all(step.picks for step, _, _ in pieces)
-        reads = runner._encode(submitted, tail=tail, outputs=outputs)
+        read_outputs = not picking or not all(step.picks for step, _, _ in pieces)
+        reads = runner._encode(submitted, tail=tail, outputs=read_outputs)
         if picking:
             self.bursts.copy_ids(submitted.encoder, len(rows))
         submitted.finish()
         model._counters.submits += 1  # a pass, whatever its pieces
         model._counters.dispatches += len(tail)
-        if outputs:
+        outputs = ()
+        if read_outputs:
             await unless_lost(runner._staging.map_async("READ_NOSYNC"))
             outputs = runner._read_outputs(reads)
         else:
@@ -272,7 +273,7 @@ class Batcher:
             ids = self.bursts.read(len(rows), 1)
         finished, first = [], 0
         for b, (step, start, n) in enumerate(pieces):
-            for k, ((kind, axis), arr) in enumerate(zip(ragged.output_axes, outputs or ())):
+            for k, ((kind, axis), arr) in enumerate(zip(ragged.output_axes, outputs)):
                 if len(step.parts) <= k:
                     step.parts.append([])
                 # views of the pass's output (each step's own rows), no copies

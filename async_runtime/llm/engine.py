@@ -20,7 +20,7 @@ import anyio
 
 from ..errors import BrokenResourceError
 from ..kv_blocks import OutOfBlocks
-from .generate import context_length, generate
+from .generate import MAX_NEW_TOKENS, context_length, generate
 
 
 class Busy(Exception):
@@ -198,7 +198,7 @@ class LocalEngine:
                 raise GenerationFailed(str(e)) from e
             try:
                 async with self.model.session() as session:
-                    await self._reserve(session, len(prompt) + settings.get("max_new_tokens", 256))
+                    await self._reserve(session, len(prompt) + settings.get("max_new_tokens", MAX_NEW_TOKENS))
                     yield ADMITTED
                     self.sessions.add(session)
                     try:

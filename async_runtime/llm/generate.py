@@ -25,6 +25,9 @@ from ..errors import InputError
 from ..sampling import Sampling
 
 
+MAX_NEW_TOKENS = 256  # generate's default
+
+
 def context_length(model):
     """Positions the model's KV cache holds (from sdpa_with_kv_cache's cache tensor)."""
     graph = model.graph
@@ -57,7 +60,7 @@ class generate:
     `position` are up to date as tokens come; `ready` is how many more tokens the iterator holds
     already (the rest of a burst), so a consumer can handle a burst's tokens together."""
 
-    def __init__(self, session, prompt, *, max_new_tokens=256, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0,
+    def __init__(self, session, prompt, *, max_new_tokens=MAX_NEW_TOKENS, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0,
                  seed=None, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, logit_bias=None,
                  stop=(), start=0, burst=16):
         self.session = session
