@@ -24,6 +24,7 @@ class DeviceInfo:
     max_storage_binding: int
     max_buffer_size: int
     max_workgroups_per_dimension: int
+    max_storage_buffers: int  # storage buffers one kernel may bind (16 on Dawn's Vulkan adapters; more on wgpu-native's)
     precision: str = "f32"  # how a loaded model stores float16 tensors: "f16" or "f32" (Model.precision)
 
 
@@ -85,5 +86,6 @@ async def open_device(name=None, power_preference="high-performance"):
             max_storage_binding=limits["max-storage-buffer-binding-size"],
             max_buffer_size=limits["max-buffer-size"],
             max_workgroups_per_dimension=limits["max-compute-workgroups-per-dimension"],
+            max_storage_buffers=limits["max-storage-buffers-per-shader-stage"],
         ),
     )

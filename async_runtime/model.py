@@ -164,7 +164,7 @@ class Model:
         self._adapter, self.device, info = await open_device(device_name)
         self.kernels = adapter_class(info.adapter_type)  # which kernel variants
         self.subgroups = any(f in info.features for f in SUBGROUP_FEATURES)  # variants that need subgroup operations may be built
-        self._binding_limit = info.max_storage_binding
+        self._binding_limit, self._storage_buffers = info.max_storage_binding, info.max_storage_buffers
         half = precision == "auto" and has_half(linked) and "shader-f16" in info.features
         self.precision_note = "" if half else _why_f32(precision, linked, info)
         try:
@@ -220,7 +220,7 @@ class Model:
             try:
                 ragged = plan_ragged(graph, max_batch)
                 graph, self.batching = ragged.graph, "ragged"
-                self.fused += fuse_ragged(graph)
+                self.fused += fuse_ragged(graph, self._storage_buffers)
             except NotRagged as e:
                 self.batching_note = f"not ragged: {e}"
         self.graph = graph

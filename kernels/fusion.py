@@ -23,7 +23,8 @@ After the ragged rewrite (async_runtime.ragged), `fuse_ragged` lets RoPE store t
 v in the KV caches (`pte_wgpu.rope_into_cache`), so attention skips its own cache update; where
 q, k and v are one group (float or 4-bit, normalizing or not) that only the RoPE reads (v also
 attention), the group takes the RoPE too (`pte_wgpu.linear_group_rope` and its forms,
-kernels/matmul/qkv_rope.py: on GPUs its GEMV rotates and stores in its epilogue).
+kernels/matmul/qkv_rope.py: on GPUs its GEMV rotates and stores in its epilogue), unless that
+kernel would bind more storage buffers than the device allows (Dawn's Vulkan adapters: 16).
 
 Views that only fed a fused op are dropped with it. Each rewrite keeps every row's sums in the
 order of the ops it replaces.
@@ -31,8 +32,9 @@ order of the ops it replaces.
 
 from collections import Counter
 
-from pte_wgpu.resize.values import Scalar, ValueList
+from pte_wgpu.resize.values import Scalar, Tensor, ValueList
 
+from .attention.rope import ROPE_NAMES  # what the RoPE adds to a q/k/v group's bindings
 from .matmul.qkv_rope import GROUPS as ROPE_GROUPS  # the q/k/v groups that take a RoPE
 from .registry import op
 from .tensor.elementwise import add_elementwise
@@ -90,11 +92,11 @@ def _producers(graph):
 MALFORMED = (AttributeError, TypeError, IndexError, KeyError)
 
 
-def _unless_malformed(rewrite, graph):
-    """`rewrite(graph)`, or, when it meets a malformed graph, the calls as they were and 0."""
+def _unless_malformed(rewrite, graph, *args):
+    """`rewrite(graph, *args)`, or, when it meets a malformed graph, the calls as they were and 0."""
     original = list(graph.calls)
     try:
-        return rewrite(graph)
+        return rewrite(graph, *args)
     except MALFORMED:
         graph.calls[:] = original
         return 0
@@ -322,13 +324,15 @@ def _fuse_norms(graph):
     return fused
 
 
-def fuse_ragged(graph):
+def fuse_ragged(graph, max_storage_buffers=None):
     """RoPE whose rotated k (and q) feed a ragged_sdpa directly, with that sdpa's v computed before
-    the RoPE: one dispatch fewer a layer. Rewrites `graph.calls` in place; returns the count."""
-    return _unless_malformed(_fuse_ragged, graph)
+    the RoPE: one dispatch fewer a layer; the RoPE joins the q/k/v products before it where their
+    kernel then binds at most `max_storage_buffers` (None: no limit). Rewrites `graph.calls` in
+    place; returns the count."""
+    return _unless_malformed(_fuse_ragged, graph, max_storage_buffers)
 
 
-def _fuse_ragged(graph):
+def _fuse_ragged(graph, max_storage_buffers):
     calls, producer, fused = graph.calls, _producers(graph), 0
     rope_of = {}
     for i, (name, args) in enumerate(calls):
@@ -345,13 +349,14 @@ def _fuse_ragged(graph):
         calls[i] = (ROPE_INTO_CACHE, (*rope_args[:4], v, k_cache, v_cache, row_pos, row_seq, args[-2], rope_args[-1]))
         calls[j] = (RAGGED_SDPA_CACHED, args)
         fused += 1
-    return fused + _fuse_rope_into_groups(graph)
+    return fused + _fuse_rope_into_groups(graph, max_storage_buffers)
 
 
-def _fuse_rope_into_groups(graph):
+def _fuse_rope_into_groups(graph, max_storage_buffers=None):
     """rope_into_cache(view(q), view(k), fcos, fsin, v', ...) right after (views between, and
     clones of the rotary tables) the q/k/v group that computes q, k and v (v' that v or a view of
-    it), q and k read by nothing else."""
+    it), q and k read by nothing else; where the fused kernel's storage buffers (the group's
+    tensors, its three outputs and the RoPE's) are at most `max_storage_buffers`."""
     f = _Linears(graph)
     calls, values, drop, fused = graph.calls, graph.values, set(), 0
     groups = {values[args[-1]].items[0]: g for g, (name, args) in enumerate(calls) if name in ROPE_GROUPS}
@@ -379,6 +384,9 @@ def _fuse_rope_into_groups(graph):
         ):
             continue
         group_name, group_args = calls[g]
+        bound = sum(isinstance(values[a], Tensor) for a in group_args[:-1]) + 3 + len(ROPE_NAMES)
+        if max_storage_buffers is not None and bound > max_storage_buffers:
+            continue
         oq, ok = values[out].items[:2]
         outs = f.new_list((q, k, v_out, oq, ok))
         calls[g] = (group_name + "_rope", (*group_args[:-1], *tables, k_cache, v_cache, row_pos, row_seq, seq_blocks, outs))
