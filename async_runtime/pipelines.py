@@ -22,6 +22,7 @@ COMPILE_THREADS = min(4, os.cpu_count() or 1)
 
 
 USES_F16 = re.compile(r"\bf16\b")
+COMMENT = re.compile(r"//[^\n]*")  # a comment may name f16 or a subgroup operation that the kernel does not use
 USES_SUBGROUPS = re.compile(r"\bsubgroup[A-Z_]")  # subgroupAdd, subgroup_size, ...
 
 
@@ -55,9 +56,10 @@ def shader_module(device, src):
 def wgsl_for_device(src):
     """A kernel's source with the directives its compiler wants: `enable f16;` where it names f16
     (kernels do only for float16 tensors, on devices with shader-f16), Dawn's for subgroups."""
-    if USES_F16.search(src):
+    code = COMMENT.sub("", src)
+    if USES_F16.search(code):
         src = "enable f16;\n" + src
-    if backend.ENABLE_SUBGROUPS and USES_SUBGROUPS.search(src):
+    if backend.ENABLE_SUBGROUPS and USES_SUBGROUPS.search(code):
         src = backend.ENABLE_SUBGROUPS + src
     return src
 

@@ -1,8 +1,9 @@
 """Every kernel these models compile on wgpu-native (naga) also compiles through Dawn's WGSL
 compiler, Tint, with the directives the runtime adds under Dawn (async_runtime/backend.py):
 tiny Llamas in fp32, 4-bit (also in fp16) and 8-bit-activation forms, with GPU and CPU kernel variants and
-the GPU sampler, and a small CNN. Dawn's Null backend compiles without a GPU; pipelines are not
-created, since its limits (8 storage buffers a stage, 16 KB of workgroup memory) are not a GPU's.
+the GPU sampler, and a small CNN; the kernels of f32 models on a device without shader-f16, as
+Dawn's on NVIDIA. Dawn's Null backend compiles without a GPU; pipelines are not created, since
+its limits (8 storage buffers a stage, 16 KB of workgroup memory) are not a GPU's.
 
 Tint is stricter than naga: it wants `enable subgroups;` and refuses subgroup operations it cannot
 prove subgroup-uniform, a shift mixed with a product without parentheses, and infinite constants."""
@@ -33,11 +34,12 @@ from async_runtime import pipelines
 import wgpu
 adapter = wgpu.gpu.request_adapter_sync()
 assert adapter.info["backend_type"] == "Null", adapter.summary
-device = adapter.request_device_sync(required_features=[f for f in ("shader-f16", "subgroups") if f in adapter.features])
+half = adapter.request_device_sync(required_features=[f for f in ("shader-f16", "subgroups") if f in adapter.features])
+single = wgpu.gpu.request_adapter_sync().request_device_sync(required_features=[f for f in ("subgroups",) if f in adapter.features])
 failures = {}
-for src, where in json.load(sys.stdin).items():
+for src, (where, precision) in json.load(sys.stdin).items():
     try:
-        pipelines.shader_module(device, pipelines.wgsl_for_device(src))
+        pipelines.shader_module(half if precision == "f16" else single, pipelines.wgsl_for_device(src))
     except Exception as e:
         failures[where] = str(e)[:2000]
 print(json.dumps(failures))
@@ -51,11 +53,11 @@ def anyio_backend():
 
 @pytest.mark.anyio
 async def test_every_kernel_compiles_under_tint(tmp_path_factory, load_pte, monkeypatch):
-    sources, where = {}, [""]
+    sources, where = {}, ["", "f32"]  # source: (model and variant, its precision)
     prepared = pipelines.wgsl_for_device
 
     def recording(src):
-        sources.setdefault(src, where[0])
+        sources.setdefault(src, tuple(where))
         return prepared(src)
 
     monkeypatch.setattr(pipelines, "wgsl_for_device", recording)
@@ -65,9 +67,9 @@ async def test_every_kernel_compiles_under_tint(tmp_path_factory, load_pte, monk
     for name, pte in models.items():
         for kernels in ("gpu", "cpu"):
             monkeypatch.setenv("PTE_WGPU_KERNELS", kernels)
-            where[0] = f"{name}, {kernels} kernels"
+            where[:] = f"{name}, {kernels} kernels", "f16" if name == "4w_fp16" else "f32"
             model = await load_pte(pte)
-            assert name != "4w_fp16" or model.precision == "f16"
+            assert model.precision == where[1]
     assert any("subgroupAdd" in s for s in sources) and any("neg_inf" in s for s in sources)
     env = dict(os.environ, PTE_WGPU_BACKEND="dawn", WGPU_BACKEND_TYPE="Null")
     done = subprocess.run([sys.executable, "-c", COMPILE_UNDER_DAWN], input=json.dumps(sources), env=env,
