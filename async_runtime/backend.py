@@ -42,4 +42,10 @@ import wgpu.backends.wgpu_native as native  # noqa: E402, F401 (after the choice
 # it cannot prove run in subgroup-uniform control flow (the kernels call them where every lane of
 # a subgroup does, past workgroup-uniform branches on loop bounds it does not follow)
 SUBGROUP_FEATURES = ("subgroup", "subgroups")
+
+# naga's storage barrier orders storage accesses at device scope, so the last of a dispatch's
+# workgroups to arrive may merge what the others wrote (split-K attention, the sampler); WGSL
+# promises it only within a workgroup and Dawn's compiler gives no more: there a merge takes a
+# dispatch of its own (seen on an H100: the sampler read other workgroups' stale maxima)
+MERGE_APART = NAME == "dawn"
 ENABLE_SUBGROUPS = "enable subgroups;\ndiagnostic(off, subgroup_uniformity);\n" if NAME == "dawn" else ""

@@ -23,6 +23,7 @@ from pte_wgpu.kernels.attention.sampler import (
 )
 from pte_wgpu.kernels.wgsl import is_float, type_aliases
 
+from .backend import MERGE_APART
 from .encoding import prepare
 from .pipelines import compile_pipeline, dispatch_once
 from .storage import STORAGE_USAGE
@@ -39,6 +40,12 @@ def scratch_bytes(seqs, vocab):
         "z": seqs * vocab * 4, "ids": seqs * BURST_MAX * 4, "picked": seqs * 4, "parts": seqs * slices * 8,
         "histograms": seqs * slices * 256 * 16, "slice_mass": seqs * slices * 8,  # vec3<u32>: 16 bytes each
     }
+
+
+def sampler_grids(slices, seqs, merge_apart):
+    """The dispatches of one sampler kernel: a workgroup a slice of each sequence; with
+    `merge_apart` (backend.py), then one a sequence, which merges the slices' results."""
+    return [(slices, seqs, 1)] + ([(1, seqs, 1)] if merge_apart and slices > 1 else [])
 
 
 def kernel_sequence(rows):
@@ -72,9 +79,10 @@ class Bursts:
         device, seqs = model.device, ragged.max_seqs
         self.slices = sampler_slices(self.vocab)
         aliases = type_aliases(graph.values, LT=graph.outputs[0])
-        self.pipelines = {"pick": compile_pipeline(device, aliases + pick_kernel()),
-                          "select": compile_pipeline(device, select_kernel()),
-                          "draw": compile_pipeline(device, draw_kernel())}
+        self.merge_apart = MERGE_APART
+        self.pipelines = {"pick": compile_pipeline(device, aliases + pick_kernel(self.merge_apart)),
+                          "select": compile_pipeline(device, select_kernel(self.merge_apart)),
+                          "draw": compile_pipeline(device, draw_kernel(self.merge_apart))}
         scratch = scratch_bytes(seqs, self.vocab)
         self.stagings = [model._create_buffer(scratch["ids"], wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST, "burst readback") for _ in range(2)]
         self.buffers = {name: model._create_buffer(n, STORAGE_USAGE, f"sampler {name}") for name, n in scratch.items()}
@@ -138,7 +146,7 @@ class Bursts:
         queue = self.model.device.queue
         queue.write_buffer(self.buffers["rows"], 0, b"".join(rows))
         queue.write_buffer(self.buffers["picked"], 0, bytes(4 * seqs))
-        return [(*self.kernels[name], (self.slices, seqs, 1)) for name in kernel_sequence(rows)]
+        return [(*self.kernels[name], grid) for name in kernel_sequence(rows) for grid in sampler_grids(self.slices, seqs, self.merge_apart)]
 
     def submit(self, rows, passes, staging=0):
         """`passes` decode passes of the runner's current tables, each followed by the sampler over

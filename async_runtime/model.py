@@ -16,7 +16,7 @@ from pte_wgpu.resize.shapes import numel_of
 from pte_wgpu.resize.values import SymInt, Tensor
 
 from .batching import Batcher, BatchedSession
-from .backend import SUBGROUP_FEATURES
+from .backend import MERGE_APART, SUBGROUP_FEATURES
 from .device import open_device
 from .errors import (
     BrokenResourceError,
@@ -227,7 +227,7 @@ class Model:
         nodes = []
         for name, args in graph.calls:
             try:
-                nodes.append(build_node(graph, name, args, self.kernels, self.subgroups))
+                nodes.append(build_node(graph, name, args, self.kernels, self.subgroups, MERGE_APART))
             except HalfUnsupported:
                 raise
             except NotImplementedError as e:

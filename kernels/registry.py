@@ -66,10 +66,13 @@ class Dispatch:
 
 
 class OpBuilder:
-    def __init__(self, graph, name, args, adapter=GPU, subgroups=False):
+    def __init__(self, graph, name, args, adapter=GPU, subgroups=False, merge_apart=False):
         self.graph, self.name, self.args = graph, name, args
         self.adapter = adapter  # the adapter class whose kernel variants to build (kernels/variants.py)
         self.subgroups = subgroups  # the device has WebGPU's "subgroup" feature: variants may use it
+        # workgroups' results are merged by a dispatch of its own, not by the last of them to arrive
+        # (a storage barrier orders only its own workgroup's accesses: WGSL's rule, Dawn's compiler)
+        self.merge_apart = merge_apart
         self._hook = None
         self._extra_writes = []
 
@@ -172,14 +175,15 @@ class OpBuilder:
         self._hook = fn
 
 
-def build_node(graph, name, args, adapter=GPU, subgroups=False):
+def build_node(graph, name, args, adapter=GPU, subgroups=False, merge_apart=False):
     """Build one op into `graph`, with the kernel variants of adapter class `adapter` (those that
-    need subgroup operations only with `subgroups`), and return its resize-plan `Node`."""
+    need subgroup operations only with `subgroups`; merging workgroups' results in a dispatch of its
+    own with `merge_apart`), and return its resize-plan `Node`."""
     fn = OPS[name]
     values = graph.values
     if not getattr(fn, "half", False) and any(values[t].dtype == "float16" for t in _tensors(values, args)):
         raise HalfUnsupported(f"{name} has no f16 kernel")
-    b = OpBuilder(graph, name, args, adapter, subgroups)
+    b = OpBuilder(graph, name, args, adapter, subgroups, merge_apart)
     fn(b)
     if b._hook is None:
         raise RuntimeError(f"{name} registered no resize hook")

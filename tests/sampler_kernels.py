@@ -7,7 +7,8 @@ import struct
 import numpy as np
 import wgpu
 
-from async_runtime.bursts import BINDINGS, kernel_sequence, scratch_bytes
+from async_runtime.backend import MERGE_APART
+from async_runtime.bursts import BINDINGS, kernel_sequence, sampler_grids, scratch_bytes
 from async_runtime.device import find_adapter
 from pte_wgpu.kernels.attention.sampler import BURST_MAX, draw_kernel, pick_kernel, sampler_slices, select_kernel
 
@@ -21,7 +22,7 @@ def sampler_device(f16=False):
     return adapter.request_device_sync(required_features=["shader-f16"] if f16 else [])
 
 
-def run_sampler(device, logits, rows, positions, counts=None, bias=None, passes=1):
+def run_sampler(device, logits, rows, positions, counts=None, bias=None, passes=1, merge_apart=MERGE_APART):
     """The ids the kernels pick for `logits` [seqs, vocab] (float32 or float16) under `rows` (a
     `Sampling.row` each), row b's token at `positions[b]` (the fed token's), `passes` times over
     the same logits (as a burst's passes, each advancing the positions): ids [seqs, passes], the
@@ -33,7 +34,7 @@ def run_sampler(device, logits, rows, positions, counts=None, bias=None, passes=
     bias = np.zeros((slots, vocab), np.float32) if bias is None else bias
     alias = "alias LT = f16;\n" if logits.dtype == np.float16 else "alias LT = f32;\n"
     f16 = "enable f16;\n" if logits.dtype == np.float16 else ""
-    texts = {"pick": f16 + alias + pick_kernel(), "select": select_kernel(), "draw": draw_kernel()}
+    texts = {"pick": f16 + alias + pick_kernel(merge_apart), "select": select_kernel(merge_apart), "draw": draw_kernel(merge_apart)}
     data = {name: bytes(n) for name, n in scratch_bytes(seqs, vocab).items()}
     assert len(b"".join(rows)) == len(data["rows"])
     data.update(
@@ -56,7 +57,8 @@ def run_sampler(device, logits, rows, positions, counts=None, bias=None, passes=
         for pipeline, group in map(kernels.get, sequence):
             compute.set_pipeline(pipeline)
             compute.set_bind_group(0, group)
-            compute.dispatch_workgroups(slices, seqs, 1)
+            for grid in sampler_grids(slices, seqs, merge_apart):
+                compute.dispatch_workgroups(*grid)
         compute.end()
         device.queue.submit([encoder.finish()])
 

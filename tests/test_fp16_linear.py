@@ -149,7 +149,7 @@ async def test_fp16_products_take_the_cpu_subgroup_kernels(name, load_pte, kerne
     rows (values checked in test_fp16_products_match_eager_fp16)."""
     data, _ = _export(name)
     model = await load_pte(data)
-    subgroups = "subgroup" in model.device_info.features
+    subgroups = model.subgroups
     rng = np.random.default_rng(4)
     for m in (1, 2, 70):
         await model.execute(*_inputs(name, m, rng))

@@ -162,7 +162,7 @@ async def test_subgroup_gemvs_where_k_is_whole_vec4s(load_pte, kernel_variants):
     SG_GPU_ROWS rows only; those with K = 41 or 53 (o, down) never do."""
     data, _ = _export("fused_dyn_k4")
     model = await load_pte(data)
-    if "subgroup" not in model.device_info.features:
+    if not model.subgroups:
         assert not any("subgroupAdd" in (d.shader or "") for d in model.graph.dispatches)
         return
     for rows in (1, R.SG_GPU_ROWS[0], 34):
@@ -216,7 +216,7 @@ async def test_gemv_variant_runs_for_few_rows_of_a_wide_weight(load_pte, kernel_
     data, _ = _export("linear_bias_dyn_k4")
     model = await load_pte(data)
     assert model.kernels == kernel_variants
-    subgroups = kernel_variants == "cpu" and "subgroup" in model.device_info.features
+    subgroups = kernel_variants == "cpu" and model.subgroups
     if kernel_variants == "gpu":
         shaders = {L.gemv_t4_shader(True): (1, 16)}
     elif subgroups:

@@ -167,7 +167,7 @@ async def test_cpu_adapters_take_the_subgroup_gemv(name, subgroup, load_pte, ker
     await model.execute(_rows(name, 1, np.random.default_rng(2)))
     grids = model._default.state.grids
     ran = any("subgroupAdd" in (d.shader or "") and all(grids[i]) for i, d in enumerate(model.graph.dispatches))
-    assert ran == (subgroup and kernel_variants == "cpu" and "subgroup" in model.device_info.features)
+    assert ran == (subgroup and kernel_variants == "cpu" and model.subgroups)
 
 
 @pytest.mark.parametrize("name, most", [("q4_wide", 64), ("dq8_wide", 32), ("q4_lm_head", 16)])
@@ -236,7 +236,7 @@ async def test_cpu_subgroup_rows_are_each_row_alone(name, load_pte, monkeypatch)
 
     monkeypatch.setenv("PTE_WGPU_KERNELS", "cpu")
     model = await load_pte(_export(name)[0])
-    if "subgroup" not in model.device_info.features:
+    if not model.subgroups:
         pytest.skip("the adapter has no subgroup feature")
     x = _rows(name, 33, np.random.default_rng(11))
     alone = np.concatenate([(await model.execute(x[r : r + 1]))[0] for r in range(33)])

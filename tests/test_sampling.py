@@ -102,6 +102,25 @@ def test_a_seed_gives_the_same_ids_beside_any_rows(device):
     assert len(set(alone[0].tolist())) > 1  # each pass's position is a new draw
 
 
+@pytest.mark.parametrize("seqs", [1, 4])
+def test_slices_merged_apart_pick_what_the_last_to_arrive_picks(device, seqs):
+    """Each kernel's slices merged by a second dispatch (where storage barriers order only a
+    workgroup's own accesses, as Dawn's compiler gives) pick the ids of the last workgroup to
+    arrive merging them: greedy, top-k with top-p, min-p, and plain rows, over several passes."""
+    rng = np.random.default_rng(8)
+    logits = (rng.standard_normal((seqs, VOCAB)) * 2).astype(np.float32)
+    settings = [Sampling(), Sampling(temperature=0.8, top_k=40, top_p=0.9, seed=3),
+                Sampling(temperature=0.7, min_p=0.05, seed=5), Sampling(temperature=1.0, seed=11)][:seqs]
+    rows = [s.row(0, VOCAB) for s in settings]
+    last = run_sampler(device, logits, rows, [9] * seqs, passes=5, merge_apart=False)
+    apart = run_sampler(device, logits, rows, [9] * seqs, passes=5, merge_apart=True)
+    for got, want in zip(apart, last):
+        np.testing.assert_array_equal(got, want)
+    assert apart[0][0].tolist() == [int(logits[0].argmax())] * 5
+    if seqs > 1:
+        assert len(set(apart[0][3].tolist())) > 1  # the plain row draws, pass after pass
+
+
 def test_greedy_ids_are_numpys_argmax_over_f16_logits():
     device = sampler_device(f16=True)
     if device is None:

@@ -230,7 +230,7 @@ var<workgroup> rows: array<u32, $CHUNK>;  // the cache rows of the chunk's keys 
 $MERGED
 $REDUCTIONS
 @compute @workgroup_size($CHUNK)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let h = wid.x;
     let s = wid.y;
     let t = lid.x;
@@ -396,20 +396,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 # SPLIT_VEC4's finish on a GPU: the (head, row)'s workgroups that have keys count their arrivals,
 # and the last merges their splits (MERGE) and sets the count back to 0, so split-K is one
 # dispatch, not two (a decode step's attention was 60 of its 216 dispatches). Each workgroup's
-# partial-state stores are ordered before its arrival by a storage barrier (device scope), and the
-# last one's loads after it by another. A row of up to 64 keys takes one split of 16: on an H100
-# the other 15 workgroups' stores, arrivals and merged zeros took attention a layer from 19.7 to
-# 28.3 us at one decode row.
-def _arrivals(first):
-    """The fused finish's bindings (the result, then the arrival counts, from binding `first`)
-    and its merge."""
+# partial-state stores are ordered before its arrival by a storage barrier (device scope in naga's
+# SPIR-V), and the last one's loads after it by another. WGSL promises only workgroup scope; where a
+# compiler gives no more (`merge_apart`: Dawn's), a second dispatch merges (APART_MERGES). A row of up to 64 keys takes one split of 16: on an H100 the other 15 workgroups' stores,
+# arrivals and merged zeros took attention a layer from 19.7 to 28.3 us at one decode row.
+def _arrivals(first, apart):
+    """The fused finish's bindings (the result, then the arrival counts unless merged `apart`,
+    from binding `first`) and its merge."""
+    counts = "" if apart else fill(
+        """@group(0) @binding($SECOND) var<storage, read_write> arrivals: array<atomic<u32>>;
+var<workgroup> arrived_last: u32;
+""", SECOND=first + 1)
     return fill(
         """@group(0) @binding($FIRST) var<storage, read_write> result: array<RT>;
-@group(0) @binding($SECOND) var<storage, read_write> arrivals: array<atomic<u32>>;
-var<workgroup> arrived_last: u32;
-$MERGE""",
+$COUNTS$MERGE""",
         FIRST=first,
-        SECOND=first + 1,
+        COUNTS=counts,
         MERGE=fill(MERGE, CHUNK=CHUNK, PARTS="out", RESULT="result"),
     )
 
@@ -420,6 +422,12 @@ LAST_MERGES = """    storageBarrier();
         storageBarrier();
         merge(s, h, t, used);
         if (t == 0u) { atomicStore(&arrivals[s * p.hq + h], 0u); }
+    }"""
+# Merged apart: the splits leave their states, and a second dispatch of the kernel with one split
+# (its workgroup computes split 0 again, then merges) merges them.
+APART_MERGES = """    storageBarrier();  // split 0, written again here, for the workgroup's other invocations
+    if (groups.z == 1u) {
+        merge(s, h, t, used);
     }"""
 
 
@@ -673,18 +681,20 @@ def _merges_itself(dim):
     return dim % 4 == 0 and CHUNK % (dim // 4) == 0
 
 
-def _attention_shader(ragged, split=False, dim=None):
-    """The whole-range kernel, or the split-K one: SPLIT_VEC4, merging its own splits, when `dim`
-    allows it (its result and arrival counts bound after the tables)."""
+def _attention_shader(ragged, split=False, merges=False, dim=None, apart=False):
+    """The whole-range kernel, or the split-K one: SPLIT_VEC4, merging its own splits, with
+    `merges` (where `_merges_itself(dim)`; its result and arrival counts bound after the tables;
+    `apart`: merged by a second dispatch, no counts)."""
     common = dict(
         _row_exprs(ragged),
         REDUCTIONS=REDUCTIONS,
         ONLINE_SOFTMAX=ONLINE_SOFTMAX,
         CHUNK=CHUNK,
     )
-    if split and _merges_itself(dim):
-        merged = _arrivals(8 if ragged else 5)
-        return fill(SPLIT_VEC4, G=dim // 4, SUBS=CHUNK // (dim // 4), KEY_RANGE=SPLIT_RANGE, MERGED=merged, FINISH=LAST_MERGES, **common)
+    if split and merges:
+        merged = _arrivals(8 if ragged else 5, apart)
+        finish = APART_MERGES if apart else LAST_MERGES
+        return fill(SPLIT_VEC4, G=dim // 4, SUBS=CHUNK // (dim // 4), KEY_RANGE=SPLIT_RANGE, MERGED=merged, FINISH=finish, **common)
     return fill(
         ATTENTION,
         KEY_RANGE=SPLIT_RANGE if split else WHOLE_RANGE,
@@ -748,16 +758,20 @@ def _split_route(cpu):
     """Split-K decode and its combine; on CPU adapters one invocation per key range (SPLIT_CPU)."""
 
     def build(b, att):
+        merges = not cpu and _merges_itself(att.dim)
         if cpu:
             step = online_softmax_step("p.d", "f32(vc[kbase + d])")
             shader = fill(SPLIT_CPU, MAX_SPLITS=MAX_SPLITS, MAX_HEAD_DIM=MAX_HEAD_DIM, ONLINE_STEP=step, **att.common)
             grid = lambda s: (att.hq, s, 1)  # noqa: E731
         else:
-            shader = _attention_shader(att.ragged, split=True, dim=att.dim)
+            shader = _attention_shader(att.ragged, split=True, merges=merges, dim=att.dim, apart=b.merge_apart)
             grid = lambda s: (att.hq, s, att.splits)  # noqa: E731
         shader = type_aliases(b.graph.values, QT=att.q, KCT=att.k_cache, VCT=att.v_cache, OT=att.scratch, RT=b.out) + shader
         bindings = [att.q, att.k_cache, att.v_cache, att.scratch, att.params, *att.tables]
-        if not cpu and _merges_itself(att.dim):
+        if merges and b.merge_apart:  # the same kernel again, one split a row: it merges
+            split, merge = (b.dispatch(shader, [*bindings, b.out]) for _ in range(2))
+            return _Launch((split, grid), (merge, lambda s: (att.hq, s, 1) if att.splits > 1 else (0, 0, 0)))
+        if merges:
             return _Launch((b.dispatch(shader, [*bindings, b.out, _arrival_counts(b, att)]), grid))
         split = b.dispatch(shader, bindings)
         combine = b.dispatch(type_aliases(b.graph.values, RT=b.out) + COMBINE, [att.scratch, b.out, att.params])

@@ -6,7 +6,9 @@ min-p, seed, penalties and logit bias. The chosen id is written into the token t
 sequence's last row as the next pass's input, that row's position advances by one, and the id is
 recorded for the host to read back once per burst. Up to three kernels run, one dispatch each,
 every workgroup (x, y) taking slice x of SAMPLER_SLICE logits of sequence y; the last workgroup of
-a sequence to arrive (an atomic count) finishes its step, as split-K attention's merge does:
+a sequence to arrive (an atomic count) finishes its step, as split-K attention's merge does, or,
+`merge_apart` (where storage barriers order only a workgroup's own accesses: async_runtime/backend.py),
+a second dispatch of the kernel, one workgroup a sequence:
 
 - `pick`: the logits adjusted by the row's logit bias and penalties (from its slot's token counts)
   and divided by its temperature, kept for the kernels after it; their maximum and argmax. A
@@ -85,17 +87,7 @@ struct State {
 @group(0) @binding(4) var<storage, read_write> z: array<f32>;  // adjusted logits, [seqs, vocab]
 
 fn neg_inf() -> f32 { let bits = 0xff800000u; return bitcast<f32>(bits); }  // a let: WGSL refuses an infinite constant
-var<workgroup> arrived_last: u32;
-
-// Whether this workgroup is the last of sequence b's to arrive (after its writes to storage).
-fn last_to_arrive(lane: u32, b: u32) -> bool {
-    if (p.slices == 1u) { return true; }
-    storageBarrier();
-    if (lane == 0u) { arrived_last = u32(atomicAdd(&arrivals[b], 1u) == p.slices - 1u); }
-    if (workgroupUniformLoad(&arrived_last) == 0u) { return false; }
-    storageBarrier();
-    return true;
-}
+$ARRIVAL
 
 // An order-preserving key of a float: a larger float, a larger key.
 fn order_key(x: f32) -> u32 {
@@ -179,7 +171,7 @@ fn adjusted(x: f32, k: u32, r: Row) -> f32 {
 }
 
 @compute @workgroup_size($WG)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let b = wg.y;
     if (b >= p.seqs) { return; }  // the load's warm-up dispatch: no sequence
     let r = rows[b];
@@ -201,7 +193,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     best_of_workgroup(lane, v, i);
     if (p.slices > 1u) {
         if (lane == 0u) { parts[b * p.slices + wg.x] = vec2<u32>(bitcast<u32>(top_value[0]), top_index[0]); }
-        if (!last_to_arrive(lane, b)) { return; }
+        if (!last_to_arrive(lane, b, groups)) { return; }
         v = neg_inf();
         i = 0xffffffffu;
         for (var s = lane; s < p.slices; s = s + ${WG}u) {
@@ -236,7 +228,7 @@ var<workgroup> sum_mass: array<vec2<u32>, 256>;
 var<workgroup> round_now: u32;
 
 @compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let b = wg.y;
     if (b >= p.seqs) { return; }
     let r = rows[b];
@@ -268,7 +260,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     workgroupBarrier();
     let h = (b * p.slices + wg.x) * 256u + lane;
     histograms[h] = vec3<u32>(atomicLoad(&bin_count[lane]), atomicLoad(&bin_lo[lane]), atomicLoad(&bin_hi[lane]));
-    if (!last_to_arrive(lane, b)) { return; }
+    if (!last_to_arrive(lane, b, groups)) { return; }
     // bin `lane` over every slice, then suffix sums: sum_*[j] = the bins j..255
     var c = 0u;
     var m = vec2<u32>(0u, 0u);
@@ -386,7 +378,7 @@ fn sum_of_workgroup(lane: u32) {
 }
 
 @compute @workgroup_size($WG)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let b = wg.y;
     if (b >= p.seqs) { return; }
     let r = rows[b];
@@ -397,7 +389,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     workgroupBarrier();
     sum_of_workgroup(lane);
     if (lane == 0u) { slice_mass[b * p.slices + wg.x] = lane_mass[0]; }
-    if (!last_to_arrive(lane, b)) { return; }
+    if (!last_to_arrive(lane, b, groups)) { return; }
     if (lane == 0u) {
         var total = vec2<u32>(0u, 0u);
         for (var t = 0u; t < p.slices; t = t + 1u) { total = add64(total, slice_mass[b * p.slices + t]); }
@@ -454,21 +446,42 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 """
 
 
-def _text(body, **values):
-    return fill(COMMON + FINISH + body, WG=SAMPLER_WG, HALF=SAMPLER_WG // 2, SLICE=SAMPLER_SLICE,
-                BURST_MAX=BURST_MAX, PICKS=PICKS, ADJUSTS=ADJUSTS, **values)
+# Whether this workgroup finishes sequence b's step, after its writes to storage: the last of the
+# sequence's to arrive, or (merged apart) the one workgroup of the second dispatch.
+LAST_TO_ARRIVE = """
+var<workgroup> arrived_last: u32;
+
+fn last_to_arrive(lane: u32, b: u32, groups: vec3<u32>) -> bool {
+    if (p.slices == 1u) { return true; }
+    storageBarrier();
+    if (lane == 0u) { arrived_last = u32(atomicAdd(&arrivals[b], 1u) == p.slices - 1u); }
+    if (workgroupUniformLoad(&arrived_last) == 0u) { return false; }
+    storageBarrier();
+    return true;
+}
+"""
+MERGE_DISPATCH = """
+fn last_to_arrive(lane: u32, b: u32, groups: vec3<u32>) -> bool {
+    storageBarrier();  // this workgroup's own slice, written again, for its other invocations
+    return groups.x == 1u;
+}
+"""
 
 
-def pick_kernel():
+def _text(body, merge_apart, **values):
+    return fill(COMMON + body, ARRIVAL=MERGE_DISPATCH if merge_apart else LAST_TO_ARRIVE, PICKS=PICKS, SLICE=SAMPLER_SLICE, **values)
+
+
+def pick_kernel(merge_apart=False):
     """The first kernel: adjusted logits, their argmax, a greedy row's id."""
-    return _text(PICK)
+    return _text(FINISH + PICK, merge_apart, WG=SAMPLER_WG, HALF=SAMPLER_WG // 2, BURST_MAX=BURST_MAX, ADJUSTS=ADJUSTS)
 
 
-def select_kernel():
+def select_kernel(merge_apart=False):
     """One radix round of the top-k and top-p cuts."""
-    return fill(COMMON + SELECT, PICKS=PICKS, SLICE=SAMPLER_SLICE, ROUNDS=RADIX_ROUNDS, LAST_ROUND=RADIX_ROUNDS - 1)
+    return _text(SELECT, merge_apart, ROUNDS=RADIX_ROUNDS, LAST_ROUND=RADIX_ROUNDS - 1)
 
 
-def draw_kernel():
+def draw_kernel(merge_apart=False):
     """The draw of a sampled row's id from its kept logits."""
-    return _text(DRAW)
+    return _text(FINISH + DRAW, merge_apart, WG=SAMPLER_WG, HALF=SAMPLER_WG // 2, BURST_MAX=BURST_MAX, ADJUSTS=ADJUSTS)
