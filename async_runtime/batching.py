@@ -168,8 +168,13 @@ class Batcher:
 
     def _share_prefix(self, step):
         """A step from position 0 starts its session's sequence afresh, sharing the cached whole
-        blocks its tokens start with: its rows run from the first position they do not hold."""
+        blocks its tokens start with: its rows run from the first position they do not hold. A
+        sequence that already shares them (`start_shared`, with these tokens) keeps them."""
         slot, pool = step.session.slot, self.blocks
+        shared, step.session.shared = step.session.shared, None
+        if shared is not None and shared[1] == pool.length(slot) and shared[0] == tuple(step.tokens.tolist()):
+            step.taken = shared[1]
+            return
         need = pool.need(slot)
         need = need if need is not None and need >= len(step.tokens) else None
         pool.close(slot)
@@ -177,6 +182,20 @@ class Batcher:
             step.taken = pool.open(slot, step.tokens.tolist(), need)
         except OutOfBlocks:  # the cached blocks it would revive are wanted elsewhere
             pool.open(slot, need=need)
+
+    def start_shared(self, session, prompt, positions):
+        """Start `session`'s empty sequence from `prompt` now, sharing the cached whole blocks it
+        starts with, and set aside the rest of `positions`: OutOfBlocks (and the sequence as it
+        was) unless they are free. Its first step, on these tokens from position 0, keeps them."""
+        pool, slot, prompt = self.blocks, session.slot, [int(t) for t in prompt]
+        need = pool.need(slot)
+        pool.close(slot)
+        try:
+            cached = pool.open(slot, prompt, positions)
+        except OutOfBlocks:
+            pool.open(slot, need=need)
+            raise
+        session.shared = (tuple(prompt), cached)
 
     def _tables(self, pieces, seqs):
         """The block tables of the pass's `seqs` sequences (the pieces' sessions, then padding)."""
@@ -382,6 +401,7 @@ class BatchedSession(SessionBase):
     def __init__(self, model):
         super().__init__(model)
         self._shapes = [spec.max_shape for spec in model.inputs]  # for InputResized events
+        self.shared = None  # (prompt, cached positions) its sequence started from at `reserve`, sharing cached blocks
         self.slot = model._batcher.acquire()
         model._sessions.add(self)
 
@@ -389,11 +409,13 @@ class BatchedSession(SessionBase):
         """Run one step (see `Session.execute`); it shares a pass with other sessions' steps."""
         return await self._run(inputs, 0)
 
-    async def reserve(self, positions, wait=True):
+    async def reserve(self, positions, wait=True, prompt=None):
         """Wait until the KV-cache blocks this session needs to hold `positions` positions are
         free, and set them aside for it (a generation that knows its length: it then never finds
         the pool full). OutOfBlocks at once if the whole pool is smaller, or, with `wait` false,
-        if they are not free now."""
+        if they are not free now. `prompt`: the tokens a session that holds none yet will start
+        from at position 0; the cached whole blocks they start with are shared at once, not set
+        aside again."""
         batcher, positions = self._model._batcher, int(positions)
         need, blocks = table_entries(positions), batcher.blocks.blocks
         if need > blocks:
@@ -402,6 +424,8 @@ class BatchedSession(SessionBase):
             if self._closed:  # (its slot may be another session's by now)
                 raise ClosedResourceError("the session is closed")
             try:
+                if prompt is not None and len(prompt) <= positions and batcher.blocks.length(self.slot) == 0:
+                    return batcher.start_shared(self, prompt, positions)
                 return batcher.blocks.reserve(self.slot, positions)
             except OutOfBlocks:
                 if not wait:

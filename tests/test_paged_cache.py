@@ -295,6 +295,35 @@ async def test_the_server_under_random_arrivals_cancellations_and_a_shared_syste
 
 
 @pytest.mark.anyio
+async def test_a_reservation_with_its_prompt_sets_aside_only_what_it_does_not_share(pte):
+    """A session that sets its blocks aside with the prompt it will start from shares at once the
+    whole blocks another live session holds for the same start (a system prompt) and sets aside
+    only the rest: admitted where the whole generation's blocks are not free, it gets what it gets
+    alone, and the prefix cache counts its hit once."""
+    vocab = CONFIG["vocab_size"]
+    rng = np.random.default_rng(12)
+    system = rng.integers(0, vocab, 2 * KV_BLOCK)
+    first, later = (np.concatenate([system, rng.integers(0, vocab, n)]) for n in (9, 5))
+    want = (await _reference(pte, [(len(later), 4)], [later]))[0]
+    async with await ar.load(pte, token_budget=BITWISE_ROWS, kv_positions=5 * KV_BLOCK) as model:
+        async with model.session() as holder, model.session() as s:
+            await holder.execute(first[None], np.array([0]))  # 3 blocks held, 2 of them whole
+            with pytest.raises(OutOfBlocks):
+                await s.reserve(CONTEXT, wait=False)  # 4 blocks, 2 free
+            hits = model.statistics().prefix_cache_hits
+            await s.reserve(CONTEXT, wait=False, prompt=later)  # the system prompt's 2 shared, 2 set aside
+            assert model._batcher.blocks.free_blocks() == 0
+            (out,) = await s.execute(later[None], np.array([0]))
+            got, pos = [out], len(later)
+            for _ in range(4):
+                (out,) = await s.execute(np.array([[int(out.argmax())]]), np.array([pos]))
+                got.append(out)
+                pos += 1
+            assert model.statistics().prefix_cache_hits - hits == 2 * KV_BLOCK
+    _same(got, want, "the later prompt")
+
+
+@pytest.mark.anyio
 async def test_requests_waiting_for_blocks_are_in_the_servers_line(pte):
     """While the pool is full, requests that hold a session wait in the `max_waiting` line, not
     as running ones; past that line a request gets 429 though sessions are free, one longer than

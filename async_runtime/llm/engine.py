@@ -198,7 +198,7 @@ class LocalEngine:
                 raise GenerationFailed(str(e)) from e
             try:
                 async with self.model.session() as session:
-                    await self._reserve(session, len(prompt) + settings.get("max_new_tokens", MAX_NEW_TOKENS))
+                    await self._reserve(session, prompt, len(prompt) + settings.get("max_new_tokens", MAX_NEW_TOKENS))
                     yield ADMITTED
                     self.sessions.add(session)
                     try:
@@ -211,17 +211,18 @@ class LocalEngine:
                 self.device_lost = e
                 raise GenerationFailed(f"the GPU device was lost: {e}") from e
 
-    async def _reserve(self, session, positions):
+    async def _reserve(self, session, prompt, positions):
         """Set aside the KV-cache blocks of the whole generation (a batching model's session;
-        `generate` then finds them set aside), waiting in the line while the pool is full."""
+        `generate` then finds them set aside) but those of the prompt's cached prefix, which it
+        shares; waiting in the line while the pool is full."""
         reserve = getattr(session, "reserve", None)
         if reserve is None:
             return
         positions = min(self.context, positions)
         try:
-            await reserve(positions, wait=False)
+            await reserve(positions, wait=False, prompt=prompt)
         except OutOfBlocks as e:
             if e.needed > self.model.statistics().kv_blocks:
                 raise
             with self.slots.waiting_for_blocks():
-                await reserve(positions)
+                await reserve(positions, prompt=prompt)

@@ -98,8 +98,9 @@ class generate:
     async def _run(self):
         t0 = time.perf_counter()
         reserve = getattr(self.session, "reserve", None)  # a batching model's session: its KV-cache blocks
-        if reserve is not None:
-            await reserve(min(self.context, self.position + len(self.prompt) + self.max_new_tokens))
+        if reserve is not None:  # (a new conversation's prompt: the cached blocks it starts with are shared, not set aside)
+            await reserve(min(self.context, self.position + len(self.prompt) + self.max_new_tokens),
+                          prompt=self.prompt if self.position == 0 else None)
         last = len(self.prompt) - 1 - (len(self.prompt) - 1) % self.chunk  # the last chunk's start
         for i in range(0, last, self.chunk):
             await self._step(self.prompt[i : i + self.chunk])
