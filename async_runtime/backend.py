@@ -27,6 +27,11 @@ def _choose():
         except ImportError as e:
             raise ImportError(f"{BACKEND_ENV}=dawn needs the wgpudawn package: pip install 'pte-wgpu[dawn]'") from e
         if "wgpu" not in sys.modules:
+            from wgpudawn.backends.dawn import extras
+
+            # before the first adapter request: Dawn lists its experimental features (subgroup
+            # matrices: int8 products on tensor cores) only to an instance that allows them
+            extras.set_instance_extras(enable_toggles=["allow_unsafe_apis"])
             wgpudawn.install_as_wgpu()
         elif sys.modules["wgpu"].__file__ != wgpudawn.__file__:  # (the caller may have installed it)
             raise RuntimeError(f"{BACKEND_ENV}=dawn: wgpu was imported before async_runtime, so it is wgpu-native's")
@@ -48,4 +53,18 @@ SUBGROUP_FEATURES = ("subgroup", "subgroups")
 # promises it only within a workgroup and Dawn's compiler gives no more: there a merge takes a
 # dispatch of its own (seen on an H100: the sampler read other workgroups' stale maxima)
 MERGE_APART = NAME == "dawn"
+
+# Dawn's int8 x int8 -> int32 products of subgroup matrices (tensor cores), when its adapter lists them
+SUBGROUP_MATRIX_FEATURE = "chromium-experimental-subgroup-matrix"
+
+
+def subgroup_matrix_configs(adapter):
+    """The (component, result, M, N, K) shapes of subgroup-matrix products `adapter` offers (Dawn's
+    adapter properties); () elsewhere."""
+    if NAME != "dawn" or SUBGROUP_MATRIX_FEATURE not in adapter.features:
+        return ()
+    from wgpudawn.backends.dawn import extras
+
+    configs = extras.get_adapter_properties(adapter).get("subgroup_matrix_configs") or ()
+    return tuple((c["component_type"], c["result_component_type"], c["m"], c["n"], c["k"]) for c in configs)
 ENABLE_SUBGROUPS = "enable subgroups;\ndiagnostic(off, subgroup_uniformity);\n" if NAME == "dawn" else ""

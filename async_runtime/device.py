@@ -6,11 +6,11 @@ from dataclasses import dataclass
 import anyio
 import wgpu
 
-from .backend import SUBGROUP_FEATURES
+from .backend import SUBGROUP_FEATURES, SUBGROUP_MATRIX_FEATURE, subgroup_matrix_configs
 
 # subgroups: the CPU adapters' GEMVs sum along K across a subgroup's lanes (kernels/matmul/linear.py);
 # kernels use them only when the device was opened with them (`build_node(..., subgroups=...)`).
-WANTED_FEATURES = ("shader-f16", "timestamp-query", *SUBGROUP_FEATURES)
+WANTED_FEATURES = ("shader-f16", "timestamp-query", *SUBGROUP_FEATURES, SUBGROUP_MATRIX_FEATURE)
 ADAPTER_ENV = "PTE_WGPU_ADAPTER"
 GPU_INDEX_PREFIX = "gpu:"  # "gpu:1": the second GPU, for identical cards whose names cannot tell them apart
 
@@ -25,6 +25,9 @@ class DeviceInfo:
     max_buffer_size: int
     max_workgroups_per_dimension: int
     max_storage_buffers: int  # storage buffers one kernel may bind (16 on Dawn's Vulkan adapters; more on wgpu-native's)
+    # the subgroup-matrix products the device offers, (component, result, M, N, K): Dawn's on
+    # NVIDIA ("i8", "i32", 16, 16, 32) and others; () on wgpu-native
+    subgroup_matrices: tuple = ()
     precision: str = "f32"  # how a loaded model stores float16 tensors: "f16" or "f32" (Model.precision)
 
 
@@ -87,5 +90,6 @@ async def open_device(name=None, power_preference="high-performance"):
             max_buffer_size=limits["max-buffer-size"],
             max_workgroups_per_dimension=limits["max-compute-workgroups-per-dimension"],
             max_storage_buffers=limits["max-storage-buffers-per-shader-stage"],
+            subgroup_matrices=subgroup_matrix_configs(adapter),
         ),
     )

@@ -103,6 +103,14 @@ def adapter(wgpu_adapter):
     return wgpu_adapter.summary
 
 
+@pytest.fixture
+def half_adapter(wgpu_adapter):
+    """For the tests of float16 storage: they skip on an adapter without shader-f16 (Dawn's on
+    NVIDIA), where every model loads in f32."""
+    if "shader-f16" not in wgpu_adapter.features:
+        pytest.skip("the adapter has no shader-f16: models load in f32")
+
+
 def pytest_terminal_summary(terminalreporter):
     """The pass count of ExecuTorch's Vulkan delegate tests (tests/test_vulkan_delegate_adapter.py)."""
     adapter = sys.modules.get("tests.test_vulkan_delegate_adapter")

@@ -40,3 +40,20 @@ def test_dawn_takes_the_name_wgpu_and_a_wgpu_imported_first_is_refused():
     assert r.stdout.split()[0] == "dawn" and "wgpudawn" in r.stdout
     r = _import_runtime("dawn", "import wgpu, async_runtime")
     assert r.returncode != 0 and "wgpu was imported before async_runtime" in r.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wgpudawn") is None, reason="wgpudawn is not installed")
+def test_dawn_opens_the_device_with_its_subgroup_matrices():
+    """Dawn's experimental features are allowed (its instance toggle, set at import) and a device
+    opened by the runtime has the subgroup-matrix feature where the adapter lists it (Dawn's Null
+    backend here: the feature, no configs)."""
+    code = """
+import anyio
+from async_runtime.device import open_device
+_, device, info = anyio.run(open_device)
+print(info.backend, "chromium-experimental-subgroup-matrix" in info.features, info.subgroup_matrices)
+"""
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PTE_WGPU_BACKEND="dawn", WGPU_BACKEND_TYPE="Null"),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["Null", "True", "()"], r.stdout

@@ -36,7 +36,7 @@ from .exporting import eager, export_pte
 from .test_adapter_ops import HfRope
 from .test_more_ops import _delegate_ops
 
-pytestmark = [pytest.mark.usefixtures("adapter"), pytest.mark.anyio]
+pytestmark = [pytest.mark.usefixtures("adapter", "half_adapter"), pytest.mark.anyio]
 
 TOL = 2e-3
 HQ, HKV, CONTEXT = 6, 2, 96

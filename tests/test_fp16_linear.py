@@ -28,7 +28,7 @@ from .test_linear_ops import BMM, MM, Linear
 from .test_quantized_ops import Linear as QLinear
 from .test_quantized_ops import quantized
 
-pytestmark = pytest.mark.usefixtures("adapter", "kernel_variants")
+pytestmark = pytest.mark.usefixtures("adapter", "half_adapter", "kernel_variants")
 
 ATOL = RTOL = 2e-3
 Q_ATOL = Q_RTOL = 1e-2

@@ -16,7 +16,7 @@ from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
 
 from .exporting import export_pte
 
-pytestmark = [pytest.mark.usefixtures("adapter"), pytest.mark.anyio]
+pytestmark = [pytest.mark.usefixtures("adapter", "half_adapter"), pytest.mark.anyio]
 
 TOL = 4e-3
 S_MAX = 13

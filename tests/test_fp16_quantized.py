@@ -22,7 +22,7 @@ from .exporting import export_pte
 from .test_int8_conv import _output_steps
 from .test_more_ops import Q_SHAPES, LinearReluAdd, _delegate_ops, _vulkan_weight_only, _xnnpack_static, export_quantized
 
-pytestmark = pytest.mark.usefixtures("adapter")
+pytestmark = pytest.mark.usefixtures("adapter", "half_adapter")
 
 QD = torch.ops.quantized_decomposed
 I8 = torch.int8

@@ -17,7 +17,7 @@ from pte_wgpu.resize.values import IntList, Tensor
 from .exporting import export_pte
 from .test_shape_ops import DynShapes, _Graph, _resize
 
-pytestmark = pytest.mark.usefixtures("adapter")
+pytestmark = pytest.mark.usefixtures("adapter", "half_adapter")
 
 S_MAX = 11
 S = torch.export.Dim("S", min=1, max=S_MAX)

@@ -26,7 +26,7 @@ from .test_vision_ops import (
     rand,
 )  # fmt: skip
 
-pytestmark = pytest.mark.usefixtures("adapter")
+pytestmark = pytest.mark.usefixtures("adapter", "half_adapter")
 
 
 class PoolsNoMean(Pools):

@@ -36,6 +36,7 @@ class AdapterInfo:
     backend: str  # "Vulkan", "Metal", "D3D12", ...
     vendor: str
     software: bool  # a CPU rasterizer (lavapipe, SwiftShader, WARP)
+    features: tuple = ()  # WebGPU features it offers, e.g. "shader-f16"
 
     def __str__(self):
         return self.summary
@@ -69,6 +70,7 @@ def _probe_once():
             backend=str(info.get("backend_type", "")),
             vendor=str(info.get("vendor", "")),
             software=software,
+            features=tuple(sorted(adapter.features)),
         ),
         "",
     )
