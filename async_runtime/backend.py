@@ -47,6 +47,7 @@ import wgpu.backends.wgpu_native as native  # noqa: E402, F401 (after the choice
 # it cannot prove run in subgroup-uniform control flow (the kernels call them where every lane of
 # a subgroup does, past workgroup-uniform branches on loop bounds it does not follow)
 SUBGROUP_FEATURES = ("subgroup", "subgroups")
+ENABLE_SUBGROUPS = "enable subgroups;\ndiagnostic(off, subgroup_uniformity);\n" if NAME == "dawn" else ""
 
 # naga's storage barrier orders storage accesses at device scope, so the last of a dispatch's
 # workgroups to arrive may merge what the others wrote (split-K attention, the sampler); WGSL
@@ -67,4 +68,3 @@ def subgroup_matrix_configs(adapter):
 
     configs = extras.get_adapter_properties(adapter).get("subgroup_matrix_configs") or ()
     return tuple((c["component_type"], c["result_component_type"], c["m"], c["n"], c["k"]) for c in configs)
-ENABLE_SUBGROUPS = "enable subgroups;\ndiagnostic(off, subgroup_uniformity);\n" if NAME == "dawn" else ""

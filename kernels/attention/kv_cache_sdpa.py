@@ -397,9 +397,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 # and the last merges their splits (MERGE) and sets the count back to 0, so split-K is one
 # dispatch, not two (a decode step's attention was 60 of its 216 dispatches). Each workgroup's
 # partial-state stores are ordered before its arrival by a storage barrier (device scope in naga's
-# SPIR-V), and the last one's loads after it by another. WGSL promises only workgroup scope; where a
-# compiler gives no more (`merge_apart`: Dawn's), a second dispatch merges (APART_MERGES). A row of up to 64 keys takes one split of 16: on an H100 the other 15 workgroups' stores,
-# arrivals and merged zeros took attention a layer from 19.7 to 28.3 us at one decode row.
+# SPIR-V), and the last one's loads after it by another. WGSL promises only workgroup scope; where
+# a compiler gives no more (`merge_apart`: Dawn's), a second dispatch merges (APART_MERGES). A row
+# of up to 64 keys takes one split of 16: on an H100 the other 15 workgroups' stores, arrivals and
+# merged zeros took attention a layer from 19.7 to 28.3 us at one decode row.
 def _arrivals(first, apart):
     """The fused finish's bindings (the result, then the arrival counts unless merged `apart`,
     from binding `first`) and its merge."""
