@@ -159,8 +159,10 @@ class Model:
     # --- load ---------------------------------------------------------------------------------
     async def _build(self, data, method, device_name, max_batch=32, token_budget=None, progress=None, precision="auto", kv_positions=None):
         progress = progress or LoadProgress()
+        # the graph work is Python on the CPU, tens of ms a step for a real model: worker threads,
+        # so the event loop keeps running (it gets the GIL back at every switch interval)
         program = await anyio.to_thread.run_sync(read_program, data)
-        linked = link(program.method(method))
+        linked = await anyio.to_thread.run_sync(lambda: link(program.method(method)))
         self.inputs = tuple(_io_spec(linked.values[v], f"input {i}") for i, v in enumerate(linked.inputs))
         self.outputs = tuple(_io_spec(linked.values[v], f"output {i}") for i, v in enumerate(linked.outputs))
         self._adapter, self.device, info = await open_device(device_name)
@@ -170,14 +172,15 @@ class Model:
         half = precision == "auto" and has_half(linked) and "shader-f16" in info.features
         self.precision_note = "" if half else _why_f32(precision, linked, info)
         try:
-            graph, nodes, ragged = self._build_nodes(linked, half, max_batch)
+            graph, nodes, ragged = await anyio.to_thread.run_sync(self._build_nodes, linked, half, max_batch)
         except HalfUnsupported as e:  # the ops already built changed `linked`: link afresh
             half, self.precision_note = False, f"f32: {e}"
-            graph, nodes, ragged = self._build_nodes(link(program.method(method)), half, max_batch)
+            linked = await anyio.to_thread.run_sync(lambda: link(program.method(method)))
+            graph, nodes, ragged = await anyio.to_thread.run_sync(self._build_nodes, linked, half, max_batch)
         self.precision = "f16" if half else "f32"
         self.device_info = replace(info, precision=self.precision)
         values = graph.values
-        self.plan = Plan(nodes, values)
+        self.plan = await anyio.to_thread.run_sync(Plan, nodes, values)
         self._data_dependent = any(n.data_dependent for n in nodes)
         # Per input, the op that keeps each of its dims within the exported maximum (None: only its
         # element count is bounded). A ragged model's inputs feed the batcher's tables, not the graph.
@@ -185,7 +188,7 @@ class Model:
             self._input_bounds = ("ragged batching",) * len(self.inputs)
         else:
             self._input_bounds = tuple(self.plan.bounded.get(vid) for vid in graph.inputs)
-        self._initial_state = self._plan_at_max_shapes()
+        self._initial_state = await anyio.to_thread.run_sync(self._plan_at_max_shapes)
 
         state_vids = {w for n in nodes for w in n.writes if isinstance(values[w], Tensor) and values[w].constant is not None}
         # A copy of a constant (et_vk.prepack) that an op then writes in place (a KV cache behind
