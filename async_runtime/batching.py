@@ -177,25 +177,30 @@ class Batcher:
             return
         need = pool.need(slot)
         need = need if need is not None and need >= len(step.tokens) else None
-        pool.close(slot)
         try:
-            step.taken = pool.open(slot, step.tokens.tolist(), need)
+            step.taken = self._restart(slot, step.tokens.tolist(), need, need)
         except OutOfBlocks:  # the cached blocks it would revive are wanted elsewhere
-            pool.open(slot, need=need)
+            pass
 
     def start_shared(self, session, prompt, positions):
         """Start `session`'s empty sequence from `prompt` now, sharing the cached whole blocks it
         starts with, and set aside the rest of `positions`: OutOfBlocks (and the sequence as it
         was) unless they are free. Its first step, on these tokens from position 0, keeps them."""
-        pool, slot, prompt = self.blocks, session.slot, [int(t) for t in prompt]
-        need = pool.need(slot)
+        prompt = [int(t) for t in prompt]
+        slot = session.slot
+        session.shared = (tuple(prompt), self._restart(slot, prompt, positions, self.blocks.need(slot)))
+
+    def _restart(self, slot, tokens, need, fallback):
+        """Start `slot`'s sequence afresh from `tokens`, sharing the cached whole blocks they start
+        with, setting aside blocks for `need` positions; returns the positions it holds. On
+        OutOfBlocks it is started empty, setting aside blocks for `fallback` positions (or None)."""
+        pool = self.blocks
         pool.close(slot)
         try:
-            cached = pool.open(slot, prompt, positions)
+            return pool.open(slot, tokens, need)
         except OutOfBlocks:
-            pool.open(slot, need=need)
+            pool.open(slot, need=fallback)
             raise
-        session.shared = (tuple(prompt), cached)
 
     def _tables(self, pieces, seqs):
         """The block tables of the pass's `seqs` sequences (the pieces' sessions, then padding)."""
@@ -424,7 +429,7 @@ class BatchedSession(SessionBase):
             if self._closed:  # (its slot may be another session's by now)
                 raise ClosedResourceError("the session is closed")
             try:
-                if prompt is not None and len(prompt) <= positions and batcher.blocks.length(self.slot) == 0:
+                if prompt is not None and self.shared is None and len(prompt) <= positions and batcher.blocks.length(self.slot) == 0:
                     return batcher.start_shared(self, prompt, positions)
                 return batcher.blocks.reserve(self.slot, positions)
             except OutOfBlocks:

@@ -299,7 +299,7 @@ async def test_a_reservation_with_its_prompt_sets_aside_only_what_it_does_not_sh
     """A session that sets its blocks aside with the prompt it will start from shares at once the
     whole blocks another live session holds for the same start (a system prompt) and sets aside
     only the rest: admitted where the whole generation's blocks are not free, it gets what it gets
-    alone, and the prefix cache counts its hit once."""
+    alone, and the prefix cache counts its hit once; a prompt set aside twice is looked up once."""
     vocab = CONFIG["vocab_size"]
     rng = np.random.default_rng(12)
     system = rng.integers(0, vocab, 2 * KV_BLOCK)
@@ -320,6 +320,13 @@ async def test_a_reservation_with_its_prompt_sets_aside_only_what_it_does_not_sh
                 got.append(out)
                 pos += 1
             assert model.statistics().prefix_cache_hits - hits == 2 * KV_BLOCK
+        async with model.session() as fresh:  # a prompt nobody holds, set aside twice (the server's, then generate's)
+            prompt = rng.integers(0, vocab, 7)
+            queries = model.statistics().prefix_cache_queries
+            await fresh.reserve(40, prompt=prompt)
+            await fresh.reserve(40, prompt=prompt)
+            await fresh.execute(prompt[None], np.array([0]))
+            assert model.statistics().prefix_cache_queries - queries == len(prompt)  # looked up once
     _same(got, want, "the later prompt")
 
 
