@@ -23,7 +23,7 @@ from pte_wgpu.kernels.attention.sampler import (
 )
 from pte_wgpu.kernels.wgsl import is_float, type_aliases
 
-from .backend import MERGE_APART
+from . import backend
 from .encoding import prepare
 from .pipelines import compile_pipeline, dispatch_once
 from .storage import STORAGE_USAGE
@@ -79,7 +79,7 @@ class Bursts:
         device, seqs = model.device, ragged.max_seqs
         self.slices = sampler_slices(self.vocab)
         aliases = type_aliases(graph.values, LT=graph.outputs[0])
-        self.merge_apart = MERGE_APART
+        self.merge_apart = backend.MERGE_APART
         self.pipelines = {"pick": compile_pipeline(device, aliases + pick_kernel(self.merge_apart)),
                           "select": compile_pipeline(device, select_kernel(self.merge_apart)),
                           "draw": compile_pipeline(device, draw_kernel(self.merge_apart))}

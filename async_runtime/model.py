@@ -16,7 +16,8 @@ from pte_wgpu.resize.shapes import numel_of
 from pte_wgpu.resize.values import SymInt, Tensor
 
 from .batching import Batcher, BatchedSession
-from .backend import MERGE_APART, SUBGROUP_FEATURES
+from . import backend
+from .backend import SUBGROUP_FEATURES
 from .device import open_device
 from .errors import (
     BrokenResourceError,
@@ -162,7 +163,8 @@ class Model:
         # the graph work is Python on the CPU, tens of ms a step for a real model: worker threads,
         # so the event loop keeps running (it gets the GIL back at every switch interval)
         program = await anyio.to_thread.run_sync(read_program, data)
-        linked = await anyio.to_thread.run_sync(lambda: link(program.method(method)))
+        relink = lambda: link(program.method(method))  # noqa: E731
+        linked = await anyio.to_thread.run_sync(relink)
         self.inputs = tuple(_io_spec(linked.values[v], f"input {i}") for i, v in enumerate(linked.inputs))
         self.outputs = tuple(_io_spec(linked.values[v], f"output {i}") for i, v in enumerate(linked.outputs))
         self._adapter, self.device, info = await open_device(device_name)
@@ -175,7 +177,7 @@ class Model:
             graph, nodes, ragged = await anyio.to_thread.run_sync(self._build_nodes, linked, half, max_batch)
         except HalfUnsupported as e:  # the ops already built changed `linked`: link afresh
             half, self.precision_note = False, f"f32: {e}"
-            linked = await anyio.to_thread.run_sync(lambda: link(program.method(method)))
+            linked = await anyio.to_thread.run_sync(relink)
             graph, nodes, ragged = await anyio.to_thread.run_sync(self._build_nodes, linked, half, max_batch)
         self.precision = "f16" if half else "f32"
         self.device_info = replace(info, precision=self.precision)
@@ -232,7 +234,7 @@ class Model:
         nodes = []
         for name, args in graph.calls:
             try:
-                nodes.append(build_node(graph, name, args, self.kernels, self.subgroups, MERGE_APART))
+                nodes.append(build_node(graph, name, args, self.kernels, self.subgroups, backend.MERGE_APART))
             except HalfUnsupported:
                 raise
             except NotImplementedError as e:

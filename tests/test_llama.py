@@ -117,11 +117,9 @@ async def test_workgroups_merged_apart_match_eager(tmp_path_factory, load_pte, m
     """Split-K attention's splits and the sampler's slices merged by dispatches of their own (where
     storage barriers order only a workgroup's own accesses: async_runtime/backend.py, Dawn's
     compiler): logits against eager at every step, and a greedy burst picks eager's tokens."""
-    import async_runtime.bursts as bursts
-    import async_runtime.model as model_module
+    import async_runtime.backend as backend
 
-    monkeypatch.setattr(model_module, "MERGE_APART", True)
-    monkeypatch.setattr(bursts, "MERGE_APART", True)
+    monkeypatch.setattr(backend, "MERGE_APART", True)
     monkeypatch.setenv("PTE_WGPU_KERNELS", "gpu")
     pte, runs = recorded("fp32", tmp_path_factory)
     model = await load_pte(pte)

@@ -85,8 +85,7 @@ async def test_splits_merged_apart_give_what_the_last_to_arrive_gives(pte, monke
     """GPU split-K attention over up to three splits of 64 keys, merged by a second dispatch (where
     storage barriers order only a workgroup's own accesses: async_runtime/backend.py, Dawn's
     compiler), gives each step's logits bitwise as its last workgroup to arrive merging them."""
-    import async_runtime.bursts as bursts
-    import async_runtime.model as model_module
+    import async_runtime.backend as backend
 
     monkeypatch.setenv("PTE_WGPU_KERNELS", "gpu")
     rng = np.random.default_rng(6)
@@ -94,8 +93,7 @@ async def test_splits_merged_apart_give_what_the_last_to_arrive_gives(pte, monke
     prompts = [rng.integers(0, CONFIG["vocab_size"], n) for n, _ in plans]
     async with await ar.load(pte, token_budget=BITWISE_ROWS) as model:
         want = [await _alone(model, p, d, BITWISE_ROWS) for p, (_, d) in zip(prompts, plans)]
-    monkeypatch.setattr(model_module, "MERGE_APART", True)
-    monkeypatch.setattr(bursts, "MERGE_APART", True)
+    monkeypatch.setattr(backend, "MERGE_APART", True)
     async with await ar.load(pte, token_budget=BITWISE_ROWS) as model:
         assert not any("arrivals" in (d.shader or "") for d in model.graph.dispatches)
         got = [await _alone(model, p, d, BITWISE_ROWS) for p, (_, d) in zip(prompts, plans)]

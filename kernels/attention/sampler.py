@@ -472,9 +472,14 @@ def _text(body, merge_apart, **values):
     return fill(COMMON + body, ARRIVAL=MERGE_DISPATCH if merge_apart else LAST_TO_ARRIVE, PICKS=PICKS, SLICE=SAMPLER_SLICE, **values)
 
 
+def _finishing(body, merge_apart):
+    """A kernel that finishes a sequence's step (FINISH): pick or draw."""
+    return _text(FINISH + body, merge_apart, WG=SAMPLER_WG, HALF=SAMPLER_WG // 2, BURST_MAX=BURST_MAX, ADJUSTS=ADJUSTS)
+
+
 def pick_kernel(merge_apart=False):
     """The first kernel: adjusted logits, their argmax, a greedy row's id."""
-    return _text(FINISH + PICK, merge_apart, WG=SAMPLER_WG, HALF=SAMPLER_WG // 2, BURST_MAX=BURST_MAX, ADJUSTS=ADJUSTS)
+    return _finishing(PICK, merge_apart)
 
 
 def select_kernel(merge_apart=False):
@@ -484,4 +489,4 @@ def select_kernel(merge_apart=False):
 
 def draw_kernel(merge_apart=False):
     """The draw of a sampled row's id from its kept logits."""
-    return _text(FINISH + DRAW, merge_apart, WG=SAMPLER_WG, HALF=SAMPLER_WG // 2, BURST_MAX=BURST_MAX, ADJUSTS=ADJUSTS)
+    return _finishing(DRAW, merge_apart)
