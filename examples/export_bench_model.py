@@ -7,7 +7,7 @@ tensor is distinct so the named data (keyed by SHA-256) is not deduplicated. Tim
 text it would produce is noise.
 
     python examples/export_bench_model.py --out bench_models [--shape smollm2|llama3_2_1b|llama3_1_8b|qwen2_5_0_5b|qwen3_0_6b|phi_4_mini]
-        [--layers N] [--max-context 2048] [--qmode 4w] [--dtype fp16] [--static]
+        [--layers N] [--max-context 2048] [--qmode 4w|8da4w] [--dtype fp16] [--static]
 
 `--shape` names the real model (SmolLM2-135M's from its GGUF; Llama 3.2 1B's and Llama 3.1 8B's
 from Meta's params.json; Qwen2.5-0.5B's, Qwen3-0.6B's and Phi-4-mini's from their Hugging Face
@@ -63,7 +63,7 @@ def main(argv=None):
     p.add_argument("--shape", choices=["smollm2", *SHAPES], default="smollm2")
     p.add_argument("--layers", type=int, help="keep this many of the shape's layers")
     p.add_argument("--max-context", type=int, default=2048)
-    p.add_argument("--qmode", choices=["4w"])
+    p.add_argument("--qmode", choices=["4w", "8da4w"], help="8da4w: int8 dynamic activations, named dq8a4w in files")
     p.add_argument("--dtype", choices=["fp32", "fp16"], default="fp32", help="fp16: weights, activations and KV cache in float16")
     p.add_argument("--static", action="store_true", help="no dynamic shapes: [1, 1] tokens per call")
     args = p.parse_args(argv)
@@ -79,7 +79,9 @@ def main(argv=None):
         params["n_layers"] = args.layers
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
-    kind = args.qmode + ("" if args.dtype == "fp32" else f"_{args.dtype}") if args.qmode else args.dtype
+    # ExecuTorch's Llama2Model treats a checkpoint path naming "8da4w" as a prequantized one
+    qmode = {"8da4w": "dq8a4w"}.get(args.qmode, args.qmode)
+    kind = qmode + ("" if args.dtype == "fp32" else f"_{args.dtype}") if qmode else args.dtype
     layers = f"_{args.layers}layers" if args.layers else ""
     name = f"{args.shape}_synthetic{layers}_{kind}_ctx{args.max_context}" + ("_static" if args.static else "")
     params_path, ckpt_path = os.path.join(out, f"{name}.json"), os.path.join(out, f"{name}.pth")
