@@ -60,11 +60,12 @@ SUBGROUP_MATRIX_FEATURE = "chromium-experimental-subgroup-matrix"
 
 
 def subgroup_matrix_configs(adapter):
-    """The (component, result, M, N, K) shapes of subgroup-matrix products `adapter` offers (Dawn's
-    adapter properties); () elsewhere."""
+    """The (component, result, M, N, K, subgroup size) of the subgroup-matrix products `adapter`
+    offers at one subgroup size (Dawn's adapter properties); () elsewhere."""
     if NAME != "dawn" or SUBGROUP_MATRIX_FEATURE not in adapter.features:
         return ()
     from wgpudawn.backends.dawn import extras
 
     configs = extras.get_adapter_properties(adapter).get("subgroup_matrix_configs") or ()
-    return tuple((c["component_type"], c["result_component_type"], c["m"], c["n"], c["k"]) for c in configs)
+    return tuple((c["component_type"], c["result_component_type"], c["m"], c["n"], c["k"], c["max_subgroup_size"])
+                 for c in configs if c["min_subgroup_size"] == c["max_subgroup_size"])

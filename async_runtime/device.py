@@ -25,8 +25,8 @@ class DeviceInfo:
     max_buffer_size: int
     max_workgroups_per_dimension: int
     max_storage_buffers: int  # storage buffers one kernel may bind (16 on Dawn's Vulkan adapters; more on wgpu-native's)
-    # the subgroup-matrix products the device offers, (component, result, M, N, K): Dawn's on
-    # NVIDIA ("i8", "i32", 16, 16, 32) and others; () on wgpu-native
+    # the subgroup-matrix products the device offers, (component, result, M, N, K, subgroup size):
+    # Dawn's on NVIDIA ("i8", "i32", 16, 16, 32, 32) and others; () on wgpu-native
     subgroup_matrices: tuple = ()
     precision: str = "f32"  # how a loaded model stores float16 tensors: "f16" or "f32" (Model.precision)
 

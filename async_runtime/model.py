@@ -9,6 +9,7 @@ import numpy as np
 import wgpu
 
 from pte_wgpu.kernels import adapter_class, build_node, fuse, fuse_ragged
+from pte_wgpu.kernels.matmul.int8_matrix import INT8_MATRIX
 from pte_wgpu.kernels.registry import HalfUnsupported
 from pte_wgpu.kernels.wgsl import elem_bytes
 from pte_wgpu.resize.engine import LiveState, Plan, ResizeContext, run_all
@@ -170,6 +171,7 @@ class Model:
         self._adapter, self.device, info = await open_device(device_name)
         self.kernels = adapter_class(info.adapter_type)  # which kernel variants
         self.subgroups = any(f in info.features for f in SUBGROUP_FEATURES)  # variants that need subgroup operations may be built
+        self.int8_matrices = INT8_MATRIX in info.subgroup_matrices  # and those of int8 products on tensor cores
         self._binding_limit, self._storage_buffers = info.max_storage_binding, info.max_storage_buffers
         half = precision == "auto" and has_half(linked) and "shader-f16" in info.features
         self.precision_note = "" if half else _why_f32(precision, linked, info)
@@ -234,7 +236,7 @@ class Model:
         nodes = []
         for name, args in graph.calls:
             try:
-                nodes.append(build_node(graph, name, args, self.kernels, self.subgroups, backend.MERGE_APART))
+                nodes.append(build_node(graph, name, args, self.kernels, self.subgroups, backend.MERGE_APART, self.int8_matrices))
             except HalfUnsupported:
                 raise
             except NotImplementedError as e:

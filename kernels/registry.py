@@ -66,13 +66,15 @@ class Dispatch:
 
 
 class OpBuilder:
-    def __init__(self, graph, name, args, adapter=GPU, subgroups=False, merge_apart=False):
+    def __init__(self, graph, name, args, adapter=GPU, subgroups=False, merge_apart=False, int8_matrices=False):
         self.graph, self.name, self.args = graph, name, args
         self.adapter = adapter  # the adapter class whose kernel variants to build (kernels/variants.py)
         self.subgroups = subgroups  # the device has WebGPU's "subgroup" feature: variants may use it
         # workgroups' results are merged by a dispatch of its own, not by the last of them to arrive
         # (a storage barrier orders only its own workgroup's accesses: WGSL's rule, Dawn's compiler)
         self.merge_apart = merge_apart
+        # int8 products on subgroup matrices (kernels/matmul/int8_matrix.py's INT8_MATRIX) may be built
+        self.int8_matrices = int8_matrices
         self._hook = None
         self._extra_writes = []
 
@@ -175,15 +177,16 @@ class OpBuilder:
         self._hook = fn
 
 
-def build_node(graph, name, args, adapter=GPU, subgroups=False, merge_apart=False):
+def build_node(graph, name, args, adapter=GPU, subgroups=False, merge_apart=False, int8_matrices=False):
     """Build one op into `graph`, with the kernel variants of adapter class `adapter` (those that
-    need subgroup operations only with `subgroups`; merging workgroups' results in a dispatch of its
-    own with `merge_apart`), and return its resize-plan `Node`."""
+    need subgroup operations only with `subgroups`, int8 subgroup matrices only with
+    `int8_matrices`; merging workgroups' results in a dispatch of its own with `merge_apart`), and
+    return its resize-plan `Node`."""
     fn = OPS[name]
     values = graph.values
     if not getattr(fn, "half", False) and any(values[t].dtype == "float16" for t in _tensors(values, args)):
         raise HalfUnsupported(f"{name} has no f16 kernel")
-    b = OpBuilder(graph, name, args, adapter, subgroups, merge_apart)
+    b = OpBuilder(graph, name, args, adapter, subgroups, merge_apart, int8_matrices)
     fn(b)
     if b._hook is None:
         raise RuntimeError(f"{name} registered no resize hook")

@@ -5,6 +5,8 @@ the GPU sampler, and a small CNN; the kernels of f32 models on a device without 
 Dawn's on NVIDIA. Dawn's Null backend compiles without a GPU; pipelines are not created, since
 its limits (8 storage buffers a stage, 16 KB of workgroup memory) are not a GPU's.
 
+The int8 subgroup-matrix kernels (Dawn's on NVIDIA GPUs only) are compiled from their generators.
+
 Tint is stricter than naga: it wants `enable subgroups;` and refuses subgroup operations it cannot
 prove subgroup-uniform, a shift mixed with a product without parentheses, and infinite constants."""
 
@@ -17,6 +19,8 @@ import sys
 import pytest
 
 from async_runtime import pipelines
+from pte_wgpu.kernels.matmul import int8_matrix
+from pte_wgpu.kernels.matmul.q4_linear import Storage, matrix_heads
 
 from .llama import export_llama
 from .test_llama import CONFIGS, CONTEXT
@@ -34,8 +38,9 @@ from async_runtime import pipelines
 import wgpu
 adapter = wgpu.gpu.request_adapter_sync()
 assert adapter.info["backend_type"] == "Null", adapter.summary
-half = adapter.request_device_sync(required_features=[f for f in ("shader-f16", "subgroups") if f in adapter.features])
-single = wgpu.gpu.request_adapter_sync().request_device_sync(required_features=[f for f in ("subgroups",) if f in adapter.features])
+wanted = ("subgroups", "chromium-experimental-subgroup-matrix")
+half = adapter.request_device_sync(required_features=[f for f in ("shader-f16", *wanted) if f in adapter.features])
+single = wgpu.gpu.request_adapter_sync().request_device_sync(required_features=[f for f in wanted if f in adapter.features])
 failures = {}
 for src, (where, precision) in json.load(sys.stdin).items():
     try:
@@ -44,6 +49,11 @@ for src, (where, precision) in json.load(sys.stdin).items():
         failures[where] = str(e)[:2000]
 print(json.dumps(failures))
 """
+
+
+# the int8 subgroup-matrix route's variants: (zero points packed, bias, residual, storage types)
+MATRIX_VARIANTS = [(False, False, False, Storage()), (True, True, False, Storage()), (True, True, True, Storage()),
+                   (True, True, False, Storage("f16", "f16", "f16", "f16", "f16"))]
 
 
 @pytest.fixture
@@ -71,6 +81,11 @@ async def test_every_kernel_compiles_under_tint(tmp_path_factory, load_pte, monk
             model = await load_pte(pte)
             assert model.precision == where[1]
     assert any("subgroupAdd" in s for s in sources) and any("neg_inf" in s for s in sources)
+    for zp_packed, has_bias, residual, types in MATRIX_VARIANTS:  # the device's int8 matrices: Dawn's on GPUs only
+        quantize, product = matrix_heads(zp_packed, has_bias, types, residual)
+        where = f"int8 matrices {zp_packed, has_bias, residual, types}"
+        sources[int8_matrix.quantize_shader(quantize)] = (where + ", quantize", "f16" if "f16" in types.x else "f32")
+        sources[int8_matrix.matrix_shader(product, 6 + has_bias)] = (where, "f16" if "f16" in types.x else "f32")
     env = dict(os.environ, PTE_WGPU_BACKEND="dawn", WGPU_BACKEND_TYPE="Null")
     done = subprocess.run([sys.executable, "-c", COMPILE_UNDER_DAWN], input=json.dumps(sources), env=env,
                           capture_output=True, text=True, timeout=600)

@@ -41,6 +41,7 @@ from pte_wgpu.resize.shapes import fold_grid, numel_of
 from ..registry import op
 from ..variants import CPU
 from ..wgsl import DIV_RN, PACKED, SUBGROUP_BUILTINS, fill, is_float, vec4_loader, vec4_type
+from . import int8_matrix
 from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, bindings, float_a_at, gemm_scratch, params_bytes
 from .linear import CPU_WG, SG_LANES, sg_sums, sg_wg_rows
 from .routes import BITWISE_ROWS, GEMV_MAX_ROWS, Q4_GEMV_MAX_ROWS, gpu_gemv_rows, q4_wide
@@ -153,6 +154,13 @@ def _operands(dq8, zp_packed, types, vec4=False):
     return (("x", x), *acts, ("wq", wq), ("ws", types.ws))
 
 
+def _zero_points(packed):
+    """`zp_at(m)`: row m's activation zero point from binding xz (int8 packed 4 a word, or i32)."""
+    if packed:
+        return fill(I8_AT, ZP_ARRAY="xz") + "fn zp_at(m: u32) -> f32 { return f32(i8_at(m)); }\n"
+    return "fn zp_at(m: u32) -> f32 { return f32(xz[m]); }\n"
+
+
 def _dequant(dq8, zp_packed, word_group, scales=(("", "ws", "q.sn"),)):
     """WGSL both routes share: the weights' dequantization over uniform `q`, and with `dq8` the
     activations' quantize-dequantize. `scales`: (suffix, scale binding, its row stride) of each
@@ -177,12 +185,7 @@ fn nibbles(word: u32) -> W8 {
         else:
             src += f"    return w * vec4<f32>({', '.join(f'wscale{suffix}(k0 + {i}u, n)' for i in range(4))});\n}}\n"
     if dq8:
-        src += DIV_RN
-        if zp_packed:
-            src += fill(I8_AT, ZP_ARRAY="xz")
-            src += "fn zp_at(m: u32) -> f32 { return f32(i8_at(m)); }\n"
-        else:
-            src += "fn zp_at(m: u32) -> f32 { return f32(xz[m]); }\n"
+        src += DIV_RN + _zero_points(zp_packed)
         # quantize_affine then dequantize_affine of one activation with its row's (1/s, zp, s).
         src += """
 fn xq(v: f32, inv: f32, zp: f32, s: f32) -> f32 {
@@ -192,11 +195,13 @@ fn xq(v: f32, inv: f32, zp: f32, s: f32) -> f32 {
     return src
 
 
-def _gemv_header(dq8, zp_packed, has_bias, types, vec4=False, residual=False):
-    """The plain op's bindings and `epilogue(acc, m, n)`: with `residual`, the bias binding holds
-    an [M, N] residual added to the product as `pte_wgpu.q4_linear_residual` does it (the product
-    rounded to the output's type first, as the add it replaced read it)."""
-    lines = [LIN_STRUCT + ";", *bindings(_operands(dq8, zp_packed, types, vec4), has_bias, uniform="q: Q", bias=types.bias, out=types.out)]
+def _gemv_header(dq8, zp_packed, has_bias, types, vec4=False, residual=False, operands=None):
+    """The plain op's bindings (`operands` in place of its read bindings) and `epilogue(acc, m,
+    n)`: with `residual`, the bias binding holds an [M, N] residual added to the product as
+    `pte_wgpu.q4_linear_residual` does it (the product rounded to the output's type first, as the
+    add it replaced read it)."""
+    operands = operands or _operands(dq8, zp_packed, types, vec4)
+    lines = [LIN_STRUCT + ";", *bindings(operands, has_bias, uniform="q: Q", bias=types.bias, out=types.out)]
     total = f"f32({types.out}(acc)) + f32(bias[m * q.N + n])" if residual else "acc + f32(bias[n])" if has_bias else "acc"
     lines.append(f"fn epilogue(acc: f32, m: u32, n: u32) -> {types.out} {{ return {types.out}({total}); }}")
     return "\n".join(lines) + "\n"
@@ -282,6 +287,18 @@ def gemv_shader(dq8, zp_packed, has_bias, word_group, lanes, types=Storage(), re
     body = gemv_body(dq8, [("wq", "")], "q.N", store, lanes, rows=rows, step=step)
     head = _gemv_header(dq8, zp_packed, has_bias, types, residual=residual) + _dequant(dq8, zp_packed, word_group)
     return head + gemv_reduce(rows) + gemv_main(rows) + f"    let wg = wg0;\n    {body}\n}}\n"
+
+
+def matrix_heads(zp_packed, has_bias, types, residual):
+    """The heads of kernels/matmul/int8_matrix.py's two kernels for a dq8 product: QUANTIZE's (x,
+    its scales and zero points, the words as `out`), and the product's (the plain op's bindings
+    without x, the weights as vec4s `wq4`, then the words)."""
+    acts = (("xs", types.xs), ("xz", "u32" if zp_packed else "i32"))
+    quantize = [LIN_STRUCT + ";", *bindings((("x", types.x), *acts), False, uniform="q: Q", out="i32")]
+    quantize = "\n".join(quantize) + "\n" + DIV_RN + _zero_points(zp_packed)
+    operands = (*acts, ("wq", "vec4<u32>"), ("ws", types.ws))
+    product = _gemv_header(True, zp_packed, has_bias, types, residual=residual, operands=operands) + _dequant(True, zp_packed, True)
+    return quantize, product + "fn wq4(i: u32) -> vec4<u32> { return wq[i]; }\n"
 
 
 # CPU adapters with subgroups (kernels/matmul/linear.py's gemv_sg_body, for 4-bit words): the lanes of a
@@ -509,6 +526,12 @@ class Q4Product:
         load = q4_load(dq8, zp_packed, word_group, types)
         small = q4_wide(8 * w.wpr) and b.adapter != CPU  # a ragged pass of 17 to 32 decode rows takes the GEMM
         self.gemm = GemmRoute(b, load, operands, bias, out, self.p, gemm_scratch(b, [out]), [self.q], q_wgsl, residual=residual, small=small)
+        self.matrix = None  # the GEMM's rows on int8 subgroup matrices, where the device has them
+        if dq8 and b.int8_matrices and int8_matrix.takes(w.gs, w.wpr):
+            words = int8_matrix.words_scratch(b, x)
+            quantize, product = matrix_heads(zp_packed, has_bias, types, residual)
+            self.quantize = b.dispatch(int8_matrix.quantize_shader(quantize), [x, xs, xz, words, self.q])
+            self.matrix = b.dispatch(int8_matrix.matrix_shader(product, len(bound) - 1), [xs, xz, weight, scales, *tail, out, self.q, words])
 
     def resize(self, ctx, on=True):
         """Check the live shapes, set the uniforms, dims and grids (every route off unless `on`);
@@ -528,7 +551,9 @@ class Q4Product:
             self.b.fail(f"bias of {ctx.numel(self.bias)} elements for N={w.n}")
         sg_shape = q4_subgroup_shape(self.b, self.shapes, m, k) if on else None
         use_gemv = on and m <= self.gemv_rows and sg_shape is None
-        use_gemm = on and m > self.gemv_rows and sg_shape is None
+        use_matrix = on and m > self.gemv_rows and sg_shape is None and self.matrix is not None
+        use_matrix = use_matrix and k % int8_matrix.STEP == 0 and int8_matrix.wide_enough(m, w.n)
+        use_gemm = on and m > self.gemv_rows and sg_shape is None and not use_matrix
         if use_gemv and not self.gemvs:
             self.b.fail(f"{m} rows need the GEMV route, not built")
         splits, kspan = self.gemm.plan(m, w.n, k, 1, use_gemm)
@@ -541,6 +566,9 @@ class Q4Product:
         for d, shape in self.sgs:
             ctx.set_grid(d, fold_grid(-(-w.n // sg_wg_rows(shape)))[:2] + (-(-m // shape[0]),) if shape == sg_shape else (0, 0, 0))
         self.gemm.set_grids(ctx, m, w.n, 1, splits, use_gemm)
+        if self.matrix is not None:
+            ctx.set_grid(self.quantize, int8_matrix.quantize_grid(m, k) if use_matrix else (0, 0, 0))
+            ctx.set_grid(self.matrix, int8_matrix.matrix_grid(m, w.n) if use_matrix else (0, 0, 0))
         ctx.set_dims(self.out, ctx.dims(self.bias) if self.residual else tuple(xd[:-1]) + (w.n,))
         return m, k
 
