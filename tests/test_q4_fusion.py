@@ -43,7 +43,7 @@ async def _load(load_pte, pte, fuse_q4, monkeypatch, subgroups=True):
         if not fuse_q4:
             m.setattr(fusion, "Q4_LINEAR", "-")  # no 4-bit linear matches: the rewrites skip them all
         if not subgroups:  # every op built as for a device without the feature
-            m.setattr(model_module, "build_node", lambda graph, name, args, kernels, _, apart: build_node(graph, name, args, kernels, False, apart))
+            m.setattr(model_module, "build_node", lambda graph, name, args, kernels, _, *rest: build_node(graph, name, args, kernels, False, *rest))
         return await load_pte(pte)
 
 
