@@ -69,3 +69,14 @@ def subgroup_matrix_configs(adapter):
     configs = extras.get_adapter_properties(adapter).get("subgroup_matrix_configs") or ()
     return tuple((c["component_type"], c["result_component_type"], c["m"], c["n"], c["k"], c["max_subgroup_size"])
                  for c in configs if c["min_subgroup_size"] == c["max_subgroup_size"])
+
+
+def device_gone(device):
+    """Whether `device` was destroyed or lost, for a readback whose map may never resolve then.
+    Neither backend's wgpu-py 0.32 offers that publicly: wgpu-native stops the thread that resolves
+    its maps (`_poller` becomes None; `lost_async` is not implemented), Dawn resolves the promise
+    its device-lost callback sets (and leaves pending maps pending)."""
+    if getattr(device, "_poller", True) is None:
+        return True
+    lost = getattr(device, "_lost_promise", None)
+    return lost is not None and lost._state != "pending"

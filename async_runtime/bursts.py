@@ -170,7 +170,7 @@ class Bursts:
     def read(self, seqs, passes, staging=0):
         """The ids copied into `stagings[staging]`, [seqs, passes] (map it first)."""
         try:
-            raw = self.stagings[staging].read_mapped(0, seqs * BURST_MAX * 4, copy=False)
+            raw = self.stagings[staging].read_mapped(0, seqs * BURST_MAX * 4, copy=True)  # no view outlives the unmap
             return np.frombuffer(raw, np.int32).reshape(seqs, BURST_MAX)[:, :passes].astype(np.int64)
         finally:
             self.stagings[staging].unmap()

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
+from .backend import device_gone
 from .encoding import Pieces
 from .errors import BrokenResourceError, InputError, ResizeError
 
@@ -68,6 +69,11 @@ class Scheduler:
                 await step.wake.wait()  # woken when done, or when promoted to owner
             if not step.done:
                 self._owned = True
+                if not _on_asyncio():
+                    # trio runs this task until it waits, and a map that is already done (Dawn
+                    # resolves one at once) never waits: let the tasks ready now add their steps to
+                    # this submit, and see this session busy (asyncio runs _run as a task of its own)
+                    await anyio.lowlevel.checkpoint()
                 while not step.done:
                     if self.model._batcher is not None:
                         await self._ragged_pass()
@@ -133,20 +139,22 @@ class Scheduler:
             step.wake.set()
 
     async def _unless_lost(self, promise):
-        """Await `promise` unless the device is lost first. wgpu-py 0.32 has no device-lost promise
-        (`lost_async` is not implemented) and `device.destroy()` stops the thread that resolves
-        maps, so a pending readback would wait forever: every LOST_CHECK_S of waiting looks at that
-        thread. A timeout rather than a watcher task: one task per readback cost more host time
-        than the rest of the hand-over."""
+        """Await `promise` unless the device is lost first: a destroyed device's pending readback
+        would wait forever, so every LOST_CHECK_S of waiting looks at the device
+        (backend.device_gone). A timeout rather than a watcher task: one task per readback cost
+        more host time than the rest of the hand-over."""
         device = self.model.device
         while True:
             with anyio.move_on_after(LOST_CHECK_S):
                 return await promise
-            if getattr(device, "_poller", True) is None:
+            if device_gone(device):
                 raise BrokenResourceError("the GPU device was destroyed")
 
     def fail(self, error, steps=()):
-        """The device is lost: these steps and every later call get BrokenResourceError."""
+        """The device is lost: these steps and every later call get BrokenResourceError. The error
+        is kept without its traceback, whose frames hold the arrays and views a failed upload or
+        readback was handing to the device (collected in any order at exit, Dawn's crashed)."""
+        error.__traceback__ = None
         self.broken = error
         for step in steps:
             step.error = BrokenResourceError(f"the GPU failed: {error}")

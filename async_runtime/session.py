@@ -360,11 +360,13 @@ class Session(SessionBase):
                 if dims is None:
                     outputs.append(self.state.symints.get(vid, getattr(v, "value", None)))
                     continue
-                # a view of the mapped memory, copied once by astype before the unmap below
-                raw = self._staging.read_mapped(offset, align(nbytes, 4), copy=False) if nbytes else b""
+                # a copy: no view of the mapped memory outlives the unmap (Dawn frees that memory,
+                # and a view kept by a traceback crashed the collector after a device loss)
+                raw = self._staging.read_mapped(offset, align(nbytes, 4), copy=True) if nbytes else b""
                 stored = HOST_DTYPES[v.dtype] if v.dtype in PACKED else storage_dtype(v.dtype)
                 arr = np.frombuffer(raw, stored, numel_of(dims)).reshape(dims)
-                outputs.append(arr.astype(HOST_DTYPES[spec.dtype]))  # float16 may be stored widened
+                host = HOST_DTYPES[spec.dtype]  # float16 may be stored widened
+                outputs.append(arr if arr.dtype == host else arr.astype(host))
                 down += nbytes
         finally:
             self._staging.unmap()
