@@ -10,7 +10,11 @@ from .backend import SUBGROUP_FEATURES, SUBGROUP_MATRIX_FEATURE, subgroup_matrix
 
 # subgroups: the CPU adapters' GEMVs sum along K across a subgroup's lanes (kernels/matmul/linear.py);
 # kernels use them only when the device was opened with them (`build_node(..., subgroups=...)`).
-WANTED_FEATURES = ("shader-f16", "timestamp-query", *SUBGROUP_FEATURES, SUBGROUP_MATRIX_FEATURE)
+# implicit-device-synchronization: Dawn locks the device around every call, as wgpu-native always
+# does; without it, calls from other threads (pipeline compiles in workers, a buffer the collector
+# releases on wgpudawn's event-pump thread) may race the loop's. Seen once on Mesa 25's lavapipe:
+# Dawn aborted in such a release during test_batching on trio (not reproduced since, either way).
+WANTED_FEATURES = ("shader-f16", "timestamp-query", *SUBGROUP_FEATURES, SUBGROUP_MATRIX_FEATURE, "implicit-device-synchronization")
 ADAPTER_ENV = "PTE_WGPU_ADAPTER"
 GPU_INDEX_PREFIX = "gpu:"  # "gpu:1": the second GPU, for identical cards whose names cannot tell them apart
 
