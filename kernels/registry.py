@@ -164,6 +164,14 @@ class OpBuilder:
         """Declare an in-place write to an input (a KV cache)."""
         self._extra_writes.append(vid)
 
+    def scratch(self, dtype, numel):
+        """A tensor of the op's own that its kernels write (split-K's partial sums, quantized
+        words): a value of the op alone, so the memory planner lets ops share its memory."""
+        vid = len(self.graph.values)
+        self.graph.values.append(Tensor(dtype, (numel,)))
+        self.writes(vid)
+        return vid
+
     def part(self, name, args):
         """A builder recording another op's routes as part of this one (a fused op): same graph,
         its writes this op's; its hook is not this op's (the caller runs it)."""

@@ -84,8 +84,8 @@ async def test_every_kernel_compiles_under_tint(tmp_path_factory, load_pte, monk
     for zp_packed, has_bias, residual, types in MATRIX_VARIANTS:  # the device's int8 matrices: Dawn's on GPUs only
         quantize, product = matrix_heads(zp_packed, has_bias, types, residual)
         where = f"int8 matrices {zp_packed, has_bias, residual, types}"
-        sources[int8_matrix.quantize_shader(quantize)] = (where + ", quantize", "f16" if "f16" in types.x else "f32")
-        sources[int8_matrix.matrix_shader(product, 6 + has_bias)] = (where, "f16" if "f16" in types.x else "f32")
+        sources[int8_matrix.quantize_shader(quantize)] = (where + ", quantize", types.x)  # x's storage: the precision
+        sources[int8_matrix.matrix_shader(product, 6 + has_bias)] = (where, types.x)
     env = dict(os.environ, PTE_WGPU_BACKEND="dawn", WGPU_BACKEND_TYPE="Null")
     done = subprocess.run([sys.executable, "-c", COMPILE_UNDER_DAWN], input=json.dumps(sources), env=env,
                           capture_output=True, text=True, timeout=600)

@@ -850,9 +850,7 @@ def _add_attention(b, context, hkv, dim, hq, scale, tables=(), split_max=SPLIT_M
     hook (`blocks`: the entries of a sequence's block table, ragged)."""
     splits = min(MAX_SPLITS, context)
     span = -(-context // splits)
-    scratch = len(b.graph.values)  # the splits' partial states, this op's own
-    b.graph.values.append(Tensor("float32", (split_max * hq * splits * (dim + 2),)))
-    b.writes(scratch)
+    scratch = b.scratch("float32", split_max * hq * splits * (dim + 2))  # the splits' partial states
     params = b.params(48)
     att = _Attention(b.args[0], b.args[3], b.args[4], scratch, params, tuple(tables), hq, dim, splits, split_max)
     routes = Routes(ATTENTION_VARIANTS, b, att)

@@ -24,7 +24,6 @@ import struct
 from dataclasses import dataclass
 
 from pte_wgpu.resize.shapes import MAX_WORKGROUPS, numel_of
-from pte_wgpu.resize.values import Tensor
 
 from ..wgsl import FLAT_INDEX, WG, fill, flat_grid
 
@@ -325,14 +324,10 @@ def gemm_grid(name, m, n, batch, splits=1, bm=BM):
 def gemm_scratch(b, outs, together=False):
     """Split-K's scratch for an op whose products (run one after another; `together`: as one,
     column_group) write `outs`: room for the splits' sums of the largest (of all), at most
-    SPLIT_TARGET * BM * BN floats (gemm_split's bound). A value of the op alone, so the memory
-    planner lets every op's scratch share one buffer."""
+    SPLIT_TARGET * BM * BN floats (gemm_split's bound); OpBuilder.scratch."""
     sizes = [numel_of(b.graph.values[o].dims) for o in outs]
     most = sum(sizes) if together else max(sizes)
-    vid = len(b.graph.values)
-    b.graph.values.append(Tensor("float32", (max(1, min(SPLIT_TARGET * BM * BN, MAX_SPLITS * most)),)))
-    b.writes(vid)
-    return vid
+    return b.scratch("float32", max(1, min(SPLIT_TARGET * BM * BN, MAX_SPLITS * most)))
 
 
 class GemmRoute:

@@ -30,7 +30,6 @@ where a GEMM without scales takes 4 x 4 (results/h100/int8_subgroup_matrix_gemm/
 """
 
 from pte_wgpu.resize.shapes import fold_grid, numel_of
-from pte_wgpu.resize.values import Tensor
 
 from ..wgsl import fill, flat_grid
 
@@ -214,12 +213,8 @@ def takes(gs, wpr):
 
 
 def words_scratch(b, x):
-    """QUANTIZE's output for input `x` at its largest: an op-local value (the planner shares it)."""
-    dims = b.graph.values[x].dims
-    vid = len(b.graph.values)
-    b.graph.values.append(Tensor("int32", (max(1, numel_of(dims) // 4),)))
-    b.writes(vid)
-    return vid
+    """QUANTIZE's output for input `x` at its largest."""
+    return b.scratch("int32", max(1, numel_of(b.graph.values[x].dims) // 4))
 
 
 def quantize_grid(m, k):

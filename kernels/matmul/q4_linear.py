@@ -551,9 +551,9 @@ class Q4Product:
             self.b.fail(f"bias of {ctx.numel(self.bias)} elements for N={w.n}")
         sg_shape = q4_subgroup_shape(self.b, self.shapes, m, k) if on else None
         use_gemv = on and m <= self.gemv_rows and sg_shape is None
-        use_matrix = on and m > self.gemv_rows and sg_shape is None and self.matrix is not None
-        use_matrix = use_matrix and k % int8_matrix.STEP == 0 and int8_matrix.wide_enough(m, w.n)
-        use_gemm = on and m > self.gemv_rows and sg_shape is None and not use_matrix
+        past_gemv = on and m > self.gemv_rows and sg_shape is None
+        use_matrix = past_gemv and self.matrix is not None and k % int8_matrix.STEP == 0 and int8_matrix.wide_enough(m, w.n)
+        use_gemm = past_gemv and not use_matrix
         if use_gemv and not self.gemvs:
             self.b.fail(f"{m} rows need the GEMV route, not built")
         splits, kspan = self.gemm.plan(m, w.n, k, 1, use_gemm)
