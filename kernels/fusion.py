@@ -26,6 +26,11 @@ attention), the group takes the RoPE too (`pte_wgpu.linear_group_rope` and its f
 kernels/matmul/qkv_rope.py: on GPUs its GEMV rotates and stores in its epilogue), unless that
 kernel would bind more storage buffers than the device allows (Dawn's Vulkan adapters: 16).
 
+- PyTorch's `_safe_softmax` (scaled_dot_product_attention's decomposition: ViT's, BERT's) arrives
+  as softmax(x) and six ops over the scores that zero the rows of x that are -inf only (eq,
+  logical_not, any, logical_not, full_like, where); they become one `pte_wgpu.safe_softmax`, the
+  softmax kernel writing those rows' zeros itself.
+
 Views that only fed a fused op are dropped with it. Each rewrite keeps every row's sums in the
 order of the ops it replaces.
 """
@@ -108,7 +113,8 @@ def fuse(graph):
 
 
 def _fuse_all(graph):
-    fused = _fuse_silu(graph)
+    fused = _fuse_safe_softmax(graph)
+    fused += _fuse_silu(graph)
     fused += _fuse_swiglu(graph)
     fused += _fuse_residual(graph)
     fused += _fuse_groups(graph)
@@ -138,6 +144,56 @@ def _fuse_silu(graph):
             else:
                 continue
             break
+    graph.calls[:] = [c for i, c in enumerate(calls) if i not in drop]
+    return fused
+
+
+SOFTMAX = ("aten._softmax.default", "aten::_softmax.out")
+SAFE_SOFTMAX = "pte_wgpu.safe_softmax"
+
+
+# _safe_softmax's pieces, as the delegate and the portable program name them
+WHERE = ("aten.where.self", "aten::where.self_out")
+EQ = ("aten.eq.Scalar", "aten::eq.Scalar_out")
+NOT = ("aten.logical_not.default", "aten::logical_not.out")
+ANY = ("aten.any.dim", "aten::any.out", "aten::any.dims_out")
+FULL_LIKE = ("aten.full_like.default", "aten::full_like.out")
+
+
+def _fuse_safe_softmax(graph):
+    """where(not(any(not(x == -inf), dim, keepdim)), full_like(s, 0), s) with s = softmax(x, dim):
+    one pte_wgpu.safe_softmax where nothing else reads the pieces."""
+    uses, producer, values = _uses(graph), _producers(graph), graph.values
+    calls, drop, fused = graph.calls, set(), 0
+
+    def made(vid, names, users=1):
+        i = producer.get(vid)
+        ok = i is not None and i not in drop and calls[i][0] in names and uses[vid] == users
+        return (i, calls[i][1]) if ok else (None, None)
+
+    def scalar(vid):
+        v = values[vid]
+        return v.value if isinstance(v, Scalar) else None
+
+    for k, (name, args) in enumerate(calls):
+        if name not in WHERE or len(args) != 4:
+            continue
+        cond, zeros, s = args[:3]
+        i_s, a_s = made(s, SOFTMAX, users=2)
+        i_z, a_z = made(zeros, FULL_LIKE)
+        i_c, a_c = made(cond, NOT)
+        i_a, a_a = made(a_c[0], ANY) if i_c is not None else (None, None)
+        i_n, a_n = made(a_a[0], NOT) if i_a is not None else (None, None)
+        i_e, a_e = made(a_n[0], EQ) if i_n is not None else (None, None)
+        if None in (i_s, i_z, i_e) or a_z[0] != s or scalar(a_z[1]) != 0 or scalar(a_e[1]) != float("-inf") or a_e[0] != a_s[0]:
+            continue
+        rank = len(values[s].dims)
+        dim, any_dim = scalar(a_s[1]), scalar(a_a[1])
+        if any_dim is None or dim % rank != any_dim % rank or not scalar(a_a[2]):
+            continue
+        drop.update((i_s, i_z, i_c, i_a, i_n, i_e))
+        calls[k] = (SAFE_SOFTMAX, (*a_s[:-1], args[-1]))
+        fused += 1
     graph.calls[:] = [c for i, c in enumerate(calls) if i not in drop]
     return fused
 

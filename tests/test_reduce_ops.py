@@ -82,3 +82,36 @@ async def test_norms_dynamic(load_pte):
     pte, module = export_pte("norms_dyn", lambda: Norms(13), (torch.randn(3, 5, 13),), dynamic_shapes=DYNAMIC)
     calls = dynamic_shape_calls(np.zeros((3, S_MAX, 13), np.float32), DYNAMIC, n=5, seed=2)
     await assert_matches_eager(await load_pte(pte), module, [x * 2 + 0.5 for x in calls], atol=ATOL)
+
+
+class MaskedAttention(torch.nn.Module):
+    """scaled_dot_product_attention with a boolean mask over a dynamic number of query rows:
+    PyTorch decomposes it with `_safe_softmax`, whose rows that the mask hides entirely are
+    zeros, not NaN (the rows past `visible` here)."""
+
+    def forward(self, q, k, v, visible):
+        keys = torch.arange(k.shape[-2])
+        mask = keys[None, :] < visible[:, None]  # row i sees keys 0..visible[i] - 1
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+async def test_safe_softmax_is_one_kernel_and_zeroes_hidden_rows(load_pte):
+    """The seven ops of `_safe_softmax` run as one pte_wgpu.safe_softmax (kernels/fusion.py), and
+    rows with every key hidden come out as eager's zeros, at several live row counts."""
+    heads, keys, dim = 3, 11, 7
+    dynamic = ({2: torch.export.Dim("S", min=1, max=S_MAX)}, None, None, {0: torch.export.Dim("S", min=1, max=S_MAX)})
+    sample = (torch.randn(1, heads, 5, dim), torch.randn(1, heads, keys, dim), torch.randn(1, heads, keys, dim), torch.tensor([3, 0, 11, 1, 0]))
+    pte, module = export_pte("safe_softmax_attention", MaskedAttention, sample, dynamic_shapes=dynamic)
+    model = await load_pte(pte)
+    names = [name for name, _ in model.graph.calls]
+    pieces = {n for n in names if any(piece in n for piece in ("logical_not", "any", "full_like", "eq."))}
+    assert names.count("pte_wgpu.safe_softmax") == 1 and not pieces, names  # the mask's own where stays
+    rng = np.random.default_rng(5)
+    calls = []
+    for s in rng.permutation([1, 2, 7, S_MAX]):
+        visible = rng.integers(0, keys + 1, s)
+        visible[0] = 0  # a row with no key visible
+        calls.append(tuple(rng.standard_normal((1, heads, n, dim)).astype(np.float32) for n in (s, keys, keys)) + (visible,))
+    await assert_matches_eager(model, module, calls, atol=ATOL)
+    outputs = await model.execute(*calls[0])
+    assert np.all(outputs[0][:, :, 0] == 0)  # the hidden row: zeros, not NaN
