@@ -11,11 +11,10 @@ take the split-K route ("flash decoding"): one workgroup per (head, row, key ran
 partial softmax state, and a second kernel merges the ranges. Where those rows are prompt chunks
 (a cached prompt's rest: 32 rows over 1,056 keys), reading every key once a row is the cost, and
 on a GPU the query-tiled kernel takes split-K's key ranges instead, a tile of rows sharing them.
-The hook picks the route. On a GPU,
-a ragged pass takes split-K up to RAGGED_SPLIT_MAX_ROWS rows: its rows are mostly one decode step
-each of different sessions, whose keys a query tile cannot share, and a few tiles leave the GPU
-idle (on an H100, 64 SmolLM2 sessions spent 119 us a layer in 18 tiled workgroups, against 13.5 us
-for 32 rows split).
+The hook picks the route. On a GPU, a ragged pass takes split-K up to RAGGED_SPLIT_MAX_ROWS rows:
+its rows are mostly one decode step each of different sessions, whose keys a query tile cannot
+share, and a few tiles leave the GPU idle (on an H100, 64 SmolLM2 sessions spent 119 us a layer in
+18 tiled workgroups, against 13.5 us for 32 rows split).
 
 Every kernel reads q and the caches, and writes its output, in their own storage types (f32 or
 f16, named by WGSL aliases: `_typed`); scores, softmax statistics and sums are f32, and so is
@@ -537,6 +536,13 @@ $BLOCKS
     }"""
 
 
+# Split: workgroup z's key range, split-K's span rounded up to whole key blocks
+TILED_KEY_RANGE = """
+    let kspan = (p.span + ${BK}u - 1u) / ${BK}u * ${BK}u;
+    let k_lo = wid.z * kspan;
+    let k_hi = k_lo + kspan;"""
+
+
 @dataclass(frozen=True)
 class TiledShape:
     """How the tiled kernel of head dim `dim` cuts a row's work: `halves` of its dims, `subs` key
@@ -677,7 +683,7 @@ def _tiled_shader(ragged, dim, split=False):
         TABLES=_tables(ragged),
         PS=f"var<workgroup> ps: array<array<f32, {sh.threads}>, {kps}>;  // [key][t]: t's part of the key's score\n" if halves > 1 else "",
         GH=gh, KPS=kps, ROWS2=2 * subs * halves, THREADS=sh.threads, BQ=bq, D=dim, SUB=sub,
-        KEY_SPAN=f"\n    let k_lo = wid.z * ((p.span + {bk - 1}u) / {bk}u * {bk}u);\n    let k_hi = k_lo + (p.span + {bk - 1}u) / {bk}u * {bk}u;" if split else "",
+        KEY_SPAN=fill(TILED_KEY_RANGE, BK=bk) if split else "",
         HALF_OFFSET=half_offset,
         Q=n.join(f"let q{e} = vec4<f32>({q[e]}) * p.scale;" for e in range(gh)),
         ACC=n.join(f"var a{e} = vec4<f32>(0.0);" for e in range(gh)),
