@@ -43,6 +43,7 @@ from .attention.rope import ROPE_NAMES  # what the RoPE adds to a q/k/v group's 
 from .matmul.qkv_rope import GROUPS as ROPE_GROUPS  # the q/k/v groups that take a RoPE
 from .registry import op
 from .tensor.elementwise import add_elementwise
+from .tensor.reduce import SAFE_SOFTMAX
 
 SIGMOID = ("aten.sigmoid.default",)
 MUL = ("aten.mul.Tensor",)
@@ -149,9 +150,6 @@ def _fuse_silu(graph):
 
 
 SOFTMAX = ("aten._softmax.default", "aten::_softmax.out")
-SAFE_SOFTMAX = "pte_wgpu.safe_softmax"
-
-
 # _safe_softmax's pieces, as the delegate and the portable program name them
 WHERE = ("aten.where.self", "aten::where.self_out")
 EQ = ("aten.eq.Scalar", "aten::eq.Scalar_out")
@@ -179,19 +177,24 @@ def _fuse_safe_softmax(graph):
         if name not in WHERE or len(args) != 4:
             continue
         cond, zeros, s = args[:3]
-        i_s, a_s = made(s, SOFTMAX, users=2)
-        i_z, a_z = made(zeros, FULL_LIKE)
-        i_c, a_c = made(cond, NOT)
-        i_a, a_a = made(a_c[0], ANY) if i_c is not None else (None, None)
-        i_n, a_n = made(a_a[0], NOT) if i_a is not None else (None, None)
-        i_e, a_e = made(a_n[0], EQ) if i_n is not None else (None, None)
-        if None in (i_s, i_z, i_e) or a_z[0] != s or scalar(a_z[1]) != 0 or scalar(a_e[1]) != float("-inf") or a_e[0] != a_s[0]:
+        chain, vid = [], cond
+        for names in (NOT, ANY, NOT, EQ):  # the condition, back to x == -inf
+            i, a = made(vid, names)
+            if i is None:
+                break
+            chain.append((i, a))
+            vid = a[0]
+        (i_s, a_s), (i_z, a_z) = made(s, SOFTMAX, users=2), made(zeros, FULL_LIKE)
+        if len(chain) < 4 or None in (i_s, i_z) or a_z[0] != s or scalar(a_z[1]) != 0:
+            continue
+        a_a, a_e = chain[1][1], chain[3][1]
+        if scalar(a_e[1]) != float("-inf") or a_e[0] != a_s[0]:
             continue
         rank = len(values[s].dims)
         dim, any_dim = scalar(a_s[1]), scalar(a_a[1])
         if any_dim is None or dim % rank != any_dim % rank or not scalar(a_a[2]):
             continue
-        drop.update((i_s, i_z, i_c, i_a, i_n, i_e))
+        drop.update((i_s, i_z, *(i for i, _ in chain)))
         calls[k] = (SAFE_SOFTMAX, (*a_s[:-1], args[-1]))
         fused += 1
     graph.calls[:] = [c for i, c in enumerate(calls) if i not in drop]

@@ -60,7 +60,8 @@ def _run_kernel(device, dim, q, kc, vc, pos=0, tables=None, entries=0, splits=1)
         pytest.skip("the adapter has no shader-f16")
     storage = "f16" if half else "f32"
     aliases = "".join(f"alias {a} = {storage};\n" for a in ("QT", "KCT", "VCT", "OT" if splits == 1 else "RT"))  # kernels/wgsl.py type_aliases
-    shader = ("enable f16;\n" if half else "") + aliases + ("alias OT = f32;\n" if splits > 1 else "") + shader
+    prelude = "enable f16;\n" if half else ""
+    shader = prelude + aliases + ("alias OT = f32;\n" if splits > 1 else "") + shader
     usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
     out = device.create_buffer(size=-(-q.nbytes // 4) * 4, usage=usage)
     device.queue.write_buffer(out, 0, np.full(-(-q.nbytes // 4), np.nan, np.float32))
@@ -72,7 +73,7 @@ def _run_kernel(device, dim, q, kc, vc, pos=0, tables=None, entries=0, splits=1)
     buffers += [device.create_buffer_with_data(data=t.astype(np.int32), usage=usage) for t in tables or ()]
     passes = [(shader, buffers, (HQ, -(-s // rows_per_group), splits))]
     if splits > 1:
-        passes.append((("enable f16;\n" if half else "") + f"alias RT = {storage};\n" + COMBINE, [parts, out, uniform], (HQ, s, 1)))
+        passes.append((prelude + f"alias RT = {storage};\n" + COMBINE, [parts, out, uniform], (HQ, s, 1)))
     encoder = device.create_command_encoder()
     compute = encoder.begin_compute_pass()
     for code, bound, grid in passes:

@@ -87,7 +87,7 @@ async def test_norms_dynamic(load_pte):
 class MaskedAttention(torch.nn.Module):
     """scaled_dot_product_attention with a boolean mask over a dynamic number of query rows:
     PyTorch decomposes it with `_safe_softmax`, whose rows that the mask hides entirely are
-    zeros, not NaN (the rows past `visible` here)."""
+    zeros, not NaN (here the rows whose `visible` is 0)."""
 
     def forward(self, q, k, v, visible):
         keys = torch.arange(k.shape[-2])

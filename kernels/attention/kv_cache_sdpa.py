@@ -658,8 +658,9 @@ def _tiled_shader(ragged, dim, split=False):
         half //= 2
     # a real row's total is at least 1 (its largest score's exp(0)); a padding row's is 0, a = 0
     half_offset = f" + dh * {4 * gh}u" if halves > 1 else ""  # the first of this invocation's dims in a row
-    if split:  # the partial state: a, then the max and the sum it is scaled to (an empty range: -3e38, 0)
-        writes = " ".join(f"out[o + {4 * e + c}u] = OT(a{e}.{'xyzw'[c]});" for e in range(gh) for c in range(4))
+    divide = "" if split else " / w"  # a split leaves a unnormalized, with the max and sum it is scaled to
+    writes = " ".join(f"out[o + {4 * e + c}u] = OT(a{e}.{'xyzw'[c]}{divide});" for e in range(gh) for c in range(4))
+    if split:  # (an empty range's state: -3e38, 0)
         state = f"out[at + {dim}u] = OT(mx); out[at + {dim + 1}u] = OT(total);"
         state = f"if (dh == 0u) {{ {state} }}" if halves > 1 else state  # both halves hold the same state
         merge.append(
@@ -667,7 +668,6 @@ def _tiled_shader(ragged, dim, split=False):
             f"let o = at{half_offset}; {writes} {state} }}"
         )
     else:
-        writes = " ".join(f"out[o + {4 * e + c}u] = OT(a{e}.{'xyzw'[c]} / w);" for e in range(gh) for c in range(4))
         merge.append(f"if (sub == 0u && row < p.s) {{ let o = (row * p.hq + h) * {dim}u{half_offset}; let w = max(total, 1e-30); {writes} }}")
     n = "\n    "
     q = [", ".join(f"f32(q[qi + {4 * e + c}u])" for c in range(4)) for e in range(gh)]
@@ -803,9 +803,7 @@ def _split_route(cpu):
             return _Launch((split, grid), (merge, lambda s: (att.hq, s, 1) if att.splits > 1 else (0, 0, 0)))
         if merges:
             return _Launch((b.dispatch(shader, [*bindings, b.out, _arrival_counts(b, att)]), grid))
-        split = b.dispatch(shader, bindings)
-        combine = b.dispatch(type_aliases(b.graph.values, RT=b.out) + COMBINE, [att.scratch, b.out, att.params])
-        return _Launch((split, grid), (combine, lambda s: (att.hq, s, 1)))
+        return _Launch((b.dispatch(shader, bindings), grid), _combine(b, att))
 
     return build
 
@@ -827,8 +825,13 @@ def _tiled_split_route(b, att):
         return None
     shader = type_aliases(b.graph.values, QT=att.q, KCT=att.k_cache, VCT=att.v_cache, OT=att.scratch) + _tiled_shader(att.ragged, att.dim, True)
     tiled = b.dispatch(shader, [att.q, att.k_cache, att.v_cache, att.scratch, att.params, *att.tables])
+    return _Launch((tiled, lambda s: (att.hq, -(-s // TILE_ROWS), att.splits)), _combine(b, att))
+
+
+def _combine(b, att):
+    """COMBINE's dispatch and grid: the key ranges' partial states in the scratch merged into the output."""
     combine = b.dispatch(type_aliases(b.graph.values, RT=b.out) + COMBINE, [att.scratch, b.out, att.params])
-    return _Launch((tiled, lambda s: (att.hq, -(-s // TILE_ROWS), att.splits)), (combine, lambda s: (att.hq, s, 1)))
+    return combine, lambda s: (att.hq, s, 1)
 
 
 def _whole_route(b, att):

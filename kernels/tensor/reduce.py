@@ -283,16 +283,19 @@ $TREE_SUM
 """
 
 
-# softmax, log_softmax, and PyTorch's `_safe_softmax` (what scaled_dot_product_attention's
-# decomposition applies), whose rows of -inf only are zeros, not NaN (kernels/fusion.py finds it)
-WRITES = {"log_softmax": "v - log_total", "safe_softmax": "select(exp(v) / total, 0.0, mx == p.neg_inf)", "softmax": "exp(v) / total"}
+# PyTorch's `_safe_softmax` (what scaled_dot_product_attention's decomposition applies), whose rows
+# of -inf only are zeros, not NaN: kernels/fusion.py finds its pieces
+SAFE_SOFTMAX = "pte_wgpu.safe_softmax"
 
 
-@op("aten._softmax.default", "aten._log_softmax.default", "aten::_softmax.out", "aten::_log_softmax.out", "pte_wgpu.safe_softmax", half=True)
+@op("aten._softmax.default", "aten._log_softmax.default", "aten::_softmax.out", "aten::_log_softmax.out", SAFE_SOFTMAX, half=True)
 def softmax(b):
     x, out = b.args[0], b.out
     dim = int(b.scalar(1))
-    write = next(w for kind, w in WRITES.items() if kind in b.name)
+    if b.name == SAFE_SOFTMAX:
+        write = "select(exp(v) / total, 0.0, mx == p.neg_inf)"
+    else:
+        write = "v - log_total" if "log_softmax" in b.name else "exp(v) / total"
     to = b.storage(out, packed=False)
     body = fill(SOFTMAX_BODY, WG=RWG, TREE_MAX=_tree("max(a, b)"), TREE_SUM=_tree("a + b"), WRITE=write, TO=to)
     shader = _shader([("read", "x", b.storage(x, packed=False)), ("read_write", "out", to)], body)
