@@ -21,7 +21,7 @@ import wgpu
 
 from async_runtime.device import find_adapter
 from pte_wgpu.kernels.attention.kv_cache import KV_BLOCK, table_entries
-from pte_wgpu.kernels.attention.kv_cache_sdpa import COMBINE, SPLIT_MAX_ROWS, TILE_ROWS, _tiled_shader, _whole_range, tiled_shape
+from pte_wgpu.kernels.attention.kv_cache_sdpa import SPLIT_MAX_ROWS, TILE_ROWS, _whole_range
 
 from .exporting import EXPORT_DIR, export_pte
 
@@ -38,55 +38,40 @@ def device():
     return adapter.request_device_sync(required_limits=dict(adapter.limits), required_features=features)
 
 
-def _run_kernel(device, dim, q, kc, vc, pos=0, tables=None, entries=0, splits=1):
+def _run_kernel(device, dim, q, kc, vc, pos=0, tables=None, entries=0):
     """The pass's attention output [S, HQ, dim] from the kernel the hook takes for S rows: q is
     [S, HQ, dim]; kc, vc are [1, context, HKV, dim], or with tables (row_pos, row_seq, seq_blocks,
     ragged) pools [positions, HKV, dim] of blocks of KV_BLOCK positions, each sequence's table
-    `entries` long. The arrays are float32 or float16 (f16 storage; the output then float16 too).
-    `splits` > 1: the query-tiled kernel over that many key ranges, then COMBINE (split-K's rows
-    when they are prompt chunks)."""
+    `entries` long. The arrays are float32 or float16 (f16 storage; the output then float16 too)."""
     s, context = q.shape[0], kc.shape[1] if tables is None else entries * KV_BLOCK
-    ragged = tables is not None
-    if splits > 1:
-        if tiled_shape(dim) is None:
-            pytest.skip(f"head dim {dim} has no query-tiled kernel")
-        shader, rows_per_group = _tiled_shader(ragged, dim, split=True), TILE_ROWS
-    else:
-        assert s > SPLIT_MAX_ROWS
-        shader, rows_per_group = _whole_range(ragged, dim)
-        assert rows_per_group == DIMS[dim]
+    assert s > SPLIT_MAX_ROWS
+    shader, rows_per_group = _whole_range(tables is not None, dim)
+    assert rows_per_group == DIMS[dim]
     half = q.dtype == np.float16
     if half and "shader-f16" not in device.features:
         pytest.skip("the adapter has no shader-f16")
     storage = "f16" if half else "f32"
-    aliases = "".join(f"alias {a} = {storage};\n" for a in ("QT", "KCT", "VCT", "OT" if splits == 1 else "RT"))  # kernels/wgsl.py type_aliases
-    prelude = "enable f16;\n" if half else ""
-    shader = prelude + aliases + ("alias OT = f32;\n" if splits > 1 else "") + shader
+    aliases = "".join(f"alias {a} = {storage};\n" for a in ("QT", "KCT", "VCT", "OT"))  # kernels/wgsl.py type_aliases
+    shader = ("enable f16;\n" if half else "") + aliases + shader
     usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
     out = device.create_buffer(size=-(-q.nbytes // 4) * 4, usage=usage)
     device.queue.write_buffer(out, 0, np.full(-(-q.nbytes // 4), np.nan, np.float32))
-    params = struct.pack("<5If6I", s, pos, HQ, HKV, dim, 1 / math.sqrt(dim), entries, splits, -(-context // splits), 0, 0, 0)
-    uniform = device.create_buffer_with_data(data=params, usage=wgpu.BufferUsage.UNIFORM)
+    params = struct.pack("<5If6I", s, pos, HQ, HKV, dim, 1 / math.sqrt(dim), entries, 1, context, 0, 0, 0)
     buffers = [device.create_buffer_with_data(data=_words(a), usage=usage) for a in (q, kc, vc)]
-    parts = device.create_buffer(size=4 * s * HQ * splits * (dim + 2), usage=usage) if splits > 1 else out
-    buffers += [parts, uniform]
+    buffers += [out, device.create_buffer_with_data(data=params, usage=wgpu.BufferUsage.UNIFORM)]
     buffers += [device.create_buffer_with_data(data=t.astype(np.int32), usage=usage) for t in tables or ()]
-    passes = [(shader, buffers, (HQ, -(-s // rows_per_group), splits))]
-    if splits > 1:
-        passes.append((prelude + f"alias RT = {storage};\n" + COMBINE, [parts, out, uniform], (HQ, s, 1)))
+    pipe = device.create_compute_pipeline(
+        layout="auto", compute={"module": device.create_shader_module(code=shader), "entry_point": "main"}
+    )
+    group = device.create_bind_group(
+        layout=pipe.get_bind_group_layout(0),
+        entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(buffers)],
+    )
     encoder = device.create_command_encoder()
     compute = encoder.begin_compute_pass()
-    for code, bound, grid in passes:
-        pipe = device.create_compute_pipeline(
-            layout="auto", compute={"module": device.create_shader_module(code=code), "entry_point": "main"}
-        )
-        group = device.create_bind_group(
-            layout=pipe.get_bind_group_layout(0),
-            entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(bound)],
-        )
-        compute.set_pipeline(pipe)
-        compute.set_bind_group(0, group)
-        compute.dispatch_workgroups(*grid)
+    compute.set_pipeline(pipe)
+    compute.set_bind_group(0, group)
+    compute.dispatch_workgroups(HQ, -(-s // rows_per_group), 1)
     compute.end()
     device.queue.submit([encoder.finish()])
     return np.frombuffer(device.queue.read_buffer(out), q.dtype, q.size).reshape(q.shape)
@@ -115,32 +100,23 @@ def _attend(q, k, v, positions):
 TOLERANCE = {np.float32: 1e-5, np.float16: 2e-3}
 
 
-# key ranges of the query-tiled kernel: 1 (the whole range), 3 (ranges of 75 keys, rounded up to
-# whole key blocks: some take none of a row's keys); the export below runs split-K's count, 16
-SPLITS = (1, 3)
-
-
-@pytest.mark.parametrize("splits", SPLITS)
 @pytest.mark.parametrize("dtype", TOLERANCE)
 @pytest.mark.parametrize("dim", DIMS)
-def test_plain_pass_past_the_start(device, dim, dtype, splits):
+def test_plain_pass_past_the_start(device, dim, dtype):
     rng = np.random.default_rng(dim)
     context = 224
     kc, vc = (rng.standard_normal((1, context, HKV, dim), dtype=np.float32).astype(dtype) for _ in range(2))
-    for s, pos in [(97, 113), (37, 0), (61, 163), (17, 191)]:
-        if s <= SPLIT_MAX_ROWS and splits == 1:
-            continue  # split-K's (test_export_plain_steps)
+    for s, pos in [(97, 113), (37, 0), (61, 163)]:
         q = (rng.standard_normal((s, HQ, dim), dtype=np.float32) * 2).astype(dtype)
-        got = _run_kernel(device, dim, q, kc, vc, pos=pos, splits=splits)
+        got = _run_kernel(device, dim, q, kc, vc, pos=pos)
         want = _attend(q, kc[0], vc[0], np.arange(pos, pos + s))
         tol = TOLERANCE[dtype]
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"s={s} pos={pos}")
 
 
-@pytest.mark.parametrize("splits", SPLITS)
 @pytest.mark.parametrize("dtype", TOLERANCE)
 @pytest.mark.parametrize("dim", DIMS)
-def test_ragged_pass_of_several_sessions(device, dim, dtype, splits):
+def test_ragged_pass_of_several_sessions(device, dim, dtype):
     """Tiles of rows of several sequences over paged caches: a long prompt chunk past position 0,
     decode rows, chunks of other prompts, and padding rows at the end (sequence -1), in a random
     order of sequences, each sequence's blocks scattered over the pool in a random order."""
@@ -162,7 +138,7 @@ def test_ragged_pass_of_several_sessions(device, dim, dtype, splits):
     row_seq = np.concatenate([np.full(n, b) for b, _, n in pieces] + [np.full(pad, -1)])
     row_pos = np.concatenate([np.arange(start, start + n) for _, start, n in pieces] + [np.zeros(pad, int)])
     q = (rng.standard_normal((len(row_pos), HQ, dim), dtype=np.float32) * 2).astype(dtype)
-    got = _run_kernel(device, dim, q, *pools, tables=(row_pos, row_seq, tables.reshape(-1)), entries=entries, splits=splits)
+    got = _run_kernel(device, dim, q, *pools, tables=(row_pos, row_seq, tables.reshape(-1)), entries=entries)
     tol = TOLERANCE[dtype]
     first = 0
     for b, start, n in pieces:
@@ -234,13 +210,12 @@ async def _steps(session, module, history, counts):
         pos += s
 
 
-PLANS = [[97, 1, 37, 41], [37, 61, 1, 53, 2], [61, 1, 1, 89], [127, 3, 59], [29, 1, 17, 31]]  # rows per step
+PLANS = [[97, 1, 37, 41], [37, 61, 1, 53, 2], [61, 1, 1, 89], [127, 3, 59]]  # rows per step
 
 
 @pytest.mark.anyio
 async def test_export_plain_steps(load_pte, kernel_variants):
-    """Decode steps (up to SPLIT_MAX_ROWS rows) take each adapter class's split-K variant; with GPU
-    variants, steps of 16 to SPLIT_MAX_ROWS rows take the query-tiled kernel's splits."""
+    """Decode steps (up to SPLIT_MAX_ROWS rows) take each adapter class's split-K variant."""
     pte, module = _export()
     rng = np.random.default_rng(3)
     model = await load_pte(pte, batch_submits=False)
@@ -256,8 +231,7 @@ async def test_export_plain_steps(load_pte, kernel_variants):
 async def test_export_ragged_sessions(load_pte, kernel_variants):
     """Concurrent sessions: their steps share ragged passes of up to S_MAX rows, whose tiles span
     sessions (a prompt's chunks beside other prompts and decode rows). With GPU variants, passes of
-    33 to RAGGED_SPLIT_MAX_ROWS rows take split-K (one workgroup per row and key range), or the
-    query-tiled kernel's splits where they hold 16 rows a sequence or more."""
+    33 to RAGGED_SPLIT_MAX_ROWS rows take split-K (one workgroup per row and key range)."""
     pte, module = _export()
     rng = np.random.default_rng(4)
     model = await load_pte(pte)

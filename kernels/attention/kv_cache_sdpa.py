@@ -8,13 +8,11 @@ ever materialized, whatever the context length. Prefill-sized passes take the qu
 workgroup memory), or, for head dims it does not take, one workgroup per (query head, query row).
 For a few rows (decode) that is too few workgroups for a long cache, so up to SPLIT_MAX_ROWS rows
 take the split-K route ("flash decoding"): one workgroup per (head, row, key range) writes a
-partial softmax state, and a second kernel merges the ranges. Where those rows are prompt chunks
-(a cached prompt's rest: 32 rows over 1,056 keys), reading every key once a row is the cost, and
-on a GPU the query-tiled kernel takes split-K's key ranges instead, a tile of rows sharing them.
-The hook picks the route. On a GPU, a ragged pass takes split-K up to RAGGED_SPLIT_MAX_ROWS rows:
-its rows are mostly one decode step each of different sessions, whose keys a query tile cannot
-share, and a few tiles leave the GPU idle (on an H100, 64 SmolLM2 sessions spent 119 us a layer in
-18 tiled workgroups, against 13.5 us for 32 rows split).
+partial softmax state, and a second kernel merges the ranges. The hook picks the route. On a GPU,
+a ragged pass takes split-K up to RAGGED_SPLIT_MAX_ROWS rows: its rows are mostly one decode step
+each of different sessions, whose keys a query tile cannot share, and a few tiles leave the GPU
+idle (on an H100, 64 SmolLM2 sessions spent 119 us a layer in 18 tiled workgroups, against 13.5 us
+for 32 rows split).
 
 Every kernel reads q and the caches, and writes its output, in their own storage types (f32 or
 f16, named by WGSL aliases: `_typed`); scores, softmax statistics and sums are f32, and so is
@@ -42,7 +40,6 @@ CHUNK = 64  # keys per chunk = workgroup size
 MAX_SPLITS = 16  # split-K: the context is cut into this many key ranges (fewer if shorter)
 SPLIT_MAX_ROWS = 32  # up to this many query rows (decode) use split-K
 RAGGED_SPLIT_MAX_ROWS = 128  # the same for a ragged pass on a GPU (its scratch, 5 MB at SmolLM2 size, is pooled)
-TILED_SPLIT_ROWS = 16  # a GPU's split-K rows take the query-tiled splits from this many rows a sequence
 
 UPDATE_CACHE = flat_kernel(
     "n: u32, offset: u32, pad0: u32, pad1: u32",
@@ -375,7 +372,7 @@ fn merge(s: u32, h: u32, t: u32, count: u32) {
         for (var g = 0u; g < count; g = g + 1u) {
             sum = sum + $PARTS[base + g * width + d] * exp($PARTS[base + g * width + p.d] - mx);
         }
-        $RESULT[(s * p.hq + h) * p.d + d] = RT(sum / max(total, 1e-30));  // a padding row's is 0 (query-tiled splits)
+        $RESULT[(s * p.hq + h) * p.d + d] = RT(sum / total);
     }
 }
 """
@@ -472,7 +469,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     $SUB
     let row = r0 + lane;
     let r = min(row, p.s - 1u);
-    let kvh = h / (p.hq / p.hkv);$KEY_SPAN
+    let kvh = h / (p.hq / p.hkv);
     let qi = (r * p.hq + h) * ${D}u$HALF_OFFSET;
     $Q
     $ACC
@@ -487,7 +484,7 @@ $RANGES
 
 # The key blocks of the rows `mine` (keys 0..keys-1 each) over sequence `seq`'s keys (vec4s of key_row's rows);
 # `kmax` bounds every row's key count and is the same for the whole workgroup.
-TILED_BLOCKS = """    for (var kb = $KB_BEGIN; kb < $KB_END; kb = kb + ${BK}u) {
+TILED_BLOCKS = """    for (var kb = 0u; kb < kmax; kb = kb + ${BK}u) {
         for (var i = t; i < ${BKG}u; i = i + ${THREADS}u) {
             let key = i / ${G}u;
             let j = min(kb + key, kmax - 1u);  // past kmax: a live key's row, masked below
@@ -536,13 +533,6 @@ $BLOCKS
     }"""
 
 
-# Split: workgroup z's key range, split-K's span rounded up to whole key blocks
-TILED_KEY_RANGE = """
-    let kspan = (p.span + ${BK}u - 1u) / ${BK}u * ${BK}u;
-    let k_lo = wid.z * kspan;
-    let k_hi = k_lo + kspan;"""
-
-
 @dataclass(frozen=True)
 class TiledShape:
     """How the tiled kernel of head dim `dim` cuts a row's work: `halves` of its dims, `subs` key
@@ -583,10 +573,8 @@ def tiled_shape(dim):
     return TiledShape(dim, halves, subs, bk)
 
 
-def _tiled_shader(ragged, dim, split=False):
-    """TILED for head dim `dim` (tiled_shape's), its G-long loops written out; `split`: workgroup z
-    takes keys z * span .. (z + 1) * span - 1 only (span: p.span rounded up to whole blocks) and
-    writes its rows' partial states as split-K does (SPLIT_FINISH's layout), for COMBINE."""
+def _tiled_shader(ragged, dim):
+    """TILED for head dim `dim` (tiled_shape's), its G-long loops written out."""
     sh = tiled_shape(dim)
     g, gh, bq, subs, kps, bk, halves = sh.g, sh.gh, TILE_ROWS, sh.subs, sh.kps, sh.bk, sh.halves
     n = "\n            "
@@ -608,7 +596,7 @@ def _tiled_shader(ragged, dim, split=False):
         parts = n.join([*(f"ps[{i}][t] = {dots[i]};" for i in range(kps)), "workgroupBarrier();"])
         scores = [f"let s{i} = select(-3.0e38, ps[{i}][t] + ps[{i}][t ^ {other}u], {vis[i]});" for i in range(kps)]
     blocks = fill(
-        TILED_BLOCKS, BK=bk, BKG=bk * g, KB_BEGIN="k_lo" if split else "0u", KB_END="min(kmax, k_hi)" if split else "kmax", G=g, KPS=kps, THREADS=sh.threads, STORE_KV=store_kv, PARTS=parts,
+        TILED_BLOCKS, BK=bk, BKG=bk * g, G=g, KPS=kps, THREADS=sh.threads, STORE_KV=store_kv, PARTS=parts,
         SCORES=n.join(scores),
         MAX=_max_tree([f"s{i}" for i in range(kps)]),
         PROBS=n.join(f"let p{i} = select(0.0, exp(s{i} - m_new), {vis[i]});" for i in range(kps)),
@@ -657,18 +645,9 @@ def _tiled_shader(ragged, dim, split=False):
             ]
         half //= 2
     # a real row's total is at least 1 (its largest score's exp(0)); a padding row's is 0, a = 0
+    writes = " ".join(f"out[o + {4 * e + c}u] = OT(a{e}.{'xyzw'[c]} / w);" for e in range(gh) for c in range(4))
     half_offset = f" + dh * {4 * gh}u" if halves > 1 else ""  # the first of this invocation's dims in a row
-    divide = "" if split else " / w"  # a split leaves a unnormalized, with the max and sum it is scaled to
-    writes = " ".join(f"out[o + {4 * e + c}u] = OT(a{e}.{'xyzw'[c]}{divide});" for e in range(gh) for c in range(4))
-    if split:  # (an empty range's state: -3e38, 0)
-        state = f"out[at + {dim}u] = OT(mx); out[at + {dim + 1}u] = OT(total);"
-        state = f"if (dh == 0u) {{ {state} }}" if halves > 1 else state  # both halves hold the same state
-        merge.append(
-            f"if (sub == 0u && row < p.s) {{ let at = ((row * p.hq + h) * p.splits + wid.z) * {dim + 2}u; "
-            f"let o = at{half_offset}; {writes} {state} }}"
-        )
-    else:
-        merge.append(f"if (sub == 0u && row < p.s) {{ let o = (row * p.hq + h) * {dim}u{half_offset}; let w = max(total, 1e-30); {writes} }}")
+    merge.append(f"if (sub == 0u && row < p.s) {{ let o = (row * p.hq + h) * {dim}u{half_offset}; let w = max(total, 1e-30); {writes} }}")
     n = "\n    "
     q = [", ".join(f"f32(q[qi + {4 * e + c}u])" for c in range(4)) for e in range(gh)]
     if halves == 1:
@@ -683,7 +662,6 @@ def _tiled_shader(ragged, dim, split=False):
         TABLES=_tables(ragged),
         PS=f"var<workgroup> ps: array<array<f32, {sh.threads}>, {kps}>;  // [key][t]: t's part of the key's score\n" if halves > 1 else "",
         GH=gh, KPS=kps, ROWS2=2 * subs * halves, THREADS=sh.threads, BQ=bq, D=dim, SUB=sub,
-        KEY_SPAN=fill(TILED_KEY_RANGE, BK=bk) if split else "",
         HALF_OFFSET=half_offset,
         Q=n.join(f"let q{e} = vec4<f32>({q[e]}) * p.scale;" for e in range(gh)),
         ACC=n.join(f"var a{e} = vec4<f32>(0.0);" for e in range(gh)),
@@ -759,18 +737,11 @@ def _rows(b, ctx):
 
 
 class Rows(NamedTuple):
-    """The shape the attention variants choose by: live query rows, up to how many of them this op
-    takes split-K, and the sequences they belong to (a ragged pass's, padded)."""
+    """The shape the attention variants choose by: live query rows, and up to how many of them
+    this op takes split-K."""
 
     n: int
     split_max: int
-    seqs: int
-
-    @property
-    def chunks(self):
-        """Whether the rows are mostly prompt chunks (TILED_SPLIT_ROWS a sequence or more), whose
-        rows share their keys: then split-K's rows take the query-tiled kernel's splits."""
-        return self.n >= TILED_SPLIT_ROWS * self.seqs
 
 
 class _Launch:
@@ -803,7 +774,9 @@ def _split_route(cpu):
             return _Launch((split, grid), (merge, lambda s: (att.hq, s, 1) if att.splits > 1 else (0, 0, 0)))
         if merges:
             return _Launch((b.dispatch(shader, [*bindings, b.out, _arrival_counts(b, att)]), grid))
-        return _Launch((b.dispatch(shader, bindings), grid), _combine(b, att))
+        split = b.dispatch(shader, bindings)
+        combine = b.dispatch(type_aliases(b.graph.values, RT=b.out) + COMBINE, [att.scratch, b.out, att.params])
+        return _Launch((split, grid), (combine, lambda s: (att.hq, s, 1)))
 
     return build
 
@@ -818,22 +791,6 @@ def _arrival_counts(b, att):
     return vid
 
 
-def _tiled_split_route(b, att):
-    """The query-tiled kernel over split-K's key ranges, and COMBINE; None where the head dim has
-    no tiled kernel."""
-    if tiled_shape(att.dim) is None:
-        return None
-    shader = type_aliases(b.graph.values, QT=att.q, KCT=att.k_cache, VCT=att.v_cache, OT=att.scratch) + _tiled_shader(att.ragged, att.dim, True)
-    tiled = b.dispatch(shader, [att.q, att.k_cache, att.v_cache, att.scratch, att.params, *att.tables])
-    return _Launch((tiled, lambda s: (att.hq, -(-s // TILE_ROWS), att.splits)), _combine(b, att))
-
-
-def _combine(b, att):
-    """COMBINE's dispatch and grid: the key ranges' partial states in the scratch merged into the output."""
-    combine = b.dispatch(type_aliases(b.graph.values, RT=b.out) + COMBINE, [att.scratch, b.out, att.params])
-    return combine, lambda s: (att.hq, s, 1)
-
-
 def _whole_route(b, att):
     shader, rows_per_group = _whole_range(att.ragged, att.dim)
     shader = type_aliases(b.graph.values, QT=att.q, KCT=att.k_cache, VCT=att.v_cache, OT=b.out) + shader
@@ -843,7 +800,6 @@ def _whole_route(b, att):
 
 # The variants of attention by live query rows s, first match wins (kernels/variants.py).
 ATTENTION_VARIANTS = (
-    Variant("tiled_split", GPU_ONLY, lambda r: r.n <= r.split_max and r.chunks, _tiled_split_route),
     Variant("decode_split", GPU_ONLY, lambda r: r.n <= r.split_max, _split_route(cpu=False)),
     Variant("decode_split_cpu", CPU_ONLY, lambda r: r.n <= r.split_max, _split_route(cpu=True)),
     Variant("whole", ANY, lambda s: True, _whole_route),
@@ -891,7 +847,7 @@ def _row_exprs(ragged):
 def _add_attention(b, context, hkv, dim, hq, scale, tables=(), split_max=SPLIT_MAX_ROWS):
     """Record the attention variants (one pass, query-tiled where the head dim allows; split-K and
     its combine for up to `split_max` rows); returns `set_attention(ctx, s, pos, blocks)` for the
-    hook (`blocks`: the entries of a sequence's block table, `seqs` the pass's sequences, ragged)."""
+    hook (`blocks`: the entries of a sequence's block table, ragged)."""
     splits = min(MAX_SPLITS, context)
     span = -(-context // splits)
     scratch = b.scratch("float32", split_max * hq * splits * (dim + 2))  # the splits' partial states
@@ -899,9 +855,9 @@ def _add_attention(b, context, hkv, dim, hq, scale, tables=(), split_max=SPLIT_M
     att = _Attention(b.args[0], b.args[3], b.args[4], scratch, params, tuple(tables), hq, dim, splits, split_max)
     routes = Routes(ATTENTION_VARIANTS, b, att)
 
-    def set_attention(ctx, s, pos, blocks, seqs=1):
+    def set_attention(ctx, s, pos, blocks):
         ctx.set_params(params, struct.pack("<5If5I", s, pos, hq, hkv, dim, scale, blocks, splits, span, 0, 0))
-        routes.set(ctx, Rows(s, split_max, seqs))
+        routes.set(ctx, Rows(s, split_max))
 
     return set_attention
 
@@ -957,7 +913,7 @@ def ragged_sdpa(b):
             n = numel_of(ctx.dims(k))
             ctx.set_params(p_update, struct.pack("<4I", n, hkv * dim, blocks, 0))
             ctx.set_grid(d_update, flat_grid(n))
-        set_attention(ctx, s, 0, blocks, ctx.dims(seq_blocks)[0] // blocks)
+        set_attention(ctx, s, 0, blocks)
         ctx.set_dims(b.out, ctx.dims(q))
 
     b.hook(resize)
