@@ -145,19 +145,18 @@ async def test_fp16_weights_are_stored_as_f16(name, k, vector, load_pte, kernel_
 async def test_fp16_products_take_the_cpu_subgroup_kernels(name, load_pte, kernel_variants):
     """With the CPU variants on a device with subgroups, every product of these models runs in a
     subgroup kernel that loads the f16 input 4 halves at a time (a vec2<u32>), at one row and at
-    several; with the GPU variants, only the fused q/k/v and SwiGLU products do, for SG_GPU_ROWS
-    rows (values checked in test_fp16_products_match_eager_fp16)."""
+    several; with the GPU variants, the float ones for SG_GPU_ROWS rows (values checked in
+    test_fp16_products_match_eager_fp16)."""
     data, _ = _export(name)
     model = await load_pte(data)
     subgroups = model.subgroups
     rng = np.random.default_rng(4)
-    for m in (1, 2, 70):
+    for m in (1, 2, 20, 70):
         await model.execute(*_inputs(name, m, rng))
         live = [d for i, d in enumerate(model.graph.dispatches) if "linear" in d.op and all(model._default.state.grids[i])]
-        fused_rows = R.SG_GPU_ROWS[0] <= m <= R.SG_GPU_ROWS[1]
         for d in live:
-            fused = fused_rows and d.op in ("pte_wgpu.linear_group", "pte_wgpu.linear_silu_mul")
-            expected = subgroups and (kernel_variants == "cpu" or fused)
+            gpu = R.SG_GPU_ROWS[0] <= m <= R.SG_GPU_ROWS[1] and "q4" not in d.op
+            expected = subgroups and (kernel_variants == "cpu" or gpu)
             assert ("subgroupAdd" in d.shader and "array<vec2<u32>>" in d.shader) == expected, (m, d.op)
         assert live, m
 

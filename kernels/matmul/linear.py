@@ -27,7 +27,7 @@ from ..registry import op
 from ..variants import ANY, CPU_ONLY, GPU_ONLY, Routes, Variant
 from ..wgsl import SUBGROUP_BUILTINS, fill, is_float, vec4_loader, vec4_type
 from .gemm import PARAMS_FORMAT, PARAMS_SIZE, GemmRoute, float_load, gemm_scratch, gemm_split, header
-from .routes import GEMV_MAX_ROWS, GEMV_T4_MIN_N, gpu_gemv_rows
+from .routes import GEMV_MAX_ROWS, GEMV_T4_MIN_N, SG_GPU, SG_GPU_ROWS, gpu_gemv_rows
 
 
 @dataclass(frozen=True)
@@ -307,7 +307,7 @@ GEMV_T_CPU = rows_main(CPU_WG, CPU_GROUP_ROWS) + fill(
 # rows at once (a shape, below), each vec4 it loads used for all of the other kind, and
 # subgroupAdd sums each output's lanes. An output's sum is the same whatever the shape and the
 # other rows of the pass. A workgroup takes CPU_WG / SG_LANES groups of weight rows whatever S
-# is: subgroup s takes groups s, s + CPU_WG / S, ..
+# is (a GPU's shape names its own count, sg_groups): subgroup s takes groups s, s + CPU_WG / S, ..
 # On lavapipe (Mesa 22.3) every load of a storage buffer is a loop over the SIMD lanes, one scalar
 # load per lane and component, so what counts is vec4 loads and how many products each feeds.
 # Micro-benchmarks, CPU time of the process (2 cores shared with other work; weights read per
@@ -319,9 +319,17 @@ GEMV_T_CPU = rows_main(CPU_WG, CPU_GROUP_ROWS) + fill(
 SG_LANES = 8  # llvmpipe's subgroup size on 256-bit SIMD (other sizes run the same kernel)
 SG_GEMV = (1, 4)  # (input rows, weight rows) a subgroup takes: one row (decode)
 SG_GEMM = (8, 8)  # any other row count (prefill, a ragged pass of several sessions)
+
+
+def sg_groups(shape):
+    """Groups of weight rows a workgroup of a subgroup kernel takes: a shape's third element where
+    it has one (the GPUs' shape, one group a 32-lane subgroup), else CPU_WG / SG_LANES."""
+    return shape[2] if len(shape) > 2 else CPU_WG // SG_LANES
+
+
 def sg_wg_rows(shape, weights=1):
     """Outputs per workgroup of a subgroup kernel of `shape` whose rows are split among `weights`."""
-    return shape[1] // weights * (CPU_WG // SG_LANES)
+    return shape[1] // weights * sg_groups(shape)
 
 
 def sg_sums(weights, ins, outs, n, store):
@@ -345,7 +353,7 @@ def gemv_sg_body(weights, n, k4, store, base="0u", shape=SG_GEMV):
     `rows`, `li`, `lane`, `sgs`; `store(r)` writes input row r's output n from v0, v1, .. (one a
     weight)."""
     outs, ins = range(shape[1] // len(weights)), range(shape[0])
-    lines = [f"for (var g = li / sgs; g < {CPU_WG // SG_LANES}u; g = g + {CPU_WG}u / sgs) {{", f"let n0 = nw + g * {len(outs)}u;"]
+    lines = [f"for (var g = li / sgs; g < {sg_groups(shape)}u; g = g + {CPU_WG}u / sgs) {{", f"let n0 = nw + g * {len(outs)}u;"]
     lines += [f"let x{r}_ = aoff4 + min({r}u, rows - 1u) * {k4};" for r in ins if r]
     for j, w in enumerate(weights):
         lines += [f"let {w}_{i} = {base} + min(n0 + {i}u, {n} - 1u) * {k4};" for i in outs]
@@ -455,6 +463,12 @@ class Product:
         return self.transposed and self.k % 4 == 0 and self.b_bs % 4 == 0
 
     @property
+    def gpu_subgroup(self):
+        """Rows a GPU's subgroup kernel takes: SG_GPU_ROWS rows of an [N, K] weight of whole vec4
+        rows, narrower than an LM head (kernels/matmul/routes.py)."""
+        return self.vec4_rows and SG_GPU_ROWS[0] <= self.m <= SG_GPU_ROWS[1] and self.n < GEMV_T4_MIN_N
+
+    @property
     def wide(self):
         """Rows the vec4 GEMV takes: K and the batch stride whole vec4s, N >= GEMV_T4_MIN_N."""
         return self.vec4_rows and self.n >= GEMV_T4_MIN_N
@@ -533,6 +547,7 @@ def _gemm(b, mm):
 MATMUL_VARIANTS = (
     Variant("gemv_vec8_f16", GPU_ONLY, lambda s: s.gpu_gemv and s.wide and s.k % 8 == 0 and s.b_bs % 8 == 0, _gemv_t4(8)),
     Variant("gemv_vec4", GPU_ONLY, lambda s: s.gpu_gemv and s.wide, _gemv_t4(4)),
+    Variant("gemv_subgroup", GPU_ONLY, lambda s: s.gpu_subgroup, _sg(SG_GPU)),
     Variant("gemv", GPU_ONLY, lambda s: s.gpu_gemv, _gemv(cpu=False)),
     Variant("gemv_cpu_subgroup", CPU_ONLY, lambda s: s.m == 1 and s.vec4_rows, _sg(SG_GEMV)),
     Variant("gemm_cpu_subgroup", CPU_ONLY, lambda s: not s.empty and s.vec4_rows, _sg(SG_GEMM)),

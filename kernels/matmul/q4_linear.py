@@ -43,7 +43,7 @@ from ..variants import CPU
 from ..wgsl import DIV_RN, PACKED, SUBGROUP_BUILTINS, fill, is_float, vec4_loader, vec4_type
 from . import int8_matrix
 from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, bindings, float_a_at, gemm_scratch, params_bytes
-from .linear import CPU_WG, SG_LANES, sg_sums, sg_wg_rows
+from .linear import CPU_WG, sg_groups, sg_sums, sg_wg_rows
 from .routes import BITWISE_ROWS, GEMV_MAX_ROWS, Q4_GEMV_MAX_ROWS, gpu_gemv_rows, q4_wide
 
 # The GEMV spreads a row's words over `lanes` invocations a quad of outputs, so a workgroup of
@@ -340,7 +340,7 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None):
     lines = [f"let x{r}_ = min(r0 + {r}u, q.M - 1u);" for r in ins]
     if dq8:  # GEMV_DQ8_SETUP for each row
         lines += [f"let s_row{r} = f32(xs[x{r}_]); let zp_row{r} = zp_at(x{r}_); let inv_row{r} = div_rn(1.0, s_row{r});" for r in ins]
-    lines += [f"for (var g = li / sgs; g < {CPU_WG // SG_LANES}u; g = g + {CPU_WG}u / sgs) {{", f"let n0 = nw + g * {len(outs)}u;"]
+    lines += [f"for (var g = li / sgs; g < {sg_groups(shape)}u; g = g + {CPU_WG}u / sgs) {{", f"let n0 = nw + g * {len(outs)}u;"]
     lines += [f"let c{i} = min(n0 + {i}u, {n} - 1u);" for i in outs]
     lines += [f"var acc{j}_{i}_{r} = vec4<f32>(0.0);" for j, i in ws for r in ins]
     lines += [f"for (var v = lane; v < q.K / {Q4_SG_STEP}u; v = v + sgs) {{", f"    let k0 = v * {Q4_SG_STEP}u;"]

@@ -38,17 +38,23 @@ def q4_gemv_rows(k):
     """The most rows the 4-bit GEMVs take for weights of K = k (more: the dequantizing GEMM)."""
     return BITWISE_ROWS if q4_wide(k) else Q4_GEMV_MAX_ROWS
 
-# GPUs with subgroups take the CPU adapters' subgroup kernel (linear.py) in the fused q/k/v and
-# SwiGLU products (fused_linear.py) for a ragged pass of SG_GPU_ROWS rows (several decode
-# sessions), at SG_GPU (4 x 4: 8 x 8's accumulators spill a GPU's registers): lanes along K and a
-# subgroupAdd, where the GEMV reduces 576-long rows across 256 invocations through workgroup
-# memory, ~9 barriers a row. H100, SmolLM2 shape, greedy bursts (examples/bench_llm.py, one
-# call): 32 sessions 5,972 -> 7,168 tokens/s, at 8 x 8 3,609, 8 x 2 7,066; but 16 sessions 4,472
-# -> 4,309 and one row 476 -> 317, so up to 16 rows keep the GEMV (whose rows a pass computes
-# bitwise as alone) and more than 128 the tiled GEMM. The plain and residual linears keep theirs:
-# with N = 576, 4 x 4 leaves too few workgroups (32 sessions: 6,084 tokens/s with them taking it
-# too).
-SG_GPU = (4, 4)
+# GPUs with subgroups take the CPU adapters' subgroup kernel (linear.py) for a ragged pass of
+# SG_GPU_ROWS rows (several decode sessions, a cached prompt's rest): the fused q/k/v and SwiGLU
+# products (fused_linear.py) and the plain and residual float linears narrower than an LM head
+# (4-bit ones keep the GEMV, as the fused 4-bit products do: bitwise the same). Lanes along K and
+# a subgroupAdd, where the GEMV reduces 576-long rows across 256 invocations through workgroup
+# memory, ~9 barriers a row. H100, SmolLM2 shape, greedy bursts (examples/bench_llm.py, one call), the fused products
+# alone: 32 sessions 5,972 -> 7,168 tokens/s; but 16 sessions 4,472 -> 4,309 and one row 476 ->
+# 317, so up to 16 rows keep the GEMV (whose rows a pass computes bitwise as alone) and more than
+# 128 the tiled GEMM.
+# SG_GPU: (input rows, weight rows) a subgroup, and the groups of weight rows a workgroup of
+# CPU_WG (64) invocations takes (linear.py's sg_groups): one a subgroup at 32 lanes, where
+# llvmpipe's 8 left each subgroup looping over 4 groups in a quarter as many workgroups. H200,
+# SmolLM2 fp32, a 32-row pass over 1,056 cached keys 4,701 -> 3,590 us of dispatch time, greedy
+# bursts at 32 sessions 7,902 -> 13,094 tokens/s and 64 15,838 -> 18,844, the plain linears taking
+# it too; (4, 4, 2) 3,684 us, (8, 4, 2) 4,251, (4, 8, 2) 4,286, (1, 4, 2) 3,898, (2, 2, 2) 3,557
+# (BENCHMARKS.md, Products of 17 to 128 rows).
+SG_GPU = (2, 4, 2)
 SG_GPU_ROWS = (17, 128)
 # A pass of at most this many rows computes each row's products as the row alone would, on any
 # adapter (the GEMVs, and the CPU subgroup kernels at every shape, sum a row in one order).
