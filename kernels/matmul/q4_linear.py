@@ -323,10 +323,11 @@ Q4_SG_WORDS = 2  # words a lane loads a step (a vec2<u32>: 16 weights)
 Q4_SG_STEP = 8 * Q4_SG_WORDS  # weights a lane step: K and the group size must be whole steps
 # GPUs take the GEMV up to Q4_GEMV_MAX_ROWS rows, as the fused 4-bit linears do (so that those stay
 # bitwise the plain ops). With its lanes fitted to K past one row (gemv_routes) it beat this
-# kernel at kernels/matmul/routes.py's SG_GPU shape, which GPUs took for 17 to 32 rows of wide weights:
-# H100, SmolLM2-shaped 4w export, greedy bursts, two rounds in one call: 32 sessions 6,513 /
-# 6,533 -> 7,332 / 7,446 tokens/s (the fused SwiGLU normalizing its rows, one dispatch instead of
-# three and the norm's).
+# kernel at 4 x 4 (8 groups of weight rows a workgroup), which GPUs took for 17 to 32 rows of wide
+# weights: H100, SmolLM2-shaped 4w export, greedy bursts, two rounds in one call: 32 sessions
+# 6,513 / 6,533 -> 7,332 / 7,446 tokens/s (the fused SwiGLU normalizing its rows, one dispatch
+# instead of three and the norm's). At routes.py's SG_GPU the plain products' 17-32 rows ran faster
+# (H200), but no longer bitwise the fused GEMV's (BENCHMARKS.md, Products of 17 to 128 rows).
 
 
 def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None):

@@ -43,10 +43,10 @@ def q4_gemv_rows(k):
 # products (fused_linear.py) and the plain and residual float linears narrower than an LM head
 # (4-bit ones keep the GEMV, as the fused 4-bit products do: bitwise the same). Lanes along K and
 # a subgroupAdd, where the GEMV reduces 576-long rows across 256 invocations through workgroup
-# memory, ~9 barriers a row. H100, SmolLM2 shape, greedy bursts (examples/bench_llm.py, one call), the fused products
-# alone: 32 sessions 5,972 -> 7,168 tokens/s; but 16 sessions 4,472 -> 4,309 and one row 476 ->
-# 317, so up to 16 rows keep the GEMV (whose rows a pass computes bitwise as alone) and more than
-# 128 the tiled GEMM.
+# memory, ~9 barriers a row. H100, SmolLM2 shape, greedy bursts (examples/bench_llm.py, one
+# call), the fused products alone: 32 sessions 5,972 -> 7,168 tokens/s; but 16 sessions 4,472 ->
+# 4,309 and one row 476 -> 317, so up to 16 rows keep the GEMV (whose rows a pass computes bitwise
+# as alone) and more than 128 the tiled GEMM.
 # SG_GPU: (input rows, weight rows) a subgroup, and the groups of weight rows a workgroup of
 # CPU_WG (64) invocations takes (linear.py's sg_groups): one a subgroup at 32 lanes, where
 # llvmpipe's 8 left each subgroup looping over 4 groups in a quarter as many workgroups. H200,
