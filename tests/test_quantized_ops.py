@@ -170,11 +170,13 @@ async def test_cpu_adapters_take_the_subgroup_gemv(name, subgroup, load_pte, ker
     assert ran == (subgroup and kernel_variants == "cpu" and model.subgroups)
 
 
-@pytest.mark.parametrize("name, most", [("q4_wide", 64), ("dq8_wide", 32), ("q4_lm_head", 16)])
-async def test_gpus_take_the_gemv_up_to_its_rows(name, most, load_pte, kernel_variants):
-    """With the GPU variants, even on a device with subgroups, a wide 4-bit linear runs the GEMV
-    up to Q4_GEMV_MAX_ROWS rows (dq8: GEMV_MAX_ROWS; BITWISE_ROWS for N >= GEMV_T4_MIN_N), and the
-    tiled GEMM past that, never a subgroup kernel."""
+@pytest.mark.parametrize("name, most, subgroup", [("q4_wide", 64, True), ("dq8_wide", 32, False), ("q4_lm_head", 16, False)])
+async def test_gpus_take_the_gemv_up_to_its_rows(name, most, subgroup, load_pte, kernel_variants):
+    """With the GPU variants a wide 4-bit linear runs the GEMV up to BITWISE_ROWS rows, on a
+    device with subgroups their kernel for 17 to Q4_GEMV_MAX_ROWS rows (kernels/matmul/routes.py's
+    Q4_SG_GPU_ROWS; without subgroups the GEMV), and the tiled GEMM past that; dq8 the GEMV up to
+    GEMV_MAX_ROWS, an LM head (N >= GEMV_T4_MIN_N) up to BITWISE_ROWS, and neither a subgroup
+    kernel."""
     model = await load_pte(_export(name)[0])
     if kernel_variants != "gpu":
         pytest.skip("the GPU variants")
@@ -182,14 +184,15 @@ async def test_gpus_take_the_gemv_up_to_its_rows(name, most, load_pte, kernel_va
         await model.execute(_rows(name, m, np.random.default_rng(m)))
         grids = model._default.state.grids
         running = [d.shader or "" for i, d in enumerate(model.graph.dispatches) if all(grids[i])]
-        assert not any("subgroupAdd" in s for s in running), m
+        assert any("subgroupAdd" in s for s in running) == (subgroup and model.subgroups and 17 <= m <= 64), m
         assert any("var<workgroup> As" in s for s in running) == (m > most), m
 
 
 async def test_gpu_gemv_rows_are_each_row_alone(load_pte, kernel_variants):
     """With the GPU variants, K = 576 (72 words a row): the GEMV takes one row at 256 lanes a quad
-    of outputs, 2 to 16 rows at 64 and 17 to 32 at 32 (kernels/matmul/q4_linear.py's gemv_routes), and
-    each row of a pass of up to 16 rows is bitwise what it gets alone."""
+    of outputs, 2 to 16 rows at 64 and 17 to 32 at 32 (kernels/matmul/q4_linear.py's gemv_routes;
+    on a device with subgroups their kernel takes 17 to 32), and each row of a pass of up to 16
+    rows is bitwise what it gets alone."""
     if kernel_variants != "gpu":
         pytest.skip("the GPU variants")
     model = await load_pte(_export("q4_k576")[0])
@@ -198,7 +201,8 @@ async def test_gpu_gemv_rows_are_each_row_alone(load_pte, kernel_variants):
         await model.execute(_rows("q4_k576", m, rng))
         grids = model._default.state.grids
         running = [d.shader for i, d in enumerate(model.graph.dispatches) if d.shader and all(grids[i])]
-        assert [f"let lane = li % {lanes}u;" in s for s in running] == [True], m
+        kernel = "subgroupAdd" if m > 16 and model.subgroups else f"let lane = li % {lanes}u;"
+        assert [kernel in s for s in running] == [True], m
     x = _rows("q4_k576", 16, rng)
     alone = np.concatenate([(await model.execute(x[i : i + 1]))[0] for i in range(16)])
     for m in (2, 7, 16):

@@ -332,15 +332,26 @@ def sg_wg_rows(shape, weights=1):
     return shape[1] // weights * sg_groups(shape)
 
 
-def sg_sums(weights, ins, outs, n, store):
+def sg_sums(weights, ins, outs, n, store, partners=False):
     """The subgroup kernels' last statements: each accumulator acc{j}_{i}_{r} (weight j, output
     i, input row r) summed over its vec4 and the subgroup's lanes into v{j}, and lane 0 storing
-    output n0 + i of a live row r with `store(r)`, for N = `n` (WGSL)."""
+    output n0 + i of a live row r with `store(r)`, for N = `n` (WGSL). With `partners` (n0 and
+    the outputs even), pair{j} holds output n ^ 1's sum too (a RoPE epilogue's)."""
     lines = []
+
+    def total(j, i, r):
+        return f"subgroupAdd((acc{j}_{i}_{r}.x + acc{j}_{i}_{r}.y) + (acc{j}_{i}_{r}.z + acc{j}_{i}_{r}.w))"
+
     for r in ins:
+        if partners:
+            lines.append("{ " + " ".join(f"let s{j}_{i} = {total(j, i, r)};" for i in outs for j in range(weights)))
         for i in outs:
-            sums = " ".join(f"let v{j} = subgroupAdd((acc{j}_{i}_{r}.x + acc{j}_{i}_{r}.y) + (acc{j}_{i}_{r}.z + acc{j}_{i}_{r}.w));" for j in range(weights))
+            if partners:
+                sums = " ".join(f"let v{j} = s{j}_{i}; let pair{j} = s{j}_{i ^ 1};" for j in range(weights))
+            else:
+                sums = " ".join(f"let v{j} = {total(j, i, r)};" for j in range(weights))
             lines.append(f"{{ {sums} let n = n0 + {i}u; if (lane == 0u && n < {n} && {r}u < rows) {{ {store(r)} }} }}")
+        lines += ["}"] if partners else []
     return lines
 
 

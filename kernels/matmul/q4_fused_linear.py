@@ -16,11 +16,12 @@ replaced stored it (the products rounded to their tensors' types before the gate
 - `pte_wgpu.q4_linear_residual` [x, weight, scales, group_size, residual, out]: the plain op's
   routes with the residual added in their epilogue.
 
-The fused kernel per adapter class: on CPU adapters with subgroups (and weights of whole subgroup
-steps) the subgroup kernels of every row count, Q4_SG_GEMV's one row and Q4_SG_GEMM's shape for
-more, as the plain op; otherwise the GEMV up to Q4_GEMV_MAX_ROWS rows, as the plain op too. More
-rows run each product's plain routes (Q4Product: the dequantizing GEMM), then SwiGLU's
-elementwise gate.
+The fused kernel per adapter class, as the plain op's: on CPU adapters with subgroups (and weights
+of whole subgroup steps) the subgroup kernels of every row count, Q4_SG_GEMV's one row and
+Q4_SG_GEMM's shape for more; otherwise the GEMV up to Q4_GEMV_MAX_ROWS rows, on GPUs with
+subgroups up to BITWISE_ROWS and the subgroup kernel at routes.py's SG_GPU past them (where the
+plain op takes it: q4_linear.py's q4_subgroup_shapes). More rows run each product's plain routes
+(Q4Product: the dequantizing GEMM), then SwiGLU's elementwise gate.
 """
 
 import struct
@@ -33,6 +34,7 @@ from ..variants import CPU
 from ..wgsl import fill, flat_grid, vec4_loader, vec4_type
 from .fused_linear import _RMS, SILU, swiglu_elementwise
 from .linear import sg_wg_rows
+from .routes import BITWISE_ROWS, Q4_SG_GPU_ROWS, SG_GPU
 from .q4_linear import (
     Q4_SG_GEMM,
     Q4_SG_GEMV,
@@ -47,7 +49,9 @@ from .q4_linear import (
     gemv_reduce,
     gemv_route,
     gemv_routes,
+    gemv_routes_below,
     gemv_step,
+    q4_subgroup_shapes,
     q4_weight,
     sg_body,
     sg_main,
@@ -73,7 +77,7 @@ def _shader(kind, shape, count, swiglu, norm, types, word_group, rope=None, step
     storage types of x, the scales, gamma, the outputs and the rows a norm writes (`rows`) and the
     products as stored before the gate (`gate`, `up`). The GEMV's shape is its route (most rows,
     lanes, rows a workgroup), kernels/matmul/q4_linear.py's gemv_routes. With `rope` (kernels/attention/rope.py's
-    RopeEpilogue) the GEMV's epilogue rotates q and k and stores k and v in the caches. The GEMV
+    RopeEpilogue) the epilogue rotates q and k and stores k and v in the caches. The GEMV
     takes `step` weights of K at a time (q4_linear.py's gemv_step)."""
     sg = kind == SUBGROUP
     reads = [("x", vec4_type(types["x"]) if sg else types["x"])]
@@ -81,7 +85,8 @@ def _shader(kind, shape, count, swiglu, norm, types, word_group, rope=None, step
         reads += [(f"wq{j}", f"vec{Q4_SG_WORDS}<u32>" if sg else "u32"), (f"ws{j}", types["scales"][j])]
     reads += [("gamma", types["gamma"])] if norm else []  # the GEMV's: the subgroup kernels read normalized rows
     outs = types["outs"]
-    rotates = rope is not None and not sg
+    rotates = rope is not None
+    assert not (rotates and sg and shape[1] % 2), "a subgroup kernel rotates its outputs in pairs"
     lines = [_uniform(count, rope)]
     lines += [f"@group(0) @binding({i}) var<storage, read> {name}: array<{t}>;" for i, (name, t) in enumerate(reads)]
     lines += [f"@group(0) @binding({len(reads) + j}) var<storage, read_write> o{j}: array<{t}>;" for j, t in enumerate(outs)]
@@ -102,7 +107,7 @@ def _shader(kind, shape, count, swiglu, norm, types, word_group, rope=None, step
     def body(weights, n, store):
         if sg:
             per = sg_wg_rows(shape, len(weights))
-            return f"let nw = wg * {per}u;\n    " + sg_body(False, shape, weights, n, store)
+            return f"let nw = wg * {per}u;\n    " + sg_body(False, shape, weights, n, store, rotates)
         return gemv_body(False, weights, n, store, shape[1], x_at, rotates, shape[2], step)
 
     fn = (lambda j: f"wscale{j}") if sg else (lambda j: str(j))
@@ -146,24 +151,32 @@ class _Fused:
         self.eps = float(b.scalar(len(args) - 2, 1e-6)) if self.norm else 0.0
         floats = [self.x, *(s for _, s in self.products), *items] + ([x_pre, gamma] if self.norm else [])
         steps = all(w.subgroup_steps() for w in self.ws) and all(b.storage(v) in ("f32", "f16") for v in floats)
-        self.kind = SUBGROUP if b.adapter == CPU and b.subgroups and steps else GEMV
+        steps = steps and b.subgroups and b.graph.values[self.x].dims[-1] % Q4_SG_STEP == 0
+        cpu = b.adapter == CPU
         types = {
             "x": b.storage(self.x), "scales": [b.storage(s) for _, s in self.products], "gamma": gamma is not None and b.storage(gamma),
             "outs": [b.storage(o) for o in self.outs], "rows": b.storage(self.x), "gate": b.storage(items[-2]), "up": b.storage(items[-1]),
         }  # fmt: skip
         self.q = b.params(4 * (len(HEAD) + 4 * len(self.ws) + (len(ROPE_FIELDS) if rope else 0)))
         word_group = self.ws[0].gs % 8 == 0
-        sg = ((Q4_SG_GEMV[0], Q4_SG_GEMV[1] * len(self.ws)) if swiglu else Q4_SG_GEMV, Q4_SG_GEMM)
-        self.shapes = sg if self.kind == SUBGROUP else gemv_routes(self.ws[0].wpr)
-        self.most = None if self.kind == SUBGROUP else self.shapes[-1][0]  # the rows the fused kernel takes: every count, or the GEMV's
+        if cpu and steps:  # every row count
+            sg = ((Q4_SG_GEMV[0], Q4_SG_GEMV[1] * len(self.ws)) if swiglu else Q4_SG_GEMV, Q4_SG_GEMM)
+            self.routes, kinds, self.most = [], [(SUBGROUP, shape) for shape in sg], None
+        else:  # the GEMV's rows, on GPUs past BITWISE_ROWS the subgroup kernel's where the plain op takes it
+            gpu_sg = not cpu and steps and q4_subgroup_shapes(b, self.ws[0], b.graph.values[self.x].dims[-1])
+            routes = gemv_routes(self.ws[0].wpr)
+            self.routes = gemv_routes_below(routes, BITWISE_ROWS) if gpu_sg else routes
+            kinds = [(GEMV, route) for route in self.routes] + ([(SUBGROUP, SG_GPU)] if gpu_sg else [])
+            self.most = Q4_SG_GPU_ROWS[1] if gpu_sg else self.routes[-1][0]
         self.dispatches = []
-        for shape in self.shapes:
-            norm = self.norm and self.kind == GEMV  # the subgroup kernels read rms_norm_for_q4's rows
+        for kind, shape in kinds:
+            norm = self.norm and kind == GEMV  # the subgroup kernels read rms_norm_for_q4's rows
             t = dict(types, x=b.storage(x_pre)) if norm else types
             reads = [x_pre if norm else self.x, *(v for pair in self.products for v in pair)] + ([gamma] if norm else [])
-            shader = _shader(self.kind, shape, len(self.ws), swiglu, norm, t, word_group, rope, gemv_step(self.ws[0].wpr))
-            extra = rope.values if rope and self.kind == GEMV else []
-            self.dispatches.append((b.dispatch(shader, [*reads, *self.outs, self.q, *extra]), shape))
+            rotates = rope if kind == GEMV or not cpu else None  # CPU adapters: the RoPE's own dispatch
+            shader = _shader(kind, shape, len(self.ws), swiglu, norm, t, word_group, rotates, gemv_step(self.ws[0].wpr))
+            extra = rope.values if rotates else []
+            self.dispatches.append((b.dispatch(shader, [*reads, *self.outs, self.q, *extra]), kind, shape, rotates is not None))
         # more rows: each product's plain routes (the dequantizing GEMM)
         self.plain = [] if self.most is None else [
             Q4Product(b, self.x, None, None, w, s, gs, None, o, gemv=False) for (w, s), o in zip(self.products, self.stored)
@@ -172,25 +185,28 @@ class _Fused:
             self.e = b.params(16)
             self.gate_up = b.dispatch(swiglu_elementwise(*(b.storage(v) for v in items[1:] + items[:1])), [*items[1:], items[0], self.e])
 
-    def per(self, shape):
-        """Outputs a workgroup of the kernel at `shape`."""
-        return gemv_outputs(shape[1]) if self.kind == GEMV else sg_wg_rows(shape, len(self.ws) if self.swiglu else 1)
+    def per(self, kind, shape):
+        """Outputs a workgroup of the kernel of `kind` at `shape`."""
+        return gemv_outputs(shape[1]) if kind == GEMV else sg_wg_rows(shape, len(self.ws) if self.swiglu else 1)
 
     def resize(self, ctx):
-        """Routes for the live rows; returns whether the fused GEMV took `rope` (its rows)."""
+        """Routes for the live rows; returns whether the fused kernel took `rope` (its rows)."""
         b, xd = self.b, ctx.dims(self.x)
         if len(xd) < 1:
             b.fail("input must have at least one dim")
         k, m = xd[-1], numel_of(xd[:-1])
         for w in self.ws:
             w.check_input(b, k)
-        if self.kind == SUBGROUP and k % Q4_SG_STEP:
-            b.fail(f"input K={k} is not whole subgroup steps of {Q4_SG_STEP}")
         fused = m > 0 and (self.most is None or m <= self.most)
+        if not self.routes:  # CPU adapters' subgroup kernels: one row, and more
+            chosen, kind, shape, rotates = self.dispatches[int(m > 1)]
+        else:
+            chosen, kind, shape, rotates = self.dispatches[gemv_route(self.routes, m) if m <= self.routes[-1][0] else -1]
+        if kind == SUBGROUP and fused and k % Q4_SG_STEP:
+            b.fail(f"input K={k} is not whole subgroup steps of {Q4_SG_STEP}")
         for product in self.plain:
             product.resize(ctx, on=not fused)
-        chosen, shape = self.dispatches[gemv_route(self.shapes, m) if self.kind == GEMV else int(m > 1)]
-        per = self.per(shape)
+        per = self.per(kind, shape)
         ns = [w.n for w in self.ws][: 1 if self.swiglu else None]
         starts = [0]
         for n in ns:
@@ -202,8 +218,8 @@ class _Fused:
         fields += self.rope.fields if self.rope else []
         ctx.set_params(self.q, struct.pack(f"<6If{len(fields) - 5}I", *fields[:6], self.eps, 0, *fields[6:]))
         x, y, _ = fold_grid(starts[-1])
-        rows = shape[2] if self.kind == GEMV else shape[0]  # rows a workgroup
-        for d, _ in self.dispatches:
+        rows = shape[2] if kind == GEMV else shape[0]  # rows a workgroup
+        for d, *_ in self.dispatches:
             ctx.set_grid(d, (x, y, -(-m // rows)) if fused and d == chosen else (0, 0, 0))
         for o, n in zip(self.stored, [w.n for w in self.ws]):
             ctx.set_dims(o, tuple(xd[:-1]) + (n,))
@@ -215,7 +231,7 @@ class _Fused:
             if self.plain:
                 ctx.set_params(self.e, struct.pack("<4I", m * n, 0, 0, 0))
                 ctx.set_grid(self.gate_up, flat_grid(m * n) if m and not fused else (0, 0, 0))
-        return self.rope is not None and fused and self.kind == GEMV
+        return fused and rotates
 
 
 @op("pte_wgpu.q4_linear_group", "pte_wgpu.rms_q4_linear_group", half=True)

@@ -23,8 +23,9 @@ gemv_routes) and a GEMM route (more rows:
 kernels/matmul/gemm.py's template with a B load that dequantizes each weight as it is staged, and with
 dq8 an A load that quantizes each activation; split-K as for fp32). On CPU adapters with
 subgroups, where K and the group size are multiples of 16 (a lane's step: 2 words), two subgroup
-kernels take every row count instead (one row, and Q4_SG_GEMM's shape for more). The hook zeroes the
-grids of the routes not taken.
+kernels take every row count instead (one row, and Q4_SG_GEMM's shape for more); on GPUs with
+subgroups one takes the GEMV's rows past BITWISE_ROWS (routes.py's Q4_SG_GPU_ROWS; not dq8, not
+weights of q4_wide K or of an LM head's rows). The hook zeroes the grids of the routes not taken.
 
 Activations, scales, bias and outputs are stored as their tensors' types (f32, or f16 for
 float16, in any mix); every kernel converts at the load and the store, and dequantizes and sums
@@ -44,7 +45,7 @@ from ..wgsl import DIV_RN, PACKED, SUBGROUP_BUILTINS, fill, is_float, vec4_loade
 from . import int8_matrix
 from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, bindings, float_a_at, gemm_scratch, params_bytes
 from .linear import CPU_WG, sg_groups, sg_sums, sg_wg_rows
-from .routes import BITWISE_ROWS, GEMV_MAX_ROWS, Q4_GEMV_MAX_ROWS, gpu_gemv_rows, q4_wide
+from .routes import BITWISE_ROWS, GEMV_MAX_ROWS, GEMV_T4_MIN_N, Q4_GEMV_MAX_ROWS, Q4_SG_GPU_ROWS, SG_GPU, gpu_gemv_rows, q4_wide
 
 # The GEMV spreads a row's words over `lanes` invocations a quad of outputs, so a workgroup of
 # GEMV_WG takes 4 * GEMV_WG / lanes outputs; which lanes, by the pass's row count (gemv_routes).
@@ -321,20 +322,22 @@ Q4_SG_GEMV = (1, 8)  # (input rows, weight rows) a subgroup takes: one row (deco
 Q4_SG_GEMM = (8, 8)  # any other row count (prefill, a ragged pass): no tiled GEMM, no barriers
 Q4_SG_WORDS = 2  # words a lane loads a step (a vec2<u32>: 16 weights)
 Q4_SG_STEP = 8 * Q4_SG_WORDS  # weights a lane step: K and the group size must be whole steps
-# GPUs take the GEMV up to Q4_GEMV_MAX_ROWS rows, as the fused 4-bit linears do (so that those stay
-# bitwise the plain ops). With its lanes fitted to K past one row (gemv_routes) it beat this
-# kernel at 4 x 4 (8 groups of weight rows a workgroup), which GPUs took for 17 to 32 rows of wide
-# weights: H100, SmolLM2-shaped 4w export, greedy bursts, two rounds in one call: 32 sessions
-# 6,513 / 6,533 -> 7,332 / 7,446 tokens/s (the fused SwiGLU normalizing its rows, one dispatch
-# instead of three and the norm's). At routes.py's SG_GPU the plain products' 17-32 rows ran faster
-# (H200), but no longer bitwise the fused GEMV's (BENCHMARKS.md, Products of 17 to 128 rows).
+# GPUs take this kernel at routes.py's SG_GPU for 17 to Q4_GEMV_MAX_ROWS rows (Q4_SG_GPU_ROWS),
+# the plain and the fused 4-bit linears alike (so that those stay bitwise the plain ops); the fused
+# ones read the rows rms_norm_for_q4 writes, and the q/k/v group rotates q and k in its epilogue.
+# H200, SmolLM2-shaped 4w export, greedy bursts, three rounds in one call: 32 sessions 9,474-9,567
+# -> 10,697-10,802 tokens/s, 64 sessions 11,990-12,185 -> 14,431-14,508. Normalizing the rows
+# in this kernel instead (each workgroup summing its rows' squares, two barriers) cost more than the
+# norm's dispatch: 32 sessions 7,562 / 7,598. (At 4 x 4, 8 groups of weight rows a workgroup, the
+# fitted GEMV had beaten it for 17 to 32 rows on an H100: BENCHMARKS.md.)
 
 
-def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None):
+def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partners=False):
     """The subgroup kernel's statements for `shape` = (input rows, weight rows split among
     `weights`, (word binding, scale fn) pairs read for the same outputs, as SwiGLU's gate and up);
     input row r of the workgroup's group of rows from r0 (rows past `rows` read as the last live
-    one, not written). `store(r)` writes row r's output n of N = `n` from v0, v1, .. (one a weight)."""
+    one, not written). `store(r)` writes row r's output n of N = `n` from v0, v1, .. (one a weight;
+    with `partners`, pair0, pair1, .. hold output n ^ 1: linear.py's sg_sums)."""
     ins, outs = range(shape[0]), range(shape[1] // len(weights))
     store = store or (lambda r: f"out[(r0 + {r}u) * q.N + n] = epilogue(v0, r0 + {r}u, n);")
     ws = [(j, i) for j in range(len(weights)) for i in outs]
@@ -362,7 +365,7 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None):
             lines += [f"    acc{t}_{r} = acc{t}_{r} + x{r}a * a{t} + x{r}b * b{t};" for r in ins]
         lines.append("    }")
     lines.append("}")
-    lines += sg_sums(len(weights), ins, outs, n, store)
+    lines += sg_sums(len(weights), ins, outs, n, store, partners)
     lines.append("}")
     return "\n    ".join(lines)
 
@@ -480,19 +483,31 @@ def q4_weight(b, x, weight, scales, group_size):
     return Q4Weight(n, row_bytes // 4, *st.dims, gs)
 
 
-def q4_subgroup_shapes(b, w):
-    """The subgroup kernel shapes a plain 4-bit product of weight `w` builds on this device: CPU
-    adapters with subgroups take them at every row count, one row and more."""
-    if not (b.adapter == CPU and b.subgroups and w.subgroup_steps()):
+def q4_subgroup_shapes(b, w, k):
+    """The subgroup kernel shapes a 4-bit product of weight `w` and inputs of at most K = k builds
+    on this device: CPU adapters with subgroups take them at every row count (one row, and more);
+    GPUs take routes.py's SG_GPU for Q4_SG_GPU_ROWS rows of weights the GEMV takes there (K below
+    Q4_GEMM_MIN_K, fewer rows than an LM head)."""
+    if not (b.subgroups and w.subgroup_steps() and k % Q4_SG_STEP == 0):
         return ()
-    return (Q4_SG_GEMV, Q4_SG_GEMM)
+    if b.adapter == CPU:
+        return (Q4_SG_GEMV, Q4_SG_GEMM)
+    return () if q4_wide(8 * w.wpr) or w.n >= GEMV_T4_MIN_N else (SG_GPU,)
 
 
 def q4_subgroup_shape(b, shapes, m, k):
     """The subgroup shape a product built with `shapes` takes for M x K, or None."""
-    if shapes and k % Q4_SG_STEP == 0 and m > 0:
-        return Q4_SG_GEMV if m == 1 else Q4_SG_GEMM
-    return None
+    if not shapes or k % Q4_SG_STEP or m < 1:
+        return None
+    if b.adapter == CPU:
+        return shapes[int(m > 1)]
+    return shapes[0] if Q4_SG_GPU_ROWS[0] <= m <= Q4_SG_GPU_ROWS[1] else None
+
+
+def gemv_routes_below(routes, rows):
+    """The routes of `routes` (gemv_routes) for row counts up to `rows`, the last taking no more."""
+    kept = [r for i, r in enumerate(routes) if i == 0 or routes[i - 1][0] < rows]
+    return kept[:-1] + [(min(kept[-1][0], rows), *kept[-1][1:])]
 
 
 class Q4Product:
@@ -515,12 +530,15 @@ class Q4Product:
         word_group = w.gs % 8 == 0
         types = Storage(*(b.storage(v) if v is not None else "f32" for v in (x, xs, scales, bias, out)))
         bound = [*operands, *tail, out, self.q]
+        gpu = b.adapter != CPU  # GPUs: no subgroup kernel for dq8, nor where a fused op's own kernel takes its rows
+        self.shapes = () if gpu and (dq8 or not gemv) else q4_subgroup_shapes(b, w, b.graph.values[x].dims[-1])
         self.routes = gemv_routes(w.wpr, grouped=not dq8) if gemv else []
+        if self.shapes and gpu:  # the subgroup kernel past BITWISE_ROWS
+            self.routes = gemv_routes_below(self.routes, BITWISE_ROWS)
         most = self.routes[-1][0] if self.routes else 0  # without the GEMV, the GEMM at every row count
-        self.gemv_rows = gpu_gemv_rows(w.n, most) if gemv and b.adapter != CPU else most  # more: the GEMM
+        self.gemv_rows = gpu_gemv_rows(w.n, most) if gemv and gpu else most  # more: the GEMM
         step = gemv_step(w.wpr)
         self.gemvs = [b.dispatch(gemv_shader(dq8, zp_packed, has_bias, word_group, lanes, types, residual, rows, step), bound) for _, lanes, rows in self.routes]
-        self.shapes = q4_subgroup_shapes(b, w)
         self.sgs = [(b.dispatch(sg_shader(dq8, zp_packed, has_bias, shape, types, residual), bound), shape) for shape in self.shapes]
         q_binding = len(operands) + len(tail) + 3  # after out, p and the scratch
         q_wgsl = f"{LIN_STRUCT};\n@group(0) @binding({q_binding}) var<uniform> q: Q;\n"

@@ -41,7 +41,7 @@ def q4_gemv_rows(k):
 # GPUs with subgroups take the CPU adapters' subgroup kernel (linear.py) for a ragged pass of
 # SG_GPU_ROWS rows (several decode sessions, a cached prompt's rest): the fused q/k/v and SwiGLU
 # products (fused_linear.py) and the plain and residual float linears narrower than an LM head
-# (4-bit ones keep the GEMV, as the fused 4-bit products do: bitwise the same). Lanes along K and
+# (4-bit ones for Q4_SG_GPU_ROWS, below). Lanes along K and
 # a subgroupAdd, where the GEMV reduces 576-long rows across 256 invocations through workgroup
 # memory, ~9 barriers a row. H100, SmolLM2 shape, greedy bursts (examples/bench_llm.py, one
 # call), the fused products alone: 32 sessions 5,972 -> 7,168 tokens/s; but 16 sessions 4,472 ->
@@ -56,6 +56,10 @@ def q4_gemv_rows(k):
 # (BENCHMARKS.md, Products of 17 to 128 rows).
 SG_GPU = (2, 4, 2)
 SG_GPU_ROWS = (17, 128)
+# The 4-bit products (plain and fused, q4_linear.py, q4_fused_linear.py) take it for 17 to
+# Q4_GEMV_MAX_ROWS rows, past the GEMV's BITWISE_ROWS, for weights narrower than K = Q4_GEMM_MIN_K
+# (wider ones take the dequantizing GEMM there).
+Q4_SG_GPU_ROWS = (SG_GPU_ROWS[0], Q4_GEMV_MAX_ROWS)
 # A pass of at most this many rows computes each row's products as the row alone would, on any
 # adapter (the GEMVs, and the CPU subgroup kernels at every shape, sum a row in one order).
 BITWISE_ROWS = SG_GPU_ROWS[0] - 1
@@ -81,13 +85,15 @@ def subgroup_products(b, k, tensors):
 
 def fused_norm_rows(b, k, tensors, q4=False):
     """The most rows a fused linear of K = k over `tensors` (`q4`: a 4-bit one, whose GEMV takes up
-    to Q4_GEMV_MAX_ROWS rows, q4_fused_linear.py) normalizes itself; for more,
+    to Q4_GEMV_MAX_ROWS rows without subgroups, q4_fused_linear.py) normalizes itself; for more,
     `pte_wgpu.rms_norm_for_gemm` (or `pte_wgpu.rms_norm_for_q4`) writes the normalized rows, which
-    the subgroup kernels of more than one row and the GEMM read. On CPU adapters with subgroups
+    the subgroup kernels of more than one row and the GEMM read (GPUs: past BITWISE_ROWS, also for
+    the rare 4-bit weights whose rows or groups are not whole subgroup steps, which keep the GEMV
+    to Q4_GEMV_MAX_ROWS and normalize themselves there). On CPU adapters with subgroups
     none: their subgroup kernels read the normalized rows at every row count, as normalizing in
     the kernel takes a workgroup barrier, which costs lavapipe more than the norm's own dispatch
     (SmolLM2 4w, one row: the fused SwiGLU 1.94 ms normalizing itself, 0.99 ms reading the rows,
     the norm 45 us; fp32 the same, BENCHMARKS.md)."""
     if subgroup_products(b, k, tensors):
-        return 0 if b.adapter == CPU else q4_gemv_rows(k) if q4 else SG_GPU_ROWS[0] - 1
+        return 0 if b.adapter == CPU else SG_GPU_ROWS[0] - 1
     return q4_gemv_rows(k) if q4 else GEMV_MAX_ROWS
