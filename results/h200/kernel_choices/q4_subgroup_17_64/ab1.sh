@@ -1,4 +1,4 @@
-# usage: VERS="base s1" bash .ab1b/ab1.sh prof|decode ...   (Llama-3.2-1B 4w)
+# usage: VERS="base q3" bash ab1.sh prof|decode ...   (MODEL.pte.xz, MODEL.json: examples/export_bench_model.py --shape llama3_2_1b --qmode 4w)
 set -u
 for f in .gl/*.deb; do dpkg -x $f / ; done; ldconfig
 [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl1b/*.whl 2>&1 | tail -1
