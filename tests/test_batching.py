@@ -76,9 +76,10 @@ async def test_which_graphs_batch_ragged(llama):
 @pytest.mark.parametrize("kernels", ["gpu", "cpu"])
 async def test_rope_in_the_qkv_products_is_the_rope_op(llama, kernels, monkeypatch):
     """q/k/v products that take the RoPE (`pte_wgpu.rms_linear_group_rope`: on GPUs the GEMV's
-    epilogue rotates and fills the caches, for up to GEMV_MAX_ROWS rows; else rope_into_cache's own
-    dispatch) give every step's logits bitwise as the separate RoPE op does: prompts of 1, 13 and
-    37 rows (GEMV, GEMV, GEMM), then decode steps."""
+    epilogue rotates and fills the caches, and the subgroup kernel's for SG_GPU_ROWS rows on a
+    device with subgroups; else rope_into_cache's own dispatch) give every step's logits bitwise as
+    the separate RoPE op does: prompts of 1, 13 and 37 rows (GEMV, GEMV, the subgroup kernel or the
+    GEMM), then decode steps."""
     from async_runtime import device
 
     monkeypatch.setenv("PTE_WGPU_KERNELS", kernels)

@@ -58,7 +58,7 @@ def _body(kind, shape, weights, n, store, norm, rows, partners=False):
     (GPU only): the store reads the other output of n's pair too (kernels/matmul/linear.py gemv_t_body)."""
     if kind == SUBGROUP:  # never normalizes (it reads the norm op's rows: fused_norm_rows)
         first = f"let nw = wg * {_per(kind, shape, len(weights))}u;\n    "
-        return first + gemv_sg_body(weights, n, "(q.K / 4u)", store, shape=shape)
+        return first + gemv_sg_body(weights, n, "(q.K / 4u)", store, shape=shape, partners=partners)
     if kind == CPU:
         return f"let n = wg * {CPU_WG}u + li;\n    " + gemv_t_cpu_body(weights, n, "q.K", store, scale=_scale(norm, rows), group_rows=shape[0])
     body = gemv_t_body(weights, n, "q.K", store, scale=_scale(norm, rows), group_rows=shape[0], partners=partners)
@@ -69,13 +69,14 @@ def _group_shader(count, norm, kind, shape, types, rope=None):
     """GEMV over `count` products: params q = (M, K, eps, then N_j and first workgroup S_j per
     product, then `rope`'s fields); with `norm`, binding 0 holds the rows before the RMS norm.
     `types`: the bindings' storage types in order, the uniform left out. With `rope` the GPU
-    kind's epilogue rotates q and k and stores k and v in the caches (rope_store)."""
+    kind's epilogue, and the subgroup kernel's at a GPU's shape (gpu_shape), rotates q and k and
+    stores k and v in the caches (rope_store)."""
     fields = ["M: u32", "K: u32", "eps: f32"] + [f"N{j}: u32" for j in range(count)] + [f"S{j}: u32" for j in range(count)]
     fields += ["half: u32", "dim: u32", "row: u32", "blocks: u32"] if rope else []
     fields += [f"pad{i}: u32" for i in range(-len(fields) % 4)]
     weights = [f"w{j}" for j in range(count)]
     outs = [f"o{j}" for j in range(count)]
-    rotates = rope is not None and kind == GPU
+    rotates = rope is not None and (kind == GPU or gpu_shape(kind, shape))
     branches = []
     for j in range(count):
         if rotates:
@@ -120,11 +121,14 @@ class _Gemvs:
             around = (head, tail) if norm else ([b.args[0]], [])
             bound = [*around[0], *after[0], *around[1], *after[1]]
             shader = shader_of(d_kind, shape, norm, [b.storage(v) for v in bound[:-1]])
-            self.dispatches.append((b.dispatch(shader, bound + list(gpu_extra if d_kind == GPU else ())), d_kind, shape))
+            extra = gpu_extra if d_kind == GPU or gpu_shape(d_kind, shape) else ()
+            self.dispatches.append((b.dispatch(shader, bound + list(extra)), d_kind, shape))
 
-    def kind_at(self, m):
-        """The kind of the dispatch that takes M rows."""
-        return self.dispatches[self._index(m)][1]
+    def gpu_at(self, m):
+        """Whether the dispatch that takes M rows is a GPU's (its GEMV, or the subgroup kernel at
+        the GPU's shape), whose epilogue may take a RoPE."""
+        _, kind, shape = self.dispatches[self._index(m)]
+        return kind == GPU or gpu_shape(kind, shape)
 
     def _index(self, m):
         if self.kind == SUBGROUP:
@@ -142,6 +146,11 @@ class _Gemvs:
         x, y, _ = fold_grid(sum(-(-n // per) for n in outputs))
         for d, _, shape in self.dispatches:
             ctx.set_grid(d, (x, y, -(-m // shape[0])) if on and d == chosen else (0, 0, 0))
+
+
+def gpu_shape(kind, shape):
+    """Whether a dispatch of `kind` and `shape` is the subgroup kernel at a GPU's shape (SG_GPU)."""
+    return kind == SUBGROUP and shape == SG_GPU
 
 
 def _per(kind, shape, weights):
@@ -338,7 +347,7 @@ def linear_group_routes(b, rope=None):
         fields = rope.fields if rope else ()
         ctx.set_params(q, struct.pack(f"<2If{2 * len(ns) + len(fields)}I", m, k, eps, *ns, *starts[:-1], *fields))
         gemvs.set(ctx, ns, m, use_gemv)
-        return rope is not None and use_gemv and gemvs.kind_at(m) == GPU
+        return rope is not None and use_gemv and gemvs.gpu_at(m)
 
     return resize
 

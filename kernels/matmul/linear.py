@@ -355,14 +355,14 @@ def sg_sums(weights, ins, outs, n, store, partners=False):
     return lines
 
 
-def gemv_sg_body(weights, n, k4, store, base="0u", shape=SG_GEMV):
+def gemv_sg_body(weights, n, k4, store, base="0u", shape=SG_GEMV, partners=False):
     """WGSL statements of the subgroup GEMV for vec4 weight bindings `weights` (N rows of `n`, K / 4
     vec4s of `k4`, from vec4 `base`) over `shape` = (input rows, weight rows split among the
     weights): input row r at vec4s `aoff4 + r * k4 ..` of `a`, rows past `rows` read as the last
     live one and not written (no branch in the loop). Every binding X is read through its
     `vec4_loader` X4, so any of them may be stored f32 or f16. Expects `nw` (the workgroup's first output),
     `rows`, `li`, `lane`, `sgs`; `store(r)` writes input row r's output n from v0, v1, .. (one a
-    weight)."""
+    weight). With `partners`, pair0, .. hold output n ^ 1 (sg_sums)."""
     outs, ins = range(shape[1] // len(weights)), range(shape[0])
     lines = [f"for (var g = li / sgs; g < {sg_groups(shape)}u; g = g + {CPU_WG}u / sgs) {{", f"let n0 = nw + g * {len(outs)}u;"]
     lines += [f"let x{r}_ = aoff4 + min({r}u, rows - 1u) * {k4};" for r in ins if r]
@@ -374,7 +374,7 @@ def gemv_sg_body(weights, n, k4, store, base="0u", shape=SG_GEMV):
     lines += [f"    let w{j}_{i} = {w}4({w}_{i} + k);" for j, w in enumerate(weights) for i in outs]
     lines += [f"    acc{j}_{i}_{r} = acc{j}_{i}_{r} + x{r} * w{j}_{i};" for j in range(len(weights)) for i in outs for r in ins]
     lines.append("}")
-    lines += sg_sums(len(weights), ins, outs, n, store)
+    lines += sg_sums(len(weights), ins, outs, n, store, partners)
     lines.append("}")
     return "\n    ".join(lines)
 

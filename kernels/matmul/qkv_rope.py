@@ -3,8 +3,8 @@ dispatch fewer a decode layer.
 
 `pte_wgpu.linear_group_rope` (and its rms_, q4_ and rms_q4_ forms) is the q/k/v group of that
 name, its args but the outputs, then (fcos, fsin, k_cache, v_cache, row_pos, row_seq, seq_blocks); out [q,
-k, v, rotated q, rotated k]. Where a GPU's GEMV (or the 4-bit group's subgroup kernel) takes the
-rows, its epilogue rotates q and k as `pte_wgpu.rope_into_cache` does and stores k and v in the KV
+k, v, rotated q, rotated k]. Where a GPU's GEMV (or the subgroup kernel at its shape, SG_GPU) takes
+the rows, its epilogue rotates q and k as `pte_wgpu.rope_into_cache` does and stores k and v in the KV
 caches (kernels/attention/rope.py's rope_store: the same expressions on the same values, so results
 are bitwise the two ops'); other routes (more rows, CPU adapters' kernels) run rope_into_cache's own
 dispatch after them.
