@@ -68,15 +68,15 @@ def _body(kind, shape, weights, n, store, norm, rows, partners=False):
 def _group_shader(count, norm, kind, shape, types, rope=None):
     """GEMV over `count` products: params q = (M, K, eps, then N_j and first workgroup S_j per
     product, then `rope`'s fields); with `norm`, binding 0 holds the rows before the RMS norm.
-    `types`: the bindings' storage types in order, the uniform left out. With `rope` the GPU
-    kind's epilogue, and the subgroup kernel's at a GPU's shape (gpu_shape), rotates q and k and
-    stores k and v in the caches (rope_store)."""
+    `types`: the bindings' storage types in order, the uniform left out. With `rope` (a GPU's
+    kernels: the GEMV and the subgroup kernel at SG_GPU) the epilogue rotates q and k and stores k
+    and v in the caches (rope_store)."""
     fields = ["M: u32", "K: u32", "eps: f32"] + [f"N{j}: u32" for j in range(count)] + [f"S{j}: u32" for j in range(count)]
     fields += ["half: u32", "dim: u32", "row: u32", "blocks: u32"] if rope else []
     fields += [f"pad{i}: u32" for i in range(-len(fields) % 4)]
     weights = [f"w{j}" for j in range(count)]
     outs = [f"o{j}" for j in range(count)]
-    rotates = rope is not None and (kind == GPU or gpu_shape(kind, shape))
+    rotates = rope is not None
     branches = []
     for j in range(count):
         if rotates:
@@ -106,9 +106,10 @@ class _Gemvs:
     `types` its bindings' storage types in order (the uniform, last, left out); `head` and `tail`:
     the bindings around the weights (kernels/matmul/fused_linear.py's _norm_args). With a norm, the
     subgroup kernels read the normalized rows of `pte_wgpu.rms_norm_for_gemm` (b.args[0], run for
-    those rows then: kernels/matmul/routes.py's fused_norm_rows)."""
+    those rows then: kernels/matmul/routes.py's fused_norm_rows). `extra`: bindings every
+    dispatch takes last (a RoPE epilogue's)."""
 
-    def __init__(self, b, kind, weights, shader_of, head, tail, after, gpu_sg=False, gpu_extra=()):
+    def __init__(self, b, kind, weights, shader_of, head, tail, after, gpu_sg=False, extra=()):
         self.kind, self.weights = kind, weights
         if kind == SUBGROUP:  # SG_GEMV's weight rows for each weight: SwiGLU's workgroups as many as a linear's
             shapes = ((SUBGROUP, (1, SG_GEMV[1] * weights)), (SUBGROUP, SG_GEMM))
@@ -121,14 +122,7 @@ class _Gemvs:
             around = (head, tail) if norm else ([b.args[0]], [])
             bound = [*around[0], *after[0], *around[1], *after[1]]
             shader = shader_of(d_kind, shape, norm, [b.storage(v) for v in bound[:-1]])
-            extra = gpu_extra if d_kind == GPU or gpu_shape(d_kind, shape) else ()
             self.dispatches.append((b.dispatch(shader, bound + list(extra)), d_kind, shape))
-
-    def gpu_at(self, m):
-        """Whether the dispatch that takes M rows is a GPU's (its GEMV, or the subgroup kernel at
-        the GPU's shape), whose epilogue may take a RoPE."""
-        _, kind, shape = self.dispatches[self._index(m)]
-        return kind == GPU or gpu_shape(kind, shape)
 
     def _index(self, m):
         if self.kind == SUBGROUP:
@@ -146,11 +140,6 @@ class _Gemvs:
         x, y, _ = fold_grid(sum(-(-n // per) for n in outputs))
         for d, _, shape in self.dispatches:
             ctx.set_grid(d, (x, y, -(-m // shape[0])) if on and d == chosen else (0, 0, 0))
-
-
-def gpu_shape(kind, shape):
-    """Whether a dispatch of `kind` and `shape` is the subgroup kernel at a GPU's shape (SG_GPU)."""
-    return kind == SUBGROUP and shape == SG_GPU
 
 
 def _per(kind, shape, weights):
@@ -326,16 +315,17 @@ def linear_group(b):
 
 
 def linear_group_routes(b, rope=None):
-    """Record the op's routes; returns its hook, which returns whether the GEMV's epilogue took
-    `rope` (a GPU GEMV's rows)."""
+    """Record the op's routes; returns its hook, which returns whether a kernel's epilogue took
+    `rope` (a GPU's GEMV or subgroup kernel took the rows)."""
     norm = b.name.startswith("pte_wgpu.rms_")
     weights, head, tail, eps = _norm_args(b, norm)
     outs = b.graph.values[b.out].items
     _check_float(b, range(1 + len(weights)))
     kind, gpu_sg = _kind(b, weights)  # the GEMV variant (kernels/variants.py)
     q = b.params(4 * (3 + 2 * len(weights) + (4 if rope else 0)))
-    shader_of = lambda kind, shape, norm, types: _group_shader(len(weights), norm, kind, shape, types, rope)  # noqa: E731
-    gemvs = _Gemvs(b, kind, 1, shader_of, head, tail, (weights, [*outs, q]), gpu_sg, rope.values if rope else ())
+    epilogue = rope if kind == GPU else None  # a GPU's kernels rotate in their epilogue
+    shader_of = lambda d_kind, shape, norm, types: _group_shader(len(weights), norm, d_kind, shape, types, epilogue)  # noqa: E731
+    gemvs = _Gemvs(b, kind, 1, shader_of, head, tail, (weights, [*outs, q]), gpu_sg, epilogue.values if epilogue else ())
     products = _Products(b, b.args[0], weights, outs, kind != SUBGROUP, gemvs.most_rows)
 
     def resize(ctx):
@@ -347,7 +337,7 @@ def linear_group_routes(b, rope=None):
         fields = rope.fields if rope else ()
         ctx.set_params(q, struct.pack(f"<2If{2 * len(ns) + len(fields)}I", m, k, eps, *ns, *starts[:-1], *fields))
         gemvs.set(ctx, ns, m, use_gemv)
-        return rope is not None and use_gemv and gemvs.gpu_at(m)
+        return epilogue is not None and use_gemv
 
     return resize
 

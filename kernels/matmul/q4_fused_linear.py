@@ -151,7 +151,8 @@ class _Fused:
         self.eps = float(b.scalar(len(args) - 2, 1e-6)) if self.norm else 0.0
         floats = [self.x, *(s for _, s in self.products), *items] + ([x_pre, gamma] if self.norm else [])
         steps = all(w.subgroup_steps() for w in self.ws) and all(b.storage(v) in ("f32", "f16") for v in floats)
-        steps = steps and b.subgroups and b.graph.values[self.x].dims[-1] % Q4_SG_STEP == 0
+        k = b.graph.values[self.x].dims[-1]  # the most K the inputs take
+        steps = steps and b.subgroups and k % Q4_SG_STEP == 0
         cpu = b.adapter == CPU
         types = {
             "x": b.storage(self.x), "scales": [b.storage(s) for _, s in self.products], "gamma": gamma is not None and b.storage(gamma),
@@ -163,7 +164,7 @@ class _Fused:
             sg = ((Q4_SG_GEMV[0], Q4_SG_GEMV[1] * len(self.ws)) if swiglu else Q4_SG_GEMV, Q4_SG_GEMM)
             self.routes, kinds, self.most = [], [(SUBGROUP, shape) for shape in sg], None
         else:  # the GEMV's rows, on GPUs past BITWISE_ROWS the subgroup kernel's where the plain op takes it
-            gpu_sg = not cpu and steps and q4_subgroup_shapes(b, self.ws[0], b.graph.values[self.x].dims[-1])
+            gpu_sg = not cpu and steps and q4_subgroup_shapes(b, self.ws[0], k)
             routes = gemv_routes(self.ws[0].wpr)
             self.routes = gemv_routes_below(routes, BITWISE_ROWS) if gpu_sg else routes
             kinds = [(GEMV, route) for route in self.routes] + ([(SUBGROUP, SG_GPU)] if gpu_sg else [])
@@ -173,10 +174,10 @@ class _Fused:
             norm = self.norm and kind == GEMV  # the subgroup kernels read rms_norm_for_q4's rows
             t = dict(types, x=b.storage(x_pre)) if norm else types
             reads = [x_pre if norm else self.x, *(v for pair in self.products for v in pair)] + ([gamma] if norm else [])
-            rotates = rope if kind == GEMV or not cpu else None  # CPU adapters: the RoPE's own dispatch
-            shader = _shader(kind, shape, len(self.ws), swiglu, norm, t, word_group, rotates, gemv_step(self.ws[0].wpr))
-            extra = rope.values if rotates else []
-            self.dispatches.append((b.dispatch(shader, [*reads, *self.outs, self.q, *extra]), kind, shape, rotates is not None))
+            epilogue = rope if kind == GEMV or not cpu else None  # CPU adapters' subgroup kernels: the RoPE's own dispatch
+            shader = _shader(kind, shape, len(self.ws), swiglu, norm, t, word_group, epilogue, gemv_step(self.ws[0].wpr))
+            extra = epilogue.values if epilogue else []
+            self.dispatches.append((b.dispatch(shader, [*reads, *self.outs, self.q, *extra]), kind, shape, epilogue is not None))
         # more rows: each product's plain routes (the dequantizing GEMM)
         self.plain = [] if self.most is None else [
             Q4Product(b, self.x, None, None, w, s, gs, None, o, gemv=False) for (w, s), o in zip(self.products, self.stored)
