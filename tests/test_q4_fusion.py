@@ -157,20 +157,32 @@ async def test_fused_4bit_products_without_views_and_wide_swiglu(half, subgroups
 
 
 @pytest.mark.parametrize("half", [False, True])
-async def test_fused_4bit_norms_at_wide_k(half, load_pte, monkeypatch):
-    """At K = 2,048 the fused ops that normalize their rows (q/k/v, SwiGLU) and the residual ones
-    are bitwise the unfused graph's at 1 to 24 rows in shuffled order (the GEMV to 16, the GEMM
-    past), and the unfused graph is torch's to 4-bit rounding."""
+async def test_fused_4bit_norms_at_wide_k(half, load_pte, monkeypatch, kernel_variants):
+    """At K = 2,048 the fused ops that normalize their rows (q/k/v, SwiGLU) and the residual ones,
+    at 1 to 24 rows in shuffled order: bitwise the unfused graph's where they normalize as the norm
+    does (the GEMV to 16 rows, the GEMM past); where a GPU's subgroup kernels fold the norm in (to
+    16 rows) the unfused graph's to rounding, each row of a pass bitwise the row alone; and the
+    unfused graph is torch's to 4-bit rounding."""
     pte, module = _export_normed(half)
     fused, plain = [await _load(load_pte, pte, fuse, monkeypatch) for fuse in (True, False)]
     names = [n for n, _ in fused.graph.calls]
     assert all(op in names for op in ("pte_wgpu.rms_q4_linear_group", "pte_wgpu.q4_linear_residual")), names
+    folds = kernel_variants == "gpu" and fused.subgroups
+    assert any("inverseSqrt(subgroupAdd" in (d.shader or "") for d in fused.graph.dispatches) == folds
     rng = np.random.default_rng(17)
+    pool = rng.standard_normal((16, 2048)).astype(np.float16 if half else np.float32)
+    alone = [await fused.execute(pool[i : i + 1]) for i in range(16)]
     for m in (1, 24, 16, 2, 17, 9, 1):
-        x = rng.standard_normal((m, 2048)).astype(np.float16 if half else np.float32)
+        rows = rng.permutation(16)[:m] if m <= 16 else None
+        x = np.ascontiguousarray(pool[rows]) if m <= 16 else rng.standard_normal((m, 2048)).astype(pool.dtype)
         got, want = await fused.execute(x), await plain.execute(x)
         for i, (g, w) in enumerate(zip(got, want)):
-            np.testing.assert_array_equal(g, w, err_msg=f"{m} rows, output {i}")
+            if folds and m <= 16:
+                np.testing.assert_array_equal(g, np.concatenate([alone[r][i] for r in rows]), err_msg=f"{m} rows, output {i}")
+                scale = float(np.abs(w.astype(np.float32)).max())
+                np.testing.assert_allclose(g, w, rtol=0, atol=(4e-3 if half else 2e-6) * scale, err_msg=f"{m} rows, output {i}")
+            else:
+                np.testing.assert_array_equal(g, w, err_msg=f"{m} rows, output {i}")
         if not half:
             with torch.no_grad():
                 eager = module(torch.from_numpy(x))

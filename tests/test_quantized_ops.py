@@ -210,10 +210,11 @@ async def test_gpu_gemv_rows_are_each_row_alone(load_pte, kernel_variants):
 
 
 @pytest.mark.parametrize("name", ["q4_k2080", "q4_k2112_g96"])
-async def test_gpu_gemv_of_wide_k_takes_16_rows_each_as_alone(name, load_pte, kernel_variants):
-    """With the GPU variants, K >= Q4_GEMM_MIN_K: the GEMV takes 1 to 16 rows, a lane 4 weights at
-    a step at the same lanes for every count (kernels/matmul/q4_linear.py's gemv_step), the GEMM
-    more, and each row of a pass of up to 16 rows, in any order, is bitwise what it gets alone."""
+async def test_gpu_products_of_wide_k_take_16_rows_each_as_alone(name, load_pte, kernel_variants):
+    """With the GPU variants, K >= Q4_GEMM_MIN_K: the subgroup kernels take 1 to 16 rows (without
+    subgroups the GEMV, a lane 4 weights at a step at the same lanes for every count:
+    kernels/matmul/q4_linear.py's gemv_step), the GEMM more, and each row of a pass of up to 16
+    rows, in any order, is bitwise what it gets alone."""
     if kernel_variants != "gpu":
         pytest.skip("the GPU variants")
     model = await load_pte(_export(name)[0])
@@ -227,7 +228,7 @@ async def test_gpu_gemv_of_wide_k_takes_16_rows_each_as_alone(name, load_pte, ke
         running = [d.shader for i, d in enumerate(model.graph.dispatches) if d.shader and all(grids[i])]
         assert any("var<workgroup> As" in s for s in running) == (m > 16), m
         if m <= 16:
-            assert [(">> ((u % 2u) * 16u)" in s) for s in running] == [True], m
+            assert [("subgroupAdd" if model.subgroups else ">> ((u % 2u) * 16u)") in s for s in running] == [True], m
             np.testing.assert_array_equal(got, alone[rows], err_msg=f"{m} rows")
 
 

@@ -332,15 +332,17 @@ def sg_wg_rows(shape, weights=1):
     return shape[1] // weights * sg_groups(shape)
 
 
-def sg_sums(weights, ins, outs, n, store, partners=False):
+def sg_sums(weights, ins, outs, n, store, partners=False, scale=None):
     """The subgroup kernels' last statements: each accumulator acc{j}_{i}_{r} (weight j, output
     i, input row r) summed over its vec4 and the subgroup's lanes into v{j}, and lane 0 storing
     output n0 + i of a live row r with `store(r)`, for N = `n` (WGSL). With `partners` (n0 and
-    the outputs even), pair{j} holds output n ^ 1's sum too (a RoPE epilogue's)."""
+    the outputs even), pair{j} holds output n ^ 1's sum too (a RoPE epilogue's). `scale(r)`: a
+    WGSL factor of row r's sums (a folded norm's)."""
     lines = []
 
     def total(j, i, r):
-        return f"subgroupAdd((acc{j}_{i}_{r}.x + acc{j}_{i}_{r}.y) + (acc{j}_{i}_{r}.z + acc{j}_{i}_{r}.w))"
+        times = f" * {scale(r)}" if scale else ""
+        return f"subgroupAdd((acc{j}_{i}_{r}.x + acc{j}_{i}_{r}.y) + (acc{j}_{i}_{r}.z + acc{j}_{i}_{r}.w)){times}"
 
     for r in ins:
         if partners:

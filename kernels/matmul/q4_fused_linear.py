@@ -1,8 +1,9 @@
 """4-bit linears (et_vk.linear_q4gsw) that kernels/fusion.py merged at load, as
 kernels/matmul/fused_linear.py does for float weights, so a 4-bit layer's decode step takes as few
-dispatches as an fp32 one. Every result is bitwise the unfused ops': each output summed in the order
-of the plain op's kernel for that row count (kernels/matmul/q4_linear.py), and stored as the ops it
-replaced stored it (the products rounded to their tensors' types before the gate or the residual).
+dispatches as an fp32 one. Every result is bitwise the unfused ops' (but where a GPU's kernel folds
+a norm, below): each output summed in the order of the plain op's kernel for that row count
+(kernels/matmul/q4_linear.py), and stored as the ops it replaced stored it (the products rounded to
+their tensors' types before the gate or the residual).
 
 - `pte_wgpu.q4_linear_group` [x, group_size, w_0, s_0, .., w_g-1, s_g-1, outs]: out_j = x @ W_j.T,
   one kernel over every product's outputs (a uniform branch per product, as fused_linear.py's).
@@ -10,18 +11,22 @@ replaced stored it (the products rounded to their tensors' types before the gate
   silu(x @ W_gate.T) * (x @ W_up.T), both weights' rows for the same outputs in one kernel.
 - `pte_wgpu.rms_q4_linear_group` / `pte_wgpu.rms_q4_linear_silu_mul` take the input before an
   RMS norm as well, after the weights: (x, gamma, eps). The GEMV normalizes its row itself with
-  the sums of et_vk.rms_norm's (fused_linear.py's _RMS); `pte_wgpu.rms_norm_for_q4` writes the
-  normalized rows for the row counts the fused op reads them (kernels/matmul/routes.py's
-  fused_norm_rows: on CPU adapters every count, their subgroup kernels having no barrier).
+  the sums of et_vk.rms_norm's (fused_linear.py's _RMS), bitwise the norm's rows; the GPUs'
+  subgroup kernels of q4_wide K fold the norm into the products (q4_linear.py's sg_body: the
+  unfused graph's results to rounding, a row of a pass still bitwise the row alone);
+  `pte_wgpu.rms_norm_for_q4` writes the normalized rows for the row counts the fused op reads them
+  (kernels/matmul/routes.py's fused_norm_rows: on CPU adapters every count, their subgroup kernels
+  having no barrier).
 - `pte_wgpu.q4_linear_residual` [x, weight, scales, group_size, residual, out]: the plain op's
   routes with the residual added in their epilogue.
 
 The fused kernel per adapter class, as the plain op's: on CPU adapters with subgroups (and weights
 of whole subgroup steps) the subgroup kernels of every row count, Q4_SG_GEMV's one row and
-Q4_SG_GEMM's shape for more; otherwise the GEMV up to Q4_GEMV_MAX_ROWS rows, on GPUs with
-subgroups up to BITWISE_ROWS and the subgroup kernel at routes.py's SG_GPU past them (where the
-plain op takes it: q4_linear.py's q4_subgroup_shapes). More rows run each product's plain routes
-(Q4Product: the dequantizing GEMM), then SwiGLU's elementwise gate.
+Q4_SG_GEMM's shape for more; on GPUs with subgroups and weights of q4_wide K, Q4_SG_GPU_WIDE's
+two to BITWISE_ROWS; otherwise the GEMV up to Q4_GEMV_MAX_ROWS rows, on GPUs with subgroups up to
+BITWISE_ROWS and the subgroup kernel at routes.py's SG_GPU past them (where the plain op takes it:
+q4_linear.py's q4_subgroup_shapes). More rows run each product's plain routes (Q4Product: the
+dequantizing GEMM), then SwiGLU's elementwise gate.
 """
 
 import struct
@@ -34,7 +39,7 @@ from ..variants import CPU
 from ..wgsl import fill, flat_grid, vec4_loader, vec4_type
 from .fused_linear import _RMS, SILU, swiglu_elementwise
 from .linear import sg_wg_rows
-from .routes import BITWISE_ROWS, Q4_SG_GPU_ROWS, SG_GPU
+from .routes import BITWISE_ROWS, Q4_SG_GPU_ROWS, Q4_SG_GPU_WIDE, SG_GPU
 from .q4_linear import (
     Q4_SG_GEMM,
     Q4_SG_GEMV,
@@ -83,7 +88,7 @@ def _shader(kind, shape, count, swiglu, norm, types, word_group, rope=None, step
     reads = [("x", vec4_type(types["x"]) if sg else types["x"])]
     for j in range(count):
         reads += [(f"wq{j}", f"vec{Q4_SG_WORDS}<u32>" if sg else "u32"), (f"ws{j}", types["scales"][j])]
-    reads += [("gamma", types["gamma"])] if norm else []  # the GEMV's: the subgroup kernels read normalized rows
+    reads += [("gamma", vec4_type(types["gamma"]) if sg else types["gamma"])] if norm else []
     outs = types["outs"]
     rotates = rope is not None
     assert not (rotates and sg and shape[1] % 2), "a subgroup kernel rotates its outputs in pairs"
@@ -93,6 +98,7 @@ def _shader(kind, shape, count, swiglu, norm, types, word_group, rope=None, step
     lines.append(f"@group(0) @binding({len(reads) + len(outs)}) var<uniform> q: Q;")
     lines += [rope_bindings(len(reads) + len(outs) + 1, rope.types)] if rotates else []
     lines.append(vec4_loader("x", types["x"]) if sg else "fn a_at(i: u32) -> f32 { return f32(x[i]); }")
+    lines += [vec4_loader("gamma", types["gamma"])] if sg and norm else []
     src = "\n".join(lines) + _dequant(False, False, word_group, [(str(j), f"ws{j}", f"q.sn{j}") for j in range(count)])
     rows_t = types["rows"]
     if sg:
@@ -107,7 +113,7 @@ def _shader(kind, shape, count, swiglu, norm, types, word_group, rope=None, step
     def body(weights, n, store):
         if sg:
             per = sg_wg_rows(shape, len(weights))
-            return f"let nw = wg * {per}u;\n    " + sg_body(False, shape, weights, n, store, rotates)
+            return f"let nw = wg * {per}u;\n    " + sg_body(False, shape, weights, n, store, rotates, norm)
         return gemv_body(False, weights, n, store, shape[1], x_at, rotates, shape[2], step)
 
     fn = (lambda j: f"wscale{j}") if sg else (lambda j: str(j))
@@ -160,18 +166,20 @@ class _Fused:
         }  # fmt: skip
         self.q = b.params(4 * (len(HEAD) + 4 * len(self.ws) + (len(ROPE_FIELDS) if rope else 0)))
         word_group = self.ws[0].gs % 8 == 0
+        gpu_sg = q4_subgroup_shapes(b, self.ws[0], k) if steps and not cpu else ()
         if cpu and steps:  # every row count
             sg = ((Q4_SG_GEMV[0], Q4_SG_GEMV[1] * len(self.ws)) if swiglu else Q4_SG_GEMV, Q4_SG_GEMM)
             self.routes, kinds, self.most = [], [(SUBGROUP, shape) for shape in sg], None
+        elif gpu_sg == Q4_SG_GPU_WIDE:  # the subgroup kernels for one row and more, to BITWISE_ROWS, folding the norm
+            self.routes, kinds, self.most = [], [(SUBGROUP, shape) for shape in gpu_sg], BITWISE_ROWS
         else:  # the GEMV's rows, on GPUs past BITWISE_ROWS the subgroup kernel's where the plain op takes it
-            gpu_sg = not cpu and steps and q4_subgroup_shapes(b, self.ws[0], k)
             routes = gemv_routes(self.ws[0].wpr)
             self.routes = gemv_routes_below(routes, BITWISE_ROWS) if gpu_sg else routes
             kinds = [(GEMV, route) for route in self.routes] + ([(SUBGROUP, SG_GPU)] if gpu_sg else [])
             self.most = Q4_SG_GPU_ROWS[1] if gpu_sg else self.routes[-1][0]
         self.dispatches = []
         for kind, shape in kinds:
-            norm = self.norm and kind == GEMV  # the subgroup kernels read rms_norm_for_q4's rows
+            norm = self.norm and (kind == GEMV or gpu_sg == Q4_SG_GPU_WIDE)  # other subgroup kernels read rms_norm_for_q4's rows
             t = dict(types, x=b.storage(x_pre)) if norm else types
             reads = [x_pre if norm else self.x, *(v for pair in self.products for v in pair)] + ([gamma] if norm else [])
             epilogue = rope if kind == GEMV or not cpu else None  # CPU adapters' subgroup kernels: the RoPE's own dispatch

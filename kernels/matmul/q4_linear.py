@@ -25,7 +25,8 @@ dq8 an A load that quantizes each activation; split-K as for fp32). On CPU adapt
 subgroups, where K and the group size are multiples of 16 (a lane's step: 2 words), two subgroup
 kernels take every row count instead (one row, and Q4_SG_GEMM's shape for more); on GPUs with
 subgroups one takes the GEMV's rows past BITWISE_ROWS (routes.py's Q4_SG_GPU_ROWS; not dq8, not
-weights of q4_wide K or of an LM head's rows). The hook zeroes the grids of the routes not taken.
+an LM head's rows), and for weights of q4_wide K every row count to BITWISE_ROWS (Q4_SG_GPU_WIDE, no
+GEMV). The hook zeroes the grids of the routes not taken.
 
 Activations, scales, bias and outputs are stored as their tensors' types (f32, or f16 for
 float16, in any mix); every kernel converts at the load and the store, and dequantizes and sums
@@ -45,7 +46,7 @@ from ..wgsl import DIV_RN, PACKED, SUBGROUP_BUILTINS, fill, is_float, vec4_loade
 from . import int8_matrix
 from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, bindings, float_a_at, gemm_scratch, params_bytes
 from .linear import CPU_WG, sg_groups, sg_sums, sg_wg_rows
-from .routes import BITWISE_ROWS, GEMV_MAX_ROWS, GEMV_T4_MIN_N, Q4_GEMV_MAX_ROWS, Q4_SG_GPU_ROWS, SG_GPU, gpu_gemv_rows, q4_wide
+from .routes import BITWISE_ROWS, GEMV_MAX_ROWS, GEMV_T4_MIN_N, Q4_GEMV_MAX_ROWS, Q4_SG_GPU_ROWS, Q4_SG_GPU_WIDE, SG_GPU, gpu_gemv_rows, q4_wide
 
 # The GEMV spreads a row's words over `lanes` invocations a quad of outputs, so a workgroup of
 # GEMV_WG takes 4 * GEMV_WG / lanes outputs; which lanes, by the pass's row count (gemv_routes).
@@ -332,12 +333,15 @@ Q4_SG_STEP = 8 * Q4_SG_WORDS  # weights a lane step: K and the group size must b
 # fitted GEMV had beaten it for 17 to 32 rows on an H100: BENCHMARKS.md.)
 
 
-def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partners=False):
+def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partners=False, norm=False):
     """The subgroup kernel's statements for `shape` = (input rows, weight rows split among
     `weights`, (word binding, scale fn) pairs read for the same outputs, as SwiGLU's gate and up);
     input row r of the workgroup's group of rows from r0 (rows past `rows` read as the last live
     one, not written). `store(r)` writes row r's output n of N = `n` from v0, v1, .. (one a weight;
-    with `partners`, pair0, pair1, .. hold output n ^ 1: linear.py's sg_sums)."""
+    with `partners`, pair0, pair1, .. hold output n ^ 1: linear.py's sg_sums). With `norm`, x
+    holds the rows before an RMS norm of weight `gamma4` (and q.eps), folded into the products:
+    each sums x * gamma, times its row's rstd from the squares of x its lanes add as they read
+    the row (no barrier, no normalized rows)."""
     ins, outs = range(shape[0]), range(shape[1] // len(weights))
     store = store or (lambda r: f"out[(r0 + {r}u) * q.N + n] = epilogue(v0, r0 + {r}u, n);")
     ws = [(j, i) for j in range(len(weights)) for i in outs]
@@ -347,6 +351,7 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
     lines += [f"for (var g = li / sgs; g < {sg_groups(shape)}u; g = g + {CPU_WG}u / sgs) {{", f"let n0 = nw + g * {len(outs)}u;"]
     lines += [f"let c{i} = min(n0 + {i}u, {n} - 1u);" for i in outs]
     lines += [f"var acc{j}_{i}_{r} = vec4<f32>(0.0);" for j, i in ws for r in ins]
+    lines += [f"var sq{r} = vec4<f32>(0.0);" for r in ins] if norm else []
     lines += [f"for (var v = lane; v < q.K / {Q4_SG_STEP}u; v = v + sgs) {{", f"    let k0 = v * {Q4_SG_STEP}u;"]
     for j, i in ws:
         wq, wscale = weights[j]
@@ -355,9 +360,13 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
         lines.append("    {")
         for r in ins:
             for h in range(2):
-                load = f"x4(x{r}_ * kv4 + v * {Q4_SG_STEP // 4}u + {2 * c + h}u)"
+                at = f"v * {Q4_SG_STEP // 4}u + {2 * c + h}u"
+                load = f"x4(x{r}_ * kv4 + {at})"
                 if dq8:  # GEMV_DQ8_X's quantize-dequantize, per component
                     load = f"xq4({load}, inv_row{r}, zp_row{r}, s_row{r})"
+                if norm:
+                    lines.append(f"    let e{r}{'ab'[h]} = {load}; sq{r} = sq{r} + e{r}{'ab'[h]} * e{r}{'ab'[h]};")
+                    load = f"e{r}{'ab'[h]} * gamma4({at})"
                 lines.append(f"    let x{r}{'ab'[h]} = {load};")
         for j, i in ws:
             t = f"{j}_{i}"
@@ -365,7 +374,9 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
             lines += [f"    acc{t}_{r} = acc{t}_{r} + x{r}a * a{t} + x{r}b * b{t};" for r in ins]
         lines.append("    }")
     lines.append("}")
-    lines += sg_sums(len(weights), ins, outs, n, store, partners)
+    if norm:
+        lines += [f"let rstd{r} = inverseSqrt(subgroupAdd((sq{r}.x + sq{r}.y) + (sq{r}.z + sq{r}.w)) / f32(q.K) + q.eps);" for r in ins]
+    lines += sg_sums(len(weights), ins, outs, n, store, partners, (lambda r: f"rstd{r}") if norm else None)
     lines.append("}")
     return "\n    ".join(lines)
 
@@ -485,14 +496,17 @@ def q4_weight(b, x, weight, scales, group_size):
 
 def q4_subgroup_shapes(b, w, k):
     """The subgroup kernel shapes a 4-bit product of weight `w` and inputs of at most K = k builds
-    on this device: CPU adapters with subgroups take them at every row count (one row, and more);
-    GPUs take routes.py's SG_GPU for Q4_SG_GPU_ROWS rows of weights the GEMV takes there (K below
-    Q4_GEMM_MIN_K, fewer rows than an LM head)."""
+    on this device, for one row and for more, or one for some rows: CPU adapters with subgroups
+    take them at every row count; GPUs Q4_SG_GPU_WIDE's to BITWISE_ROWS for weights of
+    q4_wide K, else SG_GPU for Q4_SG_GPU_ROWS rows of weights the GEMV takes there (fewer rows
+    than an LM head); routes.py."""
     if not (b.subgroups and w.subgroup_steps() and k % Q4_SG_STEP == 0):
         return ()
     if b.adapter == CPU:
         return (Q4_SG_GEMV, Q4_SG_GEMM)
-    return () if q4_wide(8 * w.wpr) or w.n >= GEMV_T4_MIN_N else (SG_GPU,)
+    if q4_wide(8 * w.wpr):
+        return Q4_SG_GPU_WIDE
+    return () if w.n >= GEMV_T4_MIN_N else (SG_GPU,)
 
 
 def q4_subgroup_shape(b, shapes, m, k):
@@ -501,6 +515,8 @@ def q4_subgroup_shape(b, shapes, m, k):
         return None
     if b.adapter == CPU:
         return shapes[int(m > 1)]
+    if shapes == Q4_SG_GPU_WIDE:
+        return shapes[int(m > 1)] if m <= BITWISE_ROWS else None
     return shapes[0] if Q4_SG_GPU_ROWS[0] <= m <= Q4_SG_GPU_ROWS[1] else None
 
 
@@ -533,10 +549,10 @@ class Q4Product:
         gpu = b.adapter != CPU  # GPUs: no subgroup kernel for dq8, nor where a fused op's own kernel takes its rows
         self.shapes = () if gpu and (dq8 or not gemv) else q4_subgroup_shapes(b, w, b.graph.values[x].dims[-1])
         self.routes = gemv_routes(w.wpr, grouped=not dq8) if gemv else []
-        if self.shapes and gpu:  # the subgroup kernel past BITWISE_ROWS
-            self.routes = gemv_routes_below(self.routes, BITWISE_ROWS)
+        if self.shapes and gpu:  # the subgroup kernels for every row the GEMV took, or past BITWISE_ROWS
+            self.routes = [] if self.shapes == Q4_SG_GPU_WIDE else gemv_routes_below(self.routes, BITWISE_ROWS)
         most = self.routes[-1][0] if self.routes else 0  # without the GEMV, the GEMM at every row count
-        self.gemv_rows = gpu_gemv_rows(w.n, most) if gemv and gpu else most  # more: the GEMM
+        self.gemv_rows = gpu_gemv_rows(w.n, most) if self.routes and gpu else most  # more: the GEMM
         step = gemv_step(w.wpr)
         self.gemvs = [b.dispatch(gemv_shader(dq8, zp_packed, has_bias, word_group, lanes, types, residual, rows, step), bound) for _, lanes, rows in self.routes]
         self.sgs = [(b.dispatch(sg_shader(dq8, zp_packed, has_bias, shape, types, residual), bound), shape) for shape in self.shapes]

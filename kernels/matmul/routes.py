@@ -60,6 +60,17 @@ SG_GPU_ROWS = (17, 128)
 # Q4_GEMV_MAX_ROWS rows, past the GEMV's BITWISE_ROWS, for weights narrower than K = Q4_GEMM_MIN_K
 # (wider ones take the dequantizing GEMM there).
 Q4_SG_GPU_ROWS = (SG_GPU_ROWS[0], Q4_GEMV_MAX_ROWS)
+# 4-bit weights of q4_wide K (LM heads too) take it in place of the GEMV for every row count to
+# BITWISE_ROWS, at Q4_SG_GPU_WIDE's shapes for one row and for more (an output's sum is the same at
+# every shape); the fused ones fold their RMS norm into it (q4_linear.py's sg_body), so no norm
+# runs a dispatch of its own. H200, Llama-3.2-1B shape 4w, greedy bursts, two rounds in one call,
+# 1 / 8 / 16 streams: the GEMV 712 / 1,836-1,840 / 2,024-2,036 tokens/s, these shapes 734-737 /
+# 2,406-2,439 / 2,669-2,677; (1, 4, 2) and (4, 4, 2) 740-744 / 2,252-2,260 / 2,597-2,608, (8, 4, 2)
+# for more 1,725-1,731 at 8; (1, 8, 2) 551 at one; (1, 2, 2) and (4, 2, 2) 674 / 1,876 / 1,902. With
+# the norm's own dispatch a layer's two norms cost one row what the kernels saved (628 tokens/s).
+# Folding it into the 17-64-row kernel of narrower weights cost more than the norm's dispatch
+# (SmolLM2 4w, 64 streams: 14,437-14,934 -> 13,463-13,991).
+Q4_SG_GPU_WIDE = ((1, 4, 2), (2, 4, 2))
 # A pass of at most this many rows computes each row's products as the row alone would, on any
 # adapter (the GEMVs, and the CPU subgroup kernels at every shape, sum a row in one order).
 BITWISE_ROWS = SG_GPU_ROWS[0] - 1
@@ -93,7 +104,8 @@ def fused_norm_rows(b, k, tensors, q4=False):
     none: their subgroup kernels read the normalized rows at every row count, as normalizing in
     the kernel takes a workgroup barrier, which costs lavapipe more than the norm's own dispatch
     (SmolLM2 4w, one row: the fused SwiGLU 1.94 ms normalizing itself, 0.99 ms reading the rows,
-    the norm 45 us; fp32 the same, BENCHMARKS.md)."""
+    the norm 45 us; fp32 the same, BENCHMARKS.md). The GPUs' 4-bit subgroup kernels of q4_wide K
+    fold the norm in (Q4_SG_GPU_WIDE), to BITWISE_ROWS as well."""
     if subgroup_products(b, k, tensors):
         return 0 if b.adapter == CPU else SG_GPU_ROWS[0] - 1
     return q4_gemv_rows(k) if q4 else GEMV_MAX_ROWS
