@@ -170,13 +170,13 @@ async def test_cpu_adapters_take_the_subgroup_gemv(name, subgroup, load_pte, ker
     assert ran == (subgroup and kernel_variants == "cpu" and model.subgroups)
 
 
-@pytest.mark.parametrize("name, most, subgroup", [("q4_wide", 64, True), ("dq8_wide", 32, False), ("q4_lm_head", 16, False)])
+@pytest.mark.parametrize("name, most, subgroup", [("q4_wide", 64, (17, 64)), ("dq8_wide", 32, None), ("q4_lm_head", 16, (1, 16))])
 async def test_gpus_take_the_gemv_up_to_its_rows(name, most, subgroup, load_pte, kernel_variants):
     """With the GPU variants a wide 4-bit linear runs the GEMV up to BITWISE_ROWS rows, on a
     device with subgroups their kernel for 17 to Q4_GEMV_MAX_ROWS rows (kernels/matmul/routes.py's
     Q4_SG_GPU_ROWS; without subgroups the GEMV), and the tiled GEMM past that; dq8 the GEMV up to
-    GEMV_MAX_ROWS, an LM head (N >= GEMV_T4_MIN_N) up to BITWISE_ROWS, and neither a subgroup
-    kernel."""
+    GEMV_MAX_ROWS and no subgroup kernel; an LM head (N >= GEMV_T4_MIN_N) the subgroup kernels up
+    to BITWISE_ROWS (Q4_SG_GPU_WIDE; without subgroups the GEMV), the GEMM past."""
     model = await load_pte(_export(name)[0])
     if kernel_variants != "gpu":
         pytest.skip("the GPU variants")
@@ -184,7 +184,7 @@ async def test_gpus_take_the_gemv_up_to_its_rows(name, most, subgroup, load_pte,
         await model.execute(_rows(name, m, np.random.default_rng(m)))
         grids = model._default.state.grids
         running = [d.shader or "" for i, d in enumerate(model.graph.dispatches) if all(grids[i])]
-        assert any("subgroupAdd" in s for s in running) == (subgroup and model.subgroups and 17 <= m <= 64), m
+        assert any("subgroupAdd" in s for s in running) == bool(subgroup and model.subgroups and subgroup[0] <= m <= subgroup[1]), m
         assert any("var<workgroup> As" in s for s in running) == (m > most), m
 
 

@@ -24,8 +24,8 @@ kernels/matmul/gemm.py's template with a B load that dequantizes each weight as 
 dq8 an A load that quantizes each activation; split-K as for fp32). On CPU adapters with
 subgroups, where K and the group size are multiples of 16 (a lane's step: 2 words), two subgroup
 kernels take every row count instead (one row, and Q4_SG_GEMM's shape for more); on GPUs with
-subgroups one takes the GEMV's rows past BITWISE_ROWS (routes.py's Q4_SG_GPU_ROWS; not dq8, not
-an LM head's rows), and for weights of q4_wide K every row count to BITWISE_ROWS (Q4_SG_GPU_WIDE, no
+subgroups one takes the GEMV's rows past BITWISE_ROWS (routes.py's Q4_SG_GPU_ROWS; not dq8), and
+for weights of q4_wide K or an LM head's rows every row count to BITWISE_ROWS (Q4_SG_GPU_WIDE, no
 GEMV). The hook zeroes the grids of the routes not taken.
 
 Activations, scales, bias and outputs are stored as their tensors' types (f32, or f16 for
@@ -498,15 +498,14 @@ def q4_subgroup_shapes(b, w, k):
     """The subgroup kernel shapes a 4-bit product of weight `w` and inputs of at most K = k builds
     on this device, for one row and for more, or one for some rows: CPU adapters with subgroups
     take them at every row count; GPUs Q4_SG_GPU_WIDE's to BITWISE_ROWS for weights of
-    q4_wide K, else SG_GPU for Q4_SG_GPU_ROWS rows of weights the GEMV takes there (fewer rows
-    than an LM head); routes.py."""
+    q4_wide K or an LM head's rows, else SG_GPU for Q4_SG_GPU_ROWS rows; routes.py."""
     if not (b.subgroups and w.subgroup_steps() and k % Q4_SG_STEP == 0):
         return ()
     if b.adapter == CPU:
         return (Q4_SG_GEMV, Q4_SG_GEMM)
-    if q4_wide(8 * w.wpr):
+    if q4_wide(8 * w.wpr) or w.n >= GEMV_T4_MIN_N:
         return Q4_SG_GPU_WIDE
-    return () if w.n >= GEMV_T4_MIN_N else (SG_GPU,)
+    return (SG_GPU,)
 
 
 def q4_subgroup_shape(b, shapes, m, k):
