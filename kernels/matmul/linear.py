@@ -332,6 +332,11 @@ def sg_wg_rows(shape, weights=1):
     return shape[1] // weights * sg_groups(shape)
 
 
+def sg_total(v):
+    """WGSL: the sum of vec4 `v`'s components over the subgroup's lanes, in the subgroup kernels' order."""
+    return f"subgroupAdd(({v}.x + {v}.y) + ({v}.z + {v}.w))"
+
+
 def sg_sums(weights, ins, outs, n, store, partners=False, scale=None):
     """The subgroup kernels' last statements: each accumulator acc{j}_{i}_{r} (weight j, output
     i, input row r) summed over its vec4 and the subgroup's lanes into v{j}, and lane 0 storing
@@ -341,8 +346,7 @@ def sg_sums(weights, ins, outs, n, store, partners=False, scale=None):
     lines = []
 
     def total(j, i, r):
-        times = f" * {scale(r)}" if scale else ""
-        return f"subgroupAdd((acc{j}_{i}_{r}.x + acc{j}_{i}_{r}.y) + (acc{j}_{i}_{r}.z + acc{j}_{i}_{r}.w)){times}"
+        return sg_total(f"acc{j}_{i}_{r}") + (f" * {scale(r)}" if scale else "")
 
     for r in ins:
         if partners:

@@ -167,10 +167,11 @@ class _Fused:
         self.q = b.params(4 * (len(HEAD) + 4 * len(self.ws) + (len(ROPE_FIELDS) if rope else 0)))
         word_group = self.ws[0].gs % 8 == 0
         gpu_sg = q4_subgroup_shapes(b, self.ws[0], k) if steps and not cpu else ()
+        folds = gpu_sg == Q4_SG_GPU_WIDE  # its subgroup kernels take the rows before the norm
         if cpu and steps:  # every row count
             sg = ((Q4_SG_GEMV[0], Q4_SG_GEMV[1] * len(self.ws)) if swiglu else Q4_SG_GEMV, Q4_SG_GEMM)
             self.routes, kinds, self.most = [], [(SUBGROUP, shape) for shape in sg], None
-        elif gpu_sg == Q4_SG_GPU_WIDE:  # the subgroup kernels for one row and more, to BITWISE_ROWS, folding the norm
+        elif folds:  # the subgroup kernels for one row and more, to BITWISE_ROWS
             self.routes, kinds, self.most = [], [(SUBGROUP, shape) for shape in gpu_sg], BITWISE_ROWS
         else:  # the GEMV's rows, on GPUs past BITWISE_ROWS the subgroup kernel's where the plain op takes it
             routes = gemv_routes(self.ws[0].wpr)
@@ -179,7 +180,7 @@ class _Fused:
             self.most = Q4_SG_GPU_ROWS[1] if gpu_sg else self.routes[-1][0]
         self.dispatches = []
         for kind, shape in kinds:
-            norm = self.norm and (kind == GEMV or gpu_sg == Q4_SG_GPU_WIDE)  # other subgroup kernels read rms_norm_for_q4's rows
+            norm = self.norm and (kind == GEMV or folds)  # other subgroup kernels read rms_norm_for_q4's rows
             t = dict(types, x=b.storage(x_pre)) if norm else types
             reads = [x_pre if norm else self.x, *(v for pair in self.products for v in pair)] + ([gamma] if norm else [])
             epilogue = rope if kind == GEMV or not cpu else None  # CPU adapters' subgroup kernels: the RoPE's own dispatch

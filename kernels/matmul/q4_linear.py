@@ -45,7 +45,7 @@ from ..variants import CPU
 from ..wgsl import DIV_RN, PACKED, SUBGROUP_BUILTINS, fill, is_float, vec4_loader, vec4_type
 from . import int8_matrix
 from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, bindings, float_a_at, gemm_scratch, params_bytes
-from .linear import CPU_WG, sg_groups, sg_sums, sg_wg_rows
+from .linear import CPU_WG, sg_groups, sg_sums, sg_total, sg_wg_rows
 from .routes import BITWISE_ROWS, GEMV_MAX_ROWS, GEMV_T4_MIN_N, Q4_GEMV_MAX_ROWS, Q4_SG_GPU_ROWS, Q4_SG_GPU_WIDE, SG_GPU, gpu_gemv_rows, q4_wide
 
 # The GEMV spreads a row's words over `lanes` invocations a quad of outputs, so a workgroup of
@@ -358,15 +358,16 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
         lines += [f"    let w{j}_{i} = {wq}[c{i} * wprv + v];", f"    let s{j}_{i} = {wscale}(k0, c{i});"]
     for c, word in enumerate("xyzw"[:Q4_SG_WORDS]):  # 8 weights a word: input vec4s 2c and 2c + 1 of the step
         lines.append("    {")
+        at = [f"v * {Q4_SG_STEP // 4}u + {2 * c + h}u" for h in range(2)]
+        lines += [f"    let g{'ab'[h]} = gamma4({at[h]});" for h in range(2)] if norm else []  # the norm's weight, once for every row
         for r in ins:
             for h in range(2):
-                at = f"v * {Q4_SG_STEP // 4}u + {2 * c + h}u"
-                load = f"x4(x{r}_ * kv4 + {at})"
+                load = f"x4(x{r}_ * kv4 + {at[h]})"
                 if dq8:  # GEMV_DQ8_X's quantize-dequantize, per component
                     load = f"xq4({load}, inv_row{r}, zp_row{r}, s_row{r})"
                 if norm:
                     lines.append(f"    let e{r}{'ab'[h]} = {load}; sq{r} = sq{r} + e{r}{'ab'[h]} * e{r}{'ab'[h]};")
-                    load = f"e{r}{'ab'[h]} * gamma4({at})"
+                    load = f"e{r}{'ab'[h]} * g{'ab'[h]}"
                 lines.append(f"    let x{r}{'ab'[h]} = {load};")
         for j, i in ws:
             t = f"{j}_{i}"
@@ -375,7 +376,7 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
         lines.append("    }")
     lines.append("}")
     if norm:
-        lines += [f"let rstd{r} = inverseSqrt(subgroupAdd((sq{r}.x + sq{r}.y) + (sq{r}.z + sq{r}.w)) / f32(q.K) + q.eps);" for r in ins]
+        lines += [f"let rstd{r} = inverseSqrt({sg_total(f'sq{r}')} / f32(q.K) + q.eps);" for r in ins]
     lines += sg_sums(len(weights), ins, outs, n, store, partners, (lambda r: f"rstd{r}") if norm else None)
     lines.append("}")
     return "\n    ".join(lines)

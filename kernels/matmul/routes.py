@@ -63,8 +63,8 @@ Q4_SG_GPU_ROWS = (SG_GPU_ROWS[0], Q4_GEMV_MAX_ROWS)
 # 4-bit weights of q4_wide K, and LM heads (GEMV_T4_MIN_N rows or more), take it in place of the
 # GEMV for every row count to BITWISE_ROWS, at Q4_SG_GPU_WIDE's shapes for one row and for more (an
 # output's sum is the same at every shape); the fused ones fold their RMS norm into it
-# (q4_linear.py's sg_body), so no norm runs a dispatch of its own. H200, Llama-3.2-1B shape 4w, greedy bursts, two rounds in one call,
-# 1 / 8 / 16 streams: the GEMV 712 / 1,836-1,840 / 2,024-2,036 tokens/s, these shapes 734-737 /
+# (q4_linear.py's sg_body), so no norm runs a dispatch of its own. H200, Llama-3.2-1B shape 4w,
+# greedy bursts, two rounds in one call, 1 / 8 / 16 streams: the GEMV 712 / 1,836-1,840 / 2,024-2,036 tokens/s, these shapes 734-737 /
 # 2,406-2,439 / 2,669-2,677; (1, 4, 2) and (4, 4, 2) 740-744 / 2,252-2,260 / 2,597-2,608, (8, 4, 2)
 # for more 1,725-1,731 at 8; (1, 8, 2) 551 at one; (1, 2, 2) and (4, 2, 2) 674 / 1,876 / 1,902. With
 # the norm's own dispatch a layer's two norms cost one row what the kernels saved (628 tokens/s).
