@@ -221,7 +221,7 @@ async def test_gpu_products_of_wide_k_take_16_rows_each_as_alone(name, load_pte,
     rng = np.random.default_rng(13)
     x = _rows(name, 16, rng)
     alone = np.concatenate([(await model.execute(x[i : i + 1]))[0] for i in range(16)])
-    for m in (7, 16, 2, 17, 11):
+    for m in (7, 16, 2, 3, 17, 11):
         rows = rng.permutation(16)[:m] if m <= 16 else None
         (got,) = await model.execute(np.ascontiguousarray(x[rows]) if m <= 16 else np.concatenate([x, _rows(name, 1, rng)]))
         grids = model._default.state.grids

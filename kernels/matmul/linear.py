@@ -337,25 +337,26 @@ def sg_total(v):
     return f"subgroupAdd(({v}.x + {v}.y) + ({v}.z + {v}.w))"
 
 
-def sg_sums(weights, ins, outs, n, store, partners=False, scale=None):
+def sg_sums(weights, ins, outs, n, store, partners=False, scale=None, total=sg_total):
     """The subgroup kernels' last statements: each accumulator acc{j}_{i}_{r} (weight j, output
-    i, input row r) summed over its vec4 and the subgroup's lanes into v{j}, and lane 0 storing
-    output n0 + i of a live row r with `store(r)`, for N = `n` (WGSL). With `partners` (n0 and
-    the outputs even), pair{j} holds output n ^ 1's sum too (a RoPE epilogue's). `scale(r)`: a
-    WGSL factor of row r's sums (a folded norm's)."""
+    i, input row r) summed over its components and the subgroup's lanes into v{j} (`total`:
+    WGSL of that sum for an accumulator's name; sg_total for vec4s), and lane 0 storing output
+    n0 + i of a live row r with `store(r)`, for N = `n` (WGSL). With `partners` (n0 and the
+    outputs even), pair{j} holds output n ^ 1's sum too (a RoPE epilogue's). `scale(r)`: a WGSL
+    factor of row r's sums (a folded norm's)."""
     lines = []
 
-    def total(j, i, r):
-        return sg_total(f"acc{j}_{i}_{r}") + (f" * {scale(r)}" if scale else "")
+    def total_of(j, i, r):
+        return total(f"acc{j}_{i}_{r}") + (f" * {scale(r)}" if scale else "")
 
     for r in ins:
         if partners:
-            lines.append("{ " + " ".join(f"let s{j}_{i} = {total(j, i, r)};" for i in outs for j in range(weights)))
+            lines.append("{ " + " ".join(f"let s{j}_{i} = {total_of(j, i, r)};" for i in outs for j in range(weights)))
         for i in outs:
             if partners:
                 sums = " ".join(f"let v{j} = s{j}_{i}; let pair{j} = s{j}_{i ^ 1};" for j in range(weights))
             else:
-                sums = " ".join(f"let v{j} = {total(j, i, r)};" for j in range(weights))
+                sums = " ".join(f"let v{j} = {total_of(j, i, r)};" for j in range(weights))
             lines.append(f"{{ {sums} let n = n0 + {i}u; if (lane == 0u && n < {n} && {r}u < rows) {{ {store(r)} }} }}")
         lines += ["}"] if partners else []
     return lines

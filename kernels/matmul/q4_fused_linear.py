@@ -23,8 +23,8 @@ their tensors' types before the gate or the residual).
 The fused kernel per adapter class, as the plain op's: on CPU adapters with subgroups (and weights
 of whole subgroup steps) the subgroup kernels of every row count, Q4_SG_GEMV's one row and
 Q4_SG_GEMM's shape for more; on GPUs with subgroups and weights of q4_wide K, Q4_SG_GPU_WIDE's
-two to BITWISE_ROWS; otherwise the GEMV up to Q4_GEMV_MAX_ROWS rows, on GPUs with subgroups up to
-BITWISE_ROWS and the subgroup kernel at routes.py's SG_GPU past them (where the plain op takes it:
+to BITWISE_ROWS; otherwise the GEMV up to Q4_GEMV_MAX_ROWS rows, on GPUs with subgroups up to
+BITWISE_ROWS and the subgroup kernel at routes.py's Q4_SG_GPU past them (where the plain op takes it:
 q4_linear.py's q4_subgroup_shapes). More rows run each product's plain routes (Q4Product: the
 dequantizing GEMM), then SwiGLU's elementwise gate.
 """
@@ -39,7 +39,7 @@ from ..variants import CPU
 from ..wgsl import fill, flat_grid, vec4_loader, vec4_type
 from .fused_linear import _RMS, SILU, swiglu_elementwise
 from .linear import sg_wg_rows
-from .routes import BITWISE_ROWS, Q4_SG_GPU_ROWS, Q4_SG_GPU_WIDE, SG_GPU
+from .routes import BITWISE_ROWS, Q4_SG_GPU, Q4_SG_GPU_ROWS, Q4_SG_GPU_WIDE, shape_for_rows
 from .q4_linear import (
     Q4_SG_GEMM,
     Q4_SG_GEMV,
@@ -176,7 +176,7 @@ class _Fused:
         else:  # the GEMV's rows, on GPUs past BITWISE_ROWS the subgroup kernel's where the plain op takes it
             routes = gemv_routes(self.ws[0].wpr)
             self.routes = gemv_routes_below(routes, BITWISE_ROWS) if gpu_sg else routes
-            kinds = [(GEMV, route) for route in self.routes] + ([(SUBGROUP, SG_GPU)] if gpu_sg else [])
+            kinds = [(GEMV, route) for route in self.routes] + ([(SUBGROUP, Q4_SG_GPU)] if gpu_sg else [])
             self.most = Q4_SG_GPU_ROWS[1] if gpu_sg else self.routes[-1][0]
         self.dispatches = []
         for kind, shape in kinds:
@@ -208,8 +208,8 @@ class _Fused:
         for w in self.ws:
             w.check_input(b, k)
         fused = m > 0 and (self.most is None or m <= self.most)
-        if not self.routes:  # CPU adapters' subgroup kernels: one row, and more
-            chosen, kind, shape, rotates = self.dispatches[int(m > 1)]
+        if not self.routes:  # subgroup kernels only (CPU adapters', or the fold's): by their rows
+            chosen, kind, shape, rotates = self.dispatches[shape_for_rows([shape for _, _, shape, _ in self.dispatches], m)]
         else:
             chosen, kind, shape, rotates = self.dispatches[gemv_route(self.routes, m) if m <= self.routes[-1][0] else -1]
         if kind == SUBGROUP and fused and k % Q4_SG_STEP:

@@ -46,7 +46,7 @@ from ..wgsl import DIV_RN, PACKED, SUBGROUP_BUILTINS, fill, is_float, vec4_loade
 from . import int8_matrix
 from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, bindings, float_a_at, gemm_scratch, params_bytes
 from .linear import CPU_WG, sg_groups, sg_sums, sg_total, sg_wg_rows
-from .routes import BITWISE_ROWS, GEMV_MAX_ROWS, GEMV_T4_MIN_N, Q4_GEMV_MAX_ROWS, Q4_SG_GPU_ROWS, Q4_SG_GPU_WIDE, SG_GPU, gpu_gemv_rows, q4_wide
+from .routes import BITWISE_ROWS, GEMV_MAX_ROWS, GEMV_T4_MIN_N, Q4_GEMV_MAX_ROWS, Q4_SG_GPU, Q4_SG_GPU_ROWS, Q4_SG_GPU_WIDE, gpu_gemv_rows, q4_wide, shape_for_rows
 
 # The GEMV spreads a row's words over `lanes` invocations a quad of outputs, so a workgroup of
 # GEMV_WG takes 4 * GEMV_WG / lanes outputs; which lanes, by the pass's row count (gemv_routes).
@@ -323,13 +323,14 @@ Q4_SG_GEMV = (1, 8)  # (input rows, weight rows) a subgroup takes: one row (deco
 Q4_SG_GEMM = (8, 8)  # any other row count (prefill, a ragged pass): no tiled GEMM, no barriers
 Q4_SG_WORDS = 2  # words a lane loads a step (a vec2<u32>: 16 weights)
 Q4_SG_STEP = 8 * Q4_SG_WORDS  # weights a lane step: K and the group size must be whole steps
-# GPUs take this kernel at routes.py's SG_GPU for 17 to Q4_GEMV_MAX_ROWS rows (Q4_SG_GPU_ROWS),
+# GPUs take this kernel at routes.py's Q4_SG_GPU for 17 to Q4_GEMV_MAX_ROWS rows (Q4_SG_GPU_ROWS),
 # the plain and the fused 4-bit linears alike (so that those stay bitwise the plain ops); the fused
 # ones read the rows rms_norm_for_q4 writes, and the q/k/v group rotates q and k in its epilogue.
-# H200, SmolLM2-shaped 4w export, greedy bursts, three rounds in one call: 32 sessions 9,474-9,567
-# -> 10,697-10,802 tokens/s, 64 sessions 11,990-12,185 -> 14,431-14,508. Normalizing the rows
-# in this kernel instead (each workgroup summing its rows' squares, two barriers) cost more than the
-# norm's dispatch: 32 sessions 7,562 / 7,598. (At 4 x 4, 8 groups of weight rows a workgroup, the
+# H200, SmolLM2-shaped 4w export, greedy bursts, three rounds in one call, the 4-bit GEMV against
+# this kernel at (2, 4, 2) in vec4 sums: 32 sessions 9,474-9,567 -> 10,697-10,802 tokens/s, 64
+# sessions 11,990-12,185 -> 14,431-14,508. Normalizing the rows in this kernel instead (each
+# workgroup summing its rows' squares, two barriers) cost more than the norm's dispatch: 32
+# sessions 7,562 / 7,598. (At 4 x 4, 8 groups of weight rows a workgroup, the
 # fitted GEMV had beaten it for 17 to 32 rows on an H100: BENCHMARKS.md.)
 
 
@@ -341,8 +342,10 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
     with `partners`, pair0, pair1, .. hold output n ^ 1: linear.py's sg_sums). With `norm`, x
     holds the rows before an RMS norm of weight `gamma4` (and q.eps), folded into the products:
     each sums x * gamma, times its row's rstd from the squares of x its lanes add as they read
-    the row (no barrier, no normalized rows)."""
+    the row (no barrier, no normalized rows). The GPUs' shapes (routes.py's, of three elements)
+    sum in vec2 accumulators, the CPU adapters' in vec4s."""
     ins, outs = range(shape[0]), range(shape[1] // len(weights))
+    pairs = len(shape) > 2
     store = store or (lambda r: f"out[(r0 + {r}u) * q.N + n] = epilogue(v0, r0 + {r}u, n);")
     ws = [(j, i) for j in range(len(weights)) for i in outs]
     lines = [f"let x{r}_ = min(r0 + {r}u, q.M - 1u);" for r in ins]
@@ -350,7 +353,7 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
         lines += [f"let s_row{r} = f32(xs[x{r}_]); let zp_row{r} = zp_at(x{r}_); let inv_row{r} = div_rn(1.0, s_row{r});" for r in ins]
     lines += [f"for (var g = li / sgs; g < {sg_groups(shape)}u; g = g + {CPU_WG}u / sgs) {{", f"let n0 = nw + g * {len(outs)}u;"]
     lines += [f"let c{i} = min(n0 + {i}u, {n} - 1u);" for i in outs]
-    lines += [f"var acc{j}_{i}_{r} = vec4<f32>(0.0);" for j, i in ws for r in ins]
+    lines += [f"var acc{j}_{i}_{r} = vec{2 if pairs else 4}<f32>(0.0);" for j, i in ws for r in ins]
     lines += [f"var sq{r} = vec4<f32>(0.0);" for r in ins] if norm else []
     lines += [f"for (var v = lane; v < q.K / {Q4_SG_STEP}u; v = v + sgs) {{", f"    let k0 = v * {Q4_SG_STEP}u;"]
     for j, i in ws:
@@ -372,12 +375,16 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
         for j, i in ws:
             t = f"{j}_{i}"
             lines.append(f"    let d{t} = nibbles(w{t}.{word}); let a{t} = d{t}.a * s{t}; let b{t} = d{t}.b * s{t};")
-            lines += [f"    acc{t}_{r} = acc{t}_{r} + x{r}a * a{t} + x{r}b * b{t};" for r in ins]
+            if pairs:  # the halves of each vec4 product in turn
+                lines += [f"    acc{t}_{r} = acc{t}_{r} + " + " + ".join(f"x{r}{e}.{h} * {e}{t}.{h}" for e in "ab" for h in ("xy", "zw")) + ";" for r in ins]
+            else:
+                lines += [f"    acc{t}_{r} = acc{t}_{r} + x{r}a * a{t} + x{r}b * b{t};" for r in ins]
         lines.append("    }")
     lines.append("}")
     if norm:
         lines += [f"let rstd{r} = inverseSqrt({sg_total(f'sq{r}')} / f32(q.K) + q.eps);" for r in ins]
-    lines += sg_sums(len(weights), ins, outs, n, store, partners, (lambda r: f"rstd{r}") if norm else None)
+    total = (lambda acc: f"subgroupAdd({acc}.x + {acc}.y)") if pairs else sg_total
+    lines += sg_sums(len(weights), ins, outs, n, store, partners, (lambda r: f"rstd{r}") if norm else None, total)
     lines.append("}")
     return "\n    ".join(lines)
 
@@ -499,14 +506,14 @@ def q4_subgroup_shapes(b, w, k):
     """The subgroup kernel shapes a 4-bit product of weight `w` and inputs of at most K = k builds
     on this device, for one row and for more, or one for some rows: CPU adapters with subgroups
     take them at every row count; GPUs Q4_SG_GPU_WIDE's to BITWISE_ROWS for weights of
-    q4_wide K or an LM head's rows, else SG_GPU for Q4_SG_GPU_ROWS rows; routes.py."""
+    q4_wide K or an LM head's rows, else Q4_SG_GPU for Q4_SG_GPU_ROWS rows; routes.py."""
     if not (b.subgroups and w.subgroup_steps() and k % Q4_SG_STEP == 0):
         return ()
     if b.adapter == CPU:
         return (Q4_SG_GEMV, Q4_SG_GEMM)
     if q4_wide(8 * w.wpr) or w.n >= GEMV_T4_MIN_N:
         return Q4_SG_GPU_WIDE
-    return (SG_GPU,)
+    return (Q4_SG_GPU,)
 
 
 def q4_subgroup_shape(b, shapes, m, k):
@@ -516,7 +523,7 @@ def q4_subgroup_shape(b, shapes, m, k):
     if b.adapter == CPU:
         return shapes[int(m > 1)]
     if shapes == Q4_SG_GPU_WIDE:
-        return shapes[int(m > 1)] if m <= BITWISE_ROWS else None
+        return shapes[shape_for_rows(shapes, m)] if m <= BITWISE_ROWS else None
     return shapes[0] if Q4_SG_GPU_ROWS[0] <= m <= Q4_SG_GPU_ROWS[1] else None
 
 

@@ -56,23 +56,41 @@ def q4_gemv_rows(k):
 # (BENCHMARKS.md, Products of 17 to 128 rows).
 SG_GPU = (2, 4, 2)
 SG_GPU_ROWS = (17, 128)
-# The 4-bit products (plain and fused, q4_linear.py, q4_fused_linear.py) take it for 17 to
-# Q4_GEMV_MAX_ROWS rows, past the GEMV's BITWISE_ROWS, for weights narrower than K = Q4_GEMM_MIN_K
-# (wider ones take the dequantizing GEMM there).
+# The 4-bit products (plain and fused, q4_linear.py, q4_fused_linear.py) take the 4-bit subgroup
+# kernel for 17 to Q4_GEMV_MAX_ROWS rows, past the GEMV's BITWISE_ROWS, for weights narrower than
+# K = Q4_GEMM_MIN_K (wider ones take the dequantizing GEMM there), at Q4_SG_GPU: 4 rows a subgroup,
+# in vec2 sums as all the GPUs' 4-bit shapes (q4_linear.py's sg_body; below). H200, SmolLM2 4w,
+# greedy bursts, one call, 32 / 64 streams: (2, 4, 2) in vec4 sums 10,801 / 14,517 tokens/s, in
+# vec2 sums 10,876 / 14,512, (4, 4, 2) 10,814 / 15,233 (a 32-token prompt 7,035 -> 8,384), (8, 4,
+# 2) 8,940 / 11,037 (results/h200/kernel_choices/q4_wide_vec2_sums/).
 Q4_SG_GPU_ROWS = (SG_GPU_ROWS[0], Q4_GEMV_MAX_ROWS)
+Q4_SG_GPU = (4, 4, 2)
 # 4-bit weights of q4_wide K, and LM heads (GEMV_T4_MIN_N rows or more), take it in place of the
-# GEMV for every row count to BITWISE_ROWS, at Q4_SG_GPU_WIDE's shapes for one row and for more (an
-# output's sum is the same at every shape); the fused ones fold their RMS norm into it
-# (q4_linear.py's sg_body), so no norm runs a dispatch of its own. H200, Llama-3.2-1B shape 4w,
-# greedy bursts, two rounds in one call, 1 / 8 / 16 streams: the GEMV 712 / 1,836-1,840 / 2,024-2,036 tokens/s, these shapes 734-737 /
-# 2,406-2,439 / 2,669-2,677; (1, 4, 2) and (4, 4, 2) 740-744 / 2,252-2,260 / 2,597-2,608, (8, 4, 2)
-# for more 1,725-1,731 at 8; (1, 8, 2) 551 at one; (1, 2, 2) and (4, 2, 2) 674 / 1,876 / 1,902. With
-# the norm's own dispatch a layer's two norms cost one row what the kernels saved (628 tokens/s).
-# Folding it into the 17-64-row kernel of narrower weights cost more than the norm's dispatch
-# (SmolLM2 4w, 64 streams: 14,437-14,934 -> 13,463-13,991). SmolLM2's 4-bit LM head (49,152 x
-# 576) on them, same GPU, 1 / 16 streams, four rounds in two calls: 791-803 / 6,227-6,361 with the
-# GEMV, 779-824 / 6,428-6,506 (one GEMV round's one stream 694).
-Q4_SG_GPU_WIDE = ((1, 4, 2), (2, 4, 2))
+# GEMV for every row count to BITWISE_ROWS, at Q4_SG_GPU_WIDE's shapes (shape_for_rows: one row,
+# 2 to 4 rows, more); the fused ones fold their RMS norm into it (q4_linear.py's sg_body), so no
+# norm runs a dispatch of its own. They sum in vec2 accumulators (an output's sum the same at
+# every shape, so a row of a pass is bitwise the row alone): 4 input rows by 4 weight rows take
+# 32 registers of sums, where vec4s took 64 and made (4, 4, 2) lose to (2, 4, 2). H200,
+# Llama-3.2-1B shape 4w, greedy bursts, one call, 1 / 2 / 4 / 8 / 16 streams: vec4s at (1, 4, 2)
+# and (2, 4, 2) 753 / 1,233 / 1,855 / 2,430 / 2,695 tokens/s, these 749 / 1,214 / 1,870 / 2,593 /
+# 3,097; (4, 4, 2) from 3 rows 1,803 at 4, vec2s at (8, 4, 2) from 5 rows 2,109 / 2,600 at 8 / 16,
+# scalar sums of dot products 687 at one row; lanes taking one word each side by side (coalesced
+# loads) 605-626 at one row, 3,031-3,199 at 16 (results/h200/kernel_choices/q4_wide_vec2_sums/).
+# Earlier, vec4s: the GEMV 712 / 2,024-2,036 at 1 / 16 streams. With the norm's own dispatch a
+# layer's two norms cost one row what the kernels saved (628 tokens/s). Folding it into the
+# 17-64-row kernel of narrower weights cost more than the norm's dispatch (SmolLM2 4w, 64
+# streams: 14,437-14,934 -> 13,463-13,991).
+Q4_SG_GPU_WIDE = ((1, 4, 2), (2, 4, 2), (4, 4, 2))
+
+
+def shape_for_rows(shapes, m):
+    """The index of the subgroup shape of `shapes` (by rows, ascending) that takes a pass of m
+    rows: the first of at least m rows, past 2 rows of at least half of them (two groups of rows
+    a weight, so twice the workgroups), else the last."""
+    least = m if m <= 2 else -(-m // 2)
+    return next((i for i, shape in enumerate(shapes) if shape[0] >= least), len(shapes) - 1)
+
+
 # A pass of at most this many rows computes each row's products as the row alone would, on any
 # adapter (the GEMVs, and the CPU subgroup kernels at every shape, sum a row in one order).
 BITWISE_ROWS = SG_GPU_ROWS[0] - 1
