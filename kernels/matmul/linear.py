@@ -332,22 +332,23 @@ def sg_wg_rows(shape, weights=1):
     return shape[1] // weights * sg_groups(shape)
 
 
-def sg_total(v):
-    """WGSL: the sum of vec4 `v`'s components over the subgroup's lanes, in the subgroup kernels' order."""
-    return f"subgroupAdd(({v}.x + {v}.y) + ({v}.z + {v}.w))"
+def sg_total(v, width=4):
+    """WGSL: the sum of the components of `v` (a vec4, or a vec2 for `width` 2) over the
+    subgroup's lanes, in the subgroup kernels' order."""
+    parts = f"({v}.x + {v}.y) + ({v}.z + {v}.w)" if width == 4 else f"{v}.x + {v}.y"
+    return f"subgroupAdd({parts})"
 
 
-def sg_sums(weights, ins, outs, n, store, partners=False, scale=None, total=sg_total):
+def sg_sums(weights, ins, outs, n, store, partners=False, scale=None, width=4):
     """The subgroup kernels' last statements: each accumulator acc{j}_{i}_{r} (weight j, output
-    i, input row r) summed over its components and the subgroup's lanes into v{j} (`total`:
-    WGSL of that sum for an accumulator's name; sg_total for vec4s), and lane 0 storing output
-    n0 + i of a live row r with `store(r)`, for N = `n` (WGSL). With `partners` (n0 and the
-    outputs even), pair{j} holds output n ^ 1's sum too (a RoPE epilogue's). `scale(r)`: a WGSL
-    factor of row r's sums (a folded norm's)."""
+    i, input row r; vectors of `width`) summed over its components and the subgroup's lanes into
+    v{j} (sg_total), and lane 0 storing output n0 + i of a live row r with `store(r)`, for N =
+    `n` (WGSL). With `partners` (n0 and the outputs even), pair{j} holds output n ^ 1's sum too
+    (a RoPE epilogue's). `scale(r)`: a WGSL factor of row r's sums (a folded norm's)."""
     lines = []
 
     def total_of(j, i, r):
-        return total(f"acc{j}_{i}_{r}") + (f" * {scale(r)}" if scale else "")
+        return sg_total(f"acc{j}_{i}_{r}", width) + (f" * {scale(r)}" if scale else "")
 
     for r in ins:
         if partners:

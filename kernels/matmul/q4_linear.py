@@ -383,8 +383,7 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
     lines.append("}")
     if norm:
         lines += [f"let rstd{r} = inverseSqrt({sg_total(f'sq{r}')} / f32(q.K) + q.eps);" for r in ins]
-    total = (lambda acc: f"subgroupAdd({acc}.x + {acc}.y)") if pairs else sg_total
-    lines += sg_sums(len(weights), ins, outs, n, store, partners, (lambda r: f"rstd{r}") if norm else None, total)
+    lines += sg_sums(len(weights), ins, outs, n, store, partners, (lambda r: f"rstd{r}") if norm else None, 2 if pairs else 4)
     lines.append("}")
     return "\n    ".join(lines)
 
@@ -520,11 +519,11 @@ def q4_subgroup_shape(b, shapes, m, k):
     """The subgroup shape a product built with `shapes` takes for M x K, or None."""
     if not shapes or k % Q4_SG_STEP or m < 1:
         return None
-    if b.adapter == CPU:
-        return shapes[int(m > 1)]
-    if shapes == Q4_SG_GPU_WIDE:
-        return shapes[shape_for_rows(shapes, m)] if m <= BITWISE_ROWS else None
-    return shapes[0] if Q4_SG_GPU_ROWS[0] <= m <= Q4_SG_GPU_ROWS[1] else None
+    if b.adapter == CPU:  # every row count
+        first, last = 1, m
+    else:
+        first, last = (1, BITWISE_ROWS) if shapes == Q4_SG_GPU_WIDE else Q4_SG_GPU_ROWS
+    return shapes[shape_for_rows(shapes, m)] if first <= m <= last else None
 
 
 def gemv_routes_below(routes, rows):
