@@ -52,3 +52,7 @@ class Routes:
         for v, route in self.built:
             route.set(ctx, shape, v is chosen)
         return chosen and chosen.name
+
+    def route(self, name):
+        """The built route of the variant called `name`."""
+        return next(route for v, route in self.built if v.name == name)

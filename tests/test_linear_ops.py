@@ -88,6 +88,9 @@ CASES = {
     # K a multiple of 4 with odd N: the subgroup GEMVs of CPU adapters (q/k/v, SwiGLU, the plain
     # linear), next to products whose K is not (o: 41, down: 53)
     "linear_dyn_k4": (lambda: Linear(96, 37, False), [(33, 96)], ({0: _m(33)},)),
+    # N and K past gemm.py's BIG_MIN_NK: the 128 x 128 tiles at 130 and 131 rows, K split in 7
+    "linear_big": (lambda: Linear(2053, 2063, True), [(131, 2053)], ({0: _m(131)},)),
+    "mm_big": (MM, [(131, 2053), (2053, 2063)], ({0: _m(131)}, None)),
     "fused_dyn_k4": (lambda: FusedLinears(40, 41, 23, 53), [(1, 34, 40)], ({1: _m(34)},)),
 }
 # where live M sits in each input's shape (None: the input has no M)
@@ -102,6 +105,8 @@ M_AXIS = {
     "addmm_dyn": [0],
     "fused_dyn": [1],
     "linear_dyn_k4": [0],
+    "linear_big": [0],
+    "mm_big": [0, None],
     "fused_dyn_k4": [1],
 }
 
@@ -241,7 +246,7 @@ def test_gemm_splits_k_only_for_few_tiles():
     assert G.gemm_split(37, 576, 100, 1) == (1, 100)  # K too short to split
     for m, n, k, batch in ((37, 576, 576, 1), (70, 67, 523, 1), (67, 71, 199, 3), (300, 300, 4096, 1)):
         splits, _ = G.gemm_split(m, n, k, batch)  # the splits' sums fit the scratch
-        assert splits * batch * m * n <= G.SPLIT_TARGET * G.BM * G.BN
+        assert splits * batch * m * n <= G.SPLIT_TARGET * G.TILE.bm * G.TILE.bn
 
 
 def test_shape_errors_name_the_op():

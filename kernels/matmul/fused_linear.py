@@ -277,13 +277,14 @@ class _Products:
             ns = [b.graph.values[w].dims[0] for w in weights]
             load, store = column_group(b.storage(x), [b.storage(w) for w in weights], ns)
             params = b.params(PARAMS_SIZE)
-            route = GemmRoute(b, load, [x, *weights], None, outs[0], params, scratch, store=store, more_outs=outs[1:])
+            k = b.graph.values[x].dims[-1]
+            route = GemmRoute(b, load, [x, *weights], None, outs[0], params, scratch, store=store, more_outs=outs[1:], most=(sum(ns), k))
             self.routes.append((params, route))
             return
         for w, out in zip(weights, outs):
             params = b.params(PARAMS_SIZE)
             load = float_load(True, b.storage(x), b.storage(w))
-            self.routes.append((params, GemmRoute(b, load, [x, w], None, out, params, scratch)))
+            self.routes.append((params, GemmRoute(b, load, [x, w], None, out, params, scratch, most=tuple(b.graph.values[w].dims[:2]))))
 
     def resize(self, ctx):
         """Set each product's shape and the GEMM params; returns (gemv?, M, K, [N_j])."""
@@ -297,7 +298,7 @@ class _Products:
         for (params, gemm), n in zip(self.routes, widths):
             splits, kspan = gemm.plan(m, n, k, 1, on)
             ctx.set_params(params, params_bytes(m, n, k, split=(splits, kspan)))
-            gemm.set_grids(ctx, m, n, 1, splits, on)
+            gemm.set_grids(ctx, m, n, k, 1, splits, on)
         return gemv, m, k, ns
 
 

@@ -2,10 +2,11 @@
 addmm, the fused linears' prefill, 4-bit weights), and its split-K reduce.
 
 out[b, m, n] = epilogue(sum_k A[b, m, k] * B[b, k, n]): a 64x64 output tile per 16x16 workgroup,
-each invocation a 4x4 register tile (rows 4 * lid.y.., columns 4 * lid.x..). A and B go through
-workgroup memory in K steps of 16 as vec4s of 4 rows (columns of B), rows padded to 17 vec4s
-against bank conflicts. Each invocation loads one vec4 of each per step; the next step's loads are
-issued before this step's products, so their latency hides behind the arithmetic. A product with
+each invocation a 4x4 register tile (rows 4 * lid.y.., columns 4 * lid.x..); a `Tile` gives other
+shapes (32x64 for products of few rows, 128x128 at 8x8 an invocation for large ones). A and B go
+through workgroup memory in K steps of 16 as vec4s of 4 rows (columns of B), rows padded by one
+vec4 against bank conflicts. Each invocation loads its share of vec4s of each per step; the next
+step's loads are issued before this step's products, so their latency hides behind the arithmetic. A product with
 few tiles (a prompt of a few hundred rows on a GPU with over a hundred cores) also splits K
 (`gemm_split`): workgroup z = (batch, split) sums one K range into the op's scratch, and
 GEMM_REDUCE adds the ranges in split order and applies the epilogue. H100, SmolLM2 shapes: 1.5-2x
@@ -38,10 +39,9 @@ PARAMS_FORMAT = "<" + "".join("I" if t == "u32" else "f" for _, t in FIELDS)
 PARAMS_SIZE = struct.calcsize(PARAMS_FORMAT)  # 56
 STRUCT = "struct P { " + ", ".join(f"{n}: {t}" for n, t in FIELDS) + " }"
 
-BM, BN, BK = 64, 64, 16  # GEMM tile
-SMALL_BM = 32  # the rows of a tile for products of few rows (GemmRoute's small)
+BK = 16  # the K step of the GEMM's tiles
 # Split K while a product has fewer than SPLIT_TARGET workgroups, into at most MAX_SPLITS ranges
-# of at least MIN_SPLIT_K. The splits' sums then take at most SPLIT_TARGET * BM * BN floats.
+# of at least MIN_SPLIT_K. The splits' sums then take at most SPLIT_TARGET tiles' outputs.
 SPLIT_TARGET, MAX_SPLITS, MIN_SPLIT_K = 256, 8, 64
 
 
@@ -182,22 +182,25 @@ fn b_quad(off: u32, n: u32, k: u32, kend: u32) -> vec4<f32> {
 """
 # Which (column quad, k) of the B tile invocation li loads: along K for an [N, K] weight, along N
 # for a [K, N] matrix (so that neighbouring invocations read neighbouring addresses); with K quads
-# (TileLoad.b_k_quads), which (column, k quad). A tile of fewer rows has fewer invocations, each
-# loading B twice as invocations li and li + its count: slot j of an invocation is named with j.
+# (TileLoad.b_k_quads), which (column, k quad). A tile loads more quads than it has invocations
+# (fewer rows, or more columns), each loading as invocations li, li + its count, ..: slot j of
+# an invocation is named with j; $BQ is the tile's column quads.
 B_SLOT_ALONG_K = "let bn4$J = $LI / 16u; let bk$J = $LI % 16u;"
-B_SLOT_ALONG_N = "let bn4$J = $LI % 16u; let bk$J = $LI / 16u;"
+B_SLOT_ALONG_N = "let bn4$J = $LI % ${BQ}u; let bk$J = $LI / ${BQ}u;"
 B_SLOT_K_QUADS = "let bn$J = $LI / 4u; let bk4$J = $LI % 4u; let bn4$J = bn$J / 4u;"
 # (the first load, the next step's load, the store into Bs) of each way
-B_QUADS = ("b_quad(boff, n0 + 4u * bn4$J, kbeg + bk$J, kend)", "b_quad(boff, n0 + 4u * bn4$J, k0 + 16u + bk$J, kend)", "Bs[bk$J * 17u + bn4$J] = rb$J;")
+B_QUADS = ("b_quad(boff, n0 + 4u * bn4$J, kbeg + bk$J, kend)", "b_quad(boff, n0 + 4u * bn4$J, k0 + 16u + bk$J, kend)", "Bs[bk$J * ${BP}u + bn4$J] = rb$J;")
 B_K_QUADS = (
     "b_k_quad(boff, n0 + bn$J, kbeg + 4u * bk4$J, kend)",
     "b_k_quad(boff, n0 + bn$J, k0 + 16u + 4u * bk4$J, kend)",
-    " ".join(f"Bs[(4u * bk4$J + {i}u) * 17u + bn4$J][bn$J % 4u] = rb$J[{i}];" for i in range(4)),
+    " ".join(f"Bs[(4u * bk4$J + {i}u) * ${{BP}}u + bn4$J][bn$J % 4u] = rb$J[{i}];" for i in range(4)),
 )
+A_SLOT = "let am4$J = $LI / 16u; let ak$J = $LI % 16u;"  # which (row quad, k) of the A tile
+A_QUADS = ("a_quad(aoff, m0 + 4u * am4$J, kbeg + ak$J, kend)", "a_quad(aoff, m0 + 4u * am4$J, k0 + 16u + ak$J, kend)", "As[ak$J * ${AP}u + am4$J] = ra$J;")
 
 GEMM = """
 var<workgroup> As: array<vec4<f32>, ${A_SIZE}>;  // [k][m / 4], 16 x ${AP}
-var<workgroup> Bs: array<vec4<f32>, 272>;  // [k][n / 4], 16 x 17
+var<workgroup> Bs: array<vec4<f32>, ${B_SIZE}>;  // [k][n / 4], 16 x ${BP}
 
 @compute @workgroup_size(16, ${TY})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
@@ -205,56 +208,42 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let b = wid.z / p.splits;
     let split = wid.z % p.splits;
     let m0 = wid.y * ${BM}u;
-    let n0 = wid.x * 64u;
+    let n0 = wid.x * ${BN}u;
     let aoff = b * p.a_bs;
     let boff = b * p.b_bs;
     let kbeg = split * p.kspan;
     let kend = min(p.K, kbeg + p.kspan);
-    let am4 = li / 16u;  // this invocation's loads: rows 4 * am4.. of A at k am, and B's slots
-    let ak = li % 16u;
+    $A_SLOT
     $B_SLOT
 $SETUP
-    var ra = a_quad(aoff, m0 + 4u * am4, kbeg + ak, kend);
+    $A_FIRST
     $B_FIRST
-    var c0 = vec4<f32>(0.0);
-    var c1 = vec4<f32>(0.0);
-    var c2 = vec4<f32>(0.0);
-    var c3 = vec4<f32>(0.0);
+    $ACCS
     for (var k0 = kbeg; k0 < kend; k0 = k0 + 16u) {
-        As[ak * ${AP}u + am4] = ra;
+        $A_STORE
         $B_STORE
         workgroupBarrier();
-        ra = a_quad(aoff, m0 + 4u * am4, k0 + 16u + ak, kend);
+        $A_NEXT
         $B_NEXT
-        for (var k = 0u; k < 16u; k = k + 1u) {
-            let x = As[k * ${AP}u + lid.y];
-            let y = Bs[k * 17u + lid.x];
-            c0 = c0 + x.x * y;
-            c1 = c1 + x.y * y;
-            c2 = c2 + x.z * y;
-            c3 = c3 + x.w * y;
-        }
+        $PRODUCTS
         workgroupBarrier();
     }
     let total = p.batch * p.M * p.N;
-    let n = n0 + 4u * lid.x;
-    for (var i = 0u; i < 4u; i = i + 1u) {
-        let m = m0 + 4u * lid.y + i;
-        if (m >= p.M) { break; }
-        var row = c0;
-        if (i == 1u) { row = c1; } else if (i == 2u) { row = c2; } else if (i == 3u) { row = c3; }
-        for (var j = 0u; j < 4u; j = j + 1u) {
-            if (n + j < p.N) {
-                if (p.splits == 1u) {
-                    store(b, m, n + j, row[j]);
-                } else {
-                    part[split * total + (b * p.M + m) * p.N + n + j] = row[j];
-                }
+$STORES
+}
+"""
+# An output quad of the epilogue: row m, columns n .. n + 3 from vec4 $C
+STORE_QUAD = """    for (var j = 0u; j < 4u; j = j + 1u) {
+        if (m < p.M && n + j < p.N) {
+            if (p.splits == 1u) {
+                store(b, m, n + j, ${C}[j]);
+            } else {
+                part[split * total + (b * p.M + m) * p.N + n + j] = ${C}[j];
             }
         }
     }
-}
 """
+
 
 # Split-K's second dispatch: one invocation per output adds its K ranges in order.
 GEMM_REDUCE = fill(
@@ -277,23 +266,75 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 )
 
 
-def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, residual=False, store=None, bm=BM):
+@dataclass(frozen=True)
+class Tile:
+    """A GEMM tile: `ty` rows of 16 invocations, each summing `rq` x `cq` quads of outputs (4 x 4
+    each): rows 4 * (lid.y + ty * i).., columns 4 * (lid.x + 16 * j).., so that a subgroup's reads
+    of a K step's row of A and of B are contiguous; `unroll`: a K step's 16 k written out one by one,
+    not a loop."""
+
+    ty: int = 16
+    rq: int = 1
+    cq: int = 1
+    unroll: bool = False
+
+    @property
+    def bm(self):
+        return 4 * self.ty * self.rq
+
+    @property
+    def bn(self):
+        return 64 * self.cq
+
+
+TILE = Tile()  # 64 x 64
+SMALL_TILE = Tile(ty=8)  # 32 x 64, for products of few rows (GemmRoute's small)
+# 128 x 128, 8 x 8 outputs an invocation: twice the products per workgroup-memory read of TILE,
+# for products of at least BIG_MIN_ROWS rows, N and K of at least BIG_MIN_NK (GemmRoute's big);
+# its K steps unrolled (the driver unrolls TILE's 16 products a k, not these 64)
+BIG_TILE = Tile(rq=2, cq=2, unroll=True)
+BIG_MIN_ROWS, BIG_MIN_NK = 128, 2048
+
+
+def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, residual=False, store=None, tile=TILE):
     """The template with `load`'s tile reads; `extra`: WGSL bindings after the scratch; `bias` and
-    `out` their storage types; `clamp`: the epilogue's (lo, hi); `store`: header's; `bm`: the
-    tile's rows, BM or SMALL_BM (whose invocations load B twice: a load whose setup reads no
-    b_col0)."""
-    assert bm in (BM, SMALL_BM) and (bm == BM or "b_col0" not in load.setup)
+    `out` their storage types; `clamp`: the epilogue's (lo, hi); `store`: header's; `tile`: a Tile
+    (a load whose setup reads a_row0, or b_col0, needs one row quad, or column quad, an invocation
+    to load)."""
+    threads = 16 * tile.ty
+    a_slots, b_slots = tile.bm * 4 // threads, tile.bn * 4 // threads
+    assert (a_slots == 1 or "a_row0" not in load.setup) and (b_slots == 1 or "b_col0" not in load.setup)
     setup = "    let a_row0 = m0 + 4u * am4;\n    let b_col0 = n0 + 4u * bn4;\n" + load.setup if load.setup else ""
     slot = B_SLOT_K_QUADS if load.b_k_quads else B_SLOT_ALONG_K if load.b_along_k else B_SLOT_ALONG_N
-    first, step, b_store = B_K_QUADS if load.b_k_quads else B_QUADS
-    threads = 4 * bm  # 16 x bm / 4
-    slots = [dict(J=f"_{j}" if j else "", LI=f"(li + {j * threads}u)" if j else "li") for j in range(BM // bm)]
+    b_first, b_step, b_store = B_K_QUADS if load.b_k_quads else B_QUADS
+    ap, bp = tile.bm // 4 + 1, tile.bn // 4 + 1
+
+    def lines(text, n, sep):  # the n slots' statements: slot j's names end in J, it loads as invocation LI
+        slots = [dict(J=f"_{j}" if j else "", LI=f"(li + {j * threads}u)" if j else "li", AP=ap, BP=bp, BQ=tile.bn // 4) for j in range(n)]
+        return sep.join(fill(text, **{k: v for k, v in slot.items() if f"${k}" in text or f"${{{k}}}" in text}) for slot in slots)
+
+    rows, cols = range(tile.rq), range(tile.cq)
+    accs = [f"c{r}_{i}_{c}" for r in rows for i in range(4) for c in cols]
+    def step(k):  # the products of one k of the tile's K step
+        lines = [f"let x{r} = As[{k} * {ap}u + lid.y + {tile.ty * r}u];" for r in rows]
+        lines += [f"let y{c} = Bs[{k} * {bp}u + lid.x + {16 * c}u];" for c in cols]
+        return lines + [f"c{r}_{i}_{c} = c{r}_{i}_{c} + x{r}.{'xyzw'[i]} * y{c};" for r in rows for i in range(4) for c in cols]
+
+    if tile.unroll:
+        products = [f"{{ {' '.join(step(f'{k}u'))} }}" for k in range(BK)]
+    else:
+        products = ["for (var k = 0u; k < 16u; k = k + 1u) {", *("    " + line for line in step("k")), "}"]
+    stores = [
+        f"    {{ let m = m0 + 4u * (lid.y + {tile.ty * r}u) + {i}u; let n = n0 + 4u * (lid.x + {16 * c}u);\n" + fill(STORE_QUAD, C=f"c{r}_{i}_{c}") + "    }"
+        for r in rows for i in range(4) for c in cols
+    ]
     body = fill(
-        GEMM, BM=bm, TY=bm // 4, AP=bm // 4 + 1, A_SIZE=16 * (bm // 4 + 1), SETUP=setup,
-        B_SLOT="\n    ".join(fill(slot, **j) for j in slots),
-        B_FIRST="\n    ".join(f"var rb{j['J']} = {fill(first, J=j['J'])};" for j in slots),
-        B_NEXT="\n        ".join(f"rb{j['J']} = {fill(step, J=j['J'])};" for j in slots),
-        B_STORE="\n        ".join(fill(b_store, J=j['J']) for j in slots),
+        GEMM, BM=tile.bm, BN=tile.bn, TY=tile.ty, AP=ap, BP=bp, A_SIZE=16 * ap, B_SIZE=16 * bp, SETUP=setup,
+        A_SLOT=lines(A_SLOT, a_slots, "\n    "), B_SLOT=lines(slot, b_slots, "\n    "),
+        A_FIRST=lines(f"var ra$J = {A_QUADS[0]};", a_slots, "\n    "), B_FIRST=lines(f"var rb$J = {b_first};", b_slots, "\n    "),
+        A_NEXT=lines(f"ra$J = {A_QUADS[1]};", a_slots, "\n        "), B_NEXT=lines(f"rb$J = {b_step};", b_slots, "\n        "),
+        A_STORE=lines(A_QUADS[2], a_slots, "\n        "), B_STORE=lines(b_store, b_slots, "\n        "),
+        ACCS="\n    ".join(f"var {c} = vec4<f32>(0.0);" for c in accs), PRODUCTS="\n        ".join(products), STORES="\n".join(stores),
     )
     head = header(has_bias, load.inputs, scratch=True, bias=bias, out=out, clamp=clamp, residual=residual, store=store)
     return head + extra + load.functions + A_QUAD + ("" if load.b_k_quads else B_QUAD) + body
@@ -304,18 +345,18 @@ def gemm_reduce_shader(has_bias, bias="f32", out="f32", clamp=None, residual=Fal
     return header(has_bias, (("part", "f32"),), bias=bias, out=out, clamp=clamp, residual=residual, store=store) + extra + GEMM_REDUCE
 
 
-def gemm_split(m, n, k, batch, bm=BM):
-    """(splits, K per split) of a product in tiles of `bm` rows: more workgroups for a GPU a few
-    tiles leave idle."""
-    tiles = -(-n // BN) * -(-m // bm) * batch
+def gemm_split(m, n, k, batch, tile=TILE):
+    """(splits, K per split) of a product in `tile`s: more workgroups for a GPU a few tiles leave
+    idle."""
+    tiles = -(-n // tile.bn) * -(-m // tile.bm) * batch
     splits = max(1, min(MAX_SPLITS, SPLIT_TARGET // tiles, k // MIN_SPLIT_K))
     kspan = -(-k // splits // BK) * BK if splits > 1 else max(k, 1)
     return -(-k // kspan) if splits > 1 else 1, kspan
 
 
-def gemm_grid(name, m, n, batch, splits=1, bm=BM):
-    """(N tiles, M tiles of `bm` rows, batch * splits); ValueError past the per-dimension workgroup limit."""
-    grid = (-(-n // BN), -(-m // bm), batch * splits)
+def gemm_grid(name, m, n, batch, splits=1, tile=TILE):
+    """(N tiles, M tiles, batch * splits) in `tile`s; ValueError past the per-dimension workgroup limit."""
+    grid = (-(-n // tile.bn), -(-m // tile.bm), batch * splits)
     if max(grid) > MAX_WORKGROUPS:
         raise ValueError(f"{name}: GEMM grid {grid} exceeds {MAX_WORKGROUPS} workgroups per dimension")
     return grid
@@ -324,10 +365,10 @@ def gemm_grid(name, m, n, batch, splits=1, bm=BM):
 def gemm_scratch(b, outs, together=False):
     """Split-K's scratch for an op whose products (run one after another; `together`: as one,
     column_group) write `outs`: room for the splits' sums of the largest (of all), at most
-    SPLIT_TARGET * BM * BN floats (gemm_split's bound); OpBuilder.scratch."""
+    SPLIT_TARGET of the largest tiles (gemm_split's bound); OpBuilder.scratch."""
     sizes = [numel_of(b.graph.values[o].dims) for o in outs]
     most = sum(sizes) if together else max(sizes)
-    return b.scratch("float32", max(1, min(SPLIT_TARGET * BM * BN, MAX_SPLITS * most)))
+    return b.scratch("float32", max(1, min(SPLIT_TARGET * BIG_TILE.bm * BIG_TILE.bn, MAX_SPLITS * most)))
 
 
 class GemmRoute:
@@ -335,11 +376,13 @@ class GemmRoute:
     over `scratch` (gemm_scratch); `extra` are bindings after the scratch (WGSL `extra_wgsl`);
     `clamp` the epilogue's (lo, hi) or None; `residual`, `store`: header's; `more_outs`: outputs
     that `store` writes besides `out`, bound last as out1, out2, ... (column_group); `small`: also
-    the template at SMALL_BM rows, which takes products of at most SMALL_BM rows (half the
-    products of a 64-row tile for a ragged pass of 17 to 32 decode rows)."""
+    the template in SMALL_TILE, which takes products of at most its rows (half the
+    products of a 64-row tile for a ragged pass of 17 to 32 decode rows); `most`: the largest (N, K)
+    the product takes, which builds BIG_TILE's dispatch where it can reach BIG_MIN_NK (and the
+    load reads no per-invocation setup)."""
 
     def __init__(self, b, load, inputs, bias, out, params, scratch, extra=(), extra_wgsl="", clamp=None, residual=False, store=None,
-                 more_outs=(), small=False):
+                 more_outs=(), small=False, most=(0, 0)):
         self.name = b.name
         tail = [bias] if bias is not None else []
         epilogue = {"bias": b.storage(bias) if tail else "f32", "out": b.storage(out), "clamp": clamp, "residual": residual, "store": store}
@@ -349,25 +392,29 @@ class GemmRoute:
         bindings = [*inputs, *tail, out, params, scratch, *extra, *more_outs]
         extra_wgsl += more(len(inputs) + len(tail) + 3 + len(extra))
         self.gemm = b.dispatch(gemm_shader(load, bias is not None, extra_wgsl, **epilogue), bindings)
-        self.small = b.dispatch(gemm_shader(load, bias is not None, extra_wgsl, bm=SMALL_BM, **epilogue), bindings) if small else None
+        self.small = b.dispatch(gemm_shader(load, bias is not None, extra_wgsl, tile=SMALL_TILE, **epilogue), bindings) if small else None
+        big = min(most) >= BIG_MIN_NK and not load.setup
+        self.big = b.dispatch(gemm_shader(load, bias is not None, extra_wgsl, tile=BIG_TILE, **epilogue), bindings) if big else None
         reduce = gemm_reduce_shader(bias is not None, extra=more(len(tail) + 3), **epilogue)
         self.reduce = b.dispatch(reduce, [scratch, *tail, out, params, *more_outs])
 
     def set(self, ctx, shape, on):
         """As a variant's route (kernels/variants.py), for a shape with m, n, k and batch."""
         splits, _ = self.plan(shape.m, shape.n, shape.k, shape.batch, on)
-        self.set_grids(ctx, shape.m, shape.n, shape.batch, splits, on)
+        self.set_grids(ctx, shape.m, shape.n, shape.k, shape.batch, splits, on)
 
-    def tile_rows(self, m):
-        return SMALL_BM if self.small is not None and m <= SMALL_BM else BM
+    def tile(self, m, n, k):
+        if self.small is not None and m <= SMALL_TILE.bm:
+            return SMALL_TILE
+        return BIG_TILE if self.big is not None and m >= BIG_MIN_ROWS and min(n, k) >= BIG_MIN_NK else TILE
 
     def plan(self, m, n, k, batch, on=True):
         """(splits, kspan) for the uniform; (1, K) when the route is off."""
-        return gemm_split(m, n, k, batch, self.tile_rows(m)) if on else (1, max(k, 1))
+        return gemm_split(m, n, k, batch, self.tile(m, n, k)) if on else (1, max(k, 1))
 
-    def set_grids(self, ctx, m, n, batch, splits, on=True):
-        bm = self.tile_rows(m)
-        ctx.set_grid(self.gemm, gemm_grid(self.name, m, n, batch, splits) if on and bm == BM else (0, 0, 0))
-        if self.small is not None:
-            ctx.set_grid(self.small, gemm_grid(self.name, m, n, batch, splits, bm) if on and bm == SMALL_BM else (0, 0, 0))
+    def set_grids(self, ctx, m, n, k, batch, splits, on=True):
+        tile = self.tile(m, n, k)
+        for d, t in ((self.gemm, TILE), (self.small, SMALL_TILE), (self.big, BIG_TILE)):
+            if d is not None:
+                ctx.set_grid(d, gemm_grid(self.name, m, n, batch, splits, t) if on and tile == t else (0, 0, 0))
         ctx.set_grid(self.reduce, flat_grid(batch * m * n) if on and splits > 1 else (0, 0, 0))

@@ -26,7 +26,7 @@ from pte_wgpu.resize.shapes import MAX_WORKGROUPS, broadcast_strides, fold_grid,
 from ..registry import op
 from ..variants import ANY, CPU_ONLY, GPU_ONLY, Routes, Variant
 from ..wgsl import SUBGROUP_BUILTINS, fill, is_float, vec4_loader, vec4_type
-from .gemm import PARAMS_FORMAT, PARAMS_SIZE, GemmRoute, float_load, gemm_scratch, gemm_split, header
+from .gemm import PARAMS_FORMAT, PARAMS_SIZE, GemmRoute, float_load, gemm_scratch, header
 from .routes import GEMV_MAX_ROWS, GEMV_T4_MIN_N, SG_GPU, SG_GPU_ROWS, gpu_gemv_rows
 
 
@@ -559,7 +559,9 @@ def _sg(shape):
 
 def _gemm(b, mm):
     load = float_load(mm.transposed, mm.types.a, mm.types.b)
-    return GemmRoute(b, load, [mm.a, mm.bmat], mm.bias, b.out, mm.params, gemm_scratch(b, [b.out]))
+    dims = b.graph.values[mm.bmat].dims[-2:]  # [N, K] or [K, N], at most
+    most = tuple(dims) if mm.transposed else tuple(dims[::-1])
+    return GemmRoute(b, load, [mm.a, mm.bmat], mm.bias, b.out, mm.params, gemm_scratch(b, [b.out]), most=most)
 
 
 # The variants of a product, first match wins (kernels/variants.py).
@@ -606,7 +608,7 @@ def add_matmul(b, a, bmat, bias, transposed_b, shape_fn, alpha=1.0, beta=1.0, re
                 b.fail(f"bias of shape {tuple(bias_dims)}: {e}")
         shape = Product(m, n, k, batch, b_bs, transposed_b)
         chosen = routes.set(ctx, shape)
-        splits, kspan = gemm_split(m, n, k, batch) if chosen == "gemm" else (1, max(k, 1))
+        splits, kspan = routes.route("gemm").plan(m, n, k, batch) if chosen == "gemm" else (1, max(k, 1))
         fields = (m, n, k, batch, a_bs, b_bs, m * n, bias_bs, bias_sm, bias_sn, alpha, beta, splits, kspan)
         ctx.set_params(params, struct.pack(PARAMS_FORMAT, *fields))
         ctx.set_dims(b.out, out_dims)

@@ -566,7 +566,8 @@ class Q4Product:
         q_wgsl = f"{LIN_STRUCT};\n@group(0) @binding({q_binding}) var<uniform> q: Q;\n"
         load = q4_load(dq8, zp_packed, word_group, types)
         small = q4_wide(8 * w.wpr) and b.adapter != CPU  # a ragged pass of 17 to 32 decode rows takes the GEMM
-        self.gemm = GemmRoute(b, load, operands, bias, out, self.p, gemm_scratch(b, [out]), [self.q], q_wgsl, residual=residual, small=small)
+        self.gemm = GemmRoute(b, load, operands, bias, out, self.p, gemm_scratch(b, [out]), [self.q], q_wgsl, residual=residual, small=small,
+                              most=(w.n, 8 * w.wpr))
         self.matrix = None  # the GEMM's rows on int8 subgroup matrices, where the device has them
         if dq8 and b.int8_matrices and int8_matrix.takes(w.gs, w.wpr):
             words = int8_matrix.words_scratch(b, x)
@@ -606,7 +607,7 @@ class Q4Product:
             ctx.set_grid(d, fold_grid(-(-w.n // gemv_outputs(lanes)))[:2] + (-(-m // rows),) if i == chosen else (0, 0, 0))
         for d, shape in self.sgs:
             ctx.set_grid(d, fold_grid(-(-w.n // sg_wg_rows(shape)))[:2] + (-(-m // shape[0]),) if shape == sg_shape else (0, 0, 0))
-        self.gemm.set_grids(ctx, m, w.n, 1, splits, use_gemm)
+        self.gemm.set_grids(ctx, m, w.n, k, 1, splits, use_gemm)
         if self.matrix is not None:
             ctx.set_grid(self.quantize, int8_matrix.quantize_grid(m, k) if use_matrix else (0, 0, 0))
             ctx.set_grid(self.matrix, int8_matrix.matrix_grid(m, w.n) if use_matrix else (0, 0, 0))

@@ -101,4 +101,4 @@ class ConvGemm:
             ctx.set_params(self.params, params_bytes(s.m, s.n, s.k, s.batch, 0, s.cin * s.ih * s.iw, bias, split=split))
             if self.geometry is not None:
                 ctx.set_params(self.geometry, struct.pack("<4I", s.ih, s.iw, s.ow, 0))
-        self.route.set_grids(ctx, s.m, s.n, s.batch, split[0], on)
+        self.route.set_grids(ctx, s.m, s.n, s.k, s.batch, split[0], on)

@@ -1,0 +1,108 @@
+"""GEMM template tiles, standalone: fp32 [N,K] weights and 4-bit weights, timed over many dispatches,
+checked against numpy. usage: python gemm_tiles.py [quick]"""
+import struct
+import sys
+import time
+
+import numpy as np
+import wgpu
+
+from async_runtime.pipelines import compile_pipeline
+from pte_wgpu.kernels.matmul import gemm as G
+from pte_wgpu.kernels.matmul.q4_linear import LIN_FORMAT, LIN_STRUCT, q4_load
+
+QUICK = "quick" in sys.argv
+adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+lim = adapter.limits
+dev = adapter.request_device_sync(required_features=[], required_limits={
+    "max-storage-buffer-binding-size": lim["max-storage-buffer-binding-size"], "max-buffer-size": lim["max-buffer-size"]})
+print(adapter.info["device"], flush=True)
+TILES = [G.Tile(16, 1, 1), G.Tile(16, 1, 1, True), G.Tile(16, 2, 2), G.Tile(16, 2, 2, True), G.Tile(8, 2, 1, True), G.Tile(8, 1, 1), G.Tile(8, 1, 1, True)]
+if QUICK:
+    TILES = [G.Tile(16, 1, 1, True), G.Tile(16, 2, 2, True), G.Tile(8, 2, 1, True), G.Tile(8, 1, 1, True)]
+U = wgpu.BufferUsage
+
+
+def buf(a, usage=U.STORAGE):
+    return dev.create_buffer_with_data(data=np.ascontiguousarray(a).tobytes(), usage=usage | U.COPY_SRC)
+
+
+def timed(pipe, bufs, grids, reps):
+    layout = pipe[0].get_bind_group_layout(0)
+    bgs = [dev.create_bind_group(layout=p.get_bind_group_layout(0), entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(bb)]) for p, bb in zip(pipe, bufs)]
+    times = []
+    for t in range(3):
+        enc = dev.create_command_encoder()
+        cp = enc.begin_compute_pass()
+        for i in range(reps if t else 1):
+            for p, bg, grid in zip(pipe, bgs, grids):
+                if grid[0]:
+                    cp.set_pipeline(p)
+                    cp.set_bind_group(0, bg)
+                    cp.dispatch_workgroups(*grid)
+        cp.end()
+        t0 = time.perf_counter()
+        dev.queue.submit([enc.finish()])
+        dev.queue.read_buffer(bufs[0][-1] if False else bufs[0][2 if len(bufs[0]) == 5 else 3], size=4)
+        times.append((time.perf_counter() - t0) / (reps if t else 1))
+    return min(times[1:]) * 1e6
+
+
+def case(kind, M, N, K, reps):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    if kind == "f32":
+        w = rng.standard_normal((N, K)).astype(np.float32)
+        ins = [buf(x), buf(w)]
+        load, extra_wgsl = G.float_load(True), ""
+        ref = x.astype(np.float64) @ w.T.astype(np.float64)
+    else:
+        gs = 32
+        wpr = K // 8
+        wq = rng.integers(0, 2**32, size=(N, wpr), dtype=np.uint32)
+        sn = -(-N // 4) * 4
+        ws = (rng.random((K // gs, sn), dtype=np.float32) * 0.02).astype(np.float32)
+        nib = ((wq[:, :, None] >> (4 * np.arange(8, dtype=np.uint32))) & 15).astype(np.float32).reshape(N, K) - 8
+        w = nib * np.repeat(ws[:, :N].T, gs, axis=1)
+        ref = x.astype(np.float64) @ w.T.astype(np.float64)
+        ins = [buf(x), buf(wq), buf(ws)]
+        load = q4_load(False, False, True)
+        extra_wgsl = f"{LIN_STRUCT};\n@group(0) @binding({len(ins) + 3}) var<uniform> q: Q;\n"
+        qb = buf(np.frombuffer(struct.pack(LIN_FORMAT, M, N, K, wpr, sn, K // gs, gs, wpr), np.uint8), U.UNIFORM)
+    out = dev.create_buffer(size=M * N * 4, usage=U.STORAGE | U.COPY_SRC)
+    scratch = dev.create_buffer(size=max(4, min(G.SPLIT_TARGET * 128 * 128, 8 * M * N)) * 4, usage=U.STORAGE)
+    res = []
+    for tile in TILES + TILES:
+        splits, kspan = G.gemm_split(M, N, K, 1, tile)
+        pb = buf(np.frombuffer(G.params_bytes(M, N, K, split=(splits, kspan)), np.uint8), U.UNIFORM)
+        bound = [*ins, out, pb, scratch] + ([qb] if kind == "q4" else [])
+        p = compile_pipeline(dev, G.gemm_shader(load, False, extra_wgsl, tile=tile))
+        pipes, bufs, grids = [p], [bound], [G.gemm_grid("x", M, N, 1, splits, tile)]
+        if splits > 1:
+            head = "" if kind == "f32" else ""
+            r = compile_pipeline(dev, G.gemm_reduce_shader(False))
+            pipes.append(r)
+            bufs.append([scratch, out, pb])
+            grids.append(G.flat_grid(M * N))
+        us = timed(pipes, bufs, grids, reps)
+        got = np.frombuffer(dev.queue.read_buffer(out), np.float32).reshape(M, N)
+        err = np.abs(got - ref).max() / np.abs(ref).max()
+        res.append((us, tile))
+        print(f"{kind} M={M:5d} N={N:5d} K={K:5d} tile {tile.bm:3d}x{tile.bn:3d} ({tile.ty},{tile.rq},{tile.cq}{',1' if tile.unroll else ''}) splits {splits}: {us:9.1f} us {2 * M * N * K / us / 1e6:6.1f} TFLOP/s err {err:.1e}", flush=True)
+    best = min(res, key=lambda r: r[0])
+    print(f"  best {best[1]} {res[0][0] / best[0]:.2f}x the 64x64", flush=True)
+
+
+if QUICK:
+    case("f32", 67, 131, 96, 2)
+    case("q4", 37, 72, 128, 2)
+else:
+    case("f32", 4096, 4096, 4096, 10)
+    case("q4", 4096, 4096, 4096, 10)
+    for M in (512, 2047, 128):
+        for N, K in ((8192, 2048), (2048, 8192), (2048, 2048), (1536, 576), (576, 1536)):
+            case("f32", M, N, K, 30)
+            case("q4", M, N, K, 30)
+    for M in (32, 64):
+        for N, K in ((8192, 2048), (2048, 8192), (128256, 2048), (1536, 576)):
+            case("q4", M, N, K, 30)
