@@ -249,6 +249,12 @@ def test_gemm_splits_k_only_for_few_tiles():
         assert splits * batch * m * n <= G.SPLIT_TARGET * G.TILE.bm * G.TILE.bn
 
 
+def test_big_tiles_take_large_products_of_long_k():
+    assert G.takes_big_tile(128, 2048, 2048) and not G.takes_big_tile(127, 2048, 2048)  # linear_big, mm_big
+    assert G.takes_big_tile(2047, 576, 1536) and not G.takes_big_tile(512, 576, 1536)  # SmolLM2's down at 2,047 rows only
+    assert not G.takes_big_tile(2047, 1536, 576) and not G.takes_big_tile(1576, 3072, 768)  # K of 576-768
+
+
 def test_shape_errors_name_the_op():
     def op(name):
         return OpBuilder(None, name, ())

@@ -21,6 +21,7 @@ split-K's scratch are f32; `epilogue` ends with an optional clamp (a fused activ
 to the output's storage type.
 """
 
+import math
 import struct
 from dataclasses import dataclass
 
@@ -290,10 +291,16 @@ class Tile:
 TILE = Tile()  # 64 x 64
 SMALL_TILE = Tile(ty=8)  # 32 x 64, for products of few rows (GemmRoute's small)
 # 128 x 128, 8 x 8 outputs an invocation: twice the products per workgroup-memory read of TILE,
-# for products of at least BIG_MIN_ROWS rows, N and K of at least BIG_MIN_NK (GemmRoute's big);
-# its K steps unrolled (the driver unrolls TILE's 16 products a k, not these 64)
+# its K steps unrolled (the driver unrolls TILE's 16 products a k, not these 64); for products
+# that give it enough tiles of long enough K (GemmRoute's big, takes_big_tile)
 BIG_TILE = Tile(rq=2, cq=2, unroll=True)
-BIG_MIN_ROWS, BIG_MIN_NK = 128, 2048
+
+
+def takes_big_tile(m, n, k):
+    """Whether an M x N x K product runs faster in BIG_TILE than in TILE (an H200: N and K of 2,048
+    from 128 rows; K of 1,536 and N of 512 from 1,024 rows; not K of 576-768, nor N of 576 at 512
+    rows, BENCHMARKS.md)."""
+    return (m >= 128 and n >= 2048 and k >= 2048) or (m >= 1024 and n >= 512 and k >= 1536)
 
 
 def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, residual=False, store=None, tile=TILE):
@@ -378,8 +385,8 @@ class GemmRoute:
     that `store` writes besides `out`, bound last as out1, out2, ... (column_group); `small`: also
     the template in SMALL_TILE, which takes products of at most its rows (half the
     products of a 64-row tile for a ragged pass of 17 to 32 decode rows); `most`: the largest (N, K)
-    the product takes, which builds BIG_TILE's dispatch where it can reach BIG_MIN_NK (and the
-    load reads no per-invocation setup)."""
+    the product takes, which builds BIG_TILE's dispatch where some row count would take it (and
+    the load reads no per-invocation setup)."""
 
     def __init__(self, b, load, inputs, bias, out, params, scratch, extra=(), extra_wgsl="", clamp=None, residual=False, store=None,
                  more_outs=(), small=False, most=(0, 0)):
@@ -393,7 +400,7 @@ class GemmRoute:
         extra_wgsl += more(len(inputs) + len(tail) + 3 + len(extra))
         self.gemm = b.dispatch(gemm_shader(load, bias is not None, extra_wgsl, **epilogue), bindings)
         self.small = b.dispatch(gemm_shader(load, bias is not None, extra_wgsl, tile=SMALL_TILE, **epilogue), bindings) if small else None
-        big = min(most) >= BIG_MIN_NK and not load.setup
+        big = takes_big_tile(math.inf, *most) and not load.setup
         self.big = b.dispatch(gemm_shader(load, bias is not None, extra_wgsl, tile=BIG_TILE, **epilogue), bindings) if big else None
         reduce = gemm_reduce_shader(bias is not None, extra=more(len(tail) + 3), **epilogue)
         self.reduce = b.dispatch(reduce, [scratch, *tail, out, params, *more_outs])
@@ -406,7 +413,7 @@ class GemmRoute:
     def tile(self, m, n, k):
         if self.small is not None and m <= SMALL_TILE.bm:
             return SMALL_TILE
-        return BIG_TILE if self.big is not None and m >= BIG_MIN_ROWS and min(n, k) >= BIG_MIN_NK else TILE
+        return BIG_TILE if self.big is not None and takes_big_tile(m, n, k) else TILE
 
     def plan(self, m, n, k, batch, on=True):
         """(splits, kspan) for the uniform; (1, K) when the route is off."""
