@@ -88,7 +88,7 @@ CASES = {
     # K a multiple of 4 with odd N: the subgroup GEMVs of CPU adapters (q/k/v, SwiGLU, the plain
     # linear), next to products whose K is not (o: 41, down: 53)
     "linear_dyn_k4": (lambda: Linear(96, 37, False), [(33, 96)], ({0: _m(33)},)),
-    # N and K past gemm.py's BIG_MIN_NK: the 128 x 128 tiles at 130 and 131 rows, K split in 7
+    # N and K of 2,048 and more: the 128 x 128 tiles (gemm.py's takes_big_tile) at 130 and 131 rows, K split in 7
     "linear_big": (lambda: Linear(2053, 2063, True), [(131, 2053)], ({0: _m(131)},)),
     "mm_big": (MM, [(131, 2053), (2053, 2063)], ({0: _m(131)}, None)),
     "fused_dyn_k4": (lambda: FusedLinears(40, 41, 23, 53), [(1, 34, 40)], ({1: _m(34)},)),

@@ -100,7 +100,7 @@ CASES = {
     # steps up to 16 rows, the GEMM past them; group 32, and 96 (groups across vec4s of words)
     "q4_k2080": (quantized(lambda: Linear(2080, 44, True), "4w", 32), (21, 2080), 0),
     "q4_k2112_g96": (quantized(lambda: Linear(2112, 36, False), "4w", 96), (17, 2112), 0),
-    # N and K past gemm.py's BIG_MIN_NK: GPUs take the 128 x 128 tiles from BIG_MIN_ROWS rows on (130, 131)
+    # N and K of 2,048 and more: GPUs take the 128 x 128 tiles (gemm.py's takes_big_tile) at 130 and 131 rows
     "q4_big": (quantized(lambda: Linear(2080, 2056, True), "4w", 32), (131, 2080), 0),
     # long rows: the GPU GEMV's 256 lanes a quad at every row count (1,041 words), and 128 (275 words)
     "q4_long_k": (quantized(lambda: Linear(8328, 52, False), "4w", 24), (9, 8328), 0),

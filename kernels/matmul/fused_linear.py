@@ -272,19 +272,19 @@ class _Products:
         if not gemm:
             return
         together = len({b.storage(o) for o in outs}) == 1
-        scratch = gemm_scratch(b, outs, together)
+        sizes = [tuple(b.graph.values[w].dims[:2]) for w in weights]  # (N, K) of each
+        most = (sum(n for n, _ in sizes), b.graph.values[x].dims[-1]) if together else tuple(map(max, zip(*sizes)))
+        scratch = gemm_scratch(b, outs, together, most)
         if together:
-            ns = [b.graph.values[w].dims[0] for w in weights]
-            load, store = column_group(b.storage(x), [b.storage(w) for w in weights], ns)
+            load, store = column_group(b.storage(x), [b.storage(w) for w in weights], [n for n, _ in sizes])
             params = b.params(PARAMS_SIZE)
-            k = b.graph.values[x].dims[-1]
-            route = GemmRoute(b, load, [x, *weights], None, outs[0], params, scratch, store=store, more_outs=outs[1:], most=(sum(ns), k))
+            route = GemmRoute(b, load, [x, *weights], None, outs[0], params, scratch, store=store, more_outs=outs[1:], most=most)
             self.routes.append((params, route))
             return
-        for w, out in zip(weights, outs):
+        for w, out, size in zip(weights, outs, sizes):
             params = b.params(PARAMS_SIZE)
             load = float_load(True, b.storage(x), b.storage(w))
-            self.routes.append((params, GemmRoute(b, load, [x, w], None, out, params, scratch, most=tuple(b.graph.values[w].dims[:2]))))
+            self.routes.append((params, GemmRoute(b, load, [x, w], None, out, params, scratch, most=size)))
 
     def resize(self, ctx):
         """Set each product's shape and the GEMM params; returns (gemv?, M, K, [N_j])."""

@@ -322,15 +322,16 @@ def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, res
 
     rows, cols = range(tile.rq), range(tile.cq)
     accs = [f"c{r}_{i}_{c}" for r in rows for i in range(4) for c in cols]
+
     def step(k):  # the products of one k of the tile's K step
-        lines = [f"let x{r} = As[{k} * {ap}u + lid.y + {tile.ty * r}u];" for r in rows]
-        lines += [f"let y{c} = Bs[{k} * {bp}u + lid.x + {16 * c}u];" for c in cols]
-        return lines + [f"c{r}_{i}_{c} = c{r}_{i}_{c} + x{r}.{'xyzw'[i]} * y{c};" for r in rows for i in range(4) for c in cols]
+        reads = [f"let x{r} = As[{k} * {ap}u + lid.y + {tile.ty * r}u];" for r in rows]
+        reads += [f"let y{c} = Bs[{k} * {bp}u + lid.x + {16 * c}u];" for c in cols]
+        return reads + [f"c{r}_{i}_{c} = c{r}_{i}_{c} + x{r}.{'xyzw'[i]} * y{c};" for r in rows for i in range(4) for c in cols]
 
     if tile.unroll:
         products = [f"{{ {' '.join(step(f'{k}u'))} }}" for k in range(BK)]
     else:
-        products = ["for (var k = 0u; k < 16u; k = k + 1u) {", *("    " + line for line in step("k")), "}"]
+        products = [f"for (var k = 0u; k < {BK}u; k = k + 1u) {{", *("    " + line for line in step("k")), "}"]
     stores = [
         f"    {{ let m = m0 + 4u * (lid.y + {tile.ty * r}u) + {i}u; let n = n0 + 4u * (lid.x + {16 * c}u);\n" + fill(STORE_QUAD, C=f"c{r}_{i}_{c}") + "    }"
         for r in rows for i in range(4) for c in cols
@@ -369,13 +370,20 @@ def gemm_grid(name, m, n, batch, splits=1, tile=TILE):
     return grid
 
 
-def gemm_scratch(b, outs, together=False):
+def can_take_big_tile(most):
+    """Whether a product of at most (N, K) = `most` takes BIG_TILE at some row count."""
+    return takes_big_tile(math.inf, *most)
+
+
+def gemm_scratch(b, outs, together=False, most=(0, 0)):
     """Split-K's scratch for an op whose products (run one after another; `together`: as one,
     column_group) write `outs`: room for the splits' sums of the largest (of all), at most
-    SPLIT_TARGET of the largest tiles (gemm_split's bound); OpBuilder.scratch."""
+    SPLIT_TARGET of the largest tiles its products of at most (N, K) = `most` take (gemm_split's
+    bound); OpBuilder.scratch."""
     sizes = [numel_of(b.graph.values[o].dims) for o in outs]
-    most = sum(sizes) if together else max(sizes)
-    return b.scratch("float32", max(1, min(SPLIT_TARGET * BIG_TILE.bm * BIG_TILE.bn, MAX_SPLITS * most)))
+    total = sum(sizes) if together else max(sizes)
+    tile = BIG_TILE if can_take_big_tile(most) else TILE
+    return b.scratch("float32", max(1, min(SPLIT_TARGET * tile.bm * tile.bn, MAX_SPLITS * total)))
 
 
 class GemmRoute:
@@ -400,7 +408,7 @@ class GemmRoute:
         extra_wgsl += more(len(inputs) + len(tail) + 3 + len(extra))
         self.gemm = b.dispatch(gemm_shader(load, bias is not None, extra_wgsl, **epilogue), bindings)
         self.small = b.dispatch(gemm_shader(load, bias is not None, extra_wgsl, tile=SMALL_TILE, **epilogue), bindings) if small else None
-        big = takes_big_tile(math.inf, *most) and not load.setup
+        big = can_take_big_tile(most) and not load.setup
         self.big = b.dispatch(gemm_shader(load, bias is not None, extra_wgsl, tile=BIG_TILE, **epilogue), bindings) if big else None
         reduce = gemm_reduce_shader(bias is not None, extra=more(len(tail) + 3), **epilogue)
         self.reduce = b.dispatch(reduce, [scratch, *tail, out, params, *more_outs])

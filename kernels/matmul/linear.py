@@ -561,7 +561,7 @@ def _gemm(b, mm):
     load = float_load(mm.transposed, mm.types.a, mm.types.b)
     dims = b.graph.values[mm.bmat].dims[-2:]  # [N, K] or [K, N], at most
     most = tuple(dims) if mm.transposed else tuple(dims[::-1])
-    return GemmRoute(b, load, [mm.a, mm.bmat], mm.bias, b.out, mm.params, gemm_scratch(b, [b.out]), most=most)
+    return GemmRoute(b, load, [mm.a, mm.bmat], mm.bias, b.out, mm.params, gemm_scratch(b, [b.out], most=most), most=most)
 
 
 # The variants of a product, first match wins (kernels/variants.py).

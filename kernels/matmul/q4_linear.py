@@ -566,8 +566,9 @@ class Q4Product:
         q_wgsl = f"{LIN_STRUCT};\n@group(0) @binding({q_binding}) var<uniform> q: Q;\n"
         load = q4_load(dq8, zp_packed, word_group, types)
         small = q4_wide(8 * w.wpr) and b.adapter != CPU  # a ragged pass of 17 to 32 decode rows takes the GEMM
-        self.gemm = GemmRoute(b, load, operands, bias, out, self.p, gemm_scratch(b, [out]), [self.q], q_wgsl, residual=residual, small=small,
-                              most=(w.n, 8 * w.wpr))
+        most = (w.n, 8 * w.wpr)
+        self.gemm = GemmRoute(b, load, operands, bias, out, self.p, gemm_scratch(b, [out], most=most), [self.q], q_wgsl, residual=residual,
+                              small=small, most=most)
         self.matrix = None  # the GEMM's rows on int8 subgroup matrices, where the device has them
         if dq8 and b.int8_matrices and int8_matrix.takes(w.gs, w.wpr):
             words = int8_matrix.words_scratch(b, x)
