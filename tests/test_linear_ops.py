@@ -249,6 +249,12 @@ def test_gemm_splits_k_only_for_few_tiles():
         assert splits * batch * m * n <= G.SPLIT_TARGET * G.TILE.bm * G.TILE.bn
 
 
+def test_mid_tiles_take_products_past_64_rows():
+    assert G.takes_mid_tile(65, 29) and not G.takes_mid_tile(64, 4096)  # linear_bias_dyn_large, mm_dyn_split, fused_dyn at 65-71 rows
+    assert G.takes_mid_tile(65, 32776, k_quads=True) and not G.takes_mid_tile(2047, 576, k_quads=True)  # 4-bit: 1,024 tiles (q4_mid)
+    assert not G.takes_mid_tile(512, 2048, k_quads=True) and G.takes_mid_tile(2047, 2112, k_quads=True)
+
+
 def test_big_tiles_take_large_products_of_long_k():
     assert G.takes_big_tile(128, 2048, 2048) and not G.takes_big_tile(127, 2048, 2048)  # linear_big, mm_big
     assert G.takes_big_tile(2047, 576, 1536) and not G.takes_big_tile(512, 576, 1536)  # SmolLM2's down at 2,047 rows only

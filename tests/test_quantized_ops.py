@@ -102,6 +102,8 @@ CASES = {
     "q4_k2112_g96": (quantized(lambda: Linear(2112, 36, False), "4w", 96), (17, 2112), 0),
     # N and K of 2,048 and more: GPUs take the 128 x 128 tiles (gemm.py's takes_big_tile) at 130 and 131 rows
     "q4_big": (quantized(lambda: Linear(2080, 2056, True), "4w", 32), (131, 2080), 0),
+    # past 64 rows, products of at least 1,024 tiles: GPUs take the 64 x 64 tiles at 8 x 4 an invocation (gemm.py's takes_mid_tile)
+    "q4_mid": (quantized(lambda: Linear(64, 32776, True), "4w", 32), (131, 64), 0),
     # long rows: the GPU GEMV's 256 lanes a quad at every row count (1,041 words), and 128 (275 words)
     "q4_long_k": (quantized(lambda: Linear(8328, 52, False), "4w", 24), (9, 8328), 0),
     "dq8_long_k": (quantized(lambda: Linear(2200, 36, True), "8da4w", 40), (9, 2200), 0),

@@ -3,7 +3,8 @@ addmm, the fused linears' prefill, 4-bit weights), and its split-K reduce.
 
 out[b, m, n] = epilogue(sum_k A[b, m, k] * B[b, k, n]): a 64x64 output tile per 16x16 workgroup,
 each invocation a 4x4 register tile (rows 4 * lid.y.., columns 4 * lid.x..); a `Tile` gives other
-shapes (32x64 for products of few rows, 128x128 at 8x8 an invocation for large ones). A and B go
+shapes (32x64 for products of few rows, 64x64 at 8x4 an invocation past 64 rows, 128x128 at 8x8
+for large ones). A and B go
 through workgroup memory in K steps of 16 as vec4s of 4 rows (columns of B), rows padded by one
 vec4 against bank conflicts. Each invocation loads its share of vec4s of each per step; the next
 step's loads are issued before this step's products, so their latency hides behind the arithmetic. A product with
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 
 from pte_wgpu.resize.shapes import MAX_WORKGROUPS, numel_of
 
+from ..variants import CPU
 from ..wgsl import FLAT_INDEX, WG, fill, flat_grid
 
 # The uniform, defined once: (name, WGSL type); struct.pack format follows from the type.
@@ -288,16 +290,34 @@ class Tile:
         return 64 * self.cq
 
 
-TILE = Tile()  # 64 x 64
+# 64 x 64 at 4 x 4 outputs an invocation: products of up to its rows (a ragged decode pass), and
+# loads with a per-invocation setup (which need one row quad and one column quad an invocation)
+TILE = Tile()
 SMALL_TILE = Tile(ty=8)  # 32 x 64, for products of few rows (GemmRoute's small)
+# 64 x 64 in half the invocations, 8 x 4 outputs each, its K steps unrolled: products of more rows
+# (takes_mid_tile). H200, the template alone (BENCHMARKS.md): 8-18% faster than TILE on the
+# products of ViT-B/16 (197 and 1,576 rows), of SmolLM2 at 2,047 rows and of Llama-3.2-1B at 512
+# and 2,047 rows; 5-7% slower on the 1B's 4-bit products at 48 and 64 rows, and at 512 rows where
+# they have a few hundred tiles (fewer invocations to hide the dequantizing loads' latency)
+MID_TILE = Tile(ty=8, rq=2, unroll=True)
 # 128 x 128, 8 x 8 outputs an invocation: twice the products per workgroup-memory read of TILE,
 # its K steps unrolled (the driver unrolls TILE's 16 products a k, not these 64); for products
 # that give it enough tiles of long enough K (GemmRoute's big, takes_big_tile)
 BIG_TILE = Tile(rq=2, cq=2, unroll=True)
 
 
+# the fewest tiles a product of 4-bit weights (TileLoad.b_k_quads) takes MID_TILE with
+MID_MIN_K_QUAD_TILES = 1024
+
+
+def takes_mid_tile(m, n, k_quads=False):
+    """Whether an M x N product runs faster in MID_TILE than in TILE; `k_quads`: its load
+    dequantizes B's K quads (4-bit weights)."""
+    return m > TILE.bm and (not k_quads or -(-m // TILE.bm) * -(-n // TILE.bn) >= MID_MIN_K_QUAD_TILES)
+
+
 def takes_big_tile(m, n, k):
-    """Whether an M x N x K product runs faster in BIG_TILE than in TILE (an H200: N and K of 2,048
+    """Whether an M x N x K product runs faster in BIG_TILE than in TILE or MID_TILE (an H200: N and K of 2,048
     from 128 rows; K of 1,536 and N of 512 from 1,024 rows; not K of 576-768, nor N of 576 at 512
     rows, BENCHMARKS.md)."""
     return (m >= 128 and n >= 2048 and k >= 2048) or (m >= 1024 and n >= 512 and k >= 1536)
@@ -393,8 +413,10 @@ class GemmRoute:
     that `store` writes besides `out`, bound last as out1, out2, ... (column_group); `small`: also
     the template in SMALL_TILE, which takes products of at most its rows (half the
     products of a 64-row tile for a ragged pass of 17 to 32 decode rows); `most`: the largest (N, K)
-    the product takes, which builds BIG_TILE's dispatch where some row count would take it (and
-    the load reads no per-invocation setup)."""
+    the product takes, which builds BIG_TILE's dispatch where some row count would take it. A load
+    without a per-invocation setup also takes BIG_TILE, and on GPUs MID_TILE (measured there; a CPU
+    adapter compiles one tile less); `tiles` maps each tile built to its dispatch, of which `tile`
+    picks one by live shape."""
 
     def __init__(self, b, load, inputs, bias, out, params, scratch, extra=(), extra_wgsl="", clamp=None, residual=False, store=None,
                  more_outs=(), small=False, most=(0, 0)):
@@ -406,10 +428,11 @@ class GemmRoute:
         )
         bindings = [*inputs, *tail, out, params, scratch, *extra, *more_outs]
         extra_wgsl += more(len(inputs) + len(tail) + 3 + len(extra))
-        self.gemm = b.dispatch(gemm_shader(load, bias is not None, extra_wgsl, **epilogue), bindings)
-        self.small = b.dispatch(gemm_shader(load, bias is not None, extra_wgsl, tile=SMALL_TILE, **epilogue), bindings) if small else None
-        big = can_take_big_tile(most) and not load.setup
-        self.big = b.dispatch(gemm_shader(load, bias is not None, extra_wgsl, tile=BIG_TILE, **epilogue), bindings) if big else None
+        shader = lambda tile: gemm_shader(load, bias is not None, extra_wgsl, tile=tile, **epilogue)  # noqa: E731
+        tiles = [TILE, *([SMALL_TILE] if small else []), *([MID_TILE] if not load.setup and b.adapter != CPU else [])]
+        tiles += [BIG_TILE] if can_take_big_tile(most) and not load.setup else []
+        self.tiles = {tile: b.dispatch(shader(tile), bindings) for tile in tiles}
+        self.k_quads = load.b_k_quads
         reduce = gemm_reduce_shader(bias is not None, extra=more(len(tail) + 3), **epilogue)
         self.reduce = b.dispatch(reduce, [scratch, *tail, out, params, *more_outs])
 
@@ -419,9 +442,11 @@ class GemmRoute:
         self.set_grids(ctx, shape.m, shape.n, shape.k, shape.batch, splits, on)
 
     def tile(self, m, n, k):
-        if self.small is not None and m <= SMALL_TILE.bm:
+        if SMALL_TILE in self.tiles and m <= SMALL_TILE.bm:
             return SMALL_TILE
-        return BIG_TILE if self.big is not None and takes_big_tile(m, n, k) else TILE
+        if BIG_TILE in self.tiles and takes_big_tile(m, n, k):
+            return BIG_TILE
+        return MID_TILE if MID_TILE in self.tiles and takes_mid_tile(m, n, self.k_quads) else TILE
 
     def plan(self, m, n, k, batch, on=True):
         """(splits, kspan) for the uniform; (1, K) when the route is off."""
@@ -429,7 +454,6 @@ class GemmRoute:
 
     def set_grids(self, ctx, m, n, k, batch, splits, on=True):
         tile = self.tile(m, n, k)
-        for d, t in ((self.gemm, TILE), (self.small, SMALL_TILE), (self.big, BIG_TILE)):
-            if d is not None:
-                ctx.set_grid(d, gemm_grid(self.name, m, n, batch, splits, t) if on and tile == t else (0, 0, 0))
+        for t, d in self.tiles.items():
+            ctx.set_grid(d, gemm_grid(self.name, m, n, batch, splits, t) if on and tile == t else (0, 0, 0))
         ctx.set_grid(self.reduce, flat_grid(batch * m * n) if on and splits > 1 else (0, 0, 0))
