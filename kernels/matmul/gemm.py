@@ -4,9 +4,8 @@ addmm, the fused linears' prefill, 4-bit weights), and its split-K reduce.
 out[b, m, n] = epilogue(sum_k A[b, m, k] * B[b, k, n]): a 64x64 output tile per 16x16 workgroup,
 each invocation a 4x4 register tile (rows 4 * lid.y.., columns 4 * lid.x..); a `Tile` gives other
 shapes (32x64 for products of few rows, 64x64 at 8x4 an invocation past 64 rows, 128x128 at 8x8
-for large ones). A and B go
-through workgroup memory in K steps of 16 as vec4s of 4 rows (columns of B), rows padded by one
-vec4 against bank conflicts. Each invocation loads its share of vec4s of each per step; the next
+for large ones). A and B go through workgroup memory in K steps of 16 as vec4s of 4 rows (columns
+of B), rows padded by one vec4 against bank conflicts. Each invocation loads its share of vec4s of each per step; the next
 step's loads are issued before this step's products, so their latency hides behind the arithmetic. A product with
 few tiles (a prompt of a few hundred rows on a GPU with over a hundred cores) also splits K
 (`gemm_split`): workgroup z = (batch, split) sums one K range into the op's scratch, and
@@ -295,7 +294,7 @@ class Tile:
 TILE = Tile()
 SMALL_TILE = Tile(ty=8)  # 32 x 64, for products of few rows (GemmRoute's small)
 # 64 x 64 in half the invocations, 8 x 4 outputs each, its K steps unrolled: products of more rows
-# (takes_mid_tile). H200, the template alone (BENCHMARKS.md): 8-18% faster than TILE on the
+# (takes_mid_tile). H200, the template alone (BENCHMARKS.md): 4-18% faster than TILE on the
 # products of ViT-B/16 (197 and 1,576 rows), of SmolLM2 at 2,047 rows and of Llama-3.2-1B at 512
 # and 2,047 rows; 5-7% slower on the 1B's 4-bit products at 48 and 64 rows, and at 512 rows where
 # they have a few hundred tiles (fewer invocations to hide the dequantizing loads' latency)
