@@ -37,7 +37,6 @@ def buf(a, usage=U.STORAGE):
 
 
 def timed(pipe, bufs, grids, reps):
-    layout = pipe[0].get_bind_group_layout(0)
     bgs = [dev.create_bind_group(layout=p.get_bind_group_layout(0), entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(bb)]) for p, bb in zip(pipe, bufs)]
     times = []
     for t in range(4):
@@ -60,7 +59,8 @@ def timed(pipe, bufs, grids, reps):
 def spin(reps):
     """~0.3 s of GPU work first, so that clocks are up before a case's first tile."""
     M = N = K = 2048
-    a = buf(np.ones((M, K), np.float32)); bm = buf(np.ones((N, K), np.float32))
+    a = buf(np.ones((M, K), np.float32))
+    bm = buf(np.ones((N, K), np.float32))
     out = dev.create_buffer(size=M * N * 4, usage=U.STORAGE | U.COPY_SRC)
     pb = buf(np.frombuffer(G.params_bytes(M, N, K), np.uint8), U.UNIFORM)
     p = compile_pipeline(dev, G.gemm_shader(G.float_load(True), False, "", tile=G.TILE))
@@ -105,7 +105,6 @@ def case(kind, M, N, K, reps):
         p = compile_pipeline(dev, G.gemm_shader(load, False, extra_wgsl, tile=tile))
         pipes, bufs, grids = [p], [bound], [G.gemm_grid("x", M, N, 1, splits, tile)]
         if splits > 1:
-            head = "" if kind == "f32" else ""
             r = compile_pipeline(dev, G.gemm_reduce_shader(False))
             pipes.append(r)
             bufs.append([scratch, out, pb])
@@ -114,7 +113,9 @@ def case(kind, M, N, K, reps):
         got = np.frombuffer(dev.queue.read_buffer(out), np.float32).reshape(M, N)
         err = np.abs(got - ref).max() / np.abs(ref).max()
         res.append((us, tile))
-        print(f"{kind} M={M:5d} N={N:5d} K={K:5d} tile {tile.bm:3d}x{tile.bn:3d} ({tile.ty},{tile.rq},{tile.cq}{',u' if tile.unroll else ''}) k16 splits {splits}: {us:9.1f} us {2 * M * N * K / us / 1e6:6.1f} TFLOP/s err {err:.1e}", flush=True)
+        name = f"({tile.ty},{tile.rq},{tile.cq}{',u' if tile.unroll else ''})"
+        print(f"{kind} M={M:5d} N={N:5d} K={K:5d} tile {tile.bm:3d}x{tile.bn:3d} {name} k16 splits {splits}: {us:9.1f} us "
+              f"{2 * M * N * K / us / 1e6:6.1f} TFLOP/s err {err:.1e}", flush=True)
     best = min(res, key=lambda r: r[0])
     print(f"  best {best[1]} {res[0][0] / best[0]:.2f}x the 64x64", flush=True)
 
