@@ -30,6 +30,10 @@ kernel would bind more storage buffers than the device allows (Dawn's Vulkan ada
   as softmax(x) and six ops over the scores that zero the rows of x that are -inf only (eq,
   logical_not, any, logical_not, full_like, where); they become one `pte_wgpu.safe_softmax`, the
   softmax kernel writing those rows' zeros itself.
+- A batched product of an expanded, transposed weight, bmm(x, expand(permute(w))) (how torch's
+  multi-head attention exports its output projection of a 3-D input: ViT's), becomes
+  `aten.linear(x, w)`, which reads w in place where the copies wrote it once per batch every
+  call (the same sums, but for how the GEMM splits K at the two shapes).
 
 Views that only fed a fused op are dropped with it. Each rewrite keeps every row's sums in the
 order of the ops it replaces.
@@ -37,7 +41,7 @@ order of the ops it replaces.
 
 from collections import Counter
 
-from pte_wgpu.resize.values import Scalar, Tensor, ValueList
+from pte_wgpu.resize.values import NONE, IntList, Scalar, Tensor, ValueList
 
 from .attention.rope import ROPE_NAMES  # what the RoPE adds to a q/k/v group's bindings
 from .matmul.qkv_rope import GROUPS as ROPE_GROUPS  # the q/k/v groups that take a RoPE
@@ -79,9 +83,12 @@ def silu_mul(b):
     add_elementwise(b, [0, 1], "a / (1.0 + exp(-a)) * b")
 
 
-def _uses(graph):
+def _uses(graph, skip=()):
+    """How many times each value is read: by the graph's outputs and its calls but those of `skip`."""
     uses = Counter(graph.outputs)
-    for _, args in graph.calls:
+    for i, (_, args) in enumerate(graph.calls):
+        if i in skip:
+            continue
         for a in args[:-1]:
             uses[a] += 1
             if isinstance(graph.values[a], ValueList):
@@ -115,6 +122,7 @@ def fuse(graph):
 
 def _fuse_all(graph):
     fused = _fuse_safe_softmax(graph)
+    fused += _fuse_batched_weight(graph)
     fused += _fuse_silu(graph)
     fused += _fuse_swiglu(graph)
     fused += _fuse_residual(graph)
@@ -198,6 +206,67 @@ def _fuse_safe_softmax(graph):
         calls[k] = (SAFE_SOFTMAX, (*a_s[:-1], args[-1]))
         fused += 1
     graph.calls[:] = [c for i, c in enumerate(calls) if i not in drop]
+    return fused
+
+
+BMM = ("aten.bmm.default", "aten::bmm.out")
+TRANSPOSES = ("aten.permute_copy.default", "aten::permute_copy.out", "aten.t_copy.default", "aten::t_copy.out")
+EXPAND = ("aten.expand_copy.default", "aten::expand_copy.out")
+
+
+def _fuse_batched_weight(graph):
+    """bmm(x [B, M, K], expand(transpose(w [N, K]), [B, K, N])), through views: aten.linear(x, w),
+    which reads w in place where the copies wrote it B times every call (how the output projection
+    of torch's multi-head attention exports: ViT-B/16 at batch 8, 19 MB a layer). The copies go
+    where nothing else reads them."""
+    producer, values = _producers(graph), graph.values
+    calls, fused, none, fed = graph.calls, 0, None, set()
+
+    def through_views(vid, chain):
+        while (i := producer.get(vid)) is not None and calls[i][0] in VIEWS:
+            chain.append(i)
+            vid = calls[i][1][0]
+        return vid, producer.get(vid)
+
+    def transposes_2d(i):
+        name, args = calls[i]
+        if name not in TRANSPOSES or len(values[args[0]].dims) != 2:
+            return False
+        if name in TRANSPOSES[2:]:
+            return True
+        dims = values[args[1]]
+        items = dims.items if isinstance(dims, IntList) else [values[k].value if isinstance(values[k], Scalar) else None for k in dims.items]
+        return [d % 2 if isinstance(d, int) else None for d in items] == [1, 0]
+
+    for k, (name, args) in enumerate(calls):
+        if name not in BMM or len(args) != 3:
+            continue
+        chain = []
+        _, i_e = through_views(args[1], chain)
+        if i_e is None or calls[i_e][0] not in EXPAND:
+            continue
+        _, i_t = through_views(calls[i_e][1][0], chain)
+        if i_t is None or not transposes_2d(i_t):
+            continue
+        w, e = calls[i_t][1][0], calls[i_e][1]
+        (n, kw), x = values[w].dims, tuple(values[args[0]].dims)
+        shapes = [tuple(values[v].dims) for v in (calls[i_t][1][-1], e[0], e[-1], args[1], args[-1])]
+        if len(x) != 3 or shapes != [(kw, n), (kw, n), (*shapes[2][:-2], kw, n), (x[0], kw, n), (x[0], x[1], n)] or x[2] != kw:
+            continue
+        if none is None:
+            values.append(NONE)
+            none = len(values) - 1
+        calls[k] = (LINEAR, (args[0], w, none, args[-1]))
+        fused += 1
+        fed.update((*chain, i_e, i_t))
+    dead = set()
+    while True:
+        uses = _uses(graph, dead)
+        more = {i for i in fed - dead if uses[calls[i][1][-1]] == 0}
+        if not more:
+            break
+        dead |= more
+    graph.calls[:] = [c for i, c in enumerate(calls) if i not in dead]
     return fused
 
 

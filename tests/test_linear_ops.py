@@ -238,6 +238,29 @@ async def test_gemv_variant_runs_for_few_rows_of_a_wide_weight(load_pte, kernel_
             assert all(model._default.state.grids[dispatches[shader][0]]) == (m in ms), m
 
 
+class SelfAttention(torch.nn.Module):
+    """torch's multi-head attention as vision transformers use it: its output projection of a 3-D
+    input exports as bmm(x, expand(permute(weight)))."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = torch.nn.MultiheadAttention(28, 4, batch_first=True)
+
+    def forward(self, x):
+        return self.attn(x, x, x, need_weights=False)[0]
+
+
+async def test_a_product_with_an_expanded_weight_runs_as_a_linear(load_pte):
+    """bmm(x, expand(permute(w))) loads as linear(x, w) (kernels/fusion.py), without the copies,
+    and matches eager (batches of 3 x 7 and 3 x 67 rows: the GEMV's and the GEMM's rows)."""
+    for rows in (7, 67):
+        data, module = export_pte(f"self_attention_{rows}", SelfAttention, (torch.randn(3, rows, 28),))
+        model = await load_pte(data)
+        names = [name for name, _ in model.graph.calls]
+        assert "aten.expand_copy.default" not in names and names.count("aten.linear.default") >= 1, names
+        await assert_matches_eager(model, module, [(np.random.default_rng(rows).standard_normal((3, rows, 28)).astype(np.float32),)], atol=ATOL, rtol=RTOL)
+
+
 def test_gemm_splits_k_only_for_few_tiles():
     assert G.gemm_split(2047, 1536, 576, 1) == (1, 576)  # 768 tiles: enough
     splits, kspan = G.gemm_split(37, 576, 576, 1)  # 9 tiles
