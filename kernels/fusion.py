@@ -219,14 +219,15 @@ def _fuse_batched_weight(graph):
     which reads w in place where the copies wrote it B times every call (how the output projection
     of torch's multi-head attention exports: ViT-B/16 at batch 8, 19 MB a layer). The copies go
     where nothing else reads them."""
-    producer, values = _producers(graph), graph.values
-    calls, fused, none, fed = graph.calls, 0, None, set()
+    f = _Linears(graph)
+    producer, values, calls = f.producer, graph.values, graph.calls
+    fused, none, fed = 0, None, set()
 
     def through_views(vid, chain):
-        while (i := producer.get(vid)) is not None and calls[i][0] in VIEWS:
-            chain.append(i)
-            vid = calls[i][1][0]
-        return vid, producer.get(vid)
+        """The call that makes `vid` through views (None: an input), the views' calls added to `chain`."""
+        src, viewed = _viewed(f, vid)
+        chain.extend(producer[v] for v in viewed[:-1])
+        return producer.get(src)
 
     def transposes_2d(i):
         name, args = calls[i]
@@ -242,10 +243,10 @@ def _fuse_batched_weight(graph):
         if name not in BMM or len(args) != 3:
             continue
         chain = []
-        _, i_e = through_views(args[1], chain)
+        i_e = through_views(args[1], chain)
         if i_e is None or calls[i_e][0] not in EXPAND:
             continue
-        _, i_t = through_views(calls[i_e][1][0], chain)
+        i_t = through_views(calls[i_e][1][0], chain)
         if i_t is None or not transposes_2d(i_t):
             continue
         w, e = calls[i_t][1][0], calls[i_e][1]
