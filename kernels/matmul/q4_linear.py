@@ -319,6 +319,13 @@ def matrix_heads(zp_packed, has_bias, types, residual):
 # tiled 4-bit GEMM, 28 at 8 x 8, 31-46 at 4 x 4, 4 x 8, 8 x 4 and 16 x 4 (16 x 8 as 8 x 8).
 # 2 words a step rather than 4 (a vec4): K = 576 is 36 steps, 5 a lane of 8 (4 words: 18 steps,
 # 3 a lane, the last with 2 of 8 lanes live); 64 rows by 1536 x 576 24-27 against 28-33 ms.
+# GPUs' shapes of at most PREFETCH_ROWS rows (a decode row or a few, bound by the weights' reads)
+# load each lane's next step of words and scales while they sum this one (the same sums). H200,
+# Llama-3.2-1B shape 4w, greedy bursts, two rounds in one call, 1 / 4 streams 747-753 / 1,845-1,873
+# -> 795-799 / 1,932 tokens/s, 16-64 streams the same; SmolLM2 4w one stream 785 -> 824. Prefetching
+# the 4-row shape too: 8 / 16 streams 2,549 / 3,054 -> 2,593 / 3,023, that kernel alone 5-10% slower
+# (results/h200/kernel_choices/q4_subgroup_prefetch/).
+PREFETCH_ROWS = 2
 Q4_SG_GEMV = (1, 8)  # (input rows, weight rows) a subgroup takes: one row (decode)
 Q4_SG_GEMM = (8, 8)  # any other row count (prefill, a ragged pass): no tiled GEMM, no barriers
 Q4_SG_WORDS = 2  # words a lane loads a step (a vec2<u32>: 16 weights)
@@ -355,10 +362,19 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
     lines += [f"let c{i} = min(n0 + {i}u, {n} - 1u);" for i in outs]
     lines += [f"var acc{j}_{i}_{r} = vec{2 if pairs else 4}<f32>(0.0);" for j, i in ws for r in ins]
     lines += [f"var sq{r} = vec4<f32>(0.0);" for r in ins] if norm else []
-    lines += [f"for (var v = lane; v < q.K / {Q4_SG_STEP}u; v = v + sgs) {{", f"    let k0 = v * {Q4_SG_STEP}u;"]
+    steps = f"q.K / {Q4_SG_STEP}u"
+    prefetch = pairs and shape[0] <= PREFETCH_ROWS
+    if prefetch:  # each lane loads its next step's words and scales while it sums this one's
+        lines += [f"let vlast = max({steps}, 1u) - 1u;", "let vfirst = min(lane, vlast);"]
+        lines += [f"var wnext{j}_{i} = {wq}[c{i} * wprv + vfirst]; var snext{j}_{i} = {wscale}(vfirst * {Q4_SG_STEP}u, c{i});" for j, (wq, wscale) in enumerate(weights) for i in outs]
+    lines += [f"for (var v = lane; v < {steps}; v = v + sgs) {{", f"    let k0 = v * {Q4_SG_STEP}u;"]
+    lines += ["    let vnext = min(v + sgs, vlast);"] if prefetch else []
     for j, i in ws:
         wq, wscale = weights[j]
-        lines += [f"    let w{j}_{i} = {wq}[c{i} * wprv + v];", f"    let s{j}_{i} = {wscale}(k0, c{i});"]
+        if prefetch:
+            lines += [f"    let w{j}_{i} = wnext{j}_{i}; let s{j}_{i} = snext{j}_{i};", f"    wnext{j}_{i} = {wq}[c{i} * wprv + vnext]; snext{j}_{i} = {wscale}(vnext * {Q4_SG_STEP}u, c{i});"]
+        else:
+            lines += [f"    let w{j}_{i} = {wq}[c{i} * wprv + v];", f"    let s{j}_{i} = {wscale}(k0, c{i});"]
     for c, word in enumerate("xyzw"[:Q4_SG_WORDS]):  # 8 weights a word: input vec4s 2c and 2c + 1 of the step
         lines.append("    {")
         at = [f"v * {Q4_SG_STEP // 4}u + {2 * c + h}u" for h in range(2)]
