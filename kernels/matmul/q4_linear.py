@@ -176,6 +176,8 @@ fn nibbles(word: u32) -> W8 {
     let hi = vec4<f32>((v >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u)) - vec4<f32>(8.0);
     return W8(lo, hi);
 }
+// Word u of a row bound as vec2<u32>s (the subgroup kernels'), from the pair holding it.
+fn word_of(pair: vec2<u32>, u: u32) -> u32 { return select(pair.x, pair.y, (u & 1u) == 1u); }
 """
     for suffix, ws, sn in scales:
         src += f"fn wscale{suffix}(k: u32, n: u32) -> f32 {{ return f32({ws}[min(k / q.gs, q.groups - 1u) * {sn} + n]); }}\n"
@@ -349,8 +351,9 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
     with `partners`, pair0, pair1, .. hold output n ^ 1: linear.py's sg_sums). With `norm`, x
     holds the rows before an RMS norm of weight `gamma4` (and q.eps), folded into the products:
     each sums x * gamma, times its row's rstd from the squares of x its lanes add as they read
-    the row (no barrier, no normalized rows). The GPUs' shapes (routes.py's, of three elements)
-    sum in vec2 accumulators, the CPU adapters' in vec4s."""
+    the row (no barrier, no normalized rows). The GPUs' shapes (routes.py's, of three elements,
+    or four: the words a lane takes a step, else Q4_SG_WORDS) sum in vec2 accumulators, the CPU
+    adapters' in vec4s."""
     ins, outs = range(shape[0]), range(shape[1] // len(weights))
     pairs = len(shape) > 2
     store = store or (lambda r: f"out[(r0 + {r}u) * q.N + n] = epilogue(v0, r0 + {r}u, n);")
@@ -362,22 +365,27 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
     lines += [f"let c{i} = min(n0 + {i}u, {n} - 1u);" for i in outs]
     lines += [f"var acc{j}_{i}_{r} = vec{2 if pairs else 4}<f32>(0.0);" for j, i in ws for r in ins]
     lines += [f"var sq{r} = vec4<f32>(0.0);" for r in ins] if norm else []
-    steps = f"q.K / {Q4_SG_STEP}u"
+    per = shape[3] if len(shape) > 3 else Q4_SG_WORDS  # words a lane takes a step
+    steps = f"q.K / {8 * per}u"
+
+    def word_at(wq, c, v):  # the words of weight row c at step v (one: from the vec2 holding it)
+        return f"word_of({wq}[{c} * wprv + {v} / 2u], {v})" if per == 1 else f"{wq}[{c} * wprv + {v}]"
+
     prefetch = pairs and shape[0] <= PREFETCH_ROWS
     if prefetch:  # each lane loads its next step's words and scales while it sums this one's
         lines += [f"let vlast = max({steps}, 1u) - 1u;", "let vfirst = min(lane, vlast);"]
-        lines += [f"var wnext{j}_{i} = {wq}[c{i} * wprv + vfirst]; var snext{j}_{i} = {wscale}(vfirst * {Q4_SG_STEP}u, c{i});" for j, (wq, wscale) in enumerate(weights) for i in outs]
-    lines += [f"for (var v = lane; v < {steps}; v = v + sgs) {{", f"    let k0 = v * {Q4_SG_STEP}u;"]
+        lines += [f"var wnext{j}_{i} = {word_at(wq, f'c{i}', 'vfirst')}; var snext{j}_{i} = {wscale}(vfirst * {8 * per}u, c{i});" for j, (wq, wscale) in enumerate(weights) for i in outs]
+    lines += [f"for (var v = lane; v < {steps}; v = v + sgs) {{", f"    let k0 = v * {8 * per}u;"]
     lines += ["    let vnext = min(v + sgs, vlast);"] if prefetch else []
     for j, i in ws:
         wq, wscale = weights[j]
         if prefetch:
-            lines += [f"    let w{j}_{i} = wnext{j}_{i}; let s{j}_{i} = snext{j}_{i};", f"    wnext{j}_{i} = {wq}[c{i} * wprv + vnext]; snext{j}_{i} = {wscale}(vnext * {Q4_SG_STEP}u, c{i});"]
+            lines += [f"    let w{j}_{i} = wnext{j}_{i}; let s{j}_{i} = snext{j}_{i};", f"    wnext{j}_{i} = {word_at(wq, f'c{i}', 'vnext')}; snext{j}_{i} = {wscale}(vnext * {8 * per}u, c{i});"]
         else:
-            lines += [f"    let w{j}_{i} = {wq}[c{i} * wprv + v];", f"    let s{j}_{i} = {wscale}(k0, c{i});"]
-    for c, word in enumerate("xyzw"[:Q4_SG_WORDS]):  # 8 weights a word: input vec4s 2c and 2c + 1 of the step
+            lines += [f"    let w{j}_{i} = {word_at(wq, f'c{i}', 'v')};", f"    let s{j}_{i} = {wscale}(k0, c{i});"]
+    for c in range(per):  # 8 weights a word: input vec4s 2c and 2c + 1 of the step
         lines.append("    {")
-        at = [f"v * {Q4_SG_STEP // 4}u + {2 * c + h}u" for h in range(2)]
+        at = [f"v * {2 * per}u + {2 * c + h}u" for h in range(2)]
         lines += [f"    let g{'ab'[h]} = gamma4({at[h]});" for h in range(2)] if norm else []  # the norm's weight, once for every row
         for r in ins:
             for h in range(2):
@@ -390,7 +398,8 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
                 lines.append(f"    let x{r}{'ab'[h]} = {load};")
         for j, i in ws:
             t = f"{j}_{i}"
-            lines.append(f"    let d{t} = nibbles(w{t}.{word}); let a{t} = d{t}.a * s{t}; let b{t} = d{t}.b * s{t};")
+            word = f"w{t}" if per == 1 else f"w{t}.{'xyzw'[c]}"
+            lines.append(f"    let d{t} = nibbles({word}); let a{t} = d{t}.a * s{t}; let b{t} = d{t}.b * s{t};")
             if pairs:  # the halves of each vec4 product in turn
                 lines += [f"    acc{t}_{r} = acc{t}_{r} + " + " + ".join(f"x{r}{e}.{h} * {e}{t}.{h}" for e in "ab" for h in ("xy", "zw")) + ";" for r in ins]
             else:

@@ -62,9 +62,15 @@ SG_GPU_ROWS = (17, 128)
 # in vec2 sums as all the GPUs' 4-bit shapes (q4_linear.py's sg_body; below). H200, SmolLM2 4w,
 # greedy bursts, one call, 32 / 64 streams: (2, 4, 2) in vec4 sums 10,801 / 14,517 tokens/s, in
 # vec2 sums 10,876 / 14,512, (4, 4, 2) 10,814 / 15,233 (a 32-token prompt 7,035 -> 8,384), (8, 4,
-# 2) 8,940 / 11,037 (results/h200/kernel_choices/q4_wide_vec2_sums/).
+# 2) 8,940 / 11,037 (results/h200/kernel_choices/q4_wide_vec2_sums/). Its fourth element: a lane
+# takes one word a step, the lanes' words interleaved, where the shapes of 1 to 16 rows take two (a
+# warp's loads of a row's inputs 32 bytes apart, not 64: 8 cache lines a load, not 16; another
+# summation order, which no smaller pass shares). H200, SmolLM2 4w, greedy bursts, two rounds in one
+# call, 32 / 64 streams 11,064 / 15,751 and 10,734 / 15,251 -> 11,935 / 16,096 and 11,810 / 16,045,
+# prompts of 32 / 128 tokens 8,403 / 20,247 and 8,120 / 18,537 -> 9,219 / 20,908 and 9,198 / 21,168
+# (results/h200/kernel_choices/q4_subgroup_prefetch/).
 Q4_SG_GPU_ROWS = (SG_GPU_ROWS[0], Q4_GEMV_MAX_ROWS)
-Q4_SG_GPU = (4, 4, 2)
+Q4_SG_GPU = (4, 4, 2, 1)
 # 4-bit weights of q4_wide K, and LM heads (GEMV_T4_MIN_N rows or more), take it in place of the
 # GEMV for every row count to BITWISE_ROWS, at Q4_SG_GPU_WIDE's shapes (shape_for_rows: one row,
 # 2 to 4 rows, more); the fused ones fold their RMS norm into it (q4_linear.py's sg_body), so no
