@@ -368,21 +368,26 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
     per = shape[3] if len(shape) > 3 else Q4_SG_WORDS  # words a lane takes a step
     steps = f"q.K / {8 * per}u"
 
-    def word_at(wq, c, v):  # the words of weight row c at step v (one: from the vec2 holding it)
-        return f"word_of({wq}[{c} * wprv + {v} / 2u], {v})" if per == 1 else f"{wq}[{c} * wprv + {v}]"
+    def loads(j, i, v, k):  # weight j's word(s) (one: from the vec2 holding it) and scale for output i at step v, from K = k
+        wq, wscale = weights[j]
+        word = f"word_of({wq}[c{i} * wprv + {v} / 2u], {v})" if per == 1 else f"{wq}[c{i} * wprv + {v}]"
+        return word, f"{wscale}({k}, c{i})"
 
     prefetch = pairs and shape[0] <= PREFETCH_ROWS
     if prefetch:  # each lane loads its next step's words and scales while it sums this one's
         lines += [f"let vlast = max({steps}, 1u) - 1u;", "let vfirst = min(lane, vlast);"]
-        lines += [f"var wnext{j}_{i} = {word_at(wq, f'c{i}', 'vfirst')}; var snext{j}_{i} = {wscale}(vfirst * {8 * per}u, c{i});" for j, (wq, wscale) in enumerate(weights) for i in outs]
+        for j, i in ws:
+            word, scale = loads(j, i, "vfirst", f"vfirst * {8 * per}u")
+            lines.append(f"var wnext{j}_{i} = {word}; var snext{j}_{i} = {scale};")
     lines += [f"for (var v = lane; v < {steps}; v = v + sgs) {{", f"    let k0 = v * {8 * per}u;"]
     lines += ["    let vnext = min(v + sgs, vlast);"] if prefetch else []
     for j, i in ws:
-        wq, wscale = weights[j]
         if prefetch:
-            lines += [f"    let w{j}_{i} = wnext{j}_{i}; let s{j}_{i} = snext{j}_{i};", f"    wnext{j}_{i} = {word_at(wq, f'c{i}', 'vnext')}; snext{j}_{i} = {wscale}(vnext * {8 * per}u, c{i});"]
+            word, scale = loads(j, i, "vnext", f"vnext * {8 * per}u")
+            lines += [f"    let w{j}_{i} = wnext{j}_{i}; let s{j}_{i} = snext{j}_{i};", f"    wnext{j}_{i} = {word}; snext{j}_{i} = {scale};"]
         else:
-            lines += [f"    let w{j}_{i} = {word_at(wq, f'c{i}', 'v')};", f"    let s{j}_{i} = {wscale}(k0, c{i});"]
+            word, scale = loads(j, i, "v", "k0")
+            lines += [f"    let w{j}_{i} = {word};", f"    let s{j}_{i} = {scale};"]
     for c in range(per):  # 8 weights a word: input vec4s 2c and 2c + 1 of the step
         lines.append("    {")
         at = [f"v * {2 * per}u + {2 * c + h}u" for h in range(2)]
