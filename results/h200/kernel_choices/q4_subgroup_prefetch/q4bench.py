@@ -5,7 +5,9 @@ cycled over copies past the L2 cache, each result checked against numpy (ERR pas
     ROWS: row counts, e.g. 1,4,8,16. MODE: cur (the installed code), shapes (other shapes at one
     row; noscale: no scale loads, wrong results, timing only), magic (nibbles by an exponent mask),
     rows16 (shapes and prefetching every shape), inter (a weight's row groups side by side in the
-    grid). small: tiny products, one weight copy (lavapipe)."""
+    grid), stage / s2 (shapes of 4 and 8 rows), n2 (17-64-row shapes, one word a step), mix (timing
+    only: cur, noscale, magic, no dequantization, neither; at m = 16 on two weights after the
+    others). small: tiny products, one weight copy (lavapipe)."""
 import struct
 import sys
 import time
@@ -146,9 +148,46 @@ if MODE == "inter":
 if MODE == "rows16":
     PIPES = [(f"{sh}", default, sh) for sh in [(4, 4, 2), (4, 8, 2), (2, 8, 2), (4, 8, 1), (4, 4, 1), (2, 16, 2)]]
     PIPES += [(f"pref{sh}", pref, sh) for sh in [(4, 4, 2), (4, 8, 2), (1, 4, 2), (2, 4, 2)]]
+if MODE == "stage":
+    PIPES = [("cur", default, None)] + [(f"{sh}", default, sh) for sh in [(4, 4, 4), (4, 4, 8), (4, 8, 2), (4, 8, 4), (8, 4, 2), (8, 4, 4)]]
+if MODE == "narrow":
+    PIPES = [(f"{sh}", default, sh) for sh in [(4, 4, 2, 1), (4, 4, 4, 1), (4, 4, 8, 1), (8, 4, 4, 1), (4, 8, 4, 1)]]
+if MODE == "s2":
+    PIPES = [("cur", default, None)] + [(f"{sh}", default, sh) for sh in [(8, 4, 4), (8, 4, 8), (8, 8, 4), (8, 2, 8)]]
+if MODE == "n2":
+    PIPES = [(f"{sh}", default, sh) for sh in [(4, 4, 2, 1), (8, 4, 4, 1), (8, 4, 2, 1), (8, 8, 4, 1), (16, 4, 4, 1), (16, 4, 2, 1)]]
 ROWS = [int(v) for v in (sys.argv[1] if len(sys.argv) > 1 else "1,4,8,16").split(",")]
 SHAPES = [(256, 2048), (64, 512)] if "small" in sys.argv else [(16384, 2048), (2048, 8192), (3072, 2048), (128256, 2048)]
 if len(sys.argv) > 3:
     SHAPES = [tuple(int(v) for v in nk.split("x")) for nk in sys.argv[3].split(",")]
 for N, K in SHAPES:
     case(N, K, ROWS, PIPES)
+NODQ = """fn nibbles(word: u32) -> W8 {
+    let f = bitcast<f32>(word);
+    return W8(vec4<f32>(f), vec4<f32>(f));
+}"""
+
+
+def swap_nibbles(src, body):
+    i = src.index("fn nibbles(")
+    j = src.index("\n}\n", i) + 2
+    return src[:i] + body + src[j:]
+
+
+def nodq(shape):
+    return compile_pipeline(dev, swap_nibbles(Q.sg_shader(False, False, False, shape, Q.Storage(), False), NODQ))
+
+
+def nodq_noscale(shape):
+    import re
+    src = swap_nibbles(Q.sg_shader(False, False, False, shape, Q.Storage(), False), NODQ)
+    src = re.sub(r"fn wscale\(k: u32, n: u32\) -> f32 \{[^\n]*\}", "fn wscale(k: u32, n: u32) -> f32 { return 0.01 + f32(n & 1u) + 0.0 * f32(ws[0]); }", src)
+    return compile_pipeline(dev, src)
+
+
+if MODE == "mix":
+    PIPES = []
+    for sh in [(4, 4, 2), (8, 4, 4)]:
+        PIPES += [(f"cur{sh}", default, sh), (f"noscale{sh}", noscale, sh), (f"magic{sh}", magic, sh), (f"nodq{sh}", nodq, sh), (f"nodq_noscale{sh}", nodq_noscale, sh)]
+    for m, N, K in [(16, 16384, 2048), (16, 2048, 8192)]:
+        case(N, K, [m], PIPES)
