@@ -21,6 +21,7 @@ split-K's scratch are f32; `epilogue` ends with an optional clamp (a fused activ
 to the output's storage type.
 """
 
+import itertools
 import math
 import struct
 from dataclasses import dataclass
@@ -148,28 +149,34 @@ $READS    return 0.0;
 """
 
 
+def column_ranges(ns):
+    """(s_j, e_j): the columns of product j in a column group of products of N = `ns`."""
+    ends = list(itertools.accumulate(ns))
+    return list(zip([0, *ends[:-1]], ends))
+
+
+def column_store(ns):
+    """A column group's `store` WGSL: column n goes to row n - s_j of out_j, bound as `out` (j = 0)
+    and `out1`, `out2`, ... (GemmRoute's `more_outs`); rows of one batch."""
+    names = ["out", *(f"out{j}" for j in range(1, len(ns)))]
+    writes = " else ".join(
+        f"if (n < {e}u) {{ {name}[m * {size}u + n - {s}u] = epilogue(acc, b, m, n); }}" for name, (s, e), size in zip(names, column_ranges(ns), ns)
+    )
+    return f"fn store(b: u32, m: u32, n: u32, acc: f32) {{ {writes} }}"
+
+
 def column_group(x, weights, ns):
     """(TileLoad, `store` WGSL) of products out_j = x @ w_j.T as one product over their columns
     side by side: column n of the whole is row n - s_j of w_j (an [N_j, K] weight), s_j the N of
-    the products before it, and goes to out_j, bound as `out` (j = 0) and `out1`, `out2`, ...
-    (GemmRoute's `more_outs`). `x`, `weights`: WGSL storage types; `ns`: the N_j; rows of one
-    batch (a linear's M is every leading dim)."""
-    ends = [sum(ns[: j + 1]) for j in range(len(ns))]
-    starts = [0, *ends[:-1]]
-    reads = "".join(
-        f"    if (n < {e}u) {{ return f32(w{j}[off + (n - {s}u) * p.K + k]); }}\n" for j, (s, e) in enumerate(zip(starts, ends))
-    )
-    names = ["out", *(f"out{j}" for j in range(1, len(ns)))]
-    writes = " else ".join(
-        f"if (n < {e}u) {{ {name}[m * {size}u + n - {s}u] = epilogue(acc, b, m, n); }}"
-        for name, s, e, size in zip(names, starts, ends, ns)
-    )
+    the products before it, and goes to out_j (column_store). `x`, `weights`: WGSL storage types;
+    `ns`: the N_j; rows of one batch (a linear's M is every leading dim)."""
+    reads = "".join(f"    if (n < {e}u) {{ return f32(w{j}[off + (n - {s}u) * p.K + k]); }}\n" for j, (s, e) in enumerate(column_ranges(ns)))
     load = TileLoad(
         inputs=(("a", x), *((f"w{j}", t) for j, t in enumerate(weights))),
         functions=float_a_at() + fill(COLUMN_GROUP_B_AT, READS=reads),
         b_along_k=True,
     )
-    return load, f"fn store(b: u32, m: u32, n: u32, acc: f32) {{ {writes} }}"
+    return load, column_store(ns)
 
 
 A_QUAD = """

@@ -25,8 +25,9 @@ of whole subgroup steps) the subgroup kernels of every row count, Q4_SG_GEMV's o
 Q4_SG_GEMM's shape for more; on GPUs with subgroups and weights of q4_wide K, Q4_SG_GPU_WIDE's
 to BITWISE_ROWS; otherwise the GEMV up to Q4_GEMV_MAX_ROWS rows, on GPUs with subgroups up to
 BITWISE_ROWS and the subgroup kernel at routes.py's Q4_SG_GPU past them (where the plain op takes it:
-q4_linear.py's q4_subgroup_shapes). More rows run each product's plain routes (Q4Product: the
-dequantizing GEMM), then SwiGLU's elementwise gate.
+q4_linear.py's q4_subgroup_shapes). More rows run the products as one dequantizing GEMM over their
+columns side by side where each alone would split K alike (_Columns), else each product's plain
+routes (Q4Product: the dequantizing GEMM); then SwiGLU's elementwise gate.
 """
 
 import struct
@@ -38,6 +39,7 @@ from ..registry import op
 from ..variants import CPU
 from ..wgsl import fill, flat_grid, vec4_loader, vec4_type
 from .fused_linear import _RMS, SILU, swiglu_elementwise
+from .gemm import PARAMS_SIZE, SMALL_TILE, GemmRoute, TileLoad, column_ranges, column_store, float_a_at, gemm_scratch, gemm_split, params_bytes
 from .linear import sg_wg_rows
 from .routes import BITWISE_ROWS, Q4_SG_GPU, Q4_SG_GPU_ROWS, Q4_SG_GPU_WIDE, shape_for_rows
 from .q4_linear import (
@@ -136,6 +138,69 @@ def _shader(kind, shape, count, swiglu, norm, types, word_group, rope=None, step
     return src + "    " + " else ".join(branches) + "\n}\n"
 
 
+# The column group's B load: the 4 K values k.. of column n, row n - S_j of product j ($READS)
+COLUMNS_B_K_QUAD = """
+fn b_k_quad(off: u32, n: u32, k: u32, kend: u32) -> vec4<f32> {
+    if (n >= p.N || k >= kend) { return vec4<f32>(0.0); }
+    var w = vec4<f32>(0.0);
+$READS    return select(vec4<f32>(0.0), w, vec4<u32>(k) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(kend));
+}
+"""
+
+
+class _Columns:
+    """The fused products past the fused kernel's rows as one dequantizing GEMM over their columns
+    side by side (gemm.py's column_group, for 4-bit weights; the loads read the fused op's uniform:
+    wpr, gs, groups, sn_j): one dispatch, and one wave of workgroups where each product alone
+    leaves the GPU part idle (Llama-3.2-1B's k and v, 512 rows each). Taken where every product
+    alone would split K the same way, so that each output sums as the plain op's GEMM sums it (an
+    output's order is its K ranges', whatever the tile): bitwise the unfused ops. H200,
+    Llama-3.2-1B shape 4w, greedy bursts, two rounds in one call: 32 streams 4,287 / 4,299 ->
+    5,208 / 5,272 tokens/s, 64 streams 6,996 / 7,061 -> 7,648 / 7,740, prompts of 32 tokens 3,904 /
+    4,071 -> 4,783 / 4,701, of 512 and 2,047 the same (BENCHMARKS.md)."""
+
+    def __init__(self, b, fused, types, word_group):
+        self.fused = fused
+        self.ns = [w.n for w in fused.ws]
+        ranges = column_ranges(self.ns)
+        reads = "".join(
+            f"    {'if' if j == 0 else 'else if'} (n < {e}u) {{ let r = n - {s}u; w = dq4{j}(wq{j}[r * q.wpr + k / 8u] >> (4u * (k % 8u)), k, r); }}\n"
+            for j, (s, e) in enumerate(ranges)
+        )
+        count = len(self.ns)
+        load = TileLoad(
+            inputs=(("x", types["x"]), *((name, t) for j in range(count) for name, t in ((f"wq{j}", "u32"), (f"ws{j}", types["scales"][j])))),
+            functions=_dequant(False, False, word_group, [(str(j), f"ws{j}", f"q.sn{j}") for j in range(count)])
+            + float_a_at("x")
+            + fill(COLUMNS_B_K_QUAD, READS=reads),
+            b_along_k=True,
+            b_k_quads=True,
+        )
+        inputs = [fused.x, *(v for pair in fused.products for v in pair)]
+        q_wgsl = f"{_uniform(count, fused.rope)}@group(0) @binding({len(inputs) + 3}) var<uniform> q: Q;\n"
+        self.most = (ranges[-1][1], 8 * fused.ws[0].wpr)
+        self.scratch = gemm_scratch(b, fused.stored, together=True, most=self.most)
+        self.p = b.params(PARAMS_SIZE)
+        self.gemm = GemmRoute(b, load, inputs, None, fused.stored[0], self.p, self.scratch, [fused.q], q_wgsl, store=column_store(self.ns),
+                              more_outs=fused.stored[1:], small=SMALL_TILE in fused.plain[0].gemm.tiles, most=self.most)
+        self.capacity = b.graph.values[self.scratch].dims[0]
+
+    def plan(self, m, k):
+        """(splits, kspan) every product alone takes for M x K, where they agree and the group's
+        partial sums fit its scratch; else None."""
+        plans = {gemm_split(m, n, k, 1, product.gemm.tile(m, n, k)) for n, product in zip(self.ns, self.fused.plain)}
+        if len(plans) != 1:
+            return None
+        plan = plans.pop()
+        return plan if plan[0] == 1 or plan[0] * m * self.most[0] <= self.capacity else None
+
+    def resize(self, ctx, m, k, plan):
+        """Set the GEMM's params and grids for M x K at `plan` (None: off)."""
+        splits, kspan = plan or (1, max(k, 1))
+        ctx.set_params(self.p, params_bytes(m, self.most[0], k, split=(splits, kspan)))
+        self.gemm.set_grids(ctx, m, self.most[0], k, 1, splits, plan is not None)
+
+
 class _Fused:
     """A fused op's kernels and routes (the module docstring), for `products` (weight, scales)
     pairs of one input; `outs`: what the fused kernel writes (one a product, or SwiGLU's out);
@@ -187,10 +252,12 @@ class _Fused:
             shader = _shader(kind, shape, len(self.ws), swiglu, norm, t, word_group, epilogue, gemv_step(self.ws[0].wpr))
             extra = epilogue.values if epilogue else []
             self.dispatches.append((b.dispatch(shader, [*reads, *self.outs, self.q, *extra]), kind, shape, epilogue is not None))
-        # more rows: each product's plain routes (the dequantizing GEMM)
+        # more rows: one GEMM over the products' columns where they split K alike (_Columns), else each product's plain routes
         self.plain = [] if self.most is None else [
             Q4Product(b, self.x, None, None, w, s, gs, None, o, gemv=False) for (w, s), o in zip(self.products, self.stored)
         ]  # fmt: skip
+        together = len({b.storage(o) for o in self.stored}) == 1
+        self.columns = _Columns(b, self, types, word_group) if self.plain and together else None
         if swiglu and self.plain:
             self.e = b.params(16)
             self.gate_up = b.dispatch(swiglu_elementwise(*(b.storage(v) for v in items[1:] + items[:1])), [*items[1:], items[0], self.e])
@@ -214,8 +281,11 @@ class _Fused:
             chosen, kind, shape, rotates = self.dispatches[gemv_route(self.routes, m) if m <= self.routes[-1][0] else -1]
         if kind == SUBGROUP and fused and k % Q4_SG_STEP:
             b.fail(f"input K={k} is not whole subgroup steps of {Q4_SG_STEP}")
+        plan = self.columns.plan(m, k) if self.columns and m > 0 and not fused else None
         for product in self.plain:
-            product.resize(ctx, on=not fused)
+            product.resize(ctx, on=not fused and plan is None)
+        if self.columns:
+            self.columns.resize(ctx, m, k, plan)
         per = self.per(kind, shape)
         ns = [w.n for w in self.ws][: 1 if self.swiglu else None]
         starts = [0]
