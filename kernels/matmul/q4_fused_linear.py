@@ -58,6 +58,7 @@ from .q4_linear import (
     gemv_routes,
     gemv_routes_below,
     gemv_step,
+    q4_subgroup_shape,
     q4_subgroup_shapes,
     q4_weight,
     sg_body,
@@ -186,9 +187,12 @@ class _Columns:
         self.capacity = b.graph.values[self.scratch].dims[0]
 
     def plan(self, m, k):
-        """(splits, kspan) every product alone takes for M x K, where they agree and the group's
-        partial sums fit its scratch; else None."""
-        plans = {gemm_split(m, n, k, 1, product.gemm.tile(m, n, k)) for n, product in zip(self.ns, self.fused.plain)}
+        """(splits, kspan) every product alone takes for M x K in its GEMM, where they agree and
+        the group's partial sums fit its scratch; else None."""
+        plain = self.fused.plain
+        if any(q4_subgroup_shape(self.fused.b, product.shapes, m, k) for product in plain):
+            return None  # a product alone takes a subgroup kernel there (CPU adapters)
+        plans = {gemm_split(m, n, k, 1, product.gemm.tile(m, n, k)) for n, product in zip(self.ns, plain)}
         if len(plans) != 1:
             return None
         plan = plans.pop()
