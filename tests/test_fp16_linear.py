@@ -57,6 +57,27 @@ class FusedLinears(linear_ops.FusedLinears):
         return q, k, v, h + self.down(g * torch.sigmoid(g) * self.up(h))
 
 
+class NormedFusedLinears(FusedLinears):
+    """FusedLinears with ExecuTorch's llama RMS norm before q/k/v and before SwiGLU, which their
+    fused GEMVs take in (kernels/fusion.py's rms_ ops)."""
+
+    def __init__(self, *dims):
+        super().__init__(*dims)
+        self.g1, self.g2 = (torch.nn.Parameter(torch.randn(dims[0])) for _ in range(2))
+
+    @staticmethod
+    def norm(x, g):
+        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * g
+
+    def forward(self, x):
+        h = self.norm(x, self.g1)
+        q, k, v = self.q(h), self.k(h), self.v(h)
+        x = x + self.o(q)
+        h = self.norm(x, self.g2)
+        g = self.gate(h)
+        return q, k, v, x + self.down(g * torch.sigmoid(g) * self.up(h))
+
+
 # name -> (fp16 module factory, example shapes at max M, axis of live M per input (None: fixed))
 CASES = {
     # odd K and N; the GEMM's rows past GEMV_MAX_ROWS split K (gemm_split)
@@ -72,6 +93,10 @@ CASES = {
     "f16_fused": (lambda: FusedLinears(37, 41, 23, 53).half(), [(71, 37)], [0]),
     # every K whole vec4s, odd N for k/v: the CPU adapters' subgroup kernels for all five products
     "f16_fused_k4": (lambda: FusedLinears(40, 44, 23, 52).half(), [(71, 40)], [0]),
+    # every K a multiple of 8: the GPU GEMVs load 8 f16 weights a load; norms folded into them
+    "f16_norm_fused_k8": (lambda: NormedFusedLinears(48, 40, 23, 72).half(), [(71, 48)], [0]),
+    # ... and K = FLOAT_GEMM_MIN_K: on GPUs the norm runs as its own op (routes.py's float_norm_folds)
+    "f16_norm_fused_wide": (lambda: NormedFusedLinears(2048, 40, 23, 72).half(), [(41, 2048)], [0]),
     # 4-bit weights with fp16 activations, scales and bias; K padded, a group straddling words
     "f16_q4": (quantized(lambda: QLinear(36, 28, True).half(), "4w", 12), [(70, 36)], [0]),
     "f16_dq8": (quantized(lambda: QLinear(160, 76, True).half(), "8da4w", 32), [(70, 160)], [0]),
@@ -114,7 +139,7 @@ async def test_fp16_products_match_eager_fp16(name, load_pte):
     data, module = _export(name)
     model = await load_pte(data)
     assert model.precision == "f16", model.precision_note
-    tol = (Q_ATOL, Q_RTOL) if name in ("f16_q4", "f16_dq8", "f16_q4_k32", "f16_fused", "f16_fused_k4") else (ATOL, RTOL)
+    tol = (Q_ATOL, Q_RTOL) if name in ("f16_q4", "f16_dq8", "f16_q4_k32", "f16_fused", "f16_fused_k4", "f16_norm_fused_k8", "f16_norm_fused_wide") else (ATOL, RTOL)
     rng = np.random.default_rng(5)
     calls = [_inputs(name, m, rng) for m in _live_ms(name)]
     await assert_matches_eager(model, module, calls, atol=tol[0], rtol=tol[1])
@@ -161,6 +186,36 @@ async def test_fp16_products_take_the_cpu_subgroup_kernels(name, load_pte, kerne
             expected = subgroups and (kernel_variants == "cpu" or gpu)
             assert ("subgroupAdd" in d.shader and "array<vec2<u32>>" in d.shader) == expected, (m, d.op)
         assert live, m
+
+
+@pytest.mark.parametrize("name", ["f16_norm_fused_k8", "f16_norm_fused_wide"])
+async def test_fp16_gemvs_load_8_weights_a_load(name, load_pte, kernel_variants):
+    """With the GPU variants, the GEMV of every float product of K a multiple of 8 (the fused ones,
+    normalizing their rows or not, and the plain ones) binds its f16 weights as vec4<u32> and
+    unpacks them; at K = FLOAT_GEMM_MIN_K the norms run as their own op at every row count, else
+    up to BITWISE_ROWS in the fused GEMVs (the CPU variants' subgroup kernels never normalize); a
+    row of several is bitwise the row alone. Values checked in test_fp16_products_match_eager_fp16."""
+    data, _ = _export(name)
+    model = await load_pte(data)
+    names = {name for name, _ in model.graph.calls}
+    assert {"pte_wgpu.rms_linear_group", "pte_wgpu.rms_linear_silu_mul", "pte_wgpu.linear_residual"} <= names
+    rng = np.random.default_rng(6)
+    for m in (1, 5, 16):
+        await model.execute(*_inputs(name, m, rng))
+        live = [d for i, d in enumerate(model.graph.dispatches) if all(model._default.state.grids[i])]
+        products = [d for d in live if "linear" in d.op]
+        assert len(products) == 4, (m, [d.op for d in products])  # q/k/v, two residuals, SwiGLU
+        for d in products:
+            packed = "unpack2x16float" in d.shader and "array<vec4<u32>>" in d.shader
+            assert packed == (kernel_variants == "gpu"), (m, d.op)
+        norms = sum(d.op == "pte_wgpu.rms_norm_for_gemm" for d in live)
+        own = "wide" in name if kernel_variants == "gpu" else model.subgroups  # CPU subgroup kernels: fused_norm_rows
+        assert norms == (2 if own else 0), m
+    # one row takes kernels of its own (a row's sums in the same order): a row of a pass of 5 is bitwise the row alone
+    (x,) = _inputs(name, 5, rng)
+    together, alone = await model.execute(x), await model.execute(x[2:3])
+    for t, a in zip(together, alone):
+        np.testing.assert_array_equal(t[2:3], a)
 
 
 async def test_fp16_fused_linears_run_fused(load_pte):

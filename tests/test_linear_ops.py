@@ -92,6 +92,8 @@ CASES = {
     "linear_big": (lambda: Linear(2053, 2063, True), [(131, 2053)], ({0: _m(131)},)),
     "mm_big": (MM, [(131, 2053), (2053, 2063)], ({0: _m(131)}, None)),
     "fused_dyn_k4": (lambda: FusedLinears(40, 41, 23, 53), [(1, 34, 40)], ({1: _m(34)},)),
+    # q/k/v and SwiGLU of K = FLOAT_GEMM_MIN_K: on GPUs the subgroup kernel to WIDE_K_SG_ROWS rows only
+    "fused_wide_k4": (lambda: FusedLinears(2048, 41, 23, 53), [(1, 41, 2048)], ({1: _m(41)},)),
 }
 # where live M sits in each input's shape (None: the input has no M)
 M_AXIS = {
@@ -108,6 +110,7 @@ M_AXIS = {
     "linear_big": [0],
     "mm_big": [0, None],
     "fused_dyn_k4": [1],
+    "fused_wide_k4": [1],
 }
 
 
@@ -161,24 +164,31 @@ async def test_fused_linears_run_as_fused_ops(load_pte):
     assert "aten.linear.default" not in names and model.fused == 5  # silu, swiglu, 2 residuals, q/k/v
 
 
-async def test_subgroup_gemvs_where_k_is_whole_vec4s(load_pte, kernel_variants):
+@pytest.mark.parametrize("name", ["fused_dyn_k4", "fused_wide_k4"])
+async def test_subgroup_gemvs_where_k_is_whole_vec4s(name, load_pte, kernel_variants):
     """On a device with subgroups, the products of fused_dyn_k4 with K = 40 (q/k/v, SwiGLU) sum
     along K in subgroups, with the CPU variants at every row count, with the GPU ones for
-    SG_GPU_ROWS rows only; those with K = 41 or 53 (o, down) never do."""
-    data, _ = _export("fused_dyn_k4")
+    SG_GPU_ROWS rows only (fused_wide_k4's, of K = 2,048, to WIDE_K_SG_ROWS, then the GEMM);
+    those with K = 41 or 53 (o, down) never do. Values against eager at each count."""
+    data, module = _export(name)
     model = await load_pte(data)
     if not model.subgroups:
         assert not any("subgroupAdd" in (d.shader or "") for d in model.graph.dispatches)
         return
-    for rows in (1, R.SG_GPU_ROWS[0], 34):
-        await model.execute(*_inputs("fused_dyn_k4", rows, np.random.default_rng(5)))
+    top = CASES[name][1][0][1]
+    most = R.float_subgroup_rows(CASES[name][1][0][2])
+    calls = []
+    for rows in sorted({1, R.SG_GPU_ROWS[0], min(most, top), min(most + 1, top), top}):
+        calls.append(_inputs(name, rows, np.random.default_rng(rows)))
+        await model.execute(*calls[-1])
         grids = model._default.state.grids
         live = {}  # op -> whether a subgroup GEMV ran
         for i, d in enumerate(model.graph.dispatches):
             live[d.op] = live.get(d.op, False) or ("subgroupAdd" in (d.shader or "") and all(grids[i]))
-        subgroups = kernel_variants == "cpu" or rows >= R.SG_GPU_ROWS[0]
+        subgroups = kernel_variants == "cpu" or R.SG_GPU_ROWS[0] <= rows <= most
         assert live["pte_wgpu.linear_group"] == live["pte_wgpu.linear_silu_mul"] == subgroups, rows
         assert not live["pte_wgpu.linear_residual"]
+    await assert_matches_eager(model, module, calls, atol=ATOL, rtol=RTOL)
 
 
 def test_subgroup_variants_need_the_feature():

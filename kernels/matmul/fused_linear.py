@@ -14,27 +14,45 @@ order as the plain linear's GEMV, so results are bitwise those of the unfused op
   norm as well, after the weights: (x, gamma, eps). Their GEMV normalizes its rows itself, with
   the sums and expression of et_vk.rms_norm's kernel, and the norm op before them
   (`pte_wgpu.rms_norm_for_gemm`, kernels/tensor/reduce.py) runs only for the rows it does not take
-  (kernels/matmul/routes.py's fused_norm_rows: the GEMM route, the subgroup kernels).
+  (kernels/matmul/routes.py's fused_norm_rows: the GEMM route, the subgroup kernels; every row
+  count on GPUs at K >= FLOAT_GEMM_MIN_K, float_norm_folds).
 
 Every binding is stored as its tensor's type (f32, or f16 for float16), summed in f32.
 """
 
 import struct
 
-from pte_wgpu.resize.shapes import fold_grid, numel_of
+from pte_wgpu.resize.shapes import numel_of
 
 from ..attention.rope import rope_bindings, rope_store
 from ..registry import op
 from ..variants import CPU, GPU
-from ..wgsl import FLAT_INDEX, SUBGROUP_BUILTINS, WG, fill, flat_grid, vec4_loader, vec4_type
+from ..wgsl import FLAT_INDEX, SUBGROUP_BUILTINS, WG, fill, flat_grid, row_groups, row_groups_grid, vec4_loader, vec4_type
 from .gemm import PARAMS_SIZE, GemmRoute, column_group, float_load, gemm_scratch, params_bytes
-from .linear import CPU_GROUP_ROWS, CPU_WG, GEMV_REDUCE, GEMV_ROWS, SG_GEMM, SG_GEMV, _check_float, gemv_sg_body, gemv_t_body, gemv_t_cpu_body, linear_shapes, sg_wg_rows
-from .routes import GEMV_MAX_ROWS, SG_GPU, SG_GPU_ROWS, subgroup_products
+from .linear import (
+    CPU_GROUP_ROWS,
+    CPU_WG,
+    GEMV_REDUCE,
+    GEMV_ROWS,
+    SG_GEMM,
+    SG_GEMV,
+    _check_float,
+    gemv_sg_body,
+    gemv_step,
+    gemv_t_body,
+    gemv_t_cpu_body,
+    linear_shapes,
+    sg_wg_rows,
+    weight_binding_type,
+)
+from .routes import GEMV_MAX_ROWS, SG_GPU, SG_GPU_ROWS, float_norm_folds, float_subgroup_rows, subgroup_products
 
 SILU = "$G / (1.0 + exp(-$G)) * $U"  # of the gate $G and up $U: the same expression as pte_wgpu.silu_mul's
 # Input rows per GEMV workgroup: 4, not the plain GEMV's 8. With q/k/v or gate and up in one
 # kernel, 8 rows' accumulators cost more than they save: side by side on an H100, SwiGLU's GEMV
-# took 12 µs at 4 rows against 18 at 8 for one decode row, and 36 against 42 for 16 rows.
+# took 12 µs at 4 rows against 18 at 8 for one decode row, and 36 against 42 for 16 rows. One row
+# takes a kernel of its own (the same sums, a quarter of the accumulators): H200, Llama-3.2-1B
+# fp16, greedy bursts, one stream 528 / 532 -> 589 / 589 tokens/s (results/h200/kernel_choices/fp16_gemvs/).
 GROUP_ROWS = 4
 SUBGROUP = "subgroup"  # the third GEMV kind: CPU adapters with subgroups, K a multiple of 4
 
@@ -61,7 +79,7 @@ def _body(kind, shape, weights, n, store, norm, rows, partners=False):
         return first + gemv_sg_body(weights, n, "(q.K / 4u)", store, shape=shape, partners=partners)
     if kind == CPU:
         return f"let n = wg * {CPU_WG}u + li;\n    " + gemv_t_cpu_body(weights, n, "q.K", store, scale=_scale(norm, rows), group_rows=shape[0])
-    body = gemv_t_body(weights, n, "q.K", store, scale=_scale(norm, rows), group_rows=shape[0], partners=partners)
+    body = gemv_t_body(weights, n, "q.K", store, scale=_scale(norm, rows), group_rows=shape[0], partners=partners, step=shape[1])
     return "let n0 = wg * 4u;\n    " + body
 
 
@@ -87,21 +105,22 @@ def _group_shader(count, norm, kind, shape, types, rope=None):
         cond = f"if (wg0 < q.S{j + 1}) " if j + 1 < count else ""
         branches.append(f"{cond}{{\n    let wg = wg0 - q.S{j};\n    {body}\n    }}")
     extra = rope_bindings(len(types) + 1, rope.types) if rotates else ""
-    return _gemv_shader(fields, weights, outs, norm, " else ".join(branches), kind, shape[0], types, extra)
+    return _gemv_shader(fields, weights, outs, norm, " else ".join(branches), kind, shape, types, extra)
 
 
 def _swiglu_shader(norm, kind, shape, types):
     store = lambda r: f"out[(r0 + {r}u) * q.N + n] = {types[-1]}({fill(SILU, G='v0', U='v1')});"
     body = "let wg = wg0;\n    " + _body(kind, shape, ["wg_", "wu_"], "q.N", store, norm, types[0])
-    return _gemv_shader(["M: u32", "K: u32", "eps: f32", "N: u32"], ["wg_", "wu_"], ["out"], norm, body, kind, shape[0], types)
+    return _gemv_shader(["M: u32", "K: u32", "eps: f32", "N: u32"], ["wg_", "wu_"], ["out"], norm, body, kind, shape, types)
 
 
 class _Gemvs:
     """An op's GEMV dispatches, each of a kind and a shape (input rows a workgroup or invocation,
-    and for SUBGROUP the weight rows a subgroup takes, kernels/matmul/linear.py): for GPU and CPU one; for
+    and for SUBGROUP the weight rows a subgroup takes, for GPU the weights a load, gemv_step,
+    kernels/matmul/linear.py): for GPU one of one row and one of GROUP_ROWS; for CPU one; for
     SUBGROUP, SG_GEMV for one row and SG_GEMM for any other count (the op has no GEMM route then);
-    a GPU with subgroups (`gpu_sg`) adds SUBGROUP at SG_GPU for SG_GPU_ROWS rows (the GEMM route
-    then takes only more). `weights`: the weights each output group reads (SwiGLU: 2).
+    a GPU with subgroups (`gpu_sg`) adds SUBGROUP at SG_GPU from SG_GPU_ROWS[0] rows to
+    float_subgroup_rows (the GEMM route then takes only more). `weights`: the weights each output group reads (SwiGLU: 2).
     `shader_of(kind, shape, norm, types)`: the shader, normalizing its rows itself with `norm`,
     `types` its bindings' storage types in order (the uniform, last, left out); `head` and `tail`:
     the bindings around the weights (kernels/matmul/fused_linear.py's _norm_args). With a norm, the
@@ -114,11 +133,13 @@ class _Gemvs:
         if kind == SUBGROUP:  # SG_GEMV's weight rows for each weight: SwiGLU's workgroups as many as a linear's
             shapes = ((SUBGROUP, (1, SG_GEMV[1] * weights)), (SUBGROUP, SG_GEMM))
         else:
-            shapes = ((kind, (GROUP_ROWS if kind == GPU else CPU_GROUP_ROWS, None)),) + (((SUBGROUP, SG_GPU),) if gpu_sg else ())
-        self.most_rows = SG_GPU_ROWS[1] if gpu_sg else GEMV_MAX_ROWS  # more: the GEMM route
+            step = min(gemv_step(b.storage(w), b.graph.values[w].dims[-1]) for w in after[0])
+            shapes = (((GPU, (1, step)), (GPU, (GROUP_ROWS, step))) if kind == GPU else ((kind, (CPU_GROUP_ROWS, None)),)) + (((SUBGROUP, SG_GPU),) if gpu_sg else ())
+        k = b.graph.values[after[0][0]].dims[-1]
+        self.most_rows = float_subgroup_rows(k) if gpu_sg else GEMV_MAX_ROWS  # more: the GEMM route
         self.dispatches = []
         for d_kind, shape in shapes:
-            norm = bool(tail) and d_kind != SUBGROUP
+            norm = bool(tail) and d_kind != SUBGROUP and float_norm_folds(b, k)
             around = (head, tail) if norm else ([b.args[0]], [])
             bound = [*around[0], *after[0], *around[1], *after[1]]
             shader = shader_of(d_kind, shape, norm, [b.storage(v) for v in bound[:-1]])
@@ -127,6 +148,8 @@ class _Gemvs:
     def _index(self, m):
         if self.kind == SUBGROUP:
             return 0 if m == 1 else 1
+        if self.kind == GPU:  # one row, GROUP_ROWS, the subgroup kernel
+            return 2 if len(self.dispatches) > 2 and m >= SG_GPU_ROWS[0] else 0 if m == 1 else 1
         return 1 if len(self.dispatches) > 1 and m >= SG_GPU_ROWS[0] else 0
 
     def choose(self, m):
@@ -136,10 +159,10 @@ class _Gemvs:
 
     def set(self, ctx, outputs, m, on):
         """Grids for outputs of M rows (`outputs`: their count, or per product), all off unless `on`."""
-        chosen, _, per = self.choose(m)
-        x, y, _ = fold_grid(sum(-(-n // per) for n in outputs))
-        for d, _, shape in self.dispatches:
-            ctx.set_grid(d, (x, y, -(-m // shape[0])) if on and d == chosen else (0, 0, 0))
+        chosen, shape, per = self.choose(m)
+        grid = row_groups_grid(sum(-(-n // per) for n in outputs), m, shape[0])
+        for d, _, _ in self.dispatches:
+            ctx.set_grid(d, grid if on and d == chosen else (0, 0, 0))
 
 
 def _per(kind, shape, weights):
@@ -153,15 +176,14 @@ def _scale(norm, rows):
     return (lambda r, i, x: f"f32({rows}({x} * rstd{r} * f32(gamma[{i}])))") if norm else None
 
 
-# The fused GEMVs' entry: workgroup z takes input rows r0 .., `rows` of them live; $RMS their
-# norm's rstd0.. where the kernel normalizes them
+# The fused GEMVs' entry: workgroup (wg0, group of rows: kernels/wgsl.py's row_groups) takes its
+# outputs for input rows r0 .., `rows` of them live; $RMS their norm's rstd0.. where the kernel
+# normalizes them
 GEMV_MAIN = """
 @compute @workgroup_size($SIZE)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32$BUILTINS) {
-    let r0 = wid.z * ${ROWS}u;
+        @builtin(local_invocation_index) li: u32$BUILTINS) {$ROW_GROUPS
     let rows = min(${ROWS}u, q.M - r0);
-    let wg0 = wid.x + wid.y * nwg.x;
     let aoff = r0 * q.K;
     let aoff4 = aoff / 4u;
     $RMS
@@ -170,14 +192,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 """
 
 
-def _gemv_shader(fields, weights, outs, norm, body, kind, rows, types, extra=""):
+def _gemv_shader(fields, weights, outs, norm, body, kind, shape, types, extra=""):
     """`types`: the bindings' storage types in order, the uniform left out; `extra`: WGSL after the
-    uniform (more bindings). The subgroup GEMV reads the input, weights and gamma as vec4s;
-    a_at(i) is element i as f32 either way."""
+    uniform (more bindings). The subgroup GEMV reads the input, weights and gamma as vec4s, a GPU's
+    weights as its shape's step (kernels/matmul/linear.py's gemv_step); a_at(i) is element i as f32 either way."""
     reads = ["a"] + weights + (["gamma"] if norm else [])
-    vec4 = kind == SUBGROUP
+    vec4, rows = kind == SUBGROUP, shape[0]
     lines = ["struct Q { " + ", ".join(fields) + " }"]
-    lines += [f"@group(0) @binding({i}) var<storage, read> {w}: array<{vec4_type(t) if vec4 else t}>;" for i, (w, t) in enumerate(zip(reads, types))]
+    kinds = [vec4_type(t) if vec4 else weight_binding_type(t, shape[1]) if w in weights and kind == GPU else t for w, t in zip(reads, types)]
+    lines += [f"@group(0) @binding({i}) var<storage, read> {w}: array<{t}>;" for i, (w, t) in enumerate(zip(reads, kinds))]
     lines += [vec4_loader(w, t) for w, t in zip(reads, types)] if vec4 else []
     lines += [f"@group(0) @binding({len(reads) + i}) var<storage, read_write> {o}: array<{t}>;" for i, (o, t) in enumerate(zip(outs, types[len(reads):]))]
     lines.append(f"@group(0) @binding({len(reads) + len(outs)}) var<uniform> q: Q;{extra}")
@@ -188,6 +211,7 @@ def _gemv_shader(fields, weights, outs, norm, body, kind, rows, types, extra="")
         SIZE=size,
         BUILTINS=SUBGROUP_BUILTINS if kind == SUBGROUP else "",
         ROWS=rows,
+        ROW_GROUPS=row_groups("q.M", rows),
         RMS=rms if norm else "",
         BODY=body,
     )

@@ -7,7 +7,7 @@ layout is fixed at build time; M, N, K and the batch come from live shapes throu
 Each op records a route group the hook picks from by the live row count:
 - GEMV (M == 1, decode; and up to GEMV_MAX_ROWS rows with an [N, K] weight): a 256-thread workgroup
   reduces over K for a few outputs in shared memory; for a [N, K] weight, 4 weight rows per
-  workgroup with the input row reused from registers; for a [K, N] matrix, 32 columns per
+  workgroup with the input row reused from registers (f16 weights 8 a load: gemv_step); for a [K, N] matrix, 32 columns per
   workgroup with K split over 8 slices.
 - GEMM (more rows, prefill): kernels/matmul/gemm.py's register-tiled template with fp32 tile loads.
 The unused route gets a (0, 0, 0) grid.
@@ -27,7 +27,7 @@ from ..registry import op
 from ..variants import ANY, CPU_ONLY, GPU_ONLY, Routes, Variant
 from ..wgsl import SUBGROUP_BUILTINS, fill, is_float, vec4_loader, vec4_type
 from .gemm import PARAMS_FORMAT, PARAMS_SIZE, GemmRoute, float_load, gemm_scratch, header
-from .routes import GEMV_MAX_ROWS, GEMV_T4_MIN_N, SG_GPU, SG_GPU_ROWS, gpu_gemv_rows
+from .routes import GEMV_MAX_ROWS, GEMV_T4_MIN_N, SG_GPU, SG_GPU_ROWS, float_subgroup_rows, gpu_gemv_rows
 
 
 @dataclass(frozen=True)
@@ -82,28 +82,39 @@ def _trees(accs, rows_first, partners=False):
     return lines
 
 
-def gemv_t_body(weights, n, k, store, base="0u", scale=None, group_rows=GEMV_GROUP_ROWS, partners=False):
+def gemv_t_body(weights, n, k, store, base="0u", scale=None, group_rows=GEMV_GROUP_ROWS, partners=False, step=1):
     """WGSL statements of the [N, K]-weight GEMV for the weight bindings `weights` (N rows of `n`,
     K of `k`, from `base`): one accumulator variable per (weight, row), written out (a private
     array indexed in a loop can spill to local memory). Expects `n0`, `rows`, `aoff` and `li`;
     `store(r)` is the statement that writes row r's output n from lanes v0, v1, ... (one a weight;
     with `partners`, pair0, pair1, ... hold output n ^ 1, the other of its pair: n0 is a multiple of 4).
     `scale(r, i, x)`, if given, turns input element i of row r, loaded as f32 expression x, into
-    what is multiplied (a fused norm). The kernel
-    takes `group_rows` input rows per workgroup."""
+    what is multiplied (a fused norm). The kernel takes `group_rows` input rows per workgroup.
+    `step`: weights an invocation loads at a time, 1, or PACKED_F16 (the weights bound as
+    vec4<u32> of f16 pairs, K and `base` multiples of it: gemv_step)."""
     rows = range(group_rows)
     lines = []
     for j, w in enumerate(weights):
-        lines += [f"let {w}_{i} = {base} + min(n0 + {i}u, {n} - 1u) * {k};" for i in range(4)]
+        lines += [f"let {w}_{i} = {base} / {step}u + min(n0 + {i}u, {n} - 1u) * ({k} / {step}u);" for i in range(4)]
         lines += [f"var acc{j}_{r} = vec4<f32>(0.0);" for r in rows]
-    lines.append(f"for (var k = li; k < {k}; k = k + 256u) {{")
+    lines.append(f"for (var kv = li; kv < {k} / {step}u; kv = kv + 256u) {{")
+    lines.append(f"    let k = kv * {step}u;")
     for j, w in enumerate(weights):
-        lines.append(f"    let wv{j} = vec4<f32>({', '.join(f'f32({w}[{w}_{i} + k])' for i in range(4))});")
+        if step == 1:
+            lines.append(f"    let wv{j}_0 = vec4<f32>({', '.join(f'f32({w}[{w}_{i} + kv])' for i in range(4))});")
+            continue
+        lines += [f"    let u{j}_{i} = {w}[{w}_{i} + kv];" for i in range(4)]
+        for h in range(step // 2):  # weights k + 2h and k + 2h + 1 of the 4 rows
+            pairs = [f"unpack2x16float(u{j}_{i}[{h}u])" for i in range(4)]
+            lines.append(f"    let wv{j}_{2 * h} = vec4<f32>({', '.join(f'{x}.x' for x in pairs)});")
+            lines.append(f"    let wv{j}_{2 * h + 1} = vec4<f32>({', '.join(f'{x}.y' for x in pairs)});")
     for r in rows:
-        fma = " ".join(f"acc{j}_{r} = acc{j}_{r} + x * wv{j};" for j in range(len(weights)))
-        x = f"f32(a[aoff + {r}u * {k} + k])"
-        x = scale(r, "k", x) if scale else x
-        lines.append(f"    if ({r}u < rows) {{ let x = {x}; {fma} }}")
+        fmas = []
+        for e in range(step):
+            x = f"f32(a[aoff + {r}u * {k} + k + {e}u])"
+            x = scale(r, f"(k + {e}u)", x) if scale else x
+            fmas.append(f"let x{e} = {x}; " + " ".join(f"acc{j}_{r} = acc{j}_{r} + x{e} * wv{j}_{e};" for j in range(len(weights))))
+        lines.append(f"    if ({r}u < rows) {{ {' '.join(fmas)} }}")
     lines.append("}")
     order = [(j, r) for r in rows for j in range(len(weights))]
     lines += _trees([f"acc{j}_{r}" for j, r in order], [r for _, r in order], partners)
@@ -111,6 +122,23 @@ def gemv_t_body(weights, n, k, store, base="0u", scale=None, group_rows=GEMV_GRO
         lanes = " ".join(f"let {p}{j} = {p}acc{j}_{r};" for j in range(len(weights)) for p in (("v", "pair") if partners else ("v",)))
         lines.append(f"if ({r}u < rows) {{ {lanes} let n = n0 + li; if (li < 4u && n < {n}) {{ {store(r)} }} }}")
     return "\n    ".join(lines)
+
+
+PACKED_F16 = 8  # f16 weights a load of the [N, K] GEMV: a vec4<u32> of f16 pairs
+
+
+def gemv_step(weight_type, k):
+    """The weights an invocation of the [N, K] GEMV loads at a time (gemv_t_body's `step`) for a
+    weight stored as `weight_type` with rows of K: f16 rows of whole PACKED_F16s take 16 bytes a
+    load, where one f16 a load moved 64 bytes a warp. H200, Llama-3.2-1B fp16, greedy bursts, one
+    call: one stream 370 -> 522 tokens/s, 16 streams 1,763 -> 1,920
+    (results/h200/kernel_choices/fp16_gemvs/)."""
+    return PACKED_F16 if weight_type == "f16" and k % PACKED_F16 == 0 else 1
+
+
+def weight_binding_type(weight_type, step):
+    """The WGSL element type a GEMV of `step` binds its weights as."""
+    return "vec4<u32>" if step == PACKED_F16 else weight_type
 
 
 ROWS_MAIN = """
@@ -132,18 +160,17 @@ def rows_main(size, group_rows, builtins=""):
 
 GEMV_ROWS_MAIN = rows_main(256, GEMV_GROUP_ROWS)
 
-GEMV_T = (
-    GEMV_REDUCE
-    + GEMV_ROWS_MAIN
-    + fill(
-        """    let n0 = (wid.x + wid.y * nwg.x) * 4u;
+def gemv_t(step, group_rows=GEMV_GROUP_ROWS):
+    """The [N, K]-weight GEMV's kernel, `step` weights a load (gemv_step), `group_rows` input rows
+    a workgroup."""
+    store = lambda r: f"out[b * p.c_bs + (r0 + {r}u) * p.N + n] = epilogue(v0, b, r0 + {r}u, n);"  # noqa: E731
+    body = gemv_t_body(["bm"], "p.N", "p.K", store, "b * p.b_bs", group_rows=group_rows, step=step)
+    return GEMV_REDUCE + rows_main(256, group_rows) + f"""    let n0 = (wid.x + wid.y * nwg.x) * 4u;
     let aoff = b * p.a_bs + r0 * p.K;
-    $BODY
-}
-""",
-        BODY=gemv_t_body(["bm"], "p.N", "p.K", lambda r: f"out[b * p.c_bs + (r0 + {r}u) * p.N + n] = epilogue(v0, b, r0 + {r}u, n);", "b * p.b_bs"),
-    )
-)
+    {body}
+}}
+"""
+
 
 # [N, K] weights with K a multiple of 4 (aten.linear's decode route): 32 weight rows per workgroup,
 # 8 invocations a row, each summing every 8th vec4 of its row for up to GEMV_GROUP_ROWS input rows,
@@ -420,9 +447,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 )
 
 
-def gemv_shader(transposed_b, has_bias, cpu=False, types=F32):
-    kernels = (GEMV_T_CPU, GEMV_N_CPU) if cpu else (GEMV_T, GEMV_N)
-    return header(has_bias, (("a", types.a), ("bm", types.b)), bias=types.bias, out=types.out) + kernels[0 if transposed_b else 1]
+def gemv_shader(transposed_b, has_bias, cpu=False, types=F32, step=1, group_rows=GEMV_GROUP_ROWS):
+    kernel = (GEMV_T_CPU if cpu else gemv_t(step, group_rows)) if transposed_b else (GEMV_N_CPU if cpu else GEMV_N)
+    return header(has_bias, (("a", types.a), ("bm", weight_binding_type(types.b, step))), bias=types.bias, out=types.out) + kernel
 
 
 def gemv_sg_shader(has_bias, shape=SG_GEMV, types=F32):
@@ -483,9 +510,14 @@ class Product:
 
     @property
     def gpu_subgroup(self):
-        """Rows a GPU's subgroup kernel takes: SG_GPU_ROWS rows of an [N, K] weight of whole vec4
-        rows, narrower than an LM head (kernels/matmul/routes.py)."""
-        return self.vec4_rows and SG_GPU_ROWS[0] <= self.m <= SG_GPU_ROWS[1] and self.n < GEMV_T4_MIN_N
+        """Rows a GPU's subgroup kernel takes: from SG_GPU_ROWS[0] to float_subgroup_rows(K) rows of
+        an [N, K] weight of whole vec4 rows, narrower than an LM head (kernels/matmul/routes.py)."""
+        return self.vec4_rows and SG_GPU_ROWS[0] <= self.m <= float_subgroup_rows(self.k) and self.n < GEMV_T4_MIN_N
+
+    @property
+    def packed_f16(self):
+        """An [N, K] weight whose rows (and batches) are whole PACKED_F16s (gemv_step, where it is f16)."""
+        return self.transposed and self.k % PACKED_F16 == 0 and self.b_bs % PACKED_F16 == 0
 
     @property
     def wide(self):
@@ -528,10 +560,12 @@ def _gemv_groups(s, rows=GEMV_GROUP_ROWS):
     return s.batch * -(-s.m // rows)
 
 
-def _gemv(cpu):
+def _gemv(cpu, step=1, group_rows=GEMV_GROUP_ROWS):
     def build(b, mm):
-        shader = gemv_shader(mm.transposed, mm.bias is not None, cpu, mm.types)
-        per, rows = (CPU_WG, CPU_GROUP_ROWS) if cpu else (None, GEMV_GROUP_ROWS)
+        if step != 1 and not (mm.transposed and mm.types.b == "f16"):
+            return None
+        shader = gemv_shader(mm.transposed, mm.bias is not None, cpu, mm.types, step, group_rows)
+        per, rows = (CPU_WG, CPU_GROUP_ROWS) if cpu else (None, group_rows)
         return Grid(b.dispatch(shader, mm.bindings), lambda s: gemv_grid(b.name, s.n, s.transposed, _gemv_groups(s, rows), per))
 
     return build
@@ -564,11 +598,15 @@ def _gemm(b, mm):
     return GemmRoute(b, load, [mm.a, mm.bmat], mm.bias, b.out, mm.params, gemm_scratch(b, [b.out], most=most), most=most)
 
 
-# The variants of a product, first match wins (kernels/variants.py).
+# The variants of a product, first match wins (kernels/variants.py). Packed f16 weights take one
+# row in a GEMV of its own (the same sums; one accumulator, not 8 rows'): H200, Llama-3.2-1B fp16,
+# greedy bursts, one stream 590 / 589 -> 636 / 633 tokens/s (results/h200/kernel_choices/fp16_gemvs/).
 MATMUL_VARIANTS = (
     Variant("gemv_vec8_f16", GPU_ONLY, lambda s: s.gpu_gemv and s.wide and s.k % 8 == 0 and s.b_bs % 8 == 0, _gemv_t4(8)),
     Variant("gemv_vec4", GPU_ONLY, lambda s: s.gpu_gemv and s.wide, _gemv_t4(4)),
     Variant("gemv_subgroup", GPU_ONLY, lambda s: s.gpu_subgroup, _sg(SG_GPU)),
+    Variant("gemv_packed_f16_row", GPU_ONLY, lambda s: s.gpu_gemv and s.m == 1 and s.packed_f16, _gemv(False, PACKED_F16, 1)),
+    Variant("gemv_packed_f16", GPU_ONLY, lambda s: s.gpu_gemv and s.packed_f16, _gemv(False, PACKED_F16)),
     Variant("gemv", GPU_ONLY, lambda s: s.gpu_gemv, _gemv(cpu=False)),
     Variant("gemv_cpu_subgroup", CPU_ONLY, lambda s: s.m == 1 and s.vec4_rows, _sg(SG_GEMV)),
     Variant("gemm_cpu_subgroup", CPU_ONLY, lambda s: not s.empty and s.vec4_rows, _sg(SG_GEMM)),

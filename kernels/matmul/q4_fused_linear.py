@@ -32,16 +32,15 @@ routes (Q4Product: the dequantizing GEMM); then SwiGLU's elementwise gate.
 
 import struct
 
-from pte_wgpu.resize.shapes import fold_grid, numel_of
+from pte_wgpu.resize.shapes import numel_of
 
 from ..attention.rope import rope_bindings, rope_store
 from ..registry import op
 from ..variants import CPU
-from ..wgsl import fill, flat_grid, vec4_loader, vec4_type
+from ..wgsl import fill, flat_grid, row_groups_grid, vec4_loader, vec4_type
 from .fused_linear import _RMS, SILU, swiglu_elementwise
 from .gemm import PARAMS_SIZE, SMALL_TILE, GemmRoute, TileLoad, column_ranges, column_store, float_a_at, gemm_scratch, gemm_split, params_bytes
 from .linear import sg_wg_rows
-from .routes import BITWISE_ROWS, Q4_SG_GPU, Q4_SG_GPU_ROWS, Q4_SG_GPU_WIDE, shape_for_rows
 from .q4_linear import (
     Q4_SG_GEMM,
     Q4_SG_GEMV,
@@ -58,12 +57,14 @@ from .q4_linear import (
     gemv_routes,
     gemv_routes_below,
     gemv_step,
+    q4_b_k_quad,
     q4_subgroup_shape,
     q4_subgroup_shapes,
     q4_weight,
     sg_body,
     sg_main,
 )
+from .routes import BITWISE_ROWS, Q4_SG_GPU, Q4_SG_GPU_ROWS, Q4_SG_GPU_WIDE, shape_for_rows
 
 SUBGROUP, GEMV = "subgroup", "gemv"  # the fused kernel's algorithm (the module docstring)
 HEAD = ("M", "K", "wpr", "groups", "gs", "kw", "eps", "pad")  # then N, sn, S and a pad a product
@@ -139,16 +140,6 @@ def _shader(kind, shape, count, swiglu, norm, types, word_group, rope=None, step
     return src + "    " + " else ".join(branches) + "\n}\n"
 
 
-# The column group's B load: the 4 K values k.. of column n, row n - S_j of product j ($READS)
-COLUMNS_B_K_QUAD = """
-fn b_k_quad(off: u32, n: u32, k: u32, kend: u32) -> vec4<f32> {
-    if (n >= p.N || k >= kend) { return vec4<f32>(0.0); }
-    var w = vec4<f32>(0.0);
-$READS    return select(vec4<f32>(0.0), w, vec4<u32>(k) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(kend));
-}
-"""
-
-
 class _Columns:
     """The fused products past the fused kernel's rows as one dequantizing GEMM over their columns
     side by side (gemm.py's column_group, for 4-bit weights; the loads read the fused op's uniform:
@@ -164,8 +155,8 @@ class _Columns:
         self.fused = fused
         self.ns = [w.n for w in fused.ws]
         ranges = column_ranges(self.ns)
-        reads = "".join(
-            f"    {'if' if j == 0 else 'else if'} (n < {e}u) {{ let r = n - {s}u; w = dq4{j}(wq{j}[r * q.wpr + k / 8u] >> (4u * (k % 8u)), k, r); }}\n"
+        reads = "\n    ".join(
+            f"{'if' if j == 0 else 'else if'} (n < {e}u) {{ let r = n - {s}u; w = dq4{j}(wq{j}[r * q.wpr + k / 8u] >> (4u * (k % 8u)), k, r); }}"
             for j, (s, e) in enumerate(ranges)
         )
         count = len(self.ns)
@@ -173,7 +164,7 @@ class _Columns:
             inputs=(("x", types["x"]), *((name, t) for j in range(count) for name, t in ((f"wq{j}", "u32"), (f"ws{j}", types["scales"][j])))),
             functions=_dequant(False, False, word_group, [(str(j), f"ws{j}", f"q.sn{j}") for j in range(count)])
             + float_a_at("x")
-            + fill(COLUMNS_B_K_QUAD, READS=reads),
+            + q4_b_k_quad("var w = vec4<f32>(0.0);\n    " + reads),
             b_along_k=True,
             b_k_quads=True,
         )
@@ -301,10 +292,10 @@ class _Fused:
             fields += [pw.n, pw.sn, starts[j] if j < len(ns) else 0, 0]
         fields += self.rope.fields if self.rope else []
         ctx.set_params(self.q, struct.pack(f"<6If{len(fields) - 5}I", *fields[:6], self.eps, 0, *fields[6:]))
-        x, y, _ = fold_grid(starts[-1])
         rows = shape[2] if kind == GEMV else shape[0]  # rows a workgroup
+        grid = row_groups_grid(starts[-1], m, rows)
         for d, *_ in self.dispatches:
-            ctx.set_grid(d, (x, y, -(-m // rows)) if fused and d == chosen else (0, 0, 0))
+            ctx.set_grid(d, grid if fused and d == chosen else (0, 0, 0))
         for o, n in zip(self.stored, [w.n for w in self.ws]):
             ctx.set_dims(o, tuple(xd[:-1]) + (n,))
         if self.swiglu:

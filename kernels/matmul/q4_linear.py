@@ -38,11 +38,11 @@ Kept as one module past 400 lines: the 4-bit formats are read by every kernel he
 import struct
 from dataclasses import dataclass
 
-from pte_wgpu.resize.shapes import fold_grid, numel_of
+from pte_wgpu.resize.shapes import numel_of
 
 from ..registry import op
 from ..variants import CPU
-from ..wgsl import DIV_RN, PACKED, SUBGROUP_BUILTINS, fill, is_float, vec4_loader, vec4_type
+from ..wgsl import DIV_RN, PACKED, SUBGROUP_BUILTINS, fill, is_float, row_groups, row_groups_grid, vec4_loader, vec4_type
 from . import int8_matrix
 from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, bindings, float_a_at, gemm_scratch, params_bytes
 from .linear import CPU_WG, sg_groups, sg_sums, sg_total, sg_wg_rows
@@ -214,18 +214,16 @@ def _gemv_header(dq8, zp_packed, has_bias, types, vec4=False, residual=False, op
 GEMV_MAIN = """
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-    let wg0 = wid.x + wid.y * nwg.x;
-    let m0 = wid.z * ${ROWS}u;
+        @builtin(local_invocation_index) li: u32) {$ROW_GROUPS
     let live = min(${ROWS}u, q.M - m0);$OFFSETS
 """
 
 
 def gemv_main(rows):
-    """The GEMV's entry: workgroup z takes input rows m0 .. m0 + rows - 1, `live` of them, row r at
-    element xo{r} of x."""
+    """The GEMV's entry: workgroup (wg0, group of rows: kernels/wgsl.py's row_groups) takes input
+    rows m0 .. m0 + rows - 1, `live` of them, row r at element xo{r} of x."""
     offsets = "".join(f"\n    let xo{r} = (m0 + {r}u) * q.K;" for r in range(rows))
-    return fill(GEMV_MAIN, ROWS=rows, OFFSETS=offsets)
+    return fill(GEMV_MAIN, ROWS=rows, ROW_GROUPS=row_groups("q.M", rows, "m0"), OFFSETS=offsets)
 
 
 def gemv_body(dq8, weights, n, store, lanes, x_at=None, partners=False, rows=1, step=8):
@@ -428,23 +426,21 @@ fn xq4(v: vec4<f32>, inv: f32, zp: f32, s: f32) -> vec4<f32> {
 SG_MAIN = """
 @compute @workgroup_size($CPU_WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32$BUILTINS) {
-    let r0 = wid.z * ${ROWS}u;
+        @builtin(local_invocation_index) li: u32$BUILTINS) {$ROW_GROUPS
     let rows = min(${ROWS}u, q.M - r0);
     let kv4 = q.K / 4u;
     let wprv = q.wpr / ${Q4_SG_WORDS}u;
-    let wg0 = wid.x + wid.y * nwg.x;
 """
 
 
 def sg_main(shape):
-    """The subgroup kernels' entry for `shape`: workgroup z is a group of shape[0] rows from r0,
-    `rows` of them live; wg0 the workgroup's index over x and y."""
-    return fill(SG_MAIN, CPU_WG=CPU_WG, BUILTINS=SUBGROUP_BUILTINS, Q4_SG_WORDS=Q4_SG_WORDS, ROWS=shape[0])
+    """The subgroup kernels' entry for `shape`: workgroup (wg0, group of shape[0] rows from r0:
+    kernels/wgsl.py's row_groups), `rows` of them live."""
+    return fill(SG_MAIN, CPU_WG=CPU_WG, BUILTINS=SUBGROUP_BUILTINS, Q4_SG_WORDS=Q4_SG_WORDS, ROWS=shape[0], ROW_GROUPS=row_groups("q.M", shape[0]))
 
 
 def sg_shader(dq8, zp_packed, has_bias, shape=Q4_SG_GEMV, types=Storage(), residual=False):
-    """The subgroup kernel of `shape`: workgroup z is a group of shape[0] rows;
+    """The subgroup kernel of `shape`: a workgroup takes a group of shape[0] rows;
     K, the weight rows and gs whole steps of Q4_SG_WORDS words; activations f32 or f16."""
     head = _gemv_header(dq8, zp_packed, has_bias, types, vec4=True, residual=residual) + vec4_loader("x", types.x)
     return head + _dequant(dq8, zp_packed, True) + (XQ4 if dq8 else "") + sg_main(shape) + f"    let nw = wg0 * {sg_wg_rows(shape)}u;\n    {sg_body(dq8, shape)}\n}}\n"
@@ -455,10 +451,16 @@ def sg_shader(dq8, zp_packed, has_bias, shape=Q4_SG_GEMV, types=Storage(), resid
 Q4_B_K_QUAD = """
 fn b_k_quad(off: u32, n: u32, k: u32, kend: u32) -> vec4<f32> {
     if (n >= p.N || k >= kend) { return vec4<f32>(0.0); }
-    let w = dq4(wq[n * q.wpr + k / 8u] >> (4u * (k % 8u)), k, n);
+    $READ
     return select(vec4<f32>(0.0), w, vec4<u32>(k) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(kend));
 }
 """
+
+
+def q4_b_k_quad(read="let w = dq4(wq[n * q.wpr + k / 8u] >> (4u * (k % 8u)), k, n);"):
+    """Q4_B_K_QUAD with `read`, the statements defining w (the weights k .. k + 3 of row n,
+    dequantized); by default a plain op's (a fused op's column group reads by n's product)."""
+    return fill(Q4_B_K_QUAD, READ=read)
 # Its A load: the float products' from binding x, or with dq8 quantized and dequantized with the
 # row's (1 / scale, zero point, scale), which each invocation computes once for its 4 rows (the
 # setup) into private vec4s.
@@ -487,7 +489,7 @@ def q4_load(dq8, zp_packed, word_group, types=Storage()):
     """The GEMM template's tile loads for 4-bit weights (kernels/matmul/gemm.py)."""
     return TileLoad(
         inputs=_operands(dq8, zp_packed, types),
-        functions=_dequant(dq8, zp_packed, word_group) + (DQ8_A_AT if dq8 else float_a_at("x")) + Q4_B_K_QUAD,
+        functions=_dequant(dq8, zp_packed, word_group) + (DQ8_A_AT if dq8 else float_a_at("x")) + q4_b_k_quad(),
         b_along_k=True,
         setup=DQ8_SETUP if dq8 else "",
         b_k_quads=True,
@@ -635,9 +637,9 @@ class Q4Product:
         ctx.set_params(self.p, params_bytes(m, w.n, k, bias=bias_strides, split=(splits, kspan)))
         chosen = gemv_route(self.routes, m) if use_gemv else None
         for i, (d, (_, lanes, rows)) in enumerate(zip(self.gemvs, self.routes)):
-            ctx.set_grid(d, fold_grid(-(-w.n // gemv_outputs(lanes)))[:2] + (-(-m // rows),) if i == chosen else (0, 0, 0))
+            ctx.set_grid(d, row_groups_grid(-(-w.n // gemv_outputs(lanes)), m, rows) if i == chosen else (0, 0, 0))
         for d, shape in self.sgs:
-            ctx.set_grid(d, fold_grid(-(-w.n // sg_wg_rows(shape)))[:2] + (-(-m // shape[0]),) if shape == sg_shape else (0, 0, 0))
+            ctx.set_grid(d, row_groups_grid(-(-w.n // sg_wg_rows(shape)), m, shape[0]) if shape == sg_shape else (0, 0, 0))
         self.gemm.set_grids(ctx, m, w.n, k, 1, splits, use_gemm)
         if self.matrix is not None:
             ctx.set_grid(self.quantize, int8_matrix.quantize_grid(m, k) if use_matrix else (0, 0, 0))

@@ -113,6 +113,33 @@ def gpu_gemv_rows(n, most=GEMV_MAX_ROWS):
     return WIDE_GEMV_ROWS if n >= GEMV_T4_MIN_N else most
 
 
+# Float weights of K >= FLOAT_GEMM_MIN_K (models from 1B parameters up) take the subgroup kernel
+# to WIDE_K_SG_ROWS rows, the GEMM past them: the subgroup kernel's workgroups take 2 input rows
+# each, so a pass of 64 rows reads each weight 32 times, and weights of such K do not stay in the
+# L2 cache between row groups. H200, Llama-3.2-1B fp16, greedy bursts, two rounds in one call, the
+# subgroup kernel to 128 rows against the GEMM past 16: 64 streams 4,265 / 4,219 -> 5,793 / 5,809
+# tokens/s, a prompt of 128 tokens 4,694 / 4,687 -> 8,110 / 8,010; but 32 streams 3,948 / 3,929
+# -> 3,147 / 3,163 and a prompt of 32 tokens 3,814 / 3,840 -> 3,076 / 3,080; the subgroup kernel
+# to 64 rows (its row groups side by side, kernels/wgsl.py's row_groups) 64 streams 5,811 / 5,854
+# -> 5,287 / 5,250 (results/h200/kernel_choices/fp16_gemvs/).
+FLOAT_GEMM_MIN_K = 2048
+WIDE_K_SG_ROWS = GEMV_MAX_ROWS
+
+
+def float_subgroup_rows(k):
+    """The most rows a GPU's subgroup kernel takes of a float weight of K = k (from SG_GPU_ROWS[0])."""
+    return WIDE_K_SG_ROWS if k >= FLOAT_GEMM_MIN_K else SG_GPU_ROWS[1]
+
+
+def float_norm_folds(b, k):
+    """Whether a fused float linear of K = k built by `b` normalizes its rows in its GEMV (to
+    fused_norm_rows). Not on GPUs at K >= FLOAT_GEMM_MIN_K: each of its workgroups would sum its
+    rows' squares (a tree of 7 barriers) for 4 outputs, and `pte_wgpu.rms_norm_for_gemm` runs
+    instead. H200, Llama-3.2-1B fp16, greedy bursts, two rounds in one call: 16 streams 1,933 /
+    1,928 -> 2,386 / 2,384 tokens/s, one stream 520 / 517 -> 526 / 529, 32 and 64 the same."""
+    return b.adapter == CPU or k < FLOAT_GEMM_MIN_K
+
+
 def subgroup_products(b, k, tensors):
     """Whether products of K = k built by `b` can run the subgroup kernels: a device with
     subgroups, K whole vec4s, every tensor of `tensors` stored f32 or f16. CPU variants then take
@@ -131,7 +158,10 @@ def fused_norm_rows(b, k, tensors, q4=False):
     the kernel takes a workgroup barrier, which costs lavapipe more than the norm's own dispatch
     (SmolLM2 4w, one row: the fused SwiGLU 1.94 ms normalizing itself, 0.99 ms reading the rows,
     the norm 45 us; fp32 the same, BENCHMARKS.md). The GPUs' 4-bit subgroup kernels of q4_wide K
-    fold the norm in (Q4_SG_GPU_WIDE), to BITWISE_ROWS as well."""
+    fold the norm in (Q4_SG_GPU_WIDE), to BITWISE_ROWS as well. Float ones of K >= FLOAT_GEMM_MIN_K
+    on GPUs: none (float_norm_folds)."""
+    if not (q4 or float_norm_folds(b, k)):
+        return 0
     if subgroup_products(b, k, tensors):
         return 0 if b.adapter == CPU else SG_GPU_ROWS[0] - 1
     return q4_gemv_rows(k) if q4 else GEMV_MAX_ROWS
