@@ -120,7 +120,8 @@ class _Gemvs:
     kernels/matmul/linear.py): for GPU one of one row and one of GROUP_ROWS; for CPU one; for
     SUBGROUP, SG_GEMV for one row and SG_GEMM for any other count (the op has no GEMM route then);
     a GPU with subgroups (`gpu_sg`) adds SUBGROUP at SG_GPU from SG_GPU_ROWS[0] rows to
-    float_subgroup_rows (the GEMM route then takes only more). `weights`: the weights each output group reads (SwiGLU: 2).
+    float_subgroup_rows (the GEMM route then takes only more). `weights`: the weights each output
+    group reads (SwiGLU: 2).
     `shader_of(kind, shape, norm, types)`: the shader, normalizing its rows itself with `norm`,
     `types` its bindings' storage types in order (the uniform, last, left out); `head` and `tail`:
     the bindings around the weights (kernels/matmul/fused_linear.py's _norm_args). With a norm, the
@@ -146,11 +147,13 @@ class _Gemvs:
             self.dispatches.append((b.dispatch(shader, bound + list(extra)), d_kind, shape))
 
     def _index(self, m):
+        if self.kind == CPU:
+            return 0
         if self.kind == SUBGROUP:
             return 0 if m == 1 else 1
-        if self.kind == GPU:  # one row, GROUP_ROWS, the subgroup kernel
-            return 2 if len(self.dispatches) > 2 and m >= SG_GPU_ROWS[0] else 0 if m == 1 else 1
-        return 1 if len(self.dispatches) > 1 and m >= SG_GPU_ROWS[0] else 0
+        if len(self.dispatches) > 2 and m >= SG_GPU_ROWS[0]:  # GPU: one row, GROUP_ROWS, the subgroup kernel
+            return 2
+        return 0 if m == 1 else 1
 
     def choose(self, m):
         """(dispatch, shape, outputs per workgroup) for M rows."""
