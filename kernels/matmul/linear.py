@@ -602,7 +602,7 @@ def _gemm(b, mm):
 # row in a GEMV of its own (the same sums; one accumulator, not 8 rows'): H200, Llama-3.2-1B fp16,
 # greedy bursts, one stream 590 / 589 -> 636 / 633 tokens/s (results/h200/kernel_choices/fp16_gemvs/).
 MATMUL_VARIANTS = (
-    Variant("gemv_vec8_f16", GPU_ONLY, lambda s: s.gpu_gemv and s.wide and s.k % 8 == 0 and s.b_bs % 8 == 0, _gemv_t4(8)),
+    Variant("gemv_vec8_f16", GPU_ONLY, lambda s: s.gpu_gemv and s.wide and s.packed_f16, _gemv_t4(8)),
     Variant("gemv_vec4", GPU_ONLY, lambda s: s.gpu_gemv and s.wide, _gemv_t4(4)),
     Variant("gemv_subgroup", GPU_ONLY, lambda s: s.gpu_subgroup, _sg(SG_GPU)),
     Variant("gemv_packed_f16_row", GPU_ONLY, lambda s: s.gpu_gemv and s.m == 1 and s.packed_f16, _gemv(False, PACKED_F16, 1)),
