@@ -211,11 +211,13 @@ async def test_fp16_gemvs_load_8_weights_a_load(name, load_pte, kernel_variants)
         norms = sum(d.op == "pte_wgpu.rms_norm_for_gemm" for d in live)
         own = "wide" in name if kernel_variants == "gpu" else model.subgroups  # CPU subgroup kernels: fused_norm_rows
         assert norms == (2 if own else 0), m
-    # one row takes kernels of its own (a row's sums in the same order): a row of a pass of 5 is bitwise the row alone
-    (x,) = _inputs(name, 5, rng)
-    together, alone = await model.execute(x), await model.execute(x[2:3])
-    for t, a in zip(together, alone):
-        np.testing.assert_array_equal(t[2:3], a)
+    # one row takes kernels of its own (a row's sums in the same order): a row of a pass of 5 or 16
+    # rows is bitwise the row alone; at K = FLOAT_GEMM_MIN_K of 32 too (routes.py's FLOAT_SG_GPU_WIDE)
+    for m in (5, 16, 32) if "wide" in name else (5, 16):
+        (x,) = _inputs(name, m, rng)
+        together, alone = await model.execute(x), await model.execute(x[2:3])
+        for t, a in zip(together, alone):
+            np.testing.assert_array_equal(t[2:3], a)
 
 
 async def test_fp16_fused_linears_run_fused(load_pte):

@@ -94,6 +94,9 @@ CASES = {
     "fused_dyn_k4": (lambda: FusedLinears(40, 41, 23, 53), [(1, 34, 40)], ({1: _m(34)},)),
     # q/k/v and SwiGLU of K = FLOAT_GEMM_MIN_K: on GPUs the subgroup kernel to WIDE_K_SG_ROWS rows only
     "fused_wide_k4": (lambda: FusedLinears(2048, 41, 23, 53), [(1, 41, 2048)], ({1: _m(41)},)),
+    # a plain linear of K = FLOAT_GEMM_MIN_K (routes.py's float_wide): on GPUs the subgroup kernels
+    # at every row count to WIDE_K_SG_ROWS, then the GEMM
+    "linear_wide_k8": (lambda: Linear(2048, 37, False), [(35, 2048)], ({0: _m(35)},)),
 }
 # where live M sits in each input's shape (None: the input has no M)
 M_AXIS = {
@@ -111,6 +114,7 @@ M_AXIS = {
     "mm_big": [0, None],
     "fused_dyn_k4": [1],
     "fused_wide_k4": [1],
+    "linear_wide_k8": [0],
 }
 
 
@@ -168,15 +172,16 @@ async def test_fused_linears_run_as_fused_ops(load_pte):
 async def test_subgroup_gemvs_where_k_is_whole_vec4s(name, load_pte, kernel_variants):
     """On a device with subgroups, the products of fused_dyn_k4 with K = 40 (q/k/v, SwiGLU) sum
     along K in subgroups, with the CPU variants at every row count, with the GPU ones for
-    SG_GPU_ROWS rows only (fused_wide_k4's, of K = 2,048, to WIDE_K_SG_ROWS, then the GEMM);
-    those with K = 41 or 53 (o, down) never do. Values against eager at each count."""
+    SG_GPU_ROWS rows only (fused_wide_k4's, of K = 2,048, at every row count to WIDE_K_SG_ROWS,
+    then the GEMM); those with K = 41 or 53 (o, down) never do. Values against eager at each count."""
     data, module = _export(name)
     model = await load_pte(data)
     if not model.subgroups:
         assert not any("subgroupAdd" in (d.shader or "") for d in model.graph.dispatches)
         return
     top = CASES[name][1][0][1]
-    most = R.float_subgroup_rows(CASES[name][1][0][2])
+    k = CASES[name][1][0][2]
+    most, first = R.float_subgroup_rows(k), 1 if R.float_wide(k) else R.SG_GPU_ROWS[0]
     calls = []
     for rows in sorted({1, R.SG_GPU_ROWS[0], min(most, top), min(most + 1, top), top}):
         calls.append(_inputs(name, rows, np.random.default_rng(rows)))
@@ -185,7 +190,7 @@ async def test_subgroup_gemvs_where_k_is_whole_vec4s(name, load_pte, kernel_vari
         live = {}  # op -> whether a subgroup GEMV ran
         for i, d in enumerate(model.graph.dispatches):
             live[d.op] = live.get(d.op, False) or ("subgroupAdd" in (d.shader or "") and all(grids[i]))
-        subgroups = kernel_variants == "cpu" or R.SG_GPU_ROWS[0] <= rows <= most
+        subgroups = kernel_variants == "cpu" or first <= rows <= most
         assert live["pte_wgpu.linear_group"] == live["pte_wgpu.linear_silu_mul"] == subgroups, rows
         assert not live["pte_wgpu.linear_residual"]
     await assert_matches_eager(model, module, calls, atol=ATOL, rtol=RTOL)
@@ -221,6 +226,29 @@ def test_grids_stay_within_limits():
     assert G.gemm_grid("aten.bmm.default", 7, 29, 3) == (1, 1, 3)
     with pytest.raises(ValueError, match="aten.bmm.default"):
         G.gemm_grid("aten.bmm.default", 7, 29, 70_000)
+
+
+async def test_products_of_long_rows_keep_each_row_bitwise(load_pte, kernel_variants):
+    """linear_wide_k8 (K = FLOAT_GEMM_MIN_K): with the GPU variants on a device with subgroups, the
+    subgroup kernels take every row count to WIDE_K_SG_ROWS, a shape by the count (FLOAT_SG_GPU_WIDE:
+    1, 2, 3 or more rows a subgroup), and the GEMM past it; a row of a pass of 5, 16 or 32 rows is
+    bitwise the row alone with every variant set (values in test_dynamic_rows_switch_routes)."""
+    data, _ = _export("linear_wide_k8")
+    model = await load_pte(data)
+    wide = kernel_variants == "gpu" and model.subgroups
+    rng = np.random.default_rng(11)
+    kernels = {}  # rows -> the subgroup kernels that ran
+    for m in (1, 2, 5, 16, 32, 33):
+        (x,) = _inputs("linear_wide_k8", m, rng)
+        together = (await model.execute(x))[0]
+        live = [d.shader or "" for i, d in enumerate(model.graph.dispatches) if all(model._default.state.grids[i])]
+        kernels[m] = [s for s in live if "subgroupAdd" in s]
+        if m in (5, 16, 32):
+            np.testing.assert_array_equal(together[2:3], (await model.execute(x[2:3]))[0])
+    if kernel_variants == "gpu":
+        assert [len(kernels[m]) for m in sorted(kernels)] == [1] * 5 + [0] if wide else [0] * 6
+    if wide:
+        assert len({kernels[m][0] for m in (1, 2, 5)}) == 3 and kernels[5] == kernels[16] == kernels[32]
 
 
 async def test_gemv_variant_runs_for_few_rows_of_a_wide_weight(load_pte, kernel_variants):

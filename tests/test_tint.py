@@ -19,7 +19,8 @@ import sys
 import pytest
 
 from async_runtime import pipelines
-from pte_wgpu.kernels.matmul import int8_matrix
+from pte_wgpu.kernels.matmul import int8_matrix, linear
+from pte_wgpu.kernels.matmul.routes import FLOAT_SG_GPU_WIDE
 from pte_wgpu.kernels.matmul.q4_linear import Storage, matrix_heads
 
 from .llama import export_llama
@@ -86,6 +87,10 @@ async def test_every_kernel_compiles_under_tint(tmp_path_factory, load_pte, monk
         where = f"int8 matrices {zp_packed, has_bias, residual, types}"
         sources[int8_matrix.quantize_shader(quantize)] = (where + ", quantize", types.x)  # x's storage: the precision
         sources[int8_matrix.matrix_shader(product, 6 + has_bias)] = (where, types.x)
+    for shape in FLOAT_SG_GPU_WIDE:  # float products of long rows (K >= 2,048: no tiny model has them)
+        for weights in ("f32", "f16"):
+            types = linear.Storage(weights, weights, "f32", weights)
+            sources[linear.gemv_sg_shader(False, linear.wide_sg_shape(shape, weights == "f16"), types)] = (f"subgroup kernel {shape}, {weights}", weights)
     env = dict(os.environ, PTE_WGPU_BACKEND="dawn", WGPU_BACKEND_TYPE="Null")
     done = subprocess.run([sys.executable, "-c", COMPILE_UNDER_DAWN], input=json.dumps(sources), env=env,
                           capture_output=True, text=True, timeout=600)

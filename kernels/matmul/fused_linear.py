@@ -34,6 +34,7 @@ from .linear import (
     CPU_WG,
     GEMV_REDUCE,
     GEMV_ROWS,
+    PACKED_F16,
     SG_GEMM,
     SG_GEMV,
     _check_float,
@@ -42,10 +43,12 @@ from .linear import (
     gemv_t_body,
     gemv_t_cpu_body,
     linear_shapes,
+    sg_packed,
     sg_wg_rows,
     weight_binding_type,
+    wide_sg_shape,
 )
-from .routes import GEMV_MAX_ROWS, SG_GPU, SG_GPU_ROWS, float_norm_folds, float_subgroup_rows, subgroup_products
+from .routes import FLOAT_SG_GPU_WIDE, GEMV_MAX_ROWS, SG_GPU, SG_GPU_ROWS, float_norm_folds, float_subgroup_rows, float_wide, shape_for_rows, subgroup_products
 
 SILU = "$G / (1.0 + exp(-$G)) * $U"  # of the gate $G and up $U: the same expression as pte_wgpu.silu_mul's
 # Input rows per GEMV workgroup: 4, not the plain GEMV's 8. With q/k/v or gate and up in one
@@ -120,7 +123,8 @@ class _Gemvs:
     kernels/matmul/linear.py): for GPU one of one row and one of GROUP_ROWS; for CPU one; for
     SUBGROUP, SG_GEMV for one row and SG_GEMM for any other count (the op has no GEMM route then);
     a GPU with subgroups (`gpu_sg`) adds SUBGROUP at SG_GPU from SG_GPU_ROWS[0] rows to
-    float_subgroup_rows (the GEMM route then takes only more). `weights`: the weights each output
+    float_subgroup_rows (the GEMM route then takes only more), or for weights of float_wide K has
+    only SUBGROUP, at FLOAT_SG_GPU_WIDE's shapes for every row count to float_subgroup_rows. `weights`: the weights each output
     group reads (SwiGLU: 2).
     `shader_of(kind, shape, norm, types)`: the shader, normalizing its rows itself with `norm`,
     `types` its bindings' storage types in order (the uniform, last, left out); `head` and `tail`:
@@ -131,12 +135,16 @@ class _Gemvs:
 
     def __init__(self, b, kind, weights, shader_of, head, tail, after, gpu_sg=False, extra=()):
         self.kind, self.weights = kind, weights
-        if kind == SUBGROUP:  # SG_GEMV's weight rows for each weight: SwiGLU's workgroups as many as a linear's
+        k = b.graph.values[after[0][0]].dims[-1]
+        self.wide = gpu_sg and float_wide(k)
+        step = min(gemv_step(b.storage(w), b.graph.values[w].dims[-1]) for w in after[0])
+        if self.wide:  # a subgroup's weight rows: at least one output of each weight, a pair with a RoPE epilogue
+            least = weights * (2 if extra else 1)
+            shapes = tuple((SUBGROUP, wide_sg_shape((rows, max(most, least), groups), step == PACKED_F16)) for rows, most, groups in FLOAT_SG_GPU_WIDE)
+        elif kind == SUBGROUP:  # SG_GEMV's weight rows for each weight: SwiGLU's workgroups as many as a linear's
             shapes = ((SUBGROUP, (1, SG_GEMV[1] * weights)), (SUBGROUP, SG_GEMM))
         else:
-            step = min(gemv_step(b.storage(w), b.graph.values[w].dims[-1]) for w in after[0])
             shapes = (((GPU, (1, step)), (GPU, (GROUP_ROWS, step))) if kind == GPU else ((kind, (CPU_GROUP_ROWS, None)),)) + (((SUBGROUP, SG_GPU),) if gpu_sg else ())
-        k = b.graph.values[after[0][0]].dims[-1]
         self.most_rows = float_subgroup_rows(k) if gpu_sg else GEMV_MAX_ROWS  # more: the GEMM route
         self.dispatches = []
         for d_kind, shape in shapes:
@@ -147,6 +155,8 @@ class _Gemvs:
             self.dispatches.append((b.dispatch(shader, bound + list(extra)), d_kind, shape))
 
     def _index(self, m):
+        if self.wide:
+            return shape_for_rows(FLOAT_SG_GPU_WIDE, m)
         if self.kind == CPU:
             return 0
         if self.kind == SUBGROUP:
@@ -201,10 +211,11 @@ def _gemv_shader(fields, weights, outs, norm, body, kind, shape, types, extra=""
     weights as its shape's step (kernels/matmul/linear.py's gemv_step); a_at(i) is element i as f32 either way."""
     reads = ["a"] + weights + (["gamma"] if norm else [])
     vec4, rows = kind == SUBGROUP, shape[0]
+    packed = [w for w in weights if vec4 and sg_packed(shape)]  # bound as vec4<u32> of f16 pairs
     lines = ["struct Q { " + ", ".join(fields) + " }"]
-    kinds = [vec4_type(t) if vec4 else weight_binding_type(t, shape[1]) if w in weights and kind == GPU else t for w, t in zip(reads, types)]
+    kinds = ["vec4<u32>" if w in packed else vec4_type(t) if vec4 else weight_binding_type(t, shape[1]) if w in weights and kind == GPU else t for w, t in zip(reads, types)]
     lines += [f"@group(0) @binding({i}) var<storage, read> {w}: array<{t}>;" for i, (w, t) in enumerate(zip(reads, kinds))]
-    lines += [vec4_loader(w, t) for w, t in zip(reads, types)] if vec4 else []
+    lines += [vec4_loader(w, t) for w, t in zip(reads, types) if w not in packed] if vec4 else []
     lines += [f"@group(0) @binding({len(reads) + i}) var<storage, read_write> {o}: array<{t}>;" for i, (o, t) in enumerate(zip(outs, types[len(reads):]))]
     lines.append(f"@group(0) @binding({len(reads) + len(outs)}) var<uniform> q: Q;{extra}")
     lines.append(f"fn a_at(i: u32) -> f32 {{ return {'a4(i / 4u)[i % 4u]' if vec4 else 'f32(a[i])'}; }}")

@@ -8,7 +8,9 @@ Each op records a route group the hook picks from by the live row count:
 - GEMV (M == 1, decode; and up to GEMV_MAX_ROWS rows with an [N, K] weight): a 256-thread workgroup
   reduces over K for a few outputs in shared memory; for a [N, K] weight, 4 weight rows per
   workgroup with the input row reused from registers (f16 weights 8 a load: gemv_step); for a [K, N] matrix, 32 columns per
-  workgroup with K split over 8 slices.
+  workgroup with K split over 8 slices. On GPUs with subgroups, weights of rows from
+  FLOAT_GEMM_MIN_K (routes.py's float_wide) take subgroup kernels instead (lanes along K, a
+  subgroupAdd), one shape by the row count, every shape summing a row in one order.
 - GEMM (more rows, prefill): kernels/matmul/gemm.py's register-tiled template with fp32 tile loads.
 The unused route gets a (0, 0, 0) grid.
 
@@ -27,7 +29,7 @@ from ..registry import op
 from ..variants import ANY, CPU_ONLY, GPU_ONLY, Routes, Variant
 from ..wgsl import SUBGROUP_BUILTINS, fill, is_float, vec4_loader, vec4_type
 from .gemm import PARAMS_FORMAT, PARAMS_SIZE, GemmRoute, float_load, gemm_scratch, header
-from .routes import GEMV_MAX_ROWS, GEMV_T4_MIN_N, SG_GPU, SG_GPU_ROWS, float_subgroup_rows, gpu_gemv_rows
+from .routes import FLOAT_SG_GPU_WIDE, GEMV_MAX_ROWS, GEMV_T4_MIN_N, SG_GPU, SG_GPU_ROWS, WIDE_K_SG_ROWS, float_subgroup_rows, float_wide, gpu_gemv_rows, shape_for_rows
 
 
 @dataclass(frozen=True)
@@ -390,6 +392,23 @@ def sg_sums(weights, ins, outs, n, store, partners=False, scale=None, width=4):
     return lines
 
 
+def wide_sg_shape(shape, f16):
+    """FLOAT_SG_GPU_WIDE's `shape` with the weights a lane loads a step as its fourth element:
+    PACKED_F16 of `f16` weights, a vec4 of f32 ones (sg_packed, sg_unroll)."""
+    return (*shape, PACKED_F16 if f16 else 4)
+
+
+def sg_packed(shape):
+    """Whether a subgroup kernel of `shape` reads f16 weights PACKED_F16 a load (its fourth element)."""
+    return len(shape) > 3 and shape[3] == PACKED_F16
+
+
+def sg_unroll(shape):
+    """Steps a lane of a subgroup kernel of `shape` loads at once: 4 // its rows for wide_sg_shape's
+    (one row keeps as many loads in flight as 4), 1 for the others."""
+    return max(1, 4 // shape[0]) if len(shape) > 3 else 1
+
+
 def gemv_sg_body(weights, n, k4, store, base="0u", shape=SG_GEMV, partners=False):
     """WGSL statements of the subgroup GEMV for vec4 weight bindings `weights` (N rows of `n`, K / 4
     vec4s of `k4`, from vec4 `base`) over `shape` = (input rows, weight rows split among the
@@ -397,17 +416,41 @@ def gemv_sg_body(weights, n, k4, store, base="0u", shape=SG_GEMV, partners=False
     live one and not written (no branch in the loop). Every binding X is read through its
     `vec4_loader` X4, so any of them may be stored f32 or f16. Expects `nw` (the workgroup's first output),
     `rows`, `li`, `lane`, `sgs`; `store(r)` writes input row r's output n from v0, v1, .. (one a
-    weight). With `partners`, pair0, .. hold output n ^ 1 (sg_sums)."""
-    outs, ins = range(shape[1] // len(weights)), range(shape[0])
+    weight). With `partners`, pair0, .. hold output n ^ 1 (sg_sums). A `shape` of sg_packed: the
+    weights bound as vec4<u32> of f16 pairs (`base` in those), a lane taking 8 of K a step."""
+    outs, ins, packed = range(shape[1] // len(weights)), range(shape[0]), sg_packed(shape)
+    steps = f"({k4} / 2u)" if packed else k4
     lines = [f"for (var g = li / sgs; g < {sg_groups(shape)}u; g = g + {CPU_WG}u / sgs) {{", f"let n0 = nw + g * {len(outs)}u;"]
     lines += [f"let x{r}_ = aoff4 + min({r}u, rows - 1u) * {k4};" for r in ins if r]
     for j, w in enumerate(weights):
-        lines += [f"let {w}_{i} = {base} + min(n0 + {i}u, {n} - 1u) * {k4};" for i in outs]
+        lines += [f"let {w}_{i} = {base} + min(n0 + {i}u, {n} - 1u) * {steps};" for i in outs]
         lines += [f"var acc{j}_{i}_{r} = vec4<f32>(0.0);" for i in outs for r in ins]
-    lines.append(f"for (var k = lane; k < {k4}; k = k + sgs) {{")
-    lines += [f"    let x{r} = a4({f'x{r}_' if r else 'aoff4'} + k);" for r in ins]
-    lines += [f"    let w{j}_{i} = {w}4({w}_{i} + k);" for j, w in enumerate(weights) for i in outs]
-    lines += [f"    acc{j}_{i}_{r} = acc{j}_{i}_{r} + x{r} * w{j}_{i};" for j in range(len(weights)) for i in outs for r in ins]
+
+    def loads(k, u):  # step k's inputs and weights, names suffixed u (packed: weights 8 a load, h the upper 4)
+        xs = [f"x{r}_" if r else "aoff4" for r in ins]
+        if not packed:
+            return [f"let x{r}{u} = a4({xs[r]} + {k});" for r in ins] + [f"let w{j}_{i}{u} = {w}4({w}_{i} + {k});" for j, w in enumerate(weights) for i in outs]
+        out = [f"let x{r}{u} = a4({xs[r]} + 2u * {k}); let y{r}{u} = a4({xs[r]} + 2u * {k} + 1u);" for r in ins]
+        for j, w in enumerate(weights):
+            for i in outs:
+                f = f"u{j}_{i}{u}"
+                halves = [f"vec4<f32>(unpack2x16float({f}.{a}), unpack2x16float({f}.{c}))" for a, c in ("xy", "zw")]
+                out.append(f"let {f} = {w}[{w}_{i} + {k}]; let w{j}_{i}{u} = {halves[0]}; let h{j}_{i}{u} = {halves[1]};")
+        return out
+
+    def fmas(u):
+        sums = (lambda j, i, r: f"x{r}{u} * w{j}_{i}{u} + y{r}{u} * h{j}_{i}{u}") if packed else (lambda j, i, r: f"x{r}{u} * w{j}_{i}{u}")
+        return [f"acc{j}_{i}_{r} = acc{j}_{i}_{r} + {sums(j, i, r)};" for j in range(len(weights)) for i in outs for r in ins]
+
+    unroll = sg_unroll(shape)
+    lines.append("var k = lane;")
+    if unroll > 1:  # the steps' loads first, then their sums in order (the same sums as one step a pass)
+        lines.append(f"for (; k + {unroll - 1}u * sgs < {steps}; k = k + {unroll}u * sgs) {{")
+        lines += ["    " + x for u in range(unroll) for x in loads(f"(k + {u}u * sgs)", f"_{u}")]
+        lines += ["    " + x for u in range(unroll) for x in fmas(f"_{u}")]
+        lines.append("}")
+    lines.append(f"for (; k < {steps}; k = k + sgs) {{")
+    lines += ["    " + x for x in loads("k", "") + fmas("")]
     lines.append("}")
     lines += sg_sums(len(weights), ins, outs, n, store, partners)
     lines.append("}")
@@ -415,6 +458,7 @@ def gemv_sg_body(weights, n, k4, store, base="0u", shape=SG_GEMV, partners=False
 
 
 def _sg_kernel(shape):
+    store = lambda r: f"out[b * p.c_bs + (r0 + {r}u) * p.N + n] = epilogue(v0, b, r0 + {r}u, n);"  # noqa: E731
     return rows_main(CPU_WG, shape[0], SUBGROUP_BUILTINS) + fill(
         """    let nw = (wid.x + wid.y * nwg.x) * ${PER}u;
     let aoff4 = (b * p.a_bs + r0 * p.K) / 4u;
@@ -422,7 +466,7 @@ def _sg_kernel(shape):
 }
 """,
         PER=sg_wg_rows(shape),
-        BODY=gemv_sg_body(["bm"], "p.N", "(p.K / 4u)", lambda r: f"out[b * p.c_bs + (r0 + {r}u) * p.N + n] = epilogue(v0, b, r0 + {r}u, n);", "b * p.b_bs / 4u", shape=shape),
+        BODY=gemv_sg_body(["bm"], "p.N", "(p.K / 4u)", store, f"b * p.b_bs / {PACKED_F16 if sg_packed(shape) else 4}u", shape=shape),
     )
 
 
@@ -453,8 +497,9 @@ def gemv_shader(transposed_b, has_bias, cpu=False, types=F32, step=1, group_rows
 
 
 def gemv_sg_shader(has_bias, shape=SG_GEMV, types=F32):
-    inputs = (("a", vec4_type(types.a)), ("bm", vec4_type(types.b)))
-    loaders = vec4_loader("a", types.a) + vec4_loader("bm", types.b)
+    packed = sg_packed(shape)
+    inputs = (("a", vec4_type(types.a)), ("bm", "vec4<u32>" if packed else vec4_type(types.b)))
+    loaders = vec4_loader("a", types.a) + ("" if packed else vec4_loader("bm", types.b))
     return header(has_bias, inputs, bias=types.bias, out=types.out) + loaders + _sg_kernel(shape)
 
 
@@ -513,6 +558,14 @@ class Product:
         """Rows a GPU's subgroup kernel takes: from SG_GPU_ROWS[0] to float_subgroup_rows(K) rows of
         an [N, K] weight of whole vec4 rows, narrower than an LM head (kernels/matmul/routes.py)."""
         return self.vec4_rows and SG_GPU_ROWS[0] <= self.m <= float_subgroup_rows(self.k) and self.n < GEMV_T4_MIN_N
+
+    @property
+    def gpu_wide_subgroup(self):
+        """The index of FLOAT_SG_GPU_WIDE's shape that takes rows of a weight of float_wide K, whole
+        vec4 rows, narrower than an LM head; None past WIDE_K_SG_ROWS rows or for other weights."""
+        if self.packed_f16 and float_wide(self.k) and 1 <= self.m <= WIDE_K_SG_ROWS and self.n < GEMV_T4_MIN_N:
+            return shape_for_rows(FLOAT_SG_GPU_WIDE, self.m)
+        return None
 
     @property
     def packed_f16(self):
@@ -581,12 +634,15 @@ def _gemv_t4(step):
     return build
 
 
-def _sg(shape):
+def _sg(shape, wide=False):
+    """The subgroup kernel of `shape`; `wide`: one of FLOAT_SG_GPU_WIDE's (wide_sg_shape)."""
+
     def build(b, mm):
         if not (mm.transposed and b.subgroups):
             return None
-        shader = gemv_sg_shader(mm.bias is not None, shape, mm.types)
-        return Grid(b.dispatch(shader, mm.bindings), lambda s: gemv_grid(b.name, s.n, True, _gemv_groups(s, shape[0]), sg_wg_rows(shape)))
+        shape_ = wide_sg_shape(shape, mm.types.b == "f16") if wide else shape
+        shader = gemv_sg_shader(mm.bias is not None, shape_, mm.types)
+        return Grid(b.dispatch(shader, mm.bindings), lambda s: gemv_grid(b.name, s.n, True, _gemv_groups(s, shape_[0]), sg_wg_rows(shape_)))
 
     return build
 
@@ -604,6 +660,7 @@ def _gemm(b, mm):
 MATMUL_VARIANTS = (
     Variant("gemv_vec8_f16", GPU_ONLY, lambda s: s.gpu_gemv and s.wide and s.packed_f16, _gemv_t4(8)),
     Variant("gemv_vec4", GPU_ONLY, lambda s: s.gpu_gemv and s.wide, _gemv_t4(4)),
+    *(Variant(f"gemv_subgroup_wide_{shape[0]}", GPU_ONLY, lambda s, i=i: s.gpu_wide_subgroup == i, _sg(shape, wide=True)) for i, shape in enumerate(FLOAT_SG_GPU_WIDE)),
     Variant("gemv_subgroup", GPU_ONLY, lambda s: s.gpu_subgroup, _sg(SG_GPU)),
     Variant("gemv_packed_f16_row", GPU_ONLY, lambda s: s.gpu_gemv and s.m == 1 and s.packed_f16, _gemv(False, PACKED_F16, 1)),
     Variant("gemv_packed_f16", GPU_ONLY, lambda s: s.gpu_gemv and s.packed_f16, _gemv(False, PACKED_F16)),

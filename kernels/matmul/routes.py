@@ -126,6 +126,26 @@ FLOAT_GEMM_MIN_K = 2048
 WIDE_K_SG_ROWS = GEMV_MAX_ROWS
 
 
+# ... and, where K is whole groups of 8 (float_wide), below those rows too: the subgroup kernels at
+# FLOAT_SG_GPU_WIDE's shapes (shape_for_rows; the weight rows a subgroup at least one output of each
+# weight, two with a RoPE epilogue's pairs), every row count in one summation order (lanes along K,
+# a subgroupAdd), so a row of a pass of up to WIDE_K_SG_ROWS is bitwise the row alone; f16 weights
+# 8 a load, one row with 4 steps' loads in flight (linear.py's wide_sg_shape, sg_unroll). The GEMV
+# reduced 4 outputs over 256 lanes through workgroup memory and read a row's inputs once per 4
+# outputs. H200, Llama-3.2-1B fp16, greedy bursts, two rounds in one call, against the GEMVs to 16
+# rows and (2, 4, 2) past them: 1 stream 637 / 638 -> 655 / 657 tokens/s, 2 981 / 987 -> 1,153 /
+# 1,168, 8 1,963-1,979 -> 2,440 / 2,450, 16 2,386-2,401 -> 3,490 / 3,491, 32 4,440-4,473 -> 4,386
+# / 4,413; (1, 4, 2) at one row 482 (vec4<f16> loads) to 505, (1, 2, 2) 600, (2, 4, 2) at 2 rows
+# 919; 8 // rows steps in flight 7-9% slower at 8-32 rows (results/h200/kernel_choices/float_wide_subgroup/).
+FLOAT_SG_GPU_WIDE = ((1, 1, 2), (2, 2, 2), (4, 4, 2))
+
+
+def float_wide(k):
+    """Whether float weights of K = k take FLOAT_SG_GPU_WIDE's subgroup kernels on GPUs: K from
+    FLOAT_GEMM_MIN_K, whole groups of 8 (f16 weights read 8 a load, linear.py's PACKED_F16)."""
+    return k >= FLOAT_GEMM_MIN_K and k % 8 == 0
+
+
 def float_subgroup_rows(k):
     """The most rows a GPU's subgroup kernel takes of a float weight of K = k (from SG_GPU_ROWS[0])."""
     return WIDE_K_SG_ROWS if k >= FLOAT_GEMM_MIN_K else SG_GPU_ROWS[1]
