@@ -45,3 +45,5 @@ python3 -c "
 import json; r=json.load(open('$OUT/ours_$M.json'))['wgpu']
 print('ours', {k: round(v) for k, v in r.items() if k.startswith('bursts') or k.startswith('prefill')})" 2>/dev/null || tail -30 $OUT/ours_$M.log
 peer 2
+# the device returns at most 8 files a call: the logs go in one archive
+(cd $OUT && tar -czf logs.tar.gz *.log && rm -f *.log)
