@@ -220,6 +220,23 @@ async def test_fp16_gemvs_load_8_weights_a_load(name, load_pte, kernel_variants)
             np.testing.assert_array_equal(t[2:3], a)
 
 
+@pytest.mark.parametrize("name, quads", [("f16_norm_fused_wide", True), ("f16_fused", False), ("f16_linear_bias", False)])
+async def test_fp16_gemms_load_weights_4_of_k_at_once(name, quads, load_pte, kernel_variants):
+    """Past the GEMVs' rows, the GEMM of f16 weights whose K is a multiple of 4 (2,048: q/k/v and
+    SwiGLU as column groups, at 41 rows on GPUs) reads a weight's 4 of K a load, bound as
+    vec2<u32> (gemm.py's float_k_quads); of K 37 or 523, one weight a load. Values checked in
+    test_fp16_products_match_eager_fp16 at the same row counts."""
+    data, _ = _export(name)
+    model = await load_pte(data)
+    rows = CASES[name][1][0][0]
+    await model.execute(*_inputs(name, rows, np.random.default_rng(8)))
+    live = [d for i, d in enumerate(model.graph.dispatches) if all(model._default.state.grids[i])]
+    gemms = [d for d in live if "var<workgroup> As" in (d.shader or "")]
+    assert gemms or (kernel_variants == "cpu" and model.subgroups), [d.op for d in live]  # CPU subgroup kernels: every row count
+    for d in gemms:
+        assert ("fn b_k_quad" in d.shader and "array<vec2<u32>>" in d.shader) == quads, d.op
+
+
 async def test_fp16_fused_linears_run_fused(load_pte):
     data, _ = _export("f16_fused")
     model = await load_pte(data)

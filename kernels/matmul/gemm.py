@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pte_wgpu.resize.shapes import MAX_WORKGROUPS, numel_of
 
 from ..variants import CPU
-from ..wgsl import FLAT_INDEX, WG, fill, flat_grid
+from ..wgsl import FLAT_INDEX, WG, fill, flat_grid, vec4_loader, vec4_type
 
 # The uniform, defined once: (name, WGSL type); struct.pack format follows from the type.
 FIELDS = (
@@ -103,6 +103,7 @@ class TileLoad:
     b_along_k: bool
     setup: str = ""
     b_k_quads: bool = False
+    dequantizes: bool = False  # B's quads dequantized (4-bit weights: takes_mid_tile's k_quads)
 
 
 # A [M, K], rows of K, as f32 from binding $A at the batch's offset (the float products', the
@@ -129,9 +130,40 @@ fn b_at(off: u32, n: u32, k: u32, kend: u32) -> f32 {
 """
 
 
-def float_load(transposed_b, a="f32", b="f32"):
+# B an [N, K] weight of whole K quads, 4 of K a load (TileLoad.b_k_quads): $READS return the quad
+# of column n from k (bindings read through vec4_loader)
+FLOAT_B_K_QUAD = """
+fn b_k_quad(off: u32, n: u32, k: u32, kend: u32) -> vec4<f32> {
+    if (k >= kend) { return vec4<f32>(0.0); }
+$READS    return vec4<f32>(0.0);
+}
+"""
+
+
+def float_k_quads(weight_types, k):
+    """Whether [N, K] weights stored as `weight_types` with rows of K take float_load's `k_quads`:
+    f16 ones of K a multiple of 4, whose 4 columns' one took 4 loads of 2 bytes. H200, Llama-3.2-1B
+    fp16, two rounds in one call: prompts of 512 and 2,047 tokens 11,307 / 11,434 and 11,951 /
+    11,939 -> 13,075 / 13,268 and 13,932 / 14,066 tokens/s, 64 streams (the GEMM past 32 rows) 5,801
+    / 5,810 -> 7,268 / 7,200; f32 ones (SmolLM2 fp32) within the runs' spread, 64 streams' LM head
+    GEMM 16,081 / 16,060 -> 14,986 / 15,648 (results/h200/kernel_choices/float_gemm_k_quads/)."""
+    return k % 4 == 0 and all(t == "f16" for t in weight_types)
+
+
+def _k_quad_load(a, weights, reads):
+    """The TileLoad of A stored as `a` and [N, K] weights (binding, storage type) read 4 of K a
+    load; `reads`: FLOAT_B_K_QUAD's."""
+    loaders = "".join(vec4_loader(w, t) for w, t in weights)
+    return TileLoad(inputs=(("a", a), *((w, vec4_type(t)) for w, t in weights)), functions=float_a_at() + loaders + fill(FLOAT_B_K_QUAD, READS=reads),
+                    b_along_k=True, b_k_quads=True)
+
+
+def float_load(transposed_b, a="f32", b="f32", k_quads=False):
     """A [M, K] and B, an [N, K] weight (`transposed_b`) or a [K, N] matrix, stored as WGSL types
-    `a` and `b` (f32 or f16), loaded as f32."""
+    `a` and `b` (f32 or f16), loaded as f32; `k_quads`: an [N, K] weight of K a multiple of 4, read
+    4 of K a load (a vec4, or 4 halves as a vec2<u32>; float_k_quads)."""
+    if k_quads:
+        return _k_quad_load(a, [("bm", b)], "    if (n < p.N) { return bm4((off + n * p.K + k) / 4u); }\n")
     b_index = "n * p.K + k" if transposed_b else "k * p.N + n"
     return TileLoad(
         inputs=(("a", a), ("bm", b)),
@@ -165,11 +197,14 @@ def column_store(ns):
     return f"fn store(b: u32, m: u32, n: u32, acc: f32) {{ {writes} }}"
 
 
-def column_group(x, weights, ns):
+def column_group(x, weights, ns, k_quads=False):
     """(TileLoad, `store` WGSL) of products out_j = x @ w_j.T as one product over their columns
     side by side: column n of the whole is row n - s_j of w_j (an [N_j, K] weight), s_j the N of
     the products before it, and goes to out_j (column_store). `x`, `weights`: WGSL storage types;
-    `ns`: the N_j; rows of one batch (a linear's M is every leading dim)."""
+    `ns`: the N_j; rows of one batch (a linear's M is every leading dim); `k_quads`: float_load's."""
+    if k_quads:  # float_load's: K a multiple of 4, 4 of K a load
+        reads = "".join(f"    if (n < {e}u) {{ return w{j}4((off + (n - {s}u) * p.K + k) / 4u); }}\n" for j, (s, e) in enumerate(column_ranges(ns)))
+        return _k_quad_load(x, [(f"w{j}", t) for j, t in enumerate(weights)], reads), column_store(ns)
     reads = "".join(f"    if (n < {e}u) {{ return f32(w{j}[off + (n - {s}u) * p.K + k]); }}\n" for j, (s, e) in enumerate(column_ranges(ns)))
     load = TileLoad(
         inputs=(("a", x), *((f"w{j}", t) for j, t in enumerate(weights))),
@@ -438,7 +473,7 @@ class GemmRoute:
         tiles = [TILE, *([SMALL_TILE] if small else []), *([MID_TILE] if not load.setup and b.adapter != CPU else [])]
         tiles += [BIG_TILE] if can_take_big_tile(most) and not load.setup else []
         self.tiles = {tile: b.dispatch(shader(tile), bindings) for tile in tiles}
-        self.k_quads = load.b_k_quads
+        self.k_quads = load.dequantizes
         reduce = gemm_reduce_shader(bias is not None, extra=more(len(tail) + 3), **epilogue)
         self.reduce = b.dispatch(reduce, [scratch, *tail, out, params, *more_outs])
 

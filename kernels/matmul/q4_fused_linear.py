@@ -167,6 +167,7 @@ class _Columns:
             + q4_b_k_quad("var w = vec4<f32>(0.0);\n    " + reads),
             b_along_k=True,
             b_k_quads=True,
+            dequantizes=True,
         )
         inputs = [fused.x, *(v for pair in fused.products for v in pair)]
         q_wgsl = f"{_uniform(count, fused.rope)}@group(0) @binding({len(inputs) + 3}) var<uniform> q: Q;\n"

@@ -493,6 +493,7 @@ def q4_load(dq8, zp_packed, word_group, types=Storage()):
         b_along_k=True,
         setup=DQ8_SETUP if dq8 else "",
         b_k_quads=True,
+        dequantizes=True,
     )
 
 
