@@ -124,8 +124,8 @@ class _Gemvs:
     SUBGROUP, SG_GEMV for one row and SG_GEMM for any other count (the op has no GEMM route then);
     a GPU with subgroups (`gpu_sg`) adds SUBGROUP at SG_GPU from SG_GPU_ROWS[0] rows to
     float_subgroup_rows (the GEMM route then takes only more), or for weights of float_wide K has
-    only SUBGROUP, at FLOAT_SG_GPU_WIDE's shapes for every row count to float_subgroup_rows. `weights`: the weights each output
-    group reads (SwiGLU: 2).
+    only SUBGROUP, at FLOAT_SG_GPU_WIDE's shapes for every row count to float_subgroup_rows.
+    `weights`: the weights each output group reads (SwiGLU: 2).
     `shader_of(kind, shape, norm, types)`: the shader, normalizing its rows itself with `norm`,
     `types` its bindings' storage types in order (the uniform, last, left out); `head` and `tail`:
     the bindings around the weights (kernels/matmul/fused_linear.py's _norm_args). With a norm, the
