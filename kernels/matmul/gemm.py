@@ -347,7 +347,7 @@ MID_TILE = Tile(ty=8, rq=2, unroll=True)
 BIG_TILE = Tile(rq=2, cq=2, unroll=True)
 
 
-# the fewest tiles a product of 4-bit weights (TileLoad.b_k_quads) takes MID_TILE with
+# the fewest tiles a product of 4-bit weights (TileLoad.dequantizes) takes MID_TILE with
 MID_MIN_K_QUAD_TILES = 1024
 
 
@@ -473,7 +473,7 @@ class GemmRoute:
         tiles = [TILE, *([SMALL_TILE] if small else []), *([MID_TILE] if not load.setup and b.adapter != CPU else [])]
         tiles += [BIG_TILE] if can_take_big_tile(most) and not load.setup else []
         self.tiles = {tile: b.dispatch(shader(tile), bindings) for tile in tiles}
-        self.k_quads = load.dequantizes
+        self.dequantizes = load.dequantizes
         reduce = gemm_reduce_shader(bias is not None, extra=more(len(tail) + 3), **epilogue)
         self.reduce = b.dispatch(reduce, [scratch, *tail, out, params, *more_outs])
 
@@ -487,7 +487,7 @@ class GemmRoute:
             return SMALL_TILE
         if BIG_TILE in self.tiles and takes_big_tile(m, n, k):
             return BIG_TILE
-        return MID_TILE if MID_TILE in self.tiles and takes_mid_tile(m, n, self.k_quads) else TILE
+        return MID_TILE if MID_TILE in self.tiles and takes_mid_tile(m, n, self.dequantizes) else TILE
 
     def plan(self, m, n, k, batch, on=True):
         """(splits, kspan) for the uniform; (1, K) when the route is off."""

@@ -185,16 +185,15 @@ def gemv_t(step, group_rows=GEMV_GROUP_ROWS):
 # An f16 weight with K a multiple of 8 is read 8 weights (16 bytes) a load, as a vec4<u32> of f16
 # pairs: a vec4<f16> load moves half the bytes of the f32 kernel's vec4 per loop step.
 GEMV_T4_ROWS, GEMV_T4_LANES = 32, 8
+def f16_halves(u):
+    """WGSL of the 8 f16 weights of `u` (a vec4<u32> of f16 pairs) as two vec4<f32>: 0-3, 4-7."""
+    return tuple(f"vec4<f32>(unpack2x16float({u}.{a}), unpack2x16float({u}.{c}))" for a, c in ("xy", "zw"))
+
+
 # The loop step's weight load and each row's accumulation, per weights a load (4 or 8).
 T4_STEPS = {
     4: ("let w = vec4<f32>(bm[w0 + kv]);", "w * row_of_a(x)"),
-    8: (
-        (
-            "let u = bm[w0 + kv]; let w = vec4<f32>(unpack2x16float(u.x), unpack2x16float(u.y)); "
-            "let w1 = vec4<f32>(unpack2x16float(u.z), unpack2x16float(u.w));"
-        ),
-        "w * row_of_a(x) + w1 * row_of_a(x + 4u)",
-    ),
+    8: ("let u = bm[w0 + kv]; let w = {}; let w1 = {};".format(*f16_halves("u")), "w * row_of_a(x) + w1 * row_of_a(x + 4u)"),
 }
 
 
@@ -434,8 +433,8 @@ def gemv_sg_body(weights, n, k4, store, base="0u", shape=SG_GEMV, partners=False
         for j, w in enumerate(weights):
             for i in outs:
                 f = f"u{j}_{i}{u}"
-                halves = [f"vec4<f32>(unpack2x16float({f}.{a}), unpack2x16float({f}.{c}))" for a, c in ("xy", "zw")]
-                out.append(f"let {f} = {w}[{w}_{i} + {k}]; let w{j}_{i}{u} = {halves[0]}; let h{j}_{i}{u} = {halves[1]};")
+                lo, hi = f16_halves(f)
+                out.append(f"let {f} = {w}[{w}_{i} + {k}]; let w{j}_{i}{u} = {lo}; let h{j}_{i}{u} = {hi};")
         return out
 
     def fmas(u):
@@ -561,8 +560,9 @@ class Product:
 
     @property
     def gpu_wide_subgroup(self):
-        """The index of FLOAT_SG_GPU_WIDE's shape that takes rows of a weight of float_wide K, whole
-        vec4 rows, narrower than an LM head; None past WIDE_K_SG_ROWS rows or for other weights."""
+        """The index of FLOAT_SG_GPU_WIDE's shape that takes rows of a weight of float_wide K, rows
+        (and batches) of whole PACKED_F16s, narrower than an LM head; None past WIDE_K_SG_ROWS rows
+        or for other weights."""
         if self.packed_f16 and float_wide(self.k) and 1 <= self.m <= WIDE_K_SG_ROWS and self.n < GEMV_T4_MIN_N:
             return shape_for_rows(FLOAT_SG_GPU_WIDE, self.m)
         return None
