@@ -246,7 +246,7 @@ async def test_products_of_long_rows_keep_each_row_bitwise(load_pte, kernel_vari
         if m in (5, 16, 32):
             np.testing.assert_array_equal(together[2:3], (await model.execute(x[2:3]))[0])
     if kernel_variants == "gpu":
-        assert [len(kernels[m]) for m in sorted(kernels)] == [1] * 5 + [0] if wide else [0] * 6
+        assert [len(kernels[m]) for m in sorted(kernels)] == ([1] * 5 + [0] if wide else [0] * 6)
     if wide:
         assert len({kernels[m][0] for m in (1, 2, 5)}) == 3 and kernels[5] == kernels[16] == kernels[32]
 

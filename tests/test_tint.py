@@ -20,8 +20,8 @@ import pytest
 
 from async_runtime import pipelines
 from pte_wgpu.kernels.matmul import int8_matrix, linear
-from pte_wgpu.kernels.matmul.routes import FLOAT_SG_GPU_WIDE
 from pte_wgpu.kernels.matmul.q4_linear import Storage, matrix_heads
+from pte_wgpu.kernels.matmul.routes import FLOAT_SG_GPU_WIDE
 
 from .llama import export_llama
 from .test_llama import CONFIGS, CONTEXT
