@@ -191,9 +191,10 @@ def f16_halves(u):
 
 
 # The loop step's weight load and each row's accumulation, per weights a load (4 or 8).
+_LOW_HALF, _HIGH_HALF = f16_halves("u")
 T4_STEPS = {
     4: ("let w = vec4<f32>(bm[w0 + kv]);", "w * row_of_a(x)"),
-    8: ("let u = bm[w0 + kv]; let w = {}; let w1 = {};".format(*f16_halves("u")), "w * row_of_a(x) + w1 * row_of_a(x + 4u)"),
+    8: (f"let u = bm[w0 + kv]; let w = {_LOW_HALF}; let w1 = {_HIGH_HALF};", "w * row_of_a(x) + w1 * row_of_a(x + 4u)"),
 }
 
 
