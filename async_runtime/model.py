@@ -27,8 +27,8 @@ from .errors import (
     ModelFormatError,
     UnsupportedOperatorError,
 )
-from .program.graph import has_half, link, widen_half
-from .program.planning import plan_memory, written_in_place
+from .program.graph import has_half, link, recurrent_states, widen_half
+from .program.planning import carried_state, plan_memory
 from .program.tables import split_constants
 from .ragged import NotRagged, plan_ragged
 from .pipelines import compile_pipelines, dispatch_each_once
@@ -195,14 +195,18 @@ class Model:
         self._initial_state = await anyio.to_thread.run_sync(self._plan_at_max_shapes)
 
         state_vids = {w for n in nodes for w in n.writes if isinstance(values[w], Tensor) and values[w].constant is not None}
-        # A copy of a constant (et_vk.prepack) that an op then writes in place (a KV cache behind
-        # llama::update_cache) is state too: each session's copy starts from the constant, once.
-        in_place = written_in_place(nodes)
+        # A copy of a constant (et_vk.prepack) that an op then writes (a KV cache behind
+        # llama::update_cache, a recurrent state) is state too: each session's copy starts from the constant.
+        carried = carried_state(nodes)
         self._state_copies = {
             did: d for did, d in enumerate(graph.dispatches)
-            if d.shader is None and d.dst in in_place and isinstance(values[d.src], Tensor) and values[d.src].constant is not None
+            if d.shader is None and d.dst in carried and isinstance(values[d.src], Tensor) and values[d.src].constant is not None
         }
         state_vids |= {d.dst for d in self._state_copies.values()}
+        # A state that a copy overwrites whole each call (a recurrent state written back, as LFM2's
+        # convolution state) depends on every token fed so far, where a KV cache's positions are
+        # overwritten: a new sequence starts it afresh (Session.restart).
+        self.recurrent_states = frozenset(recurrent_states(graph))
         input_vids = {v for v in graph.inputs if isinstance(values[v], Tensor)}
         self._session_vids = sorted(state_vids | input_vids)  # each session has its own copy
         # Allocating and uploading weights and creating bind groups are synchronous wgpu calls that

@@ -28,7 +28,7 @@ from pte_wgpu.kernels.attention.kv_cache import table_entries
 from pte_wgpu.kernels.tensor import elementwise
 from pte_wgpu.resize.values import Scalar, Tensor, ValueList
 
-from .program.graph import Graph
+from .program.graph import Graph, recurrent_states
 
 INTS = {"int32", "int64"}
 ELEMENTWISE_MODULES = {elementwise.__name__, fusion.__name__}  # ops registered there map elements to elements
@@ -107,6 +107,13 @@ class _Analysis:
         self.caches, self.context = [], []
 
     def run(self):
+        recurrent = recurrent_states(self.g)
+        if recurrent:
+            v = self.values[recurrent[0]]
+            raise NotRagged(
+                f"{len(recurrent)} recurrent state(s) ({v.dtype}{list(v.dims)} ...) written back whole each call: a ragged pass "
+                "keeps each session's KV-cache rows, not a state per session"
+            )
         tokens, pos = self._inputs()
         self.max_rows = self.values[self.g.inputs[tokens]].dims[1]
         self.max_seqs = max(1, min(self.max_seqs, self.max_rows))

@@ -79,6 +79,7 @@ class SessionBase:
         self._closed = False
         self._busy = False
         self._counters = Counters()
+        self.sequence_end = None  # the position after the last token ar.generate fed (where a recurrent state stands)
 
     def statistics(self):
         return self._counters.freeze()
@@ -215,6 +216,17 @@ class Session(SessionBase):
         if events:
             self._model._publish(events)
         return outputs
+
+    def restart(self):
+        """Start a new sequence: the model's recurrent states (`model.recurrent_states`) back to the
+        file's values. KV caches need no reset: a new sequence's positions overwrite them."""
+        if self._closed:
+            raise ClosedResourceError("the session is closed")
+        if self._busy:
+            raise BusyResourceError("an execute is running on this session")
+        model = self._model
+        for vid in model.recurrent_states:
+            model.device.queue.write_buffer(self._own[vid], 0, model._constant_data[vid])
 
     def _prepare(self, inputs):
         """Validate the inputs; value id -> array in the device's storage type."""

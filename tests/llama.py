@@ -106,7 +106,7 @@ class LlamaReference:
     def reset(self):
         with torch.no_grad():
             for name, buf in self.module.named_buffers():
-                if "k_cache" in name or "v_cache" in name:
+                if any(state in name for state in ("k_cache", "v_cache", "conv_state")):
                     buf.zero_()
 
     def step(self, tokens, input_pos):
@@ -125,10 +125,14 @@ class LlamaReference:
 
     def greedy(self, prompt, n_steps):
         """(generated ids, list of logits): prefill then n_steps greedy decode steps."""
-        prompt = np.asarray(prompt, dtype=np.int64).reshape(1, -1)
-        logits = [self.step(prompt, 0)]
+        return self.greedy_from(prompt, 0, n_steps)
+
+    def greedy_from(self, tokens, pos, n_steps):
+        """greedy's, feeding `tokens` at position `pos` first (a sequence continued)."""
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(1, -1)
+        logits = [self.step(tokens, pos)]
         ids = []
-        pos = prompt.shape[1]
+        pos += tokens.shape[1]
         for _ in range(n_steps):
             ids.append(int(logits[-1].argmax()))
             logits.append(self.step(np.array([[ids[-1]]], dtype=np.int64), pos))

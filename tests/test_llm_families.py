@@ -1,8 +1,9 @@
 """The LLM families ExecuTorch's `export_llm` builds, beyond SmolLM2's graph: tiny random-weight
 configs with each family's switches (Llama 3's scaled RoPE, Qwen2.5's q/k/v bias, Qwen3's q/k norm
-and head_dim apart from dim / heads, Phi-4-mini's partial rotary, Hugging Face's RoPE layout), fp32
-and 4-bit, against ExecuTorch's eager program on the same weights; and what ExecuTorch leaves
-outside the Vulkan delegate still runs ragged, with continuous batching and GPU sampling."""
+and head_dim apart from dim / heads, Phi-4-mini's partial rotary, Hugging Face's RoPE layout,
+LFM2's short-convolution layers), fp32 and 4-bit, against ExecuTorch's eager program on the same
+weights; and what ExecuTorch leaves outside the Vulkan delegate still runs ragged, with
+continuous batching and GPU sampling."""
 
 import anyio
 import numpy as np
@@ -32,7 +33,8 @@ def start_exports(tmp_path_factory):
     for family, qmode in EXPORTS:
         start_export(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, qmode=qmode, nice=5,
                      model_args=tuple(FAMILIES[family].items()), **TINY)
-    start_export(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, nice=5, model_args=LFM2, **TINY)
+    for qmode in (None, "4w"):
+        start_export(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, qmode=qmode, nice=5, model_args=LFM2, **TINY)
 
 
 async def generate_together(model, prompts, n):
@@ -110,9 +112,32 @@ async def test_an_embedding_outside_the_delegate_batches_ragged(portable_embeddi
     assert await generate_together(model, prompts, 12) == eager_greedy(ref, prompts, 12)
 
 
-async def test_a_hybrid_family_is_refused_with_what_its_export_left_out(tmp_path_factory, load_pte):
-    """LFM2's export keeps the short convolution's new state as a delegate output that the program
-    never passes on: the load says so, naming the delegate's inputs and outputs."""
-    path, _ = export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, model_args=LFM2, **TINY)
-    with pytest.raises(ar.ModelFormatError, match=r"2 outputs \(float32\[1, 64, 2\], float32\[1, 260\]\); an output without an argument"):
-        await load_pte(path)
+@pytest.mark.parametrize("qmode", [None, "4w"], ids=["fp32", "4w"])
+async def test_lfm2_carries_its_convolution_state_as_eager_does(qmode, tmp_path_factory, load_pte):
+    """LFM2's export leaves the short convolution's new state a delegate output that the program
+    never passes on; linking writes it back into the state, as the model does. Logits at every step
+    within 2e-4 of eager's; concurrent sessions each carry their own state; a session's next
+    sequence starts it afresh, and a generation that would continue elsewhere than where the last
+    one stopped is refused."""
+    path, ref = export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, qmode=qmode, model_args=LFM2, **TINY)
+    model = await load_pte(path)
+    assert len(model.recurrent_states) == 1 and model.batching == "submits"
+    assert "1 recurrent state(s) (float32[1, 64, 2] ...) written back whole each call" in model.batching_note
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(0, TINY["vocab_size"], n).tolist() for n in (7, 1, 13, 2)]
+    ref.reset()
+    ids, logits = ref.greedy(np.array([prompts[0]]), 10)
+    async with model.session() as s:
+        await generate_and_check(s, np.array(prompts[0] + ids), logits, len(prompts[0]))
+    want = eager_greedy(ref, prompts, 10)
+    assert await generate_together(model, prompts, 10) == want
+    async with model.session() as s:
+        for prompt, tokens in zip(prompts[:2], want[:2]):  # two sequences, one after the other
+            assert [t async for t in ar.generate(s, prompt, max_new_tokens=10)] == tokens
+        with pytest.raises(ar.InputError, match=f"starts at position 0 or continues at position {len(prompts[1]) + 9}, where"):
+            ar.generate(s, [3], start=2)
+        more = [t async for t in ar.generate(s, [want[1][-1], 5], max_new_tokens=4, start=s.sequence_end)]
+    ref.reset()
+    ref.greedy(np.array([prompts[1]]), 9)  # the same sequence, then its continuation
+    ahead, _ = ref.greedy_from(np.array([[want[1][-1], 5]]), len(prompts[1]) + 9, 4)
+    assert more == ahead

@@ -4,7 +4,9 @@ input_pos [1] in, last-token logits [1, vocab] out, the KV cache inside the sess
     async for token in ar.generate(session, prompt_ids, max_new_tokens=64, temperature=0.7):
         ...
 
-Long prompts are fed in chunks of the largest step the export takes. Generation stops at a stop
+Long prompts are fed in chunks of the largest step the export takes. A model with a recurrent
+state (`model.recurrent_states`, LFM2's convolution state) restarts it at position 0 and continues
+only where the session's last generation stopped (`session.sequence_end`). Generation stops at a stop
 token, after `max_new_tokens`, or when the context is full (`finish_reason == "length"`); a prompt
 that does not fit the context is an InputError before anything runs.
 
@@ -85,18 +87,30 @@ class generate:
                 f"the prompt of {len(self.prompt)} tokens at position {start} does not fit the context of "
                 f"{self.context} tokens"
             )
+        self.recurrent = bool(getattr(model, "recurrent_states", ()))
+        end = getattr(session, "sequence_end", None)
+        if self.recurrent and start not in (0, end):
+            where = f"continues at position {end}, where its last one stopped" if end is not None else "cannot continue (its last one was cut off)"
+            raise InputError(
+                f"generation at position {start}: this model carries a recurrent state (model.recurrent_states) that holds "
+                f"every token fed so far, so a generation on this session starts at position 0 or {where}"
+            )
 
     def __aiter__(self):
         return self._run()
 
     async def _step(self, tokens):
         ids = np.asarray(tokens, np.int64).reshape(1, -1)
+        self.session.sequence_end = None  # unknown until the step returns
         (logits,) = await self.session.execute(ids, np.array([self.position], np.int64))
         self.position += ids.shape[1]
+        self.session.sequence_end = self.position
         return logits
 
     async def _run(self):
         t0 = time.perf_counter()
+        if self.recurrent and self.position == 0:
+            self.session.restart()
         reserve = getattr(self.session, "reserve", None)  # a batching model's session: its KV-cache blocks
         if reserve is not None:  # (a new conversation's prompt: the cached blocks it starts with are shared, not set aside)
             await reserve(min(self.context, self.position + len(self.prompt) + self.max_new_tokens),

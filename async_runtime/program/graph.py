@@ -17,6 +17,7 @@ from .pte import DelegateCall, FreeCall, JumpFalseCall, KernelCall, MoveCall
 from .vkgraph import read_vkgraph
 
 DELEGATE_ID = "VulkanBackend"
+PREPACK = "et_vk.prepack.default"  # a delegate's copy of a constant into a tensor of its own
 MAX_BINDING = 2**32 - 1  # WebGPU's maxStorageBufferBindingSize is at most this (u32 in wgpu)
 
 
@@ -100,19 +101,21 @@ def _link_delegate(g, delegate, args, at):
     vk = read_vkgraph(delegate.blob)
     g.compile_specs.append(delegate.compile_specs)
     n_in, n_out = len(vk.inputs), len(vk.outputs)
-    if len(args) != n_in + n_out:
+    written_back = _written_back(vk, n_in + n_out - len(args)) if len(args) < n_in + n_out else {}
+    outputs = [o for o in vk.outputs if o not in written_back]
+    if len(args) != n_in + len(outputs):
         def listed(ids):
             return ", ".join(f"{v.dtype}{list(v.dims)}" if isinstance(v, Tensor) else type(v).__name__ for v in (vk.values[i] for i in ids))
         why = (
-            "an output without an argument is a result the program never reads, such as a recurrent state the export "
-            "did not write back (LFM2's short-convolution state, ExecuTorch 1.5.1)" if len(args) < n_in + n_out else
+            "an output without an argument is a result the program never reads, and these are not each the new value of "
+            "a state tensor of the delegate" if len(args) < n_in + n_out else
             "the program passes values the delegate's graph does not take (Qwen3.5's linear-attention states, ExecuTorch 1.5.1)"
         )
         raise ModelFormatError(
             f"instruction {at}: delegate call has {len(args)} arguments, its graph has {n_in} inputs ({listed(vk.inputs)}) "
             f"and {n_out} outputs ({listed(vk.outputs)}); {why}"
         )
-    mapping = dict(zip(vk.outputs, args[n_in:]))
+    mapping = dict(zip(outputs, args[n_in:]))
     mapping.update(zip(vk.inputs, args[:n_in]))  # an input that is also an output stays the input
     for local, value in enumerate(vk.values):
         if local in mapping:
@@ -127,9 +130,54 @@ def _link_delegate(g, delegate, args, at):
     for call in vk.chain:
         g.calls.append((call.name, tuple(mapping[a] for a in call.args)))
         g.delegate_ops.append(call.name)
-    for k, local in enumerate(vk.outputs):
+    for k, local in enumerate(outputs):
         if local in vk.inputs:  # a delegate that returns its input (a clone lowered away): copy it out
             g.calls.append(("move", (mapping[local], args[n_in + k])))
+    for local, state in written_back.items():
+        g.calls.append(("move", (mapping[local], mapping[state])))
+
+
+def recurrent_states(graph):
+    """The state tensors that a move overwrites whole each call: copies of a constant (et_vk.prepack)
+    that a delegate's output is written back into (_written_back)."""
+    copies = {args[1] for name, args in graph.calls if name == PREPACK and getattr(graph.values[args[0]], "constant", None) is not None}
+    return [args[1] for name, args in graph.calls if name == "move" and args[1] in copies]
+
+
+def _written_back(vk, missing):
+    """{output: state} for a delegate's `missing` outputs that the program has no argument for,
+    when each is the new value of a state tensor: a copy of a constant (et_vk.prepack) of its dtype
+    and dims that the output is computed from, nearer than any other such copy. ExecuTorch 1.5.1
+    lowers a buffer that the model overwrites each call (LFM2's short-convolution state,
+    `conv_state.copy_(new)`) this way and drops the write-back; linking writes the output back
+    into the state, as the model does. {} when they are not all such outputs."""
+    states = {c.args[1]: c.args[0] for c in vk.chain if c.name == PREPACK and vk.values[c.args[0]].constant is not None}
+
+    def items(vid):
+        value = vk.values[vid]
+        return value.items if isinstance(value, ValueList) else (vid,)
+
+    def hops_from(state):  # ops from the state to each value computed from it (an op's last argument is its result)
+        hops = {state: 0}
+        for call in vk.chain:
+            reached = [hops[i] for a in call.args[:-1] for i in items(a) if i in hops]
+            if reached:
+                for out in items(call.args[-1]):
+                    hops[out] = min(hops.get(out, math.inf), min(reached) + 1)
+        return hops
+
+    reach = {s: hops_from(s) for s in states}
+    found = {}
+    for out in vk.outputs:
+        value = vk.values[out]
+        near = sorted((reach[s][out], s) for s in states if out in reach[s] and out != s and _same_tensor(vk.values[s], value))
+        if near and (len(near) == 1 or near[0][0] < near[1][0]):
+            found[out] = near[0][1]
+    return found if len(found) == missing and len(set(found.values())) == missing else {}
+
+
+def _same_tensor(a, b):
+    return isinstance(a, Tensor) and isinstance(b, Tensor) and (a.dtype, tuple(a.dims)) == (b.dtype, tuple(b.dims))
 
 
 def _merge_boundary(g, outer, inner, at):

@@ -21,9 +21,14 @@ class MemoryPlan:
     aliased: frozenset  # copy dispatches that need not run
 
 
-def written_in_place(nodes):
-    """Values an op both reads and writes (KV caches)."""
-    return {w for n in nodes for w in n.writes if w in n.reads}
+def carried_state(nodes):
+    """Values an op writes after that op or an earlier one read them: what one call leaves for the
+    next (KV caches written in place, a recurrent state written back)."""
+    read, state = set(), set()
+    for n in nodes:
+        read |= set(n.reads)
+        state |= {w for w in n.writes if w in read}
+    return state
 
 
 def plan_memory(graph, nodes, own):
@@ -38,13 +43,13 @@ def plan_memory(graph, nodes, own):
             v = parent[v]
         return v
 
-    in_place = written_in_place(nodes)
+    carried = carried_state(nodes)
     aliased = set()
     for did, d in enumerate(graph.dispatches):
         if d.shader is not None:
             continue
         src, dst = d.src, d.dst
-        if src in own or dst in own or src in in_place or values[dst].constant is not None:
+        if src in own or dst in own or src in carried or values[dst].constant is not None:
             continue
         parent[root(dst)] = root(src)
         aliased.add(did)
