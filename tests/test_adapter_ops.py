@@ -1,6 +1,6 @@
 """Ops beyond the Llama export's: the `_hf` (rotate-half) and
-`_interleaved` rotary embeddings (kernels/attention/rope.py) and the standalone `llama::update_cache`
-(kernels/attention/kv_cache.py). Each is exported through the VulkanPartitioner and compared with torch eager at
+`_interleaved` rotary embeddings (kernels/attention/rope.py), the standalone `llama::update_cache`
+(kernels/attention/kv_cache.py) and `llama::gated_delta_rule` (kernels/attention/gated_delta.py). Each is exported through the VulkanPartitioner and compared with torch eager at
 several live shapes and positions, large then small and back."""
 
 import importlib
@@ -143,6 +143,46 @@ async def test_update_cache_sessions_do_not_share(load_pte):
     want = np.zeros((1, CONTEXT, 3, 5), np.float32)
     want[:, 8] = 2.0
     np.testing.assert_array_equal(got, want)
+
+
+class GatedDelta(torch.nn.Module):
+    """`llama::gated_delta_rule` (Qwen3.5's linear attention) over 3 heads, keys of 6 and values of
+    5, T tokens; `decay` a scalar a (head, token), or a value a key dim (`channelwise`). ExecuTorch's
+    Vulkan partitioner leaves it to the portable runtime."""
+
+    def __init__(self, channelwise=False):
+        super().__init__()
+        importlib.import_module("executorch.extension.llm.custom_ops.custom_ops")  # registers llama::
+        self.channelwise = channelwise
+
+    def forward(self, q, k, v, decay, beta, state):
+        return torch.ops.llama.gated_delta_rule(q, k, v, decay, beta, state)
+
+
+@pytest.mark.parametrize("channelwise", [False, True], ids=["scalar_decay", "channelwise_decay"])
+async def test_gated_delta_rule(load_pte, channelwise):
+    """Outputs and final state within 1e-5 of ExecuTorch's own kernel at 1 to 13 tokens, in random
+    order; a state carried from one call to the next as a model would."""
+    pytest.importorskip("executorch.extension.llm.custom_ops")
+    t = torch.export.Dim("t", min=1, max=13)
+    shapes = [(1, 3, 13, 6), (1, 3, 13, 6), (1, 3, 13, 5), (1, 3, 13, 6) if channelwise else (1, 3, 13), (1, 3, 13), (1, 3, 6, 5)]
+    sample = tuple(torch.rand(shape) for shape in shapes)
+    dynamic = tuple({2: t} if i < 5 else None for i in range(6))
+    pte, module = export_pte(f"gated_delta_rule_{channelwise}", lambda: GatedDelta(channelwise), sample, dynamic)
+    model = await load_pte(pte)
+    rng = np.random.default_rng(5)
+    state = np.zeros((1, 3, 6, 5), np.float32)
+    for n in [13, 1, 7, 2, 13, 4]:
+        q, k = (rng.standard_normal((1, 3, n, 6)).astype(np.float32) / 3 for _ in range(2))
+        v = rng.standard_normal((1, 3, n, 5)).astype(np.float32)
+        decay = rng.uniform(0.5, 1.0, (1, 3, n, 6) if channelwise else (1, 3, n)).astype(np.float32)
+        beta = rng.uniform(0.0, 1.0, (1, 3, n)).astype(np.float32)
+        args = (q, k, v, decay, beta, state)
+        got = await model.execute(*args)
+        want = eager(module, *args)
+        for g, w, name in zip(got, want, ("output", "final state")):
+            np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5, err_msg=f"{name}, {n} tokens")
+        state = got[1]
 
 
 class Rearranged(torch.nn.Module):
