@@ -28,7 +28,7 @@ from .errors import (
     UnsupportedOperatorError,
 )
 from .program.graph import has_half, link, recurrent_states, widen_half
-from .program.planning import carried_state, plan_memory
+from .program.planning import carried_state, plan_memory, read_first
 from .program.tables import split_constants
 from .ragged import NotRagged, plan_ragged
 from .pipelines import compile_pipelines, dispatch_each_once
@@ -203,6 +203,8 @@ class Model:
             if d.shader is None and d.dst in carried and isinstance(values[d.src], Tensor) and values[d.src].constant is not None
         }
         state_vids |= {d.dst for d in self._state_copies.values()}
+        # a mutable buffer of the program's own, without a constant: each session's starts zeroed
+        state_vids |= {v for v in carried & read_first(nodes) if isinstance(values[v], Tensor) and v not in graph.inputs}
         # A state that a copy overwrites whole each call (a recurrent state written back, as LFM2's
         # convolution state) depends on every token fed so far, where a KV cache's positions are
         # overwritten: a new sequence starts it afresh (Session.restart).

@@ -219,14 +219,15 @@ class Session(SessionBase):
 
     def restart(self):
         """Start a new sequence: the model's recurrent states (`model.recurrent_states`) back to the
-        file's values. KV caches need no reset: a new sequence's positions overwrite them."""
+        file's values (zeros for a mutable buffer without any). KV caches need no reset: a new sequence's positions overwrite them."""
         if self._closed:
             raise ClosedResourceError("the session is closed")
         if self._busy:
             raise BusyResourceError("an execute is running on this session")
         model = self._model
         for vid in model.recurrent_states:
-            model.device.queue.write_buffer(self._own[vid], 0, model._constant_data[vid])
+            buf = self._own[vid]
+            model.device.queue.write_buffer(buf, 0, model._constant_data.get(vid, bytes(buf.size)))
 
     def _prepare(self, inputs):
         """Validate the inputs; value id -> array in the device's storage type."""

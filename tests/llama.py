@@ -106,7 +106,7 @@ class LlamaReference:
     def reset(self):
         with torch.no_grad():
             for name, buf in self.module.named_buffers():
-                if any(state in name for state in ("k_cache", "v_cache", "conv_state")):
+                if any(state in name for state in ("k_cache", "v_cache", "conv_state", "recurrent_state")):
                     buf.zero_()
 
     def step(self, tokens, input_pos):

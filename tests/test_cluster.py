@@ -50,6 +50,11 @@ def cluster(tmp_path_factory):
     nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
                                                           "node_ip_address": "127.0.0.1"})
     nodes.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+    # serve.start waits 60 s for the HTTP proxy, a constant of Ray's, not a setting; a busy two-core
+    # machine can take longer to start its worker
+    from ray.serve._private import api as serve_api
+
+    proxy_wait, serve_api.HTTP_PROXY_TIMEOUT = serve_api.HTTP_PROXY_TIMEOUT, 240
     try:
         ray.init(address=nodes.address, log_to_driver=False)
         port = free_port()
@@ -66,6 +71,7 @@ def cluster(tmp_path_factory):
             serve.shutdown()
             ray.shutdown()
         nodes.shutdown()
+        serve_api.HTTP_PROXY_TIMEOUT = proxy_wait
         os.environ.clear()
         os.environ.update(saved)
 

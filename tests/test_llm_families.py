@@ -1,9 +1,9 @@
 """The LLM families ExecuTorch's `export_llm` builds, beyond SmolLM2's graph: tiny random-weight
 configs with each family's switches (Llama 3's scaled RoPE, Qwen2.5's q/k/v bias, Qwen3's q/k norm
 and head_dim apart from dim / heads, Phi-4-mini's partial rotary, Hugging Face's RoPE layout,
-LFM2's short-convolution layers), fp32 and 4-bit, against ExecuTorch's eager program on the same
-weights; and what ExecuTorch leaves outside the Vulkan delegate still runs ragged, with
-continuous batching and GPU sampling."""
+LFM2's short-convolution and Qwen3.5's linear-attention layers), fp32 and 4-bit, against
+ExecuTorch's eager program on the same weights; and what ExecuTorch leaves outside the Vulkan
+delegate still runs ragged, with continuous batching and GPU sampling."""
 
 import anyio
 import numpy as np
@@ -25,7 +25,13 @@ FAMILIES = {  # name -> the ModelArgs switches of the family, as ExecuTorch's co
     "phi_4_mini": dict(partial_rotary_factor=0.75, use_hf_rope=True, rope_theta=10000.0),
 }
 EXPORTS = [(family, qmode) for family in FAMILIES for qmode in (None, "4w")]
-LFM2 = (("layer_types", ("conv", "full_attention")), ("hidden_dim", 128))  # a short-convolution layer, then attention
+HYBRIDS = {  # name -> (ModelArgs switches: a layer with a recurrent state, then attention; its states' count and dims)
+    "lfm2": ((("layer_types", ("conv", "full_attention")), ("hidden_dim", 128)), "1 recurrent state(s) (float32[1, 64, 2] ...)"),
+    "qwen3_5": ((("layer_types", ("linear_attention", "full_attention")), ("hidden_dim", 128), ("linear_num_key_heads", 2),
+                 ("linear_num_value_heads", 4), ("linear_key_head_dim", 16), ("linear_value_head_dim", 16)),
+                "2 recurrent state(s) (float32[1, 128, 4] ...)"),
+}
+HYBRID_EXPORTS = [(family, qmode) for family in HYBRIDS for qmode in (None, "4w")]
 
 
 def start_exports(tmp_path_factory):
@@ -33,8 +39,8 @@ def start_exports(tmp_path_factory):
     for family, qmode in EXPORTS:
         start_export(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, qmode=qmode, nice=5,
                      model_args=tuple(FAMILIES[family].items()), **TINY)
-    for qmode in (None, "4w"):
-        start_export(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, qmode=qmode, nice=5, model_args=LFM2, **TINY)
+    for family, qmode in HYBRID_EXPORTS:
+        start_export(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, qmode=qmode, nice=5, model_args=HYBRIDS[family][0], **TINY)
 
 
 async def generate_together(model, prompts, n):
@@ -112,17 +118,19 @@ async def test_an_embedding_outside_the_delegate_batches_ragged(portable_embeddi
     assert await generate_together(model, prompts, 12) == eager_greedy(ref, prompts, 12)
 
 
-@pytest.mark.parametrize("qmode", [None, "4w"], ids=["fp32", "4w"])
-async def test_lfm2_carries_its_convolution_state_as_eager_does(qmode, tmp_path_factory, load_pte):
-    """LFM2's export leaves the short convolution's new state a delegate output that the program
-    never passes on; linking writes it back into the state, as the model does. Logits at every step
-    within 2e-4 of eager's; concurrent sessions each carry their own state; a session's next
-    sequence starts it afresh, and a generation that would continue elsewhere than where the last
-    one stopped is refused."""
-    path, ref = export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, qmode=qmode, model_args=LFM2, **TINY)
+@pytest.mark.parametrize("family, qmode", HYBRID_EXPORTS, ids=[f"{f}-{q or 'fp32'}" for f, q in HYBRID_EXPORTS])
+async def test_a_hybrid_family_carries_its_recurrent_state_as_eager_does(family, qmode, tmp_path_factory, load_pte):
+    """ExecuTorch 1.5.1 lowers these states so that no call would see the last one's (LFM2's
+    short-convolution state: a delegate output the program never passes on; Qwen3.5's convolution
+    and delta-rule states: read through a delegate constant of their initial value); linking
+    restores what the model does. Logits at every step within 2e-4 of eager's; concurrent
+    sessions each carry their own states; a session's next sequence starts them afresh, and a
+    generation that would continue elsewhere than where the last one stopped is refused."""
+    switches, states = HYBRIDS[family]
+    path, ref = export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, qmode=qmode, model_args=switches, **TINY)
     model = await load_pte(path)
-    assert len(model.recurrent_states) == 1 and model.batching == "submits"
-    assert "1 recurrent state(s) (float32[1, 64, 2] ...) written back whole each call" in model.batching_note
+    assert model.recurrent_states and model.batching == "submits"
+    assert f"{states} written back whole each call" in model.batching_note
     rng = np.random.default_rng(11)
     prompts = [rng.integers(0, TINY["vocab_size"], n).tolist() for n in (7, 1, 13, 2)]
     ref.reset()

@@ -18,6 +18,8 @@ from .vkgraph import read_vkgraph
 
 DELEGATE_ID = "VulkanBackend"
 PREPACK = "et_vk.prepack.default"  # a delegate's copy of a constant into a tensor of its own
+COPY_INTO = "aten::copy_"  # a program's write into one of its mutable buffers
+SLICE_SCATTER = ("aten::slice_scatter.out", "aten.slice_scatter.default")
 MAX_BINDING = 2**32 - 1  # WebGPU's maxStorageBufferBindingSize is at most this (u32 in wgpu)
 
 
@@ -58,6 +60,7 @@ def link(method, check=True):
             calls.append(("control flow (JumpFalseCall)", ()))
         elif isinstance(ins, FreeCall):
             continue
+    _read_live_states(g)
     _check_values(g)
     missing = g.missing_ops()
     if check and missing:
@@ -103,13 +106,16 @@ def _link_delegate(g, delegate, args, at):
     n_in, n_out = len(vk.inputs), len(vk.outputs)
     written_back = _written_back(vk, n_in + n_out - len(args)) if len(args) < n_in + n_out else {}
     outputs = [o for o in vk.outputs if o not in written_back]
+    if len(args) > n_in + len(outputs):  # inputs the graph dropped unread (n_out > 0: the outputs are the last arguments)
+        cut = len(args) - len(outputs)
+        args = (_inputs_taken(g, vk, args[:cut]) or args[:cut]) + tuple(args[cut:])
     if len(args) != n_in + len(outputs):
         def listed(ids):
             return ", ".join(f"{v.dtype}{list(v.dims)}" if isinstance(v, Tensor) else type(v).__name__ for v in (vk.values[i] for i in ids))
         why = (
             "an output without an argument is a result the program never reads, and these are not each the new value of "
             "a state tensor of the delegate" if len(args) < n_in + n_out else
-            "the program passes values the delegate's graph does not take (Qwen3.5's linear-attention states, ExecuTorch 1.5.1)"
+            "the program passes values the delegate's graph does not take, and the graph's inputs do not match a part of them in order"
         )
         raise ModelFormatError(
             f"instruction {at}: delegate call has {len(args)} arguments, its graph has {n_in} inputs ({listed(vk.inputs)}) "
@@ -138,10 +144,74 @@ def _link_delegate(g, delegate, args, at):
 
 
 def recurrent_states(graph):
-    """The state tensors that a move overwrites whole each call: copies of a constant (et_vk.prepack)
-    that a delegate's output is written back into (_written_back)."""
+    """The state tensors that a copy overwrites whole each call: copies of a constant (et_vk.prepack)
+    that a delegate's output is written back into (_written_back), and a program's own mutable
+    buffers that aten::copy_ writes (Qwen3.5's)."""
     copies = {args[1] for name, args in graph.calls if name == PREPACK and getattr(graph.values[args[0]], "constant", None) is not None}
-    return [args[1] for name, args in graph.calls if name == "move" and args[1] in copies]
+    return [args[1] for name, args in graph.calls if name == "move" and args[1] in copies] + [
+        args[0] for name, args in graph.calls if name == COPY_INTO
+    ]
+
+
+def _read_live_states(g):
+    """A program's mutable buffer (a non-constant tensor that aten::copy_ writes) that a delegate
+    reads through a constant instead: ExecuTorch 1.5.1 lowers Qwen3.5's state reset (`state *=
+    keep`, then scattered back into the buffer) with the buffer's initial value captured as a
+    delegate constant, so every call would start from it. Where a slice_scatter into the buffer
+    takes a value computed from a copy of a constant of the buffer's dims (et_vk.prepack, the
+    nearest such), that copy reads the buffer instead."""
+    buffers = {args[0] for name, args in g.calls if name == COPY_INTO and g.values[args[0]].constant is None}
+    producer = {}
+    for k, (name, args) in enumerate(g.calls):
+        for out in _items(g.values, args[-1]) if args else ():
+            producer.setdefault(out, k)
+    for name, args in list(g.calls):
+        if name not in SLICE_SCATTER or args[0] not in buffers:
+            continue
+        buffer = g.values[args[0]]
+        frontier, seen = [args[1]], set()
+        while frontier:
+            copy = next((k for v in frontier if (k := producer.get(v)) is not None and _copies_constant(g, k, buffer)), None)
+            if copy is not None:
+                g.calls[copy] = ("move", (args[0], g.calls[copy][1][1]))
+                break
+            seen |= set(frontier)
+            frontier = [a for v in frontier if v in producer for arg in g.calls[producer[v]][1][:-1] for a in _items(g.values, arg) if a not in seen]
+
+
+def _items(values, vid):
+    value = values[vid]
+    return value.items if isinstance(value, ValueList) else (vid,)
+
+
+def _copies_constant(g, k, like):
+    name, args = g.calls[k]
+    source = g.values[args[0]] if args else None
+    return name == PREPACK and getattr(source, "constant", None) is not None and _same_tensor(source, like)
+
+
+def _inputs_taken(g, vk, passed):
+    """The arguments of `passed` that a delegate's inputs take, when a call passes more than its
+    graph has: ExecuTorch 1.5.1 leaves in a call (Qwen3.5's) values that the graph dropped unread,
+    such as a state's old value beside its new one. Matched from the last argument back, each
+    input to the nearest argument of its kind (a tensor of its dims, or a scalar), so where two
+    fit, the later one (the new value) is taken. None when not every input finds one."""
+    taken, j = [], len(passed)
+    for local in reversed(vk.inputs):
+        inner = vk.values[local]
+        j -= 1
+        while j >= 0 and not _fits(g.values[passed[j]], inner):
+            j -= 1
+        if j < 0:
+            return None
+        taken.append(passed[j])
+    return tuple(reversed(taken))
+
+
+def _fits(outer, inner):
+    if isinstance(inner, Tensor):
+        return isinstance(outer, Tensor) and tuple(outer.dims) == tuple(inner.dims)
+    return not isinstance(outer, (Tensor, ValueList))
 
 
 def _written_back(vk, missing):

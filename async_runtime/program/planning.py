@@ -31,6 +31,16 @@ def carried_state(nodes):
     return state
 
 
+def read_first(nodes):
+    """Values an op reads before any op has written them: inputs, constants, and a program's own
+    mutable buffers (Qwen3.5's states, copied back with aten::copy_ after the ops that read them)."""
+    written, first = set(), set()
+    for n in nodes:
+        first |= {r for r in n.reads if r not in written}
+        written |= set(n.writes)
+    return first
+
+
 def plan_memory(graph, nodes, own):
     """`own`: value ids with buffers of their own (per-session inputs and state tensors)."""
     values = graph.values

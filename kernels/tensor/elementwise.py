@@ -49,6 +49,8 @@ UNARY = {
     "aten.cos.default": "cos(a)",
     "aten.log.default": "log(a)",
     "aten.log10.default": "log2(a) * 0.30102999566398120",
+    # log(u) * a / (u - 1) for u = 1 + a: u's rounding cancels, so a small a keeps its digits
+    "aten.log1p.default": "select(log(1.0 + a) * a / ((1.0 + a) - 1.0), a, 1.0 + a == 1.0)",
     "aten.reciprocal.default": "1.0 / a",
     "aten.round.default": "round(a)",
     "aten.logical_not.default": "$CT(a == $CT(0))",
@@ -189,6 +191,7 @@ def _unary(expr):
 
 for _name, _expr in UNARY.items():
     op(_name, half=True, capacity=True)(_unary(_expr))
+op("aten::log1p.out", half=True, capacity=True)(_unary(UNARY["aten.log1p.default"]))  # the portable kernel's name
 
 
 @op("aten.gelu.default", half=True, capacity=True)

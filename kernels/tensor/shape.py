@@ -312,6 +312,20 @@ def _slice_bounds(start, end, step, size):
     return start, (end - start + step - 1) // step
 
 
+def _slice(b, ctx, dims, first):
+    """(dim, start, step, shape) of the live slice of `dims` that the op's arguments dim, start,
+    end and an optional step (from argument `first` on) name."""
+    dim = _dim(b, ctx.int_value(b.args[first]), len(dims))
+    step = ctx.int_value(b.args[first + 3]) if len(b.args) > first + 4 else 1
+    step = 1 if step is None else step
+    if step < 1:
+        b.fail(f"step {step} must be positive")
+    start, length = _slice_bounds(ctx.int_value(b.args[first + 1]), ctx.int_value(b.args[first + 2]), step, dims[dim])
+    shape = list(dims)
+    shape[dim] = length
+    return dim, start, step, shape
+
+
 @op("aten.slice_copy.Tensor", "aten::slice_copy.Tensor_out", half=True, capacity=True)
 def slice_copy(b):
     src = b.args[0]
@@ -319,23 +333,47 @@ def slice_copy(b):
 
     def resize(ctx):
         dims = ctx.dims(src)
-        dim = _dim(b, ctx.int_value(b.args[1]), len(dims))
-        step = ctx.int_value(b.args[4]) if len(b.args) > 5 else 1
-        step = 1 if step is None else step
-        if step < 1:
-            b.fail(f"step {step} must be positive")
-        start, length = _slice_bounds(ctx.int_value(b.args[2]), ctx.int_value(b.args[3]), step, dims[dim])
-        if length < 1:
+        dim, start, step, shape = _slice(b, ctx, dims, 1)
+        if shape[dim] < 1:
             b.fail(f"empty slice of dim {dim} (size {dims[dim]}) is not supported")
         strides = list(contiguous_strides(dims))
-        shape = list(dims)
-        shape[dim] = length
         off = start * strides[dim]
         strides[dim] *= step
         set_copy(ctx, shape, strides, off)
         ctx.set_dims(b.out, shape)
 
     b.hook(resize)
+
+
+@op("aten.slice_scatter.default", "aten::slice_scatter.out", half=True, capacity=True)
+def slice_scatter(b):
+    """out = self with src written over self[start:end:step] along dim (the functional form of an
+    in-place slice assignment, as a model's state update `state[:n].copy_(new)` exports): a copy of
+    self, then src copied into the slice."""
+    base, src = b.args[0], b.args[1]
+    set_base, set_src = strided_copy(b, base, b.out), strided_copy(b, src, b.out)
+
+    def resize(ctx):
+        dims = ctx.dims(base)
+        dim, start, step, shape = _slice(b, ctx, dims, 2)
+        if tuple(ctx.dims(src)) != tuple(shape):
+            b.fail(f"src of shape {list(ctx.dims(src))} for a slice of shape {shape} of self {list(dims)}")
+        strides = contiguous_strides(dims)
+        set_base(ctx, dims, strides)
+        out_strides = list(strides)
+        out_strides[dim] *= step
+        set_src(ctx, shape, contiguous_strides(shape), 0, out_strides, start * strides[dim])
+        ctx.set_dims(b.out, dims)
+
+    b.hook(resize)
+
+
+@op("aten::copy_", half=True, capacity=True)
+def copy_(b):
+    """self.copy_(src) of a program's mutable buffer: src's elements into self, whose shape they keep
+    (an equal element count; no broadcast)."""
+    base = b.args[0]
+    flat_copy(b, b.args[1], lambda ctx, dims: ctx.dims(base))
 
 
 @op("aten.select_copy.int", "aten::select_copy.int_out", half=True, capacity=True)

@@ -42,6 +42,14 @@ for _name, _fn in SYMINT_OPS.items():
     op(_name)(_arith(_fn))
 
 
+@op("executorch_prim::neg.Scalar")
+def neg(b):
+    def resize(ctx):
+        ctx.set_symint(b.out, -ctx.int_value(b.args[0]))
+
+    b.hook(resize)
+
+
 @op("et_vk.select_as_symint.default", half=True, capacity=True)
 def select_as_symint(b):
     src, dim, index = b.args[0], b.scalar(1), b.scalar(2)
