@@ -180,6 +180,7 @@ def _read_live_states(g):
 
 
 def _items(values, vid):
+    """The values a call's argument names: a list's items, or itself."""
     value = values[vid]
     return value.items if isinstance(value, ValueList) else (vid,)
 
@@ -223,16 +224,12 @@ def _written_back(vk, missing):
     into the state, as the model does. {} when they are not all such outputs."""
     states = {c.args[1]: c.args[0] for c in vk.chain if c.name == PREPACK and vk.values[c.args[0]].constant is not None}
 
-    def items(vid):
-        value = vk.values[vid]
-        return value.items if isinstance(value, ValueList) else (vid,)
-
     def hops_from(state):  # ops from the state to each value computed from it (an op's last argument is its result)
         hops = {state: 0}
         for call in vk.chain:
-            reached = [hops[i] for a in call.args[:-1] for i in items(a) if i in hops]
+            reached = [hops[i] for a in call.args[:-1] for i in _items(vk.values, a) if i in hops]
             if reached:
-                for out in items(call.args[-1]):
+                for out in _items(vk.values, call.args[-1]):
                     hops[out] = min(hops.get(out, math.inf), min(reached) + 1)
         return hops
 
