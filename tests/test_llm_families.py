@@ -25,10 +25,13 @@ FAMILIES = {  # name -> the ModelArgs switches of the family, as ExecuTorch's co
     "phi_4_mini": dict(partial_rotary_factor=0.75, use_hf_rope=True, rope_theta=10000.0),
 }
 EXPORTS = [(family, qmode) for family in FAMILIES for qmode in (None, "4w")]
-HYBRIDS = {  # name -> (ModelArgs switches: a layer with a recurrent state, then attention; its states' count and dims)
+HYBRIDS = {  # name -> (ModelArgs switches as ExecuTorch's configs set them: a layer with a recurrent state, then
+    # attention (Qwen3.5's gated, its norms with a unit offset); the states' count and dims)
     "lfm2": ((("layer_types", ("conv", "full_attention")), ("hidden_dim", 128)), "1 recurrent state(s) (float32[1, 64, 2] ...)"),
     "qwen3_5": ((("layer_types", ("linear_attention", "full_attention")), ("hidden_dim", 128), ("linear_num_key_heads", 2),
-                 ("linear_num_value_heads", 4), ("linear_key_head_dim", 16), ("linear_value_head_dim", 16)),
+                 ("linear_num_value_heads", 4), ("linear_key_head_dim", 16), ("linear_value_head_dim", 16), ("use_q_gate", True),
+                 ("rms_norm_add_unit_offset", True), ("partial_rotary_factor", 0.25), ("use_qk_norm", True), ("qk_norm_before_rope", True),
+                 ("use_hf_rope", True), ("head_dim", 32), ("rope_theta", 10000000.0)),
                 "2 recurrent state(s) (float32[1, 128, 4] ...)"),
 }
 HYBRID_EXPORTS = [(family, qmode) for family in HYBRIDS for qmode in (None, "4w")]
