@@ -147,7 +147,7 @@ def recurrent_states(graph):
     """The state tensors that a copy overwrites whole each call: copies of a constant (et_vk.prepack)
     that a delegate's output is written back into (_written_back), and a program's own mutable
     buffers that aten::copy_ writes (Qwen3.5's)."""
-    copies = {args[1] for name, args in graph.calls if name == PREPACK and getattr(graph.values[args[0]], "constant", None) is not None}
+    copies = {args[1] for name, args in graph.calls if _copies_a_constant(graph.values, name, args)}
     return [args[1] for name, args in graph.calls if name == "move" and args[1] in copies] + [
         args[0] for name, args in graph.calls if name == COPY_INTO
     ]
@@ -161,6 +161,8 @@ def _read_live_states(g):
     takes a value computed from a copy of a constant of the buffer's dims (et_vk.prepack, the
     nearest such), that copy reads the buffer instead."""
     buffers = {args[0] for name, args in g.calls if name == COPY_INTO and g.values[args[0]].constant is None}
+    if not buffers:
+        return
     producer = {}
     for k, (name, args) in enumerate(g.calls):
         for out in _items(g.values, args[-1]) if args else ():
@@ -171,7 +173,7 @@ def _read_live_states(g):
         buffer = g.values[args[0]]
         frontier, seen = [args[1]], set()
         while frontier:
-            copy = next((k for v in frontier if (k := producer.get(v)) is not None and _copies_constant(g, k, buffer)), None)
+            copy = next((k for v in frontier if (k := producer.get(v)) is not None and _copies_a_constant(g.values, *g.calls[k], like=buffer)), None)
             if copy is not None:
                 g.calls[copy] = ("move", (args[0], g.calls[copy][1][1]))
                 break
@@ -185,10 +187,11 @@ def _items(values, vid):
     return value.items if isinstance(value, ValueList) else (vid,)
 
 
-def _copies_constant(g, k, like):
-    name, args = g.calls[k]
-    source = g.values[args[0]] if args else None
-    return name == PREPACK and getattr(source, "constant", None) is not None and _same_tensor(source, like)
+def _copies_a_constant(values, name, args, like=None):
+    """Whether call (name, args) copies a constant into a tensor of the delegate's (et_vk.prepack),
+    one of the dtype and dims of `like` when given."""
+    source = values[args[0]] if name == PREPACK else None
+    return getattr(source, "constant", None) is not None and (like is None or _same_tensor(source, like))
 
 
 def _inputs_taken(g, vk, passed):
@@ -222,7 +225,7 @@ def _written_back(vk, missing):
     lowers a buffer that the model overwrites each call (LFM2's short-convolution state,
     `conv_state.copy_(new)`) this way and drops the write-back; linking writes the output back
     into the state, as the model does. {} when they are not all such outputs."""
-    states = {c.args[1]: c.args[0] for c in vk.chain if c.name == PREPACK and vk.values[c.args[0]].constant is not None}
+    states = [c.args[1] for c in vk.chain if _copies_a_constant(vk.values, c.name, c.args)]
 
     def hops_from(state):  # ops from the state to each value computed from it (an op's last argument is its result)
         hops = {state: 0}
