@@ -6,12 +6,12 @@ the file compresses to a few MiB with xz: every tensor repeats one block, and on
 tensor is distinct so the named data (keyed by SHA-256) is not deduplicated. Timings only; the
 text it would produce is noise.
 
-    python examples/export_bench_model.py --out bench_models [--shape smollm2|llama3_2_1b|llama3_1_8b|qwen2_5_0_5b|qwen3_0_6b|phi_4_mini|lfm2_350m]
+    python examples/export_bench_model.py --out bench_models [--shape smollm2|llama3_2_1b|llama3_1_8b|qwen2_5_0_5b|qwen3_0_6b|phi_4_mini|lfm2_350m|qwen3_5_0_8b]
         [--layers N] [--max-context 2048] [--qmode 4w|8da4w] [--dtype fp16] [--static]
 
 `--shape` names the real model (SmolLM2-135M's from its GGUF; Llama 3.2 1B's and Llama 3.1 8B's
 from Meta's params.json; Qwen2.5-0.5B's, Qwen3-0.6B's and Phi-4-mini's from their Hugging Face
-configs; LFM2-350M's from ExecuTorch's); `--layers` keeps that many of its layers (an 8B in fp32
+configs; LFM2-350M's and Qwen3.5-0.8B's from ExecuTorch's); `--layers` keeps that many of its layers (an 8B in fp32
 is 32 GB before quantization: too much memory to export whole on a small machine).
 
 `--static` exports the same model without dynamic shapes (one token per call): the static twin
@@ -41,6 +41,12 @@ SHAPES = {  # Meta's params.json of each; SmolLM2's comes from its GGUF
     "lfm2_350m": dict(dim=1024, n_layers=16, n_heads=16, n_kv_heads=8, hidden_dim=4608, ffn_dim_multiplier=1, vocab_size=65536,
                       norm_eps=1e-5, rope_theta=1000000.0, use_hf_rope=True, use_qk_norm=True, qk_norm_before_rope=True,
                       layer_types=["full_attention" if i in (2, 5, 8, 10, 12, 14) else "conv" for i in range(16)]),
+    # ExecuTorch's own params of Qwen3.5-0.8B: three gated-delta (linear attention) layers, then one of gated attention
+    "qwen3_5_0_8b": dict(dim=1024, n_layers=24, n_heads=8, n_kv_heads=2, head_dim=256, hidden_dim=3584, vocab_size=248320,
+                         norm_eps=1e-6, rope_theta=10000000.0, use_hf_rope=True, partial_rotary_factor=0.25, use_qk_norm=True,
+                         qk_norm_before_rope=True, use_q_gate=True, rms_norm_add_unit_offset=True, linear_conv_kernel_dim=4,
+                         linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=16,
+                         layer_types=["full_attention" if i % 4 == 3 else "linear_attention" for i in range(24)]),
 }
 
 
