@@ -301,13 +301,18 @@ async def test_a_product_with_an_expanded_weight_runs_as_a_linear(load_pte):
 
 def test_gemm_splits_k_only_for_few_tiles():
     assert G.gemm_split(2047, 1536, 576, 1) == (1, 576)  # 768 tiles: enough
-    splits, kspan = G.gemm_split(37, 576, 576, 1)  # 9 tiles
+    splits, kspan = G.gemm_split(101, 576, 576, 1)  # 18 tiles
     assert splits == 8 and kspan % G.BK == 0 and (splits - 1) * kspan < 576 <= splits * kspan
     assert G.gemm_split(70, 67, 523, 1) == (7, 80)  # the last split is shorter
     assert G.gemm_split(37, 576, 100, 1) == (1, 100)  # K too short to split
-    for m, n, k, batch in ((37, 576, 576, 1), (70, 67, 523, 1), (67, 71, 199, 3), (300, 300, 4096, 1)):
+    # one row of tiles (decode rows): up to 16 splits toward 1,024 workgroups
+    assert G.gemm_split(64, 2048, 8192, 1) == (16, 512) and G.gemm_split(37, 576, 576, 1) == (9, 64)
+    assert G.gemm_split(61, 16384, 2048, 1)[0] == 4 and G.gemm_split(65, 2048, 8192, 1)[0] == 4
+    # dequantizing loads (4-bit weights) to 32 rows
+    assert G.gemm_split(32, 2048, 8192, 1, G.SMALL_TILE, dequantizes=True)[0] == 16 and G.gemm_split(33, 2048, 8192, 1, dequantizes=True)[0] == 8
+    for m, n, k, batch in ((37, 576, 576, 1), (70, 67, 523, 1), (67, 71, 199, 3), (300, 300, 4096, 1), (64, 2053, 8192, 1), (1, 7, 4099, 5)):
         splits, _ = G.gemm_split(m, n, k, batch)  # the splits' sums fit the scratch
-        assert splits * batch * m * n <= G.SPLIT_TARGET * G.TILE.bm * G.TILE.bn
+        assert splits * batch * m * n <= max(G.SPLIT_TARGET * G.TILE.bm * G.TILE.bn, G.ROW_SPLIT_TARGET * G.TILE.bm * G.TILE.bn)
 
 
 def test_mid_tiles_take_products_past_64_rows():

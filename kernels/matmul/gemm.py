@@ -46,6 +46,17 @@ BK = 16  # the K step of the GEMM's tiles
 # Split K while a product has fewer than SPLIT_TARGET workgroups, into at most MAX_SPLITS ranges
 # of at least MIN_SPLIT_K. The splits' sums then take at most SPLIT_TARGET tiles' outputs.
 SPLIT_TARGET, MAX_SPLITS, MIN_SPLIT_K = 256, 8, 64
+# A product of one row of tiles (a ragged pass of decode rows over a model's weights) streams
+# each weight once whatever its splits, and its few tiles leave an H200 latency-bound: to
+# ROW_SPLIT_ROWS rows (dequantizing loads: DEQUANTIZED_ROW_SPLIT_ROWS) it splits toward
+# ROW_SPLIT_TARGET workgroups, into at most ROW_MAX_SPLITS ranges. H200, Llama-3.2-1B, greedy
+# bursts, two rounds in one call: 4w at 32 streams 5,285 / 5,202 -> 5,863 / 5,892 tokens/s, a
+# 32-token prompt 5,153 / 5,042 -> 5,431 / 5,474; fp16 at 64 streams 7,240 / 7,217 -> 7,677 /
+# 7,669. 4-bit weights split so to 64 rows lost there (7,729 / 7,586 -> 7,482 / 7,437: a shorter
+# K range for the same dequantizing setup); these targets at every row count lost 6-11% on prompts
+# of 128-512 tokens; 2,048 workgroups and 32 ranges 4-5% below these at 64 streams
+# (results/h200/kernel_choices/gemm_row_splits/).
+ROW_SPLIT_TARGET, ROW_MAX_SPLITS, ROW_SPLIT_ROWS, DEQUANTIZED_ROW_SPLIT_ROWS = 1024, 16, 64, 32
 
 
 def params_bytes(m, n, k, batch=1, a_bs=0, b_bs=0, bias=(0, 0, 0), alpha=1.0, beta=1.0, split=(1, 0)):
@@ -414,11 +425,13 @@ def gemm_reduce_shader(has_bias, bias="f32", out="f32", clamp=None, residual=Fal
     return header(has_bias, (("part", "f32"),), bias=bias, out=out, clamp=clamp, residual=residual, store=store) + extra + GEMM_REDUCE
 
 
-def gemm_split(m, n, k, batch, tile=TILE):
+def gemm_split(m, n, k, batch, tile=TILE, dequantizes=False):
     """(splits, K per split) of a product in `tile`s: more workgroups for a GPU a few tiles leave
-    idle."""
+    idle; `dequantizes`: its load dequantizes B (TileLoad.dequantizes)."""
     tiles = -(-n // tile.bn) * -(-m // tile.bm) * batch
-    splits = max(1, min(MAX_SPLITS, SPLIT_TARGET // tiles, k // MIN_SPLIT_K))
+    row_split = m <= (DEQUANTIZED_ROW_SPLIT_ROWS if dequantizes else ROW_SPLIT_ROWS)
+    target, most = (ROW_SPLIT_TARGET, ROW_MAX_SPLITS) if row_split else (SPLIT_TARGET, MAX_SPLITS)
+    splits = max(1, min(most, target // tiles, k // MIN_SPLIT_K))
     kspan = -(-k // splits // BK) * BK if splits > 1 else max(k, 1)
     return -(-k // kspan) if splits > 1 else 1, kspan
 
@@ -439,12 +452,13 @@ def can_take_big_tile(most):
 def gemm_scratch(b, outs, together=False, most=(0, 0)):
     """Split-K's scratch for an op whose products (run one after another; `together`: as one,
     column_group) write `outs`: room for the splits' sums of the largest (of all), at most
-    SPLIT_TARGET of the largest tiles its products of at most (N, K) = `most` take (gemm_split's
-    bound); OpBuilder.scratch."""
+    SPLIT_TARGET of the largest tiles its products of at most (N, K) = `most` take, or
+    ROW_SPLIT_TARGET of TILE's (gemm_split's bounds: to ROW_SPLIT_ROWS, one row of TILE's); OpBuilder.scratch."""
     sizes = [numel_of(b.graph.values[o].dims) for o in outs]
     total = sum(sizes) if together else max(sizes)
     tile = BIG_TILE if can_take_big_tile(most) else TILE
-    return b.scratch("float32", max(1, min(SPLIT_TARGET * tile.bm * tile.bn, MAX_SPLITS * total)))
+    most_sums = max(SPLIT_TARGET * tile.bm * tile.bn, ROW_SPLIT_TARGET * TILE.bm * TILE.bn)
+    return b.scratch("float32", max(1, min(most_sums, ROW_MAX_SPLITS * total)))
 
 
 class GemmRoute:
@@ -491,7 +505,7 @@ class GemmRoute:
 
     def plan(self, m, n, k, batch, on=True):
         """(splits, kspan) for the uniform; (1, K) when the route is off."""
-        return gemm_split(m, n, k, batch, self.tile(m, n, k)) if on else (1, max(k, 1))
+        return gemm_split(m, n, k, batch, self.tile(m, n, k), self.dequantizes) if on else (1, max(k, 1))
 
     def set_grids(self, ctx, m, n, k, batch, splits, on=True):
         tile = self.tile(m, n, k)

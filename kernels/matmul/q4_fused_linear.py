@@ -184,7 +184,7 @@ class _Columns:
         plain = self.fused.plain
         if any(q4_subgroup_shape(self.fused.b, product.shapes, m, k) for product in plain):
             return None  # a product alone takes a subgroup kernel there (CPU adapters)
-        plans = {gemm_split(m, n, k, 1, product.gemm.tile(m, n, k)) for n, product in zip(self.ns, plain)}
+        plans = {gemm_split(m, n, k, 1, product.gemm.tile(m, n, k), product.gemm.dequantizes) for n, product in zip(self.ns, plain)}
         if len(plans) != 1:
             return None
         plan = plans.pop()
