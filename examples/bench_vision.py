@@ -4,6 +4,7 @@ against torch eager (CUDA when available) on the same modules with the same weig
     python examples/bench_vision.py export --out vision_models [--short] [--models mobilenet_v2,...]
     tar -C vision_models -cf - . | xz -9 > vision_models.tar.xz      # a few MB: carry this
     python examples/bench_vision.py run vision_models [--runs 20] [--json vision.json] [--profile]
+    python examples/bench_vision.py export --int8 --out int8_models --models mobilenet_v2,resnet50
 
 `export` needs ExecuTorch (the VulkanPartitioner); `run` needs only pte-wgpu and torch: the modules
 come from tests/vision_models.py and tests/zoo_models.py, and their weights from `tiled_weights`
@@ -16,7 +17,10 @@ Batch 1 and batch 8 are separate static exports: ExecuTorch delegates a convolut
 1, so the batch-8 CNNs run their convolutions as portable ops (on the GPU here too). Latency is the
 median of `--runs` calls after `--warmup`, from a numpy input to a numpy output, for torch too
 (input upload, forward, output read back). The check compares the first output of pte-wgpu with
-torch's (TF32 off) on one input. With `--profile`, one more execute of each model runs under the
+torch's (TF32 off) on one input. `export --int8` writes the CNNs quantized by ExecuTorch's static
+int8 flow instead (XNNPACKQuantizer, per-channel weights, calibrated on the sample; batch 1): its
+convolutions lower to q8ta ops, timed against torch eager fp32 on the float module (their outputs
+differ by the quantization: `matches` is False, the error is reported). With `--profile`, one more execute of each model runs under the
 GPU timestamp profiler (async_runtime/tools/profile.py) and its top ops by GPU time are printed
 and written to the JSON (per-dispatch passes: use the shares, not the sum, as the step's time).
 """
@@ -95,19 +99,20 @@ def export(args):
     import torch
 
     from tests.exporting import export_pte
+    from tests.test_more_ops import _xnnpack_static, export_quantized
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     entries = []
     for name in args.models:
-        for batch in (1, 8):
-            file = f"{name}_b{batch}.pte"
+        for batch in (1,) if args.int8 else (1, 8):
+            file = f"{name}{'_int8' if args.int8 else ''}_b{batch}.pte"
             sample = (torch.randn(batch, 3, args.image, args.image),)
             t = time.perf_counter()
             make = lambda: fold_batch_norms(tiled_weights(build(name, args.image, args.classes), args.seed))  # noqa: E731
-            pte, _ = export_pte(file, make, sample)
+            pte, _ = export_quantized(file.removesuffix(".pte"), _xnnpack_static, sample, make_module=make) if args.int8 else export_pte(file, make, sample)
             (out / file).write_bytes(pte)
-            entries.append(dict(model=name, batch=batch, image=args.image, classes=args.classes, file=file))
+            entries.append(dict(model=name, batch=batch, image=args.image, classes=args.classes, file=file, int8=args.int8))
             print(f"{file}: {len(pte) / 2**20:.1f} MiB in {time.perf_counter() - t:.0f} s", flush=True)
     manifest = dict(seed=args.seed, block_floats=BLOCK_FLOATS, entries=entries)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
@@ -186,7 +191,7 @@ def run(args):
                          wgpu_ms=ours * 1e3, wgpu_images_s=e["batch"] / ours,
                          torch_ms=theirs * 1e3, torch_images_s=e["batch"] / theirs,
                          max_abs_err=float(np.abs(got - want).max()), max_abs_torch=float(np.abs(want).max()),
-                         matches=bool(np.allclose(got, want, atol=ATOL, rtol=RTOL))))  # fmt: skip
+                         matches=not e.get("int8") and bool(np.allclose(got, want, atol=ATOL, rtol=RTOL))))  # fmt: skip
         print(markdown_row(rows[-1]), flush=True)
         if ops:
             rows[-1]["top_ops"] = ops
@@ -215,6 +220,7 @@ def main(argv=None):
     e = sub.add_parser("export", help="write the .pte files and manifest.json (needs ExecuTorch)")
     e.add_argument("--out", required=True)
     e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--int8", action="store_true", help="the CNNs quantized by ExecuTorch's static int8 flow, batch 1")
     r = sub.add_parser("run", help="time pte-wgpu and torch on an export folder")
     r.add_argument("folder")
     r.add_argument("--runs", type=int, default=20)

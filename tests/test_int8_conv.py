@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
+from pte_wgpu.kernels.quant import int8_conv, int8_gemm
 
 from .exporting import export_pte
 from .test_more_ops import _delegate_ops, _xnnpack_static, export_quantized
@@ -110,6 +111,47 @@ async def test_each_int8_convolution_matches_the_eager_quantized_program(load_pt
         await _assert_within_one_step(model, graph, x)
 
 
+class TiledConvs(torch.nn.Module):
+    """Convolutions of one group, the tiled route's (kernels/quant/int8_gemm.py): 3 -> 70 channels
+    3x3 (K = 27: the weight rows' last word partly padding; two row tiles), then 70 -> 40 at (3, 5)
+    with dilation (2, 1) (K = 1,050 over few tiles: split), then a pointwise 40 -> 67."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(3, 70, 3, stride=2, padding=1)
+        self.b = torch.nn.Conv2d(70, 40, (3, 5), padding=(2, 1), dilation=(2, 1))
+        self.c = torch.nn.Conv2d(40, 67, 1)
+
+    def forward(self, x):
+        h = self.b(torch.relu(self.a(x)))
+        return h, torch.relu(self.c(h))
+
+
+def _tiled_convs():
+    torch.manual_seed(5)
+    return export_quantized("q8_tiled_convs", _xnnpack_static, (torch.randn(2, 3, 23, 29),), make_module=TiledConvs)
+
+
+async def test_tiled_int8_convolutions_are_bitwise_the_direct_ones(load_pte, monkeypatch):
+    """The tiled route sums the same integers as the direct kernel (zero points, padding, K splits,
+    partial words), on int8 subgroup matrices where the device has them, so its outputs are
+    bitwise the direct route's; and within one step of eager."""
+    pte, graph = _tiled_convs()
+    assert {"et_vk.q8ta_conv2d.default", "et_vk.q8ta_conv2d_pw.default"} <= _delegate_ops(pte)
+    tiled = await load_pte(pte)
+    monkeypatch.setattr(int8_conv, "tiled", lambda *args: False)
+    direct = await load_pte(pte)
+    product = "subgroupMatrixLoad" if tiled.int8_matrices else "dot4I8Packed(x0"  # the products' way (int8_gemm.py)
+    products = lambda model: sum(product in (d.shader or "") for d in model.graph.dispatches)  # noqa: E731
+    assert (products(tiled), products(direct)) == (3, 0)
+    assert int8_gemm.split(40, 12 * 13, 1050, 2)[0] > 1  # the second convolution's K splits
+    torch.manual_seed(6)
+    for x in (torch.randn(2, 3, 23, 29), torch.randn(2, 3, 23, 29) * 3):
+        for got, want in zip(await tiled.execute(x), await direct.execute(x), strict=True):
+            np.testing.assert_array_equal(got, want)
+        await _assert_within_one_step(tiled, graph, x)
+
+
 class SmallCNN(torch.nn.Module):
     """conv + relu, depthwise + relu, two pointwise branches added, a transposed conv, pixel shuffle."""
 
@@ -132,7 +174,7 @@ def _int8_cnn():
     return export_quantized("q8_cnn", _xnnpack_static, (torch.randn(1, 3, 7, 9),), make_module=SmallCNN)
 
 
-PREBUILD = [functools.partial(_int8_conv, *case) for case in INT8_CONVS] + [_int8_cnn]  # tests/prebuild.py
+PREBUILD = [functools.partial(_int8_conv, *case) for case in INT8_CONVS] + [_int8_cnn, _tiled_convs]  # tests/prebuild.py
 
 
 async def test_small_int8_cnn_end_to_end(load_pte):

@@ -12,6 +12,13 @@ Like `q8ta_linear`, the sum of (xq - x_zp) * wq is exact in i32 (padding taps co
 as a dequantized zero would), then scaled by x_scale * w_scale[c], biased, optionally relu'd and
 requantized; the reference sums dequantized floats, so an output can sit one step away where it
 lands on a rounding boundary. One invocation computes the 4 outputs of one output word.
+
+Two routes, picked once at load:
+- tiled (one group, not transposed): the integer sums as an implicit GEMM in workgroup tiles
+  (kernels/quant/int8_gemm.py; on int8 subgroup matrices where the device offers them), then a word kernel that adds its K splits' sums and finishes each
+  output as the direct kernel does; the sums are the same integers, so the outputs are bitwise;
+- direct, the rest (depthwise, other grouped and transposed convolutions): each output's sum a
+  loop over its receptive field.
 """
 
 import struct
@@ -21,14 +28,15 @@ from pte_wgpu.resize.shapes import numel_of
 from ..registry import op
 from ..vision.conv import conv_out_shape
 from ..wgsl import fill
+from . import int8_gemm
 from .int8_elementwise import QUANT_FNS, inv, reader, word_grid, word_main, zero_point
 
-CONV_PARAMS = "<18I2i2f"
+CONV_PARAMS = "<19I2i2f"
 CONV_STRUCT = """struct P { n: u32, cout: u32, oh: u32, ow: u32, cin: u32, ih: u32, iw: u32, cin_g: u32,
            cout_g: u32, kh: u32, kw: u32, sh: u32, sw: u32, ph: u32, pw: u32, dh: u32, dw: u32,
-           row: u32, x_zp: i32, out_zp: i32, x_scale: f32, inv_out: f32 }"""
+           row: u32, splits: u32, x_zp: i32, out_zp: i32, x_scale: f32, inv_out: f32 }"""
 
-# Output element e at (n, co, oy, ox); $TAPS adds (xq - x_zp) * wq over its receptive field.
+# Output element e at (n, co, oy, ox); $SUM sums (xq - x_zp) * wq over its receptive field into acc.
 VALUE = """
 fn value(e: u32) -> i32 {
     let ox = e % p.ow;
@@ -37,10 +45,13 @@ fn value(e: u32) -> i32 {
     let n = e / (p.ow * p.oh * p.cout);
     let g = co / p.cout_g;
     var acc = 0;
-$TAPS
+$SUM
     let y = f32(acc) * p.x_scale * ws_at(co) + $BIAS;
     return quantize($ACTIVATION, p.inv_out, p.out_zp, -128, 127);
 }
+"""
+# The direct route's sum: the taps ($TAPS) of each input channel of the group
+ADD_CHANNELS = """
 fn add_channels(acc: i32, n: u32, g: u32, co: u32, iy: u32, ix: u32, tap: u32) -> i32 {
     var sum = acc;
     for (var ci = 0u; ci < p.cin_g; ci = ci + 1u) {
@@ -80,6 +91,69 @@ TRANSPOSED_TAPS = """
 ROW_WEIGHT = "co * p.row + tap * p.cin_g + ci"  # [Cout, taps x group channels (padded)]
 DEPTHWISE_WEIGHT = "tap * p.row + co"  # [kh, kw, Cout]
 
+# The tiled route's sum: the K splits' integer sums of output e
+SPLIT_SUMS = "    for (var s = 0u; s < p.splits; s = s + 1u) { acc = acc + parts[s * p.n + e]; }"
+
+# The tiled route's operands (kernels/quant/int8_gemm.py): A the weight rows, B im2col(x) of image
+# b, k = tap * Cin + ci as the weight rows order it, padding taps read as the zero point
+OPERANDS = """
+struct G { $FIELDS, cin: u32, ih: u32, iw: u32, ow: u32, row_words: u32 }
+const KW = ${KW}u;
+const STRIDE = vec2<u32>(${SH}u, ${SW}u);
+const PAD = vec2<i32>($PH, $PW);
+const DIL = vec2<u32>(${DH}u, ${DW}u);
+var<private> iy0: i32;  // the first input row and column of the pixel this invocation stages
+var<private> ix0: i32;
+fn a_word(m: u32, kw: u32) -> u32 {
+    let k = 4u * kw;
+    if (m >= g.M || k >= g.K) { return 0u; }
+    let word = w[m * g.row_words + kw];
+    return select(word & ((1u << (8u * (g.K - k))) - 1u), word, g.K - k >= 4u);
+}
+fn a_pair(m: u32, kw: u32) -> vec2<u32> { return vec2<u32>(a_word(m, kw), a_word(m, kw + 1u)); }
+fn b_pair(b: u32, n: u32, kw: u32) -> vec2<u32> {
+    var words = vec2<u32>(0u);
+    let k0 = 4u * kw;
+    if (n >= g.N || k0 >= g.K) { return words; }
+    var tap = k0 / g.cin;
+    var ci = k0 % g.cin;
+    for (var j = 0u; j < 8u; j = j + 1u) {
+        if (k0 + j < g.K) {
+            let iy = iy0 + i32(tap / KW * DIL.x);
+            let ix = ix0 + i32(tap % KW * DIL.y);
+            var v = u32(g.zp) & 0xFFu;
+            if (iy >= 0 && ix >= 0 && iy < i32(g.ih) && ix < i32(g.iw)) {
+                v = u32(x_at(((b * g.cin + ci) * g.ih + u32(iy)) * g.iw + u32(ix))) & 0xFFu;
+            }
+            words[j / 4u] = words[j / 4u] | (v << (8u * (j % 4u)));
+        }
+        ci = ci + 1u;
+        if (ci == g.cin) { ci = 0u; tap = tap + 1u; }
+    }
+    return words;
+}
+fn part_index(b: u32, m: u32, n: u32) -> u32 { return (b * g.M + m) * g.N + n; }
+"""
+OPERANDS_SETUP = """    iy0 = i32((n0 + lr) / g.ow * STRIDE.x) - PAD.x;
+    ix0 = i32((n0 + lr) % g.ow * STRIDE.y) - PAD.y;"""
+GEOMETRY_FORMAT = "<5I"
+
+
+def product_shader(kw, stride, padding, dilation, matrices=False):
+    """The tiled route's product for a kernel `kw` taps wide (int8_gemm.py; `matrices`: on int8
+    subgroup matrices): x, the weight, the sums, the uniform G."""
+    head = reader("x", "int8", 0) + reader("w", "int8", 1)
+    head += "@group(0) @binding(2) var<storage, read_write> parts: array<i32>;\n@group(0) @binding(3) var<uniform> g: G;\n"
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    head += fill(OPERANDS, FIELDS=int8_gemm.FIELDS, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw)
+    return int8_gemm.product_shader(head, OPERANDS_SETUP, matrices)
+
+
+def tiled(transposed, depthwise, groups, row):
+    """Whether a convolution takes the tiled route: one group, not transposed, weight rows of
+    whole words."""
+    return not transposed and not depthwise and groups == 1 and row % 4 == 0
+
 
 def _q8ta_conv(b, transposed=False, depthwise=False):
     values = b.graph.values
@@ -102,25 +176,36 @@ def _q8ta_conv(b, transposed=False, depthwise=False):
     # the torch weight shape, for the output shape formula
     torch_w = (cin, cout_g, kh, kw) if transposed else (cout, cin_g, kh, kw)
     row = values[weight].dims[-1]
+    is_tiled = tiled(transposed, depthwise, groups, row)
 
-    src = reader("x", "int8", 0) + reader("w", "int8", 1) + reader("ws", values[scales].dtype, 2)
-    bindings = [x, weight, scales]
-    if bias is not None:
-        src += reader("bias", "float32", 3)
-        bindings.append(bias)
+    # the word kernel's bindings: the direct route reads x and the weights, the tiled one the sums
+    bindings = [scales] + ([bias] if bias is not None else [])
+    bindings = bindings if is_tiled else [x, weight, *bindings]
+    src = "" if is_tiled else reader("x", "int8", 0) + reader("w", "int8", 1)
+    src += reader("ws", values[scales].dtype, len(bindings) - (bias is not None) - 1)
+    src += reader("bias", "float32", len(bindings) - 1) if bias is not None else ""
     nb = len(bindings)
     src += f"@group(0) @binding({nb}) var<storage, read_write> out: array<u32>;\n"
     src += f"@group(0) @binding({nb + 1}) var<uniform> p: P;\n{CONV_STRUCT};\n" + QUANT_FNS
+    if is_tiled:
+        parts = int8_gemm.parts_scratch(b, out)
+        src += f"@group(0) @binding({nb + 2}) var<storage, read> parts: array<i32>;\n"
+    else:
+        src += fill(ADD_CHANNELS, WEIGHT=DEPTHWISE_WEIGHT if depthwise else ROW_WEIGHT)
     src += fill(
         VALUE,
-        TAPS=TRANSPOSED_TAPS if transposed else DIRECT_TAPS,
-        WEIGHT=DEPTHWISE_WEIGHT if depthwise else ROW_WEIGHT,
+        SUM=SPLIT_SUMS if is_tiled else TRANSPOSED_TAPS if transposed else DIRECT_TAPS,
         BIAS="bias_at(co)" if bias is not None else "0.0",
         ACTIVATION="max(y, 0.0)" if activation == "relu" else "y",
     )
     src += word_main("int8")
     params = b.params(struct.calcsize(CONV_PARAMS))
-    d = b.dispatch(src, bindings + [out, params])
+    if is_tiled:
+        geometry = b.params(struct.calcsize(int8_gemm.FORMAT + GEOMETRY_FORMAT[1:]))
+        product = b.dispatch(product_shader(kw, stride, padding, dilation, b.int8_matrices), [x, weight, parts, geometry])
+        d = b.dispatch(src, bindings + [out, params, parts])
+    else:
+        d = b.dispatch(src, bindings + [out, params])
 
     def resize(ctx):
         shape = ctx.dims(x)
@@ -131,7 +216,13 @@ def _q8ta_conv(b, transposed=False, depthwise=False):
         except ValueError as e:
             b.fail(f"{e}")
         n = numel_of(oshape)
-        ints = (n, cout, *oshape[2:], cin, *shape[2:], cin_g, cout_g, kh, kw, *stride, *padding, *dilation, row)
+        splits = 1
+        if is_tiled:
+            pixels, k = oshape[2] * oshape[3], kh * kw * cin
+            uniform, splits = int8_gemm.params(cout, pixels, k, shape[0], x_zp)
+            ctx.set_params(geometry, uniform + struct.pack(GEOMETRY_FORMAT, cin, *shape[2:], oshape[3], row // 4))
+            ctx.set_grid(product, int8_gemm.grid(cout, pixels, shape[0], splits))
+        ints = (n, cout, *oshape[2:], cin, *shape[2:], cin_g, cout_g, kh, kw, *stride, *padding, *dilation, row, splits)
         ctx.set_params(params, struct.pack(CONV_PARAMS, *ints, x_zp, out_zp, x_scale, inv(out_scale)))
         ctx.set_grid(d, word_grid(n))
         ctx.set_dims(out, oshape)

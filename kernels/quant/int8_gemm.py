@@ -1,0 +1,182 @@
+"""int8 x int8 products with exact int32 sums in workgroup tiles: the q8ta convolutions of one
+group as an implicit GEMM (kernels/quant/int8_conv.py), on every adapter.
+
+For image b, sums[b, m, n] = sum over k of (B[n, k] - zp) * A[m, k]: A the weights, one row an
+output channel (as the partitioner stores them, K along the row), B the activations' operand
+(im2col of the input for a convolution), with a zero point zp; both int8, read four a 32-bit word
+(`a_pair(m, kw)`, `b_pair(b, n, kw)`: two words, elements 4kw .. 4kw + 7, zero past K). The tiles
+sum B * A with dot4I8Packed and subtracts zp times the sum of A's row over the same K, so its
+result is the integer sum the direct kernel takes (padding taps read as zp and add nothing),
+exactly, in any order. The sums go to `parts` (i32), one slice a K split; the op's word kernel
+adds the slices and finishes each output as the direct kernel does (scale, bias, requantize), so
+an output is bitwise the direct kernel's.
+
+A workgroup of 256 invocations takes a TILE x TILE tile of outputs; each K step stages STEP values
+of TILE rows of A and of B in workgroup memory, the next step's words loaded into registers while
+the products run. The invocations that stage a row of A also sum its words (dot4I8Packed with
+ones), added into the row's sum in workgroup memory at the end. The products, two ways:
+- dot4I8Packed on every adapter: each invocation sums 4 x 4 outputs (rows ty + 16i, columns
+  tx + 16j: a warp's reads of a staged row are 16 words ROW apart, on 16 banks);
+- where the device offers int8 subgroup matrices (kernels/matmul/int8_matrix.py's INT8_MATRIX,
+  Dawn on NVIDIA's tensor cores): each of the 8 subgroups multiplies one 16-row matrix of A by two
+  16-column matrices of B a step, with int32 sums over all of K (no scales to fold: a q8ta
+  product's scales are per output); the sums leave through workgroup memory at the end. Matrix
+  loads want rows 16 bytes apart (MATRIX_ROW words).
+"""
+
+import struct
+
+from pte_wgpu.resize.shapes import numel_of
+
+from ..wgsl import fill
+
+TILE = 64  # outputs a workgroup along M and along N
+STEP = 32  # K values a step stages: 8 words a row
+ROW = STEP // 4 + 1  # words a staged row takes (8, then 1 of padding: rows on distinct banks)
+MATRIX_ROW = STEP // 4 + 4  # ... for matrix loads: 48 bytes
+# Split K while a product has fewer than SPLIT_TARGET workgroups (ResNet's last stage at batch 1:
+# 512 channels of 7 x 7 pixels, 8 tiles over K = 4,608), into at most MAX_SPLITS ranges of at
+# least MIN_SPLIT_K.
+SPLIT_TARGET, MAX_SPLITS, MIN_SPLIT_K = 256, 16, 256
+
+# M, N, K, batch, K span a split (a multiple of STEP), splits, the zero point, then the caller's
+FIELDS = "M: u32, N: u32, K: u32, batch: u32, kspan: u32, splits: u32, zp: i32"
+FORMAT = "<6Ii"
+
+PRODUCT = """
+const ONES = 0x01010101u;
+var<workgroup> As: array<${T}, ${A_WORDS}>;
+var<workgroup> Bs: array<${T}, ${A_WORDS}>;
+var<workgroup> row_sums: array<atomic<i32>, ${TILE}>;
+$DECLS
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32$BUILTINS) {
+    let b = wid.z / g.splits;
+    let split = wid.z % g.splits;
+    let m0 = wid.y * ${TILE}u;
+    let n0 = wid.x * ${TILE}u;
+    let tx = li % 16u;
+    let ty = li / 16u;
+    let lr = li / 4u;  // the row of A and of B this invocation stages, and its two words of a step
+    let lw = 2u * (li % 4u);
+    let kw_beg = split * (g.kspan / 4u);
+    let kw_end = min((g.K + 3u) / 4u, kw_beg + g.kspan / 4u);
+    if (li < ${TILE}u) { atomicStore(&row_sums[li], 0); }
+$SETUP
+    var a = a_pair(m0 + lr, kw_beg + lw);
+    var bw = b_pair(b, n0 + lr, kw_beg + lw);
+    var row_sum = 0;
+$ACCS
+    for (var kw0 = kw_beg; kw0 < kw_end; kw0 = kw0 + ${STEP_WORDS}u) {
+        As[lr * ${ROW}u + lw] = ${T}(a.x);
+        As[lr * ${ROW}u + lw + 1u] = ${T}(a.y);
+        Bs[lr * ${ROW}u + lw] = ${T}(bw.x);
+        Bs[lr * ${ROW}u + lw + 1u] = ${T}(bw.y);
+        row_sum = row_sum + dot4I8Packed(a.x, ONES) + dot4I8Packed(a.y, ONES);
+        workgroupBarrier();
+        if (kw0 + ${STEP_WORDS}u < kw_end) {
+            a = a_pair(m0 + lr, kw0 + ${STEP_WORDS}u + lw);
+            bw = b_pair(b, n0 + lr, kw0 + ${STEP_WORDS}u + lw);
+        }
+$PRODUCTS
+        workgroupBarrier();
+    }
+    atomicAdd(&row_sums[lr], row_sum);
+    workgroupBarrier();
+    let total = g.batch * g.M * g.N;
+$STORES
+}
+"""
+
+
+def _dot_products():
+    """(accumulators, a step's products, the stores) of the dot4I8Packed way."""
+    accs = [f"    var c{i}{j} = 0;" for i in range(4) for j in range(4)]
+    products = []
+    for w in range(STEP // 4):
+        loads = [f"let x{i} = As[(ty + {16 * i}u) * {ROW}u + {w}u];" for i in range(4)]
+        loads += [f"let y{j} = Bs[(tx + {16 * j}u) * {ROW}u + {w}u];" for j in range(4)]
+        sums = [f"c{i}{j} = c{i}{j} + dot4I8Packed(x{i}, y{j});" for i in range(4) for j in range(4)]
+        products.append("        { " + " ".join(loads + sums) + " }")
+    stores = []
+    for i in range(4):
+        stores.append(f"    {{ let m = m0 + ty + {16 * i}u; let zp_sum = g.zp * atomicLoad(&row_sums[ty + {16 * i}u]);")
+        for j in range(4):
+            n = f"n0 + tx + {16 * j}u"
+            stores.append(f"      if (m < g.M && {n} < g.N) {{ parts[split * total + part_index(b, m, {n})] = c{i}{j} - zp_sum; }}")
+        stores.append("    }")
+    return accs, products, stores
+
+
+# The matrix way's end: each subgroup's two result matrices into `sums` ([TILE][TILE]), then each
+# invocation takes outputs li, li + 256, .. of the tile (neighbours along N: coalesced stores)
+MATRIX_STORES = """
+    let sums_at = 16u * (sg / 2u) * ${TILE}u + 32u * (sg % 2u);
+    subgroupMatrixStore<row_major>(&sums, sums_at, c0, ${TILE}u);
+    subgroupMatrixStore<row_major>(&sums, sums_at + 16u, c1, ${TILE}u);
+    workgroupBarrier();
+    for (var t = li; t < ${TILE}u * ${TILE}u; t = t + 256u) {
+        let m = m0 + t / ${TILE}u;
+        let n = n0 + t % ${TILE}u;
+        if (m < g.M && n < g.N) {
+            parts[split * total + part_index(b, m, n)] = sums[t] - g.zp * atomicLoad(&row_sums[t / ${TILE}u]);
+        }
+    }"""
+
+
+def _matrix_products():
+    """(accumulators, a step's products, the stores) of the subgroup-matrix way: subgroup sg takes
+    rows 16 (sg / 2) and columns 32 (sg % 2) .. + 31 of the tile."""
+    accs = ["    var c0 = subgroup_matrix_result<i32, 16, 16>();", "    var c1 = subgroup_matrix_result<i32, 16, 16>();"]
+    left = f"subgroupMatrixLoad<subgroup_matrix_left<i8, {STEP}, 16>, row_major>(&As, 16u * (sg / 2u) * {MATRIX_ROW}u, {MATRIX_ROW}u)"
+    right = [
+        f"subgroupMatrixLoad<subgroup_matrix_right<i8, 16, {STEP}>, col_major>(&Bs, (32u * (sg % 2u) + {16 * j}u) * {MATRIX_ROW}u, {MATRIX_ROW}u)"
+        for j in range(2)
+    ]
+    products = [
+        f"        {{ let l = {left}; let r0 = {right[0]}; let r1 = {right[1]};",
+        "          c0 = subgroupMatrixMultiplyAccumulate(l, r0, c0); c1 = subgroupMatrixMultiplyAccumulate(l, r1, c1); }",
+    ]
+    return accs, products, [fill(MATRIX_STORES, TILE=TILE)]
+
+
+def product_shader(head, setup="", matrices=False):
+    """The tiled product: `head` declares the uniform `g` (a struct starting with FIELDS), the
+    operands' bindings and `a_pair`, `b_pair` (and what they use), `part_index(b, m, n)` (an
+    output's index in a slice of `parts`) and `parts`, a read_write array<i32>; `setup` runs once
+    per invocation before the first load, knowing n0 + lr, the column of B it stages; `matrices`:
+    the products on int8 subgroup matrices (the module docstring)."""
+    accs, products, stores = _matrix_products() if matrices else _dot_products()
+    body = fill(
+        PRODUCT, T="i32" if matrices else "u32", A_WORDS=TILE * (MATRIX_ROW if matrices else ROW), TILE=TILE,
+        ROW=MATRIX_ROW if matrices else ROW, STEP_WORDS=STEP // 4, SETUP=setup, ACCS="\n".join(accs),
+        PRODUCTS="\n".join(products), STORES="\n".join(stores),
+        DECLS=f"var<workgroup> sums: array<i32, {TILE * TILE}>;\n" if matrices else "",
+        BUILTINS=", @builtin(subgroup_id) sg: u32" if matrices else "",
+    )
+    return ("enable chromium_experimental_subgroup_matrix;\n" if matrices else "") + head + body
+
+
+def split(m, n, k, batch):
+    """(splits, K span a split) of an M x N x K product over `batch` images."""
+    tiles = -(-m // TILE) * -(-n // TILE) * batch
+    splits = max(1, min(MAX_SPLITS, SPLIT_TARGET // tiles, k // MIN_SPLIT_K))
+    kspan = -(-k // splits // STEP) * STEP
+    return -(-k // kspan), kspan
+
+
+def params(m, n, k, batch, zp):
+    """The uniform's FIELDS, and the splits."""
+    splits, kspan = split(m, n, k, batch)
+    return struct.pack(FORMAT, m, n, k, batch, kspan, splits, zp), splits
+
+
+def grid(m, n, batch, splits):
+    return (-(-n // TILE), -(-m // TILE), batch * splits)
+
+
+def parts_scratch(b, out):
+    """The products' sums for output `out` at its largest: a slice an output while it has tiles
+    enough, else at most SPLIT_TARGET tiles' outputs a split (`split`)."""
+    total = numel_of(b.graph.values[out].dims)
+    return b.scratch("int32", max(1, min(MAX_SPLITS * total, max(total, SPLIT_TARGET * TILE * TILE))))

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The int8 convolutions' routes on an H200 (routes.py), wgpu-native then Dawn, with torch eager fp32
+# on the float modules. Run from the checkout root with the device's setup done (../../README's
+# device notes: .gl's Vulkan loader, the wheels of wgpu, wgpudawn and this project in /tmp/site);
+# $MODELS holds examples/bench_vision.py's `export --int8` folder (MobileNet V2 and ResNet-50 at
+# 224 px, batch 1) and tests/test_int8_conv.py's q8_tiled_convs export.
+set -u
+HERE=results/h200/int8_convolutions
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+for backend in wgpu-native dawn; do
+  for M in mobilenet_v2_int8_b1 resnet50_int8_b1; do
+    PTE_WGPU_BACKEND=$backend timeout 200 python3 $HERE/routes.py $MODELS/$M.pte --runs ${RUNS:-20} --torch $MODELS 2>&1 | grep -v Warn
+  done
+  PTE_WGPU_BACKEND=$backend timeout 100 python3 $HERE/routes.py $MODELS/q8_tiled_convs.pte --runs 5 --shape 2,3,23,29 2>&1 | grep -v Warn
+done
