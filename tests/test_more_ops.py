@@ -11,6 +11,7 @@ import torch
 
 from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
 from async_runtime.vulkan_patterns import cache_vulkan_pattern_graphs
+from pte_wgpu.kernels.quant import int8_gemm
 from pte_wgpu.resize.values import Scalar, SymInt
 
 from .exporting import export_pte, stored_pte
@@ -209,6 +210,47 @@ async def test_int8_static_quantized_model_matches_the_eager_quantized_program(l
     with torch.no_grad():
         want = graph(x * 4).numpy()
     assert np.mean(np.abs(got - want) < step / 2) > 0.95
+
+
+class WideLinears(torch.nn.Module):
+    """100 -> 72 (weight rows of 25 words: a step and a part), then 72 -> 130 with relu."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = torch.nn.Linear(100, 72), torch.nn.Linear(72, 130)
+
+    def forward(self, x):
+        return torch.relu(self.l2(self.l1(x)))
+
+
+def _wide_linears():
+    torch.manual_seed(7)  # the calibration sample
+    return export_quantized("q8_wide_linears", _xnnpack_static, (torch.randn(67, 100),), make_module=WideLinears)
+
+
+async def test_tiled_int8_linears_are_bitwise_the_direct_ones(load_pte, monkeypatch):
+    """The q8ta linears' tiled product (kernels/quant/int8_gemm.py) sums the integers the direct
+    kernel sums: outputs bitwise the direct route's at 67 rows (two tiles of 64: one partly
+    live). Against eager, 95% within one output step: where the first linear's output lands on
+    the other side of a rounding boundary, the second's moves by steps (the direct route's too;
+    tests above hold one linear to one step)."""
+    pte, graph = _wide_linears()
+    assert "et_vk.q8ta_linear.default" in _delegate_ops(pte)
+    tiled = await load_pte(pte)
+    monkeypatch.setattr(int8_gemm, "takes", lambda row: False)
+    direct = await load_pte(pte)
+    product = "subgroupMatrixLoad" if tiled.int8_matrices else "dot4I8Packed(x0"
+    assert [sum(product in (d.shader or "") for d in m.graph.dispatches) for m in (tiled, direct)] == [2, 0]
+    step = float(graph.graph.find_nodes(op="call_function", target=QD.dequantize_per_tensor.default)[-1].args[1])
+    torch.manual_seed(8)
+    x = torch.randn(67, 100)
+    for call in (x, x * 4):  # * 4: past the calibrated range
+        (got,), (want,) = await tiled.execute(call), await direct.execute(call)
+        np.testing.assert_array_equal(got, want)
+    (got,) = await tiled.execute(x)
+    with torch.no_grad():
+        steps = np.abs(got - graph(x).numpy()) / step
+    assert np.mean(steps <= 1.001) >= 0.95
 
 
 class Q8taElementwise(torch.nn.Module):

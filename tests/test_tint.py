@@ -1,12 +1,12 @@
 """Every kernel these models compile on wgpu-native (naga) also compiles through Dawn's WGSL
 compiler, Tint, with the directives the runtime adds under Dawn (async_runtime/backend.py):
 tiny Llamas in fp32, 4-bit (also in fp16) and 8-bit-activation forms, with GPU and CPU kernel variants and
-the GPU sampler, a small CNN and int8 convolutions; the kernels of f32 models on a device without shader-f16, as
+the GPU sampler, a small CNN, int8 convolutions and linears; the kernels of f32 models on a device without shader-f16, as
 Dawn's on NVIDIA. Dawn's Null backend compiles without a GPU; pipelines are not created, since
 its limits (8 storage buffers a stage, 16 KB of workgroup memory) are not a GPU's.
 
 The int8 subgroup-matrix kernels (Dawn's on NVIDIA GPUs only) are compiled from their generators:
-the 8da4w products' and the int8 convolutions'.
+the 8da4w products', the int8 convolutions' and linears'.
 
 Tint is stricter than naga: it wants `enable subgroups;` and refuses subgroup operations it cannot
 prove subgroup-uniform, a shift mixed with a product without parentheses, and infinite constants."""
@@ -23,12 +23,13 @@ from async_runtime import pipelines
 from pte_wgpu.kernels.matmul import int8_matrix, linear
 from pte_wgpu.kernels.matmul.q4_linear import Storage, matrix_heads
 from pte_wgpu.kernels.matmul.routes import FLOAT_SG_GPU_WIDE
-from pte_wgpu.kernels.quant import int8_conv
+from pte_wgpu.kernels.quant import int8_conv, per_channel_linear
 
 from .llama import export_llama
 from .test_llama import CONFIGS, CONTEXT
 from .test_q4_fusion import LLAMA
 from .test_int8_conv import _tiled_convs
+from .test_more_ops import _wide_linears
 from .test_vision_ops import _cnn
 
 pytestmark = [
@@ -77,7 +78,7 @@ async def test_every_kernel_compiles_under_tint(tmp_path_factory, load_pte, monk
     monkeypatch.setattr(pipelines, "wgsl_for_device", recording)
     configs = {**CONFIGS, **LLAMA}  # fp32, 4w, 8da4w, and 4w in fp16
     models = {name: export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, **config)[0] for name, config in configs.items()}
-    models["cnn"], models["int8 convolutions"] = _cnn()[0], _tiled_convs()[0]
+    models["cnn"], models["int8 convolutions"], models["int8 linears"] = _cnn()[0], _tiled_convs()[0], _wide_linears()[0]
     for name, pte in models.items():
         for kernels in ("gpu", "cpu"):
             monkeypatch.setenv("PTE_WGPU_KERNELS", kernels)
@@ -90,8 +91,11 @@ async def test_every_kernel_compiles_under_tint(tmp_path_factory, load_pte, monk
         where = f"int8 matrices {zp_packed, has_bias, residual, types}"
         sources[int8_matrix.quantize_shader(quantize)] = (where + ", quantize", types.x)  # x's storage: the precision
         sources[int8_matrix.matrix_shader(product, 6 + has_bias)] = (where, types.x)
-    for matrices in (False, True):  # the int8 convolutions' products on int8 matrices too
-        sources[int8_conv.product_shader(3, (2, 1), (1, 0), (1, 2), matrices)] = (f"int8 convolution, matrices {matrices}", "f32")
+    for matrices in (False, True):  # the int8 convolutions' and linears' products on int8 matrices too
+        for kernel, stride, padding in (((3, 3), (2, 1), (1, 0)), ((1, 1), (1, 1), (0, 0))):
+            sources[int8_conv.product_shader(kernel, stride, padding, (1, 2), matrices)] = (f"int8 convolution {kernel}, matrices {matrices}", "f32")
+        for x_dtype, x_byte in (("int8", per_channel_linear.Q8TA_X), ("float32", per_channel_linear.Q8CSW_X)):
+            sources[per_channel_linear.product_shader(x_dtype, x_byte, matrices)] = (f"int8 linear, {x_dtype} x, matrices {matrices}", "f32")
     for shape in FLOAT_SG_GPU_WIDE:  # float products of long rows (K >= 2,048: no tiny model has them)
         for weights in ("f32", "f16"):
             types = linear.Storage(weights, weights, "f32", weights)

@@ -27,6 +27,7 @@ from pte_wgpu.resize.shapes import numel_of
 
 from ..registry import op
 from ..vision.conv import conv_out_shape
+from ..vision.conv_gemm import is_pointwise
 from ..wgsl import fill
 from . import int8_gemm
 from .int8_elementwise import QUANT_FNS, inv, reader, word_grid, word_main, zero_point
@@ -97,20 +98,18 @@ SPLIT_SUMS = "    for (var s = 0u; s < p.splits; s = s + 1u) { acc = acc + parts
 # The tiled route's operands (kernels/quant/int8_gemm.py): A the weight rows, B im2col(x) of image
 # b, k = tap * Cin + ci as the weight rows order it, padding taps read as the zero point
 OPERANDS = """
-struct G { $FIELDS, cin: u32, ih: u32, iw: u32, ow: u32, row_words: u32 }
+struct G { $FIELDS, cin: u32, ih: u32, iw: u32, ow: u32 }
+fn x_byte(i: u32) -> u32 { return (x[i / 4u] >> (8u * (i % 4u))) & 0xFFu; }
+fn part_index(b: u32, m: u32, n: u32) -> u32 { return (b * g.M + m) * g.N + n; }
+"""
+# B of any window, stride, padding and dilation: a K value's tap and channel followed along the 8
+IM2COL_B = """
 const KW = ${KW}u;
 const STRIDE = vec2<u32>(${SH}u, ${SW}u);
 const PAD = vec2<i32>($PH, $PW);
 const DIL = vec2<u32>(${DH}u, ${DW}u);
 var<private> iy0: i32;  // the first input row and column of the pixel this invocation stages
 var<private> ix0: i32;
-fn a_word(m: u32, kw: u32) -> u32 {
-    let k = 4u * kw;
-    if (m >= g.M || k >= g.K) { return 0u; }
-    let word = w[m * g.row_words + kw];
-    return select(word & ((1u << (8u * (g.K - k))) - 1u), word, g.K - k >= 4u);
-}
-fn a_pair(m: u32, kw: u32) -> vec2<u32> { return vec2<u32>(a_word(m, kw), a_word(m, kw + 1u)); }
 fn b_pair(b: u32, n: u32, kw: u32) -> vec2<u32> {
     var words = vec2<u32>(0u);
     let k0 = 4u * kw;
@@ -123,7 +122,7 @@ fn b_pair(b: u32, n: u32, kw: u32) -> vec2<u32> {
             let ix = ix0 + i32(tap % KW * DIL.y);
             var v = u32(g.zp) & 0xFFu;
             if (iy >= 0 && ix >= 0 && iy < i32(g.ih) && ix < i32(g.iw)) {
-                v = u32(x_at(((b * g.cin + ci) * g.ih + u32(iy)) * g.iw + u32(ix))) & 0xFFu;
+                v = x_byte(((b * g.cin + ci) * g.ih + u32(iy)) * g.iw + u32(ix));
             }
             words[j / 4u] = words[j / 4u] | (v << (8u * (j % 4u)));
         }
@@ -132,27 +131,43 @@ fn b_pair(b: u32, n: u32, kw: u32) -> vec2<u32> {
     }
     return words;
 }
-fn part_index(b: u32, m: u32, n: u32) -> u32 { return (b * g.M + m) * g.N + n; }
 """
-OPERANDS_SETUP = """    iy0 = i32((n0 + lr) / g.ow * STRIDE.x) - PAD.x;
+IM2COL_SETUP = """    iy0 = i32((n0 + lr) / g.ow * STRIDE.x) - PAD.x;
     ix0 = i32((n0 + lr) % g.ow * STRIDE.y) - PAD.y;"""
-GEOMETRY_FORMAT = "<5I"
+# B of a pointwise convolution (1x1, stride 1, no padding): pixel n of channels k .., a plane apart
+POINTWISE_B = """
+fn b_pair(b: u32, n: u32, kw: u32) -> vec2<u32> {
+    var words = vec2<u32>(0u);
+    let k0 = 4u * kw;
+    if (n >= g.N || k0 >= g.K) { return words; }
+    var i = (b * g.cin + k0) * g.N + n;
+    for (var j = 0u; j < 8u; j = j + 1u) {
+        if (k0 + j < g.K) { words[j / 4u] = words[j / 4u] | (x_byte(i) << (8u * (j % 4u))); }
+        i = i + g.N;
+    }
+    return words;
+}
+"""
+GEOMETRY_FORMAT = "<4I"
 
 
-def product_shader(kw, stride, padding, dilation, matrices=False):
-    """The tiled route's product for a kernel `kw` taps wide (int8_gemm.py; `matrices`: on int8
+def product_shader(kernel, stride, padding, dilation, matrices=False):
+    """The tiled route's product for a `kernel` (height, width) (int8_gemm.py; `matrices`: on int8
     subgroup matrices): x, the weight, the sums, the uniform G."""
     head = reader("x", "int8", 0) + reader("w", "int8", 1)
     head += "@group(0) @binding(2) var<storage, read_write> parts: array<i32>;\n@group(0) @binding(3) var<uniform> g: G;\n"
+    head += fill(OPERANDS, FIELDS=int8_gemm.FIELDS) + int8_gemm.WEIGHT_ROWS
+    if is_pointwise(kernel, stride, padding):
+        return int8_gemm.product_shader(head + POINTWISE_B, matrices=matrices)
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
-    head += fill(OPERANDS, FIELDS=int8_gemm.FIELDS, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw)
-    return int8_gemm.product_shader(head, OPERANDS_SETUP, matrices)
+    head += fill(IM2COL_B, KW=kernel[1], SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw)
+    return int8_gemm.product_shader(head, IM2COL_SETUP, matrices)
 
 
 def tiled(transposed, depthwise, groups, row):
     """Whether a convolution takes the tiled route: one group, not transposed, weight rows of
     whole words."""
-    return not transposed and not depthwise and groups == 1 and row % 4 == 0
+    return not transposed and not depthwise and groups == 1 and int8_gemm.takes(row)
 
 
 def _q8ta_conv(b, transposed=False, depthwise=False):
@@ -202,7 +217,7 @@ def _q8ta_conv(b, transposed=False, depthwise=False):
     params = b.params(struct.calcsize(CONV_PARAMS))
     if is_tiled:
         geometry = b.params(struct.calcsize(int8_gemm.FORMAT + GEOMETRY_FORMAT[1:]))
-        product = b.dispatch(product_shader(kw, stride, padding, dilation, b.int8_matrices), [x, weight, parts, geometry])
+        product = b.dispatch(product_shader((kh, kw), stride, padding, dilation, b.int8_matrices), [x, weight, parts, geometry])
         d = b.dispatch(src, bindings + [out, params, parts])
     else:
         d = b.dispatch(src, bindings + [out, params])
@@ -219,8 +234,8 @@ def _q8ta_conv(b, transposed=False, depthwise=False):
         splits = 1
         if is_tiled:
             pixels, k = oshape[2] * oshape[3], kh * kw * cin
-            uniform, splits = int8_gemm.params(cout, pixels, k, shape[0], x_zp)
-            ctx.set_params(geometry, uniform + struct.pack(GEOMETRY_FORMAT, cin, *shape[2:], oshape[3], row // 4))
+            uniform, splits = int8_gemm.params(cout, pixels, k, shape[0], x_zp, row)
+            ctx.set_params(geometry, uniform + struct.pack(GEOMETRY_FORMAT, cin, *shape[2:], oshape[3]))
             ctx.set_grid(product, int8_gemm.grid(cout, pixels, shape[0], splits))
         ints = (n, cout, *oshape[2:], cin, *shape[2:], cin_g, cout_g, kh, kw, *stride, *padding, *dilation, row, splits)
         ctx.set_params(params, struct.pack(CONV_PARAMS, *ints, x_zp, out_zp, x_scale, inv(out_scale)))

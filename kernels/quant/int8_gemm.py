@@ -1,5 +1,5 @@
 """int8 x int8 products with exact int32 sums in workgroup tiles: the q8ta convolutions of one
-group as an implicit GEMM (kernels/quant/int8_conv.py), on every adapter.
+group as an implicit GEMM (kernels/quant/int8_conv.py) and the q8ta linears, on every adapter.
 
 For image b, sums[b, m, n] = sum over k of (B[n, k] - zp) * A[m, k]: A the weights, one row an
 output channel (as the partitioner stores them, K along the row), B the activations' operand
@@ -9,7 +9,8 @@ sum B * A with dot4I8Packed and subtracts zp times the sum of A's row over the s
 result is the integer sum the direct kernel takes (padding taps read as zp and add nothing),
 exactly, in any order. The sums go to `parts` (i32), one slice a K split; the op's word kernel
 adds the slices and finishes each output as the direct kernel does (scale, bias, requantize), so
-an output is bitwise the direct kernel's.
+an output is bitwise the direct kernel's. The q8ta linears (kernels/quant/per_channel_linear.py)
+take it too: B their input rows, read as int8 or quantized as they are read.
 
 A workgroup of 256 invocations takes a TILE x TILE tile of outputs; each K step stages STEP values
 of TILE rows of A and of B in workgroup memory, the next step's words loaded into registers while
@@ -39,9 +40,22 @@ MATRIX_ROW = STEP // 4 + 4  # ... for matrix loads: 48 bytes
 # least MIN_SPLIT_K.
 SPLIT_TARGET, MAX_SPLITS, MIN_SPLIT_K = 256, 16, 256
 
-# M, N, K, batch, K span a split (a multiple of STEP), splits, the zero point, then the caller's
-FIELDS = "M: u32, N: u32, K: u32, batch: u32, kspan: u32, splits: u32, zp: i32"
-FORMAT = "<6Ii"
+# M, N, K, batch, K span a split (a multiple of STEP), splits, the zero point, the weight rows'
+# words (A's), then the caller's
+FIELDS = "M: u32, N: u32, K: u32, batch: u32, kspan: u32, splits: u32, zp: i32, row_words: u32"
+FORMAT = "<6IiI"
+
+# A: the int8 weight `w` as the partitioner stores it, a row of g.row_words words an output, read
+# as zeros past K (a row's padding)
+WEIGHT_ROWS = """
+fn a_word(m: u32, kw: u32) -> u32 {
+    let k = 4u * kw;
+    if (m >= g.M || k >= g.K) { return 0u; }
+    let word = w[m * g.row_words + kw];
+    return select(word & ((1u << (8u * (g.K - k))) - 1u), word, g.K - k >= 4u);
+}
+fn a_pair(m: u32, kw: u32) -> vec2<u32> { return vec2<u32>(a_word(m, kw), a_word(m, kw + 1u)); }
+"""
 
 PRODUCT = """
 const ONES = 0x01010101u;
@@ -159,16 +173,21 @@ def product_shader(head, setup="", matrices=False):
 
 def split(m, n, k, batch):
     """(splits, K span a split) of an M x N x K product over `batch` images."""
-    tiles = -(-m // TILE) * -(-n // TILE) * batch
+    tiles = max(1, -(-m // TILE) * -(-n // TILE) * batch)
     splits = max(1, min(MAX_SPLITS, SPLIT_TARGET // tiles, k // MIN_SPLIT_K))
     kspan = -(-k // splits // STEP) * STEP
     return -(-k // kspan), kspan
 
 
-def params(m, n, k, batch, zp):
-    """The uniform's FIELDS, and the splits."""
+def takes(row):
+    """Whether weight rows of `row` int8 values are whole words (WEIGHT_ROWS)."""
+    return row % 4 == 0
+
+
+def params(m, n, k, batch, zp, row):
+    """The uniform's FIELDS for weight rows of `row` values, and the splits."""
     splits, kspan = split(m, n, k, batch)
-    return struct.pack(FORMAT, m, n, k, batch, kspan, splits, zp), splits
+    return struct.pack(FORMAT, m, n, k, batch, kspan, splits, zp, row // 4), splits
 
 
 def grid(m, n, batch, splits):
