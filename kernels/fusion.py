@@ -35,6 +35,11 @@ kernel would bind more storage buffers than the device allows (Dawn's Vulkan ada
   `aten.linear(x, w)`, which reads w in place where the copies wrote it once per batch every
   call (the same sums, but for how the GEMM splits K at the two shapes).
 
+- A float clamp between a dequantize and a quantize of numbers for parameters (the ReLU6 of an
+  int8 MobileNet: ExecuTorch's static int8 flow leaves it in float, the partitioner does not fuse
+  it) becomes one `pte_wgpu.requantized_clamp` over the bytes (kernels/quant/quantize.py): the three
+  ops' f32 arithmetic in one dispatch, where they ran three and moved floats between.
+
 Views that only fed a fused op are dropped with it. Each rewrite keeps every row's sums in the
 order of the ops it replaces.
 """
@@ -45,6 +50,7 @@ from pte_wgpu.resize.values import NONE, IntList, Scalar, Tensor, ValueList
 
 from .attention.rope import ROPE_NAMES  # what the RoPE adds to a q/k/v group's bindings
 from .matmul.qkv_rope import GROUPS as ROPE_GROUPS  # the q/k/v groups that take a RoPE
+from .quant.quantize import REQUANTIZED_CLAMP
 from .registry import op
 from .tensor.elementwise import add_elementwise
 from .tensor.reduce import SAFE_SOFTMAX
@@ -122,6 +128,7 @@ def fuse(graph):
 
 def _fuse_all(graph):
     fused = _fuse_safe_softmax(graph)
+    fused += _fuse_requantized_clamps(graph)
     fused += _fuse_batched_weight(graph)
     fused += _fuse_silu(graph)
     fused += _fuse_swiglu(graph)
@@ -154,6 +161,35 @@ def _fuse_silu(graph):
                 continue
             break
     graph.calls[:] = [c for i, c in enumerate(calls) if i not in drop]
+    return fused
+
+
+DEQUANTIZE = "quantized_decomposed.dequantize_per_tensor.default"
+QUANTIZE = "quantized_decomposed.quantize_per_tensor.default"
+CLAMPS = ("aten.hardtanh.default", "aten.clamp.default")
+
+
+def _fuse_requantized_clamps(graph):
+    values, uses, producer = graph.values, _uses(graph), _producers(graph)
+    calls, drop, fused = graph.calls, set(), 0
+    numbers = lambda args: all(isinstance(values[a], Scalar) for a in args)  # noqa: E731
+    for k, (name, args) in enumerate(calls):
+        if name != QUANTIZE or len(args) != 7 or not numbers(args[1:5]):
+            continue
+        j = producer.get(args[0])
+        if j is None or calls[j][0] not in CLAMPS or uses[args[0]] != 1 or not numbers(calls[j][1][1:3]):
+            continue
+        clamped = calls[j][1][0]
+        i = producer.get(clamped)
+        if i is None or calls[i][0] != DEQUANTIZE or uses[clamped] != 1 or len(calls[i][1]) != 8 or not numbers(calls[i][1][1:3]):
+            continue
+        if {values[clamped].dtype, values[args[0]].dtype} != {"float32"}:  # f16 between would round
+            continue
+        q, scale, zp = calls[i][1][:3]
+        calls[k] = (REQUANTIZED_CLAMP, (q, scale, zp, *calls[j][1][1:3], *args[1:5], args[-1]))
+        drop.update((i, j))
+        fused += 1
+    graph.calls[:] = [c for n, c in enumerate(calls) if n not in drop]
     return fused
 
 

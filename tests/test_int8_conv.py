@@ -18,7 +18,9 @@ import pytest
 import torch
 
 from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
+from pte_wgpu.kernels import fusion
 from pte_wgpu.kernels.quant import int8_conv, int8_gemm
+from pte_wgpu.kernels.quant.quantize import REQUANTIZED_CLAMP
 
 from .exporting import export_pte
 from .test_more_ops import _delegate_ops, _xnnpack_static, export_quantized
@@ -152,6 +154,39 @@ async def test_tiled_int8_convolutions_are_bitwise_the_direct_ones(load_pte, mon
         await _assert_within_one_step(tiled, graph, x)
 
 
+class ConvRelu6(torch.nn.Module):
+    """MobileNet's block: convolution, ReLU6 (left in float by the static int8 flow), convolution."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Conv2d(5, 12, 3, padding=1), torch.nn.Conv2d(12, 7, 1)
+
+    def forward(self, x):
+        return self.b(torch.nn.functional.relu6(self.a(x)))
+
+
+def _conv_relu6():
+    torch.manual_seed(9)
+    return export_quantized("q8_conv_relu6", _xnnpack_static, (torch.randn(1, 5, 9, 13),), make_module=ConvRelu6)
+
+
+async def test_requantized_clamp_is_bitwise_the_three_ops(load_pte, monkeypatch):
+    """dequantize -> hardtanh -> quantize runs as one pte_wgpu.requantized_clamp (kernels/fusion.py):
+    the outputs bitwise those of the three ops, and within one step of eager."""
+    pte, graph = _conv_relu6()
+    fused = await load_pte(pte)
+    monkeypatch.setattr(fusion, "_fuse_requantized_clamps", lambda graph: 0)
+    apart = await load_pte(pte)
+    ops = [{d.op for d in m.graph.dispatches} for m in (fused, apart)]
+    assert REQUANTIZED_CLAMP in ops[0] and "aten.hardtanh.default" not in ops[0]
+    assert REQUANTIZED_CLAMP not in ops[1] and "aten.hardtanh.default" in ops[1]
+    torch.manual_seed(10)
+    for x in (torch.randn(1, 5, 9, 13), torch.randn(1, 5, 9, 13) * 3):
+        for got, want in zip(await fused.execute(x), await apart.execute(x), strict=True):
+            np.testing.assert_array_equal(got, want)
+    await _assert_within_one_step(fused, graph, torch.randn(1, 5, 9, 13))
+
+
 class SmallCNN(torch.nn.Module):
     """conv + relu, depthwise + relu, two pointwise branches added, a transposed conv, pixel shuffle."""
 
@@ -174,7 +209,7 @@ def _int8_cnn():
     return export_quantized("q8_cnn", _xnnpack_static, (torch.randn(1, 3, 7, 9),), make_module=SmallCNN)
 
 
-PREBUILD = [functools.partial(_int8_conv, *case) for case in INT8_CONVS] + [_int8_cnn, _tiled_convs]  # tests/prebuild.py
+PREBUILD = [functools.partial(_int8_conv, *case) for case in INT8_CONVS] + [_int8_cnn, _tiled_convs, _conv_relu6]  # tests/prebuild.py
 
 
 async def test_small_int8_cnn_end_to_end(load_pte):

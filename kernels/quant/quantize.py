@@ -16,7 +16,7 @@ from pte_wgpu.resize.shapes import fold_grid, normalize_dim, numel_of
 
 from ..registry import op
 from ..wgsl import DIV_RN, PACKED, fill, is_float
-from .int8_elementwise import QUANT_FNS, add_word_map, inv
+from .int8_elementwise import QUANT_FNS, add_word_map, inv, zero_point
 
 QUANTIZE_TENSOR_QPARAMS = """
 fn value(i: u32) -> i32 {
@@ -70,6 +70,24 @@ def dequantize_per_tensor(b):
     else:
         consts = ((float(b.scalar(1)), 0.0, 0.0, 0.0), (0, 0, b.scalar(2, 0), 0))
         add_word_map(b, [b.args[0]], QUANT_FNS + DEQUANTIZE_SCALAR_QPARAMS, lambda ctx: consts)
+
+
+# dequantize -> clamp -> quantize with numbers for parameters, as one kernel (kernels/fusion.py):
+# the three ops' f32 arithmetic in their order, so the bytes those ops give
+REQUANTIZED_CLAMP = "pte_wgpu.requantized_clamp"
+REQUANTIZED_CLAMP_VALUE = """
+fn value(i: u32) -> i32 {
+    return quantize(clamp(dequantize(in0_at(i), p.f.x, p.k.x), p.f.z, p.f.w), p.f.y, p.k.y, p.k.z, p.k.w);
+}
+"""
+
+
+@op(REQUANTIZED_CLAMP)
+def requantized_clamp(b):
+    """[q, scale, zero_point, min or None, max or None, out scale, out zero_point, qmin, qmax, out]."""
+    lo, hi = float(b.scalar(3, -3.4e38)), float(b.scalar(4, 3.4e38))
+    consts = ((float(b.scalar(1)), inv(b.scalar(5)), lo, hi), (zero_point(b, 2), zero_point(b, 6), b.scalar(7), b.scalar(8)))
+    add_word_map(b, [b.args[0]], QUANT_FNS + REQUANTIZED_CLAMP_VALUE, lambda ctx: consts)
 
 
 def _channel_coords(b, axis):
