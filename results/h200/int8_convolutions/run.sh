@@ -3,10 +3,12 @@
 # on the float modules. Run from the checkout root with the device's setup done (../../README's
 # device notes: .gl's Vulkan loader, the wheels of wgpu, wgpudawn and this project in /tmp/site);
 # $MODELS holds examples/bench_vision.py's `export --int8` folder (MobileNet V2 and ResNet-50 at
-# 224 px, batch 1) and tests/test_int8_conv.py's q8_tiled_convs export.
+# 224 px, batch 1) and tests/test_int8_conv.py's q8_tiled_convs export; $FP32 the float exports
+# of the same models at batch 1 (`export`), for our fp32 beside our int8.
 set -u
 HERE=results/h200/int8_convolutions
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+[ -n "${FP32:-}" ] && timeout 200 python3 examples/bench_vision.py run $FP32 --runs ${RUNS:-20} 2>&1 | grep -v Warn | tail -4
 for backend in wgpu-native dawn; do
   for M in mobilenet_v2_int8_b1 resnet50_int8_b1; do
     PTE_WGPU_BACKEND=$backend timeout 200 python3 $HERE/routes.py $MODELS/$M.pte --runs ${RUNS:-20} --torch $MODELS 2>&1 | grep -v Warn

@@ -2,7 +2,10 @@
 dispatch in a timestamped pass of its own), the q8ta ops' dispatches split into the tiled product
 and the word kernel, and the slowest dispatches with their grids.
 
-    python profile.py MODEL.pte [--shape 1,3,224,224]
+    python dispatch_times.py MODEL.pte [--shape 1,3,224,224] [--no-matrices]
+
+On Dawn the timestamps are the driver's ticks (1 ns on NVIDIA); --no-matrices loads the export
+without the int8 subgroup matrices (the dot4I8Packed products).
 """
 
 import argparse
@@ -16,9 +19,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import async_runtime as ar  # noqa: E402
+import async_runtime.model as runtime_model  # noqa: E402
+from async_runtime import backend  # noqa: E402
 from async_runtime.tools.profile import Profiler, enable_timestamp_normalization  # noqa: E402
 
-enable_timestamp_normalization()
+if backend.NAME != "dawn":
+    enable_timestamp_normalization()
 
 
 def kind(shader):
@@ -31,6 +37,8 @@ def kind(shader):
 
 async def main(args):
     x = np.random.default_rng(0).standard_normal(args.shape).astype(np.float32)
+    if args.no_matrices:
+        runtime_model.INT8_MATRIX = None
     async with await ar.load(args.model) as model:
         await model.execute(x)
         session = await model.open_session()
@@ -63,4 +71,5 @@ async def main(args):
 p = argparse.ArgumentParser()
 p.add_argument("model")
 p.add_argument("--shape", type=lambda v: tuple(int(d) for d in v.split(",")), default=(1, 3, 224, 224))
+p.add_argument("--no-matrices", action="store_true")
 anyio.run(main, p.parse_args())
