@@ -136,8 +136,10 @@ def _tiled_convs():
 
 async def test_tiled_int8_convolutions_are_bitwise_the_direct_ones(load_pte, monkeypatch):
     """The tiled route sums the same integers as the direct kernel (zero points, padding, K splits,
-    partial words), on int8 subgroup matrices where the device has them, so its outputs are
-    bitwise the direct route's; and within one step of eager."""
+    partial words), on int8 subgroup matrices where the device has them, and finishes each output
+    with its arithmetic (in the product for the first and third convolutions: one K split, planes
+    of whole words; in the word kernel for the second), so its outputs are bitwise the direct
+    route's; and within one step of eager."""
     pte, graph = _tiled_convs()
     assert {"et_vk.q8ta_conv2d.default", "et_vk.q8ta_conv2d_pw.default"} <= _delegate_ops(pte)
     tiled = await load_pte(pte)

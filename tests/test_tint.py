@@ -93,7 +93,8 @@ async def test_every_kernel_compiles_under_tint(tmp_path_factory, load_pte, monk
         sources[int8_matrix.matrix_shader(product, 6 + has_bias)] = (where, types.x)
     for matrices in (False, True):  # the int8 convolutions' and linears' products on int8 matrices too
         for kernel, stride, padding in (((3, 3), (2, 1), (1, 0)), ((1, 1), (1, 1), (0, 0))):
-            sources[int8_conv.product_shader(kernel, stride, padding, (1, 2), matrices)] = (f"int8 convolution {kernel}, matrices {matrices}", "f32")
+            finishing = int8_conv.epilogue("float32", True, "relu", 4)
+            sources[int8_conv.product_shader(kernel, stride, padding, (1, 2), finishing, matrices)] = (f"int8 convolution {kernel}, matrices {matrices}", "f32")
         for x_dtype, x_byte in (("int8", per_channel_linear.Q8TA_X), ("float32", per_channel_linear.Q8CSW_X)):
             sources[per_channel_linear.product_shader(x_dtype, x_byte, matrices)] = (f"int8 linear, {x_dtype} x, matrices {matrices}", "f32")
     for shape in FLOAT_SG_GPU_WIDE:  # float products of long rows (K >= 2,048: no tiny model has them)

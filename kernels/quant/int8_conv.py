@@ -37,6 +37,14 @@ CONV_STRUCT = """struct P { n: u32, cout: u32, oh: u32, ow: u32, cin: u32, ih: u
            cout_g: u32, kh: u32, kw: u32, sh: u32, sw: u32, ph: u32, pw: u32, dh: u32, dw: u32,
            row: u32, splits: u32, x_zp: i32, out_zp: i32, x_scale: f32, inv_out: f32 }"""
 
+# Output element e from its integer sum: scaled, biased, requantized
+FINISH = """
+fn finish(acc: i32, e: u32) -> i32 {
+    let co = (e / (p.ow * p.oh)) % p.cout;
+    let y = f32(acc) * p.x_scale * ws_at(co) + $BIAS;
+    return quantize($ACTIVATION, p.inv_out, p.out_zp, -128, 127);
+}
+"""
 # Output element e at (n, co, oy, ox); $SUM sums (xq - x_zp) * wq over its receptive field into acc.
 VALUE = """
 fn value(e: u32) -> i32 {
@@ -44,11 +52,10 @@ fn value(e: u32) -> i32 {
     let oy = (e / p.ow) % p.oh;
     let co = (e / (p.ow * p.oh)) % p.cout;
     let n = e / (p.ow * p.oh * p.cout);
-    let g = co / p.cout_g;
+    let grp = co / p.cout_g;
     var acc = 0;
 $SUM
-    let y = f32(acc) * p.x_scale * ws_at(co) + $BIAS;
-    return quantize($ACTIVATION, p.inv_out, p.out_zp, -128, 127);
+    return finish(acc, e);
 }
 """
 # The direct route's sum: the taps ($TAPS) of each input channel of the group
@@ -71,7 +78,7 @@ DIRECT_TAPS = """
         for (var kx = 0u; kx < p.kw; kx = kx + 1u) {
             let ix = i32(ox * p.sw + kx * p.dw) - i32(p.pw);
             if (ix < 0 || ix >= i32(p.iw)) { continue; }
-            acc = add_channels(acc, n, g, co, u32(iy), u32(ix), ky * p.kw + kx);
+            acc = add_channels(acc, n, grp, co, u32(iy), u32(ix), ky * p.kw + kx);
         }
     }
 """
@@ -84,7 +91,7 @@ TRANSPOSED_TAPS = """
         for (var kx = 0u; kx < p.kw; kx = kx + 1u) {
             let tx = i32(ox + p.pw) - i32(kx * p.dw);
             if (tx < 0 || u32(tx) % p.sw != 0u || u32(tx) / p.sw >= p.iw) { continue; }
-            acc = add_channels(acc, n, g, co, u32(ty) / p.sh, u32(tx) / p.sw, ky * p.kw + kx);
+            acc = add_channels(acc, n, grp, co, u32(ty) / p.sh, u32(tx) / p.sw, ky * p.kw + kx);
         }
     }
 """
@@ -151,17 +158,30 @@ fn b_pair(b: u32, n: u32, kw: u32) -> vec2<u32> {
 GEOMETRY_FORMAT = "<4I"
 
 
-def product_shader(kernel, stride, padding, dilation, matrices=False):
+def epilogue(scales_dtype, has_bias, activation, first):
+    """The bindings from `first` on of the weight scales (of `scales_dtype`), the bias (with
+    `has_bias`), the output and the uniform P, and FINISH, whose arithmetic the word kernel and
+    the product that finishes its outputs share."""
+    src = reader("ws", scales_dtype, first) + (reader("bias", "float32", first + 1) if has_bias else "")
+    at = first + 1 + has_bias
+    src += f"@group(0) @binding({at}) var<storage, read_write> out: array<u32>;\n"
+    src += f"@group(0) @binding({at + 1}) var<uniform> p: P;\n{CONV_STRUCT};\n" + QUANT_FNS
+    bias = "bias_at(co)" if has_bias else "0.0"
+    return src + fill(FINISH, BIAS=bias, ACTIVATION="max(y, 0.0)" if activation == "relu" else "y")
+
+
+def product_shader(kernel, stride, padding, dilation, finishing, matrices=False):
     """The tiled route's product for a `kernel` (height, width) (int8_gemm.py; `matrices`: on int8
-    subgroup matrices): x, the weight, the sums, the uniform G."""
+    subgroup matrices): x, the weight, the sums, the uniform G, then `finishing` (`epilogue`'s,
+    from binding 4): the product finishes the outputs itself where its uniform says so."""
     head = reader("x", "int8", 0) + reader("w", "int8", 1)
     head += "@group(0) @binding(2) var<storage, read_write> parts: array<i32>;\n@group(0) @binding(3) var<uniform> g: G;\n"
-    head += fill(OPERANDS, FIELDS=int8_gemm.FIELDS) + int8_gemm.WEIGHT_ROWS
+    head += fill(OPERANDS, FIELDS=int8_gemm.FIELDS) + int8_gemm.WEIGHT_ROWS + finishing
     if is_pointwise(kernel, stride, padding):
-        return int8_gemm.product_shader(head + POINTWISE_B, matrices=matrices)
+        return int8_gemm.product_shader(head + POINTWISE_B, matrices=matrices, finishes=True)
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
     head += fill(IM2COL_B, KW=kernel[1], SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw)
-    return int8_gemm.product_shader(head, IM2COL_SETUP, matrices)
+    return int8_gemm.product_shader(head, IM2COL_SETUP, matrices, finishes=True)
 
 
 def tiled(transposed, depthwise, groups, row):
@@ -194,33 +214,24 @@ def _q8ta_conv(b, transposed=False, depthwise=False):
     is_tiled = tiled(transposed, depthwise, groups, row)
 
     # the word kernel's bindings: the direct route reads x and the weights, the tiled one the sums
-    bindings = [scales] + ([bias] if bias is not None else [])
-    bindings = bindings if is_tiled else [x, weight, *bindings]
+    tail = [scales] + ([bias] if bias is not None else [])
     src = "" if is_tiled else reader("x", "int8", 0) + reader("w", "int8", 1)
-    src += reader("ws", values[scales].dtype, len(bindings) - (bias is not None) - 1)
-    src += reader("bias", "float32", len(bindings) - 1) if bias is not None else ""
-    nb = len(bindings)
-    src += f"@group(0) @binding({nb}) var<storage, read_write> out: array<u32>;\n"
-    src += f"@group(0) @binding({nb + 1}) var<uniform> p: P;\n{CONV_STRUCT};\n" + QUANT_FNS
+    src += epilogue(values[scales].dtype, bias is not None, activation, 0 if is_tiled else 2)
     if is_tiled:
         parts = int8_gemm.parts_scratch(b, out)
-        src += f"@group(0) @binding({nb + 2}) var<storage, read> parts: array<i32>;\n"
+        src += f"@group(0) @binding({len(tail) + 2}) var<storage, read> parts: array<i32>;\n"
     else:
         src += fill(ADD_CHANNELS, WEIGHT=DEPTHWISE_WEIGHT if depthwise else ROW_WEIGHT)
-    src += fill(
-        VALUE,
-        SUM=SPLIT_SUMS if is_tiled else TRANSPOSED_TAPS if transposed else DIRECT_TAPS,
-        BIAS="bias_at(co)" if bias is not None else "0.0",
-        ACTIVATION="max(y, 0.0)" if activation == "relu" else "y",
-    )
-    src += word_main("int8")
+    src += fill(VALUE, SUM=SPLIT_SUMS if is_tiled else TRANSPOSED_TAPS if transposed else DIRECT_TAPS) + word_main("int8")
     params = b.params(struct.calcsize(CONV_PARAMS))
     if is_tiled:
         geometry = b.params(struct.calcsize(int8_gemm.FORMAT + GEOMETRY_FORMAT[1:]))
-        product = b.dispatch(product_shader((kh, kw), stride, padding, dilation, b.int8_matrices), [x, weight, parts, geometry])
-        d = b.dispatch(src, bindings + [out, params, parts])
+        finishing = epilogue(values[scales].dtype, bias is not None, activation, 4)
+        shader = product_shader((kh, kw), stride, padding, dilation, finishing, b.int8_matrices)
+        product = b.dispatch(shader, [x, weight, parts, geometry, *tail, out, params])
+        d = b.dispatch(src, tail + [out, params, parts])
     else:
-        d = b.dispatch(src, bindings + [out, params])
+        d = b.dispatch(src, [x, weight, *tail, out, params])
 
     def resize(ctx):
         shape = ctx.dims(x)
@@ -231,15 +242,15 @@ def _q8ta_conv(b, transposed=False, depthwise=False):
         except ValueError as e:
             b.fail(f"{e}")
         n = numel_of(oshape)
-        splits = 1
+        splits, finished = 1, False
         if is_tiled:
             pixels, k = oshape[2] * oshape[3], kh * kw * cin
-            uniform, splits = int8_gemm.params(cout, pixels, k, shape[0], x_zp, row)
+            uniform, splits, finished = int8_gemm.params(cout, pixels, k, shape[0], x_zp, row, words_along_n=True)
             ctx.set_params(geometry, uniform + struct.pack(GEOMETRY_FORMAT, cin, *shape[2:], oshape[3]))
             ctx.set_grid(product, int8_gemm.grid(cout, pixels, shape[0], splits))
         ints = (n, cout, *oshape[2:], cin, *shape[2:], cin_g, cout_g, kh, kw, *stride, *padding, *dilation, row, splits)
         ctx.set_params(params, struct.pack(CONV_PARAMS, *ints, x_zp, out_zp, x_scale, inv(out_scale)))
-        ctx.set_grid(d, word_grid(n))
+        ctx.set_grid(d, (0, 0, 0) if finished else word_grid(n))
         ctx.set_dims(out, oshape)
 
     b.hook(resize)

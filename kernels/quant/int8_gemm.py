@@ -41,9 +41,9 @@ MATRIX_ROW = STEP // 4 + 4  # ... for matrix loads: 48 bytes
 SPLIT_TARGET, MAX_SPLITS, MIN_SPLIT_K = 256, 16, 256
 
 # M, N, K, batch, K span a split (a multiple of STEP), splits, the zero point, the weight rows'
-# words (A's), then the caller's
-FIELDS = "M: u32, N: u32, K: u32, batch: u32, kspan: u32, splits: u32, zp: i32, row_words: u32"
-FORMAT = "<6IiI"
+# words (A's), whether the product finishes the outputs itself (`finishes`), then the caller's
+FIELDS = "M: u32, N: u32, K: u32, batch: u32, kspan: u32, splits: u32, zp: i32, row_words: u32, finish: u32"
+FORMAT = "<6Ii2I"
 
 # A: the int8 weight `w` as the partitioner stores it, a row of g.row_words words an output, read
 # as zeros past K (a row's padding)
@@ -62,7 +62,7 @@ const ONES = 0x01010101u;
 var<workgroup> As: array<${T}, ${A_WORDS}>;
 var<workgroup> Bs: array<${T}, ${A_WORDS}>;
 var<workgroup> row_sums: array<atomic<i32>, ${TILE}>;
-$DECLS
+var<workgroup> sums: array<i32, ${SUMS}>;  // the tile's sums, [TILE][TILE]
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32$BUILTINS) {
     let b = wid.z / g.splits;
@@ -96,15 +96,42 @@ $PRODUCTS
         workgroupBarrier();
     }
     atomicAdd(&row_sums[lr], row_sum);
-    workgroupBarrier();
     let total = g.batch * g.M * g.N;
-$STORES
+$TO_SUMS
+    workgroupBarrier();
+    if (g.finish == 0u) {  // each invocation stores outputs li, li + 256, .. (neighbours along N)
+        for (var t = li; t < ${SUMS}u; t = t + 256u) {
+            let m = m0 + t / ${TILE}u;
+            let n = n0 + t % ${TILE}u;
+            if (m < g.M && n < g.N) {
+                parts[split * total + part_index(b, m, n)] = sums[t] - g.zp * atomicLoad(&row_sums[t / ${TILE}u]);
+            }
+        }
+    }$FINISH
 }
 """
+# With `finishes`, where g.finish (one K split, output words along N that no tile boundary cuts):
+# each invocation finishes whole 8-bit output words, 4 neighbours along N, through the caller's
+# `finish(sum, e)`, as its word kernel would
+FINISH = """ else {
+        for (var t = li; t < ${SUMS}u / 4u; t = t + 256u) {
+            let ml = t / (${TILE}u / 4u);
+            let nl = 4u * (t % (${TILE}u / 4u));
+            if (m0 + ml < g.M && n0 + nl < g.N) {
+                let e = part_index(b, m0 + ml, n0 + nl);
+                let zp_sum = g.zp * atomicLoad(&row_sums[ml]);
+                var word = 0u;
+                for (var j = 0u; j < 4u; j = j + 1u) {
+                    word = word | ((u32(finish(sums[ml * ${TILE}u + nl + j] - zp_sum, e + j)) & 0xFFu) << (8u * j));
+                }
+                out[e / 4u] = word;
+            }
+        }
+    }"""
 
 
 def _dot_products():
-    """(accumulators, a step's products, the stores) of the dot4I8Packed way."""
+    """(accumulators, a step's products, the sums into workgroup memory) of the dot4I8Packed way."""
     accs = [f"    var c{i}{j} = 0;" for i in range(4) for j in range(4)]
     products = []
     for w in range(STEP // 4):
@@ -112,35 +139,20 @@ def _dot_products():
         loads += [f"let y{j} = Bs[(tx + {16 * j}u) * {ROW}u + {w}u];" for j in range(4)]
         sums = [f"c{i}{j} = c{i}{j} + dot4I8Packed(x{i}, y{j});" for i in range(4) for j in range(4)]
         products.append("        { " + " ".join(loads + sums) + " }")
-    stores = []
-    for i in range(4):
-        stores.append(f"    {{ let m = m0 + ty + {16 * i}u; let zp_sum = g.zp * atomicLoad(&row_sums[ty + {16 * i}u]);")
-        for j in range(4):
-            n = f"n0 + tx + {16 * j}u"
-            stores.append(f"      if (m < g.M && {n} < g.N) {{ parts[split * total + part_index(b, m, {n})] = c{i}{j} - zp_sum; }}")
-        stores.append("    }")
-    return accs, products, stores
+    to_sums = [f"    sums[(ty + {16 * i}u) * {TILE}u + tx + {16 * j}u] = c{i}{j};" for i in range(4) for j in range(4)]
+    return accs, products, to_sums
 
 
-# The matrix way's end: each subgroup's two result matrices into `sums` ([TILE][TILE]), then each
-# invocation takes outputs li, li + 256, .. of the tile (neighbours along N: coalesced stores)
-MATRIX_STORES = """
+# The matrix way's sums: each subgroup's two result matrices
+MATRIX_TO_SUMS = """
     let sums_at = 16u * (sg / 2u) * ${TILE}u + 32u * (sg % 2u);
     subgroupMatrixStore<row_major>(&sums, sums_at, c0, ${TILE}u);
-    subgroupMatrixStore<row_major>(&sums, sums_at + 16u, c1, ${TILE}u);
-    workgroupBarrier();
-    for (var t = li; t < ${TILE}u * ${TILE}u; t = t + 256u) {
-        let m = m0 + t / ${TILE}u;
-        let n = n0 + t % ${TILE}u;
-        if (m < g.M && n < g.N) {
-            parts[split * total + part_index(b, m, n)] = sums[t] - g.zp * atomicLoad(&row_sums[t / ${TILE}u]);
-        }
-    }"""
+    subgroupMatrixStore<row_major>(&sums, sums_at + 16u, c1, ${TILE}u);"""
 
 
 def _matrix_products():
-    """(accumulators, a step's products, the stores) of the subgroup-matrix way: subgroup sg takes
-    rows 16 (sg / 2) and columns 32 (sg % 2) .. + 31 of the tile."""
+    """(accumulators, a step's products, the sums into workgroup memory) of the subgroup-matrix way:
+    subgroup sg takes rows 16 (sg / 2) and columns 32 (sg % 2) .. + 31 of the tile."""
     accs = ["    var c0 = subgroup_matrix_result<i32, 16, 16>();", "    var c1 = subgroup_matrix_result<i32, 16, 16>();"]
     left = f"subgroupMatrixLoad<subgroup_matrix_left<i8, {STEP}, 16>, row_major>(&As, 16u * (sg / 2u) * {MATRIX_ROW}u, {MATRIX_ROW}u)"
     right = [
@@ -151,21 +163,22 @@ def _matrix_products():
         f"        {{ let l = {left}; let r0 = {right[0]}; let r1 = {right[1]};",
         "          c0 = subgroupMatrixMultiplyAccumulate(l, r0, c0); c1 = subgroupMatrixMultiplyAccumulate(l, r1, c1); }",
     ]
-    return accs, products, [fill(MATRIX_STORES, TILE=TILE)]
+    return accs, products, [fill(MATRIX_TO_SUMS, TILE=TILE)]
 
 
-def product_shader(head, setup="", matrices=False):
+def product_shader(head, setup="", matrices=False, finishes=False):
     """The tiled product: `head` declares the uniform `g` (a struct starting with FIELDS), the
     operands' bindings and `a_pair`, `b_pair` (and what they use), `part_index(b, m, n)` (an
     output's index in a slice of `parts`) and `parts`, a read_write array<i32>; `setup` runs once
     per invocation before the first load, knowing n0 + lr, the column of B it stages; `matrices`:
-    the products on int8 subgroup matrices (the module docstring)."""
-    accs, products, stores = _matrix_products() if matrices else _dot_products()
+    the products on int8 subgroup matrices (the module docstring); `finishes`: `head` also
+    declares `finish(sum: i32, e: u32) -> i32` and the 8-bit output `out` (array<u32>), FINISH's."""
+    accs, products, to_sums = _matrix_products() if matrices else _dot_products()
     body = fill(
         PRODUCT, T="i32" if matrices else "u32", A_WORDS=TILE * (MATRIX_ROW if matrices else ROW), TILE=TILE,
         ROW=MATRIX_ROW if matrices else ROW, STEP_WORDS=STEP // 4, SETUP=setup, ACCS="\n".join(accs),
-        PRODUCTS="\n".join(products), STORES="\n".join(stores),
-        DECLS=f"var<workgroup> sums: array<i32, {TILE * TILE}>;\n" if matrices else "",
+        PRODUCTS="\n".join(products), TO_SUMS="\n".join(to_sums), SUMS=TILE * TILE,
+        FINISH=fill(FINISH, TILE=TILE, SUMS=TILE * TILE) if finishes else "",
         BUILTINS=", @builtin(subgroup_id) sg: u32" if matrices else "",
     )
     return ("enable chromium_experimental_subgroup_matrix;\n" if matrices else "") + head + body
@@ -184,10 +197,13 @@ def takes(row):
     return row % 4 == 0
 
 
-def params(m, n, k, batch, zp, row):
-    """The uniform's FIELDS for weight rows of `row` values, and the splits."""
+def params(m, n, k, batch, zp, row, words_along_n=False):
+    """(the uniform's FIELDS for weight rows of `row` values, the splits, whether the product
+    finishes the outputs itself: one split, and `words_along_n` (the caller's 8-bit output words
+    are 4 neighbours along N) with N a multiple of 4, so that no word straddles two tiles)."""
     splits, kspan = split(m, n, k, batch)
-    return struct.pack(FORMAT, m, n, k, batch, kspan, splits, zp, row // 4), splits
+    finish = splits == 1 and words_along_n and n % 4 == 0
+    return struct.pack(FORMAT, m, n, k, batch, kspan, splits, zp, row // 4, finish), splits, finish
 
 
 def grid(m, n, batch, splits):

@@ -124,7 +124,7 @@ def _add_linear(b, x, weight, scales, bias, term, epilogue, consts, integer=Fals
         n = numel_of(shape)
         splits = 1
         if tiled:
-            uniform, splits = int8_gemm.params(n_out, n // n_out, k, 1, consts[1][0], row)
+            uniform, splits, _ = int8_gemm.params(n_out, n // n_out, k, 1, consts[1][0], row)
             ctx.set_params(geometry, uniform + struct.pack("<f", consts[0][1]))
             ctx.set_grid(product, int8_gemm.grid(n_out, n // n_out, 1, splits))
         ctx.set_params(params, struct.pack(LIN_PARAMS, n, n_out, k, row, splits, *consts[0], *consts[1]))
