@@ -9,7 +9,9 @@ sum B * A with dot4I8Packed and subtracts zp times the sum of A's row over the s
 result is the integer sum the direct kernel takes (padding taps read as zp and add nothing),
 exactly, in any order. The sums go to `parts` (i32), one slice a K split; the op's word kernel
 adds the slices and finishes each output as the direct kernel does (scale, bias, requantize), so
-an output is bitwise the direct kernel's. The q8ta linears (kernels/quant/per_channel_linear.py)
+an output is bitwise the direct kernel's. Where one split sums all of K and no output word
+straddles two tiles, the product finishes its outputs itself (FINISH), with the word kernel's
+arithmetic, and the word kernel does not run. The q8ta linears (kernels/quant/per_channel_linear.py)
 take it too: B their input rows, read as int8 or quantized as they are read.
 
 A workgroup of 256 invocations takes a TILE x TILE tile of outputs; each K step stages STEP values
@@ -23,6 +25,9 @@ ones), added into the row's sum in workgroup memory at the end. The products, tw
   16-column matrices of B a step, with int32 sums over all of K (no scales to fold: a q8ta
   product's scales are per output); the sums leave through workgroup memory at the end. Matrix
   loads want rows 16 bytes apart (MATRIX_ROW words).
+Both take ~21 KB of workgroup memory (the tile's sums 16 KB): past WebGPU's default limit of 16 KB,
+within what desktop and mobile GPUs and lavapipe offer (the runtime opens devices at the adapter's
+limits).
 """
 
 import struct
