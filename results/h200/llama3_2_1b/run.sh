@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Llama-3.2-1B shape 4w (or SmolLM2 4w) against llama.cpp Q4_0 of the same shape on one GPU in one call:
+# Llama-3.2-1B shape 4w (or another export: MODEL, GGUF) against llama.cpp of the same shape on one GPU in one call:
 # llama.cpp before and after ours, its better run per row. Run from the checkout root with .gl/ and .pk/
 # (whl/: wgpu-py and its dependencies; b/: the pte_wgpu wheel; bin/: the peer kit's llamacpp-bin.tar.xz;
 # models/: MODEL.pte.xz, MODEL.json, GGUF.gguf.xz).
