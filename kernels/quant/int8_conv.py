@@ -15,8 +15,10 @@ lands on a rounding boundary. One invocation computes the 4 outputs of one outpu
 
 Two routes, picked once at load:
 - tiled (one group, not transposed): the integer sums as an implicit GEMM in workgroup tiles
-  (kernels/quant/int8_gemm.py; on int8 subgroup matrices where the device offers them), then a word kernel that adds its K splits' sums and finishes each
-  output as the direct kernel does; the sums are the same integers, so the outputs are bitwise;
+  (kernels/quant/int8_gemm.py; on int8 subgroup matrices where the device offers them), each
+  output finished (FINISH) by the product itself where it sums all of K and an output plane is
+  whole words, else by a word kernel that adds the K splits' sums; the sums are the same integers
+  and FINISH is the direct kernel's arithmetic, so the outputs are bitwise;
 - direct, the rest (depthwise, other grouped and transposed convolutions): each output's sum a
   loop over its receptive field.
 """
