@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The int8 convolutions' routes on an H200 (routes.py), wgpu-native then Dawn, with torch eager fp32
-# on the float modules. Run from the checkout root with the device's setup done (../../README's
-# device notes: .gl's Vulkan loader, the wheels of wgpu, wgpudawn and this project in /tmp/site);
+# on the float modules. Run from the checkout root with the Vulkan loader's debs unpacked and the
+# wheels of wgpu-py (and its dependencies), wgpudawn and this project on PYTHONPATH (README.txt);
 # $MODELS holds examples/bench_vision.py's `export --int8` folder (MobileNet V2 and ResNet-50 at
 # 224 px, batch 1) and tests/test_int8_conv.py's q8_tiled_convs export; $FP32 the float exports
 # of the same models at batch 1 (`export`), for our fp32 beside our int8.
