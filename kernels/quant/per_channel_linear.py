@@ -92,11 +92,12 @@ def _add_linear(b, x, weight, scales, bias, term, epilogue, consts, integer=Fals
     n_out = wt.dims[0]
     row = wt.dims[1] * 2 if four_bit else wt.dims[1]
     tiled = x_byte is not None and int8_gemm.takes(row)
-    bindings = [scales] + ([bias] if bias is not None else [])
-    bindings = bindings if tiled else [x, weight, *bindings]
+    # the word kernel's bindings: the direct route reads x and the weights, the tiled one the sums
+    bindings = ([] if tiled else [x, weight]) + [scales] + ([bias] if bias is not None else [])
     src = "" if tiled else reader("x", xt.dtype, 0) + (fill(NIBBLE_READER, BINDING=1) if four_bit else reader("w", wt.dtype, 1))
-    src += reader("ws", values[scales].dtype, len(bindings) - (bias is not None) - 1)
-    src += reader("bias", values[bias].dtype, len(bindings) - 1) if bias is not None else ""
+    first = bindings.index(scales)
+    src += reader("ws", values[scales].dtype, first)
+    src += reader("bias", values[bias].dtype, first + 1) if bias is not None else ""
     nb = len(bindings)
     src += f"@group(0) @binding({nb}) var<storage, read_write> out: array<{wgsl_type(out.dtype)}>;\n"
     src += f"@group(0) @binding({nb + 1}) var<uniform> p: P;\n{LIN_STRUCT};\n" + QUANT_FNS
@@ -124,9 +125,10 @@ def _add_linear(b, x, weight, scales, bias, term, epilogue, consts, integer=Fals
         n = numel_of(shape)
         splits = 1
         if tiled:
-            uniform, splits, _ = int8_gemm.params(n_out, n // n_out, k, 1, consts[1][0], row)
+            rows = n // n_out
+            uniform, splits, _ = int8_gemm.params(n_out, rows, k, 1, consts[1][0], row)
             ctx.set_params(geometry, uniform + struct.pack("<f", consts[0][1]))
-            ctx.set_grid(product, int8_gemm.grid(n_out, n // n_out, 1, splits))
+            ctx.set_grid(product, int8_gemm.grid(n_out, rows, 1, splits))
         ctx.set_params(params, struct.pack(LIN_PARAMS, n, n_out, k, row, splits, *consts[0], *consts[1]))
         ctx.set_grid(d, word_grid(n))
         ctx.set_dims(b.out, shape)
