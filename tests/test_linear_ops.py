@@ -327,6 +327,12 @@ def test_big_tiles_take_large_products_of_long_k():
     assert not G.takes_big_tile(2047, 1536, 576) and not G.takes_big_tile(1576, 3072, 768)  # K of 576-768
 
 
+def test_wide_row_tiles_take_passes_of_33_to_64_rows_over_an_8b_models_weights():
+    assert G.takes_wide_row_tile(33, 4096, 4096) and G.takes_wide_row_tile(64, 4104, 4128)  # q4_wide_rows
+    assert not G.takes_wide_row_tile(32, 4096, 4096) and not G.takes_wide_row_tile(65, 4096, 4096)
+    assert G.takes_wide_row_tile(48, 128256, 4096) and not G.takes_wide_row_tile(64, 2048, 8192)  # an 8B's head, not a 1B's down
+
+
 def test_shape_errors_name_the_op():
     def op(name):
         return OpBuilder(None, name, ())

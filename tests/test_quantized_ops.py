@@ -102,6 +102,9 @@ CASES = {
     "q4_k2112_g96": (quantized(lambda: Linear(2112, 36, False), "4w", 96), (17, 2112), 0),
     # N and K of 2,048 and more: GPUs take the 128 x 128 tiles (gemm.py's takes_big_tile) at 130 and 131 rows
     "q4_big": (quantized(lambda: Linear(2080, 2056, True), "4w", 32), (131, 2080), 0),
+    # N and K of 4,096 and more: GPUs take the 64 x 128 tiles (gemm.py's takes_wide_row_tile) at 33 to 64 rows,
+    # the 32 x 64 tiles to 32 rows; the last column tile partial
+    "q4_wide_rows": (quantized(lambda: Linear(4128, 4104, True), "4w", 32), (61, 4128), 0),
     # past 64 rows, products of at least 1,024 tiles: GPUs take the 64 x 64 tiles at 8 x 4 an invocation (gemm.py's takes_mid_tile)
     "q4_mid": (quantized(lambda: Linear(64, 32776, True), "4w", 32), (131, 64), 0),
     # long rows: the GPU GEMV's 256 lanes a quad at every row count (1,041 words), and 128 (275 words)
@@ -157,7 +160,7 @@ async def test_quantized_linear_routes(name, load_pte, kernel_variants):
     K and the group size are multiples of 16)."""
     data, module = _export(name)
     tol = 0 if name == "dq8_diagonal" else ATOL  # one product per output: bit-identical
-    if name == "q4_big":  # 2,056 sums of 2,080 terms from rows scaled by 300: some cancel near 0.2
+    if name in ("q4_big", "q4_wide_rows"):  # sums of over 2,000 terms from rows scaled by 300: some cancel near 0.2
         tol = 1e-3
     rng = np.random.default_rng(7)
     calls = [_rows(name, m, rng) for m in _live_ms(name)]
@@ -192,6 +195,21 @@ async def test_gpus_take_the_gemv_up_to_its_rows(name, most, subgroup, load_pte,
         running = [d.shader or "" for i, d in enumerate(model.graph.dispatches) if all(grids[i])]
         assert any("subgroupAdd" in s for s in running) == bool(subgroup and model.subgroups and subgroup[0] <= m <= subgroup[1]), m
         assert any("var<workgroup> As" in s for s in running) == (m > most), m
+
+
+async def test_gpus_take_the_wide_row_tile_past_32_rows(load_pte, kernel_variants):
+    """With the GPU variants, N and K of 4,096 and more: the dequantizing GEMM runs 64 x 128 tiles
+    for 33 to 64 rows (gemm.py's WIDE_ROW_TILE: 17 vec4s a K step's row of A, 33 of B), 32 x 64
+    tiles for 17 to 32."""
+    model = await load_pte(_export("q4_wide_rows")[0])
+    if kernel_variants != "gpu":
+        pytest.skip("the GPU variants")
+    for m in (33, 32, 61):
+        await model.execute(_rows("q4_wide_rows", m, np.random.default_rng(m)))
+        grids = model._default.state.grids
+        running = [d.shader or "" for i, d in enumerate(model.graph.dispatches) if all(grids[i])]
+        wide = any("As: array<vec4<f32>, 272>" in s and "Bs: array<vec4<f32>, 528>" in s for s in running)
+        assert wide == (m > 32), m
 
 
 async def test_gpu_gemv_rows_are_each_row_alone(load_pte, kernel_variants):

@@ -360,12 +360,29 @@ BIG_TILE = Tile(rq=2, cq=2, unroll=True)
 
 # the fewest tiles a product of 4-bit weights (TileLoad.dequantizes) takes MID_TILE with
 MID_MIN_K_QUAD_TILES = 1024
+# 64 x 128 at 4 x 8 outputs an invocation, its K steps unrolled: products of 4-bit weights over 33 to
+# 64 rows (a ragged pass of that many decode rows) whose N and K are both at least WIDE_ROW_MIN (an
+# 8B model's): each weight quad is dequantized once for twice the columns a workgroup. H200, the
+# template alone at 48 and 64 rows, the runtime's K splits each
+# (results/h200/kernel_choices/q4_gemm_few_rows/): Llama-3.1-8B's products 1.05-1.37x TILE's (6,144
+# x 4,096 1.35-1.37x, 28,672 x 4,096 and 4,096 x 14,336 1.10-1.12x, its head 1.05x); Llama-3.2-1B's
+# (K or N of 2,048) 0.90-1.05x. The 8B shape (4 of 32 layers, 4w), greedy bursts, two rounds in one
+# call: 48 streams 5,881 / 5,840 -> 5,987 / 6,034 tokens/s, 64 streams 7,667 / 7,698 -> 7,937 /
+# 7,934, one stream the same; the 1B with its products at 2,048 x 8,192 and its head taking it too
+# lost 6% at 64 streams.
+WIDE_ROW_TILE = Tile(cq=2, unroll=True)
+WIDE_ROW_MIN = 4096
 
 
 def takes_mid_tile(m, n, k_quads=False):
     """Whether an M x N product runs faster in MID_TILE than in TILE; `k_quads`: its load
     dequantizes B's K quads (4-bit weights)."""
     return m > TILE.bm and (not k_quads or -(-m // TILE.bm) * -(-n // TILE.bn) >= MID_MIN_K_QUAD_TILES)
+
+
+def takes_wide_row_tile(m, n, k):
+    """Whether an M x N x K product of 4-bit weights runs faster in WIDE_ROW_TILE than in TILE."""
+    return SMALL_TILE.bm < m <= TILE.bm and n >= WIDE_ROW_MIN and k >= WIDE_ROW_MIN
 
 
 def takes_big_tile(m, n, k):
@@ -470,8 +487,8 @@ class GemmRoute:
     products of a 64-row tile for a ragged pass of 17 to 32 decode rows); `most`: the largest (N, K)
     the product takes, which builds BIG_TILE's dispatch where some row count would take it. A load
     without a per-invocation setup also takes BIG_TILE, and on GPUs MID_TILE (measured there; a CPU
-    adapter compiles one tile less); `tiles` maps each tile built to its dispatch, of which `tile`
-    picks one by live shape."""
+    adapter compiles one tile less) and, if it dequantizes, WIDE_ROW_TILE; `tiles` maps each tile
+    built to its dispatch, of which `tile` picks one by live shape."""
 
     def __init__(self, b, load, inputs, bias, out, params, scratch, extra=(), extra_wgsl="", clamp=None, residual=False, store=None,
                  more_outs=(), small=False, most=(0, 0)):
@@ -486,6 +503,7 @@ class GemmRoute:
         shader = lambda tile: gemm_shader(load, bias is not None, extra_wgsl, tile=tile, **epilogue)  # noqa: E731
         tiles = [TILE, *([SMALL_TILE] if small else []), *([MID_TILE] if not load.setup and b.adapter != CPU else [])]
         tiles += [BIG_TILE] if can_take_big_tile(most) and not load.setup else []
+        tiles += [WIDE_ROW_TILE] if load.dequantizes and not load.setup and b.adapter != CPU and takes_wide_row_tile(TILE.bm, *most) else []
         self.tiles = {tile: b.dispatch(shader(tile), bindings) for tile in tiles}
         self.dequantizes = load.dequantizes
         reduce = gemm_reduce_shader(bias is not None, extra=more(len(tail) + 3), **epilogue)
@@ -501,6 +519,8 @@ class GemmRoute:
             return SMALL_TILE
         if BIG_TILE in self.tiles and takes_big_tile(m, n, k):
             return BIG_TILE
+        if WIDE_ROW_TILE in self.tiles and takes_wide_row_tile(m, n, k):
+            return WIDE_ROW_TILE
         return MID_TILE if MID_TILE in self.tiles and takes_mid_tile(m, n, self.dequantizes) else TILE
 
     def plan(self, m, n, k, batch, on=True):
