@@ -110,6 +110,36 @@ async def test_dynamic_slices_along_the_dynamic_dim(load_pte):
     await assert_matches_eager(await load_pte(pte), module, calls, atol=0, rtol=0)
 
 
+class QuadCopies(torch.nn.Module):
+    """Copies that keep the last dim D whole: at D a multiple of 4 the strided copy moves vec4s."""
+
+    def forward(self, x):
+        return (
+            x.permute(1, 0, 2) * 2,
+            x[:, 1:] * 2,
+            x[:, 1] * 2,
+            torch.cat([x, x + 1], 0) * 2,
+            (x * 8).to(torch.int32).float(),
+        )
+
+
+D = torch.export.Dim("D", min=1, max=12)
+QUADS_SAMPLE, QUADS_SHAPES = (torch.randn(3, S_MAX, 12),), ({1: S3, 2: D},)
+
+
+async def test_copies_of_whole_last_dims_move_vec4s(load_pte):
+    pte, module = export_pte("shape_quads", QuadCopies, QUADS_SAMPLE, dynamic_shapes=QUADS_SHAPES)
+    model = await load_pte(pte)
+    calls = [(torch.from_numpy(rand(3, s, d, seed=s)),) for s, d in ((5, 12), (11, 1), (3, 8), (9, 7), (4, 4))]
+    for (x,) in calls:
+        await model.execute(x.numpy())
+        grids = model._default.state.grids
+        running = [d.shader or "" for i, d in enumerate(model.graph.dispatches) if all(grids[i])]
+        quads = sum("src: array<vec4<" in s for s in running)  # cat: one a part; the casts: two
+        assert quads == (7 if x.shape[2] % 4 == 0 else 0), (tuple(x.shape), quads)
+    await assert_matches_eager(model, module, calls, atol=0, rtol=0)
+
+
 # -- the hooks alone: no device -------------------------------------------------------------------
 
 

@@ -63,12 +63,14 @@ INDEXED_COPY = flat_kernel(
 PARAMS_SIZE = 16 + 3 * 32
 
 
-def _convert(ti, to):
+def _convert(ti, to, quads=False):
+    """The WGSL converting element x of type `ti` to `to` (`quads`: x a vec4 of them)."""
     if ti == to:
         return "x"
+    of = (lambda t: f"vec4<{t}>") if quads else (lambda t: t)  # noqa: E731
     if to == "u32":  # bool
-        return f"select(0u, 1u, x != {ti}(0))"
-    return f"{to}(x)"
+        return f"select({of('u32')}(0u), {of('u32')}(1u), x != {of(ti)}(0))"
+    return f"{of(to)}(x)"
 
 
 def _dim(b, dim, rank):
@@ -197,32 +199,54 @@ def unsqueeze(b):
 # -- the strided copy ------------------------------------------------------------------------------
 
 
+def _in_quads(sizes, in_strides, out_strides, in_off, out_off):
+    """Whether a strided copy moves whole vec4s: 4 neighbours along the last dim, contiguous on both
+    sides, at offsets and strides that are multiples of 4 elements."""
+    if not sizes or sizes[-1] % 4 or in_strides[-1] != 1 or out_strides[-1] != 1:
+        return False
+    return all(v % 4 == 0 for v in (in_off, out_off, *in_strides[:-1], *out_strides[:-1]))
+
+
 def strided_copy(b, src, dst):
-    """Record one strided-copy dispatch from `src` into `dst`; returns a setter for the hook:
+    """Record the strided-copy dispatches from `src` into `dst` (one per element, and one per vec4
+    of the last dim where both tensors hold at least one); returns a setter for the hook:
     `set(ctx, sizes, in_strides, in_off=0, out_strides=None, out_off=0)` (contiguous output by
-    default)."""
+    default). The vec4 kernel takes the copies that `_in_quads` allows (a permute, slice or cat
+    that keeps the last dim whole, and contiguous copies): its per-element coordinates, a division
+    and a remainder a dim, bound such copies, and it computes them once for 4 elements."""
     ti, to = _dtype(b, src), _dtype(b, dst)
     if ti in PACKED or to in PACKED:
         raise NotImplementedError(f"{b.name}: strided copies of packed {ti} -> {to} tensors")
     t_in, t_out = wgsl_type(ti), wgsl_type(to)
-    shader = fill(
-        STRIDED_COPY, TI=t_in, TO=t_out, CONVERT=_convert(t_in, t_out), MAIN=SPREAD_MAIN, FLAT_INDEX=FLAT_INDEX, STRIDED=STRIDED
-    )
+
+    def dispatch(quads):
+        types = dict(TI=f"vec4<{t_in}>", TO=f"vec4<{t_out}>") if quads else dict(TI=t_in, TO=t_out)
+        shader = fill(STRIDED_COPY, **types, CONVERT=_convert(t_in, t_out, quads), MAIN=SPREAD_MAIN, FLAT_INDEX=FLAT_INDEX, STRIDED=STRIDED)
+        return b.dispatch(shader, [src, dst, params])
+
     params = b.params(PARAMS_SIZE)
-    d = b.dispatch(shader, [src, dst, params])
+    d = dispatch(False)
+    q = dispatch(True) if min(numel_of(b.graph.values[v].dims) for v in (src, dst)) >= 4 else None
 
     def set_copy(ctx, sizes, in_strides, in_off=0, out_strides=None, out_off=0):
         if out_strides is None:
             out_strides = contiguous_strides(sizes)
         n = numel_of(sizes)
         contiguous = tuple(in_strides) == tuple(out_strides) == tuple(contiguous_strides(sizes))
+        quads = q is not None and n > 0 and _in_quads(sizes, in_strides, out_strides, in_off, out_off)
+        if quads:
+            sizes = (*sizes[:-1], sizes[-1] // 4)
+            in_strides, out_strides = [s // 4 for s in in_strides[:-1]] + [1], [s // 4 for s in out_strides[:-1]] + [1]
+            n, in_off, out_off = n // 4, in_off // 4, out_off // 4
         try:
             data = struct.pack("<4I", n, 0 if contiguous else len(sizes), in_off, out_off)
             data += pack_u32x8(sizes) + pack_u32x8(in_strides) + pack_u32x8(out_strides)
         except ValueError as e:
             b.fail(str(e))
         ctx.set_params(params, data)
-        ctx.set_grid(d, spread_grid(n))
+        ctx.set_grid(d, (0, 0, 0) if quads else spread_grid(n))
+        if q is not None:
+            ctx.set_grid(q, spread_grid(n) if quads else (0, 0, 0))
 
     return set_copy
 
