@@ -40,6 +40,9 @@ kernel would bind more storage buffers than the device allows (Dawn's Vulkan ada
   it) becomes one `pte_wgpu.requantized_clamp` over the bytes (kernels/quant/quantize.py): the three
   ops' f32 arithmetic in one dispatch, where they ran three and moved floats between.
 
+- A permute of a permute that nothing else reads becomes one permute by the composed order (ViT's
+  attention output takes three in a row, two of them each other's inverse).
+
 Views that only fed a fused op are dropped with it. Each rewrite keeps every row's sums in the
 order of the ops it replaces.
 """
@@ -127,7 +130,8 @@ def fuse(graph):
 
 
 def _fuse_all(graph):
-    fused = _fuse_safe_softmax(graph)
+    fused = _fuse_permutes(graph)
+    fused += _fuse_safe_softmax(graph)
     fused += _fuse_requantized_clamps(graph)
     fused += _fuse_batched_weight(graph)
     fused += _fuse_silu(graph)
@@ -242,6 +246,39 @@ def _fuse_safe_softmax(graph):
         calls[k] = (SAFE_SOFTMAX, (*a_s[:-1], args[-1]))
         fused += 1
     graph.calls[:] = [c for i, c in enumerate(calls) if i not in drop]
+    return fused
+
+
+PERMUTES = ("aten.permute_copy.default", "aten.permute.default", "aten::permute_copy.out")
+
+
+def _order(values, vid):
+    """A permute's order fixed in the file, each dim from 0 (None: not a permutation of fixed ints)."""
+    v = values[vid]
+    items = v.items if isinstance(v, IntList) else [values[k].value if isinstance(values[k], Scalar) else None for k in v.items]
+    if not all(isinstance(d, int) for d in items):
+        return None
+    order = [d % len(items) for d in items]
+    return order if sorted(order) == list(range(len(order))) else None
+
+
+def _fuse_permutes(graph):
+    """permute(permute(x, p), q), the inner one read by nothing else: permute(x, [p[i] for i in q]),
+    one strided copy where there were two (a chain folds from its first permute on)."""
+    values, calls, producer, uses = graph.values, graph.calls, _producers(graph), _uses(graph)
+    drop, fused = set(), 0
+    for k, (name, args) in enumerate(calls):
+        i = producer.get(args[0]) if name in PERMUTES and len(args) == 3 else None
+        if i is None or calls[i][0] not in PERMUTES or len(calls[i][1]) != 3 or uses[args[0]] != 1:
+            continue
+        inner, outer = _order(values, calls[i][1][1]), _order(values, args[1])
+        if inner is None or outer is None or len(inner) != len(outer):
+            continue
+        values.append(IntList(tuple(inner[d] for d in outer)))
+        calls[k] = (name, (calls[i][1][0], len(values) - 1, args[-1]))
+        drop.add(i)
+        fused += 1
+    graph.calls[:] = [c for n, c in enumerate(calls) if n not in drop]
     return fused
 
 

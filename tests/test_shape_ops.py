@@ -140,6 +140,26 @@ async def test_copies_of_whole_last_dims_move_vec4s(load_pte):
     await assert_matches_eager(model, module, calls, atol=0, rtol=0)
 
 
+class PermuteChains(torch.nn.Module):
+    """ViT's attention output, three permutes in a row (two of them each other's inverse), and
+    two permutes whose first another op also reads (kept)."""
+
+    def forward(self, x):
+        y = x * 2
+        q = y.permute(0, 3, 1, 2)
+        return y.permute(2, 0, 1, 3).permute(1, 2, 0, 3).permute(0, 2, 1, 3) + 1, q.permute(0, 2, 3, 1) - 1, q * 3
+
+
+async def test_permutes_of_permutes_are_one_copy(load_pte):
+    shapes = ({2: torch.export.Dim("N", min=1, max=13)},)
+    pte, module = export_pte("shape_permute_chains", PermuteChains, (torch.randn(2, 3, 13, 8),), dynamic_shapes=shapes)
+    model = await load_pte(pte)
+    permutes = [name for name, _ in model.graph.calls if "permute" in name]
+    assert len(permutes) == 3, permutes  # 5 in the file: the chain of three is one
+    calls = [(torch.from_numpy(rand(2, 3, n, 8, seed=n)),) for n in (13, 1, 6, 11)]
+    await assert_matches_eager(model, module, calls, atol=0, rtol=0)
+
+
 # -- the hooks alone: no device -------------------------------------------------------------------
 
 
