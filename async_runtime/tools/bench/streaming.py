@@ -116,9 +116,9 @@ def kernels(p, limit, f16=True):
         Kernel(WGSL_COPY, None, (x, x), copy, per_invocation=4 * VEC4S, wgsl=WGSL_COPY_SHADER),
         Kernel("aten.add.Tensor", "aten.add.Tensor", (x, x, x), lambda inp, i: inp(0, i) + inp(1, i), per_invocation=PER_INVOCATION),
         Kernel("aten.mul.Scalar (x * 2)", "aten.mul.Scalar", (x, Scalar(2.0), x), lambda inp, i: 2 * inp(0, i), per_invocation=PER_INVOCATION),
-        Kernel(
+        Kernel(  # rows of 1,024: the strided copy's vec4 kernel, PER_INVOCATION vec4s an invocation
             "aten.slice_copy.Tensor (strided copy, all rows)", "aten.slice_copy.Tensor",
-            (x, Scalar(0), Scalar(0), Scalar(rows), Scalar(1), x), copy, per_invocation=PER_INVOCATION,
+            (x, Scalar(0), Scalar(0), Scalar(rows), Scalar(1), x), copy, per_invocation=4 * PER_INVOCATION,
         ),
     ]
     for n, k in p["gemv"]:
