@@ -306,11 +306,7 @@ def _fuse_batched_weight(graph):
         name, args = calls[i]
         if name not in TRANSPOSES or len(values[args[0]].dims) != 2:
             return False
-        if name in TRANSPOSES[2:]:
-            return True
-        dims = values[args[1]]
-        items = dims.items if isinstance(dims, IntList) else [values[k].value if isinstance(values[k], Scalar) else None for k in dims.items]
-        return [d % 2 if isinstance(d, int) else None for d in items] == [1, 0]
+        return name in TRANSPOSES[2:] or _order(values, args[1]) == [1, 0]
 
     for k, (name, args) in enumerate(calls):
         if name not in BMM or len(args) != 3:
