@@ -38,6 +38,7 @@ from .scheduler import Scheduler
 from .session import Session
 from .stats import Counters
 from .storage import STORAGE_USAGE, align, constant_rows, storage_dtype, to_storage
+from .uploads import StagedUploads
 
 
 @dataclass(frozen=True)
@@ -330,18 +331,23 @@ class Model:
         constants = [(vid, v) for vid, v in enumerate(values) if isinstance(v, Tensor) and v.constant is not None]
         total, done = sum(numel_of(v.dims) * elem_bytes(v.dtype) for _, v in constants), 0
         progress.from_worker("upload", 0, total)
+        uploads = StagedUploads(self.device)
         for vid, v in constants:
             raw = _constant_bytes(v.constant, named, f"constant tensor {vid}")
             data = to_storage(v, constant_rows(raw, v.constant.rows) if v.constant.rows else raw, f"tensor {vid}")
+            kept = vid in self._session_vids or any(d.src == vid for d in self._state_copies.values())
+            if kept:  # a state's initial contents, for every session: its own bytes, not a view of the file's
+                data = np.array(data)
             for d in self._state_copies.values():
                 if d.src == vid:
                     self._constant_data[d.dst] = data
             if vid in self._session_vids:
                 self._constant_data[vid] = data
             elif data.nbytes:
-                self.device.queue.write_buffer(self._buffers[self._buffer_key[vid]], 0, data)
+                uploads.write(self._buffers[self._buffer_key[vid]], data)
             done += numel_of(v.dims) * elem_bytes(v.dtype)
             progress.from_worker("upload", done, total)
+        uploads.finish()
 
     def buffer(self, vid):
         return self._buffers[self._buffer_key[vid]]

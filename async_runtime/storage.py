@@ -43,11 +43,14 @@ def constant_rows(raw, rows):
 
 
 def to_storage(tensor, raw, what):
-    """A constant's bytes from the file as the device stores them; packed bytes are kept as is."""
+    """A constant's bytes from the file as the device stores them; packed bytes are kept as is.
+    Bytes that need neither a conversion nor padding to a whole word come as a view of `raw`."""
     n = numel_of(tensor.dims)
     if tensor.dtype in PACKED:
         if len(raw) < n:
             raise ModelFormatError(f"{what}: {len(raw)} bytes for {n} packed elements")
+        if n % 4 == 0 and n:
+            return np.frombuffer(raw, np.uint8, n)
         data = np.zeros(align(max(n, 4), 4), np.uint8)
         data[:n] = np.frombuffer(raw, np.uint8, n)
         return data
@@ -56,8 +59,8 @@ def to_storage(tensor, raw, what):
     # An odd number of f16 elements is padded to a whole word, as buffer writes need.
     for source in (HOST_DTYPES[tensor.dtype], *SAME_KIND[np.dtype(HOST_DTYPES[tensor.dtype]).kind]):
         if len(raw) == n * np.dtype(source).itemsize:
-            return input_words(np.frombuffer(raw, source, n).astype(storage_dtype(tensor.dtype)))
+            return input_words(np.frombuffer(raw, source, n).astype(storage_dtype(tensor.dtype), copy=False))
     need = n * np.dtype(HOST_DTYPES[tensor.dtype]).itemsize
     if len(raw) < need:
         raise ModelFormatError(f"{what}: {len(raw)} bytes do not hold {n} {tensor.dtype} elements")
-    return input_words(np.frombuffer(raw, HOST_DTYPES[tensor.dtype], n).astype(storage_dtype(tensor.dtype)))
+    return input_words(np.frombuffer(raw, HOST_DTYPES[tensor.dtype], n).astype(storage_dtype(tensor.dtype), copy=False))
