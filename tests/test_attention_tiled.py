@@ -60,9 +60,7 @@ def _run_kernel(device, dim, q, kc, vc, pos=0, tables=None, entries=0):
     buffers = [device.create_buffer_with_data(data=_words(a), usage=usage) for a in (q, kc, vc)]
     buffers += [out, device.create_buffer_with_data(data=params, usage=wgpu.BufferUsage.UNIFORM)]
     buffers += [device.create_buffer_with_data(data=t.astype(np.int32), usage=usage) for t in tables or ()]
-    pipe = device.create_compute_pipeline(
-        layout="auto", compute={"module": device.create_shader_module(code=shader), "entry_point": "main"}
-    )
+    pipe = _pipeline(device, shader)
     group = device.create_bind_group(
         layout=pipe.get_bind_group_layout(0),
         entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(buffers)],
@@ -75,6 +73,19 @@ def _run_kernel(device, dim, q, kc, vc, pos=0, tables=None, entries=0):
     compute.end()
     device.queue.submit([encoder.finish()])
     return np.frombuffer(device.queue.read_buffer(out), q.dtype, q.size).reshape(q.shape)
+
+
+_PIPELINES = {}  # (device, shader) -> its compute pipeline
+
+
+def _pipeline(device, shader):
+    """The compute pipeline of `shader`, made once: lavapipe compiles a tiled attention kernel for
+    4-19 s (its shader cache empty), and a test runs the same one for several passes."""
+    key = (id(device), shader)
+    if key not in _PIPELINES:
+        module = device.create_shader_module(code=shader)
+        _PIPELINES[key] = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+    return _PIPELINES[key]
 
 
 def _words(a):
