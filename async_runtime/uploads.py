@@ -52,7 +52,7 @@ class StagedUploads:
             self.stages.append(self.device.create_buffer(size=STAGE_BYTES, usage=usage, mapped_at_creation=True, label="upload staging"))
         stage = self.stages[self.turn]
         if stage.map_state != "mapped":
-            stage.map_sync(wgpu.MapMode.WRITE)  # waits for the copies it last took
+            stage.map_sync(wgpu.MapMode.WRITE)  # worker thread (the load's): waits for the copies it last took
         return stage
 
     def _submit(self):
