@@ -335,12 +335,11 @@ class Model:
         for vid, v in constants:
             raw = _constant_bytes(v.constant, named, f"constant tensor {vid}")
             data = to_storage(v, constant_rows(raw, v.constant.rows) if v.constant.rows else raw, f"tensor {vid}")
-            kept = vid in self._session_vids or any(d.src == vid for d in self._state_copies.values())
-            if kept:  # a state's initial contents, for every session: its own bytes, not a view of the file's
+            copied_into = [d.dst for d in self._state_copies.values() if d.src == vid]
+            if copied_into or vid in self._session_vids:  # a state's initial contents, for every session: its own bytes, not a view of the file's
                 data = np.array(data)
-            for d in self._state_copies.values():
-                if d.src == vid:
-                    self._constant_data[d.dst] = data
+            for dst in copied_into:
+                self._constant_data[dst] = data
             if vid in self._session_vids:
                 self._constant_data[vid] = data
             elif data.nbytes:

@@ -49,11 +49,7 @@ def to_storage(tensor, raw, what):
     if tensor.dtype in PACKED:
         if len(raw) < n:
             raise ModelFormatError(f"{what}: {len(raw)} bytes for {n} packed elements")
-        if n % 4 == 0 and n:
-            return np.frombuffer(raw, np.uint8, n)
-        data = np.zeros(align(max(n, 4), 4), np.uint8)
-        data[:n] = np.frombuffer(raw, np.uint8, n)
-        return data
+        return input_words(np.frombuffer(raw, np.uint8, n)) if n else np.zeros(4, np.uint8)
     # The delegate may declare INT32/FLOAT32 for bytes that were serialized as 64-bit values, and a
     # float16 tensor widened to float32 at load (no shader-f16) still has 2-byte bytes in the file.
     # An odd number of f16 elements is padded to a whole word, as buffer writes need.
