@@ -27,6 +27,7 @@ from .bursts import BURST_MAX, NO_PICK, Bursts
 from .encoding import Pieces
 from .errors import BusyResourceError, ClosedResourceError, InputError, MemoryBudgetError
 from .kv_blocks import BlockPool, OutOfBlocks
+from .ragged import SEQ_BLOCKS
 from .sampling import Sampling
 from .scheduler import Step
 from .session import SessionBase, check_inputs
@@ -79,9 +80,13 @@ class Batcher:
         self.copying = model._create_buffer(max(self.block_bytes.values()), COPY_USAGE, "KV-cache block copy")
         self.blocks = BlockPool(blocks, KV_BLOCK, context)
         self.entries = table_entries(context)
-        # a step needs the outputs of its last row only: rows whose keys are cached need not run
-        self.prefixes = all(kind == "seqs" for kind, _ in ragged.output_axes)
-        self.slots, self.free = 0, []  # sessions' slots: their sampler rows and their sequences in `blocks`
+        # a step needs the outputs of its last row only: rows whose keys are cached need not run (a
+        # recurrent state holds every row fed, so a model with one runs them all)
+        self.prefixes = all(kind == "seqs" for kind, _ in ragged.output_axes) and not ragged.states
+        # each recurrent state: the bytes of a slot in its pool (one a session), and its initial value
+        self.state_bytes = {vid: model._constant_data[vid].nbytes for vid in ragged.states}
+        self.state_slots = 0
+        self.slots, self.free = 0, []  # sessions' slots: their sampler rows, their sequences in `blocks`, their states
         self.freed = anyio.Event()  # set when a session gives its blocks back
         self.shape, self.smaller = None, 0  # (rows, sequences) of the last pass
         self.bursts = Bursts(model, ragged, runner, 1) if Bursts.fits(model, ragged) else None
@@ -111,9 +116,31 @@ class Batcher:
             self.slots += 1
             if self.bursts is not None and self.bursts.slots < self.slots:
                 self.bursts.grow(2 * self.bursts.slots)
+            if self.state_bytes and self.state_slots < self.slots:
+                self._grow_states(max(4, 2 * self.state_slots))
         slot = self.free.pop()
         self.blocks.open(slot)
         return slot
+
+    def _grow_states(self, slots):
+        """Pools of the recurrent states with room for `slots` sessions (their slots kept): a copy
+        submitted after every pass so far, then the runner's bind groups over the new pools."""
+        model, sizes = self.model, self.state_bytes
+        model._reserve((slots - self.state_slots) * sum(sizes.values()), "the recurrent states' pools")
+        pools = {vid: model._create_buffer(slots * size, self.runner._own[vid].usage, f"recurrent state pool {vid}") for vid, size in sizes.items()}
+        encoder = model.device.create_command_encoder()
+        for vid, pool in pools.items():
+            if self.state_slots:
+                encoder.copy_buffer_to_buffer(self.runner._own[vid], 0, pool, 0, self.state_slots * sizes[vid])
+        model.device.queue.submit([encoder.finish()])
+        for vid, pool in pools.items():
+            self.runner._rebind(vid, pool)
+        self.state_slots = slots
+
+    def _start_states(self, slot):
+        """`slot`'s recurrent states back to their initial values: its sequence starts at position 0."""
+        for vid, size in self.state_bytes.items():
+            self.model.device.queue.write_buffer(self.runner._own[vid], slot * size, self.model._constant_data[vid])
 
     def release(self, slot):
         self.blocks.close(slot)
@@ -228,6 +255,8 @@ class Batcher:
                 step.error = e
                 refused.append(step)
                 continue
+            if step.pos + step.taken == 0:
+                self._start_states(step.session.slot)
             pieces.append((step, step.taken, n))
             budget -= n
         return pieces, refused
@@ -259,6 +288,8 @@ class Batcher:
             np.concatenate([np.cumsum(counts) - 1, np.zeros(pad_seqs)]),
             self._tables(pieces, seqs),
         )
+        if self.state_bytes:  # each sequence's slot in the states' pools; -1: a padding sequence
+            tables += (np.array([step.session.slot for step, _, _ in pieces] + [-1] * pad_seqs),)
         host = {vid: np.ascontiguousarray(t, dtype=np.int32) for vid, t in zip(model.graph.inputs, tables)}
         ctx = await runner._propagate(host)
         model._counters.hook_calls += ctx.hook_calls
@@ -340,7 +371,7 @@ class Batcher:
             if ahead:
                 ahead = self._burst_blocks(pieces, passes, ahead)
             if ahead:
-                self.model.device.queue.write_buffer(self.runner._own[self.ragged.graph.inputs[-1]], 0, self._tables(pieces, len(pieces)))
+                self.model.device.queue.write_buffer(self.runner._own[self.ragged.graph.inputs[SEQ_BLOCKS]], 0, self._tables(pieces, len(pieces)))
                 bursts.submit(rows, ahead, 1 - staging)
             dispatches = passes * (self.runner._dispatch_count + tail)
             model._counters.submits += passes
@@ -429,7 +460,8 @@ class BatchedSession(SessionBase):
             if self._closed:  # (its slot may be another session's by now)
                 raise ClosedResourceError("the session is closed")
             try:
-                if prompt is not None and self.shared is None and len(prompt) <= positions and batcher.blocks.length(self.slot) == 0:
+                shares = batcher.prefixes and prompt is not None and self.shared is None
+                if shares and len(prompt) <= positions and batcher.blocks.length(self.slot) == 0:
                     return batcher.start_shared(self, prompt, positions)
                 return batcher.blocks.reserve(self.slot, positions)
             except OutOfBlocks:
@@ -478,6 +510,12 @@ class BatchedSession(SessionBase):
                 f"these inputs do not fit the model: positions {pos}..{pos + n - 1} "
                 f"do not fit the KV cache of {ragged.context} positions"
             )
+        fed = model._batcher.blocks.length(self.slot)
+        if ragged.states and pos not in (0, fed):
+            raise InputError(
+                f"a step at position {pos}: this model carries a recurrent state (model.recurrent_states) that holds every "
+                f"token fed so far, so a step on this session starts at position 0 or continues at position {fed}"
+            )
         events = [
             InputResized(self.id, i, model.inputs[i].name, tuple(old), arr.shape)
             for i, (old, arr) in enumerate(zip(self._shapes, arrays))
@@ -501,6 +539,12 @@ class BatchedSession(SessionBase):
 
     def _prepare(self, inputs):
         return check_inputs(self._model, inputs)
+
+    def restart(self):
+        """Start a new sequence (see `Session.restart`): a step at position 0 starts this
+        session's recurrent states from their initial values itself, so nothing is left to do."""
+        if self._closed:
+            raise ClosedResourceError("the session is closed")
 
     def memory(self):
         """Bytes of GPU memory this session holds: its blocks of the KV caches (none once closed)."""

@@ -26,6 +26,7 @@ from pte_wgpu.kernels.wgsl import is_float, type_aliases
 from . import backend
 from .encoding import prepare
 from .pipelines import compile_pipeline, dispatch_once
+from .ragged import ROW_POS, SEQ_LAST, TOKENS
 from .storage import STORAGE_USAGE
 
 NO_PICK = bytes(4 * ROW_WORDS)  # the row of a sequence that picks nothing in a pass
@@ -87,8 +88,8 @@ class Bursts:
         self.stagings = [model._create_buffer(scratch["ids"], wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST, "burst readback") for _ in range(2)]
         self.buffers = {name: model._create_buffer(n, STORAGE_USAGE, f"sampler {name}") for name, n in scratch.items()}
         self.buffers["params"] = model._create_buffer(16, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST, "sampler params")
-        tokens, row_pos, _, seq_last, _ = graph.inputs
-        self.tables = {"logits": graph.outputs[0], "seq_last": seq_last, "tokens": tokens, "row_pos": row_pos}
+        inputs = graph.inputs
+        self.tables = {"logits": graph.outputs[0], "seq_last": inputs[SEQ_LAST], "tokens": inputs[TOKENS], "row_pos": inputs[ROW_POS]}
         self.slots = 0
         self.grow(slots)
         self.seqs = None  # the sequence count the params hold

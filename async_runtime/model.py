@@ -208,8 +208,9 @@ class Model:
         state_vids |= {v for v in carried & read_first(nodes) if isinstance(values[v], Tensor) and v not in graph.inputs}
         # A state that a copy overwrites whole each call (a recurrent state written back, as LFM2's
         # convolution state) depends on every token fed so far, where a KV cache's positions are
-        # overwritten: a new sequence starts it afresh (Session.restart).
-        self.recurrent_states = frozenset(recurrent_states(graph))
+        # overwritten: a new sequence starts it afresh (Session.restart; in a ragged pass a session's
+        # slot of the state's pool, from position 0).
+        self.recurrent_states = frozenset(ragged.states if ragged is not None else recurrent_states(graph))
         input_vids = {v for v in graph.inputs if isinstance(values[v], Tensor)}
         self._session_vids = sorted(state_vids | input_vids)  # each session has its own copy
         # Allocating and uploading weights and creating bind groups are synchronous wgpu calls that

@@ -13,10 +13,16 @@ axis flowing through every op, and rewrites the per-sequence ops to read per-row
 - `row_seq[r]`: the sequence of the pass row r belongs to, and `seq_blocks`: each sequence's block
   table (the caches become pools of blocks of positions, kernels/attention/kv_cache.py);
 - `seq_last[b]`: the row index of sequence b's last row (the last-row select becomes a gather, and
-  the batch-1 axis before it becomes the sequence axis, up to `max_seqs`).
+  the batch-1 axis before it becomes the sequence axis, up to `max_seqs`);
+- `seq_slots[b]`: the slot of sequence b's session in the pools of recurrent states, for a graph
+  with short convolutions (LFM2): the join of a state with the step's inputs, the depthwise
+  convolution over it and the slice written back become ops that read each row's window within
+  its own sequence and write each sequence's last inputs to its slot (kernels/attention/short_conv.py).
 
-A graph with any op that mixes rows (attention without a cache, a reduction over tokens, a view
-that moves the token axis, ...) does not qualify; `plan_ragged` says why, and it runs per session.
+The token axis may move inward through permutes (a short convolution's channels-first layout)
+for elementwise ops; any other op must find it outermost. A graph with any op that mixes rows
+(attention without a cache, a reduction over tokens, a view that moves the token axis, a recurrent
+state other than a short convolution's, ...) does not qualify; `plan_ragged` says why, and it runs per session.
 """
 
 import dataclasses
@@ -31,6 +37,8 @@ from pte_wgpu.resize.values import Scalar, Tensor, ValueList
 from .program.graph import Graph, recurrent_states
 
 INTS = {"int32", "int64"}
+# the ragged graph's inputs, in order (SEQ_SLOTS only where it keeps recurrent states)
+TOKENS, ROW_POS, ROW_SEQ, SEQ_LAST, SEQ_BLOCKS, SEQ_SLOTS = range(6)
 ELEMENTWISE_MODULES = {elementwise.__name__, fusion.__name__}  # ops registered there map elements to elements
 # Ops that map each row to a row: their labelled inputs carry the token axis before the last dim
 # (features) or anywhere (integer indices), and their outputs keep it at the same position.
@@ -65,6 +73,9 @@ SELECT = "aten.select_copy.int"
 SDPA = "sdpa_with_kv_cache.default"
 CAT = "aten.cat.default"
 VIEW = "aten.view_copy.default"
+PERMUTE = "aten.permute_copy.default"
+CONVOLUTION = "aten.convolution.default"
+MOVE = "move"
 GATHER_ROWS = "aten.embedding.default"  # table rows by index: what a position slice becomes
 ROPE_FROM = "et_vk.apply_rotary_emb_hf.default"  # its cos and sin tables read from a start position
 
@@ -83,7 +94,7 @@ class NotRagged(Exception):
 
 @dataclass
 class Ragged:
-    graph: Graph  # the rewritten graph: inputs (tokens, row_pos, row_seq, seq_last, seq_blocks)
+    graph: Graph  # the rewritten graph: inputs (tokens, row_pos, row_seq, seq_last, seq_blocks[, seq_slots])
     tokens_input: int  # index of the token input among the method's inputs
     pos_input: int  # index of the start-position input
     output_axes: tuple  # per output: ("rows" | "seqs", axis)
@@ -91,6 +102,7 @@ class Ragged:
     context: int  # positions every cache and position table holds
     max_rows: int
     max_seqs: int
+    states: tuple = ()  # value ids of the recurrent states kept a slot a session (pools of slots)
 
 
 def plan_ragged(graph, max_seqs):
@@ -105,14 +117,21 @@ class _Analysis:
         self.calls = []
         self.max_seqs = max_seqs
         self.caches, self.context = [], []
+        self.inner = set()  # labelled values whose token axis is not their outermost dim (past a permute)
+        self.windows = {}  # a state joined with a step's inputs -> (state, inputs)
+        self.written_back = {}  # a window's last columns -> (state, inputs)
+        self.states = []
 
     def run(self):
         recurrent = recurrent_states(self.g)
-        if recurrent:
+        self.recurrent = set(recurrent)
+        joined = {i for name, args in self.g.calls if name == CAT for i in self.values[args[0]].items}
+        if self.recurrent - joined:
             v = self.values[recurrent[0]]
             raise NotRagged(
-                f"{len(recurrent)} recurrent state(s) ({v.dtype}{list(v.dims)} ...) written back whole each call: a ragged pass "
-                "keeps each session's KV-cache rows, not a state per session"
+                f"{len(recurrent)} recurrent state(s) ({v.dtype}{list(v.dims)} ...) written back whole each call, not as "
+                "a short convolution's window: a ragged pass keeps each session's KV-cache rows, and a state per session "
+                "only for short convolutions"
             )
         tokens, pos = self._inputs()
         self.max_rows = self.values[self.g.inputs[tokens]].dims[1]
@@ -122,6 +141,7 @@ class _Analysis:
         self.row_seq = self._new(Tensor("int32", (self.max_rows,)))
         self.seq_last = self._new(Tensor("int32", (self.max_seqs,)))
         self.seq_blocks = self._new(Tensor("int32", (1,)))  # sized below, from the caches' context
+        self.seq_slots = self._new(Tensor("int32", (self.max_seqs,))) if self.recurrent else None
         for name, args in self.g.calls:
             self._call(name, args)
         axes = []
@@ -141,13 +161,18 @@ class _Analysis:
                 values[vid] = dataclasses.replace(v, dims=tuple(dims))
         if not self.caches:
             raise NotRagged("no sdpa_with_kv_cache: nothing keeps per-session state")
+        if set(self.states) != self.recurrent:
+            raise NotRagged(f"recurrent state(s) {sorted(self.recurrent - set(self.states))} joined with a step's inputs but not written back from them")
         contexts = {values[c].dims[1] for c in self.caches}
         if len(contexts) != 1:
             raise NotRagged(f"the KV caches hold different position counts {sorted(contexts)}: one block table cannot serve them")
         values[self.seq_blocks] = Tensor("int32", (self.max_seqs * table_entries(contexts.pop()),))
         inputs = (self.g.inputs[tokens], self.row_pos, self.row_seq, self.seq_last, self.seq_blocks)
+        inputs += (self.seq_slots,) if self.states else ()
         graph = Graph(values, inputs, self.g.outputs, self.calls, self.g.delegate_ops, self.g.kernel_ops, self.g.compile_specs)
-        return Ragged(graph, tokens, pos, tuple(axes), tuple(self.caches), min(self.context), self.max_rows, self.max_seqs)
+        return Ragged(
+            graph, tokens, pos, tuple(axes), tuple(self.caches), min(self.context), self.max_rows, self.max_seqs, tuple(self.states)
+        )
 
     def _new(self, value):
         self.values.append(value)
@@ -173,12 +198,27 @@ class _Analysis:
 
     # --- one call -------------------------------------------------------------------------------
     def _call(self, name, args):
-        touched = [a for a in self._operands(args) if a in self.labels]
+        operands = list(self._operands(args))
+        if any(a in self.windows for a in operands):
+            return self._window_read(name, args)
+        if any(a in self.written_back for a in operands):
+            return self._write_back(name, args)
+        if self.recurrent & set(operands) or (name == MOVE and args[1] in self.recurrent):
+            if name != CAT:
+                raise NotRagged(f"{name} reads or writes a recurrent state other than as a short convolution's window")
+            return self._window(args)
+        touched = [a for a in operands if a in self.labels]
         if not touched:
             self.calls.append((name, args))
             return
         if name in ("et_vk.select_as_symint.default", "add", "sym_size.int"):
             return self._symint(name, args)
+        elementwise = getattr(OPS.get(name), "__module__", None) in ELEMENTWISE_MODULES or _is(name, SAME_SHAPE)
+        inner = [a for a in touched if a in self.inner]
+        if inner and not (elementwise or name == PERMUTE):
+            raise NotRagged(f"{name} reads value {inner[0]}, whose token axis is not its outermost dim")
+        if name == PERMUTE:
+            return self._permute(args)
         if name == SLICE:
             return self._position_slice(args)
         if name == SDPA:
@@ -192,7 +232,7 @@ class _Analysis:
             self._view(args)
         elif any(not isinstance(k, tuple) for k in kinds):
             raise NotRagged(f"{name} reads a position or a token count")
-        elif getattr(OPS.get(name), "__module__", None) in ELEMENTWISE_MODULES or _is(name, SAME_SHAPE):
+        elif elementwise:
             self._elementwise(name, args)
         elif _is(name, ROW_WISE):
             self._row_wise(name, args)
@@ -219,11 +259,15 @@ class _Analysis:
             else:
                 yield a
 
-    def _label(self, vid, kind, axis):
+    def _label(self, vid, kind, axis, inner=False):
+        """Label `vid` as carrying the token axis at `axis`, its outermost non-unit dim unless
+        `inner` (a value past a permute, which only elementwise ops and permutes may read)."""
         v = self.values[vid]
-        if any(d != 1 for d in v.dims[:axis]) or axis >= len(v.dims):
+        if axis >= len(v.dims) or (not inner and any(d != 1 for d in v.dims[:axis])):
             raise NotRagged(f"value {vid} {list(v.dims)}: the token axis {axis} is not its outermost non-unit dim")
         self.labels[vid] = (kind, axis)
+        if inner and any(d != 1 for d in v.dims[:axis]):
+            self.inner.add(vid)
 
     def _outputs(self, out):
         v = self.values[out]
@@ -332,7 +376,7 @@ class _Analysis:
             dims = self.values[t].dims
             if t not in self.labels and len(dims) >= -from_right and dims[from_right] != 1:
                 raise NotRagged(f"{name} broadcasts a tensor along the token axis")
-        self._label(out, kind, rank + from_right)
+        self._label(out, kind, rank + from_right, inner=any(t in self.inner for t in tensors))
 
     def _row_wise(self, name, args):
         kinds, axis = set(), None
@@ -352,3 +396,61 @@ class _Analysis:
         (kind,) = kinds
         for out in self._outputs(args[-1]):
             self._label(out, kind, axis)
+
+    # --- permutes and short convolutions ----------------------------------------------------
+    def _ints(self, vid):
+        v = self.values[vid]
+        return tuple(int(self.values[i].value) for i in v.items) if isinstance(v, ValueList) else tuple(v.items)
+
+    def _permute(self, args):
+        src, dims, out = args
+        kind, axis = self.labels[src]
+        order = [d % len(self.values[src].dims) for d in self._ints(dims)]
+        self._label(out, kind, order.index(axis), inner=True)
+        self.calls.append((PERMUTE, args))
+
+    def _window(self, args):
+        """aten.cat([state, x], token axis): a short convolution's window, which only its
+        convolution and the slice of its last columns (the state's new value) may read."""
+        items, dim, out = self.values[args[0]].items, self.values[args[1]].value, args[-1]
+        state, x = (items + (None, None))[:2]
+        label = self.labels.get(x)
+        rank = len(self.values[out].dims)
+        if len(items) != 2 or state not in self.recurrent or not isinstance(label, tuple) or label[0] != "rows" or dim % rank != label[1]:
+            raise NotRagged("aten.cat joins a recurrent state with something other than one step's inputs along the token axis")
+        if self.values[state].dims[: label[1]] != self.values[x].dims[: label[1]] or label[1] != rank - 1:
+            raise NotRagged("aten.cat joins a recurrent state with a step's inputs that are not [1, C, tokens] like it")
+        self.windows[out] = (state, x)
+
+    def _window_read(self, name, args):
+        window = next(a for a in self._operands(args) if a in self.windows)
+        state, x = self.windows[window]
+        width = self.values[state].dims[-1]
+        if name == SLICE and args[0] == window:
+            dim, start, end = (self.values[a].value for a in args[1:4])
+            step = self.values[args[4]].value if len(args) > 5 else 1
+            if dim % 3 == 2 and start == -width and end >= self.values[window].dims[-1] and step in (1, None):
+                self.written_back[args[-1]] = (state, x)
+                return
+            raise NotRagged(f"a slice of a short convolution's window other than its last {width} columns")
+        if name == CONVOLUTION and args[0] == window:
+            weight = self.values[args[1]]
+            stride, padding, dilation = (self._ints(a) for a in args[3:6])
+            transposed, groups = self.values[args[6]].value, self.values[args[8]].value
+            channels = self.values[state].dims[1]
+            if weight.constant is None or tuple(weight.dims) != (channels, 1, width + 1) or groups != channels:
+                raise NotRagged(f"a convolution over a short convolution's window that is not depthwise with {width + 1} taps")
+            if set(stride) | set(dilation) != {1} or set(padding) != {0} or transposed:
+                raise NotRagged("a convolution over a short convolution's window with stride, dilation or padding")
+            out = args[-1]
+            self.calls.append(("pte_wgpu.ragged_short_conv", (x, state, args[1], args[2], self.row_seq, self.seq_last, self.seq_slots, out)))
+            self._label(out, *self.labels[x], inner=True)
+            return
+        raise NotRagged(f"{name} reads a short convolution's window (a recurrent state joined with a step's inputs)")
+
+    def _write_back(self, name, args):
+        state, x = self.written_back[args[0]] if args[0] in self.written_back else (None, None)
+        if name != MOVE or args[1] != state or state in self.states:
+            raise NotRagged(f"{name} reads a short convolution's new state other than to write it back once")
+        self.calls.append(("pte_wgpu.ragged_state_update", (x, self.seq_last, self.seq_slots, state)))
+        self.states.append(state)

@@ -26,8 +26,9 @@ FAMILIES = {  # name -> the ModelArgs switches of the family, as ExecuTorch's co
 }
 EXPORTS = [(family, qmode) for family in FAMILIES for qmode in (None, "4w")]
 HYBRIDS = {  # name -> (ModelArgs switches as ExecuTorch's configs set them: a layer with a recurrent state, then
-    # attention (Qwen3.5's gated, its norms with a unit offset); the states' count and dims)
-    "lfm2": ((("layer_types", ("conv", "full_attention")), ("hidden_dim", 128)), "1 recurrent state(s) (float32[1, 64, 2] ...)"),
+    # attention (Qwen3.5's gated, its norms with a unit offset); None where the model batches ragged, else the
+    # states' count and dims its batching note names)
+    "lfm2": ((("layer_types", ("conv", "full_attention")), ("hidden_dim", 128)), None),
     "qwen3_5": ((("layer_types", ("linear_attention", "full_attention")), ("hidden_dim", 128), ("linear_num_key_heads", 2),
                  ("linear_num_value_heads", 4), ("linear_key_head_dim", 16), ("linear_value_head_dim", 16), ("use_q_gate", True),
                  ("rms_norm_add_unit_offset", True), ("partial_rotary_factor", 0.25), ("use_qk_norm", True), ("qk_norm_before_rope", True),
@@ -127,13 +128,17 @@ async def test_a_hybrid_family_carries_its_recurrent_state_as_eager_does(family,
     short-convolution state: a delegate output the program never passes on; Qwen3.5's convolution
     and delta-rule states: read through a delegate constant of their initial value); linking
     restores what the model does. Logits at every step within 2e-4 of eager's; concurrent
-    sessions each carry their own states; a session's next sequence starts them afresh, and a
-    generation that would continue elsewhere than where the last one stopped is refused."""
+    sessions each carry their own states (LFM2's in one ragged pass, a slot of each state's pool a
+    session); a session's next sequence starts them afresh, and a generation that would continue
+    elsewhere than where the last one stopped is refused."""
     switches, states = HYBRIDS[family]
     path, ref = export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, qmode=qmode, model_args=switches, **TINY)
     model = await load_pte(path)
-    assert model.recurrent_states and model.batching == "submits"
-    assert f"{states} written back whole each call" in model.batching_note
+    assert model.recurrent_states
+    if states is None:
+        assert model.batching == "ragged" and model.gpu_sampling, model.batching_note
+    else:
+        assert model.batching == "submits" and f"{states} written back whole each call" in model.batching_note
     rng = np.random.default_rng(11)
     prompts = [rng.integers(0, TINY["vocab_size"], n).tolist() for n in (7, 1, 13, 2)]
     ref.reset()
@@ -152,3 +157,27 @@ async def test_a_hybrid_family_carries_its_recurrent_state_as_eager_does(family,
     ref.greedy(np.array([prompts[1]]), 9)  # the same sequence, then its continuation
     ahead, _ = ref.greedy_from(np.array([[want[1][-1], 5]]), len(prompts[1]) + 9, 4)
     assert more == ahead
+
+
+async def test_short_convolutions_carry_their_states_across_chunks_and_pools(tmp_path_factory, load_pte):
+    """LFM2's short-convolution states in the ragged pass. With 5 rows a pass, prompts are cut into
+    chunks that share passes with other sessions' decodes, each chunk's windows reaching into the
+    state the last one left; 7 sessions outgrow the states' first pool (the slots held copied into
+    a larger one). Every session gets eager's tokens. A step elsewhere than at position 0 or where
+    its session stopped is refused, and the session goes on from where it was."""
+    path, ref = export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, model_args=HYBRIDS["lfm2"][0], **TINY)
+    model = await load_pte(path, token_budget=5)
+    assert model.batching == "ragged" and model.gpu_sampling, model.batching_note
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, TINY["vocab_size"], n).tolist() for n in (11, 1, 6, 17, 3, 2, 9)]
+    assert await generate_together(model, prompts, 8) == eager_greedy(ref, prompts, 8)
+    ref.reset()
+    first = ref.step(np.array([prompts[3]]), 0)[0]
+    then = ref.step(np.array([[7, 8]]), len(prompts[3]))[0]
+    async with model.session() as s:
+        (logits,) = await s.execute(np.array([prompts[3]]), np.array([0]))
+        np.testing.assert_allclose(logits[0], first, atol=2e-4)
+        with pytest.raises(ar.InputError, match=f"starts at position 0 or continues at position {len(prompts[3])}"):
+            await s.execute(np.array([[7, 8]]), np.array([len(prompts[3]) - 1]))
+        (logits,) = await s.execute(np.array([[7, 8]]), np.array([len(prompts[3])]))
+        np.testing.assert_allclose(logits[0], then, atol=2e-4)

@@ -20,6 +20,7 @@ import sys
 import pytest
 
 from async_runtime import pipelines
+from pte_wgpu.kernels.attention import short_conv
 from pte_wgpu.kernels.matmul import int8_matrix, linear
 from pte_wgpu.kernels.matmul.q4_linear import Storage, matrix_heads
 from pte_wgpu.kernels.matmul.routes import FLOAT_SG_GPU_WIDE
@@ -97,6 +98,11 @@ async def test_every_kernel_compiles_under_tint(tmp_path_factory, load_pte, monk
             sources[int8_conv.product_shader(kernel, stride, padding, (1, 2), finishing, matrices)] = (f"int8 convolution {kernel}, matrices {matrices}", "f32")
         for x_dtype, x_byte in (("int8", per_channel_linear.Q8TA_X), ("float32", per_channel_linear.Q8CSW_X)):
             sources[per_channel_linear.product_shader(x_dtype, x_byte, matrices)] = (f"int8 linear, {x_dtype} x, matrices {matrices}", "f32")
+    for storage in ("f32", "f16"):  # a short convolution's state in a ragged pass (LFM2's: no tiny Llama has one)
+        aliases = "".join(f"alias {name} = {storage};\n" for name in ("XT", "ST", "WT", "BT", "OT"))
+        for bias in (False, True):
+            sources[aliases + short_conv.short_conv_kernel(bias)] = (f"ragged short convolution, {storage}, bias {bias}", storage)
+        sources[aliases + short_conv.STATE_UPDATE] = (f"ragged state update, {storage}", storage)
     for shape in FLOAT_SG_GPU_WIDE:  # float products of long rows (K >= 2,048: no tiny model has them)
         for weights in ("f32", "f16"):
             types = linear.Storage(weights, weights, "f32", weights)

@@ -153,7 +153,9 @@ class generate:
 
     async def _pick(self, tokens, n, history=None):
         ids = np.asarray(tokens, np.int64).reshape(1, -1)
+        self.session.sequence_end = None  # unknown until the step returns
         picked = await self.session.pick(ids, np.array([self.position], np.int64), n=n, sampling=self.sampling, history=history)
+        self.session.sequence_end = self.position + ids.shape[1] + n - 1  # it fed the tokens and all it picked but the last
         self.position += 1
         return picked.tolist()
 

@@ -1,6 +1,6 @@
 """Attention: `sdpa_with_kv_cache` and its ragged form (the step's K and V written into the cache,
 then attention over it), attention over given keys and values (`et_vk.sdpa`, `custom_sdpa`),
-rotary embeddings, KV-cache writes, the gated delta rule of linear attention, and the GPU sampler
-of decode bursts. May import the kernels' top modules."""
+rotary embeddings, KV-cache writes, the gated delta rule of linear attention, a short convolution's
+state in a ragged pass, and the GPU sampler of decode bursts. May import the kernels' top modules."""
 
-from . import gated_delta, kv_cache, kv_cache_sdpa, rope, sdpa  # noqa: F401
+from . import gated_delta, kv_cache, kv_cache_sdpa, rope, sdpa, short_conv  # noqa: F401
