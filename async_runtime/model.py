@@ -254,10 +254,17 @@ class Model:
         return graph, nodes, ragged
 
     async def _warm_up(self, progress):
-        """Every pipeline dispatched once on a throwaway session, in a worker thread: drivers that
-        compile shaders at first use do it now, off the event loop, not in the first execute."""
+        """Every pipeline dispatched once, in a worker thread: drivers that compile shaders at first
+        use do it now, off the event loop, not in the first execute. A batching model's on its
+        ragged runner: what the kernels leave in its KV-cache and state pools no sequence reads (a
+        block's positions are written before they are read, a state's slot is set at position 0),
+        and a throwaway session of the ragged graph would make its own KV caches and bind groups
+        first. Any other model's on a throwaway session, whose state tensors the kernels write."""
 
         def warm_up():
+            if self._batcher is not None:
+                dispatch_each_once(self._batcher.runner, progress)
+                return
             session = Session(self)
             try:
                 dispatch_each_once(session, progress)
