@@ -418,7 +418,7 @@ class _Analysis:
         rank = len(self.values[out].dims)
         if len(items) != 2 or state not in self.recurrent or not isinstance(label, tuple) or label[0] != "rows" or dim % rank != label[1]:
             raise NotRagged("aten.cat joins a recurrent state with something other than one step's inputs along the token axis")
-        if self.values[state].dims[: label[1]] != self.values[x].dims[: label[1]] or label[1] != rank - 1:
+        if rank != 3 or label[1] != 2 or self.values[state].dims[:2] != self.values[x].dims[:2]:
             raise NotRagged("aten.cat joins a recurrent state with a step's inputs that are not [1, C, tokens] like it")
         self.windows[out] = (state, x)
 
