@@ -97,6 +97,10 @@ CASES = {
     # a plain linear of K = FLOAT_GEMM_MIN_K (routes.py's float_wide): on GPUs the subgroup kernels
     # at every row count to WIDE_K_SG_ROWS, then the GEMM
     "linear_wide_k8": (lambda: Linear(2048, 37, False), [(35, 2048)], ({0: _m(35)},)),
+    # K whole quads: the GEMM reads the input 4 of K a load, and on GPUs the 8 x 4 tiles past 64 rows
+    # and the 128 x 128 tiles (from 128 rows) the f32 weights too (gemm.py's TileLoad.quads)
+    "linear_quads_mid": (lambda: Linear(524, 67, True), [(70, 524)], ({0: _m(70)},)),
+    "linear_quads_big": (lambda: Linear(2052, 2063, True), [(131, 2052)], ({0: _m(131)},)),
 }
 # where live M sits in each input's shape (None: the input has no M)
 M_AXIS = {
@@ -115,6 +119,8 @@ M_AXIS = {
     "fused_dyn_k4": [1],
     "fused_wide_k4": [1],
     "linear_wide_k8": [0],
+    "linear_quads_mid": [0],
+    "linear_quads_big": [0],
 }
 
 
@@ -155,6 +161,21 @@ async def test_dynamic_rows_switch_routes(name, load_pte):
     rng = np.random.default_rng(7)
     calls = [_inputs(name, m, rng) for m in ms]  # run in this order, shuffled, then the first again
     await assert_matches_eager(await load_pte(data), module, calls, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("name", ["linear_quads_mid", "linear_quads_big"])
+async def test_gemm_reads_whole_quads_of_k_4_at_a_time(name, load_pte, kernel_variants):
+    """Products of K a multiple of 4 load their input (and, in the GPUs' larger tiles, f32
+    weights) 4 of K a load: values against eager at every tile's rows, with the GPU kernel
+    variants and the CPU adapters'."""
+    data, module = _export(name)
+    model = await load_pte(data)
+    gemms = [d.shader for d in model.graph.dispatches if "var<workgroup> As" in (d.shader or "")]
+    assert gemms and all("fn a_k_quad" in s for s in gemms)
+    assert any("fn b_k_quad" in s for s in gemms) == (kernel_variants == "gpu" or name == "linear_quads_big")
+    ms = [131, 1, 70, 65, 128, 33, 64, 2] if name == "linear_quads_big" else [70, 1, 65, 64, 33, 2]
+    calls = [_inputs(name, m, np.random.default_rng(m)) for m in ms]
+    await assert_matches_eager(model, module, calls, atol=ATOL, rtol=RTOL)
 
 
 async def test_fused_linears_run_as_fused_ops(load_pte):

@@ -28,7 +28,7 @@ from ..attention.rope import rope_bindings, rope_store
 from ..registry import op
 from ..variants import CPU, GPU
 from ..wgsl import FLAT_INDEX, SUBGROUP_BUILTINS, WG, fill, flat_grid, row_groups, row_groups_grid, vec4_loader, vec4_type
-from .gemm import PARAMS_SIZE, GemmRoute, column_group, float_k_quads, float_load, gemm_scratch, params_bytes
+from .gemm import PARAMS_SIZE, GemmRoute, column_group, gemm_scratch, params_bytes, weight_load
 from .linear import (
     CPU_GROUP_ROWS,
     CPU_WG,
@@ -315,14 +315,14 @@ class _Products:
         scratch = gemm_scratch(b, outs, together, most)
         if together:
             types = [b.storage(w) for w in weights]
-            load, store = column_group(b.storage(x), types, [n for n, _ in sizes], k_quads=float_k_quads(types, most[1]))
+            load, store = column_group(b.storage(x), types, [n for n, _ in sizes], most[1])
             params = b.params(PARAMS_SIZE)
             route = GemmRoute(b, load, [x, *weights], None, outs[0], params, scratch, store=store, more_outs=outs[1:], most=most)
             self.routes.append((params, route))
             return
         for w, out, size in zip(weights, outs, sizes):
             params = b.params(PARAMS_SIZE)
-            load = float_load(True, b.storage(x), b.storage(w), k_quads=float_k_quads([b.storage(w)], size[1]))
+            load = weight_load(b.storage(x), b.storage(w), size[1])
             self.routes.append((params, GemmRoute(b, load, [x, w], None, out, params, scratch, most=size)))
 
     def resize(self, ctx):

@@ -4,8 +4,9 @@ addmm, the fused linears' prefill, 4-bit weights), and its split-K reduce.
 out[b, m, n] = epilogue(sum_k A[b, m, k] * B[b, k, n]): a 64x64 output tile per 16x16 workgroup,
 each invocation a 4x4 register tile (rows 4 * lid.y.., columns 4 * lid.x..); a `Tile` gives other
 shapes (32x64 for products of few rows, 64x64 at 8x4 an invocation past 64 rows, 128x128 at 8x8
-for large ones). A and B go through workgroup memory in K steps of 16 as vec4s of 4 rows (columns
-of B), rows padded by one vec4 against bank conflicts. Each invocation loads its share of vec4s of each per step; the next
+for large ones). A and B go through workgroup memory in K steps of 16 (the 128x128 tile's 8) as vec4s of 4 rows (columns
+of B), rows padded by one vec4 against bank conflicts. Each invocation loads its share of vec4s of each per step (4
+rows' one k, or where K is whole quads one row's 4 k: `TileLoad`); the next
 step's loads are issued before this step's products, so their latency hides behind the arithmetic. A product with
 few tiles (a prompt of a few hundred rows on a GPU with over a hundred cores) also splits K
 (`gemm_split`): workgroup z = (batch, split) sums one K range into the op's scratch, and
@@ -21,6 +22,7 @@ split-K's scratch are f32; `epilogue` ends with an optional clamp (a fused activ
 to the output's storage type.
 """
 
+import dataclasses
 import itertools
 import math
 import struct
@@ -107,7 +109,10 @@ class TileLoad:
     the 4 B columns it loads; `b_k_quads` (with `b_along_k`): `functions` also define
     `b_k_quad(off, n, k, kend)`, the elements (n, k..k + 3) of B (k a multiple of 4; instead of
     b_at), and each invocation loads one column's 4 K values a step instead of 4 columns' one
-    (4-bit weights dequantize 4 values of a word with one scale this way)."""
+    (4-bit weights dequantize 4 values of a word with one scale this way); `a_k_quads`:
+    `functions` define `a_k_quad(off, m, k, kend)`, A's (m, k..k + 3) (A of K a multiple of 4),
+    instead of a_at, and each invocation loads one row's 4 K values a step; `quads`: the same
+    product read with B 4 of K a load too (f32 weights), for tiles of `b_quads`."""
 
     inputs: tuple
     functions: str
@@ -115,6 +120,8 @@ class TileLoad:
     setup: str = ""
     b_k_quads: bool = False
     dequantizes: bool = False  # B's quads dequantized (4-bit weights: takes_mid_tile's k_quads)
+    a_k_quads: bool = False
+    quads: "TileLoad | None" = None
 
 
 # A [M, K], rows of K, as f32 from binding $A at the batch's offset (the float products', the
@@ -130,6 +137,21 @@ fn a_at(off: u32, m: u32, k: u32, kend: u32) -> f32 {
 def float_a_at(binding="a"):
     """The GEMM's A load from `binding`, f32 or f16 storage."""
     return fill(FLOAT_A_AT, A=binding)
+
+
+# A [M, K] of K a multiple of 4, 4 of K a load from binding $A bound as vec4s (TileLoad.a_k_quads;
+# K ranges end at multiples of 4; GemmRoute refuses a live K of other shapes)
+FLOAT_A_K_QUAD = """
+fn a_k_quad(off: u32, m: u32, k: u32, kend: u32) -> vec4<f32> {
+    if (m < p.M && k < kend) { return ${A}4((off + m * p.K + k) / 4u); }
+    return vec4<f32>(0.0);
+}
+"""
+
+
+def float_a_k_quad(binding="a", storage="f32"):
+    """The GEMM's A load 4 of K a load (TileLoad.a_k_quads) from `binding`, f32 or f16 storage, bound as vec4_type(storage)."""
+    return vec4_loader(binding, storage) + fill(FLOAT_A_K_QUAD, A=binding)
 
 
 # B [N, K] or [K, N] as f32 ($B_INDEX: element (n, k)'s offset)
@@ -161,26 +183,43 @@ def float_k_quads(weight_types, k):
     return k % 4 == 0 and all(t == "f16" for t in weight_types)
 
 
-def _k_quad_load(a, weights, reads):
+def _a_load(a, a_quads):
+    """(A's binding, its WGSL functions) for A stored as `a`, read 4 of K a load with `a_quads`."""
+    return (("a", vec4_type(a)), float_a_k_quad("a", a)) if a_quads else (("a", a), float_a_at())
+
+
+def _k_quad_load(a, weights, reads, a_quads=False):
     """The TileLoad of A stored as `a` and [N, K] weights (binding, storage type) read 4 of K a
-    load; `reads`: FLOAT_B_K_QUAD's."""
+    load; `reads`: FLOAT_B_K_QUAD's; `a_quads`: A too."""
     loaders = "".join(vec4_loader(w, t) for w, t in weights)
-    return TileLoad(inputs=(("a", a), *((w, vec4_type(t)) for w, t in weights)), functions=float_a_at() + loaders + fill(FLOAT_B_K_QUAD, READS=reads),
-                    b_along_k=True, b_k_quads=True)
+    a_binding, a_functions = _a_load(a, a_quads)
+    return TileLoad(inputs=(a_binding, *((w, vec4_type(t)) for w, t in weights)), functions=a_functions + loaders + fill(FLOAT_B_K_QUAD, READS=reads),
+                    b_along_k=True, b_k_quads=True, a_k_quads=a_quads)
 
 
-def float_load(transposed_b, a="f32", b="f32", k_quads=False):
+def float_load(transposed_b, a="f32", b="f32", k_quads=False, a_quads=False):
     """A [M, K] and B, an [N, K] weight (`transposed_b`) or a [K, N] matrix, stored as WGSL types
     `a` and `b` (f32 or f16), loaded as f32; `k_quads`: an [N, K] weight of K a multiple of 4, read
-    4 of K a load (a vec4, or 4 halves as a vec2<u32>; float_k_quads)."""
+    4 of K a load (a vec4, or 4 halves as a vec2<u32>; float_k_quads); `a_quads`: A of K a multiple of 4, 4 of K a load."""
     if k_quads:
-        return _k_quad_load(a, [("bm", b)], "    if (n < p.N) { return bm4((off + n * p.K + k) / 4u); }\n")
+        return _k_quad_load(a, [("bm", b)], "    if (n < p.N) { return bm4((off + n * p.K + k) / 4u); }\n", a_quads)
     b_index = "n * p.K + k" if transposed_b else "k * p.N + n"
+    a_binding, a_functions = _a_load(a, a_quads)
     return TileLoad(
-        inputs=(("a", a), ("bm", b)),
-        functions=float_a_at() + fill(FLOAT_B_AT, B_INDEX=b_index),
+        inputs=(a_binding, ("bm", b)),
+        functions=a_functions + fill(FLOAT_B_AT, B_INDEX=b_index),
         b_along_k=transposed_b,
+        a_k_quads=a_quads,
     )
+
+
+def weight_load(a, b, k):
+    """The TileLoad of a product of A stored as `a` by an [N, K] weight stored as `b`, K `k` at
+    most: A 4 of K a load where K is whole quads, B too where float_k_quads says so, else for tiles
+    of `b_quads` (TileLoad.quads)."""
+    quads = k % 4 == 0
+    load = float_load(True, a, b, k_quads=float_k_quads([b], k), a_quads=quads)
+    return dataclasses.replace(load, quads=float_load(True, a, b, k_quads=True, a_quads=True)) if quads and not load.b_k_quads else load
 
 
 # column_group's B: $READS returns row n - s_j of w_j for the n of product j
@@ -208,19 +247,27 @@ def column_store(ns):
     return f"fn store(b: u32, m: u32, n: u32, acc: f32) {{ {writes} }}"
 
 
-def column_group(x, weights, ns, k_quads=False):
+def column_group(x, weights, ns, k):
     """(TileLoad, `store` WGSL) of products out_j = x @ w_j.T as one product over their columns
     side by side: column n of the whole is row n - s_j of w_j (an [N_j, K] weight), s_j the N of
     the products before it, and goes to out_j (column_store). `x`, `weights`: WGSL storage types;
-    `ns`: the N_j; rows of one batch (a linear's M is every leading dim); `k_quads`: float_load's."""
-    if k_quads:  # float_load's: K a multiple of 4, 4 of K a load
+    `ns`: the N_j; rows of one batch (a linear's M is every leading dim); K `k` read as weight_load reads it."""
+    quads = k % 4 == 0
+
+    def k_quad_load():  # float_load's: K a multiple of 4, 4 of K a load
         reads = "".join(f"    if (n < {e}u) {{ return w{j}4((off + (n - {s}u) * p.K + k) / 4u); }}\n" for j, (s, e) in enumerate(column_ranges(ns)))
-        return _k_quad_load(x, [(f"w{j}", t) for j, t in enumerate(weights)], reads), column_store(ns)
+        return _k_quad_load(x, [(f"w{j}", t) for j, t in enumerate(weights)], reads, a_quads=True)
+
+    if float_k_quads(weights, k):
+        return k_quad_load(), column_store(ns)
     reads = "".join(f"    if (n < {e}u) {{ return f32(w{j}[off + (n - {s}u) * p.K + k]); }}\n" for j, (s, e) in enumerate(column_ranges(ns)))
+    a_binding, a_functions = _a_load(x, quads)
     load = TileLoad(
-        inputs=(("a", x), *((f"w{j}", t) for j, t in enumerate(weights))),
-        functions=float_a_at() + fill(COLUMN_GROUP_B_AT, READS=reads),
+        inputs=(a_binding, *((f"w{j}", t) for j, t in enumerate(weights))),
+        functions=a_functions + fill(COLUMN_GROUP_B_AT, READS=reads),
         b_along_k=True,
+        a_k_quads=quads,
+        quads=k_quad_load() if quads else None,
     )
     return load, column_store(ns)
 
@@ -240,22 +287,29 @@ fn b_quad(off: u32, n: u32, k: u32, kend: u32) -> vec4<f32> {
 # (TileLoad.b_k_quads), which (column, k quad). A tile loads more quads than it has invocations
 # (fewer rows, or more columns), each loading as invocations li, li + its count, ..: slot j of
 # an invocation is named with j; $BQ is the tile's column quads.
-B_SLOT_ALONG_K = "let bn4$J = $LI / 16u; let bk$J = $LI % 16u;"
+B_SLOT_ALONG_K = "let bn4$J = $LI / ${BK}u; let bk$J = $LI % ${BK}u;"
 B_SLOT_ALONG_N = "let bn4$J = $LI % ${BQ}u; let bk$J = $LI / ${BQ}u;"
-B_SLOT_K_QUADS = "let bn$J = $LI / 4u; let bk4$J = $LI % 4u; let bn4$J = bn$J / 4u;"
+B_SLOT_K_QUADS = "let bn$J = $LI / ${BQK}u; let bk4$J = $LI % ${BQK}u; let bn4$J = bn$J / 4u;"
 # (the first load, the next step's load, the store into Bs) of each way
-B_QUADS = ("b_quad(boff, n0 + 4u * bn4$J, kbeg + bk$J, kend)", "b_quad(boff, n0 + 4u * bn4$J, k0 + 16u + bk$J, kend)", "Bs[bk$J * ${BP}u + bn4$J] = rb$J;")
+B_QUADS = ("b_quad(boff, n0 + 4u * bn4$J, kbeg + bk$J, kend)", "b_quad(boff, n0 + 4u * bn4$J, k0 + ${BK}u + bk$J, kend)", "Bs[bk$J * ${BP}u + bn4$J] = rb$J;")
 B_K_QUADS = (
     "b_k_quad(boff, n0 + bn$J, kbeg + 4u * bk4$J, kend)",
-    "b_k_quad(boff, n0 + bn$J, k0 + 16u + 4u * bk4$J, kend)",
+    "b_k_quad(boff, n0 + bn$J, k0 + ${BK}u + 4u * bk4$J, kend)",
     " ".join(f"Bs[(4u * bk4$J + {i}u) * ${{BP}}u + bn4$J][bn$J % 4u] = rb$J[{i}];" for i in range(4)),
 )
-A_SLOT = "let am4$J = $LI / 16u; let ak$J = $LI % 16u;"  # which (row quad, k) of the A tile
-A_QUADS = ("a_quad(aoff, m0 + 4u * am4$J, kbeg + ak$J, kend)", "a_quad(aoff, m0 + 4u * am4$J, k0 + 16u + ak$J, kend)", "As[ak$J * ${AP}u + am4$J] = ra$J;")
+A_SLOT = "let am4$J = $LI / ${BK}u; let ak$J = $LI % ${BK}u;"  # which (row quad, k) of the A tile
+A_QUADS = ("a_quad(aoff, m0 + 4u * am4$J, kbeg + ak$J, kend)", "a_quad(aoff, m0 + 4u * am4$J, k0 + ${BK}u + ak$J, kend)", "As[ak$J * ${AP}u + am4$J] = ra$J;")
+# With TileLoad.a_k_quads, which (row, k quad) of the A tile, and its loads: one row's 4 K values at once
+A_SLOT_K_QUADS = "let am$J = $LI / ${BQK}u; let ak4$J = $LI % ${BQK}u; let am4$J = am$J / 4u;"
+A_K_QUADS = (
+    "a_k_quad(aoff, m0 + am$J, kbeg + 4u * ak4$J, kend)",
+    "a_k_quad(aoff, m0 + am$J, k0 + ${BK}u + 4u * ak4$J, kend)",
+    " ".join(f"As[(4u * ak4$J + {i}u) * ${{AP}}u + am4$J][am$J % 4u] = ra$J[{i}];" for i in range(4)),
+)
 
 GEMM = """
-var<workgroup> As: array<vec4<f32>, ${A_SIZE}>;  // [k][m / 4], 16 x ${AP}
-var<workgroup> Bs: array<vec4<f32>, ${B_SIZE}>;  // [k][n / 4], 16 x ${BP}
+var<workgroup> As: array<vec4<f32>, ${A_SIZE}>;  // [k][m / 4], ${BK} x ${AP}
+var<workgroup> Bs: array<vec4<f32>, ${B_SIZE}>;  // [k][n / 4], ${BK} x ${BP}
 
 @compute @workgroup_size(16, ${TY})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
@@ -274,7 +328,7 @@ $SETUP
     $A_FIRST
     $B_FIRST
     $ACCS
-    for (var k0 = kbeg; k0 < kend; k0 = k0 + 16u) {
+    for (var k0 = kbeg; k0 < kend; k0 = k0 + ${BK}u) {
         $A_STORE
         $B_STORE
         workgroupBarrier();
@@ -325,13 +379,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 class Tile:
     """A GEMM tile: `ty` rows of 16 invocations, each summing `rq` x `cq` quads of outputs (4 x 4
     each): rows 4 * (lid.y + ty * i).., columns 4 * (lid.x + 16 * j).., so that a subgroup's reads
-    of a K step's row of A and of B are contiguous; `unroll`: a K step's 16 k written out one by one,
-    not a loop."""
+    of a K step's row of A and of B are contiguous; `unroll`: a K step's k written out one by one,
+    not a loop; `bk`: the K step; `b_quads`: the load's `quads` where it has them."""
 
     ty: int = 16
     rq: int = 1
     cq: int = 1
     unroll: bool = False
+    bk: int = BK
+    b_quads: bool = False
 
     @property
     def bm(self):
@@ -351,11 +407,15 @@ SMALL_TILE = Tile(ty=8)  # 32 x 64, for products of few rows (GemmRoute's small)
 # products of ViT-B/16 (197 and 1,576 rows), of SmolLM2 at 2,047 rows and of Llama-3.2-1B at 512
 # and 2,047 rows; 5-7% slower on the 1B's 4-bit products at 48 and 64 rows, and at 512 rows where
 # they have a few hundred tiles (fewer invocations to hide the dequantizing loads' latency)
-MID_TILE = Tile(ty=8, rq=2, unroll=True)
+# and f32 weights 4 of K a load (TileLoad.quads): 3-7% on ViT's, SmolLM2's and the 1B's fp32 products
+# (TILE 4% slower so; results/h200/kernel_choices/gemm_k_steps/)
+MID_TILE = Tile(ty=8, rq=2, unroll=True, b_quads=True)
 # 128 x 128, 8 x 8 outputs an invocation: twice the products per workgroup-memory read of TILE,
 # its K steps unrolled (the driver unrolls TILE's 16 products a k, not these 64); for products
-# that give it enough tiles of long enough K (GemmRoute's big, takes_big_tile)
-BIG_TILE = Tile(rq=2, cq=2, unroll=True)
+# that give it enough tiles of long enough K (GemmRoute's big, takes_big_tile). K steps of 8 and
+# f32 weights 4 of K a load: H200, the template alone, A 4 of K a load in both, 4096^3 fp32 38.3 ->
+# 41.1 TFLOP/s, 4-bit 35.6 -> 36.5 (K steps of 32 28.3; results/h200/kernel_choices/gemm_k_steps/)
+BIG_TILE = Tile(rq=2, cq=2, unroll=True, bk=8, b_quads=True)
 
 
 # the fewest tiles a product of 4-bit weights (TileLoad.dequantizes) takes MID_TILE with
@@ -397,16 +457,19 @@ def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, res
     `out` their storage types; `clamp`: the epilogue's (lo, hi); `store`: header's; `tile`: a Tile
     (a load whose setup reads a_row0, or b_col0, needs one row quad, or column quad, an invocation
     to load)."""
+    load = load.quads if tile.b_quads and load.quads else load
     threads = 16 * tile.ty
-    a_slots, b_slots = tile.bm * 4 // threads, tile.bn * 4 // threads
+    a_slots, b_slots = tile.bm * tile.bk // 4 // threads, tile.bn * tile.bk // 4 // threads
+    assert a_slots * threads * 4 == tile.bm * tile.bk and b_slots * threads * 4 == tile.bn * tile.bk, f"{tile}: its invocations do not load whole K steps"
     assert (a_slots == 1 or "a_row0" not in load.setup) and (b_slots == 1 or "b_col0" not in load.setup)
     setup = "    let a_row0 = m0 + 4u * am4;\n    let b_col0 = n0 + 4u * bn4;\n" + load.setup if load.setup else ""
     slot = B_SLOT_K_QUADS if load.b_k_quads else B_SLOT_ALONG_K if load.b_along_k else B_SLOT_ALONG_N
     b_first, b_step, b_store = B_K_QUADS if load.b_k_quads else B_QUADS
+    a_slot, (a_first, a_step, a_store) = (A_SLOT_K_QUADS, A_K_QUADS) if load.a_k_quads else (A_SLOT, A_QUADS)
     ap, bp = tile.bm // 4 + 1, tile.bn // 4 + 1
 
     def lines(text, n, sep):  # the n slots' statements: slot j's names end in J, it loads as invocation LI
-        slots = [dict(J=f"_{j}" if j else "", LI=f"(li + {j * threads}u)" if j else "li", AP=ap, BP=bp, BQ=tile.bn // 4) for j in range(n)]
+        slots = [dict(J=f"_{j}" if j else "", LI=f"(li + {j * threads}u)" if j else "li", AP=ap, BP=bp, BQ=tile.bn // 4, BK=tile.bk, BQK=tile.bk // 4) for j in range(n)]
         return sep.join(fill(text, **{k: v for k, v in slot.items() if f"${k}" in text or f"${{{k}}}" in text}) for slot in slots)
 
     rows, cols = range(tile.rq), range(tile.cq)
@@ -418,23 +481,23 @@ def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, res
         return reads + [f"c{r}_{i}_{c} = c{r}_{i}_{c} + x{r}.{'xyzw'[i]} * y{c};" for r in rows for i in range(4) for c in cols]
 
     if tile.unroll:
-        products = [f"{{ {' '.join(step(f'{k}u'))} }}" for k in range(BK)]
+        products = [f"{{ {' '.join(step(f'{k}u'))} }}" for k in range(tile.bk)]
     else:
-        products = [f"for (var k = 0u; k < {BK}u; k = k + 1u) {{", *("    " + line for line in step("k")), "}"]
+        products = [f"for (var k = 0u; k < {tile.bk}u; k = k + 1u) {{", *("    " + line for line in step("k")), "}"]
     stores = [
         f"    {{ let m = m0 + 4u * (lid.y + {tile.ty * r}u) + {i}u; let n = n0 + 4u * (lid.x + {16 * c}u);\n" + fill(STORE_QUAD, C=f"c{r}_{i}_{c}") + "    }"
         for r in rows for i in range(4) for c in cols
     ]
     body = fill(
-        GEMM, BM=tile.bm, BN=tile.bn, TY=tile.ty, AP=ap, BP=bp, A_SIZE=16 * ap, B_SIZE=16 * bp, SETUP=setup,
-        A_SLOT=lines(A_SLOT, a_slots, "\n    "), B_SLOT=lines(slot, b_slots, "\n    "),
-        A_FIRST=lines(f"var ra$J = {A_QUADS[0]};", a_slots, "\n    "), B_FIRST=lines(f"var rb$J = {b_first};", b_slots, "\n    "),
-        A_NEXT=lines(f"ra$J = {A_QUADS[1]};", a_slots, "\n        "), B_NEXT=lines(f"rb$J = {b_step};", b_slots, "\n        "),
-        A_STORE=lines(A_QUADS[2], a_slots, "\n        "), B_STORE=lines(b_store, b_slots, "\n        "),
+        GEMM, BM=tile.bm, BN=tile.bn, TY=tile.ty, AP=ap, BP=bp, A_SIZE=tile.bk * ap, B_SIZE=tile.bk * bp, SETUP=setup, BK=tile.bk,
+        A_SLOT=lines(a_slot, a_slots, "\n    "), B_SLOT=lines(slot, b_slots, "\n    "),
+        A_FIRST=lines(f"var ra$J = {a_first};", a_slots, "\n    "), B_FIRST=lines(f"var rb$J = {b_first};", b_slots, "\n    "),
+        A_NEXT=lines(f"ra$J = {a_step};", a_slots, "\n        "), B_NEXT=lines(f"rb$J = {b_step};", b_slots, "\n        "),
+        A_STORE=lines(a_store, a_slots, "\n        "), B_STORE=lines(b_store, b_slots, "\n        "),
         ACCS="\n    ".join(f"var {c} = vec4<f32>(0.0);" for c in accs), PRODUCTS="\n        ".join(products), STORES="\n".join(stores),
     )
     head = header(has_bias, load.inputs, scratch=True, bias=bias, out=out, clamp=clamp, residual=residual, store=store)
-    return head + extra + load.functions + A_QUAD + ("" if load.b_k_quads else B_QUAD) + body
+    return head + extra + load.functions + ("" if load.a_k_quads else A_QUAD) + ("" if load.b_k_quads else B_QUAD) + body
 
 
 def gemm_reduce_shader(has_bias, bias="f32", out="f32", clamp=None, residual=False, store=None, extra=""):
@@ -505,7 +568,7 @@ class GemmRoute:
         tiles += [BIG_TILE] if can_take_big_tile(most) and not load.setup else []
         tiles += [WIDE_ROW_TILE] if load.dequantizes and not load.setup and b.adapter != CPU and takes_wide_row_tile(TILE.bm, *most) else []
         self.tiles = {tile: b.dispatch(shader(tile), bindings) for tile in tiles}
-        self.dequantizes = load.dequantizes
+        self.dequantizes, self.a_k_quads = load.dequantizes, load.a_k_quads
         reduce = gemm_reduce_shader(bias is not None, extra=more(len(tail) + 3), **epilogue)
         self.reduce = b.dispatch(reduce, [scratch, *tail, out, params, *more_outs])
 
@@ -528,6 +591,8 @@ class GemmRoute:
         return gemm_split(m, n, k, batch, self.tile(m, n, k), self.dequantizes) if on else (1, max(k, 1))
 
     def set_grids(self, ctx, m, n, k, batch, splits, on=True):
+        if on and self.a_k_quads and k % 4:
+            raise ValueError(f"{self.name}: live K={k} is not a multiple of 4, as its largest K was (the GEMM reads its input 4 of K a load)")
         tile = self.tile(m, n, k)
         for t, d in self.tiles.items():
             ctx.set_grid(d, gemm_grid(self.name, m, n, batch, splits, t) if on and tile == t else (0, 0, 0))

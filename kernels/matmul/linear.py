@@ -28,7 +28,7 @@ from pte_wgpu.resize.shapes import MAX_WORKGROUPS, broadcast_strides, fold_grid,
 from ..registry import op
 from ..variants import ANY, CPU_ONLY, GPU_ONLY, Routes, Variant
 from ..wgsl import SUBGROUP_BUILTINS, fill, is_float, vec4_loader, vec4_type
-from .gemm import PARAMS_FORMAT, PARAMS_SIZE, GemmRoute, float_k_quads, float_load, gemm_scratch, header
+from .gemm import PARAMS_FORMAT, PARAMS_SIZE, GemmRoute, float_load, gemm_scratch, header, weight_load
 from .routes import FLOAT_SG_GPU_WIDE, GEMV_MAX_ROWS, GEMV_T4_MIN_N, SG_GPU, SG_GPU_ROWS, WIDE_K_SG_ROWS, float_subgroup_rows, float_wide, gpu_gemv_rows, shape_for_rows
 
 
@@ -650,7 +650,7 @@ def _sg(shape, wide=False):
 
 def _gemm(b, mm):
     dims = b.graph.values[mm.bmat].dims[-2:]  # [N, K] or [K, N], at most
-    load = float_load(mm.transposed, mm.types.a, mm.types.b, k_quads=mm.transposed and float_k_quads([mm.types.b], dims[-1]))
+    load = weight_load(mm.types.a, mm.types.b, dims[-1]) if mm.transposed else float_load(False, mm.types.a, mm.types.b)
     most = tuple(dims) if mm.transposed else tuple(dims[::-1])
     return GemmRoute(b, load, [mm.a, mm.bmat], mm.bias, b.out, mm.params, gemm_scratch(b, [b.out], most=most), most=most)
 

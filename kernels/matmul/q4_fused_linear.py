@@ -39,7 +39,7 @@ from ..registry import op
 from ..variants import CPU
 from ..wgsl import fill, flat_grid, row_groups_grid, vec4_loader, vec4_type
 from .fused_linear import _RMS, SILU, swiglu_elementwise
-from .gemm import PARAMS_SIZE, SMALL_TILE, GemmRoute, TileLoad, column_ranges, column_store, float_a_at, gemm_scratch, gemm_split, params_bytes
+from .gemm import PARAMS_SIZE, SMALL_TILE, GemmRoute, TileLoad, column_ranges, column_store, float_a_at, float_a_k_quad, gemm_scratch, gemm_split, params_bytes
 from .linear import sg_wg_rows
 from .q4_linear import (
     Q4_SG_GEMM,
@@ -159,15 +159,17 @@ class _Columns:
             f"{'if' if j == 0 else 'else if'} (n < {e}u) {{ let r = n - {s}u; w = dq4{j}(wq{j}[r * q.wpr + k / 8u] >> (4u * (k % 8u)), k, r); }}"
             for j, (s, e) in enumerate(ranges)
         )
-        count = len(self.ns)
+        count, quads = len(self.ns), b.graph.values[fused.x].dims[-1] % 4 == 0  # the activations 4 of K a load (gemm.py's TileLoad)
         load = TileLoad(
-            inputs=(("x", types["x"]), *((name, t) for j in range(count) for name, t in ((f"wq{j}", "u32"), (f"ws{j}", types["scales"][j])))),
+            inputs=(("x", vec4_type(types["x"]) if quads else types["x"]),
+                    *((name, t) for j in range(count) for name, t in ((f"wq{j}", "u32"), (f"ws{j}", types["scales"][j])))),
             functions=_dequant(False, False, word_group, [(str(j), f"ws{j}", f"q.sn{j}") for j in range(count)])
-            + float_a_at("x")
+            + (float_a_k_quad("x", types["x"]) if quads else float_a_at("x"))
             + q4_b_k_quad("var w = vec4<f32>(0.0);\n    " + reads),
             b_along_k=True,
             b_k_quads=True,
             dequantizes=True,
+            a_k_quads=quads,
         )
         inputs = [fused.x, *(v for pair in fused.products for v in pair)]
         q_wgsl = f"{_uniform(count, fused.rope)}@group(0) @binding({len(inputs) + 3}) var<uniform> q: Q;\n"

@@ -44,7 +44,7 @@ from ..registry import op
 from ..variants import CPU
 from ..wgsl import DIV_RN, PACKED, SUBGROUP_BUILTINS, fill, is_float, row_groups, row_groups_grid, vec4_loader, vec4_type
 from . import int8_matrix
-from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, bindings, float_a_at, gemm_scratch, params_bytes
+from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, bindings, float_a_at, float_a_k_quad, gemm_scratch, params_bytes
 from .linear import CPU_WG, sg_groups, sg_sums, sg_total, sg_wg_rows
 from .routes import BITWISE_ROWS, GEMV_MAX_ROWS, GEMV_T4_MIN_N, Q4_GEMV_MAX_ROWS, Q4_SG_GPU, Q4_SG_GPU_ROWS, Q4_SG_GPU_WIDE, gpu_gemv_rows, q4_wide, shape_for_rows
 
@@ -485,15 +485,19 @@ DQ8_SETUP = """    for (var i = 0u; i < 4u; i = i + 1u) {
 """
 
 
-def q4_load(dq8, zp_packed, word_group, types=Storage()):
-    """The GEMM template's tile loads for 4-bit weights (kernels/matmul/gemm.py)."""
+def q4_load(dq8, zp_packed, word_group, types=Storage(), k=0):
+    """The GEMM template's tile loads for 4-bit weights (kernels/matmul/gemm.py); the float
+    activations of `k` (at most) 4 of K a load where that is whole quads."""
+    quads = not dq8 and k % 4 == 0
+    inputs = _operands(dq8, zp_packed, types)
     return TileLoad(
-        inputs=_operands(dq8, zp_packed, types),
-        functions=_dequant(dq8, zp_packed, word_group) + (DQ8_A_AT if dq8 else float_a_at("x")) + q4_b_k_quad(),
+        inputs=tuple((name, vec4_type(t)) if quads and name == "x" else (name, t) for name, t in inputs),
+        functions=_dequant(dq8, zp_packed, word_group) + (DQ8_A_AT if dq8 else float_a_k_quad("x", types.x) if quads else float_a_at("x")) + q4_b_k_quad(),
         b_along_k=True,
         setup=DQ8_SETUP if dq8 else "",
         b_k_quads=True,
         dequantizes=True,
+        a_k_quads=quads,
     )
 
 
@@ -597,7 +601,7 @@ class Q4Product:
         self.sgs = [(b.dispatch(sg_shader(dq8, zp_packed, has_bias, shape, types, residual), bound), shape) for shape in self.shapes]
         q_binding = len(operands) + len(tail) + 3  # after out, p and the scratch
         q_wgsl = f"{LIN_STRUCT};\n@group(0) @binding({q_binding}) var<uniform> q: Q;\n"
-        load = q4_load(dq8, zp_packed, word_group, types)
+        load = q4_load(dq8, zp_packed, word_group, types, b.graph.values[x].dims[-1])
         small = q4_wide(8 * w.wpr) and b.adapter != CPU  # a ragged pass of 17 to 32 decode rows takes the GEMM
         most = (w.n, 8 * w.wpr)
         self.gemm = GemmRoute(b, load, operands, bias, out, self.p, gemm_scratch(b, [out], most=most), [self.q], q_wgsl, residual=residual,

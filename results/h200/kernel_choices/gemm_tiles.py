@@ -1,22 +1,14 @@
 """GEMM template tiles, standalone: fp32 [N,K] weights and 4-bit weights, timed over many dispatches,
 checked against numpy. usage: python gemmbench.py [quick]"""
-import struct
 import sys
-import time
 
 import numpy as np
-import wgpu
+from gemm_bench import U, bind, buf, compile_pipeline, dev, q4_operands, timed
 
-from async_runtime.pipelines import compile_pipeline
 from pte_wgpu.kernels.matmul import gemm as G
-from pte_wgpu.kernels.matmul.q4_linear import LIN_FORMAT, LIN_STRUCT, q4_load
+from pte_wgpu.kernels.matmul.q4_linear import q4_load
 
 QUICK = "quick" in sys.argv
-adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
-lim = adapter.limits
-dev = adapter.request_device_sync(required_features=[], required_limits={
-    "max-storage-buffer-binding-size": lim["max-storage-buffer-binding-size"], "max-buffer-size": lim["max-buffer-size"]})
-print(adapter.info["device"], flush=True)
 TILES = [G.Tile(16, 1, 1), G.Tile(16, 2, 2, True), G.Tile(8, 1, 1)]
 SWEEP = "sweep" in sys.argv
 if SWEEP:
@@ -29,33 +21,6 @@ if SMALLM:
     TILES = [G.TILE, G.Tile(8, 2, 1, True), G.SMALL_TILE, G.Tile(4, 2, 1, True), G.Tile(8, 1, 1, True), G.Tile(8, 2, 1)]
 if QUICK:
     TILES = [G.Tile(8, 4, 2, True), G.Tile(16, 2, 4, True), G.Tile(8, 2, 1, True)]
-U = wgpu.BufferUsage
-
-
-def buf(a, usage=U.STORAGE):
-    return dev.create_buffer_with_data(data=np.ascontiguousarray(a).tobytes(), usage=usage | U.COPY_SRC)
-
-
-def timed(pipe, bufs, grids, reps):
-    bgs = [dev.create_bind_group(layout=p.get_bind_group_layout(0), entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(bb)]) for p, bb in zip(pipe, bufs)]
-    times = []
-    for t in range(4):
-        enc = dev.create_command_encoder()
-        cp = enc.begin_compute_pass()
-        for i in range(reps if t else 1):
-            for p, bg, grid in zip(pipe, bgs, grids):
-                if grid[0]:
-                    cp.set_pipeline(p)
-                    cp.set_bind_group(0, bg)
-                    cp.dispatch_workgroups(*grid)
-        cp.end()
-        t0 = time.perf_counter()
-        dev.queue.submit([enc.finish()])
-        dev.queue.read_buffer(bufs[0][-1] if False else bufs[0][2 if len(bufs[0]) == 5 else 3], size=4)
-        times.append((time.perf_counter() - t0) / (reps if t else 1))
-    return min(times[1:]) * 1e6
-
-
 def spin(reps):
     """~0.3 s of GPU work first, so that clocks are up before a case's first tile."""
     M = N = K = 2048
@@ -64,7 +29,7 @@ def spin(reps):
     out = dev.create_buffer(size=M * N * 4, usage=U.STORAGE | U.COPY_SRC)
     pb = buf(np.frombuffer(G.params_bytes(M, N, K), np.uint8), U.UNIFORM)
     p = compile_pipeline(dev, G.gemm_shader(G.float_load(True), False, "", tile=G.TILE))
-    timed([p], [[a, bm, out, pb, out]], [G.gemm_grid("x", M, N, 1, 1, G.TILE)], 300)
+    timed([p], [bind(p, [a, bm, out, pb, out])], [G.gemm_grid("x", M, N, 1, 1, G.TILE)], 300, out)
 
 
 def case(kind, M, N, K, reps):
@@ -81,18 +46,9 @@ def case(kind, M, N, K, reps):
         load, extra_wgsl = G.float_load(False), ""
         ref = x.astype(np.float64) @ w.astype(np.float64)
     else:
-        gs = 32
-        wpr = K // 8
-        wq = rng.integers(0, 2**32, size=(N, wpr), dtype=np.uint32)
-        sn = -(-N // 4) * 4
-        ws = (rng.random((K // gs, sn), dtype=np.float32) * 0.02).astype(np.float32)
-        nib = ((wq[:, :, None] >> (4 * np.arange(8, dtype=np.uint32))) & 15).astype(np.float32).reshape(N, K) - 8
-        w = nib * np.repeat(ws[:, :N].T, gs, axis=1)
-        ref = x.astype(np.float64) @ w.T.astype(np.float64)
-        ins = [buf(x), buf(wq), buf(ws)]
+        weights, extra_wgsl, qb, ref = q4_operands(x, N, K, rng)
+        ins = [buf(x), *weights]
         load = q4_load(False, False, True)
-        extra_wgsl = f"{LIN_STRUCT};\n@group(0) @binding({len(ins) + 3}) var<uniform> q: Q;\n"
-        qb = buf(np.frombuffer(struct.pack(LIN_FORMAT, M, N, K, wpr, sn, K // gs, gs, wpr), np.uint8), U.UNIFORM)
     out = dev.create_buffer(size=M * N * 4, usage=U.STORAGE | U.COPY_SRC)
     scratch = dev.create_buffer(size=max(4, 8 * M * N) * 4, usage=U.STORAGE)
     res = []
@@ -109,7 +65,7 @@ def case(kind, M, N, K, reps):
             pipes.append(r)
             bufs.append([scratch, out, pb])
             grids.append(G.flat_grid(M * N))
-        us = timed(pipes, bufs, grids, reps)
+        us = timed(pipes, [bind(p, b) for p, b in zip(pipes, bufs)], grids, reps, out)
         got = np.frombuffer(dev.queue.read_buffer(out), np.float32).reshape(M, N)
         err = np.abs(got - ref).max() / np.abs(ref).max()
         res.append((us, tile))

@@ -3,14 +3,8 @@
 # its short-convolution states joined the ragged pass: .hyb/before and .hyb/after hold the two versions'
 # wheels. The check (hybrid_check.py) on the newer one, then greedy bursts of 1 / 16 / 64 streams and
 # prompts, each version twice, alternating.
-set -u
-for f in .gl/*.deb; do dpkg -x $f / ; done; ldconfig
-for v in before after; do
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/w_$v .whl1b/*.whl .hyb/$v/*.whl 2>&1 | tail -1
-done
-export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json PYTHONUNBUFFERED=1 XDG_RUNTIME_DIR=/tmp
+source results/h200/ab_setup.sh .hyb
 mkdir -p /tmp/hyb
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 x=$(ls .hyb/*.pte.xz | head -1); n=$(basename $x .pte.xz); p=/tmp/hyb/$n.pte
 [ -f $p ] || xz -T16 -dc $x > $p
 PYTHONPATH=/tmp/w_after timeout 240 python3 results/h200/families/hybrid_check.py $p .hyb/$n.ref.npz 2>&1 | grep -v Warn | tail -3

@@ -4,12 +4,7 @@
 # the staged uploads, the warm-up on a throwaway session) and this code (.ab1b/after), each three loads a process
 # (the first into a cold pipeline cache), twice, alternating (results/h200/upload_paths/load_phases.py);
 # then the host-to-device copy rate of 2 GiB through the staging ring (results/h200/upload_paths/uploads.py).
-set -u
-for f in .gl/*.deb; do dpkg -x $f / ; done; ldconfig
-for v in before after; do
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/w_$v .whl1b/*.whl .ab1b/$v/*.whl 2>&1 | tail -1
-done
-export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json PYTHONUNBUFFERED=1 XDG_RUNTIME_DIR=/tmp
+source results/h200/ab_setup.sh .ab1b
 p=/tmp/8b.pte
 [ -f $p ] || cat /tmp/parts/part_aa .p8/part_ab | xz -T16 -dc > $p
 ls -la $p

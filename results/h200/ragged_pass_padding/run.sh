@@ -2,12 +2,7 @@
 # Greedy bursts of the Llama-3.2-1B shape 4w (.pk/*.pte.xz and its .json) at stream counts between powers
 # of two: ragged passes padded to powers of two (.pad/before, cbd67e4) against four steps a power of
 # two (.pad/after), each twice, alternating (examples/bench_llm.py).
-set -u
-for f in .gl/*.deb; do dpkg -x $f / ; done; ldconfig
-for v in before after; do
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/w_$v .whl1b/*.whl .pad/$v/*.whl 2>&1 | tail -1
-done
-export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json PYTHONUNBUFFERED=1 XDG_RUNTIME_DIR=/tmp
+source results/h200/ab_setup.sh .pad
 p=/tmp/1b.pte
 [ -f $p ] || xz -T16 -dc .pk/*.pte.xz > $p
 for round in 1 2; do

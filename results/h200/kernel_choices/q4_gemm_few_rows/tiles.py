@@ -2,22 +2,17 @@
 1B and 8B shapes, standalone: each tile with the runtime's K splits (gemm_split, dequantizing), timed
 over many dispatches after the GPU is spun up, every result checked against numpy.
 usage: python tiles.py [M,M,..] [quick] [splits]"""
-import struct
+import os
 import sys
-import time
 
 import numpy as np
-import wgpu
 
-from async_runtime.pipelines import compile_pipeline
-from pte_wgpu.kernels.matmul import gemm as G
-from pte_wgpu.kernels.matmul.q4_linear import LIN_FORMAT, LIN_STRUCT, q4_load
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from gemm_bench import U, bind, buf, compile_pipeline, dev, q4_operands, timed  # noqa: E402
 
-adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
-lim = adapter.limits
-dev = adapter.request_device_sync(required_features=[], required_limits={
-    "max-storage-buffer-binding-size": lim["max-storage-buffer-binding-size"], "max-buffer-size": lim["max-buffer-size"]})
-print(adapter.info["device"], flush=True)
+from pte_wgpu.kernels.matmul import gemm as G  # noqa: E402
+from pte_wgpu.kernels.matmul.q4_linear import q4_load  # noqa: E402
+
 QUICK = "quick" in sys.argv
 ROWS = [int(m) for m in sys.argv[1].split(",")] if len(sys.argv) > 1 and sys.argv[1][0].isdigit() else [24, 32, 48, 64]
 # candidates by row count: (tile, split rule) with the runtime's rule first
@@ -26,48 +21,14 @@ FEW = [(G.SMALL_TILE, True), (G.Tile(8, 1, 2, True), True), (G.Tile(4, 2, 2, Tru
 MORE = [(G.TILE, True), (G.Tile(8, 2, 2, True), True), (G.Tile(16, 1, 2, True), True), (G.Tile(8, 2, 2), True), (G.Tile(16, 1, 2), True)]
 if "splits" in sys.argv:  # the 64 x 128 tile against the runtime's tile, each with both split rules
     MORE = [(G.TILE, True), (G.TILE, False), (G.Tile(16, 1, 2, True), True), (G.Tile(16, 1, 2, True), False)]
-U = wgpu.BufferUsage
-
-
-def buf(a, usage=U.STORAGE):
-    return dev.create_buffer_with_data(data=np.ascontiguousarray(a).tobytes(), usage=usage | U.COPY_SRC)
-
-
-def timed(pipes, bgs, grids, reps, out):
-    times = []
-    for t in range(4):
-        enc = dev.create_command_encoder()
-        cp = enc.begin_compute_pass()
-        for _ in range(reps if t else 1):
-            for p, bg, grid in zip(pipes, bgs, grids):
-                cp.set_pipeline(p)
-                cp.set_bind_group(0, bg)
-                cp.dispatch_workgroups(*grid)
-        cp.end()
-        t0 = time.perf_counter()
-        dev.queue.submit([enc.finish()])
-        dev.queue.read_buffer(out, size=4)
-        times.append((time.perf_counter() - t0) / (reps if t else 1))
-    return min(times[1:]) * 1e6
-
-
-def bind(p, bufs):
-    return dev.create_bind_group(layout=p.get_bind_group_layout(0), entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(bufs)])
 
 
 def case(M, N, K, reps, tiles):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((M, K)).astype(np.float32)
-    gs, wpr = 32, K // 8
-    wq = rng.integers(0, 2**32, size=(N, wpr), dtype=np.uint32)
-    sn = -(-N // 4) * 4
-    ws = (rng.random((K // gs, sn), dtype=np.float32) * 0.02).astype(np.float32)
-    nib = ((wq[:, :, None] >> (4 * np.arange(8, dtype=np.uint32))) & 15).astype(np.float32).reshape(N, K) - 8
-    ref = x.astype(np.float64) @ (nib * np.repeat(ws[:, :N].T, gs, axis=1)).T.astype(np.float64)
-    ins = [buf(x), buf(wq), buf(ws)]
+    weights, extra, qb, ref = q4_operands(x, N, K, rng)
+    ins = [buf(x), *weights]
     load = q4_load(False, False, True)
-    extra = f"{LIN_STRUCT};\n@group(0) @binding({len(ins) + 3}) var<uniform> q: Q;\n"
-    qb = buf(np.frombuffer(struct.pack(LIN_FORMAT, M, N, K, wpr, sn, K // gs, gs, wpr), np.uint8), U.UNIFORM)
     out = dev.create_buffer(size=M * N * 4, usage=U.STORAGE | U.COPY_SRC)
     scratch = dev.create_buffer(size=max(4, 16 * M * N) * 4, usage=U.STORAGE)
     res = []
