@@ -80,14 +80,14 @@ def _uniform(count, rope):
     return "struct Q { " + ", ".join(fields) + " }\n"
 
 
-def _shader(kind, shape, count, swiglu, norm, types, word_group, rope=None, step=8):
+def _shader(kind, shape, count, swiglu, norm, types, gs, rope=None, step=8):
     """The fused kernel of `kind` (SUBGROUP at `shape`, or GEMV) over `count` weights: a product
     each (a branch per product), or with `swiglu` the two of SwiGLU for the same outputs. `types`:
     storage types of x, the scales, gamma, the outputs and the rows a norm writes (`rows`) and the
     products as stored before the gate (`gate`, `up`). The GEMV's shape is its route (most rows,
     lanes, rows a workgroup), kernels/matmul/q4_linear.py's gemv_routes. With `rope` (kernels/attention/rope.py's
     RopeEpilogue) the epilogue rotates q and k and stores k and v in the caches. The GEMV
-    takes `step` weights of K at a time (q4_linear.py's gemv_step)."""
+    takes `step` weights of K at a time (q4_linear.py's gemv_step); the weights' group size `gs`."""
     sg = kind == SUBGROUP
     reads = [("x", vec4_type(types["x"]) if sg else types["x"])]
     for j in range(count):
@@ -103,7 +103,7 @@ def _shader(kind, shape, count, swiglu, norm, types, word_group, rope=None, step
     lines += [rope_bindings(len(reads) + len(outs) + 1, rope.types)] if rotates else []
     lines.append(vec4_loader("x", types["x"]) if sg else "fn a_at(i: u32) -> f32 { return f32(x[i]); }")
     lines += [vec4_loader("gamma", types["gamma"])] if sg and norm else []
-    src = "\n".join(lines) + _dequant(False, False, word_group, [(str(j), f"ws{j}", f"q.sn{j}") for j in range(count)])
+    src = "\n".join(lines) + _dequant(False, False, gs % 8 == 0, [(str(j), f"ws{j}", f"q.sn{j}") for j in range(count)], gs)
     rows_t = types["rows"]
     if sg:
         src += sg_main(shape)
@@ -151,7 +151,7 @@ class _Columns:
     5,208 / 5,272 tokens/s, 64 streams 6,996 / 7,061 -> 7,648 / 7,740, prompts of 32 tokens 3,904 /
     4,071 -> 4,783 / 4,701, of 512 and 2,047 the same (BENCHMARKS.md)."""
 
-    def __init__(self, b, fused, types, word_group):
+    def __init__(self, b, fused, types):
         self.fused = fused
         self.ns = [w.n for w in fused.ws]
         ranges = column_ranges(self.ns)
@@ -163,7 +163,7 @@ class _Columns:
         load = TileLoad(
             inputs=(("x", vec4_type(types["x"]) if quads else types["x"]),
                     *((name, t) for j in range(count) for name, t in ((f"wq{j}", "u32"), (f"ws{j}", types["scales"][j])))),
-            functions=_dequant(False, False, word_group, [(str(j), f"ws{j}", f"q.sn{j}") for j in range(count)])
+            functions=_dequant(False, False, fused.ws[0].gs % 8 == 0, [(str(j), f"ws{j}", f"q.sn{j}") for j in range(count)], fused.ws[0].gs)
             + (float_a_k_quad("x", types["x"]) if quads else float_a_at("x"))
             + q4_b_k_quad("var w = vec4<f32>(0.0);\n    " + reads),
             b_along_k=True,
@@ -228,7 +228,6 @@ class _Fused:
             "outs": [b.storage(o) for o in self.outs], "rows": b.storage(self.x), "gate": b.storage(items[-2]), "up": b.storage(items[-1]),
         }  # fmt: skip
         self.q = b.params(4 * (len(HEAD) + 4 * len(self.ws) + (len(ROPE_FIELDS) if rope else 0)))
-        word_group = self.ws[0].gs % 8 == 0
         gpu_sg = q4_subgroup_shapes(b, self.ws[0], k) if steps and not cpu else ()
         folds = gpu_sg == Q4_SG_GPU_WIDE  # its subgroup kernels take the rows before the norm
         if cpu and steps:  # every row count
@@ -247,7 +246,7 @@ class _Fused:
             t = dict(types, x=b.storage(x_pre)) if norm else types
             reads = [x_pre if norm else self.x, *(v for pair in self.products for v in pair)] + ([gamma] if norm else [])
             epilogue = rope if kind == GEMV or not cpu else None  # CPU adapters' subgroup kernels: the RoPE's own dispatch
-            shader = _shader(kind, shape, len(self.ws), swiglu, norm, t, word_group, epilogue, gemv_step(self.ws[0].wpr))
+            shader = _shader(kind, shape, len(self.ws), swiglu, norm, t, self.ws[0].gs, epilogue, gemv_step(self.ws[0].wpr))
             extra = epilogue.values if epilogue else []
             self.dispatches.append((b.dispatch(shader, [*reads, *self.outs, self.q, *extra]), kind, shape, epilogue is not None))
         # more rows: one GEMM over the products' columns where they split K alike (_Columns), else each product's plain routes
@@ -255,7 +254,7 @@ class _Fused:
             Q4Product(b, self.x, None, None, w, s, gs, None, o, gemv=False) for (w, s), o in zip(self.products, self.stored)
         ]  # fmt: skip
         together = len({b.storage(o) for o in self.stored}) == 1
-        self.columns = _Columns(b, self, types, word_group) if self.plain and together else None
+        self.columns = _Columns(b, self, types) if self.plain and together else None
         if swiglu and self.plain:
             self.e = b.params(16)
             self.gate_up = b.dispatch(swiglu_elementwise(*(b.storage(v) for v in items[1:] + items[:1])), [*items[1:], items[0], self.e])

@@ -163,10 +163,13 @@ def _zero_points(packed):
     return "fn zp_at(m: u32) -> f32 { return f32(xz[m]); }\n"
 
 
-def _dequant(dq8, zp_packed, word_group, scales=(("", "ws", "q.sn"),)):
+def _dequant(dq8, zp_packed, word_group, scales=(("", "ws", "q.sn"),), gs=None):
     """WGSL both routes share: the weights' dequantization over uniform `q`, and with `dq8` the
     activations' quantize-dequantize. `scales`: (suffix, scale binding, its row stride) of each
-    weight, for its `wscale<suffix>` and `dq8<suffix>` (the fused ops read several weights)."""
+    weight, for its `wscale<suffix>` and `dq8<suffix>` (the fused ops read several weights). `gs`:
+    the group size, a constant of the shader where given (a shift or a multiply, not a division of
+    the uniform's q.gs: the same groups)."""
+    group = f"{gs}u" if gs else "q.gs"
     src = """
 struct W8 { a: vec4<f32>, b: vec4<f32> }
 // The 8 weights of one word, k = 8w .. 8w + 7, before their scale: nibble - 8.
@@ -180,7 +183,7 @@ fn nibbles(word: u32) -> W8 {
 fn word_of(pair: vec2<u32>, u: u32) -> u32 { return select(pair.x, pair.y, (u & 1u) == 1u); }
 """
     for suffix, ws, sn in scales:
-        src += f"fn wscale{suffix}(k: u32, n: u32) -> f32 {{ return f32({ws}[min(k / q.gs, q.groups - 1u) * {sn} + n]); }}\n"
+        src += f"fn wscale{suffix}(k: u32, n: u32) -> f32 {{ return f32({ws}[min(k / {group}, q.groups - 1u) * {sn} + n]); }}\n"
         # the 4 weights k0 .. k0 + 3 (k0 a multiple of 4) in the low 16 bits of `bits`, dequantized
         src += f"fn dq4{suffix}(bits: u32, k0: u32, n: u32) -> vec4<f32> {{\n"
         src += "    let w = vec4<f32>((vec4<u32>(bits) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u)) - vec4<f32>(8.0);\n"
@@ -282,12 +285,12 @@ GEMV_DQ8_X = """        $V = vec4<f32>(xq($V.x, inv_row, zp_row, s_row), xq($V.y
                        xq($V.z, inv_row, zp_row, s_row), xq($V.w, inv_row, zp_row, s_row));"""
 
 
-def gemv_shader(dq8, zp_packed, has_bias, word_group, lanes, types=Storage(), residual=False, rows=1, step=8):
+def gemv_shader(dq8, zp_packed, has_bias, word_group, lanes, types=Storage(), residual=False, rows=1, step=8, gs=None):
     """A GEMV route (`lanes` invocations reduce over K for each 4 outputs of `rows` rows, `step`
-    weights at a time)."""
+    weights at a time); `gs`: _dequant's."""
     store = lambda r: f"out[(m0 + {r}u) * q.N + n] = epilogue(v0, m0 + {r}u, n);"  # noqa: E731
     body = gemv_body(dq8, [("wq", "")], "q.N", store, lanes, rows=rows, step=step)
-    head = _gemv_header(dq8, zp_packed, has_bias, types, residual=residual) + _dequant(dq8, zp_packed, word_group)
+    head = _gemv_header(dq8, zp_packed, has_bias, types, residual=residual) + _dequant(dq8, zp_packed, word_group, gs=gs)
     return head + gemv_reduce(rows) + gemv_main(rows) + f"    let wg = wg0;\n    {body}\n}}\n"
 
 
@@ -439,11 +442,11 @@ def sg_main(shape):
     return fill(SG_MAIN, CPU_WG=CPU_WG, BUILTINS=SUBGROUP_BUILTINS, Q4_SG_WORDS=Q4_SG_WORDS, ROWS=shape[0], ROW_GROUPS=row_groups("q.M", shape[0]))
 
 
-def sg_shader(dq8, zp_packed, has_bias, shape=Q4_SG_GEMV, types=Storage(), residual=False):
+def sg_shader(dq8, zp_packed, has_bias, shape=Q4_SG_GEMV, types=Storage(), residual=False, gs=None):
     """The subgroup kernel of `shape`: a workgroup takes a group of shape[0] rows;
-    K, the weight rows and gs whole steps of Q4_SG_WORDS words; activations f32 or f16."""
+    K, the weight rows and gs whole steps of Q4_SG_WORDS words; activations f32 or f16; `gs`: _dequant's."""
     head = _gemv_header(dq8, zp_packed, has_bias, types, vec4=True, residual=residual) + vec4_loader("x", types.x)
-    return head + _dequant(dq8, zp_packed, True) + (XQ4 if dq8 else "") + sg_main(shape) + f"    let nw = wg0 * {sg_wg_rows(shape)}u;\n    {sg_body(dq8, shape)}\n}}\n"
+    return head + _dequant(dq8, zp_packed, True, gs=gs) + (XQ4 if dq8 else "") + sg_main(shape) + f"    let nw = wg0 * {sg_wg_rows(shape)}u;\n    {sg_body(dq8, shape)}\n}}\n"
 
 
 # The GEMM template's B load: the weights k .. k + 3 of row n (k a multiple of 4: in one word),
@@ -485,14 +488,14 @@ DQ8_SETUP = """    for (var i = 0u; i < 4u; i = i + 1u) {
 """
 
 
-def q4_load(dq8, zp_packed, word_group, types=Storage(), k=0):
+def q4_load(dq8, zp_packed, word_group, types=Storage(), k=0, gs=None):
     """The GEMM template's tile loads for 4-bit weights (kernels/matmul/gemm.py); the float
-    activations of `k` (at most) 4 of K a load where that is whole quads."""
+    activations of `k` (at most) 4 of K a load where that is whole quads; `gs`: _dequant's."""
     quads = not dq8 and k % 4 == 0
     inputs = _operands(dq8, zp_packed, types)
     return TileLoad(
         inputs=tuple((name, vec4_type(t)) if quads and name == "x" else (name, t) for name, t in inputs),
-        functions=_dequant(dq8, zp_packed, word_group) + (DQ8_A_AT if dq8 else float_a_k_quad("x", types.x) if quads else float_a_at("x")) + q4_b_k_quad(),
+        functions=_dequant(dq8, zp_packed, word_group, gs=gs) + (DQ8_A_AT if dq8 else float_a_k_quad("x", types.x) if quads else float_a_at("x")) + q4_b_k_quad(),
         b_along_k=True,
         setup=DQ8_SETUP if dq8 else "",
         b_k_quads=True,
@@ -597,11 +600,11 @@ class Q4Product:
         most = self.routes[-1][0] if self.routes else 0  # without the GEMV, the GEMM at every row count
         self.gemv_rows = gpu_gemv_rows(w.n, most) if self.routes and gpu else most  # more: the GEMM
         step = gemv_step(w.wpr)
-        self.gemvs = [b.dispatch(gemv_shader(dq8, zp_packed, has_bias, word_group, lanes, types, residual, rows, step), bound) for _, lanes, rows in self.routes]
-        self.sgs = [(b.dispatch(sg_shader(dq8, zp_packed, has_bias, shape, types, residual), bound), shape) for shape in self.shapes]
+        self.gemvs = [b.dispatch(gemv_shader(dq8, zp_packed, has_bias, word_group, lanes, types, residual, rows, step, w.gs), bound) for _, lanes, rows in self.routes]
+        self.sgs = [(b.dispatch(sg_shader(dq8, zp_packed, has_bias, shape, types, residual, w.gs), bound), shape) for shape in self.shapes]
         q_binding = len(operands) + len(tail) + 3  # after out, p and the scratch
         q_wgsl = f"{LIN_STRUCT};\n@group(0) @binding({q_binding}) var<uniform> q: Q;\n"
-        load = q4_load(dq8, zp_packed, word_group, types, b.graph.values[x].dims[-1])
+        load = q4_load(dq8, zp_packed, word_group, types, b.graph.values[x].dims[-1], w.gs)
         small = q4_wide(8 * w.wpr) and b.adapter != CPU  # a ragged pass of 17 to 32 decode rows takes the GEMM
         most = (w.n, 8 * w.wpr)
         self.gemm = GemmRoute(b, load, operands, bias, out, self.p, gemm_scratch(b, [out], most=most), [self.q], q_wgsl, residual=residual,
