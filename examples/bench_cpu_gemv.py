@@ -97,14 +97,14 @@ def q4_rows(dev, m, reps, t, gs=32):
         uniform = struct.pack(Q.LIN_FORMAT, m, n, k, k // 8, n, k // gs, gs, k // 8)
         sg = Q.Q4_SG_GEMV if m == 1 else Q.Q4_SG_GEMM
         if m == 1:
-            kernels = [("256-invocation GEMV", Q.gemv_shader(False, False, False, True, Q.GEMV_WG, types), (-(-n // Q.gemv_outputs(Q.GEMV_WG)), 1, 1), ())]
+            kernels = [("256-invocation GEMV", Q.gemv_shader(False, False, False, gs, Q.GEMV_WG, types), (-(-n // Q.gemv_outputs(Q.GEMV_WG)), 1, 1), ())]
         else:  # the GEMM reads the uniform P at binding 4, its scratch at 5 and Q at 6
-            load = Q.q4_load(False, False, True, types)
+            load = Q.q4_load(False, False, gs, k, types)
             q_wgsl = f"{Q.LIN_STRUCT};\n@group(0) @binding(6) var<uniform> q: Q;\n"
             shader = G.gemm_shader(load, False, q_wgsl, out=t)
             kernels = [("tiled 4-bit GEMM", shader, G.gemm_grid("bench", m, n, 1), (np.zeros(4, np.float32), np.frombuffer(uniform, np.uint32)))]
         grid = (-(-n // L.sg_wg_rows(sg)), 1, -(-m // sg[0]))
-        kernels.append((f"subgroup {sg[0]} x {sg[1]}", Q.sg_shader(False, False, False, sg, types), grid, ()))
+        kernels.append((f"subgroup {sg[0]} x {sg[1]}", Q.sg_shader(False, False, False, sg, types, gs=gs), grid, ()))
         for name, shader, grid, after in kernels:
             params = G.params_bytes(m, n, k) if after else uniform
             secs, got = dispatch_time(dev, shader, [x, wq, ws], m * n, params, grid, reps, after, t)

@@ -183,16 +183,17 @@ def float_k_quads(weight_types, k):
     return k % 4 == 0 and all(t == "f16" for t in weight_types)
 
 
-def _a_load(a, a_quads):
-    """(A's binding, its WGSL functions) for A stored as `a`, read 4 of K a load with `a_quads`."""
-    return (("a", vec4_type(a)), float_a_k_quad("a", a)) if a_quads else (("a", a), float_a_at())
+def float_a_load(a, a_quads, binding="a"):
+    """(A's binding, its WGSL functions) for A stored as `a` in `binding`, read 4 of K a load with
+    `a_quads` (TileLoad.a_k_quads)."""
+    return ((binding, vec4_type(a)), float_a_k_quad(binding, a)) if a_quads else ((binding, a), float_a_at(binding))
 
 
 def _k_quad_load(a, weights, reads, a_quads=False):
     """The TileLoad of A stored as `a` and [N, K] weights (binding, storage type) read 4 of K a
     load; `reads`: FLOAT_B_K_QUAD's; `a_quads`: A too."""
     loaders = "".join(vec4_loader(w, t) for w, t in weights)
-    a_binding, a_functions = _a_load(a, a_quads)
+    a_binding, a_functions = float_a_load(a, a_quads)
     return TileLoad(inputs=(a_binding, *((w, vec4_type(t)) for w, t in weights)), functions=a_functions + loaders + fill(FLOAT_B_K_QUAD, READS=reads),
                     b_along_k=True, b_k_quads=True, a_k_quads=a_quads)
 
@@ -204,7 +205,7 @@ def float_load(transposed_b, a="f32", b="f32", k_quads=False, a_quads=False):
     if k_quads:
         return _k_quad_load(a, [("bm", b)], "    if (n < p.N) { return bm4((off + n * p.K + k) / 4u); }\n", a_quads)
     b_index = "n * p.K + k" if transposed_b else "k * p.N + n"
-    a_binding, a_functions = _a_load(a, a_quads)
+    a_binding, a_functions = float_a_load(a, a_quads)
     return TileLoad(
         inputs=(a_binding, ("bm", b)),
         functions=a_functions + fill(FLOAT_B_AT, B_INDEX=b_index),
@@ -261,7 +262,7 @@ def column_group(x, weights, ns, k):
     if float_k_quads(weights, k):
         return k_quad_load(), column_store(ns)
     reads = "".join(f"    if (n < {e}u) {{ return f32(w{j}[off + (n - {s}u) * p.K + k]); }}\n" for j, (s, e) in enumerate(column_ranges(ns)))
-    a_binding, a_functions = _a_load(x, quads)
+    a_binding, a_functions = float_a_load(x, quads)
     load = TileLoad(
         inputs=(a_binding, *((f"w{j}", t) for j, t in enumerate(weights))),
         functions=a_functions + fill(COLUMN_GROUP_B_AT, READS=reads),

@@ -39,7 +39,7 @@ from ..registry import op
 from ..variants import CPU
 from ..wgsl import fill, flat_grid, row_groups_grid, vec4_loader, vec4_type
 from .fused_linear import _RMS, SILU, swiglu_elementwise
-from .gemm import PARAMS_SIZE, SMALL_TILE, GemmRoute, TileLoad, column_ranges, column_store, float_a_at, float_a_k_quad, gemm_scratch, gemm_split, params_bytes
+from .gemm import PARAMS_SIZE, SMALL_TILE, GemmRoute, TileLoad, column_ranges, column_store, float_a_load, gemm_scratch, gemm_split, params_bytes
 from .linear import sg_wg_rows
 from .q4_linear import (
     Q4_SG_GEMM,
@@ -103,7 +103,7 @@ def _shader(kind, shape, count, swiglu, norm, types, gs, rope=None, step=8):
     lines += [rope_bindings(len(reads) + len(outs) + 1, rope.types)] if rotates else []
     lines.append(vec4_loader("x", types["x"]) if sg else "fn a_at(i: u32) -> f32 { return f32(x[i]); }")
     lines += [vec4_loader("gamma", types["gamma"])] if sg and norm else []
-    src = "\n".join(lines) + _dequant(False, False, gs % 8 == 0, [(str(j), f"ws{j}", f"q.sn{j}") for j in range(count)], gs)
+    src = "\n".join(lines) + _dequant(False, False, gs, [(str(j), f"ws{j}", f"q.sn{j}") for j in range(count)])
     rows_t = types["rows"]
     if sg:
         src += sg_main(shape)
@@ -160,11 +160,11 @@ class _Columns:
             for j, (s, e) in enumerate(ranges)
         )
         count, quads = len(self.ns), b.graph.values[fused.x].dims[-1] % 4 == 0  # the activations 4 of K a load (gemm.py's TileLoad)
+        x, a_functions = float_a_load(types["x"], quads, "x")
         load = TileLoad(
-            inputs=(("x", vec4_type(types["x"]) if quads else types["x"]),
-                    *((name, t) for j in range(count) for name, t in ((f"wq{j}", "u32"), (f"ws{j}", types["scales"][j])))),
-            functions=_dequant(False, False, fused.ws[0].gs % 8 == 0, [(str(j), f"ws{j}", f"q.sn{j}") for j in range(count)], fused.ws[0].gs)
-            + (float_a_k_quad("x", types["x"]) if quads else float_a_at("x"))
+            inputs=(x, *((name, t) for j in range(count) for name, t in ((f"wq{j}", "u32"), (f"ws{j}", types["scales"][j])))),
+            functions=_dequant(False, False, fused.ws[0].gs, [(str(j), f"ws{j}", f"q.sn{j}") for j in range(count)])
+            + a_functions
             + q4_b_k_quad("var w = vec4<f32>(0.0);\n    " + reads),
             b_along_k=True,
             b_k_quads=True,

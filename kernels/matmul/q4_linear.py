@@ -44,7 +44,7 @@ from ..registry import op
 from ..variants import CPU
 from ..wgsl import DIV_RN, PACKED, SUBGROUP_BUILTINS, fill, is_float, row_groups, row_groups_grid, vec4_loader, vec4_type
 from . import int8_matrix
-from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, bindings, float_a_at, float_a_k_quad, gemm_scratch, params_bytes
+from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, bindings, float_a_load, gemm_scratch, params_bytes
 from .linear import CPU_WG, sg_groups, sg_sums, sg_total, sg_wg_rows
 from .routes import BITWISE_ROWS, GEMV_MAX_ROWS, GEMV_T4_MIN_N, Q4_GEMV_MAX_ROWS, Q4_SG_GPU, Q4_SG_GPU_ROWS, Q4_SG_GPU_WIDE, gpu_gemv_rows, q4_wide, shape_for_rows
 
@@ -163,13 +163,13 @@ def _zero_points(packed):
     return "fn zp_at(m: u32) -> f32 { return f32(xz[m]); }\n"
 
 
-def _dequant(dq8, zp_packed, word_group, scales=(("", "ws", "q.sn"),), gs=None):
+def _dequant(dq8, zp_packed, gs, scales=(("", "ws", "q.sn"),)):
     """WGSL both routes share: the weights' dequantization over uniform `q`, and with `dq8` the
-    activations' quantize-dequantize. `scales`: (suffix, scale binding, its row stride) of each
-    weight, for its `wscale<suffix>` and `dq8<suffix>` (the fused ops read several weights). `gs`:
-    the group size, a constant of the shader where given (a shift or a multiply, not a division of
-    the uniform's q.gs: the same groups)."""
-    group = f"{gs}u" if gs else "q.gs"
+    activations' quantize-dequantize. `gs`: the group size, a constant of the shader (a shift or a
+    multiply, not a division of the uniform's q.gs: the same groups), or None for q.gs, groups of
+    whole words. `scales`: (suffix, scale binding, its row stride) of each weight, for its
+    `wscale<suffix>` and `dq8<suffix>` (the fused ops read several weights)."""
+    group, word_group = (f"{gs}u", gs % 8 == 0) if gs else ("q.gs", True)
     src = """
 struct W8 { a: vec4<f32>, b: vec4<f32> }
 // The 8 weights of one word, k = 8w .. 8w + 7, before their scale: nibble - 8.
@@ -285,12 +285,12 @@ GEMV_DQ8_X = """        $V = vec4<f32>(xq($V.x, inv_row, zp_row, s_row), xq($V.y
                        xq($V.z, inv_row, zp_row, s_row), xq($V.w, inv_row, zp_row, s_row));"""
 
 
-def gemv_shader(dq8, zp_packed, has_bias, word_group, lanes, types=Storage(), residual=False, rows=1, step=8, gs=None):
+def gemv_shader(dq8, zp_packed, has_bias, gs, lanes, types=Storage(), residual=False, rows=1, step=8):
     """A GEMV route (`lanes` invocations reduce over K for each 4 outputs of `rows` rows, `step`
     weights at a time); `gs`: _dequant's."""
     store = lambda r: f"out[(m0 + {r}u) * q.N + n] = epilogue(v0, m0 + {r}u, n);"  # noqa: E731
     body = gemv_body(dq8, [("wq", "")], "q.N", store, lanes, rows=rows, step=step)
-    head = _gemv_header(dq8, zp_packed, has_bias, types, residual=residual) + _dequant(dq8, zp_packed, word_group, gs=gs)
+    head = _gemv_header(dq8, zp_packed, has_bias, types, residual=residual) + _dequant(dq8, zp_packed, gs)
     return head + gemv_reduce(rows) + gemv_main(rows) + f"    let wg = wg0;\n    {body}\n}}\n"
 
 
@@ -302,7 +302,7 @@ def matrix_heads(zp_packed, has_bias, types, residual):
     quantize = [LIN_STRUCT + ";", *bindings((("x", types.x), *acts), False, uniform="q: Q", out="i32")]
     quantize = "\n".join(quantize) + "\n" + DIV_RN + _zero_points(zp_packed)
     operands = (*acts, ("wq", "vec4<u32>"), ("ws", types.ws))
-    product = _gemv_header(True, zp_packed, has_bias, types, residual=residual, operands=operands) + _dequant(True, zp_packed, True)
+    product = _gemv_header(True, zp_packed, has_bias, types, residual=residual, operands=operands) + _dequant(True, zp_packed, None)
     return quantize, product + "fn wq4(i: u32) -> vec4<u32> { return wq[i]; }\n"
 
 
@@ -446,7 +446,7 @@ def sg_shader(dq8, zp_packed, has_bias, shape=Q4_SG_GEMV, types=Storage(), resid
     """The subgroup kernel of `shape`: a workgroup takes a group of shape[0] rows;
     K, the weight rows and gs whole steps of Q4_SG_WORDS words; activations f32 or f16; `gs`: _dequant's."""
     head = _gemv_header(dq8, zp_packed, has_bias, types, vec4=True, residual=residual) + vec4_loader("x", types.x)
-    return head + _dequant(dq8, zp_packed, True, gs=gs) + (XQ4 if dq8 else "") + sg_main(shape) + f"    let nw = wg0 * {sg_wg_rows(shape)}u;\n    {sg_body(dq8, shape)}\n}}\n"
+    return head + _dequant(dq8, zp_packed, gs) + (XQ4 if dq8 else "") + sg_main(shape) + f"    let nw = wg0 * {sg_wg_rows(shape)}u;\n    {sg_body(dq8, shape)}\n}}\n"
 
 
 # The GEMM template's B load: the weights k .. k + 3 of row n (k a multiple of 4: in one word),
@@ -488,14 +488,15 @@ DQ8_SETUP = """    for (var i = 0u; i < 4u; i = i + 1u) {
 """
 
 
-def q4_load(dq8, zp_packed, word_group, types=Storage(), k=0, gs=None):
-    """The GEMM template's tile loads for 4-bit weights (kernels/matmul/gemm.py); the float
-    activations of `k` (at most) 4 of K a load where that is whole quads; `gs`: _dequant's."""
+def q4_load(dq8, zp_packed, gs, k, types=Storage()):
+    """The GEMM template's tile loads for 4-bit weights (kernels/matmul/gemm.py) of group size `gs`
+    (_dequant's); the float activations of K `k` (at most) 4 of K a load where that is whole quads."""
     quads = not dq8 and k % 4 == 0
-    inputs = _operands(dq8, zp_packed, types)
+    x, a_functions = float_a_load(types.x, quads, "x")
+    inputs = tuple(x if name == "x" else (name, t) for name, t in _operands(dq8, zp_packed, types))
     return TileLoad(
-        inputs=tuple((name, vec4_type(t)) if quads and name == "x" else (name, t) for name, t in inputs),
-        functions=_dequant(dq8, zp_packed, word_group, gs=gs) + (DQ8_A_AT if dq8 else float_a_k_quad("x", types.x) if quads else float_a_at("x")) + q4_b_k_quad(),
+        inputs=inputs,
+        functions=_dequant(dq8, zp_packed, gs) + (DQ8_A_AT if dq8 else a_functions) + q4_b_k_quad(),
         b_along_k=True,
         setup=DQ8_SETUP if dq8 else "",
         b_k_quads=True,
@@ -589,7 +590,6 @@ class Q4Product:
         self.q, self.p = b.params(LIN_SIZE), b.params(PARAMS_SIZE)
         operands = [x] + ([xs, xz] if dq8 else []) + [weight, scales]
         tail = [bias] if has_bias else []
-        word_group = w.gs % 8 == 0
         types = Storage(*(b.storage(v) if v is not None else "f32" for v in (x, xs, scales, bias, out)))
         bound = [*operands, *tail, out, self.q]
         gpu = b.adapter != CPU  # GPUs: no subgroup kernel for dq8, nor where a fused op's own kernel takes its rows
@@ -600,11 +600,11 @@ class Q4Product:
         most = self.routes[-1][0] if self.routes else 0  # without the GEMV, the GEMM at every row count
         self.gemv_rows = gpu_gemv_rows(w.n, most) if self.routes and gpu else most  # more: the GEMM
         step = gemv_step(w.wpr)
-        self.gemvs = [b.dispatch(gemv_shader(dq8, zp_packed, has_bias, word_group, lanes, types, residual, rows, step, w.gs), bound) for _, lanes, rows in self.routes]
+        self.gemvs = [b.dispatch(gemv_shader(dq8, zp_packed, has_bias, w.gs, lanes, types, residual, rows, step), bound) for _, lanes, rows in self.routes]
         self.sgs = [(b.dispatch(sg_shader(dq8, zp_packed, has_bias, shape, types, residual, w.gs), bound), shape) for shape in self.shapes]
         q_binding = len(operands) + len(tail) + 3  # after out, p and the scratch
         q_wgsl = f"{LIN_STRUCT};\n@group(0) @binding({q_binding}) var<uniform> q: Q;\n"
-        load = q4_load(dq8, zp_packed, word_group, types, b.graph.values[x].dims[-1], w.gs)
+        load = q4_load(dq8, zp_packed, w.gs, b.graph.values[x].dims[-1], types)
         small = q4_wide(8 * w.wpr) and b.adapter != CPU  # a ragged pass of 17 to 32 decode rows takes the GEMM
         most = (w.n, 8 * w.wpr)
         self.gemm = GemmRoute(b, load, operands, bias, out, self.p, gemm_scratch(b, [out], most=most), [self.q], q_wgsl, residual=residual,

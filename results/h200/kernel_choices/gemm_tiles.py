@@ -48,7 +48,7 @@ def case(kind, M, N, K, reps):
     else:
         weights, extra_wgsl, qb, ref = q4_operands(x, N, K, rng)
         ins = [buf(x), *weights]
-        load = q4_load(False, False, True)
+        load = q4_load(False, False, 32, K)
     out = dev.create_buffer(size=M * N * 4, usage=U.STORAGE | U.COPY_SRC)
     scratch = dev.create_buffer(size=max(4, 8 * M * N) * 4, usage=U.STORAGE)
     res = []

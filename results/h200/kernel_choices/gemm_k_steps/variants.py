@@ -86,7 +86,8 @@ def case(kind, M, N, K, reps):
     for name, tile, a4, b4 in VARIANTS + VARIANTS:
         if kind != "f32" and b4:
             continue
-        load = G.float_load(True, k_quads=b4) if kind == "f32" else q4_load(False, False, True)
+        # K 1 in q4_load: its activations one k a load, which with_a4 turns into 4 where asked
+        load = G.float_load(True, k_quads=b4) if kind == "f32" else q4_load(False, False, 32, 1)
         load = with_a4(load, a_name) if a4 else load
         splits, kspan = G.gemm_split(M, N, K, 1, tile)
         pb = buf(np.frombuffer(G.params_bytes(M, N, K, split=(splits, kspan)), np.uint8), U.UNIFORM)

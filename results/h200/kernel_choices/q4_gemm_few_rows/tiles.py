@@ -28,7 +28,7 @@ def case(M, N, K, reps, tiles):
     x = rng.standard_normal((M, K)).astype(np.float32)
     weights, extra, qb, ref = q4_operands(x, N, K, rng)
     ins = [buf(x), *weights]
-    load = q4_load(False, False, True)
+    load = q4_load(False, False, 32, K)
     out = dev.create_buffer(size=M * N * 4, usage=U.STORAGE | U.COPY_SRC)
     scratch = dev.create_buffer(size=max(4, 16 * M * N) * 4, usage=U.STORAGE)
     res = []
