@@ -43,15 +43,24 @@ kernel would bind more storage buffers than the device allows (Dawn's Vulkan ada
 - A permute of a permute that nothing else reads becomes one permute by the composed order (ViT's
   attention output takes three in a row, two of them each other's inverse).
 
-Views that only fed a fused op are dropped with it. Each rewrite keeps every row's sums in the
-order of the ops it replaces.
+- Attention exported as bmm(q', transpose(k')) -> softmax (safe or not) over the keys -> bmm(., v),
+  q' and k' each q and k or a number times them (scaled_dot_product_attention's decomposition:
+  ViT's), becomes one `pte_wgpu.attention(q, k, v, scale)` (kernels/attention/sdpa.py), the
+  query-tiled flash-attention kernel: the scores [heads, S, L] are never written, the transpose's
+  copy and the multiplies go. Its sums run in another order (an online softmax, the scales
+  multiplied into q first): within f32 rounding of the ops it replaces, not bit for bit.
+
+Views that only fed a fused op are dropped with it. Each rewrite but the attention's keeps every
+row's sums in the order of the ops it replaces.
 """
 
 from collections import Counter
 
 from pte_wgpu.resize.values import NONE, IntList, Scalar, Tensor, ValueList
 
+from .attention.kv_cache_sdpa import tiled_shape
 from .attention.rope import ROPE_NAMES  # what the RoPE adds to a q/k/v group's bindings
+from .attention.sdpa import ATTENTION
 from .matmul.qkv_rope import GROUPS as ROPE_GROUPS  # the q/k/v groups that take a RoPE
 from .quant.quantize import REQUANTIZED_CLAMP
 from .registry import op
@@ -132,6 +141,7 @@ def fuse(graph):
 def _fuse_all(graph):
     fused = _fuse_permutes(graph)
     fused += _fuse_safe_softmax(graph)
+    fused += _fuse_attention(graph)
     fused += _fuse_requantized_clamps(graph)
     fused += _fuse_batched_weight(graph)
     fused += _fuse_silu(graph)
@@ -283,6 +293,80 @@ def _fuse_permutes(graph):
 
 
 BMM = ("aten.bmm.default", "aten::bmm.out")
+MUL_SCALAR = ("aten.mul.Scalar", "aten::mul.Scalar_out")
+
+
+def _fuse_attention(graph):
+    """bmm(softmax(bmm(q', k'), dim=-1), v) through views, each piece read once, k' the transpose
+    (a permute of the last two dims) of k or a number times it, q' q or a number times it (views
+    between, and expands that keep the shape), where
+    q, k and v end in [S, D], [L, D] and [L, D] with D a head dim the tiled kernel takes:
+    pte_wgpu.attention(q, k, v, the numbers' product)."""
+    values, calls, uses, producer = graph.values, graph.calls, _uses(graph), _producers(graph)
+    drop, fused = set(), 0
+
+    def made(vid, names, chain):
+        """The args of the call of `names` that makes `vid`, read once, the call added to `chain`."""
+        i = producer.get(vid)
+        if i is None or i in drop or calls[i][0] not in names or uses[vid] != 1:
+            return None
+        chain.append(i)
+        return calls[i][1]
+
+    def viewed(vid, chain):
+        """The value `vid` is a view of (itself where it is none), the views' calls added to `chain`;
+        an expand to its input's own shape (a matmul's broadcast of equal batch dims) is one too."""
+        while True:
+            mark = len(chain)
+            args = made(vid, VIEWS + EXPAND, chain)
+            if args is None:
+                return vid
+            if calls[chain[-1]][0] in EXPAND and values[args[0]].dims != values[vid].dims:
+                del chain[mark:]
+                return vid
+            vid = args[0]
+
+    def scaled(vid, chain):
+        """(value, factor): a number's multiply of the value before `vid`'s views, or it and 1."""
+        vid = viewed(vid, chain)
+        mark = len(chain)
+        args = made(vid, MUL_SCALAR, chain)
+        if args is not None and isinstance(values[args[1]], Scalar) and isinstance(values[args[1]].value, (int, float)):
+            return viewed(args[0], chain), float(values[args[1]].value)
+        del chain[mark:]
+        return vid, 1.0
+
+    def ends(vid, tail):
+        v = values[vid]
+        return isinstance(v, Tensor) and v.dtype in FLOATS and tuple(v.dims[-2:]) == tuple(tail)
+
+    for n, (name, args) in enumerate(calls):
+        if name not in BMM or len(args) != 3:
+            continue
+        chain = []
+        soft = made(viewed(args[0], chain), (SAFE_SOFTMAX, *SOFTMAX), chain)
+        if soft is None or not isinstance(values[soft[1]], Scalar):
+            continue
+        rank = len(values[soft[0]].dims)
+        first = made(viewed(soft[0], chain), BMM, chain)
+        if first is None or values[soft[1]].value % rank != rank - 1:
+            continue
+        (_, s, dim), (_, _, keys) = values[first[0]].dims, values[first[1]].dims
+        q, q_scale = scaled(first[0], chain)
+        kt, k_scale = scaled(first[1], chain)
+        transpose = made(kt, PERMUTES, chain)
+        order = _order(values, transpose[1]) if transpose is not None and len(transpose) == 3 else None
+        k, v = (transpose[0] if order else None), viewed(args[1], chain)
+        if order != [*range(len(order or ()) - 2), len(order or ()) - 1, len(order or ()) - 2] or tiled_shape(dim) is None:
+            continue
+        if not (ends(q, (s, dim)) and ends(k, (keys, dim)) and ends(v, (keys, dim)) and values[args[1]].dims[-1] == dim):
+            continue
+        values.append(Scalar(q_scale * k_scale))
+        calls[n] = (ATTENTION, (q, k, v, len(values) - 1, args[-1]))
+        drop.update(chain)
+        fused += 1
+    graph.calls[:] = [c for i, c in enumerate(calls) if i not in drop]
+    return fused
 TRANSPOSES = ("aten.permute_copy.default", "aten::permute_copy.out", "aten.t_copy.default", "aten::t_copy.out")
 EXPAND = ("aten.expand_copy.default", "aten::expand_copy.out")
 

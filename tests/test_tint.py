@@ -29,6 +29,7 @@ from pte_wgpu.kernels.quant import int8_conv, per_channel_linear
 from .llama import export_llama
 from .test_llama import CONFIGS, CONTEXT
 from .test_q4_fusion import LLAMA
+from .test_encoder_attention import mha_export
 from .test_int8_conv import _tiled_convs
 from .test_more_ops import _wide_linears
 from .test_vision_ops import _cnn
@@ -80,6 +81,7 @@ async def test_every_kernel_compiles_under_tint(tmp_path_factory, load_pte, monk
     configs = {**CONFIGS, **LLAMA}  # fp32, 4w, 8da4w, and 4w in fp16
     models = {name: export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, **config)[0] for name, config in configs.items()}
     models["cnn"], models["int8 convolutions"], models["int8 linears"] = _cnn()[0], _tiled_convs()[0], _wide_linears()[0]
+    models["encoder attention"] = mha_export()[0]
     for name, pte in models.items():
         for kernels in ("gpu", "cpu"):
             monkeypatch.setenv("PTE_WGPU_KERNELS", kernels)

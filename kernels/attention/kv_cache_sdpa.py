@@ -470,7 +470,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let row = r0 + lane;
     let r = min(row, p.s - 1u);
     let kvh = h / (p.hq / p.hkv);
-    let qi = (r * p.hq + h) * ${D}u$HALF_OFFSET;
+    let qi = $Q_ROW * ${D}u$HALF_OFFSET;
     $Q
     $ACC
     var m = -3.0e38;
@@ -488,7 +488,7 @@ TILED_BLOCKS = """    for (var kb = 0u; kb < kmax; kb = kb + ${BK}u) {
         for (var i = t; i < ${BKG}u; i = i + ${THREADS}u) {
             let key = i / ${G}u;
             let j = min(kb + key, kmax - 1u);  // past kmax: a live key's row, masked below
-            let at = (key_row(seq, j) * p.hkv + kvh) * ${G}u + i % ${G}u;
+            let at = $KEY_ROW * ${G}u + i % ${G}u;
             $STORE_KV
         }
         workgroupBarrier();
@@ -505,6 +505,13 @@ TILED_BLOCKS = """    for (var kb = 0u; kb < kmax; kb = kb + ${BK}u) {
         }
         workgroupBarrier();
     }"""
+
+# Every row sees all p.pos keys (an encoder's or a vision model's attention, not causal).
+TILED_FULL = """    let keys = p.pos;
+    let mine = row < p.s;
+    let kmax = p.pos;
+    let seq = 0u;
+$BLOCKS"""
 
 TILED_PLAIN = """    let keys = p.pos + row + 1u;  // causal: the row at absolute position P sees keys 0..P
     let mine = row < p.s;
@@ -573,8 +580,16 @@ def tiled_shape(dim):
     return TiledShape(dim, halves, subs, bk)
 
 
-def _tiled_shader(ragged, dim):
-    """TILED for head dim `dim` (tiled_shape's), its G-long loops written out."""
+# Where TILED reads row r of head h of q (and writes it), and the row of key j of kv head kvh: a
+# cache's layout, [rows, heads, dim]; or ENCODER's, [heads, rows, dim] with p.pos keys a head.
+CACHE_ROWS = ("(r * p.hq + h)", "(row * p.hq + h)", "(key_row(seq, j) * p.hkv + kvh)")
+ENCODER_ROWS = ("(h * p.s + r)", "(h * p.s + row)", "(kvh * p.pos + j)")
+
+
+def tiled_shader(ragged, dim, encoder=False):
+    """TILED for head dim `dim` (tiled_shape's), its G-long loops written out; `encoder`: every row
+    sees every key (TILED_FULL), tensors laid out as ENCODER_ROWS say."""
+    q_row, out_row, key_row = ENCODER_ROWS if encoder else CACHE_ROWS
     sh = tiled_shape(dim)
     g, gh, bq, subs, kps, bk, halves = sh.g, sh.gh, TILE_ROWS, sh.subs, sh.kps, sh.bk, sh.halves
     n = "\n            "
@@ -596,7 +611,7 @@ def _tiled_shader(ragged, dim):
         parts = n.join([*(f"ps[{i}][t] = {dots[i]};" for i in range(kps)), "workgroupBarrier();"])
         scores = [f"let s{i} = select(-3.0e38, ps[{i}][t] + ps[{i}][t ^ {other}u], {vis[i]});" for i in range(kps)]
     blocks = fill(
-        TILED_BLOCKS, BK=bk, BKG=bk * g, G=g, KPS=kps, THREADS=sh.threads, STORE_KV=store_kv, PARTS=parts,
+        TILED_BLOCKS, BK=bk, BKG=bk * g, G=g, KPS=kps, THREADS=sh.threads, STORE_KV=store_kv, PARTS=parts, KEY_ROW=key_row,
         SCORES=n.join(scores),
         MAX=_max_tree([f"s{i}" for i in range(kps)]),
         PROBS=n.join(f"let p{i} = select(0.0, exp(s{i} - m_new), {vis[i]});" for i in range(kps)),
@@ -605,7 +620,10 @@ def _tiled_shader(ragged, dim):
             f"a{e} = a{e} * corr + {' + '.join(f'p{i} * kv[vs][{i}][{e}]' for i in range(kps))};" for e in range(gh)
         ),
     )
-    ranges = fill(TILED_RAGGED, BLOCKS=textwrap.indent(blocks, " " * 8)) if ragged else fill(TILED_PLAIN, BLOCKS=blocks)
+    if ragged:
+        ranges = fill(TILED_RAGGED, BLOCKS=textwrap.indent(blocks, " " * 8))
+    else:
+        ranges = fill(TILED_FULL if encoder else TILED_PLAIN, BLOCKS=blocks)
 
     def at(i):  # kv as rows of GH vec4s: row i
         return f"kv[{i} / {kps}u][{i} % {kps}u]"
@@ -647,7 +665,7 @@ def _tiled_shader(ragged, dim):
     # a real row's total is at least 1 (its largest score's exp(0)); a padding row's is 0, a = 0
     writes = " ".join(f"out[o + {4 * e + c}u] = OT(a{e}.{'xyzw'[c]} / w);" for e in range(gh) for c in range(4))
     half_offset = f" + dh * {4 * gh}u" if halves > 1 else ""  # the first of this invocation's dims in a row
-    merge.append(f"if (sub == 0u && row < p.s) {{ let o = (row * p.hq + h) * {dim}u{half_offset}; let w = max(total, 1e-30); {writes} }}")
+    merge.append(f"if (sub == 0u && row < p.s) {{ let o = {out_row} * {dim}u{half_offset}; let w = max(total, 1e-30); {writes} }}")
     n = "\n    "
     q = [", ".join(f"f32(q[qi + {4 * e + c}u])" for c in range(4)) for e in range(gh)]
     if halves == 1:
@@ -662,7 +680,7 @@ def _tiled_shader(ragged, dim):
         TABLES=_tables(ragged),
         PS=f"var<workgroup> ps: array<array<f32, {sh.threads}>, {kps}>;  // [key][t]: t's part of the key's score\n" if halves > 1 else "",
         GH=gh, KPS=kps, ROWS2=2 * subs * halves, THREADS=sh.threads, BQ=bq, D=dim, SUB=sub,
-        HALF_OFFSET=half_offset,
+        HALF_OFFSET=half_offset, Q_ROW=q_row,
         Q=n.join(f"let q{e} = vec4<f32>({q[e]}) * p.scale;" for e in range(gh)),
         ACC=n.join(f"var a{e} = vec4<f32>(0.0);" for e in range(gh)),
         RANGES=ranges,
@@ -709,7 +727,7 @@ def _attention_shader(ragged, split=False, merges=False, dim=None, apart=False):
 def _whole_range(ragged, dim):
     """(shader, query rows per workgroup) of the route for more rows than split-K takes."""
     if tiled_shape(dim) is not None:
-        return _tiled_shader(ragged, dim), TILE_ROWS
+        return tiled_shader(ragged, dim), TILE_ROWS
     return _attention_shader(ragged), 1
 
 

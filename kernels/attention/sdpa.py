@@ -11,16 +11,24 @@ h / (Hq / Hkv)). One invocation computes one query row with an online softmax ov
 plain kernel for the small attention blocks of encoders and vision models, where the tuned
 flash-attention kernels of kernels/attention/kv_cache_sdpa.py (cache updates, causal LLM decode) do not apply.
 Each tensor is read and written in its own storage type (f32 or f16); the arithmetic is f32.
+
+- `pte_wgpu.attention(q [..., S, D], k, v [..., L, D], scale, out [..., S, D])`: what
+  kernels/fusion.py makes of an exported attention, bmm -> (safe) softmax -> bmm (ViT's, from
+  scaled_dot_product_attention's decomposition): per head (the leading dims), softmax(q @ k^T *
+  scale) @ v, rows of only -inf scores zeros. It runs kv_cache_sdpa.py's query-tiled kernel over
+  every key, so the scores are never stored.
 """
 
 import math
 import struct
 
-from pte_wgpu.resize.shapes import broadcast_strides
+from pte_wgpu.resize.shapes import broadcast_strides, numel_of
 
 from ..registry import op
 from ..wgsl import fill, flat_grid, flat_kernel, is_float, type_aliases
-from .kv_cache_sdpa import MAX_HEAD_DIM, online_softmax_step
+from .kv_cache_sdpa import MAX_HEAD_DIM, TILE_ROWS, tiled_shader, online_softmax_step, tiled_shape
+
+ATTENTION = "pte_wgpu.attention"
 
 SDPA_PARAMS = "<6IfI4I4I4I"
 SDPA_FIELDS = """rows: u32, s: u32, hq: u32, group: u32, dim: u32, keys: u32, scale: f32, causal_pos: u32,
@@ -126,3 +134,32 @@ def custom_sdpa(b):
         return batch, hq, s, hkv, pos + s, dim, (s * hq * dim, dim, hq * dim), kv_strides, pos + 1 if causal else 0
 
     _add_sdpa(b, q, k, v, None, _scale(b.scalar(7, None)), geometry)
+
+
+@op(ATTENTION, half=True)
+def attention(b):
+    """[q [..., S, D], k [..., L, D], v [..., L, D], scale (Double), out]: the heads are q's
+    leading dims, k's and v's alike."""
+    q, k, v, out = b.args[0], b.args[1], b.args[2], b.out
+    dim = b.tensor(0).dims[-1]
+    if tiled_shape(dim) is None:
+        b.fail(f"head dim {dim}: the tiled kernel takes multiples of 4 up to 64, of 8 up to 128")
+    scale = float(b.scalar(3))
+    shader = type_aliases(b.graph.values, QT=q, KCT=k, VCT=v, OT=out) + tiled_shader(False, dim, encoder=True)
+    params = b.params(48)
+    d = b.dispatch(shader, [q, k, v, out, params])
+    rank = len(b.graph.values[out].dims)
+    if rank not in (3, len(b.tensor(0).dims)):
+        b.fail(f"an output of rank {rank} for q of rank {len(b.tensor(0).dims)}")
+
+    def resize(ctx):
+        qd, kd, vd = ctx.dims(q), ctx.dims(k), ctx.dims(v)
+        s, keys = qd[-2], kd[-2]
+        heads = numel_of(qd[:-2])
+        if kd[-2:] != vd[-2:] or kd[-1] != dim or qd[-1] != dim or numel_of(kd[:-2]) != heads or numel_of(vd[:-2]) != heads:
+            b.fail(f"q {tuple(qd)}, k {tuple(kd)} and v {tuple(vd)}: expected [..., S, {dim}] and two of [..., L, {dim}] with the same heads")
+        ctx.set_params(params, struct.pack("<5If6I", s, keys, heads, heads, dim, scale, 0, 0, 0, 0, 0, 0))
+        ctx.set_grid(d, (heads, -(-s // TILE_ROWS), 1))
+        ctx.set_dims(out, tuple(qd) if rank == len(qd) else (heads, s, dim))  # out: q's shape, or bmm's [heads, S, D]
+
+    b.hook(resize)
