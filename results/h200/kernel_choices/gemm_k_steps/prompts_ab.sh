@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Prompts (and one stream) of the bench exports in .gk/ and .pk/ (*.pte.xz with their .json) before and after
 # the GEMM's K steps of 8 in its 128 x 128 tile and its loads 4 of K at a time: .gk/before and .gk/after hold
-# the two versions' wheels; examples/bench_llm.py --sessions ${SESSIONS:-1}, each version twice, alternating.
-source results/h200/ab_setup.sh .gk
+# the two versions' wheels (or ${W}/before and ${W}/after); examples/bench_llm.py --sessions ${SESSIONS:-1}, each
+# version twice, alternating.
+source results/h200/ab_setup.sh ${W:-.gk}
 mkdir -p /tmp/gk
 for x in ${MODELS:-$(ls .gk/*.pte.xz .pk/*.pte.xz)}; do
   n=$(basename $x .pte.xz); p=/tmp/gk/$n.pte; [ -f $p ] || xz -T16 -dc $x > $p
