@@ -10,6 +10,12 @@ the GPU and on the host, whatever its size), so the rewrites below cut that numb
   `pte_wgpu.linear_silu_mul` (kernels/matmul/fused_linear.py).
 - A bias-free linear whose result only feeds `residual + linear(x)` becomes
   `pte_wgpu.linear_residual`, the residual added in the linear's epilogue.
+- A bias-free linear whose result only feeds an add of a vector of its N outputs (the output
+  projection that the rewrite below makes of ViT's bmm, its bias added apart) takes that vector as
+  its bias, where the result is stored f32 (the same f32 add).
+- A linear (bias or not) whose result only feeds a GELU (through views of its shape: ViT's,
+  BERT's and GPT-2's MLPs) becomes `pte_wgpu.linear_gelu`, the GELU in the linear's epilogue on
+  the value the GELU would have read.
 - Bias-free linears of one input (attention's q, k and v) become one `pte_wgpu.linear_group`.
 - The same three over bias-free 4-bit linears (`et_vk.linear_q4gsw`) of one group size and K
   become `pte_wgpu.q4_linear_silu_mul`, `pte_wgpu.q4_linear_residual` and
@@ -61,6 +67,7 @@ from pte_wgpu.resize.values import NONE, IntList, Scalar, Tensor, ValueList
 from .attention.kv_cache_sdpa import tiled_shape
 from .attention.rope import ROPE_NAMES  # what the RoPE adds to a q/k/v group's bindings
 from .attention.sdpa import ATTENTION
+from .matmul.linear import LINEAR_GELU
 from .matmul.qkv_rope import GROUPS as ROPE_GROUPS  # the q/k/v groups that take a RoPE
 from .quant.quantize import REQUANTIZED_CLAMP
 from .registry import op
@@ -144,7 +151,9 @@ def _fuse_all(graph):
     fused += _fuse_attention(graph)
     fused += _fuse_requantized_clamps(graph)
     fused += _fuse_batched_weight(graph)
+    fused += _fuse_bias(graph)
     fused += _fuse_silu(graph)
+    fused += _fuse_gelu(graph)
     fused += _fuse_swiglu(graph)
     fused += _fuse_residual(graph)
     fused += _fuse_groups(graph)
@@ -174,6 +183,71 @@ def _fuse_silu(graph):
             else:
                 continue
             break
+    graph.calls[:] = [c for i, c in enumerate(calls) if i not in drop]
+    return fused
+
+
+def _fuse_bias(graph):
+    """add(linear(x, w, None), bias) (either order, alpha 1, through views), bias of [N], the linear's
+    f32 result read by nothing else: linear(x, w, bias)."""
+    values, calls, uses, producer = graph.values, graph.calls, _uses(graph), _producers(graph)
+    drop, fused = set(), 0
+    for n, (name, args) in enumerate(calls):
+        if name != ADD or len(args) != 4 or not isinstance(values[args[2]], Scalar) or values[args[2]].value != 1:
+            continue
+        for product, bias in ((args[0], args[1]), (args[1], args[0])):
+            vid, chain = product, []
+            while (i := producer.get(vid)) is not None and i not in drop and calls[i][0] in VIEWS and uses[vid] == 1:
+                chain.append(i)
+                vid = calls[i][1][0]
+            i = producer.get(vid)
+            if i is None or i in drop or calls[i][0] != LINEAR or uses[vid] != 1 or values[calls[i][1][2]] != NONE:
+                continue
+            out, b = values[args[-1]], values[bias]
+            shapes = {tuple(values[v].dims) for v in (vid, product)} | {tuple(out.dims)}
+            if not isinstance(b, Tensor) or tuple(b.dims) != (out.dims[-1],) or len(shapes) != 1:
+                continue
+            if {values[vid].dtype, out.dtype, b.dtype} != {"float32"}:
+                continue
+            x, w, _, _ = calls[i][1]
+            calls[n] = (LINEAR, (x, w, bias, args[-1]))
+            drop.update((i, *chain))
+            fused += 1
+            break
+    graph.calls[:] = [c for i, c in enumerate(calls) if i not in drop]
+    return fused
+
+
+GELUS = ("aten.gelu.default",)
+
+
+def _fuse_gelu(graph):
+    """gelu(linear(x, w, b)) through views of the same shape, the linear's result read by nothing
+    else: pte_wgpu.linear_gelu(x, w, b, approximate)."""
+    values, calls, uses, producer = graph.values, graph.calls, _uses(graph), _producers(graph)
+    drop, fused = set(), 0
+    for n, (name, args) in enumerate(calls):
+        if name not in GELUS or len(args) not in (2, 3):
+            continue
+        vid, chain = args[0], []
+        while (i := producer.get(vid)) is not None and i not in drop and calls[i][0] in VIEWS and uses[vid] == 1:
+            chain.append(i)
+            vid = calls[i][1][0]
+        i = producer.get(vid)
+        if i is None or i in drop or calls[i][0] != LINEAR or uses[vid] != 1 or len(calls[i][1]) != 4:
+            continue
+        same = {tuple(values[v].dims) for v in (vid, args[0], args[-1])}
+        if len(same) != 1 or values[args[-1]].dtype not in FLOATS:
+            continue
+        if len(args) == 3:
+            approximate = args[1]
+        else:
+            values.append(Scalar("none"))
+            approximate = len(values) - 1
+        x, w, bias, _ = calls[i][1]
+        calls[n] = (LINEAR_GELU, (x, w, bias, approximate, args[-1]))
+        drop.update((i, *chain))
+        fused += 1
     graph.calls[:] = [c for i, c in enumerate(calls) if i not in drop]
     return fused
 

@@ -67,6 +67,17 @@ class FusedLinears(torch.nn.Module):
         return q, k, v, h + self.down(torch.nn.functional.silu(self.gate(h)) * self.up(h))
 
 
+class LinearGelu(torch.nn.Module):
+    """An MLP's first half (ViT's, BERT's; GPT-2's with the tanh approximation)."""
+
+    def __init__(self, k, n, bias, approximate):
+        super().__init__()
+        self.fc, self.approximate = torch.nn.Linear(k, n, bias=bias), approximate
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.fc(x), approximate=self.approximate)
+
+
 def _m(max_m):
     return torch.export.Dim("m", min=1, max=max_m)
 
@@ -101,6 +112,9 @@ CASES = {
     # and the 128 x 128 tiles (from 128 rows) the f32 weights too (gemm.py's TileLoad.quads)
     "linear_quads_mid": (lambda: Linear(524, 67, True), [(70, 524)], ({0: _m(70)},)),
     "linear_quads_big": (lambda: Linear(2052, 2063, True), [(131, 2052)], ({0: _m(131)},)),
+    # a GELU after: in the epilogue of every route (kernels/fusion.py's linear_gelu)
+    "linear_gelu_dyn": (lambda: LinearGelu(97, 59, True, "none"), [(70, 97)], ({0: _m(70)},)),
+    "linear_gelu_tanh_k4": (lambda: LinearGelu(96, 37, False, "tanh"), [(131, 96)], ({0: _m(131)},)),
 }
 # where live M sits in each input's shape (None: the input has no M)
 M_AXIS = {
@@ -121,6 +135,8 @@ M_AXIS = {
     "linear_wide_k8": [0],
     "linear_quads_mid": [0],
     "linear_quads_big": [0],
+    "linear_gelu_dyn": [0],
+    "linear_gelu_tanh_k4": [0],
 }
 
 
@@ -187,6 +203,14 @@ async def test_fused_linears_run_as_fused_ops(load_pte):
     for fused in ("pte_wgpu.linear_group", "pte_wgpu.linear_residual", "pte_wgpu.linear_silu_mul"):
         assert fused in names
     assert "aten.linear.default" not in names and model.fused == 5  # silu, swiglu, 2 residuals, q/k/v
+
+
+@pytest.mark.parametrize("name", ["linear_gelu_dyn", "linear_gelu_tanh_k4"])
+async def test_a_gelu_runs_in_its_linears_epilogue(name, load_pte):
+    """gelu(linear(x)) loads as one pte_wgpu.linear_gelu (values: test_dynamic_rows_switch_routes)."""
+    model = await load_pte(_export(name)[0])
+    names = [name for name, _ in model.graph.calls]
+    assert names.count("pte_wgpu.linear_gelu") == 1 and not [n for n in names if "gelu.default" in n or n == "aten.linear.default"], names
 
 
 @pytest.mark.parametrize("name", ["fused_dyn_k4", "fused_wide_k4"])
@@ -311,12 +335,14 @@ class SelfAttention(torch.nn.Module):
 
 async def test_a_product_with_an_expanded_weight_runs_as_a_linear(load_pte):
     """bmm(x, expand(permute(w))) loads as linear(x, w) (kernels/fusion.py), without the copies,
-    and matches eager (batches of 3 x 7 and 3 x 67 rows: the GEMV's and the GEMM's rows)."""
+    its bias added apart taken as the linear's, and matches eager (batches of 3 x 7 and 3 x 67 rows:
+    the GEMV's and the GEMM's rows)."""
     for rows in (7, 67):
         data, module = export_pte(f"self_attention_{rows}", SelfAttention, (torch.randn(3, rows, 28),))
         model = await load_pte(data)
         names = [name for name, _ in model.graph.calls]
         assert "aten.expand_copy.default" not in names and names.count("aten.linear.default") >= 1, names
+        assert "aten.add.Tensor" not in names, names
         await assert_matches_eager(model, module, [(np.random.default_rng(rows).standard_normal((3, rows, 28)).astype(np.float32),)], atol=ATOL, rtol=RTOL)
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from pte_wgpu.resize.shapes import MAX_WORKGROUPS, numel_of
 
+from ..tensor.elementwise import ERF, GELU
 from ..variants import CPU
 from ..wgsl import FLAT_INDEX, WG, fill, flat_grid, vec4_loader, vec4_type
 
@@ -83,17 +84,22 @@ def bindings(inputs, has_bias, uniform="p: P", scratch=False, bias="f32", out="f
     return lines
 
 
-def header(has_bias, inputs, scratch=False, bias="f32", out="f32", clamp=None, residual=False, store=None):
+def header(has_bias, inputs, scratch=False, bias="f32", out="f32", clamp=None, residual=False, store=None, activation=None):
     """The uniform P, `bindings`, `epilogue(acc, b, m, n)`: alpha * acc (+ beta * bias) in f32,
     clamped to `clamp` (lo, hi) if given, converted to the output's storage type `out` (with
     `residual`, alpha * acc is rounded to `out` before the bias, a residual, is added, as the add
-    that a fused 4-bit residual linear replaced read it), and `store(b, m, n, acc)`, which writes
-    an output element: `store` if given (WGSL), else out[b, m, n] = epilogue(acc, b, m, n)."""
+    that a fused 4-bit residual linear replaced read it; with `activation`, a GELU's approximation
+    ("none", "tanh": kernels/tensor/elementwise.py's GELU), the GELU of the value rounded to `out`,
+    as the op it replaced read it), and `store(b, m, n, acc)`, which writes an output element:
+    `store` if given (WGSL), else out[b, m, n] = epilogue(acc, b, m, n)."""
     lines = [STRUCT + ";", *bindings(inputs, has_bias, scratch=scratch, bias=bias, out=out)]
     value = f"f32({out}(p.alpha * acc))" if residual else "p.alpha * acc"
     value += " + p.beta * f32(bias[b * p.bias_bs + m * p.bias_sm + n * p.bias_sn])" if has_bias else ""
     if clamp is not None:
         value = f"clamp({value}, {float(clamp[0])!r}, {float(clamp[1])!r})"
+    if activation is not None:
+        value = f"gelu(f32({out}({value})))"
+        lines.append(f"fn gelu(a: f32) -> f32 {{ return {GELU[activation]}; }}" + (ERF if "erf_approx" in GELU[activation] else ""))
     lines.append(f"fn epilogue(acc: f32, b: u32, m: u32, n: u32) -> {out} {{ return {out}({value}); }}")
     lines.append(store or "fn store(b: u32, m: u32, n: u32, acc: f32) { out[b * p.c_bs + m * p.N + n] = epilogue(acc, b, m, n); }")
     return "\n".join(lines) + "\n"
@@ -453,7 +459,7 @@ def takes_big_tile(m, n, k):
     return (m >= 128 and n >= 2048 and k >= 2048) or (m >= 1024 and n >= 512 and k >= 1536)
 
 
-def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, residual=False, store=None, tile=TILE):
+def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, residual=False, store=None, tile=TILE, activation=None):
     """The template with `load`'s tile reads; `extra`: WGSL bindings after the scratch; `bias` and
     `out` their storage types; `clamp`: the epilogue's (lo, hi); `store`: header's; `tile`: a Tile
     (a load whose setup reads a_row0, or b_col0, needs one row quad, or column quad, an invocation
@@ -497,13 +503,14 @@ def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, res
         A_STORE=lines(a_store, a_slots, "\n        "), B_STORE=lines(b_store, b_slots, "\n        "),
         ACCS="\n    ".join(f"var {c} = vec4<f32>(0.0);" for c in accs), PRODUCTS="\n        ".join(products), STORES="\n".join(stores),
     )
-    head = header(has_bias, load.inputs, scratch=True, bias=bias, out=out, clamp=clamp, residual=residual, store=store)
+    head = header(has_bias, load.inputs, scratch=True, bias=bias, out=out, clamp=clamp, residual=residual, store=store, activation=activation)
     return head + extra + load.functions + ("" if load.a_k_quads else A_QUAD) + ("" if load.b_k_quads else B_QUAD) + body
 
 
-def gemm_reduce_shader(has_bias, bias="f32", out="f32", clamp=None, residual=False, store=None, extra=""):
+def gemm_reduce_shader(has_bias, bias="f32", out="f32", clamp=None, residual=False, store=None, extra="", activation=None):
     """Split-K's reduce; `extra`: WGSL bindings after the uniform (those `store` writes)."""
-    return header(has_bias, (("part", "f32"),), bias=bias, out=out, clamp=clamp, residual=residual, store=store) + extra + GEMM_REDUCE
+    head = header(has_bias, (("part", "f32"),), bias=bias, out=out, clamp=clamp, residual=residual, store=store, activation=activation)
+    return head + extra + GEMM_REDUCE
 
 
 def gemm_split(m, n, k, batch, tile=TILE, dequantizes=False):
@@ -545,7 +552,7 @@ def gemm_scratch(b, outs, together=False, most=(0, 0)):
 class GemmRoute:
     """The GEMM route of one product: its dispatch, reading through `load`, and split-K's reduce
     over `scratch` (gemm_scratch); `extra` are bindings after the scratch (WGSL `extra_wgsl`);
-    `clamp` the epilogue's (lo, hi) or None; `residual`, `store`: header's; `more_outs`: outputs
+    `clamp` the epilogue's (lo, hi) or None; `residual`, `store`, `activation`: header's; `more_outs`: outputs
     that `store` writes besides `out`, bound last as out1, out2, ... (column_group); `small`: also
     the template in SMALL_TILE, which takes products of at most its rows (half the
     products of a 64-row tile for a ragged pass of 17 to 32 decode rows); `most`: the largest (N, K)
@@ -555,10 +562,11 @@ class GemmRoute:
     built to its dispatch, of which `tile` picks one by live shape."""
 
     def __init__(self, b, load, inputs, bias, out, params, scratch, extra=(), extra_wgsl="", clamp=None, residual=False, store=None,
-                 more_outs=(), small=False, most=(0, 0)):
+                 more_outs=(), small=False, most=(0, 0), activation=None):
         self.name = b.name
         tail = [bias] if bias is not None else []
-        epilogue = {"bias": b.storage(bias) if tail else "f32", "out": b.storage(out), "clamp": clamp, "residual": residual, "store": store}
+        epilogue = {"bias": b.storage(bias) if tail else "f32", "out": b.storage(out), "clamp": clamp, "residual": residual, "store": store,
+                    "activation": activation}
         more = lambda first: "".join(  # noqa: E731
             f"@group(0) @binding({first + j}) var<storage, read_write> out{j + 1}: array<{b.storage(o)}>;\n" for j, o in enumerate(more_outs)
         )

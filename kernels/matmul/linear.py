@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pte_wgpu.resize.shapes import MAX_WORKGROUPS, broadcast_strides, fold_grid, numel_of
 
 from ..registry import op
+from ..tensor.elementwise import GELU
 from ..variants import ANY, CPU_ONLY, GPU_ONLY, Routes, Variant
 from ..wgsl import SUBGROUP_BUILTINS, fill, is_float, vec4_loader, vec4_type
 from .gemm import PARAMS_FORMAT, PARAMS_SIZE, GemmRoute, float_load, gemm_scratch, header, weight_load
@@ -491,21 +492,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 )
 
 
-def gemv_shader(transposed_b, has_bias, cpu=False, types=F32, step=1, group_rows=GEMV_GROUP_ROWS):
+def gemv_shader(transposed_b, has_bias, cpu=False, types=F32, step=1, group_rows=GEMV_GROUP_ROWS, activation=None):
+    """`activation`: gemm.py's header's, as every shader of a product here."""
     kernel = (GEMV_T_CPU if cpu else gemv_t(step, group_rows)) if transposed_b else (GEMV_N_CPU if cpu else GEMV_N)
-    return header(has_bias, (("a", types.a), ("bm", weight_binding_type(types.b, step))), bias=types.bias, out=types.out) + kernel
+    inputs = (("a", types.a), ("bm", weight_binding_type(types.b, step)))
+    return header(has_bias, inputs, bias=types.bias, out=types.out, activation=activation) + kernel
 
 
-def gemv_sg_shader(has_bias, shape=SG_GEMV, types=F32):
+def gemv_sg_shader(has_bias, shape=SG_GEMV, types=F32, activation=None):
     packed = sg_packed(shape)
     inputs = (("a", vec4_type(types.a)), ("bm", "vec4<u32>" if packed else vec4_type(types.b)))
     loaders = vec4_loader("a", types.a) + ("" if packed else vec4_loader("bm", types.b))
-    return header(has_bias, inputs, bias=types.bias, out=types.out) + loaders + _sg_kernel(shape)
+    return header(has_bias, inputs, bias=types.bias, out=types.out, activation=activation) + loaders + _sg_kernel(shape)
 
 
-def gemv_t4_shader(has_bias, types=F32, step=4):
+def gemv_t4_shader(has_bias, types=F32, step=4, activation=None):
     weights = f"vec4<{types.b}>" if step == 4 else "vec4<u32>"  # step 8: f16 pairs
-    return header(has_bias, (("a", types.a), ("bm", weights)), bias=types.bias, out=types.out) + gemv_t4(step)
+    return header(has_bias, (("a", types.a), ("bm", weights)), bias=types.bias, out=types.out, activation=activation) + gemv_t4(step)
 
 
 def gemv_grid(name, n, transposed_b, batch, per=None):
@@ -589,6 +592,7 @@ class Matmul:
     bias: int | None
     params: object
     transposed: bool
+    activation: str | None = None  # header's (kernels/matmul/gemm.py)
 
     @property
     def bindings(self):
@@ -618,7 +622,7 @@ def _gemv(cpu, step=1, group_rows=GEMV_GROUP_ROWS):
     def build(b, mm):
         if step != 1 and not (mm.transposed and mm.types.b == "f16"):
             return None
-        shader = gemv_shader(mm.transposed, mm.bias is not None, cpu, mm.types, step, group_rows)
+        shader = gemv_shader(mm.transposed, mm.bias is not None, cpu, mm.types, step, group_rows, mm.activation)
         per, rows = (CPU_WG, CPU_GROUP_ROWS) if cpu else (None, group_rows)
         return Grid(b.dispatch(shader, mm.bindings), lambda s: gemv_grid(b.name, s.n, s.transposed, _gemv_groups(s, rows), per))
 
@@ -629,7 +633,7 @@ def _gemv_t4(step):
     def build(b, mm):
         if not mm.transposed or (step == 8 and mm.types.b != "f16"):
             return None
-        shader = gemv_t4_shader(mm.bias is not None, mm.types, step)
+        shader = gemv_t4_shader(mm.bias is not None, mm.types, step, mm.activation)
         return Grid(b.dispatch(shader, mm.bindings), lambda s: gemv_grid(b.name, s.n, True, _gemv_groups(s), GEMV_T4_ROWS))
 
     return build
@@ -642,7 +646,7 @@ def _sg(shape, wide=False):
         if not (mm.transposed and b.subgroups):
             return None
         shape_ = wide_sg_shape(shape, mm.types.b == "f16") if wide else shape
-        shader = gemv_sg_shader(mm.bias is not None, shape_, mm.types)
+        shader = gemv_sg_shader(mm.bias is not None, shape_, mm.types, mm.activation)
         return Grid(b.dispatch(shader, mm.bindings), lambda s: gemv_grid(b.name, s.n, True, _gemv_groups(s, shape_[0]), sg_wg_rows(shape_)))
 
     return build
@@ -652,7 +656,7 @@ def _gemm(b, mm):
     dims = b.graph.values[mm.bmat].dims[-2:]  # [N, K] or [K, N], at most
     load = weight_load(mm.types.a, mm.types.b, dims[-1]) if mm.transposed else float_load(False, mm.types.a, mm.types.b)
     most = tuple(dims) if mm.transposed else tuple(dims[::-1])
-    return GemmRoute(b, load, [mm.a, mm.bmat], mm.bias, b.out, mm.params, gemm_scratch(b, [b.out], most=most), most=most)
+    return GemmRoute(b, load, [mm.a, mm.bmat], mm.bias, b.out, mm.params, gemm_scratch(b, [b.out], most=most), most=most, activation=mm.activation)
 
 
 # The variants of a product, first match wins (kernels/variants.py). Packed f16 weights take one
@@ -673,16 +677,16 @@ MATMUL_VARIANTS = (
 )
 
 
-def add_matmul(b, a, bmat, bias, transposed_b, shape_fn, alpha=1.0, beta=1.0, residual=False):
+def add_matmul(b, a, bmat, bias, transposed_b, shape_fn, alpha=1.0, beta=1.0, residual=False, activation=None):
     """Record the variants of out = alpha * A @ B + beta * bias and the resize hook.
 
     `a`, `bmat`, `bias` are value ids (`bias` None for none); `shape_fn(a_dims, b_dims)` returns
     (batch, M, N, K, a_batch_stride, b_batch_stride, out_dims) or raises ValueError. With
     `residual`, bias is a tensor of M * N elements in the output's row order (any shape), and the
-    output takes its shape."""
+    output takes its shape; `activation`: a GELU after (gemm.py's header)."""
     has_bias = bias is not None
     params = b.params(PARAMS_SIZE)
-    routes = Routes(MATMUL_VARIANTS, b, Matmul(b, a, bmat, bias, params, transposed_b))
+    routes = Routes(MATMUL_VARIANTS, b, Matmul(b, a, bmat, bias, params, transposed_b, activation))
 
     def resize(ctx):
         batch, m, n, k, a_bs, b_bs, out_dims = shape_fn(ctx.dims(a), ctx.dims(bmat))
@@ -757,6 +761,21 @@ def linear(b):
     bias = None if b.is_none(2) else b.args[2]
     _check_float(b, [0, 1] + ([2] if bias is not None else []))
     add_matmul(b, b.args[0], b.args[1], bias, True, linear_shapes(b))
+
+
+LINEAR_GELU = "pte_wgpu.linear_gelu"
+
+
+@op(LINEAR_GELU, half=True)
+def linear_gelu(b):
+    """[x [..., K], weight [N, K], bias [N] or None, approximate ("none" or "tanh"), out]: gelu(x @
+    weight.T + bias) (kernels/fusion.py: a linear whose result only fed a GELU)."""
+    bias = None if b.is_none(2) else b.args[2]
+    approximate = b.scalar(3, "none")
+    if approximate not in GELU:
+        b.fail(f"GELU approximation {approximate!r}, expected one of {sorted(GELU)}")
+    _check_float(b, [0, 1] + ([2] if bias is not None else []))
+    add_matmul(b, b.args[0], b.args[1], bias, True, linear_shapes(b), activation=approximate)
 
 
 @op("pte_wgpu.linear_residual", half=True)
