@@ -53,7 +53,9 @@ kernel would bind more storage buffers than the device allows (Dawn's Vulkan ada
   q' and k' each q and k or a number times them (scaled_dot_product_attention's decomposition:
   ViT's), becomes one `pte_wgpu.attention(q, k, v, scale)` (kernels/attention/sdpa.py), the
   query-tiled flash-attention kernel: the scores [heads, S, L] are never written, the transpose's
-  copy and the multiplies go. Its sums run in another order (an online softmax, the scales
+  copy and the multiplies go. Where q, k and v are slices of one projection's [B, S, 3, H, D] and
+  the result goes on transposed to [B, S, H, D] (timm's attention: ViT's, DeiT's),
+  `pte_wgpu.attention_packed` reads and writes those in place: no slice or permute copies either. Its sums run in another order (an online softmax, the scales
   multiplied into q first): within f32 rounding of the ops it replaces, not bit for bit.
 
 Views that only fed a fused op are dropped with it. Each rewrite but the attention's keeps every
@@ -66,7 +68,7 @@ from pte_wgpu.resize.values import NONE, IntList, Scalar, Tensor, ValueList
 
 from .attention.kv_cache_sdpa import tiled_shape
 from .attention.rope import ROPE_NAMES  # what the RoPE adds to a q/k/v group's bindings
-from .attention.sdpa import ATTENTION
+from .attention.sdpa import ATTENTION, ATTENTION_PACKED
 from .matmul.linear import LINEAR_GELU
 from .matmul.qkv_rope import GROUPS as ROPE_GROUPS  # the q/k/v groups that take a RoPE
 from .quant.quantize import REQUANTIZED_CLAMP
@@ -371,11 +373,11 @@ MUL_SCALAR = ("aten.mul.Scalar", "aten::mul.Scalar_out")
 
 
 def _fuse_attention(graph):
-    """bmm(softmax(bmm(q', k'), dim=-1), v) through views, each piece read once, k' the transpose
-    (a permute of the last two dims) of k or a number times it, q' q or a number times it (views
-    between, and expands that keep the shape), where
-    q, k and v end in [S, D], [L, D] and [L, D] with D a head dim the tiled kernel takes:
-    pte_wgpu.attention(q, k, v, the numbers' product)."""
+    """bmm(softmax(bmm(q', k'), dim=-1), v), each piece read once, k' the transpose (a permute of
+    the last two dims) of k or a number times it, q' q or a number times it (views, clones and
+    expands that keep the shape between), where q, k and v end in [S, D], [L, D] and [L, D] with D
+    a head dim the tiled kernel takes: pte_wgpu.attention(q, k, v, the numbers' product), or
+    pte_wgpu.attention_packed where they are timm's slices of one projection (_packed_attention)."""
     values, calls, uses, producer = graph.values, graph.calls, _uses(graph), _producers(graph)
     drop, fused = set(), 0
 
@@ -389,10 +391,11 @@ def _fuse_attention(graph):
 
     def viewed(vid, chain):
         """The value `vid` is a view of (itself where it is none), the views' calls added to `chain`;
-        an expand to its input's own shape (a matmul's broadcast of equal batch dims) is one too."""
+        a clone is one too, and an expand to its input's own shape (a matmul's broadcast of equal
+        batch dims)."""
         while True:
             mark = len(chain)
-            args = made(vid, VIEWS + EXPAND, chain)
+            args = made(vid, VIEWS + EXPAND + (CLONE,), chain)
             if args is None:
                 return vid
             if calls[chain[-1]][0] in EXPAND and values[args[0]].dims != values[vid].dims:
@@ -436,11 +439,67 @@ def _fuse_attention(graph):
         if not (ends(q, (s, dim)) and ends(k, (keys, dim)) and ends(v, (keys, dim)) and values[args[1]].dims[-1] == dim):
             continue
         values.append(Scalar(q_scale * k_scale))
-        calls[n] = (ATTENTION, (q, k, v, len(values) - 1, args[-1]))
+        mark = len(chain)
+        packed = _packed_attention(values, calls, uses, producer, (q, viewed(k, chain), v), args[-1], chain, made)
+        if packed is not None:
+            calls[n] = (ATTENTION_PACKED, (packed[0], len(values) - 1, packed[1]))
+        else:
+            del chain[mark:]  # k's views stay
+            calls[n] = (ATTENTION, (q, k, v, len(values) - 1, args[-1]))
         drop.update(chain)
         fused += 1
     graph.calls[:] = [c for i, c in enumerate(calls) if i not in drop]
     return fused
+
+
+SLICES = ("aten.slice_copy.Tensor", "aten::slice_copy.Tensor_out")
+
+
+def _packed_attention(values, calls, uses, producer, qkv_parts, out, chain, made):
+    """(qkv, result) where q, k and v (`qkv_parts`) are slices 0, 1 and 2 along dim 0 of permute(qkv
+    [B, S, 3, H, D], [2, 0, 3, 1, 4]) read by nothing else (timm's attention: ViT's, DeiT's), and
+    the only reader of `out` [B * H, S, D], through views, is a permute of its [B, H, S, D] to
+    `result` [B, S, H, D]: their calls added to `chain`; else None (`chain` then holds calls that
+    must stay)."""
+    sources = set()
+    for c, vid in enumerate(qkv_parts):
+        args = made(vid, SLICES, chain)
+        if args is None or len(args) != 6 or not all(isinstance(values[a], Scalar) for a in args[1:5]):
+            break
+        if tuple(values[a].value for a in args[1:5]) != (0, c, c + 1, 1):
+            break
+        sources.add(args[0])
+    else:
+        i = producer.get(next(iter(sources))) if len(sources) == 1 else None
+        if i is not None and calls[i][0] in PERMUTES and len(calls[i][1]) == 3 and uses[calls[i][1][-1]] == 3:
+            qkv, dims = calls[i][1][0], values[calls[i][1][0]].dims
+            after = _permuted_reader(values, calls, uses, out)
+            if _order(values, calls[i][1][1]) == [2, 0, 3, 1, 4] and len(dims) == 5 and dims[2] == 3 and after is not None:
+                permute, result, views = after
+                if tuple(values[result].dims) == (dims[0], dims[1], dims[3], dims[4]):
+                    chain += [i, permute, *views]
+                    return qkv, result
+    return None
+
+
+def _permuted_reader(values, calls, uses, vid):
+    """(call, result, views' calls): the permute [0, 2, 1, 3] of a 4-D view of `vid` that is its only
+    reader, through views each read once; or None."""
+    views = []
+    while uses[vid] == 1:
+        readers = [j for j, (_, args) in enumerate(calls) if vid in args[:-1]]
+        if len(readers) != 1:
+            return None
+        j = readers[0]
+        name, args = calls[j]
+        if name in VIEWS:
+            views.append(j)
+            vid = args[-1]
+        elif name in PERMUTES and len(args) == 3 and len(values[vid].dims) == 4 and _order(values, args[1]) == [0, 2, 1, 3]:
+            return j, args[-1], views
+        else:
+            return None
+    return None
 TRANSPOSES = ("aten.permute_copy.default", "aten::permute_copy.out", "aten.t_copy.default", "aten::t_copy.out")
 EXPAND = ("aten.expand_copy.default", "aten::expand_copy.out")
 

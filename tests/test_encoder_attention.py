@@ -2,7 +2,10 @@
 as ViT and encoders export them: bmm -> safe softmax -> bmm) runs as one pte_wgpu.attention
 (kernels/fusion.py, kernels/attention/sdpa.py), the query-tiled flash-attention kernel, against
 torch eager: prime token counts, head dims 12 and 20 (vec4s, not powers of 2) and 64, a dynamic
-number of query rows and keys at several live sizes in random order, including 1 and the maximum."""
+number of query rows and keys at several live sizes in random order, including 1 and the maximum.
+timm's attention (ViT's, DeiT's: q, k and v sliced from one projection's [B, S, 3, H, D], the result
+transposed back to [B, S, H, D]) runs as pte_wgpu.attention_packed, reading and writing those
+layouts in place."""
 
 import numpy as np
 import torch
@@ -10,6 +13,7 @@ import torch
 from async_runtime.testing import assert_matches_eager
 
 from .exporting import export_pte
+from .zoo_models import Attention
 
 ATOL = 2e-5
 FUSED_AWAY = ("bmm", "softmax", "mul.Scalar", "eq.", "any", "where", "full_like")  # the scores' ops
@@ -68,3 +72,21 @@ async def test_dynamic_rows_and_keys(load_pte):
     for s, n in zip(rng.permutation([1, 2, 19, 37, 8]), rng.permutation([1, 41, 23, 2, 40])):
         calls.append(tuple(rng.standard_normal((1, 5, m, 20)).astype(np.float32) for m in (s, n, n)))
     await assert_matches_eager(model, module, calls, atol=ATOL, rtol=ATOL)
+
+
+async def test_timm_attention_reads_its_projection_in_place(load_pte):
+    """timm's layout at 13 tokens (3 heads of 12, 2 of 64) and at 1 to 37 tokens (dynamic): one
+    pte_wgpu.attention_packed, no slice or permute copies of q, k, v or the result; eager's outputs."""
+    rng = np.random.default_rng(6)
+    tokens = torch.export.Dim("tokens", min=1, max=37)
+    for width, heads, dynamic in ((36, 3, None), (128, 2, None), (36, 3, ({1: tokens},))):
+        n = 37 if dynamic else 13
+        name = f"timm_attention_w{width}_h{heads}" + ("_dyn" if dynamic else "")
+        pte, module = export_pte(name, lambda: Attention(width, heads), (torch.randn(2, n, width),), dynamic_shapes=dynamic)
+        model = await load_pte(pte)
+        names = _names(model)
+        assert names.count("pte_wgpu.attention_packed") == 1, names
+        assert not [n for n in names if "slice" in n or "permute" in n or any(op in n for op in FUSED_AWAY)], names
+        sizes = rng.permutation([1, 2, 19, 37, 8]) if dynamic else [13, 13]
+        calls = [rng.standard_normal((2, int(m), width)).astype(np.float32) for m in sizes]
+        await assert_matches_eager(model, module, calls, atol=ATOL, rtol=ATOL)

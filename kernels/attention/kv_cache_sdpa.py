@@ -580,16 +580,27 @@ def tiled_shape(dim):
     return TiledShape(dim, halves, subs, bk)
 
 
-# Where TILED reads row r of head h of q (and writes it), and the row of key j of kv head kvh: a
-# cache's layout, [rows, heads, dim]; or ENCODER's, [heads, rows, dim] with p.pos keys a head.
+# Where TILED reads row r of head h of q (and writes it), and the row of key j of kv head kvh (k's
+# and v's rows alike): a cache's layout, [rows, heads, dim]; or an encoder's, any layout of rows of
+# `dim` given by ENCODER_LAYOUT: head h is (h / heads, h % heads), and a tensor's row (b, h, r) is
+# b * (its b) + h * (its h) + r * (its r) + its offset (k's and v's offsets apart, in vec4s).
 CACHE_ROWS = ("(r * p.hq + h)", "(row * p.hq + h)", "(key_row(seq, j) * p.hkv + kvh)")
-ENCODER_ROWS = ("(h * p.s + r)", "(h * p.s + row)", "(kvh * p.pos + j)")
+ENCODER_LAYOUT = """struct E { heads: u32, qb: u32, qh: u32, qr: u32, qo: u32, ob: u32, oh: u32, os: u32, oo: u32,
+           kb: u32, kh: u32, kr: u32, k4: u32, v4: u32, pad0: u32, pad1: u32 }
+@group(0) @binding(5) var<uniform> e: E;
+"""
+ENCODER_ROWS = (
+    "((h / e.heads) * e.qb + (h % e.heads) * e.qh + r * e.qr + e.qo)",
+    "((h / e.heads) * e.ob + (h % e.heads) * e.oh + row * e.os + e.oo)",
+    "((kvh / e.heads) * e.kb + (kvh % e.heads) * e.kh + j * e.kr)",
+)
 
 
 def tiled_shader(ragged, dim, encoder=False):
     """TILED for head dim `dim` (tiled_shape's), its G-long loops written out; `encoder`: every row
-    sees every key (TILED_FULL), tensors laid out as ENCODER_ROWS say."""
+    sees every key (TILED_FULL), tensors laid out as ENCODER_LAYOUT says (bound after the uniform)."""
     q_row, out_row, key_row = ENCODER_ROWS if encoder else CACHE_ROWS
+    k_at, v_at = ("at + e.k4", "at + e.v4") if encoder else ("at", "at")
     sh = tiled_shape(dim)
     g, gh, bq, subs, kps, bk, halves = sh.g, sh.gh, TILE_ROWS, sh.subs, sh.kps, sh.bk, sh.halves
     n = "\n            "
@@ -597,15 +608,15 @@ def tiled_shader(ragged, dim, encoder=False):
     dots = [f"hsum({' + '.join(f'q{e} * kv[ks][{i}][{e}]' for e in range(gh))})" for i in range(kps)]
     if halves == 1:
         store_kv = (
-            f"kv[key / {kps}u][key % {kps}u][i % {g}u] = vec4<f32>(kc[at]);\n"
-            f"            kv[{subs}u + key / {kps}u][key % {kps}u][i % {g}u] = vec4<f32>(vc[at]);"
+            f"kv[key / {kps}u][key % {kps}u][i % {g}u] = vec4<f32>(kc[{k_at}]);\n"
+            f"            kv[{subs}u + key / {kps}u][key % {kps}u][i % {g}u] = vec4<f32>(vc[{v_at}]);"
         )
         parts, scores = "", [f"let s{i} = select(-3.0e38, {dots[i]}, {vis[i]});" for i in range(kps)]
     else:  # vec4 c of the key's row is vec4 c % GH of half c / GH
         kv_row = f"(i % {g}u / {gh}u) * {subs}u + key / {kps}u"
         store_kv = (
-            f"kv[{kv_row}][key % {kps}u][i % {gh}u] = vec4<f32>(kc[at]);\n"
-            f"            kv[{halves * subs}u + {kv_row}][key % {kps}u][i % {gh}u] = vec4<f32>(vc[at]);"
+            f"kv[{kv_row}][key % {kps}u][i % {gh}u] = vec4<f32>(kc[{k_at}]);\n"
+            f"            kv[{halves * subs}u + {kv_row}][key % {kps}u][i % {gh}u] = vec4<f32>(vc[{v_at}]);"
         )
         other = bq * subs  # the same row and sub in the other half
         parts = n.join([*(f"ps[{i}][t] = {dots[i]};" for i in range(kps)), "workgroupBarrier();"])
@@ -677,7 +688,7 @@ def tiled_shader(ragged, dim, encoder=False):
         )
     return fill(
         TILED,
-        TABLES=_tables(ragged),
+        TABLES=ENCODER_LAYOUT if encoder else _tables(ragged),
         PS=f"var<workgroup> ps: array<array<f32, {sh.threads}>, {kps}>;  // [key][t]: t's part of the key's score\n" if halves > 1 else "",
         GH=gh, KPS=kps, ROWS2=2 * subs * halves, THREADS=sh.threads, BQ=bq, D=dim, SUB=sub,
         HALF_OFFSET=half_offset, Q_ROW=q_row,

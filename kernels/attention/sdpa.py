@@ -28,7 +28,7 @@ from ..registry import op
 from ..wgsl import fill, flat_grid, flat_kernel, is_float, type_aliases
 from .kv_cache_sdpa import MAX_HEAD_DIM, TILE_ROWS, tiled_shader, online_softmax_step, tiled_shape
 
-ATTENTION = "pte_wgpu.attention"
+ATTENTION, ATTENTION_PACKED = "pte_wgpu.attention", "pte_wgpu.attention_packed"
 
 SDPA_PARAMS = "<6IfI4I4I4I"
 SDPA_FIELDS = """rows: u32, s: u32, hq: u32, group: u32, dim: u32, keys: u32, scale: f32, causal_pos: u32,
@@ -136,30 +136,48 @@ def custom_sdpa(b):
     _add_sdpa(b, q, k, v, None, _scale(b.scalar(7, None)), geometry)
 
 
-@op(ATTENTION, half=True)
+@op(ATTENTION, ATTENTION_PACKED, half=True)
 def attention(b):
-    """[q [..., S, D], k [..., L, D], v [..., L, D], scale (Double), out]: the heads are q's
-    leading dims, k's and v's alike."""
-    q, k, v, out = b.args[0], b.args[1], b.args[2], b.out
+    """pte_wgpu.attention: [q [..., S, D], k [..., L, D], v [..., L, D], scale (Double), out], the
+    heads q's leading dims (k's and v's alike), each contiguous. pte_wgpu.attention_packed: [qkv
+    [B, S, 3, H, D] (q, k and v its slices along dim 2: torch's multi-head attention's in-projection
+    viewed), scale, out [B, S, H, D]], read and written in place."""
+    packed = b.name == ATTENTION_PACKED
+    tensors = [b.args[0]] * 3 if packed else list(b.args[:3])
+    q, k, v = tensors
+    out = b.out
     dim = b.tensor(0).dims[-1]
     if tiled_shape(dim) is None:
         b.fail(f"head dim {dim}: the tiled kernel takes multiples of 4 up to 64, of 8 up to 128")
-    scale = float(b.scalar(3))
+    scale = float(b.scalar(1 if packed else 3))
     shader = type_aliases(b.graph.values, QT=q, KCT=k, VCT=v, OT=out) + tiled_shader(False, dim, encoder=True)
-    params = b.params(48)
-    d = b.dispatch(shader, [q, k, v, out, params])
+    params, layout = b.params(48), b.params(64)
+    d = b.dispatch(shader, [q, k, v, out, params, layout])
     rank = len(b.graph.values[out].dims)
-    if rank not in (3, len(b.tensor(0).dims)):
+    if packed and (len(b.tensor(0).dims) != 5 or b.tensor(0).dims[2] != 3 or rank != 4):
+        b.fail(f"qkv of shape {b.tensor(0).dims} and an output of rank {rank}: expected [B, S, 3, H, D] and [B, S, H, D]")
+    if not packed and rank not in (3, len(b.tensor(0).dims)):
         b.fail(f"an output of rank {rank} for q of rank {len(b.tensor(0).dims)}")
 
     def resize(ctx):
-        qd, kd, vd = ctx.dims(q), ctx.dims(k), ctx.dims(v)
-        s, keys = qd[-2], kd[-2]
-        heads = numel_of(qd[:-2])
-        if kd[-2:] != vd[-2:] or kd[-1] != dim or qd[-1] != dim or numel_of(kd[:-2]) != heads or numel_of(vd[:-2]) != heads:
-            b.fail(f"q {tuple(qd)}, k {tuple(kd)} and v {tuple(vd)}: expected [..., S, {dim}] and two of [..., L, {dim}] with the same heads")
-        ctx.set_params(params, struct.pack("<5If6I", s, keys, heads, heads, dim, scale, 0, 0, 0, 0, 0, 0))
-        ctx.set_grid(d, (heads, -(-s // TILE_ROWS), 1))
-        ctx.set_dims(out, tuple(qd) if rank == len(qd) else (heads, s, dim))  # out: q's shape, or bmm's [heads, S, D]
+        if packed:
+            batch, s, _, heads, _ = ctx.dims(q)
+            keys, total = s, batch * heads
+            g = dim // 4
+            # rows of D: ((b * S + s) * 3 + c) * H + h in qkv, (b * S + s) * H + h in out
+            rows = (heads, 3 * s * heads, 1, 3 * heads, 0, s * heads, 1, heads, 0, 3 * s * heads, 1, 3 * heads, heads * g, 2 * heads * g)
+            out_dims = (batch, s, heads, dim)
+        else:
+            qd, kd, vd = ctx.dims(q), ctx.dims(k), ctx.dims(v)
+            s, keys = qd[-2], kd[-2]
+            total = numel_of(qd[:-2])
+            if kd[-2:] != vd[-2:] or kd[-1] != dim or qd[-1] != dim or numel_of(kd[:-2]) != total or numel_of(vd[:-2]) != total:
+                b.fail(f"q {tuple(qd)}, k {tuple(kd)} and v {tuple(vd)}: expected [..., S, {dim}] and two of [..., L, {dim}] with the same heads")
+            rows = (total, 0, s, 1, 0, 0, s, 1, 0, 0, keys, 1, 0, 0)  # one batch of `total` heads, each its rows in turn
+            out_dims = tuple(qd) if rank == len(qd) else (total, s, dim)  # out: q's shape, or bmm's [heads, S, D]
+        ctx.set_params(params, struct.pack("<5If6I", s, keys, total, total, dim, scale, 0, 0, 0, 0, 0, 0))
+        ctx.set_params(layout, struct.pack("<16I", *rows, 0, 0))
+        ctx.set_grid(d, (total, -(-s // TILE_ROWS), 1))
+        ctx.set_dims(out, out_dims)
 
     b.hook(resize)
