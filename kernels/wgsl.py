@@ -263,3 +263,21 @@ def vec4_loader(name, t):
     """WGSL `fn {name}4(i: u32) -> vec4<f32>`: vec4 i of binding `name` (bound as vec4_type(t))."""
     value = f"{name}[i]" if t == "f32" else f"vec4<f32>(unpack2x16float({name}[i].x), unpack2x16float({name}[i].y))"
     return f"fn {name}4(i: u32) -> vec4<f32> {{ return {value}; }}\n"
+
+
+# GELU of `a` by torch's approximations ("none": erf; "tanh"), the elementwise op's and a linear's epilogue's
+GELU = {
+    "none": "0.5 * a * (1.0 + erf_approx(a * 0.70710678118654752))",
+    "tanh": "0.5 * a * (1.0 + tanh(clamp(0.7978845608028654 * (a + 0.044715 * a * a * a), -20.0, 20.0)))",
+}
+# erf with |error| < 1.2e-7 (Numerical Recipes erfc), so gelu matches torch to ~1e-7.
+ERF = """
+fn erf_approx(x: f32) -> f32 {
+    let z = abs(x);
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let r = t * exp(-z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 +
+            t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 +
+            t * (-0.82215223 + t * 0.17087277)))))))));
+    return select(r - 1.0, 1.0 - r, x >= 0.0);
+}
+"""

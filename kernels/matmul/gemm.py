@@ -30,9 +30,8 @@ from dataclasses import dataclass
 
 from pte_wgpu.resize.shapes import MAX_WORKGROUPS, numel_of
 
-from ..tensor.elementwise import ERF, GELU
 from ..variants import CPU
-from ..wgsl import FLAT_INDEX, WG, fill, flat_grid, vec4_loader, vec4_type
+from ..wgsl import ERF, FLAT_INDEX, GELU, WG, fill, flat_grid, vec4_loader, vec4_type
 
 # The uniform, defined once: (name, WGSL type); struct.pack format follows from the type.
 FIELDS = (
@@ -89,7 +88,7 @@ def header(has_bias, inputs, scratch=False, bias="f32", out="f32", clamp=None, r
     clamped to `clamp` (lo, hi) if given, converted to the output's storage type `out` (with
     `residual`, alpha * acc is rounded to `out` before the bias, a residual, is added, as the add
     that a fused 4-bit residual linear replaced read it; with `activation`, a GELU's approximation
-    ("none", "tanh": kernels/tensor/elementwise.py's GELU), the GELU of the value rounded to `out`,
+    ("none", "tanh": kernels/wgsl.py's GELU), the GELU of the value rounded to `out`,
     as the op it replaced read it), and `store(b, m, n, acc)`, which writes an output element:
     `store` if given (WGSL), else out[b, m, n] = epilogue(acc, b, m, n)."""
     lines = [STRUCT + ";", *bindings(inputs, has_bias, scratch=scratch, bias=bias, out=out)]

@@ -26,9 +26,8 @@ from dataclasses import dataclass
 from pte_wgpu.resize.shapes import MAX_WORKGROUPS, broadcast_strides, fold_grid, numel_of
 
 from ..registry import op
-from ..tensor.elementwise import GELU
 from ..variants import ANY, CPU_ONLY, GPU_ONLY, Routes, Variant
-from ..wgsl import SUBGROUP_BUILTINS, fill, is_float, vec4_loader, vec4_type
+from ..wgsl import GELU, SUBGROUP_BUILTINS, fill, is_float, vec4_loader, vec4_type
 from .gemm import PARAMS_FORMAT, PARAMS_SIZE, GemmRoute, float_load, gemm_scratch, header, weight_load
 from .routes import FLOAT_SG_GPU_WIDE, GEMV_MAX_ROWS, GEMV_T4_MIN_N, SG_GPU, SG_GPU_ROWS, WIDE_K_SG_ROWS, float_subgroup_rows, float_wide, gpu_gemv_rows, shape_for_rows
 

@@ -12,7 +12,7 @@ from pte_wgpu.resize.shapes import broadcast_shapes, numel_of
 from pte_wgpu.resize.values import SymInt
 
 from ..registry import op
-from ..wgsl import FLAT_INDEX, SPREAD_MAIN, STRIDED, fill, is_float, pack_strides, pack_u32x8, spread_grid, wgsl_type
+from ..wgsl import ERF, FLAT_INDEX, GELU, SPREAD_MAIN, STRIDED, fill, is_float, pack_strides, pack_u32x8, spread_grid, wgsl_type
 
 PARAMS_SIZE = 16 + 32 * 4  # numel, rank, alpha, beta; sizes; 3 operand stride arrays
 
@@ -62,21 +62,6 @@ UNARY = {
     "aten.hardswish.default": "a * clamp(a + 3.0, 0.0, 6.0) / 6.0",
     "aten.hardshrink.default": "select(a, $CT(0), abs(a) <= alpha)",
 }
-GELU = {
-    "none": "0.5 * a * (1.0 + erf_approx(a * 0.70710678118654752))",
-    "tanh": "0.5 * a * (1.0 + tanh(clamp(0.7978845608028654 * (a + 0.044715 * a * a * a), -20.0, 20.0)))",
-}
-# erf with |error| < 1.2e-7 (Numerical Recipes erfc), so gelu matches torch to ~1e-7.
-ERF = """
-fn erf_approx(x: f32) -> f32 {
-    let z = abs(x);
-    let t = 1.0 / (1.0 + 0.5 * z);
-    let r = t * exp(-z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 +
-            t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 +
-            t * (-0.82215223 + t * 0.17087277)))))))));
-    return select(r - 1.0, 1.0 - r, x >= 0.0);
-}
-"""
 BINARY = {
     "add": "a + alpha * b",
     "sub": "a - alpha * b",
