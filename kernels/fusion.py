@@ -55,8 +55,9 @@ kernel would bind more storage buffers than the device allows (Dawn's Vulkan ada
   query-tiled flash-attention kernel: the scores [heads, S, L] are never written, the transpose's
   copy and the multiplies go. Where q, k and v are slices of one projection's [B, S, 3, H, D] and
   the result goes on transposed to [B, S, H, D] (timm's attention: ViT's, DeiT's),
-  `pte_wgpu.attention_packed` reads and writes those in place: no slice or permute copies either. Its sums run in another order (an online softmax, the scales
-  multiplied into q first): within f32 rounding of the ops it replaces, not bit for bit.
+  `pte_wgpu.attention_packed` reads and writes those in place: no slice or permute copies either.
+  Its sums run in another order (an online softmax, the scales multiplied into q first): within
+  f32 rounding of the ops it replaces, not bit for bit.
 
 Views that only fed a fused op are dropped with it. Each rewrite but the attention's keeps every
 row's sums in the order of the ops it replaces.
@@ -190,68 +191,65 @@ def _fuse_silu(graph):
 
 
 def _fuse_bias(graph):
-    """add(linear(x, w, None), bias) (either order, alpha 1, through views), bias of [N], the linear's
-    f32 result read by nothing else: linear(x, w, bias)."""
-    values, calls, uses, producer = graph.values, graph.calls, _uses(graph), _producers(graph)
-    drop, fused = set(), 0
-    for n, (name, args) in enumerate(calls):
+    """add(view(linear(x, w)), bias) (either order, alpha 1), bias of [N], the linear's f32 result
+    read by nothing else: linear(x, w, bias). The twin of _fuse_residual for a vector."""
+    f = _Linears(graph)
+    values, replace, drop = graph.values, {}, set()
+
+    def float_linear(i):
+        return graph.calls[i][0] == LINEAR and f.linear(i)
+
+    for k, (name, args) in enumerate(graph.calls):
         if name != ADD or len(args) != 4 or not isinstance(values[args[2]], Scalar) or values[args[2]].value != 1:
             continue
-        for product, bias in ((args[0], args[1]), (args[1], args[0])):
-            vid, chain = product, []
-            while (i := producer.get(vid)) is not None and i not in drop and calls[i][0] in VIEWS and uses[vid] == 1:
-                chain.append(i)
-                vid = calls[i][1][0]
-            i = producer.get(vid)
-            if i is None or i in drop or calls[i][0] != LINEAR or uses[vid] != 1 or values[calls[i][1][2]] != NONE:
+        out = values[args[-1]]
+        for e, bias in ((args[0], args[1]), (args[1], args[0])):
+            i, views = f.through_views(e, float_linear)
+            if i is None or f.uses[e] != 1:
                 continue
-            out, b = values[args[-1]], values[bias]
-            shapes = {tuple(values[v].dims) for v in (vid, product)} | {tuple(out.dims)}
-            if not isinstance(b, Tensor) or tuple(b.dims) != (out.dims[-1],) or len(shapes) != 1:
+            x, w, product, _ = f.linear(i)
+            v = values[bias]
+            if not isinstance(v, Tensor) or tuple(v.dims) != (out.dims[-1],) or not (values[product].dims == values[e].dims == out.dims):
                 continue
-            if {values[vid].dtype, out.dtype, b.dtype} != {"float32"}:
+            if {values[product].dtype, out.dtype, v.dtype} != {"float32"}:
                 continue
-            x, w, _, _ = calls[i][1]
-            calls[n] = (LINEAR, (x, w, bias, args[-1]))
-            drop.update((i, *chain))
-            fused += 1
+            replace[k] = (LINEAR, (x, w, bias, args[-1]))
+            drop.update((i, *views))
             break
-    graph.calls[:] = [c for i, c in enumerate(calls) if i not in drop]
-    return fused
+    f.rewrite(replace, drop)
+    return len(replace)
 
 
 GELUS = ("aten.gelu.default",)
 
 
 def _fuse_gelu(graph):
-    """gelu(linear(x, w, b)) through views of the same shape, the linear's result read by nothing
-    else: pte_wgpu.linear_gelu(x, w, b, approximate)."""
-    values, calls, uses, producer = graph.values, graph.calls, _uses(graph), _producers(graph)
-    drop, fused = set(), 0
-    for n, (name, args) in enumerate(calls):
+    """gelu(view(linear(x, w, b))) of one shape, the linear's result read by nothing else:
+    pte_wgpu.linear_gelu(x, w, b, approximate)."""
+    f = _Linears(graph)
+    values, replace, drop = graph.values, {}, set()
+
+    def any_linear(i):  # with a bias or without
+        return graph.calls[i][0] == LINEAR and len(graph.calls[i][1]) == 4
+
+    for k, (name, args) in enumerate(graph.calls):
         if name not in GELUS or len(args) not in (2, 3):
             continue
-        vid, chain = args[0], []
-        while (i := producer.get(vid)) is not None and i not in drop and calls[i][0] in VIEWS and uses[vid] == 1:
-            chain.append(i)
-            vid = calls[i][1][0]
-        i = producer.get(vid)
-        if i is None or i in drop or calls[i][0] != LINEAR or uses[vid] != 1 or len(calls[i][1]) != 4:
+        i, views = f.through_views(args[0], any_linear)
+        if i is None or f.uses[args[0]] != 1:
             continue
-        same = {tuple(values[v].dims) for v in (vid, args[0], args[-1])}
-        if len(same) != 1 or values[args[-1]].dtype not in FLOATS:
+        x, w, bias, product = graph.calls[i][1]
+        if len({tuple(values[v].dims) for v in (product, args[0], args[-1])}) != 1 or values[args[-1]].dtype not in FLOATS:
             continue
         if len(args) == 3:
             approximate = args[1]
         else:
             values.append(Scalar("none"))
             approximate = len(values) - 1
-        x, w, bias, _ = calls[i][1]
-        calls[n] = (LINEAR_GELU, (x, w, bias, approximate, args[-1]))
-        drop.update((i, *chain))
-        fused += 1
-    graph.calls[:] = [c for i, c in enumerate(calls) if i not in drop]
-    return fused
+        replace[k] = (LINEAR_GELU, (x, w, bias, approximate, args[-1]))
+        drop.update((i, *views))
+    f.rewrite(replace, drop)
+    return len(replace)
 
 
 DEQUANTIZE = "quantized_decomposed.dequantize_per_tensor.default"
@@ -599,9 +597,10 @@ class _Linears:
         p = self.producer.get(vid)
         return p is None or p < i
 
-    def through_views(self, vid):
-        """(linear call index, views between) when `vid` is a linear's result seen through views
-        that nothing else reads; (None, [])."""
+    def through_views(self, vid, takes=None):
+        """(call index, views between) when `vid` is the result of call i seen through views that
+        nothing else reads, and `takes(i)` (by default `linear`: a bias-free linear); (None, [])."""
+        takes = takes or self.linear
         views = []
         while True:
             i = self.producer.get(vid)
@@ -612,7 +611,7 @@ class _Linears:
                 views.append(i)
                 vid = args[0]
                 continue
-            return (i, views) if self.linear(i) and self.uses[vid] == 1 else (None, [])
+            return (i, views) if takes(i) and self.uses[vid] == 1 else (None, [])
 
     def view_root(self, vid):
         """The value `vid` views, through views that keep the last dim."""

@@ -209,7 +209,7 @@ async def test_fused_linears_run_as_fused_ops(load_pte):
 async def test_a_gelu_runs_in_its_linears_epilogue(name, load_pte):
     """gelu(linear(x)) loads as one pte_wgpu.linear_gelu (values: test_dynamic_rows_switch_routes)."""
     model = await load_pte(_export(name)[0])
-    names = [name for name, _ in model.graph.calls]
+    names = [op for op, _ in model.graph.calls]
     assert names.count("pte_wgpu.linear_gelu") == 1 and not [n for n in names if "gelu.default" in n or n == "aten.linear.default"], names
 
 

@@ -143,8 +143,7 @@ def attention(b):
     [B, S, 3, H, D] (q, k and v its slices along dim 2: torch's multi-head attention's in-projection
     viewed), scale, out [B, S, H, D]], read and written in place."""
     packed = b.name == ATTENTION_PACKED
-    tensors = [b.args[0]] * 3 if packed else list(b.args[:3])
-    q, k, v = tensors
+    q, k, v = [b.args[0]] * 3 if packed else b.args[:3]
     out = b.out
     dim = b.tensor(0).dims[-1]
     if tiled_shape(dim) is None:
