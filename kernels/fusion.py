@@ -46,6 +46,13 @@ kernel would bind more storage buffers than the device allows (Dawn's Vulkan ada
   it) becomes one `pte_wgpu.requantized_clamp` over the bytes (kernels/quant/quantize.py): the three
   ops' f32 arithmetic in one dispatch, where they ran three and moved floats between.
 
+- A ReLU, or a clamp by numbers (ReLU6's hardtanh), of a convolution's result that nothing else
+  reads becomes `et_vk.conv_with_clamp`, the clamp in the convolution's epilogue: ExecuTorch fuses
+  those itself in its delegates, but leaves convolutions over a batch to the portable kernels while
+  it delegates the ReLU after (ResNet's and MobileNet's at batch 8). relu(a + b), the sum read by
+  nothing else (a residual block's end), becomes one `pte_wgpu.add_relu`. The same values but for
+  the sign of a zero (and infinities, which the convolutions clamp to the largest float anyway).
+
 - A permute of a permute that nothing else reads becomes one permute by the composed order (ViT's
   attention output takes three in a row, two of them each other's inverse).
 
@@ -85,6 +92,7 @@ Q4_LINEAR = "et_vk.linear_q4gsw.default"
 VIEWS = ("aten.view_copy.default", "aten.squeeze_copy.dims", "aten.squeeze_copy.dim", "aten.unsqueeze_copy.default")
 ADD = "aten.add.Tensor"
 SILU_MUL = "pte_wgpu.silu_mul"
+ADD_RELU = "pte_wgpu.add_relu"
 LINEAR_SILU_MUL = "pte_wgpu.linear_silu_mul"
 LINEAR_RESIDUAL = "pte_wgpu.linear_residual"
 LINEAR_GROUP = "pte_wgpu.linear_group"
@@ -109,6 +117,12 @@ FLOATS = ("float32", "float16")  # the dtypes the fused linears store as they ar
 @op(SILU_MUL, half=True, capacity=True)
 def silu_mul(b):
     add_elementwise(b, [0, 1], "a / (1.0 + exp(-a)) * b")
+
+
+@op(ADD_RELU, half=True, capacity=True)
+def add_relu(b):
+    """[a, b, alpha, out]: max(a + alpha * b, 0), broadcasting as add does."""
+    add_elementwise(b, [0, 1], "max(a + alpha * b, $CT(0))", b.scalar(2, 1))
 
 
 def _uses(graph, skip=()):
@@ -153,6 +167,7 @@ def _fuse_all(graph):
     fused += _fuse_safe_softmax(graph)
     fused += _fuse_attention(graph)
     fused += _fuse_requantized_clamps(graph)
+    fused += _fuse_conv_clamps(graph)
     fused += _fuse_batched_weight(graph)
     fused += _fuse_bias(graph)
     fused += _fuse_silu(graph)
@@ -160,6 +175,7 @@ def _fuse_all(graph):
     fused += _fuse_swiglu(graph)
     fused += _fuse_residual(graph)
     fused += _fuse_groups(graph)
+    fused += _fuse_add_relu(graph)
     _drop_dead_views(graph)
     return fused + _fuse_norms(graph)
 
@@ -255,6 +271,59 @@ def _fuse_gelu(graph):
 DEQUANTIZE = "quantized_decomposed.dequantize_per_tensor.default"
 QUANTIZE = "quantized_decomposed.quantize_per_tensor.default"
 CLAMPS = ("aten.hardtanh.default", "aten.clamp.default")
+
+
+CONVS = ("aten.convolution.default", "aten::convolution.out")
+CONV_WITH_CLAMP = "et_vk.conv_with_clamp.default"
+RELU = "aten.relu.default"
+
+
+def _fuse_conv_clamps(graph):
+    """A ReLU, or a clamp by numbers (ReLU6's hardtanh), of a convolution's result that nothing
+    else reads: et_vk.conv_with_clamp, the clamp in the convolution's epilogue (a convolution over
+    a batch, which the partitioner leaves to the portable kernels while it delegates the ReLU)."""
+    values, uses, producer = graph.values, _uses(graph), _producers(graph)
+    calls, drop, fused = graph.calls, set(), 0
+    for k, (name, args) in enumerate(calls):
+        relu = name == RELU and len(args) == 2
+        if not relu and not (name in CLAMPS and len(args) == 4 and all(isinstance(values[a], Scalar) for a in args[1:3])):
+            continue
+        i = producer.get(args[0])
+        if i is None or calls[i][0] not in CONVS or len(calls[i][1]) != 10 or uses[args[0]] != 1:
+            continue
+        if values[args[0]].dtype != values[args[-1]].dtype or values[args[0]].dims != values[args[-1]].dims:
+            continue
+        if relu:
+            values += [Scalar(0.0), NONE]
+        bounds = (len(values) - 2, len(values) - 1) if relu else args[1:3]
+        calls[k] = (CONV_WITH_CLAMP, (*calls[i][1][:9], *bounds, args[-1]))
+        drop.add(i)
+        fused += 1
+    graph.calls[:] = [c for n, c in enumerate(calls) if n not in drop]
+    return fused
+
+
+def _fuse_add_relu(graph):
+    """relu(a + alpha * b) of tensors, the sum read by nothing else: one pte_wgpu.add_relu (a
+    residual block's end: ResNet's)."""
+    values, uses, producer = graph.values, _uses(graph), _producers(graph)
+    calls, drop, fused = graph.calls, set(), 0
+    for k, (name, args) in enumerate(calls):
+        if name != RELU or len(args) != 2:
+            continue
+        i = producer.get(args[0])
+        if i is None or calls[i][0] != ADD or len(calls[i][1]) != 4 or uses[args[0]] != 1:
+            continue
+        a, b, alpha, _ = calls[i][1]
+        if not (isinstance(values[b], Tensor) and isinstance(values[alpha], Scalar)):
+            continue
+        if values[args[0]].dtype != values[args[-1]].dtype or values[args[0]].dims != values[args[-1]].dims:
+            continue
+        calls[k] = (ADD_RELU, (a, b, alpha, args[-1]))
+        drop.add(i)
+        fused += 1
+    graph.calls[:] = [c for n, c in enumerate(calls) if n not in drop]
+    return fused
 
 
 def _fuse_requantized_clamps(graph):

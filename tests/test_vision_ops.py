@@ -125,6 +125,27 @@ class OutsideDelegates(nn.Module):
         return self.conv(x), self.transposed_1d(z), self.bn(z), self.gn(x)
 
 
+class ClampsOutsideDelegates(nn.Module):
+    """Convolutions over a batch of 3 (left to the portable kernels) whose results only a ReLU, a
+    ReLU6 or a clamp reads (delegated): kernels/fusion.py runs each clamp in its convolution's
+    epilogue, on the implicit GEMM (33 output channels) and the direct kernels. A fourth
+    convolution's result is returned beside its ReLU, so that ReLU stays apart. A residual block's
+    end, relu(conv(x) + x), becomes one pte_wgpu.add_relu."""
+
+    def __init__(self):
+        super().__init__()
+        self.gemm = nn.Conv2d(4, 33, 3, padding=1)
+        self.grouped = nn.Conv2d(4, 6, 3, stride=2, groups=2)
+        self.pointwise = nn.Conv2d(4, 5, 1)
+        self.read_twice = nn.Conv2d(4, 7, 3)
+        self.residual = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = self.read_twice(x)
+        clamped = F.relu(self.gemm(x)), F.relu6(self.grouped(x)), torch.clamp(self.pointwise(x), -0.3, 0.4)
+        return *clamped, F.relu(y), y, F.relu(self.residual(x) + x)
+
+
 class ConvBatchNormBatch8(nn.Module):
     """A conv-bn over a batch of 8 (input [8, 4, 3, 3]): both left to the portable kernels. The
     partitioner takes no convolution over a batch, nor this batch norm: its channels-packed texture
@@ -156,6 +177,7 @@ CASES = {
     ),
     "norm": (Norms, lambda: (rand(1, 6, 7, 5),), 1e-5, set()),
     "outside": (OutsideDelegates, lambda: (rand(3, 4, 7, 9), rand(2, 4, 11, seed=2)), 1e-5, {"aten::convolution.out"}),
+    "outside_clamps": (ClampsOutsideDelegates, lambda: (rand(3, 4, 9, 11),), 1e-5, {"aten::convolution.out"}),
     "outside_bn": (
         ConvBatchNormBatch8,
         lambda: (rand(8, 4, 3, 3),),
@@ -180,6 +202,16 @@ async def test_vision_op_variants_match_eager(case, load_pte):
     assert set(model.graph.kernel_ops) == outside
     other = tuple(a + 0.5 * rand(*a.shape, seed=7) for a in sample)  # the same shapes, other values
     await assert_matches_eager(model, module, [sample, other], atol=tol, rtol=tol)
+
+
+async def test_a_convolutions_clamp_runs_in_its_epilogue(load_pte):
+    """The three clamps that only read a convolution's result are gone, their convolutions clamped;
+    the ReLU of the result read twice stays; the residual's add and ReLU are one op."""
+    model = await load_pte(_case_export("outside_clamps")[0])
+    names = [name for name, _ in model.graph.calls]
+    assert names.count("et_vk.conv_with_clamp.default") == 3 and names.count("aten::convolution.out") == 2
+    assert names.count("aten.relu.default") == 1 and "aten.hardtanh.default" not in names and "aten.clamp.default" not in names
+    assert names.count("pte_wgpu.add_relu") == 1 and "aten.add.Tensor" not in names
 
 
 class SmallCNN(nn.Module):
