@@ -49,9 +49,11 @@ kernel would bind more storage buffers than the device allows (Dawn's Vulkan ada
 - A ReLU, or a clamp by numbers (ReLU6's hardtanh), of a convolution's result that nothing else
   reads becomes `et_vk.conv_with_clamp`, the clamp in the convolution's epilogue: ExecuTorch fuses
   those itself in its delegates, but leaves convolutions over a batch to the portable kernels while
-  it delegates the ReLU after (ResNet's and MobileNet's at batch 8). relu(a + b), the sum read by
-  nothing else (a residual block's end), becomes one `pte_wgpu.add_relu`. The same values but for
-  the sign of a zero (and infinities, which the convolutions clamp to the largest float anyway).
+  it delegates the ReLU after (ResNet's and MobileNet's at batch 8). A residual block's end,
+  conv(x) + r (and the ReLU after), becomes `pte_wgpu.conv_residual`, r added in the epilogue of
+  the implicit GEMM, where that always takes the convolution; other relu(a + b), the sum read by
+  nothing else, one `pte_wgpu.add_relu`. The same values but for the sign of a zero (and
+  infinities, which the convolutions clamp to the largest float anyway).
 
 - A permute of a permute that nothing else reads becomes one permute by the composed order (ViT's
   attention output takes three in a row, two of them each other's inverse).
@@ -83,6 +85,7 @@ from .quant.quantize import REQUANTIZED_CLAMP
 from .registry import op
 from .tensor.elementwise import add_elementwise
 from .tensor.reduce import SAFE_SOFTMAX
+from .vision.conv import CONV_RESIDUAL, takes_residual
 
 SIGMOID = ("aten.sigmoid.default",)
 MUL = ("aten.mul.Tensor",)
@@ -168,6 +171,7 @@ def _fuse_all(graph):
     fused += _fuse_attention(graph)
     fused += _fuse_requantized_clamps(graph)
     fused += _fuse_conv_clamps(graph)
+    fused += _fuse_conv_residual(graph)
     fused += _fuse_batched_weight(graph)
     fused += _fuse_bias(graph)
     fused += _fuse_silu(graph)
@@ -299,6 +303,44 @@ def _fuse_conv_clamps(graph):
         calls[k] = (CONV_WITH_CLAMP, (*calls[i][1][:9], *bounds, args[-1]))
         drop.add(i)
         fused += 1
+    graph.calls[:] = [c for n, c in enumerate(calls) if n not in drop]
+    return fused
+
+
+def _fuse_conv_residual(graph):
+    """conv(x) + residual (either order, alpha 1, the same shape), the convolution's result read by
+    nothing else and the convolution one the implicit GEMM always takes: pte_wgpu.conv_residual,
+    the residual added in its epilogue; with the ReLU after, where only that reads the sum."""
+    values, uses, producer = graph.values, _uses(graph), _producers(graph)
+    readers = {}
+    for j, (_, args) in enumerate(graph.calls):
+        for a in args[:-1]:
+            readers.setdefault(a, []).append(j)
+    calls, drop, fused = graph.calls, set(), 0
+    for k, (name, args) in enumerate(calls):
+        if name != ADD or len(args) != 4 or values[args[2]].value not in (1, None):
+            continue
+        for e, residual in ((args[0], args[1]), (args[1], args[0])):
+            i = producer.get(e)
+            if i is None or calls[i][0] not in CONVS or len(calls[i][1]) != 10 or uses[e] != 1 or i in drop:
+                continue
+            conv = calls[i][1]
+            weight, transposed, groups = values[conv[1]].dims, values[conv[6]].value, values[conv[8]].value
+            if not takes_residual(weight, bool(transposed), int(groups or 1)):
+                continue
+            if not (values[e].dims == values[residual].dims == values[args[-1]].dims and values[e].dtype == values[args[-1]].dtype):
+                continue
+            out, at = args[-1], k
+            (j,) = readers.get(out, [None]) if uses[out] == 1 else (None,)
+            relu = j is not None and calls[j][0] == RELU and len(calls[j][1]) == 2 and values[calls[j][1][-1]].dtype == values[out].dtype
+            values += [Scalar(0.0) if relu else NONE, NONE]
+            if relu:
+                out, at = calls[j][1][-1], j
+                drop.add(k)
+            calls[at] = (CONV_RESIDUAL, (*conv[:9], len(values) - 2, len(values) - 1, residual, out))
+            drop.add(i)
+            fused += 1
+            break
     graph.calls[:] = [c for n, c in enumerate(calls) if n not in drop]
     return fused
 

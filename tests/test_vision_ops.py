@@ -130,7 +130,10 @@ class ClampsOutsideDelegates(nn.Module):
     ReLU6 or a clamp reads (delegated): kernels/fusion.py runs each clamp in its convolution's
     epilogue, on the implicit GEMM (33 output channels) and the direct kernels. A fourth
     convolution's result is returned beside its ReLU, so that ReLU stays apart. A residual block's
-    end, relu(conv(x) + x), becomes one pte_wgpu.add_relu."""
+    end, relu(conv(x) + r), becomes pte_wgpu.conv_residual (the add and the ReLU in the implicit
+    GEMM's epilogue: 33 channels, 1x1) or, for a convolution the GEMM does not always take (4
+    channels), pte_wgpu.add_relu; conv(x) + r alone, pte_wgpu.conv_residual without a clamp; and a
+    3x3 convolution over 96 channels into 40, whose few tiles split K (the split-K reduce adds)."""
 
     def __init__(self):
         super().__init__()
@@ -139,11 +142,20 @@ class ClampsOutsideDelegates(nn.Module):
         self.pointwise = nn.Conv2d(4, 5, 1)
         self.read_twice = nn.Conv2d(4, 7, 3)
         self.residual = nn.Conv2d(4, 4, 3, padding=1)
+        self.wide = nn.Conv2d(4, 33, 1)
+        self.shortcut = nn.Conv2d(4, 33, 3, padding=1, bias=False)
+        self.no_clamp = nn.Conv2d(4, 33, 3, padding=1)
+        self.lift = nn.Conv2d(4, 96, 1)
+        self.deep = nn.Conv2d(96, 40, 3, padding=1)
+        self.deep_shortcut = nn.Conv2d(4, 40, 1, bias=False)
 
     def forward(self, x):
         y = self.read_twice(x)
         clamped = F.relu(self.gemm(x)), F.relu6(self.grouped(x)), torch.clamp(self.pointwise(x), -0.3, 0.4)
-        return *clamped, F.relu(y), y, F.relu(self.residual(x) + x)
+        s = self.shortcut(x)
+        residuals = F.relu(self.residual(x) + x), F.relu(self.wide(x) + s), s * 2 + self.no_clamp(x)
+        residuals += (F.relu(self.deep(self.lift(x)) + self.deep_shortcut(x)),)
+        return *clamped, F.relu(y), y, *residuals
 
 
 class ConvBatchNormBatch8(nn.Module):
@@ -206,12 +218,13 @@ async def test_vision_op_variants_match_eager(case, load_pte):
 
 async def test_a_convolutions_clamp_runs_in_its_epilogue(load_pte):
     """The three clamps that only read a convolution's result are gone, their convolutions clamped;
-    the ReLU of the result read twice stays; the residual's add and ReLU are one op."""
+    the ReLU of the result read twice stays; the residuals' adds (and ReLUs) go into their
+    convolutions or, for the narrow one, into one add_relu."""
     model = await load_pte(_case_export("outside_clamps")[0])
     names = [name for name, _ in model.graph.calls]
-    assert names.count("et_vk.conv_with_clamp.default") == 3 and names.count("aten::convolution.out") == 2
+    assert names.count("et_vk.conv_with_clamp.default") == 3 and names.count("aten::convolution.out") == 5
     assert names.count("aten.relu.default") == 1 and "aten.hardtanh.default" not in names and "aten.clamp.default" not in names
-    assert names.count("pte_wgpu.add_relu") == 1 and "aten.add.Tensor" not in names
+    assert names.count("pte_wgpu.conv_residual") == 3 and names.count("pte_wgpu.add_relu") == 1 and "aten.add.Tensor" not in names
 
 
 class SmallCNN(nn.Module):

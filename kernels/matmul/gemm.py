@@ -83,17 +83,21 @@ def bindings(inputs, has_bias, uniform="p: P", scratch=False, bias="f32", out="f
     return lines
 
 
-def header(has_bias, inputs, scratch=False, bias="f32", out="f32", clamp=None, residual=False, store=None, activation=None):
+def header(has_bias, inputs, scratch=False, bias="f32", out="f32", clamp=None, residual=False, store=None, activation=None, added=None):
     """The uniform P, `bindings`, `epilogue(acc, b, m, n)`: alpha * acc (+ beta * bias) in f32,
     clamped to `clamp` (lo, hi) if given, converted to the output's storage type `out` (with
     `residual`, alpha * acc is rounded to `out` before the bias, a residual, is added, as the add
-    that a fused 4-bit residual linear replaced read it; with `activation`, a GELU's approximation
+    that a fused 4-bit residual linear replaced read it; with `added`, the storage type of a tensor
+    shaped as the output, bound by the caller as `added`, that value rounded to `out` plus the
+    tensor's element, before the clamp, as a residual add after the product read it; with `activation`, a GELU's approximation
     ("none", "tanh": kernels/wgsl.py's GELU), the GELU of the value rounded to `out`,
     as the op it replaced read it), and `store(b, m, n, acc)`, which writes an output element:
     `store` if given (WGSL), else out[b, m, n] = epilogue(acc, b, m, n)."""
     lines = [STRUCT + ";", *bindings(inputs, has_bias, scratch=scratch, bias=bias, out=out)]
     value = f"f32({out}(p.alpha * acc))" if residual else "p.alpha * acc"
     value += " + p.beta * f32(bias[b * p.bias_bs + m * p.bias_sm + n * p.bias_sn])" if has_bias else ""
+    if added is not None:
+        value = f"f32({out}({value})) + f32(added[b * p.c_bs + m * p.N + n])"
     if clamp is not None:
         value = f"clamp({value}, {float(clamp[0])!r}, {float(clamp[1])!r})"
     if activation is not None:
@@ -458,7 +462,8 @@ def takes_big_tile(m, n, k):
     return (m >= 128 and n >= 2048 and k >= 2048) or (m >= 1024 and n >= 512 and k >= 1536)
 
 
-def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, residual=False, store=None, tile=TILE, activation=None):
+def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, residual=False, store=None, tile=TILE, activation=None,
+                added=None):
     """The template with `load`'s tile reads; `extra`: WGSL bindings after the scratch; `bias` and
     `out` their storage types; `clamp`: the epilogue's (lo, hi); `store`: header's; `tile`: a Tile
     (a load whose setup reads a_row0, or b_col0, needs one row quad, or column quad, an invocation
@@ -502,13 +507,15 @@ def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, res
         A_STORE=lines(a_store, a_slots, "\n        "), B_STORE=lines(b_store, b_slots, "\n        "),
         ACCS="\n    ".join(f"var {c} = vec4<f32>(0.0);" for c in accs), PRODUCTS="\n        ".join(products), STORES="\n".join(stores),
     )
-    head = header(has_bias, load.inputs, scratch=True, bias=bias, out=out, clamp=clamp, residual=residual, store=store, activation=activation)
+    head = header(has_bias, load.inputs, scratch=True, bias=bias, out=out, clamp=clamp, residual=residual, store=store, activation=activation,
+                  added=added)
     return head + extra + load.functions + ("" if load.a_k_quads else A_QUAD) + ("" if load.b_k_quads else B_QUAD) + body
 
 
-def gemm_reduce_shader(has_bias, bias="f32", out="f32", clamp=None, residual=False, store=None, extra="", activation=None):
-    """Split-K's reduce; `extra`: WGSL bindings after the uniform (those `store` writes)."""
-    head = header(has_bias, (("part", "f32"),), bias=bias, out=out, clamp=clamp, residual=residual, store=store, activation=activation)
+def gemm_reduce_shader(has_bias, bias="f32", out="f32", clamp=None, residual=False, store=None, extra="", activation=None, added=None):
+    """Split-K's reduce; `extra`: WGSL bindings after the uniform (those `store` writes, `added`)."""
+    head = header(has_bias, (("part", "f32"),), bias=bias, out=out, clamp=clamp, residual=residual, store=store, activation=activation,
+                  added=added)
     return head + extra + GEMM_REDUCE
 
 
@@ -552,7 +559,8 @@ class GemmRoute:
     """The GEMM route of one product: its dispatch, reading through `load`, and split-K's reduce
     over `scratch` (gemm_scratch); `extra` are bindings after the scratch (WGSL `extra_wgsl`);
     `clamp` the epilogue's (lo, hi) or None; `residual`, `store`, `activation`: header's; `more_outs`: outputs
-    that `store` writes besides `out`, bound last as out1, out2, ... (column_group); `small`: also
+    that `store` writes besides `out`, bound as out1, out2, ... (column_group); `added`: a tensor
+    header's `added` adds, bound last; `small`: also
     the template in SMALL_TILE, which takes products of at most its rows (half the
     products of a 64-row tile for a ragged pass of 17 to 32 decode rows); `most`: the largest (N, K)
     the product takes, which builds BIG_TILE's dispatch where some row count would take it. A load
@@ -561,15 +569,18 @@ class GemmRoute:
     built to its dispatch, of which `tile` picks one by live shape."""
 
     def __init__(self, b, load, inputs, bias, out, params, scratch, extra=(), extra_wgsl="", clamp=None, residual=False, store=None,
-                 more_outs=(), small=False, most=(0, 0), activation=None):
+                 more_outs=(), small=False, most=(0, 0), activation=None, added=None):
         self.name = b.name
         tail = [bias] if bias is not None else []
+        last = [added] if added is not None else []
         epilogue = {"bias": b.storage(bias) if tail else "f32", "out": b.storage(out), "clamp": clamp, "residual": residual, "store": store,
-                    "activation": activation}
-        more = lambda first: "".join(  # noqa: E731
-            f"@group(0) @binding({first + j}) var<storage, read_write> out{j + 1}: array<{b.storage(o)}>;\n" for j, o in enumerate(more_outs)
-        )
-        bindings = [*inputs, *tail, out, params, scratch, *extra, *more_outs]
+                    "activation": activation, "added": b.storage(added) if last else None}
+
+        def more(first):  # the bindings from `first` on: more_outs, then `added`
+            outs = "".join(f"@group(0) @binding({first + j}) var<storage, read_write> out{j + 1}: array<{b.storage(o)}>;\n" for j, o in enumerate(more_outs))
+            return outs + "".join(f"@group(0) @binding({first + len(more_outs)}) var<storage, read> added: array<{b.storage(a)}>;\n" for a in last)
+
+        bindings = [*inputs, *tail, out, params, scratch, *extra, *more_outs, *last]
         extra_wgsl += more(len(inputs) + len(tail) + 3 + len(extra))
         shader = lambda tile: gemm_shader(load, bias is not None, extra_wgsl, tile=tile, **epilogue)  # noqa: E731
         tiles = [TILE, *([SMALL_TILE] if small else []), *([MID_TILE] if not load.setup and b.adapter != CPU else [])]
@@ -578,7 +589,7 @@ class GemmRoute:
         self.tiles = {tile: b.dispatch(shader(tile), bindings) for tile in tiles}
         self.dequantizes, self.a_k_quads = load.dequantizes, load.a_k_quads
         reduce = gemm_reduce_shader(bias is not None, extra=more(len(tail) + 3), **epilogue)
-        self.reduce = b.dispatch(reduce, [scratch, *tail, out, params, *more_outs])
+        self.reduce = b.dispatch(reduce, [scratch, *tail, out, params, *more_outs, *last])
 
     def set(self, ctx, shape, on):
         """As a variant's route (kernels/variants.py), for a shape with m, n, k and batch."""

@@ -1,4 +1,5 @@
-"""Convolution: `aten.convolution` and `et_vk.conv_with_clamp` (the same plus an output clamp).
+"""Convolution: `aten.convolution`, `et_vk.conv_with_clamp` (the same plus an output clamp) and
+`pte_wgpu.conv_residual` (kernels/fusion.py's: a tensor added before the clamp, on the GEMM route).
 
 The VkGraph keeps the original arguments: the weight is the unpacked torch tensor, [Cout, Cin/g,
 kh(, kw)] or, transposed, [Cin, Cout/g, kh(, kw)]. A 1-D convolution is the 2-D one with a height of
@@ -24,6 +25,7 @@ the end of its invocations' 4th output position (an invocation computes 4, kerne
 PER_INVOCATION); unrolled, it iterates once per input channel and position, 4 * Cin/g in all.
 """
 
+import math
 import struct
 from dataclasses import dataclass
 
@@ -166,7 +168,8 @@ def _per_dim(items, spatial, default):
 class Conv:
     """What a variant's build needs of one convolution: its value ids, and its arguments as 2-D
     sizes (a 1-D convolution has height 1); `clamp` (lo, hi) for et_vk.conv_with_clamp, else None;
-    `tx`, `tw`, `tb`, `to` the WGSL storage types (f32 or f16) of x, weight, bias and out."""
+    `tx`, `tw`, `tb`, `to` the WGSL storage types (f32 or f16) of x, weight, bias and out; `added`
+    a tensor shaped as the output added before the clamp (pte_wgpu.conv_residual), else None."""
 
     x: int
     weight: int
@@ -184,6 +187,7 @@ class Conv:
     tw: str
     tb: str
     to: str
+    added: int | None = None
 
     @property
     def bindings(self):
@@ -281,12 +285,23 @@ CONV_VARIANTS = (
     Variant("gemm", ANY, lambda s: s.cout >= GEMM_MIN_COUT and s.k <= GEMM_MAX_K and s.batch * s.n > 0, _gemm),
     Variant("direct", ANY, lambda s: True, Direct),
 )
+CONV_RESIDUAL = "pte_wgpu.conv_residual"
+RESIDUAL_VARIANTS = (Variant("gemm", ANY, lambda s: s.batch * s.n > 0, _gemm),)  # the GEMM's epilogue adds it
 
 
-@op("aten.convolution.default", "et_vk.conv_with_clamp.default", "aten::convolution.out", half=True)
+def takes_residual(w, transposed, groups):
+    """Whether a convolution of weight dims `w` always runs as the implicit GEMM (whose epilogue
+    pte_wgpu.conv_residual adds to)."""
+    return not transposed and groups == 1 and w[0] >= GEMM_MIN_COUT and math.prod(w[1:]) <= GEMM_MAX_K
+
+
+@op("aten.convolution.default", "et_vk.conv_with_clamp.default", "aten::convolution.out", CONV_RESIDUAL, half=True)
 def convolution(b):
+    """`pte_wgpu.conv_residual` (kernels/fusion.py): et_vk.conv_with_clamp's arguments, then a
+    tensor of the output's shape added before the clamp (a residual block's add and ReLU)."""
     x, weight, out = b.args[0], b.args[1], b.out
     bias = None if b.is_none(2) else b.args[2]
+    added = b.args[11] if b.name == CONV_RESIDUAL else None
     tx, tw, to, tb = b.float_storage(x, weight, out, bias if bias is not None else out)
     w = b.tensor(1).dims
     spatial = len(w) - 2
@@ -297,8 +312,12 @@ def convolution(b):
     )
     transposed, groups = bool(b.scalar(6, False)), int(b.scalar(8, 1))
     clamp = None
-    if b.name == "et_vk.conv_with_clamp.default":
+    if b.name in ("et_vk.conv_with_clamp.default", CONV_RESIDUAL):
         clamp = max(float(b.scalar(9, -F32_MAX)), -F32_MAX), min(float(b.scalar(10, F32_MAX)), F32_MAX)
+    if added is not None:
+        b.float_storage(added)
+        if not takes_residual(w, transposed, groups):
+            b.fail(f"a residual added to a convolution of weight {tuple(w)}, transposed {transposed}, groups {groups}: only the implicit GEMM takes one")
 
     def as_2d(t, fill=1):
         """A 1-D convolution's sizes as the 2-D ones of height 1."""
@@ -306,9 +325,9 @@ def convolution(b):
 
     conv = Conv(
         x, weight, bias, out, w, as_2d(w[2:]), as_2d(stride), as_2d(padding, 0), as_2d(dilation), transposed, groups, clamp,
-        tx, tw, tb, to,
+        tx, tw, tb, to, added,
     )  # fmt: skip
-    routes = Routes(CONV_VARIANTS, b, conv)
+    routes = Routes(CONV_VARIANTS if added is None else RESIDUAL_VARIANTS, b, conv)
 
     def resize(ctx):
         shape = ctx.dims(x)
@@ -318,6 +337,8 @@ def convolution(b):
             b.fail(f"{e}")
         n, cin, ih, iw = shape[:2] + as_2d(shape[2:])
         _, cout, oh, ow = oshape[:2] + as_2d(oshape[2:])
+        if added is not None and tuple(ctx.dims(added)) != tuple(oshape):
+            b.fail(f"a residual of shape {tuple(ctx.dims(added))} for an output of shape {tuple(oshape)}")
         routes.set(ctx, ConvShape(n, cin, ih, iw, cout, oh, ow, cin // groups * conv.kernel[0] * conv.kernel[1]))
         ctx.set_dims(out, oshape)
 

@@ -8,7 +8,8 @@ For image b of the batch, out[b] ([Cout, OH * OW], NCHW's plane order) = W @ im2
   padding). Neighbouring invocations load neighbouring pixels (B's slot along N), so a stride-1
   convolution reads rows of the input plane.
 The GEMM's batch is the image, its output row m one output channel: out[b * Cout * N + m * N + n]
-is NCHW as it stands. Bias (per row) and the clamp of `et_vk.conv_with_clamp` are the epilogue's;
+is NCHW as it stands. Bias (per row), the clamp of `et_vk.conv_with_clamp` and the residual of
+`pte_wgpu.conv_residual` (gemm.py's `added`) are the epilogue's;
 split-K takes over where the tiles are few (ResNet's last stage: 512 channels of 7 x 7 pixels).
 
 Each invocation loads the same 4 pixels of B at every K step: their first input row and column
@@ -91,7 +92,7 @@ class ConvGemm:
         scratch = gemm_scratch(b, [conv.out])
         extra = () if self.pointwise else (self.geometry,)
         self.route = GemmRoute(
-            b, load, [conv.weight, conv.x], conv.bias, conv.out, self.params, scratch, extra, extra_wgsl, conv.clamp
+            b, load, [conv.weight, conv.x], conv.bias, conv.out, self.params, scratch, extra, extra_wgsl, conv.clamp, added=conv.added
         )
 
     def set(self, ctx, s, on):
