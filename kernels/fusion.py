@@ -145,6 +145,20 @@ def _producers(graph):
     return {args[-1]: i for i, (_, args) in enumerate(graph.calls) if args}
 
 
+def _readers(graph):
+    """The calls that read each value, in order."""
+    readers = {}
+    for i, (_, args) in enumerate(graph.calls):
+        for a in args[:-1]:
+            readers.setdefault(a, []).append(i)
+    return readers
+
+
+def _alike(values, a, b):
+    """Whether tensors a and b have the same dims and dtype (an op between them changes neither)."""
+    return values[a].dims == values[b].dims and values[a].dtype == values[b].dtype
+
+
 # What a rewrite meets in a malformed file (a scalar where a pattern expects a tensor, an id out
 # of range): the graph is then left unfused, and the ops' own builds name what is wrong.
 MALFORMED = (AttributeError, TypeError, IndexError, KeyError)
@@ -293,9 +307,7 @@ def _fuse_conv_clamps(graph):
         if not relu and not (name in CLAMPS and len(args) == 4 and all(isinstance(values[a], Scalar) for a in args[1:3])):
             continue
         i = producer.get(args[0])
-        if i is None or calls[i][0] not in CONVS or len(calls[i][1]) != 10 or uses[args[0]] != 1:
-            continue
-        if values[args[0]].dtype != values[args[-1]].dtype or values[args[0]].dims != values[args[-1]].dims:
+        if i is None or calls[i][0] not in CONVS or len(calls[i][1]) != 10 or uses[args[0]] != 1 or not _alike(values, args[0], args[-1]):
             continue
         if relu:
             values += [Scalar(0.0), NONE]
@@ -311,11 +323,7 @@ def _fuse_conv_residual(graph):
     """conv(x) + residual (either order, alpha 1, the same shape), the convolution's result read by
     nothing else and the convolution one the implicit GEMM always takes: pte_wgpu.conv_residual,
     the residual added in its epilogue; with the ReLU after, where only that reads the sum."""
-    values, uses, producer = graph.values, _uses(graph), _producers(graph)
-    readers = {}
-    for j, (_, args) in enumerate(graph.calls):
-        for a in args[:-1]:
-            readers.setdefault(a, []).append(j)
+    values, uses, producer, readers = graph.values, _uses(graph), _producers(graph), _readers(graph)
     calls, drop, fused = graph.calls, set(), 0
     for k, (name, args) in enumerate(calls):
         if name != ADD or len(args) != 4 or values[args[2]].value not in (1, None):
@@ -328,11 +336,11 @@ def _fuse_conv_residual(graph):
             weight, transposed, groups = values[conv[1]].dims, values[conv[6]].value, values[conv[8]].value
             if not takes_residual(weight, bool(transposed), int(groups or 1)):
                 continue
-            if not (values[e].dims == values[residual].dims == values[args[-1]].dims and values[e].dtype == values[args[-1]].dtype):
-                continue
             out, at = args[-1], k
-            (j,) = readers.get(out, [None]) if uses[out] == 1 else (None,)
-            relu = j is not None and calls[j][0] == RELU and len(calls[j][1]) == 2 and values[calls[j][1][-1]].dtype == values[out].dtype
+            if not (_alike(values, e, out) and values[residual].dims == values[out].dims):
+                continue
+            j = readers[out][0] if uses[out] == 1 and out in readers else None  # the sum's one reader
+            relu = j is not None and calls[j][0] == RELU and len(calls[j][1]) == 2 and _alike(values, out, calls[j][1][-1])
             values += [Scalar(0.0) if relu else NONE, NONE]
             if relu:
                 out, at = calls[j][1][-1], j
@@ -357,9 +365,7 @@ def _fuse_add_relu(graph):
         if i is None or calls[i][0] != ADD or len(calls[i][1]) != 4 or uses[args[0]] != 1:
             continue
         a, b, alpha, _ = calls[i][1]
-        if not (isinstance(values[b], Tensor) and isinstance(values[alpha], Scalar)):
-            continue
-        if values[args[0]].dtype != values[args[-1]].dtype or values[args[0]].dims != values[args[-1]].dims:
+        if not (isinstance(values[b], Tensor) and isinstance(values[alpha], Scalar) and _alike(values, args[0], args[-1])):
             continue
         calls[k] = (ADD_RELU, (a, b, alpha, args[-1]))
         drop.add(i)
@@ -823,10 +829,7 @@ def _fuse_norms(graph):
     """rms_norm(x, gamma, eps) whose result (or its one view, same last dim) only a fused linear
     reads, as its input."""
     calls, values, uses = graph.calls, graph.values, _uses(graph)
-    readers = {}
-    for i, (_, args) in enumerate(calls):
-        for a in args[:-1]:
-            readers.setdefault(a, []).append(i)
+    readers = _readers(graph)
     fused = 0
     for i, (name, args) in enumerate(calls):
         if name != RMS_NORM or len(args) != 4 or uses[args[-1]] != 1 or args[-1] not in readers:

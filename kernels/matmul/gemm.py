@@ -88,11 +88,11 @@ def header(has_bias, inputs, scratch=False, bias="f32", out="f32", clamp=None, r
     clamped to `clamp` (lo, hi) if given, converted to the output's storage type `out` (with
     `residual`, alpha * acc is rounded to `out` before the bias, a residual, is added, as the add
     that a fused 4-bit residual linear replaced read it; with `added`, the storage type of a tensor
-    shaped as the output, bound by the caller as `added`, that value rounded to `out` plus the
-    tensor's element, before the clamp, as a residual add after the product read it; with `activation`, a GELU's approximation
-    ("none", "tanh": kernels/wgsl.py's GELU), the GELU of the value rounded to `out`,
-    as the op it replaced read it), and `store(b, m, n, acc)`, which writes an output element:
-    `store` if given (WGSL), else out[b, m, n] = epilogue(acc, b, m, n)."""
+    shaped as the output that the caller binds as `added`, that value rounded to `out` plus the
+    tensor's element, before the clamp, as an add after the product read it; with `activation`, a
+    GELU's approximation ("none", "tanh": kernels/wgsl.py's GELU), the GELU of the value rounded to
+    `out`, as the op it replaced read it), and `store(b, m, n, acc)`, which writes an output
+    element: `store` if given (WGSL), else out[b, m, n] = epilogue(acc, b, m, n)."""
     lines = [STRUCT + ";", *bindings(inputs, has_bias, scratch=scratch, bias=bias, out=out)]
     value = f"f32({out}(p.alpha * acc))" if residual else "p.alpha * acc"
     value += " + p.beta * f32(bias[b * p.bias_bs + m * p.bias_sm + n * p.bias_sn])" if has_bias else ""
@@ -559,9 +559,8 @@ class GemmRoute:
     """The GEMM route of one product: its dispatch, reading through `load`, and split-K's reduce
     over `scratch` (gemm_scratch); `extra` are bindings after the scratch (WGSL `extra_wgsl`);
     `clamp` the epilogue's (lo, hi) or None; `residual`, `store`, `activation`: header's; `more_outs`: outputs
-    that `store` writes besides `out`, bound as out1, out2, ... (column_group); `added`: a tensor
-    header's `added` adds, bound last; `small`: also
-    the template in SMALL_TILE, which takes products of at most its rows (half the
+    that `store` writes besides `out`, bound as out1, out2, ... (column_group); `added`: the tensor
+    header's `added` adds, bound last; `small`: also the template in SMALL_TILE, which takes products of at most its rows (half the
     products of a 64-row tile for a ragged pass of 17 to 32 decode rows); `most`: the largest (N, K)
     the product takes, which builds BIG_TILE's dispatch where some row count would take it. A load
     without a per-invocation setup also takes BIG_TILE, and on GPUs MID_TILE (measured there; a CPU
