@@ -1,8 +1,8 @@
-"""The query-tiled attention kernels alone, with register_tiles.patch applied: ViT-B/16's attention (197
-tokens, 96 and 12 heads) and a causal 2,047-row prompt (9 heads), dim 64, timed and checked against float64.
-usage (from the checkout's root): python3 attbench.py VARIANT ...; VARIANT "old" (TILED), "new", or names
-with "loop", "dyn", "k16", "skippv", "skips" (the patch's experiment switches ATT_LOOP, ATT_DYN, ATT_KEYS=16,
-ATT_SKIP)."""
+"""The query-tiled attention kernels alone: ViT-B/16's attention (197 tokens, 96 and 12 heads), a causal
+2,047-row prompt (9 heads; with "kv" variants also 8 heads of dim 128), timed and checked against float64.
+usage (from the checkout's root): python3 attbench.py VARIANT ...; VARIANT "kvN": TILED with KV_BYTES = N;
+with register_tiles.patch applied, "old" (TILED), "new", or names with "loop", "dyn", "k16", "skippv",
+"skips" (the patch's experiment switches ATT_LOOP, ATT_DYN, ATT_KEYS=16, ATT_SKIP)."""
 import math
 import os
 import struct
@@ -11,14 +11,20 @@ import numpy as np
 sys.path.insert(0, "results/h200/kernel_choices")
 from gemm_bench import dev, buf, bind, timed, U
 from async_runtime.pipelines import compile_pipeline
-from pte_wgpu.kernels.attention import kv_cache_sdpa as K, register_tiles as R
+from pte_wgpu.kernels.attention import kv_cache_sdpa as K
+
 
 def run(variant, heads, s, dim, causal):
-    orig = R.takes
-    if variant == "old":
-        R.takes = lambda d: False
+    if variant.startswith("kv"):
+        K.KV_BYTES = int(variant[2:])
+    else:
+        from pte_wgpu.kernels.attention import register_tiles as R  # the patch's
+        orig = R.takes
+        if variant == "old":
+            R.takes = lambda d: False
     src = "alias QT = f32;\nalias KCT = f32;\nalias VCT = f32;\nalias OT = f32;\n" + K.tiled_shader(False, dim, encoder=not causal)
-    R.takes = orig
+    if not variant.startswith("kv"):
+        R.takes = orig
     rng = np.random.default_rng(0)
     q = rng.standard_normal((heads, s, dim)).astype(np.float32)
     k = rng.standard_normal((heads, s, dim)).astype(np.float32)
@@ -64,5 +70,6 @@ for variant in sys.argv[1:] or ["old", "new"]:
         os.environ["ATT_KEYS"] = "16"
     if "dyn" in variant:
         os.environ["ATT_DYN"] = "1"
-    for heads, s, causal in ((96, 197, False), (12, 197, False), (9, 2047, True)):
-        run(variant, heads, s, 64, causal)
+    cases = ((96, 197, False, 64), (12, 197, False, 64), (9, 2047, True, 64)) + (((8, 2047, True, 128),) if variant.startswith("kv") else ())
+    for heads, s, causal, dim in cases:
+        run(variant, heads, s, dim, causal)
