@@ -145,6 +145,13 @@ def _producers(graph):
     return {args[-1]: i for i, (_, args) in enumerate(graph.calls) if args}
 
 
+def _made(calls, producer, uses, vid, names, drop=(), users=1):
+    """The index of the call in `names` that makes `vid`, where `vid` is read `users` times (by
+    default by the caller alone) and the call is not in `drop`; None."""
+    i = producer.get(vid)
+    return i if i is not None and i not in drop and calls[i][0] in names and uses[vid] == users else None
+
+
 def _readers(graph):
     """The calls that read each value, in order."""
     readers = {}
@@ -206,13 +213,13 @@ def _fuse_silu(graph):
         if name not in MUL or len(args) != 3:
             continue
         for g, other in ((args[0], args[1]), (args[1], args[0])):
-            i = producer.get(g)
-            if i is None or i in drop or calls[i][0] not in MUL or uses[g] != 1:
+            i = _made(calls, producer, uses, g, MUL, drop)
+            if i is None:
                 continue
             ga, gb = calls[i][1][:2]
             for a, s in ((ga, gb), (gb, ga)):
-                j = producer.get(s)
-                if j is not None and j not in drop and calls[j][0] in SIGMOID and calls[j][1][0] == a and uses[s] == 1:
+                j = _made(calls, producer, uses, s, SIGMOID, drop)
+                if j is not None and calls[j][1][0] == a:
                     drop.update((i, j))
                     calls[k] = (SILU_MUL, (a, other, args[-1]))
                     fused += 1
@@ -306,8 +313,8 @@ def _fuse_conv_clamps(graph):
         relu = name == RELU and len(args) == 2
         if not relu and not (name in CLAMPS and len(args) == 4 and all(isinstance(values[a], Scalar) for a in args[1:3])):
             continue
-        i = producer.get(args[0])
-        if i is None or calls[i][0] not in CONVS or len(calls[i][1]) != 10 or uses[args[0]] != 1 or not _alike(values, args[0], args[-1]):
+        i = _made(calls, producer, uses, args[0], CONVS)
+        if i is None or len(calls[i][1]) != 10 or not _alike(values, args[0], args[-1]):
             continue
         if relu:
             values += [Scalar(0.0), NONE]
@@ -329,8 +336,8 @@ def _fuse_conv_residual(graph):
         if name != ADD or len(args) != 4 or values[args[2]].value not in (1, None):
             continue
         for e, residual in ((args[0], args[1]), (args[1], args[0])):
-            i = producer.get(e)
-            if i is None or calls[i][0] not in CONVS or len(calls[i][1]) != 10 or uses[e] != 1 or i in drop:
+            i = _made(calls, producer, uses, e, CONVS, drop)
+            if i is None or len(calls[i][1]) != 10:
                 continue
             conv = calls[i][1]
             weight, transposed, groups = values[conv[1]].dims, values[conv[6]].value, values[conv[8]].value
@@ -361,8 +368,8 @@ def _fuse_add_relu(graph):
     for k, (name, args) in enumerate(calls):
         if name != RELU or len(args) != 2:
             continue
-        i = producer.get(args[0])
-        if i is None or calls[i][0] != ADD or len(calls[i][1]) != 4 or uses[args[0]] != 1:
+        i = _made(calls, producer, uses, args[0], (ADD,))
+        if i is None or len(calls[i][1]) != 4:
             continue
         a, b, alpha, _ = calls[i][1]
         if not (isinstance(values[b], Tensor) and isinstance(values[alpha], Scalar) and _alike(values, args[0], args[-1])):
@@ -381,12 +388,12 @@ def _fuse_requantized_clamps(graph):
     for k, (name, args) in enumerate(calls):
         if name != QUANTIZE or len(args) != 7 or not numbers(args[1:5]):
             continue
-        j = producer.get(args[0])
-        if j is None or calls[j][0] not in CLAMPS or uses[args[0]] != 1 or not numbers(calls[j][1][1:3]):
+        j = _made(calls, producer, uses, args[0], CLAMPS)
+        if j is None or not numbers(calls[j][1][1:3]):
             continue
         clamped = calls[j][1][0]
-        i = producer.get(clamped)
-        if i is None or calls[i][0] != DEQUANTIZE or uses[clamped] != 1 or len(calls[i][1]) != 8 or not numbers(calls[i][1][1:3]):
+        i = _made(calls, producer, uses, clamped, (DEQUANTIZE,))
+        if i is None or len(calls[i][1]) != 8 or not numbers(calls[i][1][1:3]):
             continue
         if {values[clamped].dtype, values[args[0]].dtype} != {"float32"}:  # f16 between would round
             continue
@@ -414,9 +421,8 @@ def _fuse_safe_softmax(graph):
     calls, drop, fused = graph.calls, set(), 0
 
     def made(vid, names, users=1):
-        i = producer.get(vid)
-        ok = i is not None and i not in drop and calls[i][0] in names and uses[vid] == users
-        return (i, calls[i][1]) if ok else (None, None)
+        i = _made(calls, producer, uses, vid, names, drop, users)
+        return (i, calls[i][1]) if i is not None else (None, None)
 
     def scalar(vid):
         v = values[vid]
@@ -469,8 +475,8 @@ def _fuse_permutes(graph):
     values, calls, producer, uses = graph.values, graph.calls, _producers(graph), _uses(graph)
     drop, fused = set(), 0
     for k, (name, args) in enumerate(calls):
-        i = producer.get(args[0]) if name in PERMUTES and len(args) == 3 else None
-        if i is None or calls[i][0] not in PERMUTES or len(calls[i][1]) != 3 or uses[args[0]] != 1:
+        i = _made(calls, producer, uses, args[0], PERMUTES) if name in PERMUTES and len(args) == 3 else None
+        if i is None or len(calls[i][1]) != 3:
             continue
         inner, outer = _order(values, calls[i][1][1]), _order(values, args[1])
         if inner is None or outer is None or len(inner) != len(outer):
@@ -498,8 +504,8 @@ def _fuse_attention(graph):
 
     def made(vid, names, chain):
         """The args of the call of `names` that makes `vid`, read once, the call added to `chain`."""
-        i = producer.get(vid)
-        if i is None or i in drop or calls[i][0] not in names or uses[vid] != 1:
+        i = _made(calls, producer, uses, vid, names, drop)
+        if i is None:
             return None
         chain.append(i)
         return calls[i][1]

@@ -558,10 +558,11 @@ def gemm_scratch(b, outs, together=False, most=(0, 0)):
 class GemmRoute:
     """The GEMM route of one product: its dispatch, reading through `load`, and split-K's reduce
     over `scratch` (gemm_scratch); `extra` are bindings after the scratch (WGSL `extra_wgsl`);
-    `clamp` the epilogue's (lo, hi) or None; `residual`, `store`, `activation`: header's; `more_outs`: outputs
-    that `store` writes besides `out`, bound as out1, out2, ... (column_group); `added`: the tensor
-    header's `added` adds, bound last; `small`: also the template in SMALL_TILE, which takes products of at most its rows (half the
-    products of a 64-row tile for a ragged pass of 17 to 32 decode rows); `most`: the largest (N, K)
+    `clamp` the epilogue's (lo, hi) or None; `residual`, `store`, `activation`: header's;
+    `more_outs`: outputs that `store` writes besides `out`, bound as out1, out2, ... (column_group);
+    `added`: the tensor header's `added` adds, bound last; `small`: also the template in SMALL_TILE,
+    which takes products of at most its rows (half the products of a 64-row tile for a ragged pass
+    of 17 to 32 decode rows); `most`: the largest (N, K)
     the product takes, which builds BIG_TILE's dispatch where some row count would take it. A load
     without a per-invocation setup also takes BIG_TILE, and on GPUs MID_TILE (measured there; a CPU
     adapter compiles one tile less) and, if it dequantizes, WIDE_ROW_TILE; `tiles` maps each tile
