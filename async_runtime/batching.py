@@ -21,7 +21,9 @@ import numpy as np
 import wgpu
 
 from pte_wgpu.kernels.attention.kv_cache import KV_BLOCK, table_entries
+from pte_wgpu.kernels.wgsl import elem_bytes
 from pte_wgpu.resize.events import InputResized
+from pte_wgpu.resize.shapes import numel_of
 
 from .bursts import BURST_MAX, NO_PICK, Bursts
 from .encoding import Pieces
@@ -83,8 +85,10 @@ class Batcher:
         # a step needs the outputs of its last row only: rows whose keys are cached need not run (a
         # recurrent state holds every row fed, so a model with one runs them all)
         self.prefixes = all(kind == "seqs" for kind, _ in ragged.output_axes) and not ragged.states
-        # each recurrent state: the bytes of a slot in its pool (one a session), and its initial value
-        self.state_bytes = {vid: model._constant_data[vid].nbytes for vid in ragged.states}
+        # each recurrent state's initial value (a constant's, or zeros: a buffer of the program's
+        # own), the bytes of a slot in its pool (one a session)
+        self.state_initial = {vid: _initial_state(model, vid) for vid in ragged.states}
+        self.state_bytes = {vid: data.nbytes for vid, data in self.state_initial.items()}
         self.state_slots = 0
         self.slots, self.free = 0, []  # sessions' slots: their sampler rows, their sequences in `blocks`, their states
         self.freed = anyio.Event()  # set when a session gives its blocks back
@@ -140,7 +144,7 @@ class Batcher:
     def _start_states(self, slot):
         """`slot`'s recurrent states back to their initial values: its sequence starts at position 0."""
         for vid, size in self.state_bytes.items():
-            self.model.device.queue.write_buffer(self.runner._own[vid], slot * size, self.model._constant_data[vid])
+            self.model.device.queue.write_buffer(self.runner._own[vid], slot * size, self.state_initial[vid])
 
     def release(self, slot):
         self.blocks.close(slot)
@@ -557,3 +561,12 @@ class BatchedSession(SessionBase):
         self._model._sessions.discard(self)
         if not self._busy:  # else the running step releases it when it ends
             self._model._batcher.release(self.slot)
+
+
+def _initial_state(model, vid):
+    """A recurrent state's value at the start of a sequence: its constant's bytes, or zeros."""
+    data = model._constant_data.get(vid)
+    if data is None:
+        v = model.graph.values[vid]
+        data = np.zeros(numel_of(v.dims) * elem_bytes(v.dtype), np.uint8)
+    return data

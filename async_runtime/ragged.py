@@ -15,14 +15,13 @@ axis flowing through every op, and rewrites the per-sequence ops to read per-row
 - `seq_last[b]`: the row index of sequence b's last row (the last-row select becomes a gather, and
   the batch-1 axis before it becomes the sequence axis, up to `max_seqs`);
 - `seq_slots[b]`: the slot of sequence b's session in the pools of recurrent states, for a graph
-  with short convolutions (LFM2): the join of a state with the step's inputs, the depthwise
-  convolution over it and the slice written back become ops that read each row's window within
-  its own sequence and write each sequence's last inputs to its slot (kernels/attention/short_conv.py).
+  with short convolutions (LFM2, Qwen3.5) or gated delta rules (Qwen3.5): async_runtime/ragged_states.py.
 
 The token axis may move inward through permutes (a short convolution's channels-first layout)
 for elementwise ops; any other op must find it outermost. A graph with any op that mixes rows
 (attention without a cache, a reduction over tokens, a view that moves the token axis, a recurrent
-state other than a short convolution's, ...) does not qualify; `plan_ragged` says why, and it runs per session.
+state other than a short convolution's or a delta rule's, ...) does not qualify; `plan_ragged` says
+why, and it runs per session.
 """
 
 import dataclasses
@@ -35,6 +34,7 @@ from pte_wgpu.kernels.tensor import elementwise
 from pte_wgpu.resize.values import Scalar, Tensor, ValueList
 
 from .program.graph import Graph, recurrent_states
+from .ragged_states import MOVE, SLICE, NotRagged, RecurrentStates
 
 INTS = {"int32", "int64"}
 # the ragged graph's inputs, in order (SEQ_SLOTS only where it keeps recurrent states)
@@ -68,14 +68,17 @@ LAYER_NORM = "aten.native_layer_norm.default"
 # row-wise; the output has the residual's shape (the residual: this argument)
 LINEAR_RESIDUAL = {"pte_wgpu.linear_residual": 2, "pte_wgpu.q4_linear_residual": 4}
 SAME_SHAPE = {"aten.clone.default", "aten._to_copy.default", "dim_order_ops._to_dim_order_copy.default"}
-SLICE = "aten.slice_copy.Tensor"
 SELECT = "aten.select_copy.int"
 SDPA = "sdpa_with_kv_cache.default"
-CAT = "aten.cat.default"
 VIEW = "aten.view_copy.default"
 PERMUTE = "aten.permute_copy.default"
-CONVOLUTION = "aten.convolution.default"
-MOVE = "move"
+SYMINTS = ("et_vk.select_as_symint.default", "add", "sym_size.int", "executorch_prim::neg.Scalar")
+NEG = SYMINTS[-1]
+FLAGS = ("aten.select_copy.int", "aten.eq.Scalar", "aten._to_copy.default", "aten.clone.default", "aten.sub.Tensor")  # ragged_states._flag
+ALONG_LAST = {"aten.cat.default": 1, "aten.split_with_sizes_copy.default": 2, "aten::split_with_sizes_copy.out": 2}  # -> its dim argument
+UNSQUEEZE = ("aten.unsqueeze_copy.default", "aten::unsqueeze_copy.out")
+EXPAND = ("aten.expand_copy.default", "aten::expand_copy.out")
+AFTER_THE_TOKEN_AXIS = (*UNSQUEEZE, *EXPAND, "aten.sum.dim_IntList", "aten::sum.IntList_out")
 GATHER_ROWS = "aten.embedding.default"  # table rows by index: what a position slice becomes
 ROPE_FROM = "et_vk.apply_rotary_emb_hf.default"  # its cos and sin tables read from a start position
 
@@ -86,10 +89,6 @@ def _is(name, names):
     `aten.embedding.default`, as a Llama 3's 128k-token embedding does), with the same arguments
     and its output last."""
     return name in names or ("::" in name and name in OPS and any(OPS[name] is OPS.get(n) for n in names))
-
-
-class NotRagged(Exception):
-    """The graph cannot run ragged; the message says which op or value stops it."""
 
 
 @dataclass
@@ -110,29 +109,20 @@ def plan_ragged(graph, max_seqs):
     return _Analysis(graph, max_seqs).run()
 
 
-class _Analysis:
+class _Analysis(RecurrentStates):
     def __init__(self, graph, max_seqs):
         self.g, self.values = graph, graph.values
-        self.labels = {}  # vid -> ("rows"|"seqs", axis) for tensors; "pos", "end" or "count" for SymInts
+        # vid -> ("rows"|"seqs", axis) for tensors; "pos", "end", "count" or "-count" for SymInts;
+        # "pos", "start" or "keep" for the values of a flag (ragged_states._flag)
+        self.labels = {}
         self.calls = []
         self.max_seqs = max_seqs
         self.caches, self.context = [], []
         self.inner = set()  # labelled values whose token axis is not their outermost dim (past a permute)
-        self.windows = {}  # a state joined with a step's inputs -> (state, inputs)
-        self.written_back = {}  # a window's last columns -> (state, inputs)
-        self.states = []
+        self.merged = {}  # labelled values whose token axis holds this many entries a row (a view [-1, ...])
 
     def run(self):
-        recurrent = recurrent_states(self.g)
-        self.recurrent = set(recurrent)
-        joined = {i for name, args in self.g.calls if name == CAT for i in self.values[args[0]].items}
-        if self.recurrent - joined:
-            v = self.values[recurrent[0]]
-            raise NotRagged(
-                f"{len(recurrent)} recurrent state(s) ({v.dtype}{list(v.dims)} ...) written back whole each call, not as "
-                "a short convolution's window: a ragged pass keeps each session's KV-cache rows, and a state per session "
-                "only for short convolutions"
-            )
+        self._start_states(recurrent_states(self.g))
         tokens, pos = self._inputs()
         self.max_rows = self.values[self.g.inputs[tokens]].dims[1]
         self.max_seqs = max(1, min(self.max_seqs, self.max_rows))
@@ -147,7 +137,7 @@ class _Analysis:
         axes = []
         for vid in self.g.outputs:
             label = self.labels.get(vid)
-            if not isinstance(label, tuple):
+            if not isinstance(label, tuple) or vid in self.merged:
                 raise NotRagged(f"output value {vid} does not carry the token axis")
             axes.append(label)
         read_elsewhere = {a for name, args in self.calls if name != "pte_wgpu.ragged_sdpa" for a in args}
@@ -162,7 +152,7 @@ class _Analysis:
         if not self.caches:
             raise NotRagged("no sdpa_with_kv_cache: nothing keeps per-session state")
         if set(self.states) != self.recurrent:
-            raise NotRagged(f"recurrent state(s) {sorted(self.recurrent - set(self.states))} joined with a step's inputs but not written back from them")
+            raise NotRagged(f"recurrent state(s) {sorted(self.recurrent - set(self.states))} not written back from their new values")
         contexts = {values[c].dims[1] for c in self.caches}
         if len(contexts) != 1:
             raise NotRagged(f"the KV caches hold different position counts {sorted(contexts)}: one block table cannot serve them")
@@ -199,34 +189,32 @@ class _Analysis:
     # --- one call -------------------------------------------------------------------------------
     def _call(self, name, args):
         operands = list(self._operands(args))
-        if any(a in self.windows for a in operands):
-            return self._window_read(name, args)
-        if any(a in self.written_back for a in operands):
-            return self._write_back(name, args)
-        if self.recurrent & set(operands) or (name == MOVE and args[1] in self.recurrent):
-            if name != CAT:
-                raise NotRagged(f"{name} reads or writes a recurrent state other than as a short convolution's window")
-            return self._window(args)
+        if self._state_call(name, args, operands):
+            return
         touched = [a for a in operands if a in self.labels]
         if not touched:
             self.calls.append((name, args))
             return
-        if name in ("et_vk.select_as_symint.default", "add", "sym_size.int"):
+        if name in SYMINTS:
             return self._symint(name, args)
+        if name in FLAGS and all(self.labels[a] in ("pos", "start") for a in touched):
+            return self._flag(name, args)
         elementwise = getattr(OPS.get(name), "__module__", None) in ELEMENTWISE_MODULES or _is(name, SAME_SHAPE)
         inner = [a for a in touched if a in self.inner]
-        if inner and not (elementwise or name == PERMUTE):
+        if inner and not (elementwise or name == PERMUTE or name == SLICE):
             raise NotRagged(f"{name} reads value {inner[0]}, whose token axis is not its outermost dim")
         if name == PERMUTE:
             return self._permute(args)
         if name == SLICE:
-            return self._position_slice(args)
+            return self._tail_slice(args) if args[0] in self.labels else self._position_slice(args)
         if name == SDPA:
             return self._sdpa(args)
         if name == SELECT:
             return self._last_row(args)
         if name == ROPE_FROM:
             return self._rope_from_position(args)
+        if name in AFTER_THE_TOKEN_AXIS:
+            return self._after_the_token_axis(name, args)
         kinds = {self.labels[a] for a in touched}
         if name == VIEW:
             self._view(args)
@@ -236,7 +224,7 @@ class _Analysis:
             self._elementwise(name, args)
         elif _is(name, ROW_WISE):
             self._row_wise(name, args)
-        elif name == CAT and self._along_last(args):
+        elif name in ALONG_LAST and self._along_last(args[ALONG_LAST[name]], args[-1]):
             self._row_wise(name, args)
         elif name in LINEAR_RESIDUAL and args[LINEAR_RESIDUAL[name]] in self.labels:
             self._row_wise(name, args)
@@ -245,10 +233,10 @@ class _Analysis:
             raise NotRagged(f"{name} is not row-wise along the token axis")
         self.calls.append((name, args))
 
-    def _along_last(self, args):
-        """Whether aten.cat [tensors, dim, out] joins along its last dim (a linear cut into parts
-        of rows, async_runtime/program/tables.py): row-wise."""
-        dim, rank = self.values[args[1]].value, len(self.values[args[-1]].dims)
+    def _along_last(self, dim, out):
+        """Whether a join or split along `dim` is along its last dim (a linear cut into parts of
+        rows, async_runtime/program/tables.py; Qwen3.5's parts of a projection): row-wise."""
+        dim, rank = self.values[dim].value, len(self.values[self._outputs(out)[0]].dims)
         return isinstance(dim, int) and dim in (-1, rank - 1)
 
     def _operands(self, args):
@@ -283,6 +271,8 @@ class _Analysis:
             self.labels[out] = "pos"
         elif name == "add" and sorted(map(str, labels)) == ["count", "pos"]:
             self.labels[out] = "end"
+        elif name == NEG and labels[0] == "count":
+            self.labels[out] = "-count"
         else:
             raise NotRagged(f"{name} combines positions or token counts in a way a ragged pass cannot")
 
@@ -343,16 +333,25 @@ class _Analysis:
         self._label(args[-1], "seqs", axis - 1)
 
     def _view(self, args):
+        """A view that keeps the token count as a dim, or that makes the token axis the outermost
+        of [-1, ...] with the dims after it (Qwen3.5's norm of each head's output rows): a row
+        then holds several entries of that axis (`merged`), until a view splits them out again."""
         src, sizes, out = args
         kind, axis = self.labels[src]
-        items = self.values[sizes].items if isinstance(self.values[sizes], ValueList) else ()
+        v = self.values[sizes]
+        items = v.items if isinstance(v, ValueList) else ()
         at = [j for j, i in enumerate(items) if self.labels.get(i) == "count"]
+        src_dims, out_dims = self.values[src].dims, self.values[out].dims
+        entries = math.prod(src_dims[axis + 1 :]) * self.merged.get(src, 1)  # elements a row
+        if kind == "rows" and not at and self._ints(sizes)[:1] == (-1,) and entries % math.prod(out_dims[1:]) == 0:
+            self._label(out, "rows", 0)
+            self.merged[out] = entries // math.prod(out_dims[1:])
+            return
         if kind != "rows" or len(at) != 1:
             raise NotRagged(f"a view of value {src} that does not keep the token count as a dim")
         j = at[0]
-        src_dims, out_dims = self.values[src].dims, self.values[out].dims
         lead = all(isinstance(self.values[i], Scalar) and self.values[i].value == 1 for i in items[:j])
-        if not lead or math.prod(src_dims[axis + 1 :]) != math.prod(out_dims[j + 1 :]):
+        if not lead or entries != math.prod(out_dims[j + 1 :]):
             raise NotRagged(f"a view of value {src} that mixes the token axis with others")
         self._label(out, "rows", j)
 
@@ -365,21 +364,23 @@ class _Analysis:
             dims = self.values[t].dims
             if t in self.labels:
                 kind, axis = self.labels[t]
-                found.add((kind, axis - len(dims)))
+                found.add((kind, axis - len(dims), self.merged.get(t, 1)))
             else:
                 found.add(None)
         labelled = {f for f in found if f is not None}
         if len(labelled) != 1:
             raise NotRagged(f"{name} combines tensors with the token axis at different places")
-        kind, from_right = labelled.pop()
+        kind, from_right, merged = labelled.pop()
         for t in tensors:
             dims = self.values[t].dims
             if t not in self.labels and len(dims) >= -from_right and dims[from_right] != 1:
                 raise NotRagged(f"{name} broadcasts a tensor along the token axis")
         self._label(out, kind, rank + from_right, inner=any(t in self.inner for t in tensors))
+        if merged > 1:
+            self.merged[out] = merged
 
     def _row_wise(self, name, args):
-        kinds, axis = set(), None
+        kinds, axis, merged = set(), None, set()
         for t in self._operands(args):
             if t not in self.labels:
                 continue
@@ -388,16 +389,19 @@ class _Analysis:
             if a == len(v.dims) - 1 and v.dtype not in INTS and axis is None:
                 raise NotRagged(f"{name} reduces along the token axis")
             kinds.add(kind)
+            merged.add(self.merged.get(t, 1))
             axis = a if axis is None else axis
-        if len(kinds) != 1:
-            raise NotRagged(f"{name} mixes per-row and per-sequence tensors")
+        if len(kinds) != 1 or len(merged) != 1:
+            raise NotRagged(f"{name} mixes per-row and per-sequence tensors, or rows of different entries")
         if name == LAYER_NORM and len(self.values[args[1]].items) != 1:
             raise NotRagged(f"{name} normalizes over more than the last dim")
-        (kind,) = kinds
+        (kind,), (entries,) = kinds, merged
         for out in self._outputs(args[-1]):
             self._label(out, kind, axis)
+            if entries > 1:
+                self.merged[out] = entries
 
-    # --- permutes and short convolutions ----------------------------------------------------
+    # --- permutes and ops along the dims after the token axis ---------------------------------
     def _ints(self, vid):
         v = self.values[vid]
         return tuple(int(self.values[i].value) for i in v.items) if isinstance(v, ValueList) else tuple(v.items)
@@ -409,48 +413,42 @@ class _Analysis:
         self._label(out, kind, order.index(axis), inner=True)
         self.calls.append((PERMUTE, args))
 
-    def _window(self, args):
-        """aten.cat([state, x], token axis): a short convolution's window, which only its
-        convolution and the slice of its last columns (the state's new value) may read."""
-        items, dim, out = self.values[args[0]].items, self.values[args[1]].value, args[-1]
-        state, x = (items + (None, None))[:2]
-        label = self.labels.get(x)
-        rank = len(self.values[out].dims)
-        if len(items) != 2 or state not in self.recurrent or not isinstance(label, tuple) or label[0] != "rows" or dim % rank != label[1]:
-            raise NotRagged("aten.cat joins a recurrent state with something other than one step's inputs along the token axis")
-        if rank != 3 or label[1] != 2 or self.values[state].dims[:2] != self.values[x].dims[:2]:
-            raise NotRagged("aten.cat joins a recurrent state with a step's inputs that are not [1, C, tokens] like it")
-        self.windows[out] = (state, x)
+    def _tail_slice(self, args):
+        """x[..., -S:] along the token axis, S the step's token count (Qwen3.5's short convolution
+        keeping the last S of its S + 1 outputs, which the ragged convolution gives one a row):
+        every labelled value has one entry a row there, so the slice is a copy."""
+        src, dim, start, end = args[:4]
+        kind, axis = self.labels[src]
+        step = self.values[args[4]].value if len(args) > 5 else 1
+        rank = len(self.values[src].dims)
+        if self.values[dim].value % rank != axis or self.labels.get(start) != "-count" or step not in (1, None):
+            raise NotRagged(f"a slice of value {src} along its token axis other than of its last S rows")
+        if not isinstance(self.values[end].value, int) or self.values[end].value < self.values[src].dims[axis]:
+            raise NotRagged(f"a slice of value {src} along its token axis that stops before its end")
+        self.calls.append((MOVE, (src, args[-1])))
+        self._label(args[-1], kind, axis, inner=src in self.inner)
 
-    def _window_read(self, name, args):
-        window = next(a for a in self._operands(args) if a in self.windows)
-        state, x = self.windows[window]
-        width = self.values[state].dims[-1]
-        if name == SLICE and args[0] == window:
-            dim, start, end = (self.values[a].value for a in args[1:4])
-            step = self.values[args[4]].value if len(args) > 5 else 1
-            if dim % 3 == 2 and start == -width and end >= self.values[window].dims[-1] and step in (1, None):
-                self.written_back[args[-1]] = (state, x)
-                return
-            raise NotRagged(f"a slice of a short convolution's window other than its last {width} columns")
-        if name == CONVOLUTION and args[0] == window:
-            weight = self.values[args[1]]
-            stride, padding, dilation = (self._ints(a) for a in args[3:6])
-            transposed, groups = self.values[args[6]].value, self.values[args[8]].value
-            channels = self.values[state].dims[1]
-            if weight.constant is None or tuple(weight.dims) != (channels, 1, width + 1) or groups != channels:
-                raise NotRagged(f"a convolution over a short convolution's window that is not depthwise with {width + 1} taps")
-            if set(stride) | set(dilation) != {1} or set(padding) != {0} or transposed:
-                raise NotRagged("a convolution over a short convolution's window with stride, dilation or padding")
-            out = args[-1]
-            self.calls.append(("pte_wgpu.ragged_short_conv", (x, state, args[1], args[2], self.row_seq, self.seq_last, self.seq_slots, out)))
-            self._label(out, *self.labels[x], inner=True)
-            return
-        raise NotRagged(f"{name} reads a short convolution's window (a recurrent state joined with a step's inputs)")
-
-    def _write_back(self, name, args):
-        state, x = self.written_back[args[0]] if args[0] in self.written_back else (None, None)
-        if name != MOVE or args[1] != state or state in self.states:
-            raise NotRagged(f"{name} reads a short convolution's new state other than to write it back once")
-        self.calls.append(("pte_wgpu.ragged_state_update", (x, self.seq_last, self.seq_slots, state)))
-        self.states.append(state)
+    def _after_the_token_axis(self, name, args):
+        """unsqueeze, expand and sum along dims past the token axis: row-wise."""
+        src, out = args[0], args[-1]
+        if not isinstance(self.labels.get(src), tuple):
+            raise NotRagged(f"{name} reads a position or a token count")
+        kind, axis = self.labels[src]
+        if src in self.inner or src in self.merged:
+            raise NotRagged(f"{name} reads value {src}, whose token axis is not its outermost dim")
+        rank = len(self.values[src].dims)
+        if name in UNSQUEEZE:
+            at = self.values[args[1]].value % (rank + 1)
+            self._label(out, kind, axis + (at <= axis))
+        elif name in EXPAND:
+            sizes = self.values[args[1]].items
+            kept = len(sizes) - rank + axis  # the token axis among the expanded dims
+            if self.labels.get(sizes[kept]) != "count" and getattr(self.values[sizes[kept]], "value", None) != -1:
+                raise NotRagged(f"{name} of value {src} along its token axis")
+            self._label(out, kind, kept)
+        else:
+            dims = {d % rank for d in self._ints(args[1])}
+            if min(dims) <= axis:
+                raise NotRagged(f"{name} reduces along the token axis")
+            self._label(out, kind, axis)
+        self.calls.append((name, args))

@@ -25,15 +25,13 @@ FAMILIES = {  # name -> the ModelArgs switches of the family, as ExecuTorch's co
     "phi_4_mini": dict(partial_rotary_factor=0.75, use_hf_rope=True, rope_theta=10000.0),
 }
 EXPORTS = [(family, qmode) for family in FAMILIES for qmode in (None, "4w")]
-HYBRIDS = {  # name -> (ModelArgs switches as ExecuTorch's configs set them: a layer with a recurrent state, then
-    # attention (Qwen3.5's gated, its norms with a unit offset); None where the model batches ragged, else the
-    # states' count and dims its batching note names)
-    "lfm2": ((("layer_types", ("conv", "full_attention")), ("hidden_dim", 128)), None),
-    "qwen3_5": ((("layer_types", ("linear_attention", "full_attention")), ("hidden_dim", 128), ("linear_num_key_heads", 2),
-                 ("linear_num_value_heads", 4), ("linear_key_head_dim", 16), ("linear_value_head_dim", 16), ("use_q_gate", True),
-                 ("rms_norm_add_unit_offset", True), ("partial_rotary_factor", 0.25), ("use_qk_norm", True), ("qk_norm_before_rope", True),
-                 ("use_hf_rope", True), ("head_dim", 32), ("rope_theta", 10000000.0)),
-                "2 recurrent state(s) (float32[1, 128, 4] ...)"),
+HYBRIDS = {  # name -> ModelArgs switches as ExecuTorch's configs set them: a layer with a recurrent state, then
+    # attention (Qwen3.5's gated, its norms with a unit offset)
+    "lfm2": (("layer_types", ("conv", "full_attention")), ("hidden_dim", 128)),
+    "qwen3_5": (("layer_types", ("linear_attention", "full_attention")), ("hidden_dim", 128), ("linear_num_key_heads", 2),
+                ("linear_num_value_heads", 4), ("linear_key_head_dim", 16), ("linear_value_head_dim", 16), ("use_q_gate", True),
+                ("rms_norm_add_unit_offset", True), ("partial_rotary_factor", 0.25), ("use_qk_norm", True), ("qk_norm_before_rope", True),
+                ("use_hf_rope", True), ("head_dim", 32), ("rope_theta", 10000000.0)),
 }
 HYBRID_EXPORTS = [(family, qmode) for family in HYBRIDS for qmode in (None, "4w")]
 
@@ -44,7 +42,7 @@ def start_exports(tmp_path_factory):
         start_export(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, qmode=qmode, nice=5,
                      model_args=tuple(FAMILIES[family].items()), **TINY)
     for family, qmode in HYBRID_EXPORTS:
-        start_export(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, qmode=qmode, nice=5, model_args=HYBRIDS[family][0], **TINY)
+        start_export(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, qmode=qmode, nice=5, model_args=HYBRIDS[family], **TINY)
 
 
 async def generate_together(model, prompts, n):
@@ -128,17 +126,12 @@ async def test_a_hybrid_family_carries_its_recurrent_state_as_eager_does(family,
     short-convolution state: a delegate output the program never passes on; Qwen3.5's convolution
     and delta-rule states: read through a delegate constant of their initial value); linking
     restores what the model does. Logits at every step within 2e-4 of eager's; concurrent
-    sessions each carry their own states (LFM2's in one ragged pass, a slot of each state's pool a
-    session); a session's next sequence starts them afresh, and a generation that would continue
+    sessions each carry their own states in one ragged pass, a slot of each state's pool a
+    session; a session's next sequence starts them afresh, and a generation that would continue
     elsewhere than where the last one stopped is refused."""
-    switches, states = HYBRIDS[family]
-    path, ref = export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, qmode=qmode, model_args=switches, **TINY)
+    path, ref = export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, qmode=qmode, model_args=HYBRIDS[family], **TINY)
     model = await load_pte(path)
-    assert model.recurrent_states
-    if states is None:
-        assert model.batching == "ragged" and model.gpu_sampling, model.batching_note
-    else:
-        assert model.batching == "submits" and f"{states} written back whole each call" in model.batching_note
+    assert model.recurrent_states and model.batching == "ragged" and model.gpu_sampling, model.batching_note
     rng = np.random.default_rng(11)
     prompts = [rng.integers(0, TINY["vocab_size"], n).tolist() for n in (7, 1, 13, 2)]
     ref.reset()
@@ -159,13 +152,15 @@ async def test_a_hybrid_family_carries_its_recurrent_state_as_eager_does(family,
     assert more == ahead
 
 
-async def test_short_convolutions_carry_their_states_across_chunks_and_pools(tmp_path_factory, load_pte):
-    """LFM2's short-convolution states in the ragged pass. With 5 rows a pass, prompts are cut into
-    chunks that share passes with other sessions' decodes, each chunk's windows reaching into the
-    state the last one left; 7 sessions outgrow the states' first pool (the slots held copied into
-    a larger one). Every session gets eager's tokens. A step elsewhere than at position 0 or where
-    its session stopped is refused, and the session goes on from where it was."""
-    path, ref = export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, model_args=HYBRIDS["lfm2"][0], **TINY)
+@pytest.mark.parametrize("family", HYBRIDS)
+async def test_recurrent_states_carry_across_chunks_and_pools(family, tmp_path_factory, load_pte):
+    """The recurrent states in the ragged pass (LFM2's short convolutions; Qwen3.5's, and its delta
+    rules). With 5 rows a pass, prompts are cut into chunks that share passes with other sessions'
+    decodes, each chunk's windows and recurrences starting from the states the last one left; 7
+    sessions outgrow the states' first pool (the slots held copied into a larger one). Every
+    session gets eager's tokens. A step elsewhere than at position 0 or where its session stopped
+    is refused, and the session goes on from where it was."""
+    path, ref = export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, model_args=HYBRIDS[family], **TINY)
     model = await load_pte(path, token_budget=5)
     assert model.batching == "ragged" and model.gpu_sampling, model.batching_note
     rng = np.random.default_rng(5)

@@ -20,7 +20,7 @@ import sys
 import pytest
 
 from async_runtime import pipelines
-from pte_wgpu.kernels.attention import short_conv
+from pte_wgpu.kernels.attention import gated_delta, short_conv
 from pte_wgpu.kernels.matmul import int8_matrix, linear
 from pte_wgpu.kernels.matmul.q4_linear import Storage, matrix_heads
 from pte_wgpu.kernels.matmul.routes import FLOAT_SG_GPU_WIDE
@@ -105,6 +105,9 @@ async def test_every_kernel_compiles_under_tint(tmp_path_factory, load_pte, monk
         for bias in (False, True):
             sources[aliases + short_conv.short_conv_kernel(bias)] = (f"ragged short convolution, {storage}, bias {bias}", storage)
         sources[aliases + short_conv.STATE_UPDATE] = (f"ragged state update, {storage}", storage)
+    for channelwise in (False, True):  # Qwen3.5's gated delta rule, alone and in a ragged pass
+        sources[gated_delta.rule_shader(gated_delta.SHADER, 16, 24, channelwise, "s0", "s1")] = (f"gated delta rule, channelwise {channelwise}", "f32")
+        sources[gated_delta.rule_shader(gated_delta.RAGGED_SHADER, 16, 24, channelwise, "pool", "pool")] = (f"ragged gated delta rule, channelwise {channelwise}", "f32")
     for shape in FLOAT_SG_GPU_WIDE:  # float products of long rows (K >= 2,048: no tiny model has them)
         for weights in ("f32", "f16"):
             types = linear.Storage(weights, weights, "f32", weights)

@@ -6,6 +6,10 @@ output row o_t = q_t S. Returns (the outputs [B, H, T, Dv], the final state [B, 
 Each column j of S is updated from itself alone, so one invocation a (batch, head, column) keeps
 its column in registers and runs the tokens in order; `decay` is a scalar a (head, token)
 [B, H, T] or a value a key dim [B, H, T, Dk].
+
+In a ragged pass (async_runtime.ragged) the rows of several sequences run as one: each sequence's
+state is a slot of a pool [slots, H, Dk, Dv], and `pte_wgpu.ragged_gated_delta` runs each
+sequence's rows from its slot and leaves the final state there.
 """
 
 import struct
@@ -13,17 +17,13 @@ import struct
 from ..registry import op
 from ..wgsl import fill, flat_grid, flat_kernel
 
-SHADER = flat_kernel(
-    "n: u32, t: u32, pad0: u32, pad1: u32",
-    [("q", "f32", "read"), ("k", "f32", "read"), ("v", "f32", "read"), ("decay", "f32", "read"), ("beta", "f32", "read"),
-     ("s0", "f32", "read"), ("o", "f32", "read_write"), ("s1", "f32", "read_write")],
-    """
-    let j = i % ${DV}u;
-    let head = i / ${DV}u;
+# Rows first .. end - 1 of head `head` ([H, rows, D] tensors, `p.rows` rows), from the state column
+# at `state_at` (`state_in`) to the same place of `state_out`.
+RECURRENCE = """
     var s: array<f32, $DK>;
-    for (var a = 0u; a < ${DK}u; a = a + 1u) { s[a] = s0[(head * ${DK}u + a) * ${DV}u + j]; }
-    for (var t = 0u; t < p.t; t = t + 1u) {
-        let row = head * p.t + t;
+    for (var a = 0u; a < ${DK}u; a = a + 1u) { s[a] = $STATE_IN[state_at + a * ${DV}u]; }
+    for (var t = first; t < end; t = t + 1u) {
+        let row = head * p.rows + t;
         var kv = 0.0;
         for (var a = 0u; a < ${DK}u; a = a + 1u) {
             s[a] = s[a] * decay[$DECAY];
@@ -37,9 +37,45 @@ SHADER = flat_kernel(
         }
         o[row * ${DV}u + j] = out;
     }
-    for (var a = 0u; a < ${DK}u; a = a + 1u) { s1[(head * ${DK}u + a) * ${DV}u + j] = s[a]; }
-""",
+    for (var a = 0u; a < ${DK}u; a = a + 1u) { $STATE_OUT[state_at + a * ${DV}u] = s[a]; }
+"""
+INPUTS = [("q", "f32", "read"), ("k", "f32", "read"), ("v", "f32", "read"), ("decay", "f32", "read"), ("beta", "f32", "read")]
+SHADER = flat_kernel(
+    "n: u32, rows: u32, pad0: u32, pad1: u32",
+    [*INPUTS, ("s0", "f32", "read"), ("o", "f32", "read_write"), ("s1", "f32", "read_write")],
+    """
+    let j = i % ${DV}u;
+    let head = i / ${DV}u;
+    let state_at = head * ${DK}u * ${DV}u + j;
+    let first = 0u;
+    let end = p.rows;""" + RECURRENCE,
 )
+RAGGED_SHADER = flat_kernel(
+    "n: u32, rows: u32, heads: u32, pad0: u32",
+    [*INPUTS, ("seq_last", "i32", "read"), ("seq_slots", "i32", "read"), ("o", "f32", "read_write"), ("pool", "f32", "read_write")],
+    """
+    let j = i % ${DV}u;
+    let head = (i / ${DV}u) % p.heads;
+    let b = i / (${DV}u * p.heads);
+    if (seq_slots[b] < 0) { return; }  // a padding sequence
+    var first = 0u;
+    if (b > 0u) { first = u32(seq_last[b - 1u] + 1); }
+    let end = u32(seq_last[b] + 1);
+    let state_at = (u32(seq_slots[b]) * p.heads + head) * ${DK}u * ${DV}u + j;""" + RECURRENCE,
+)
+
+
+def rule_shader(shader, dk, dv, channelwise, state_in, state_out):
+    return fill(shader, DK=dk, DV=dv, DECAY=f"row * {dk}u + a" if channelwise else "row", STATE_IN=state_in, STATE_OUT=state_out)
+
+
+def _check(b, dims, lead, rows, dk, dv, channelwise):
+    """Fail unless query, key, value, decay and beta (`dims`, in that order) are those of `rows`
+    tokens of the heads `lead` ([B, H])."""
+    want = [(*lead, rows, dk), (*lead, rows, dk), (*lead, rows, dv), (*lead, rows, dk) if channelwise else (*lead, rows), (*lead, rows)]
+    for name, got, expected in zip(("query", "key", "value", "decay", "beta"), dims, want):
+        if tuple(got) != expected:
+            b.fail(f"{name} of shape {list(got)}, expected {list(expected)} (query {list(dims[0])}, state [{lead[0]}, {lead[1]}, {dk}, {dv}])")
 
 
 @op("llama::gated_delta_rule.out")
@@ -50,21 +86,45 @@ def gated_delta_rule(b):
     dk, dv = b.tensor(5).dims[2:]
     channelwise = len(b.tensor(3).dims) == 4
     params = b.params(16)
-    shader = fill(SHADER, DK=dk, DV=dv, DECAY=f"row * {dk}u + a" if channelwise else "row")
-    d = b.dispatch(shader, [query, key, value, decay, beta, initial, out, state, params])
+    d = b.dispatch(rule_shader(SHADER, dk, dv, channelwise, "s0", "s1"), [query, key, value, decay, beta, initial, out, state, params])
 
     def resize(ctx):
-        q, k, v, g, bt, s = (ctx.dims(x) for x in (query, key, value, decay, beta, initial))
+        q, s = ctx.dims(query), ctx.dims(initial)
         lead, t = tuple(q[:2]), q[2] if len(q) == 4 else -1
-        want = {"query": (q, (*lead, t, dk)), "key": (k, (*lead, t, dk)), "value": (v, (*lead, t, dv)), "beta": (bt, (*lead, t)),
-                "decay": (g, (*lead, t, dk) if channelwise else (*lead, t)), "initial_state": (s, (*lead, dk, dv))}
-        for name, (got, expected) in want.items():
-            if tuple(got) != expected:
-                b.fail(f"{name} of shape {list(got)}, expected {list(expected)} (query {list(q)}, state [B, H, {dk}, {dv}])")
+        _check(b, [ctx.dims(x) for x in (query, key, value, decay, beta)], lead, t, dk, dv, channelwise)
+        if tuple(s) != (*lead, dk, dv):
+            b.fail(f"initial_state of shape {list(s)}, expected {[*lead, dk, dv]} (query {list(q)})")
         n = lead[0] * lead[1] * dv
         ctx.set_params(params, struct.pack("<4I", n, t, 0, 0))
         ctx.set_grid(d, flat_grid(n))
         ctx.set_dims(out, (*lead, t, dv))
         ctx.set_dims(state, (*lead, dk, dv))
+
+    b.hook(resize)
+
+
+@op("pte_wgpu.ragged_gated_delta")
+def ragged_gated_delta(b):
+    """[query, key, value, decay, beta, pool, seq_last, seq_slots, out]: the rule over each
+    sequence's rows of the pass ([1, H, rows, D] tensors, decay and beta [1, H, rows(, Dk)]), each
+    from its slot of `pool` ([slots, H, Dk, Dv] behind a state's [1, H, Dk, Dv]), the final states
+    written back there (seq_slots -1: a padding sequence, left alone)."""
+    query, key, value, decay, beta, pool, seq_last, seq_slots = b.args[:8]
+    b.float_storage(query, key, value, decay, beta, pool, b.out)
+    _, heads, dk, dv = b.tensor(5).dims
+    channelwise = len(b.tensor(3).dims) == 4
+    params = b.params(16)
+    b.writes(pool)
+    d = b.dispatch(rule_shader(RAGGED_SHADER, dk, dv, channelwise, "pool", "pool"),
+                   [query, key, value, decay, beta, seq_last, seq_slots, b.out, pool, params])
+
+    def resize(ctx):
+        q = ctx.dims(query)
+        rows = q[2] if len(q) == 4 else -1
+        _check(b, [ctx.dims(x) for x in (query, key, value, decay, beta)], (1, heads), rows, dk, dv, channelwise)
+        n = ctx.dims(seq_last)[0] * heads * dv
+        ctx.set_params(params, struct.pack("<4I", n, rows, heads, 0))
+        ctx.set_grid(d, flat_grid(n))
+        ctx.set_dims(b.out, (1, heads, rows, dv))
 
     b.hook(resize)

@@ -1,8 +1,10 @@
-"""A short convolution's state in a ragged pass (LFM2's convolution layers, async_runtime.ragged).
+"""A short convolution's state in a ragged pass (LFM2's convolution layers, Qwen3.5's linear-attention
+layers; async_runtime.ragged_states).
 
 Exported for batch 1, such a layer joins its state (the last W inputs it saw, [1, C, W]) and the
-step's inputs [1, C, S] along the token axis, runs a depthwise convolution of W + 1 taps without
-padding over them, and writes the last W columns back as the state. In a ragged pass the inputs
+step's inputs [1, C, S] along the token axis, runs a depthwise convolution without padding over
+them (W + 1 taps: S outputs; or W taps, of whose S + 1 outputs the model keeps the last S), and
+writes the last W columns back as the state. In a ragged pass the inputs
 are the concatenated rows of several sequences, and each session's state is one slot of a pool:
 
 - `pte_wgpu.ragged_short_conv`: each row's window is the W inputs before it within its own
@@ -36,12 +38,13 @@ SHORT_CONV_BODY = f"""
     let t = r - first;  // the row's place in its sequence's rows of the pass
     let slot = (u32(seq_slots[b]) * p.channels + c) * p.width;
     var acc = $BIAS;
-    // tap j reads the input t + j - width of the sequence's rows: a row of this pass, or column
-    // t + j of the slot (the inputs before the pass, oldest first)
-    for (var j = 0u; j <= p.width; j++) {{
+    // tap j reads column w = t + width + 1 - taps + j of the row's window (the slot's W columns,
+    // oldest first, then the sequence's rows of this pass): its last tap reads the row itself
+    for (var j = 0u; j < p.taps; j++) {{
+        let w = t + p.width + 1u - p.taps + j;
         var v: f32;
-        if (t + j >= p.width) {{ v = f32(x[c * p.rows + first + t + j - p.width]); }} else {{ v = f32(state[slot + t + j]); }}
-        acc += f32(weight[c * (p.width + 1u) + j]) * v;
+        if (w >= p.width) {{ v = f32(x[c * p.rows + first + w - p.width]); }} else {{ v = f32(state[slot + w]); }}
+        acc += f32(weight[c * p.taps + j]) * v;
     }}
     out[i] = OT(acc);
 """
@@ -51,7 +54,7 @@ def short_conv_kernel(bias):
     """The ragged short convolution's kernel, adding `bias[c]` (an `array<BT>` binding after the
     weight) where it has one."""
     return fill(flat_kernel(
-        "n: u32, rows: u32, channels: u32, width: u32",
+        "n: u32, rows: u32, channels: u32, width: u32, taps: u32, pad0: u32, pad1: u32, pad2: u32",
         [("x", "XT", "read"), ("state", "ST", "read"), ("weight", "WT", "read"), *([("bias", "BT", "read")] if bias else []),
          ("row_seq", "i32", "read"), ("seq_last", "i32", "read"), ("seq_slots", "i32", "read"), ("out", "OT", "read_write")],
         SHORT_CONV_BODY,
@@ -89,20 +92,23 @@ def _short_conv_dims(b, x, state):
 @op("pte_wgpu.ragged_short_conv", half=True)
 def ragged_short_conv(b):
     """[x, state, weight, bias or None, row_seq, seq_last, seq_slots, out]: the depthwise
-    convolution of W + 1 taps (weight [C, 1, W + 1]) over each row's window within its sequence."""
+    convolution over each row's window within its sequence, one output a row: of W + 1 taps
+    (weight [C, 1, W + 1]: LFM2's), or of W taps (Qwen3.5's, whose export keeps the last S of the
+    S + 1 outputs over the state's W columns and the step's S rows)."""
     x, state, weight, bias, row_seq, seq_last, seq_slots = b.args[:7]
     channels, width = _short_conv_dims(b, x, state)
-    if tuple(b.tensor(2).dims) != (channels, 1, width + 1):
-        b.fail(f"weight {list(b.tensor(2).dims)}: expected [{channels}, 1, {width + 1}]")
+    taps = b.tensor(2).dims[-1]
+    if tuple(b.tensor(2).dims) not in ((channels, 1, width + 1), (channels, 1, width)):
+        b.fail(f"weight {list(b.tensor(2).dims)}: expected [{channels}, 1, {width + 1}] or [{channels}, 1, {width}]")
     biases = [] if b.is_none(3) else [bias]
     aliases = type_aliases(b.graph.values, XT=x, ST=state, WT=weight, OT=b.out, **{"BT": bias for bias in biases})
-    params = b.params(16)
+    params = b.params(32)
     d = b.dispatch(aliases + short_conv_kernel(biases), [x, state, weight, *biases, row_seq, seq_last, seq_slots, b.out, params])
 
     def resize(ctx):
         dims = ctx.dims(x)
         n = numel_of(dims)
-        ctx.set_params(params, struct.pack("<4I", n, dims[2], channels, width))
+        ctx.set_params(params, struct.pack("<8I", n, dims[2], channels, width, taps, 0, 0, 0))
         ctx.set_grid(d, flat_grid(n))
         ctx.set_dims(b.out, dims)
 
