@@ -107,7 +107,10 @@ async def test_every_kernel_compiles_under_tint(tmp_path_factory, load_pte, monk
         sources[aliases + short_conv.STATE_UPDATE] = (f"ragged state update, {storage}", storage)
     for channelwise in (False, True):  # Qwen3.5's gated delta rule, alone and in a ragged pass
         sources[gated_delta.rule_shader(gated_delta.SHADER, 16, 24, channelwise, "s0", "s1")] = (f"gated delta rule, channelwise {channelwise}", "f32")
-        sources[gated_delta.rule_shader(gated_delta.RAGGED_SHADER, 16, 24, channelwise, "pool", "pool")] = (f"ragged gated delta rule, channelwise {channelwise}", "f32")
+        for gathered in (False, True):
+            shader = gated_delta.rule_shader(gated_delta.ragged_shader(gathered), 16, 24, channelwise, "first_state" if gathered else "pool", "pool")
+            sources[shader] = (f"ragged gated delta rule, channelwise {channelwise}, gathered {gathered}", "f32")
+    sources[gated_delta.GATHER] = ("ragged gated delta rule's gather", "f32")
     for shape in FLOAT_SG_GPU_WIDE:  # float products of long rows (K >= 2,048: no tiny model has them)
         for weights in ("f32", "f16"):
             types = linear.Storage(weights, weights, "f32", weights)

@@ -9,7 +9,12 @@ its column in registers and runs the tokens in order; `decay` is a scalar a (hea
 
 In a ragged pass (async_runtime.ragged) the rows of several sequences run as one: each sequence's
 state is a slot of a pool [slots, H, Dk, Dv], and `pte_wgpu.ragged_gated_delta` runs each
-sequence's rows from its slot and leaves the final state there.
+sequence's rows from its slot and leaves the final state there. Read from the pool's read_write
+binding, the recurrence ran 1.85x its time from a read-only one on an H200 (a prompt of 512 rows,
+16 heads of 128 x 128: 1.61 against 0.87 ms, the shaders otherwise the same): where the pass's
+sequences have two rows or more on average (prompts), their states are first copied out of the
+pool (`GATHER`, about 0.4 us a sequence for such a head's state) and read from that copy;
+decode passes read the pool.
 """
 
 import struct
@@ -18,10 +23,10 @@ from ..registry import op
 from ..wgsl import fill, flat_grid, flat_kernel
 
 # Rows first .. end - 1 of head `head` ([H, rows, D] tensors, `p.rows` rows), from the state column
-# at `state_at` (`state_in`) to the same place of `state_out`.
+# at `in_at` of `state_in` to the one at `out_at` of `state_out`.
 RECURRENCE = """
     var s: array<f32, $DK>;
-    for (var a = 0u; a < ${DK}u; a = a + 1u) { s[a] = $STATE_IN[state_at + a * ${DV}u]; }
+    for (var a = 0u; a < ${DK}u; a = a + 1u) { s[a] = $STATE_IN[in_at + a * ${DV}u]; }
     for (var t = first; t < end; t = t + 1u) {
         let row = head * p.rows + t;
         var kv = 0.0;
@@ -37,7 +42,7 @@ RECURRENCE = """
         }
         o[row * ${DV}u + j] = out;
     }
-    for (var a = 0u; a < ${DK}u; a = a + 1u) { $STATE_OUT[state_at + a * ${DV}u] = s[a]; }
+    for (var a = 0u; a < ${DK}u; a = a + 1u) { $STATE_OUT[out_at + a * ${DV}u] = s[a]; }
 """
 INPUTS = [("q", "f32", "read"), ("k", "f32", "read"), ("v", "f32", "read"), ("decay", "f32", "read"), ("beta", "f32", "read")]
 SHADER = flat_kernel(
@@ -46,14 +51,21 @@ SHADER = flat_kernel(
     """
     let j = i % ${DV}u;
     let head = i / ${DV}u;
-    let state_at = head * ${DK}u * ${DV}u + j;
+    let in_at = head * ${DK}u * ${DV}u + j;
+    let out_at = in_at;
     let first = 0u;
     let end = p.rows;""" + RECURRENCE,
 )
-RAGGED_SHADER = flat_kernel(
-    "n: u32, rows: u32, heads: u32, pad0: u32",
-    [*INPUTS, ("seq_last", "i32", "read"), ("seq_slots", "i32", "read"), ("o", "f32", "read_write"), ("pool", "f32", "read_write")],
-    """
+
+
+def ragged_shader(gathered):
+    """The ragged rule reading each sequence's state from its slot of the pool, or (`gathered`) from
+    `first_state` [seqs, H, Dk, Dv], GATHER's copy of them."""
+    copy = [("first_state", "f32", "read")] if gathered else []
+    return flat_kernel(
+        "n: u32, rows: u32, heads: u32, pad0: u32",
+        [*INPUTS, ("seq_last", "i32", "read"), ("seq_slots", "i32", "read"), *copy, ("o", "f32", "read_write"), ("pool", "f32", "read_write")],
+        """
     let j = i % ${DV}u;
     let head = (i / ${DV}u) % p.heads;
     let b = i / (${DV}u * p.heads);
@@ -61,7 +73,19 @@ RAGGED_SHADER = flat_kernel(
     var first = 0u;
     if (b > 0u) { first = u32(seq_last[b - 1u] + 1); }
     let end = u32(seq_last[b] + 1);
-    let state_at = (u32(seq_slots[b]) * p.heads + head) * ${DK}u * ${DV}u + j;""" + RECURRENCE,
+    let out_at = (u32(seq_slots[b]) * p.heads + head) * ${DK}u * ${DV}u + j;
+    let in_at = """ + ("(b * p.heads + head) * ${DK}u * ${DV}u + j;" if gathered else "out_at;") + RECURRENCE,
+    )
+
+
+# each sequence's state, [seqs, state], from its slot of the pool
+GATHER = flat_kernel(
+    "n: u32, size: u32, pad0: u32, pad1: u32",
+    [("seq_slots", "i32", "read"), ("pool", "f32", "read"), ("first_state", "f32", "read_write")],
+    """
+    let slot = seq_slots[i / p.size];
+    if (slot >= 0) { first_state[i] = pool[u32(slot) * p.size + i % p.size]; }
+""",
 )
 
 
@@ -112,19 +136,27 @@ def ragged_gated_delta(b):
     query, key, value, decay, beta, pool, seq_last, seq_slots = b.args[:8]
     b.float_storage(query, key, value, decay, beta, pool, b.out)
     _, heads, dk, dv = b.tensor(5).dims
+    size = heads * dk * dv  # a sequence's state
     channelwise = len(b.tensor(3).dims) == 4
-    params = b.params(16)
+    params, gather_params = b.params(16), b.params(16)
     b.writes(pool)
-    d = b.dispatch(rule_shader(RAGGED_SHADER, dk, dv, channelwise, "pool", "pool"),
-                   [query, key, value, decay, beta, seq_last, seq_slots, b.out, pool, params])
+    first_state = b.scratch("float32", b.tensor(6).dims[0] * size)
+    inputs = [query, key, value, decay, beta, seq_last, seq_slots]
+    in_place = b.dispatch(rule_shader(ragged_shader(False), dk, dv, channelwise, "pool", "pool"), [*inputs, b.out, pool, params])
+    gather = b.dispatch(GATHER, [seq_slots, pool, first_state, gather_params])
+    gathered = b.dispatch(rule_shader(ragged_shader(True), dk, dv, channelwise, "first_state", "pool"), [*inputs, first_state, b.out, pool, params])
 
     def resize(ctx):
         q = ctx.dims(query)
         rows = q[2] if len(q) == 4 else -1
         _check(b, [ctx.dims(x) for x in (query, key, value, decay, beta)], (1, heads), rows, dk, dv, channelwise)
-        n = ctx.dims(seq_last)[0] * heads * dv
+        seqs = ctx.dims(seq_last)[0]
+        n, copy = seqs * heads * dv, rows >= 2 * seqs
         ctx.set_params(params, struct.pack("<4I", n, rows, heads, 0))
-        ctx.set_grid(d, flat_grid(n))
+        ctx.set_params(gather_params, struct.pack("<4I", seqs * size, size, 0, 0))
+        ctx.set_grid(gather, flat_grid(seqs * size) if copy else (0, 0, 0))
+        ctx.set_grid(gathered, flat_grid(n) if copy else (0, 0, 0))
+        ctx.set_grid(in_place, (0, 0, 0) if copy else flat_grid(n))
         ctx.set_dims(b.out, (1, heads, rows, dv))
 
     b.hook(resize)
