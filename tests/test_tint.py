@@ -100,10 +100,10 @@ async def test_every_kernel_compiles_under_tint(tmp_path_factory, load_pte, monk
             sources[int8_conv.product_shader(kernel, stride, padding, (1, 2), finishing, matrices)] = (f"int8 convolution {kernel}, matrices {matrices}", "f32")
         for x_dtype, x_byte in (("int8", per_channel_linear.Q8TA_X), ("float32", per_channel_linear.Q8CSW_X)):
             sources[per_channel_linear.product_shader(x_dtype, x_byte, matrices)] = (f"int8 linear, {x_dtype} x, matrices {matrices}", "f32")
-    for storage in ("f32", "f16"):  # a short convolution's state in a ragged pass (LFM2's: no tiny Llama has one)
+    for storage in ("f32", "f16"):  # a short convolution's state in a ragged pass (LFM2's, Qwen3.5's: no tiny Llama has one)
         aliases = "".join(f"alias {name} = {storage};\n" for name in ("XT", "ST", "WT", "BT", "OT"))
-        for bias in (False, True):
-            sources[aliases + short_conv.short_conv_kernel(bias)] = (f"ragged short convolution, {storage}, bias {bias}", storage)
+        for bias, taps in ((False, 4), (True, 4), (False, 3)):
+            sources[aliases + short_conv.short_conv_kernel(bias, 3, taps)] = (f"ragged short convolution, {storage}, bias {bias}, {taps} taps", storage)
         sources[aliases + short_conv.STATE_UPDATE] = (f"ragged state update, {storage}", storage)
     for channelwise in (False, True):  # Qwen3.5's gated delta rule, alone and in a ragged pass
         sources[gated_delta.rule_shader(gated_delta.SHADER, 16, 24, channelwise, "s0", "s1")] = (f"gated delta rule, channelwise {channelwise}", "f32")

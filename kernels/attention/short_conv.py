@@ -36,29 +36,29 @@ SHORT_CONV_BODY = f"""
     if (row_seq[r] < 0) {{ out[i] = OT(0.0); return; }}  // a padding row
     let b = u32(row_seq[r]);{SEQUENCE}
     let t = r - first;  // the row's place in its sequence's rows of the pass
-    let slot = (u32(seq_slots[b]) * p.channels + c) * p.width;
+    let slot = (u32(seq_slots[b]) * p.channels + c) * ${{WIDTH}}u;
     var acc = $BIAS;
     // tap j reads column w = t + width + 1 - taps + j of the row's window (the slot's W columns,
     // oldest first, then the sequence's rows of this pass): its last tap reads the row itself
-    for (var j = 0u; j < p.taps; j++) {{
-        let w = t + p.width + 1u - p.taps + j;
+    for (var j = 0u; j < ${{TAPS}}u; j++) {{
+        let w = t + ${{WIDTH}}u + 1u - ${{TAPS}}u + j;
         var v: f32;
-        if (w >= p.width) {{ v = f32(x[c * p.rows + first + w - p.width]); }} else {{ v = f32(state[slot + w]); }}
-        acc += f32(weight[c * p.taps + j]) * v;
+        if (w >= ${{WIDTH}}u) {{ v = f32(x[c * p.rows + first + w - ${{WIDTH}}u]); }} else {{ v = f32(state[slot + w]); }}
+        acc += f32(weight[c * ${{TAPS}}u + j]) * v;
     }}
     out[i] = OT(acc);
 """
 
 
-def short_conv_kernel(bias):
-    """The ragged short convolution's kernel, adding `bias[c]` (an `array<BT>` binding after the
-    weight) where it has one."""
+def short_conv_kernel(bias, width, taps):
+    """The ragged short convolution's kernel over a state of `width` columns with `taps` taps (W or
+    W + 1), adding `bias[c]` (an `array<BT>` binding after the weight) where it has one."""
     return fill(flat_kernel(
-        "n: u32, rows: u32, channels: u32, width: u32, taps: u32, pad0: u32, pad1: u32, pad2: u32",
+        "n: u32, rows: u32, channels: u32, pad0: u32",
         [("x", "XT", "read"), ("state", "ST", "read"), ("weight", "WT", "read"), *([("bias", "BT", "read")] if bias else []),
          ("row_seq", "i32", "read"), ("seq_last", "i32", "read"), ("seq_slots", "i32", "read"), ("out", "OT", "read_write")],
         SHORT_CONV_BODY,
-    ), BIAS="f32(bias[c])" if bias else "0.0")
+    ), BIAS="f32(bias[c])" if bias else "0.0", WIDTH=width, TAPS=taps)
 
 
 STATE_UPDATE = flat_kernel(
@@ -102,13 +102,13 @@ def ragged_short_conv(b):
         b.fail(f"weight {list(b.tensor(2).dims)}: expected [{channels}, 1, {width + 1}] or [{channels}, 1, {width}]")
     biases = [] if b.is_none(3) else [bias]
     aliases = type_aliases(b.graph.values, XT=x, ST=state, WT=weight, OT=b.out, **{"BT": bias for bias in biases})
-    params = b.params(32)
-    d = b.dispatch(aliases + short_conv_kernel(biases), [x, state, weight, *biases, row_seq, seq_last, seq_slots, b.out, params])
+    params = b.params(16)
+    d = b.dispatch(aliases + short_conv_kernel(biases, width, taps), [x, state, weight, *biases, row_seq, seq_last, seq_slots, b.out, params])
 
     def resize(ctx):
         dims = ctx.dims(x)
         n = numel_of(dims)
-        ctx.set_params(params, struct.pack("<8I", n, dims[2], channels, width, taps, 0, 0, 0))
+        ctx.set_params(params, struct.pack("<4I", n, dims[2], channels, 0))
         ctx.set_grid(d, flat_grid(n))
         ctx.set_dims(b.out, dims)
 
