@@ -247,15 +247,18 @@ class _Analysis(RecurrentStates):
             else:
                 yield a
 
-    def _label(self, vid, kind, axis, inner=False):
+    def _label(self, vid, kind, axis, inner=False, merged=1):
         """Label `vid` as carrying the token axis at `axis`, its outermost non-unit dim unless
-        `inner` (a value past a permute, which only elementwise ops and permutes may read)."""
+        `inner` (a value past a permute, which only elementwise ops and permutes may read), with
+        `merged` entries of that axis a row."""
         v = self.values[vid]
         if axis >= len(v.dims) or (not inner and any(d != 1 for d in v.dims[:axis])):
             raise NotRagged(f"value {vid} {list(v.dims)}: the token axis {axis} is not its outermost non-unit dim")
         self.labels[vid] = (kind, axis)
         if inner and any(d != 1 for d in v.dims[:axis]):
             self.inner.add(vid)
+        if merged > 1:
+            self.merged[vid] = merged
 
     def _outputs(self, out):
         v = self.values[out]
@@ -344,9 +347,7 @@ class _Analysis(RecurrentStates):
         src_dims, out_dims = self.values[src].dims, self.values[out].dims
         entries = math.prod(src_dims[axis + 1 :]) * self.merged.get(src, 1)  # elements a row
         if kind == "rows" and not at and self._ints(sizes)[:1] == (-1,) and entries % math.prod(out_dims[1:]) == 0:
-            self._label(out, "rows", 0)
-            self.merged[out] = entries // math.prod(out_dims[1:])
-            return
+            return self._label(out, "rows", 0, merged=entries // math.prod(out_dims[1:]))
         if kind != "rows" or len(at) != 1:
             raise NotRagged(f"a view of value {src} that does not keep the token count as a dim")
         j = at[0]
@@ -375,9 +376,7 @@ class _Analysis(RecurrentStates):
             dims = self.values[t].dims
             if t not in self.labels and len(dims) >= -from_right and dims[from_right] != 1:
                 raise NotRagged(f"{name} broadcasts a tensor along the token axis")
-        self._label(out, kind, rank + from_right, inner=any(t in self.inner for t in tensors))
-        if merged > 1:
-            self.merged[out] = merged
+        self._label(out, kind, rank + from_right, inner=any(t in self.inner for t in tensors), merged=merged)
 
     def _row_wise(self, name, args):
         kinds, axis, merged = set(), None, set()
@@ -397,9 +396,7 @@ class _Analysis(RecurrentStates):
             raise NotRagged(f"{name} normalizes over more than the last dim")
         (kind,), (entries,) = kinds, merged
         for out in self._outputs(args[-1]):
-            self._label(out, kind, axis)
-            if entries > 1:
-                self.merged[out] = entries
+            self._label(out, kind, axis, merged=entries)
 
     # --- permutes and ops along the dims after the token axis ---------------------------------
     def _ints(self, vid):

@@ -21,6 +21,7 @@ import struct
 
 from ..registry import op
 from ..wgsl import fill, flat_grid, flat_kernel
+from .short_conv import SEQUENCE
 
 # Rows first .. end - 1 of head `head` ([H, rows, D] tensors, `p.rows` rows), from the state column
 # at `in_at` of `state_in` to the one at `out_at` of `state_out`.
@@ -69,9 +70,7 @@ def ragged_shader(gathered):
     let j = i % ${DV}u;
     let head = (i / ${DV}u) % p.heads;
     let b = i / (${DV}u * p.heads);
-    if (seq_slots[b] < 0) { return; }  // a padding sequence
-    var first = 0u;
-    if (b > 0u) { first = u32(seq_last[b - 1u] + 1); }
+    if (seq_slots[b] < 0) { return; }  // a padding sequence""" + SEQUENCE + """
     let end = u32(seq_last[b] + 1);
     let out_at = (u32(seq_slots[b]) * p.heads + head) * ${DK}u * ${DV}u + j;
     let in_at = """ + ("(b * p.heads + head) * ${DK}u * ${DV}u + j;" if gathered else "out_at;") + RECURRENCE,
