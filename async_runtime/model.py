@@ -10,6 +10,7 @@ import wgpu
 
 from pte_wgpu.kernels import adapter_class, build_node, fuse, fuse_ragged
 from pte_wgpu.kernels.matmul.int8_matrix import INT8_MATRIX
+from pte_wgpu.kernels.matmul.q4_linear import scales_in_row_quads
 from pte_wgpu.kernels.registry import HalfUnsupported
 from pte_wgpu.kernels.wgsl import elem_bytes
 from pte_wgpu.resize.engine import LiveState, Plan, ResizeContext, run_all
@@ -37,7 +38,7 @@ from .progress import LoadProgress
 from .scheduler import Scheduler
 from .session import Session
 from .stats import Counters
-from .storage import STORAGE_USAGE, align, constant_rows, storage_dtype, to_storage
+from .storage import STORAGE_USAGE, align, constant_rows, permuted, storage_dtype, to_storage
 from .uploads import StagedUploads
 
 
@@ -230,6 +231,7 @@ class Model:
         if not half:
             widen_half(graph)
         split_constants(graph, self._binding_limit)
+        scales_in_row_quads(graph)
         self._input_storage = tuple(getattr(graph.values[v], "dtype", None) for v in graph.inputs)  # float16 may be widened
         self.fused = fuse(graph)
         self.batching, self.batching_note, ragged = ("submits" if self._scheduler.batching else "off"), "", None
@@ -343,6 +345,8 @@ class Model:
         for vid, v in constants:
             raw = _constant_bytes(v.constant, named, f"constant tensor {vid}")
             data = to_storage(v, constant_rows(raw, v.constant.rows) if v.constant.rows else raw, f"tensor {vid}")
+            if v.constant.permuted:
+                data = permuted(data, v)
             copied_into = [d.dst for d in self._state_copies.values() if d.src == vid]
             if copied_into or vid in self._session_vids:  # a state's initial contents, for every session: its own bytes, not a view of the file's
                 data = np.array(data)

@@ -42,6 +42,14 @@ def constant_rows(raw, rows):
     return raw[first * row : end * row]
 
 
+def permuted(data, tensor):
+    """`data`, the stored bytes of a constant `tensor` laid out as in the file, as the tensor is
+    (Constant.permuted: the file's array of some dims with its axes permuted)."""
+    dims, axes = tensor.constant.permuted
+    elements = np.frombuffer(data, storage_dtype(tensor.dtype), numel_of(dims))
+    return input_words(np.ascontiguousarray(elements.reshape(dims).transpose(axes)))
+
+
 def to_storage(tensor, raw, what):
     """A constant's bytes from the file as the device stores them; packed bytes are kept as is.
     Bytes that need neither a conversion nor padding to a whole word come as a view of `raw`."""

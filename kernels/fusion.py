@@ -700,9 +700,9 @@ class _Linears:
             weights, kind = (w,), None
         elif name == Q4_LINEAR and len(args) == 6:
             x, w, scales, gs, bias, out = args
-            if not isinstance(v[gs], Scalar) or len(v[scales].dims) != 2:
+            if not isinstance(v[gs], Scalar) or len(v[scales].dims) != 3:  # q4_linear.py's scales_in_row_quads
                 return None
-            weights, kind = (w, scales, gs), ("q4", v[gs].value, v[w].dims[1:], v[scales].dims[:1])
+            weights, kind = (w, scales, gs), ("q4", v[gs].value, v[w].dims[1:], v[scales].dims[1])
         else:
             return None
         if not (isinstance(v[bias], Scalar) and v[bias].value is None):

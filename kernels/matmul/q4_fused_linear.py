@@ -67,7 +67,7 @@ from .q4_linear import (
 from .routes import BITWISE_ROWS, Q4_SG_GPU, Q4_SG_GPU_ROWS, Q4_SG_GPU_WIDE, shape_for_rows
 
 SUBGROUP, GEMV = "subgroup", "gemv"  # the fused kernel's algorithm (the module docstring)
-HEAD = ("M", "K", "wpr", "groups", "gs", "kw", "eps", "pad")  # then N, sn, S and a pad a product
+HEAD = ("M", "K", "wpr", "groups", "gs", "kw", "eps", "pad")  # then N and S a product
 
 
 ROPE_FIELDS = ("half", "dim", "row", "blocks")  # with a RoPE epilogue, after the products'
@@ -75,7 +75,7 @@ ROPE_FIELDS = ("half", "dim", "row", "blocks")  # with a RoPE epilogue, after th
 
 def _uniform(count, rope):
     fields = [f"{f}: {'f32' if f == 'eps' else 'u32'}" for f in HEAD]
-    fields += [f"{f}{j}: u32" for j in range(count) for f in ("N", "sn", "S", "pad")]
+    fields += [f"{f}{j}: u32" for j in range(count) for f in ("N", "S")]
     fields += [f"{f}: u32" for f in ROPE_FIELDS] if rope else []
     return "struct Q { " + ", ".join(fields) + " }\n"
 
@@ -103,7 +103,7 @@ def _shader(kind, shape, count, swiglu, norm, types, gs, rope=None, step=8):
     lines += [rope_bindings(len(reads) + len(outs) + 1, rope.types)] if rotates else []
     lines.append(vec4_loader("x", types["x"]) if sg else "fn a_at(i: u32) -> f32 { return f32(x[i]); }")
     lines += [vec4_loader("gamma", types["gamma"])] if sg and norm else []
-    src = "\n".join(lines) + _dequant(False, False, gs, [(str(j), f"ws{j}", f"q.sn{j}") for j in range(count)])
+    src = "\n".join(lines) + _dequant(False, False, gs, [(str(j), f"ws{j}") for j in range(count)])
     rows_t = types["rows"]
     if sg:
         src += sg_main(shape)
@@ -163,7 +163,7 @@ class _Columns:
         x, a_functions = float_a_load(types["x"], quads, "x")
         load = TileLoad(
             inputs=(x, *((name, t) for j in range(count) for name, t in ((f"wq{j}", "u32"), (f"ws{j}", types["scales"][j])))),
-            functions=_dequant(False, False, fused.ws[0].gs, [(str(j), f"ws{j}", f"q.sn{j}") for j in range(count)])
+            functions=_dequant(False, False, fused.ws[0].gs, [(str(j), f"ws{j}") for j in range(count)])
             + a_functions
             + q4_b_k_quad("var w = vec4<f32>(0.0);\n    " + reads),
             b_along_k=True,
@@ -291,7 +291,7 @@ class _Fused:
         w = self.ws[0]
         fields = [m, k, w.wpr, w.groups, w.gs, -(-k // 8)]
         for j, pw in enumerate(self.ws):
-            fields += [pw.n, pw.sn, starts[j] if j < len(ns) else 0, 0]
+            fields += [pw.n, starts[j] if j < len(ns) else 0]
         fields += self.rope.fields if self.rope else []
         ctx.set_params(self.q, struct.pack(f"<6If{len(fields) - 5}I", *fields[:6], self.eps, 0, *fields[6:]))
         rows = shape[2] if kind == GEMV else shape[0]  # rows a workgroup

@@ -5,7 +5,9 @@ Formats (as `executorch.backends.vulkan.patterns` writes them):
   holds k = 2b in its low nibble and k = 2b + 1 in its high nibble, each stored as (q + 8), q in
   [-8, 7]. Read in WGSL as u32 words, so word w of a row holds k = 8w + j at bits 4j..4j+3.
 - weight scales: f32 [num_groups, Np] (transposed; N padded to a multiple of 4), group = k / gs.
-  The dequantized weight is (nibble - 8) * scale, exactly as torchao's dequantize_affine.
+  The dequantized weight is (nibble - 8) * scale, exactly as torchao's dequantize_affine. The
+  kernels read them as [Np / 4, num_groups, 4], by quads of weight rows (`scales_in_row_quads`, at
+  load).
 - `et_vk.embedding_q4gsw` (kernels/tensor/embedding.py): the same nibbles, per-row scales [V, groups] (not transposed); with
   `is_linear_weight` false the even element sits in the high nibble instead.
 - `torchao.choose_qparams_affine` (kernels/quant/quantize.py) gives per-block scale (f32) and zero point (int8, stored packed
@@ -36,9 +38,10 @@ Kept as one module past 400 lines: the 4-bit formats are read by every kernel he
 """
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pte_wgpu.resize.shapes import numel_of
+from pte_wgpu.resize.values import Tensor
 
 from ..registry import op
 from ..variants import CPU
@@ -130,7 +133,7 @@ fn i8_at(i: u32) -> i32 {
 
 # ---------------------------------------------------------------- linear_q4gsw / linear_dq8ca_q4gsw
 
-LIN_FIELDS = ("M", "N", "K", "wpr", "sn", "groups", "gs", "kw")
+LIN_FIELDS = ("M", "N", "K", "wpr", "groups", "gs", "kw")
 LIN_STRUCT = "struct Q { " + ", ".join(f"{n}: u32" for n in LIN_FIELDS) + " }"
 LIN_FORMAT = "<" + "I" * len(LIN_FIELDS)
 LIN_SIZE = struct.calcsize(LIN_FORMAT)
@@ -163,12 +166,13 @@ def _zero_points(packed):
     return "fn zp_at(m: u32) -> f32 { return f32(xz[m]); }\n"
 
 
-def _dequant(dq8, zp_packed, gs, scales=(("", "ws", "q.sn"),)):
+def _dequant(dq8, zp_packed, gs, scales=(("", "ws"),)):
     """WGSL both routes share: the weights' dequantization over uniform `q`, and with `dq8` the
     activations' quantize-dequantize. `gs`: the group size, a constant of the shader (a shift or a
     multiply, not a division of the uniform's q.gs: the same groups), or None for q.gs, groups of
-    whole words. `scales`: (suffix, scale binding, its row stride) of each weight, for its
-    `wscale<suffix>` and `dq8<suffix>` (the fused ops read several weights)."""
+    whole words. `scales`: (suffix, scale binding) of each weight, scales [N / 4, q.groups, 4]
+    (scales_in_row_quads), for its `wscale<suffix>` and `dq8<suffix>` (the fused ops read several
+    weights)."""
     group, word_group = (f"{gs}u", gs % 8 == 0) if gs else ("q.gs", True)
     src = """
 struct W8 { a: vec4<f32>, b: vec4<f32> }
@@ -182,8 +186,9 @@ fn nibbles(word: u32) -> W8 {
 // Word u of a row bound as vec2<u32>s (the subgroup kernels'), from the pair holding it.
 fn word_of(pair: vec2<u32>, u: u32) -> u32 { return select(pair.x, pair.y, (u & 1u) == 1u); }
 """
-    for suffix, ws, sn in scales:
-        src += f"fn wscale{suffix}(k: u32, n: u32) -> f32 {{ return f32({ws}[min(k / {group}, q.groups - 1u) * {sn} + n]); }}\n"
+    for suffix, ws in scales:
+        at = f"((n >> 2u) * q.groups + min(k / {group}, q.groups - 1u)) * 4u + (n & 3u)"
+        src += f"fn wscale{suffix}(k: u32, n: u32) -> f32 {{ return f32({ws}[{at}]); }}\n"
         # the 4 weights k0 .. k0 + 3 (k0 a multiple of 4) in the low 16 bits of `bits`, dequantized
         src += f"fn dq4{suffix}(bits: u32, k0: u32, n: u32) -> vec4<f32> {{\n"
         src += "    let w = vec4<f32>((vec4<u32>(bits) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u)) - vec4<f32>(8.0);\n"
@@ -507,12 +512,12 @@ def q4_load(dq8, zp_packed, gs, k, types=Storage()):
 
 @dataclass(frozen=True)
 class Q4Weight:
-    """A 4-bit weight's checked layout: N rows of `wpr` u32 words, scales [groups, sn], group gs."""
+    """A 4-bit weight's checked layout: N rows of `wpr` u32 words, scales [>= N / 4, groups, 4]
+    (scales_in_row_quads), group gs."""
 
     n: int
     wpr: int
     groups: int
-    sn: int
     gs: int
 
     def subgroup_steps(self):
@@ -521,7 +526,7 @@ class Q4Weight:
 
     def check_input(self, b, k):
         if -(-k // 8) > self.wpr or -(-k // self.gs) > self.groups:
-            b.fail(f"input K={k} does not fit weight [{self.n}, {4 * self.wpr}] / scales [{self.groups}, {self.sn}] (group {self.gs})")
+            b.fail(f"input K={k} does not fit weight [{self.n}, {4 * self.wpr}] with {self.groups} scale groups of {self.gs}")
 
 
 def q4_weight(b, x, weight, scales, group_size):
@@ -534,12 +539,15 @@ def q4_weight(b, x, weight, scales, group_size):
     n, row_bytes = wt.dims
     if row_bytes % 4:
         b.fail(f"weight rows of {row_bytes} bytes are not whole u32 words (K must be padded to 8)")
-    if len(st.dims) != 2 or st.dims[-1] < n:
-        b.fail(f"scales must be [groups, >= N={n}], got {list(st.dims)}")
+    if len(st.dims) != 3 or st.constant is None or not st.constant.permuted:
+        b.fail(f"scales must be a constant [groups, Np] (Np a multiple of 4) read only as 4-bit linears' scales, got {st.dtype}{list(st.dims)}")
+    groups, np_ = st.dims[1], 4 * st.dims[0]
+    if np_ < n:
+        b.fail(f"scales must be [groups, >= N={n}], got {[groups, np_]}")
     gs = int(group_size)
     if gs <= 0:
         b.fail(f"group size {gs}")
-    return Q4Weight(n, row_bytes // 4, *st.dims, gs)
+    return Q4Weight(n, row_bytes // 4, groups, gs)
 
 
 def q4_subgroup_shapes(b, w, k):
@@ -640,7 +648,7 @@ class Q4Product:
         if use_gemv and not self.gemvs:
             self.b.fail(f"{m} rows need the GEMV route, not built")
         splits, kspan = self.gemm.plan(m, w.n, k, 1, use_gemm)
-        ctx.set_params(self.q, struct.pack(LIN_FORMAT, m, w.n, k, w.wpr, w.sn, w.groups, w.gs, -(-k // 8)))
+        ctx.set_params(self.q, struct.pack(LIN_FORMAT, m, w.n, k, w.wpr, w.groups, w.gs, -(-k // 8)))
         bias_strides = (0, w.n, 1) if self.residual else (0, 0, 1)
         ctx.set_params(self.p, params_bytes(m, w.n, k, bias=bias_strides, split=(splits, kspan)))
         chosen = gemv_route(self.routes, m) if use_gemv else None
@@ -654,6 +662,35 @@ class Q4Product:
             ctx.set_grid(self.matrix, int8_matrix.matrix_grid(m, w.n) if use_matrix else (0, 0, 0))
         ctx.set_dims(self.out, ctx.dims(self.bias) if self.residual else tuple(xd[:-1]) + (w.n,))
         return m, k
+
+
+SCALES_ARG = {"et_vk.linear_q4gsw.default": 2, "et_vk.linear_dq8ca_q4gsw.default": 5}  # a 4-bit linear's scales
+
+
+def scales_in_row_quads(graph):
+    """Rewrite, in place, the scales of the 4-bit linears of `graph` from the file's [groups, Np]
+    to [Np / 4, groups, 4], which the kernels read: the subgroup kernels' lanes walk a weight row
+    along K, and a lane's scale then lies near its neighbours' (in [groups, Np] a subgroup's 32
+    lanes read 32 rows of the table, Np x 4 bytes apart), while the GEMM's neighbouring columns at
+    one group stay 16 bytes together. Each scales tensor is a constant read only as such scales
+    (what the exporter writes; any other is left, and its linear's build names it): a new
+    constant of the same bytes, permuted at load (Constant.permuted); the old one is left with
+    no rows."""
+    readers = {}
+    for k, (name, args) in enumerate(graph.calls):
+        for i, a in enumerate(args):
+            readers.setdefault(a, []).append((name, i))
+    values, quads = graph.values, {}
+    for vid, uses in readers.items():
+        t = values[vid]
+        if all(SCALES_ARG.get(name) == i for name, i in uses) and isinstance(t, Tensor) and t.constant is not None and len(t.dims) == 2 and t.dims[1] % 4 == 0:
+            groups, rows = t.dims[0], t.dims[1] // 4
+            values.append(Tensor(t.dtype, (rows, groups, 4), replace(t.constant, permuted=((groups, rows, 4), (1, 0, 2)))))
+            values[vid], quads[vid] = Tensor(t.dtype, (0, t.dims[1])), len(values) - 1
+    for k, (name, args) in enumerate(graph.calls):
+        if name in SCALES_ARG and args[SCALES_ARG[name]] in quads:
+            at = SCALES_ARG[name]
+            graph.calls[k] = (name, (*args[:at], quads[args[at]], *args[at + 1 :]))
 
 
 def _add_q4_linear(b, x, xs, xz, weight, scales, group_size, bias, residual=False):
