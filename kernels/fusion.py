@@ -81,6 +81,7 @@ from .attention.rope import ROPE_NAMES  # what the RoPE adds to a q/k/v group's 
 from .attention.sdpa import ATTENTION, ATTENTION_PACKED
 from .matmul.linear import LINEAR_GELU
 from .matmul.qkv_rope import GROUPS as ROPE_GROUPS  # the q/k/v groups that take a RoPE
+from .matmul.routes import q4_splits_k
 from .quant.quantize import REQUANTIZED_CLAMP
 from .registry import op
 from .tensor.elementwise import add_elementwise
@@ -689,7 +690,8 @@ class _Linears:
     def linear(self, i):
         """(x, weight, out, kind) of call i if it is a bias-free linear with a 2-D weight: f32 or
         f16 (kind None, weight a value), or 4-bit of f32 or f16 rows (weight the (packed weight,
-        scales, group size) values, kind ("q4", group size, the weight's row bytes, the scales' groups):
+        scales, group size) values, kind ("q4", group size, the weight's row bytes, the scales' groups,
+        whether its subgroup kernels split K: matmul/routes.py's q4_splits_k):
         products fuse only with their own kind."""
         if i is None:
             return None
@@ -702,7 +704,7 @@ class _Linears:
             x, w, scales, gs, bias, out = args
             if not isinstance(v[gs], Scalar) or len(v[scales].dims) != 3:  # q4_linear.py's scales_in_row_quads
                 return None
-            weights, kind = (w, scales, gs), ("q4", v[gs].value, v[w].dims[1:], v[scales].dims[1])
+            weights, kind = (w, scales, gs), ("q4", v[gs].value, v[w].dims[1:], v[scales].dims[1], q4_splits_k(v[w].dims[0]))
         else:
             return None
         if not (isinstance(v[bias], Scalar) and v[bias].value is None):

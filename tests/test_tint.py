@@ -21,9 +21,9 @@ import pytest
 
 from async_runtime import pipelines
 from pte_wgpu.kernels.attention import gated_delta, short_conv
-from pte_wgpu.kernels.matmul import int8_matrix, linear
+from pte_wgpu.kernels.matmul import int8_matrix, linear, q4_fused_linear, q4_linear
 from pte_wgpu.kernels.matmul.q4_linear import Storage, matrix_heads
-from pte_wgpu.kernels.matmul.routes import FLOAT_SG_GPU_WIDE
+from pte_wgpu.kernels.matmul.routes import FLOAT_SG_GPU_WIDE, Q4_SG_GPU_WIDE, Q4_SG_GPU_WIDE_SPLIT
 from pte_wgpu.kernels.quant import int8_conv, per_channel_linear
 
 from .llama import export_llama
@@ -115,6 +115,12 @@ async def test_every_kernel_compiles_under_tint(tmp_path_factory, load_pte, monk
         for weights in ("f32", "f16"):
             types = linear.Storage(weights, weights, "f32", weights)
             sources[linear.gemv_sg_shader(False, linear.wide_sg_shape(shape, weights == "f16"), types)] = (f"subgroup kernel {shape}, {weights}", weights)
+    for shape in Q4_SG_GPU_WIDE + Q4_SG_GPU_WIDE_SPLIT:  # 4-bit products of long rows, plain and fused with a norm (no tiny model has them)
+        sources[q4_linear.sg_shader(False, False, False, shape, Storage(), False, 32)] = (f"4-bit subgroup kernel {shape}", "f32")
+        types = {"x": "f32", "scales": ["f32"] * 3, "gamma": "f32", "outs": ["f32"] * 3, "rows": "f32", "gate": "f32", "up": "f32"}
+        for count, swiglu in ((3, False), (2, True)):
+            shader = q4_fused_linear._shader(q4_fused_linear.SUBGROUP, shape, count, swiglu, True, types, 32)
+            sources[shader] = (f"fused 4-bit subgroup kernel {shape}, {count} weights, SwiGLU {swiglu}", "f32")
     env = dict(os.environ, PTE_WGPU_BACKEND="dawn", WGPU_BACKEND_TYPE="Null")
     done = subprocess.run([sys.executable, "-c", COMPILE_UNDER_DAWN], input=json.dumps(sources), env=env,
                           capture_output=True, text=True, timeout=600)

@@ -352,8 +352,15 @@ SG_GEMM = (8, 8)  # any other row count (prefill, a ragged pass of several sessi
 
 def sg_groups(shape):
     """Groups of weight rows a workgroup of a subgroup kernel takes: a shape's third element where
-    it has one (the GPUs' shape, one group a 32-lane subgroup), else CPU_WG / SG_LANES."""
+    it has one (the GPUs' shape, one group a 32-lane subgroup; one group a workgroup: its
+    subgroups split K, sg_splits_k), else CPU_WG / SG_LANES."""
     return shape[2] if len(shape) > 2 else CPU_WG // SG_LANES
+
+
+def sg_splits_k(shape):
+    """Whether a GPU subgroup kernel of `shape` splits K among its workgroup's subgroups (one group
+    of weight rows a workgroup; q4_linear.py's sg_body takes such shapes)."""
+    return len(shape) > 2 and shape[2] == 1
 
 
 def sg_wg_rows(shape, weights=1):
@@ -368,16 +375,17 @@ def sg_total(v, width=4):
     return f"subgroupAdd({parts})"
 
 
-def sg_sums(weights, ins, outs, n, store, partners=False, scale=None, width=4):
+def sg_sums(weights, ins, outs, n, store, partners=False, scale=None, width=4, total=None):
     """The subgroup kernels' last statements: each accumulator acc{j}_{i}_{r} (weight j, output
     i, input row r; vectors of `width`) summed over its components and the subgroup's lanes into
-    v{j} (sg_total), and lane 0 storing output n0 + i of a live row r with `store(r)`, for N =
-    `n` (WGSL). With `partners` (n0 and the outputs even), pair{j} holds output n ^ 1's sum too
-    (a RoPE epilogue's). `scale(r)`: a WGSL factor of row r's sums (a folded norm's)."""
+    v{j} (sg_total; or `total(j, i, r)`, WGSL of the sum), and lane 0 storing output n0 + i of a
+    live row r with `store(r)`, for N = `n` (WGSL). With `partners` (n0 and the outputs even),
+    pair{j} holds output n ^ 1's sum too (a RoPE epilogue's). `scale(r)`: a WGSL factor of row
+    r's sums (a folded norm's)."""
     lines = []
 
     def total_of(j, i, r):
-        return sg_total(f"acc{j}_{i}_{r}", width) + (f" * {scale(r)}" if scale else "")
+        return (total(j, i, r) if total else sg_total(f"acc{j}_{i}_{r}", width)) + (f" * {scale(r)}" if scale else "")
 
     for r in ins:
         if partners:

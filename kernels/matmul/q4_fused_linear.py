@@ -58,13 +58,14 @@ from .q4_linear import (
     gemv_routes_below,
     gemv_step,
     q4_b_k_quad,
+    q4_every_row,
     q4_subgroup_shape,
     q4_subgroup_shapes,
     q4_weight,
     sg_body,
     sg_main,
 )
-from .routes import BITWISE_ROWS, Q4_SG_GPU, Q4_SG_GPU_ROWS, Q4_SG_GPU_WIDE, shape_for_rows
+from .routes import BITWISE_ROWS, Q4_SG_GPU, Q4_SG_GPU_ROWS, shape_for_rows
 
 SUBGROUP, GEMV = "subgroup", "gemv"  # the fused kernel's algorithm (the module docstring)
 HEAD = ("M", "K", "wpr", "groups", "gs", "kw", "eps", "pad")  # then N and S a product
@@ -227,9 +228,9 @@ class _Fused:
             "x": b.storage(self.x), "scales": [b.storage(s) for _, s in self.products], "gamma": gamma is not None and b.storage(gamma),
             "outs": [b.storage(o) for o in self.outs], "rows": b.storage(self.x), "gate": b.storage(items[-2]), "up": b.storage(items[-1]),
         }  # fmt: skip
-        self.q = b.params(4 * (len(HEAD) + 4 * len(self.ws) + (len(ROPE_FIELDS) if rope else 0)))
+        self.q = b.params(4 * (len(HEAD) + 2 * len(self.ws) + (len(ROPE_FIELDS) if rope else 0)))
         gpu_sg = q4_subgroup_shapes(b, self.ws[0], k) if steps and not cpu else ()
-        folds = gpu_sg == Q4_SG_GPU_WIDE  # its subgroup kernels take the rows before the norm
+        folds = q4_every_row(gpu_sg)  # its subgroup kernels take the rows before the norm
         if cpu and steps:  # every row count
             sg = ((Q4_SG_GEMV[0], Q4_SG_GEMV[1] * len(self.ws)) if swiglu else Q4_SG_GEMV, Q4_SG_GEMM)
             self.routes, kinds, self.most = [], [(SUBGROUP, shape) for shape in sg], None

@@ -48,8 +48,21 @@ from ..variants import CPU
 from ..wgsl import DIV_RN, PACKED, SUBGROUP_BUILTINS, fill, is_float, row_groups, row_groups_grid, vec4_loader, vec4_type
 from . import int8_matrix
 from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, bindings, float_a_load, gemm_scratch, params_bytes
-from .linear import CPU_WG, sg_groups, sg_sums, sg_total, sg_wg_rows
-from .routes import BITWISE_ROWS, GEMV_MAX_ROWS, GEMV_T4_MIN_N, Q4_GEMV_MAX_ROWS, Q4_SG_GPU, Q4_SG_GPU_ROWS, Q4_SG_GPU_WIDE, gpu_gemv_rows, q4_wide, shape_for_rows
+from .linear import CPU_WG, sg_groups, sg_splits_k, sg_sums, sg_total, sg_wg_rows
+from .routes import (
+    BITWISE_ROWS,
+    GEMV_MAX_ROWS,
+    GEMV_T4_MIN_N,
+    Q4_GEMV_MAX_ROWS,
+    Q4_SG_GPU,
+    Q4_SG_GPU_ROWS,
+    Q4_SG_GPU_WIDE,
+    Q4_SG_GPU_WIDE_SPLIT,
+    gpu_gemv_rows,
+    q4_splits_k,
+    q4_wide,
+    shape_for_rows,
+)
 
 # The GEMV spreads a row's words over `lanes` invocations a quad of outputs, so a workgroup of
 # GEMV_WG takes 4 * GEMV_WG / lanes outputs; which lanes, by the pass's row count (gemv_routes).
@@ -359,15 +372,22 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
     each sums x * gamma, times its row's rstd from the squares of x its lanes add as they read
     the row (no barrier, no normalized rows). The GPUs' shapes (routes.py's, of three elements,
     or four: the words a lane takes a step, else Q4_SG_WORDS) sum in vec2 accumulators, the CPU
-    adapters' in vec4s."""
+    adapters' in vec4s. A shape that splits K (linear.py's sg_splits_k) has the workgroup's
+    invocations walk K where a subgroup's lanes do, and adds its subgroups' sums through
+    workgroup memory in their order (sg_main's `parts`), for invocation 0 to store."""
     ins, outs = range(shape[0]), range(shape[1] // len(weights))
     pairs = len(shape) > 2
+    split = sg_splits_k(shape)
+    walker, stride = ("li", f"{CPU_WG}u") if split else ("lane", "sgs")  # who walks K, and its step
     store = store or (lambda r: f"out[(r0 + {r}u) * q.N + n] = epilogue(v0, r0 + {r}u, n);")
     ws = [(j, i) for j in range(len(weights)) for i in outs]
     lines = [f"let x{r}_ = min(r0 + {r}u, q.M - 1u);" for r in ins]
     if dq8:  # GEMV_DQ8_SETUP for each row
         lines += [f"let s_row{r} = f32(xs[x{r}_]); let zp_row{r} = zp_at(x{r}_); let inv_row{r} = div_rn(1.0, s_row{r});" for r in ins]
-    lines += [f"for (var g = li / sgs; g < {sg_groups(shape)}u; g = g + {CPU_WG}u / sgs) {{", f"let n0 = nw + g * {len(outs)}u;"]
+    if split:  # one group of weight rows
+        lines += ["{", "let n0 = nw;"]
+    else:
+        lines += [f"for (var g = li / sgs; g < {sg_groups(shape)}u; g = g + {CPU_WG}u / sgs) {{", f"let n0 = nw + g * {len(outs)}u;"]
     lines += [f"let c{i} = min(n0 + {i}u, {n} - 1u);" for i in outs]
     lines += [f"var acc{j}_{i}_{r} = vec{2 if pairs else 4}<f32>(0.0);" for j, i in ws for r in ins]
     lines += [f"var sq{r} = vec4<f32>(0.0);" for r in ins] if norm else []
@@ -381,12 +401,12 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
 
     prefetch = pairs and shape[0] <= PREFETCH_ROWS
     if prefetch:  # each lane loads its next step's words and scales while it sums this one's
-        lines += [f"let vlast = max({steps}, 1u) - 1u;", "let vfirst = min(lane, vlast);"]
+        lines += [f"let vlast = max({steps}, 1u) - 1u;", f"let vfirst = min({walker}, vlast);"]
         for j, i in ws:
             word, scale = loads(j, i, "vfirst", f"vfirst * {8 * per}u")
             lines.append(f"var wnext{j}_{i} = {word}; var snext{j}_{i} = {scale};")
-    lines += [f"for (var v = lane; v < {steps}; v = v + sgs) {{", f"    let k0 = v * {8 * per}u;"]
-    lines += ["    let vnext = min(v + sgs, vlast);"] if prefetch else []
+    lines += [f"for (var v = {walker}; v < {steps}; v = v + {stride}) {{", f"    let k0 = v * {8 * per}u;"]
+    lines += [f"    let vnext = min(v + {stride}, vlast);"] if prefetch else []
     for j, i in ws:
         if prefetch:
             word, scale = loads(j, i, "vnext", f"vnext * {8 * per}u")
@@ -417,10 +437,19 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
                 lines += [f"    acc{t}_{r} = acc{t}_{r} + x{r}a * a{t} + x{r}b * b{t};" for r in ins]
         lines.append("    }")
     lines.append("}")
+    width, total, square = 2 if pairs else 4, None, lambda r: sg_total(f"sq{r}")
+    if split:  # the subgroups' sums into invocation 0's
+        sums = [(f"acc{j}_{i}_{r}", width) for j, i in ws for r in ins] + ([(f"sq{r}", 4) for r in ins] if norm else [])
+        at = {name: k for k, (name, _) in enumerate(sums)}
+        lines += [f"let t{k} = {sg_total(name, w)};" for k, (name, w) in enumerate(sums)]
+        lines.append("if (lane == 0u) { " + " ".join(f"parts[li / sgs * {len(sums)}u + {k}u] = t{k};" for k in range(len(sums))) + " }")
+        lines += ["workgroupBarrier();", "if (li == 0u) {"] + [f"var c{k} = parts[{k}u];" for k in range(len(sums))]
+        lines.append(f"for (var s = 1u; s < {CPU_WG}u / sgs; s = s + 1u) {{ " + " ".join(f"c{k} = c{k} + parts[s * {len(sums)}u + {k}u];" for k in range(len(sums))) + " }")
+        total, square = (lambda j, i, r: f"c{at[f'acc{j}_{i}_{r}']}"), (lambda r: f"c{at[f'sq{r}']}")
     if norm:
-        lines += [f"let rstd{r} = inverseSqrt({sg_total(f'sq{r}')} / f32(q.K) + q.eps);" for r in ins]
-    lines += sg_sums(len(weights), ins, outs, n, store, partners, (lambda r: f"rstd{r}") if norm else None, 2 if pairs else 4)
-    lines.append("}")
+        lines += [f"let rstd{r} = inverseSqrt({square(r)} / f32(q.K) + q.eps);" for r in ins]
+    lines += sg_sums(len(weights), ins, outs, n, store, partners, (lambda r: f"rstd{r}") if norm else None, width, total)
+    lines.append("}" * (2 if split else 1))
     return "\n    ".join(lines)
 
 
@@ -443,8 +472,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
 def sg_main(shape):
     """The subgroup kernels' entry for `shape`: workgroup (wg0, group of shape[0] rows from r0:
-    kernels/wgsl.py's row_groups), `rows` of them live."""
-    return fill(SG_MAIN, CPU_WG=CPU_WG, BUILTINS=SUBGROUP_BUILTINS, Q4_SG_WORDS=Q4_SG_WORDS, ROWS=shape[0], ROW_GROUPS=row_groups("q.M", shape[0]))
+    kernels/wgsl.py's row_groups), `rows` of them live; where it splits K, `parts` holds its
+    subgroups' sums (of each output and each row's squares; subgroups of one lane at the most)."""
+    parts = f"var<workgroup> parts: array<f32, {CPU_WG * shape[0] * (shape[1] + 1)}>;\n" if sg_splits_k(shape) else ""
+    return parts + fill(SG_MAIN, CPU_WG=CPU_WG, BUILTINS=SUBGROUP_BUILTINS, Q4_SG_WORDS=Q4_SG_WORDS, ROWS=shape[0], ROW_GROUPS=row_groups("q.M", shape[0]))
 
 
 def sg_shader(dq8, zp_packed, has_bias, shape=Q4_SG_GEMV, types=Storage(), residual=False, gs=None):
@@ -553,15 +584,21 @@ def q4_weight(b, x, weight, scales, group_size):
 def q4_subgroup_shapes(b, w, k):
     """The subgroup kernel shapes a 4-bit product of weight `w` and inputs of at most K = k builds
     on this device, for one row and for more, or one for some rows: CPU adapters with subgroups
-    take them at every row count; GPUs Q4_SG_GPU_WIDE's to BITWISE_ROWS for weights of
-    q4_wide K or an LM head's rows, else Q4_SG_GPU for Q4_SG_GPU_ROWS rows; routes.py."""
+    take them at every row count; GPUs Q4_SG_GPU_WIDE's (or Q4_SG_GPU_WIDE_SPLIT's, q4_splits_k)
+    to BITWISE_ROWS for weights of q4_wide K or an LM head's rows, else Q4_SG_GPU for
+    Q4_SG_GPU_ROWS rows; routes.py."""
     if not (b.subgroups and w.subgroup_steps() and k % Q4_SG_STEP == 0):
         return ()
     if b.adapter == CPU:
         return (Q4_SG_GEMV, Q4_SG_GEMM)
     if q4_wide(8 * w.wpr) or w.n >= GEMV_T4_MIN_N:
-        return Q4_SG_GPU_WIDE
+        return Q4_SG_GPU_WIDE_SPLIT if q4_splits_k(w.n) else Q4_SG_GPU_WIDE
     return (Q4_SG_GPU,)
+
+
+def q4_every_row(shapes):
+    """Whether q4_subgroup_shapes' `shapes` take every row count to BITWISE_ROWS on a GPU."""
+    return shapes in (Q4_SG_GPU_WIDE, Q4_SG_GPU_WIDE_SPLIT)
 
 
 def q4_subgroup_shape(b, shapes, m, k):
@@ -571,7 +608,7 @@ def q4_subgroup_shape(b, shapes, m, k):
     if b.adapter == CPU:  # every row count
         first, last = 1, m
     else:
-        first, last = (1, BITWISE_ROWS) if shapes == Q4_SG_GPU_WIDE else Q4_SG_GPU_ROWS
+        first, last = (1, BITWISE_ROWS) if q4_every_row(shapes) else Q4_SG_GPU_ROWS
     return shapes[shape_for_rows(shapes, m)] if first <= m <= last else None
 
 
@@ -604,7 +641,7 @@ class Q4Product:
         self.shapes = () if gpu and (dq8 or not gemv) else q4_subgroup_shapes(b, w, b.graph.values[x].dims[-1])
         self.routes = gemv_routes(w.wpr, grouped=not dq8) if gemv else []
         if self.shapes and gpu:  # the subgroup kernels for every row the GEMV took, or past BITWISE_ROWS
-            self.routes = [] if self.shapes == Q4_SG_GPU_WIDE else gemv_routes_below(self.routes, BITWISE_ROWS)
+            self.routes = [] if q4_every_row(self.shapes) else gemv_routes_below(self.routes, BITWISE_ROWS)
         most = self.routes[-1][0] if self.routes else 0  # without the GEMV, the GEMM at every row count
         self.gemv_rows = gpu_gemv_rows(w.n, most) if self.routes and gpu else most  # more: the GEMM
         step = gemv_step(w.wpr)

@@ -87,6 +87,25 @@ Q4_SG_GPU = (4, 4, 2, 1)
 # 17-64-row kernel of narrower weights cost more than the norm's dispatch (SmolLM2 4w, 64
 # streams: 14,437-14,934 -> 13,463-13,991).
 Q4_SG_GPU_WIDE = ((1, 4, 2), (2, 4, 2), (4, 4, 2))
+# ... weights of at most Q4_SPLIT_K_MAX_N rows at Q4_SG_GPU_WIDE_SPLIT's: one group of weight rows a
+# workgroup, whose subgroups split K (q4_linear.py's sg_body), twice the subgroups on a product:
+# such a product's 512-768 subgroups at 4 weight rows each left a 1B model's q/k/v, output and
+# down products far from the weights' bandwidth. Every row count splits alike, so a row of a pass
+# stays bitwise the row alone; a fused op's weights split alike (fusion.py's kinds). H200,
+# Llama-3.2-1B 4w, greedy bursts, two rounds in one call, 1 / 2 / 8 / 16 streams: 835-843 /
+# 1,321-1,343 / 2,716-2,738 / 3,353-3,373 -> 932-935 / 1,447-1,458 / 2,647-2,697 / 3,199-3,219
+# tokens/s (16 rows wait on the barrier: kept for the one stream); only K >= 4,096 (the down
+# product) 890-897 / 3,273-3,298 at 1 / 16; (4, 8, 1) or (8, 4, 1) past 4 rows 2,738-2,757 at 16;
+# wide products lose (SwiGLU's 16,384 x 2,048 at one row 15.7 -> 16.2 us alone, the down product's
+# 2,048 x 8,192 17.1 -> 12.2) (results/h200/kernel_choices/q4_split_k/).
+Q4_SPLIT_K_MAX_N = 4096
+Q4_SG_GPU_WIDE_SPLIT = tuple((rows, weights, 1) for rows, weights, _ in Q4_SG_GPU_WIDE)
+
+
+def q4_splits_k(n):
+    """Whether the subgroup kernels of a 4-bit weight of N = n rows split K among a workgroup's
+    subgroups (Q4_SG_GPU_WIDE_SPLIT)."""
+    return n <= Q4_SPLIT_K_MAX_N
 
 
 def shape_for_rows(shapes, m):
