@@ -72,7 +72,6 @@ Views that only fed a fused op are dropped with it. Each rewrite but the attenti
 row's sums in the order of the ops it replaces.
 """
 
-from collections import Counter
 
 from pte_wgpu.resize.values import NONE, IntList, Scalar, Tensor, ValueList
 
@@ -83,7 +82,7 @@ from .matmul.linear import LINEAR_GELU
 from .matmul.qkv_rope import GROUPS as ROPE_GROUPS  # the q/k/v groups that take a RoPE
 from .matmul.routes import q4_splits_k
 from .quant.quantize import REQUANTIZED_CLAMP
-from .registry import op
+from .registry import op, value_uses
 from .tensor.elementwise import add_elementwise
 from .tensor.reduce import SAFE_SOFTMAX
 from .vision.conv import CONV_RESIDUAL, takes_residual
@@ -127,19 +126,6 @@ def silu_mul(b):
 def add_relu(b):
     """[a, b, alpha, out]: max(a + alpha * b, 0), broadcasting as add does."""
     add_elementwise(b, [0, 1], "max(a + alpha * b, $CT(0))", b.scalar(2, 1))
-
-
-def _uses(graph, skip=()):
-    """How many times each value is read: by the graph's outputs and its calls but those of `skip`."""
-    uses = Counter(graph.outputs)
-    for i, (_, args) in enumerate(graph.calls):
-        if i in skip:
-            continue
-        for a in args[:-1]:
-            uses[a] += 1
-            if isinstance(graph.values[a], ValueList):
-                uses.update(graph.values[a].items)
-    return uses
 
 
 def _producers(graph):
@@ -207,7 +193,7 @@ def _fuse_all(graph):
 
 
 def _fuse_silu(graph):
-    uses = _uses(graph)
+    uses = value_uses(graph)
     producer = _producers(graph)
     calls, drop, fused = graph.calls, set(), 0
     for k, (name, args) in enumerate(calls):
@@ -308,7 +294,7 @@ def _fuse_conv_clamps(graph):
     """A ReLU, or a clamp by numbers (ReLU6's hardtanh), of a convolution's result that nothing
     else reads: et_vk.conv_with_clamp, the clamp in the convolution's epilogue (a convolution over
     a batch, which the partitioner leaves to the portable kernels while it delegates the ReLU)."""
-    values, uses, producer = graph.values, _uses(graph), _producers(graph)
+    values, uses, producer = graph.values, value_uses(graph), _producers(graph)
     calls, drop, fused = graph.calls, set(), 0
     for k, (name, args) in enumerate(calls):
         relu = name == RELU and len(args) == 2
@@ -331,7 +317,7 @@ def _fuse_conv_residual(graph):
     """conv(x) + residual (either order, alpha 1, the same shape), the convolution's result read by
     nothing else and the convolution one the implicit GEMM always takes: pte_wgpu.conv_residual,
     the residual added in its epilogue; with the ReLU after, where only that reads the sum."""
-    values, uses, producer, readers = graph.values, _uses(graph), _producers(graph), _readers(graph)
+    values, uses, producer, readers = graph.values, value_uses(graph), _producers(graph), _readers(graph)
     calls, drop, fused = graph.calls, set(), 0
     for k, (name, args) in enumerate(calls):
         if name != ADD or len(args) != 4 or values[args[2]].value not in (1, None):
@@ -364,7 +350,7 @@ def _fuse_conv_residual(graph):
 def _fuse_add_relu(graph):
     """relu(a + alpha * b) of tensors, the sum read by nothing else: one pte_wgpu.add_relu (a
     residual block's end: ResNet's)."""
-    values, uses, producer = graph.values, _uses(graph), _producers(graph)
+    values, uses, producer = graph.values, value_uses(graph), _producers(graph)
     calls, drop, fused = graph.calls, set(), 0
     for k, (name, args) in enumerate(calls):
         if name != RELU or len(args) != 2:
@@ -383,7 +369,7 @@ def _fuse_add_relu(graph):
 
 
 def _fuse_requantized_clamps(graph):
-    values, uses, producer = graph.values, _uses(graph), _producers(graph)
+    values, uses, producer = graph.values, value_uses(graph), _producers(graph)
     calls, drop, fused = graph.calls, set(), 0
     numbers = lambda args: all(isinstance(values[a], Scalar) for a in args)  # noqa: E731
     for k, (name, args) in enumerate(calls):
@@ -418,7 +404,7 @@ FULL_LIKE = ("aten.full_like.default", "aten::full_like.out")
 def _fuse_safe_softmax(graph):
     """where(not(any(not(x == -inf), dim, keepdim)), full_like(s, 0), s) with s = softmax(x, dim):
     one pte_wgpu.safe_softmax where nothing else reads the pieces."""
-    uses, producer, values = _uses(graph), _producers(graph), graph.values
+    uses, producer, values = value_uses(graph), _producers(graph), graph.values
     calls, drop, fused = graph.calls, set(), 0
 
     def made(vid, names, users=1):
@@ -473,7 +459,7 @@ def _order(values, vid):
 def _fuse_permutes(graph):
     """permute(permute(x, p), q), the inner one read by nothing else: permute(x, [p[i] for i in q]),
     one strided copy where there were two (a chain folds from its first permute on)."""
-    values, calls, producer, uses = graph.values, graph.calls, _producers(graph), _uses(graph)
+    values, calls, producer, uses = graph.values, graph.calls, _producers(graph), value_uses(graph)
     drop, fused = set(), 0
     for k, (name, args) in enumerate(calls):
         i = _made(calls, producer, uses, args[0], PERMUTES) if name in PERMUTES and len(args) == 3 else None
@@ -500,7 +486,7 @@ def _fuse_attention(graph):
     expands that keep the shape between), where q, k and v end in [S, D], [L, D] and [L, D] with D
     a head dim the tiled kernel takes: pte_wgpu.attention(q, k, v, the numbers' product), or
     pte_wgpu.attention_packed where they are timm's slices of one projection (_packed_attention)."""
-    values, calls, uses, producer = graph.values, graph.calls, _uses(graph), _producers(graph)
+    values, calls, uses, producer = graph.values, graph.calls, value_uses(graph), _producers(graph)
     drop, fused = set(), 0
 
     def made(vid, names, chain):
@@ -670,7 +656,7 @@ def _fuse_batched_weight(graph):
         fed.update((*chain, i_e, i_t))
     dead = set()
     while True:
-        uses = _uses(graph, dead)
+        uses = value_uses(graph, dead)
         more = {i for i in fed - dead if uses[calls[i][1][-1]] == 0}
         if not more:
             break
@@ -684,7 +670,7 @@ class _Linears:
 
     def __init__(self, graph):
         self.g, self.values, self.calls = graph, graph.values, graph.calls
-        self.uses = _uses(graph)
+        self.uses = value_uses(graph)
         self.producer = _producers(graph)
 
     def linear(self, i):
@@ -836,7 +822,7 @@ def _fuse_groups(graph):
 def _fuse_norms(graph):
     """rms_norm(x, gamma, eps) whose result (or its one view, same last dim) only a fused linear
     reads, as its input."""
-    calls, values, uses = graph.calls, graph.values, _uses(graph)
+    calls, values, uses = graph.calls, graph.values, value_uses(graph)
     readers = _readers(graph)
     fused = 0
     for i, (name, args) in enumerate(calls):
@@ -945,7 +931,7 @@ def _viewed(f, vid):
 def _drop_dead_views(graph):
     """Views whose result nothing reads any more (they fed a fused op's former inputs)."""
     while True:
-        uses = _uses(graph)
+        uses = value_uses(graph)
         dead = {i for i, (name, args) in enumerate(graph.calls) if name in VIEWS and uses[args[-1]] == 0}
         if not dead:
             return

@@ -12,6 +12,7 @@ everything from live dims; every other op keeps each dim of its tensors within t
 maximum (`Node.bounded`), since its kernels or hooks may rely on that.
 """
 
+from collections import Counter
 from dataclasses import dataclass
 
 from pte_wgpu.resize.engine import Node
@@ -212,6 +213,20 @@ def build_node(graph, name, args, adapter=GPU, subgroups=False, merge_apart=Fals
     return Node(
         name, b._hook, tuple(dict.fromkeys(reads)), writes, data_dependent=getattr(fn, "data_dependent", False), bounded=bounded
     )
+
+
+def value_uses(graph, skip=()):
+    """How many times each value is read: by the graph's outputs and its calls but those of `skip`
+    (a list's items each time the list is)."""
+    uses = Counter(graph.outputs)
+    for i, (_, args) in enumerate(graph.calls):
+        if i in skip:
+            continue
+        for a in args[:-1]:
+            uses[a] += 1
+            if isinstance(graph.values[a], ValueList):
+                uses.update(graph.values[a].items)
+    return uses
 
 
 def _tensors(values, args):

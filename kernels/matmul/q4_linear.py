@@ -38,12 +38,13 @@ Kept as one module past 400 lines: the 4-bit formats are read by every kernel he
 """
 
 import struct
+from collections import Counter
 from dataclasses import dataclass, replace
 
 from pte_wgpu.resize.shapes import numel_of
 from pte_wgpu.resize.values import Tensor
 
-from ..registry import op
+from ..registry import op, value_uses
 from ..variants import CPU
 from ..wgsl import DIV_RN, PACKED, SUBGROUP_BUILTINS, fill, is_float, row_groups, row_groups_grid, vec4_loader, vec4_type
 from . import int8_matrix
@@ -713,14 +714,11 @@ def scales_in_row_quads(graph):
     (what the exporter writes; any other is left, and its linear's build names it): a new
     constant of the same bytes, permuted at load (Constant.permuted); the old one is left with
     no rows."""
-    readers = {}
-    for k, (name, args) in enumerate(graph.calls):
-        for i, a in enumerate(args):
-            readers.setdefault(a, []).append((name, i))
-    values, quads = graph.values, {}
-    for vid, uses in readers.items():
+    reads = Counter(args[SCALES_ARG[name]] for name, args in graph.calls if name in SCALES_ARG)
+    values, uses, quads = graph.values, value_uses(graph), {}
+    for vid, count in reads.items():
         t = values[vid]
-        if all(SCALES_ARG.get(name) == i for name, i in uses) and isinstance(t, Tensor) and t.constant is not None and len(t.dims) == 2 and t.dims[1] % 4 == 0:
+        if uses[vid] == count and isinstance(t, Tensor) and t.constant is not None and len(t.dims) == 2 and t.dims[1] % 4 == 0:
             groups, rows = t.dims[0], t.dims[1] // 4
             values.append(Tensor(t.dtype, (rows, groups, 4), replace(t.constant, permuted=((groups, rows, 4), (1, 0, 2)))))
             values[vid], quads[vid] = Tensor(t.dtype, (0, t.dims[1])), len(values) - 1
