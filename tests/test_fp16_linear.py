@@ -171,7 +171,7 @@ async def test_fp16_products_take_the_cpu_subgroup_kernels(name, load_pte, kerne
     """With the CPU variants on a device with subgroups, every product of these models runs in a
     subgroup kernel that loads the f16 input 4 halves at a time (a vec2<u32>), at one row and at
     several; with the GPU variants, the float ones for SG_GPU_ROWS rows and the 4-bit ones
-    without dynamic int8 activations for Q4_SG_GPU_ROWS (values checked in
+    (with dynamic int8 activations or not) for Q4_SG_GPU_ROWS (values checked in
     test_fp16_products_match_eager_fp16)."""
     data, _ = _export(name)
     model = await load_pte(data)
@@ -182,7 +182,7 @@ async def test_fp16_products_take_the_cpu_subgroup_kernels(name, load_pte, kerne
         live = [d for i, d in enumerate(model.graph.dispatches) if "linear" in d.op and all(model._default.state.grids[i])]
         for d in live:
             lo, hi = R.Q4_SG_GPU_ROWS if "q4" in d.op else R.SG_GPU_ROWS
-            gpu = lo <= m <= hi and "dq8" not in d.op
+            gpu = lo <= m <= hi
             expected = subgroups and (kernel_variants == "cpu" or gpu)
             assert ("subgroupAdd" in d.shader and "array<vec2<u32>>" in d.shader) == expected, (m, d.op)
         assert live, m

@@ -179,16 +179,18 @@ async def test_cpu_adapters_take_the_subgroup_gemv(name, subgroup, load_pte, ker
     assert ran == (subgroup and kernel_variants == "cpu" and model.subgroups)
 
 
-@pytest.mark.parametrize("name, most, subgroup", [("q4_wide", 64, (17, 64)), ("dq8_wide", 32, None), ("q4_lm_head", 16, (1, 16))])
+@pytest.mark.parametrize("name, most, subgroup", [("q4_wide", (64, 64), (17, 64)), ("dq8_wide", (64, 32), (17, 64)), ("q4_lm_head", (16, 16), (1, 16))])
 async def test_gpus_take_the_gemv_up_to_its_rows(name, most, subgroup, load_pte, kernel_variants):
     """With the GPU variants a wide 4-bit linear runs the GEMV up to BITWISE_ROWS rows, on a
     device with subgroups their kernel for 17 to Q4_GEMV_MAX_ROWS rows (kernels/matmul/routes.py's
-    Q4_SG_GPU_ROWS; without subgroups the GEMV), and the tiled GEMM past that; dq8 the GEMV up to
-    GEMV_MAX_ROWS and no subgroup kernel; an LM head (N >= GEMV_T4_MIN_N) the subgroup kernels up
-    to BITWISE_ROWS (Q4_SG_GPU_WIDE; without subgroups the GEMV), the GEMM past."""
+    Q4_SG_GPU_ROWS; without subgroups the GEMV), and the tiled GEMM past that; dq8 products alike
+    (without subgroups the GEMV to GEMV_MAX_ROWS); an LM head (N >= GEMV_T4_MIN_N) the subgroup
+    kernels up to BITWISE_ROWS (Q4_SG_GPU_WIDE; without subgroups the GEMV), the GEMM past.
+    `most`: the rows before the GEMM with subgroups and without."""
     model = await load_pte(_export(name)[0])
     if kernel_variants != "gpu":
         pytest.skip("the GPU variants")
+    most = most[0] if model.subgroups else most[1]
     for m in (m for m in (1, 16, 17, 32, 33, 64, 65) if m <= CASES[name][1][0]):
         await model.execute(_rows(name, m, np.random.default_rng(m)))
         grids = model._default.state.grids
