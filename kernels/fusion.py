@@ -58,6 +58,10 @@ kernel would bind more storage buffers than the device allows (Dawn's Vulkan ada
 - A permute of a permute that nothing else reads becomes one permute by the composed order (ViT's
   attention output takes three in a row, two of them each other's inverse).
 
+- A dynamic quantization's choose_qparams of the same input and arguments as an earlier one goes,
+  its readers reading the earlier one's scales and zero points (an 8da4w export quantizes the
+  input of q, k and v three times, that of gate and up twice).
+
 - Attention exported as bmm(q', transpose(k')) -> softmax (safe or not) over the keys -> bmm(., v),
   q' and k' each q and k or a number times them (scaled_dot_product_attention's decomposition:
   ViT's), becomes one `pte_wgpu.attention(q, k, v, scale)` (kernels/attention/sdpa.py), the
@@ -72,6 +76,8 @@ Views that only fed a fused op are dropped with it. Each rewrite but the attenti
 row's sums in the order of the ops it replaces.
 """
 
+
+from collections import Counter
 
 from pte_wgpu.resize.values import NONE, IntList, Scalar, Tensor, ValueList
 
@@ -174,7 +180,8 @@ def fuse(graph):
 
 
 def _fuse_all(graph):
-    fused = _fuse_permutes(graph)
+    fused = _share_qparams(graph)
+    fused += _fuse_permutes(graph)
     fused += _fuse_safe_softmax(graph)
     fused += _fuse_attention(graph)
     fused += _fuse_requantized_clamps(graph)
@@ -190,6 +197,36 @@ def _fuse_all(graph):
     fused += _fuse_add_relu(graph)
     _drop_dead_views(graph)
     return fused + _fuse_norms(graph)
+
+
+# Dynamic quantization's parameter ops (kernels/quant/quantize.py): each gives its input's scales and
+# zero points (a ValueList of two outputs)
+CHOOSE_QPARAMS = ("torchao.choose_qparams_affine.default", "quantized_decomposed.choose_qparams_per_token_asymmetric.default")
+
+
+def _share_qparams(graph):
+    """A choose_qparams of the same input and arguments as an earlier one is dropped, its readers
+    reading the earlier one's outputs: an 8da4w export quantizes the input of q, k and v three times,
+    that of gate and up twice (a dispatch each, in every decode step). Only where the dropped
+    outputs are read directly by calls (not through a list, not as the graph's outputs)."""
+    values, calls, uses = graph.values, graph.calls, value_uses(graph)
+    direct = Counter(a for _, args in calls for a in args[:-1])
+    first, rename, drop = {}, {}, set()
+    for k, (name, args) in enumerate(calls):
+        if name not in CHOOSE_QPARAMS or not isinstance(values[args[-1]], ValueList):
+            continue
+        key = (name, *(a if isinstance(values[a], Tensor) else values[a] for a in args[:-1]))
+        if key not in first:
+            first[key] = values[args[-1]].items
+            continue
+        mine = values[args[-1]].items
+        if len(mine) != len(first[key]) or any(uses[o] != direct[o] for o in mine):
+            continue
+        rename.update(zip(mine, first[key]))
+        drop.add(k)
+    if drop:
+        graph.calls[:] = [(name, (*(rename.get(a, a) for a in args[:-1]), args[-1])) for k, (name, args) in enumerate(calls) if k not in drop]
+    return len(drop)
 
 
 def _fuse_silu(graph):
