@@ -9,7 +9,8 @@ the GPU and on the host, whatever its size), so the rewrites below cut that numb
 - SwiGLU: silu_mul of two bias-free linears of one input (gate and up) becomes
   `pte_wgpu.linear_silu_mul` (kernels/matmul/fused_linear.py).
 - A bias-free linear whose result only feeds `residual + linear(x)` becomes
-  `pte_wgpu.linear_residual`, the residual added in the linear's epilogue.
+  `pte_wgpu.linear_residual`, the residual added in the linear's epilogue (an 8da4w one
+  `pte_wgpu.q4_linear_dq8_residual`).
 - A bias-free linear whose result only feeds an add of a vector of its N outputs (the output
   projection that the rewrite below makes of ViT's bmm, its bias added apart) takes that vector as
   its bias, where the result is stored f32 (the same f32 add).
@@ -105,6 +106,8 @@ ADD_RELU = "pte_wgpu.add_relu"
 LINEAR_SILU_MUL = "pte_wgpu.linear_silu_mul"
 LINEAR_RESIDUAL = "pte_wgpu.linear_residual"
 LINEAR_GROUP = "pte_wgpu.linear_group"
+DQ8_LINEAR = "et_vk.linear_dq8ca_q4gsw.default"
+DQ8_LINEAR_RESIDUAL = "pte_wgpu.q4_linear_dq8_residual"
 # each rewrite's op for float linears and for 4-bit ones
 FUSED = {
     None: {"silu_mul": LINEAR_SILU_MUL, "residual": LINEAR_RESIDUAL, "group": LINEAR_GROUP},
@@ -736,6 +739,17 @@ class _Linears:
             return None
         return x, (w if kind is None else weights), out, kind
 
+    def dq8_linear(self, i):
+        """(x, input_scale, input_zp, weight, scales, group_size) of call i if it is a bias-free
+        `et_vk.linear_dq8ca_q4gsw` (8da4w) of f32 or f16 rows and scales laid out for the kernels."""
+        if i is None or self.calls[i][0] != DQ8_LINEAR or len(self.calls[i][1]) != 9:
+            return None
+        x, xs, xz, w, _, scales, gs, bias, out = self.calls[i][1]
+        v = self.values
+        if not (isinstance(v[bias], Scalar) and v[bias].value is None) or not isinstance(v[gs], Scalar) or len(v[scales].dims) != 3:
+            return None
+        return (x, xs, xz, w, scales, gs) if v[x].dtype in FLOATS and v[out].dtype in FLOATS else None
+
     def before_all(self, weight, i):
         """Whether a linear's weight (and scales) exist before call i."""
         return all(self.before(w, i) for w in (weight if isinstance(weight, tuple) else (weight,)))
@@ -814,13 +828,16 @@ def _fuse_residual(graph):
             continue
         out = args[-1]
         for e, residual in ((args[1], args[0]), (args[0], args[1])):
-            i, views = f.through_views(e)
+            i, views = f.through_views(e, lambda i: f.linear(i) or f.dq8_linear(i))
             if i is None or i in drop or not f.before(residual, i) or f.uses[e] != 1:
                 continue
             if not (values[residual].dims == values[e].dims == values[out].dims) or values[out].dtype not in FLOATS:
                 continue
-            x, w, _, kind = f.linear(i)
-            replace[i] = (FUSED[kind and "q4"]["residual"], (x, *(w if kind else (w,)), residual, out))
+            if dq8 := f.dq8_linear(i):
+                replace[i] = (DQ8_LINEAR_RESIDUAL, (*dq8, residual, out))
+            else:
+                x, w, _, kind = f.linear(i)
+                replace[i] = (FUSED[kind and "q4"]["residual"], (x, *(w if kind else (w,)), residual, out))
             drop.update((k, *views))
             break
     f.rewrite(replace, drop)

@@ -18,7 +18,9 @@ their tensors' types before the gate or the residual).
   (kernels/matmul/routes.py's fused_norm_rows: on CPU adapters every count, their subgroup kernels
   having no barrier).
 - `pte_wgpu.q4_linear_residual` [x, weight, scales, group_size, residual, out]: the plain op's
-  routes with the residual added in their epilogue.
+  routes with the residual added in their epilogue; `pte_wgpu.q4_linear_dq8_residual` [x,
+  input_scale, input_zp, weight, scales, group_size, residual, out] the same for
+  `et_vk.linear_dq8ca_q4gsw` (8da4w).
 
 The fused kernel per adapter class, as the plain op's: on CPU adapters with subgroups (and weights
 of whole subgroup steps) the subgroup kernels of every row count, Q4_SG_GEMV's one row and
@@ -331,3 +333,10 @@ def q4_linear_silu_mul(b):
 def q4_linear_residual(b):
     """[x, weight, scales, group_size, residual, out]: residual + x @ dequant(weight).T."""
     _add_q4_linear(b, b.args[0], None, None, b.args[1], b.args[2], b.scalar(3), b.args[4], residual=True)
+
+
+@op("pte_wgpu.q4_linear_dq8_residual", half=True)
+def q4_linear_dq8_residual(b):
+    """[x, input_scale, input_zp, weight, scales, group_size, residual, out]: residual + the
+    product of `et_vk.linear_dq8ca_q4gsw` (x quantized to int8 with its rows' scales and zero points)."""
+    _add_q4_linear(b, b.args[0], b.args[1], b.args[2], b.args[3], b.args[4], b.scalar(5), b.args[6], residual=True)
