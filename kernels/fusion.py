@@ -211,21 +211,27 @@ def _share_qparams(graph):
     """A choose_qparams of the same input and arguments as an earlier one is dropped, its readers
     reading the earlier one's outputs: an 8da4w export quantizes the input of q, k and v three times,
     that of gate and up twice (a dispatch each, in every decode step). Only where the dropped
-    outputs are read directly by calls (not through a list, not as the graph's outputs)."""
+    outputs are read directly by calls (not through a list, not as the graph's outputs) and no
+    call between the two writes the input."""
     values, calls, uses = graph.values, graph.calls, value_uses(graph)
     direct = Counter(a for _, args in calls for a in args[:-1])
+    writes = {}  # value -> the calls that write it
+    for k, (_, args) in enumerate(calls):
+        for o in values[args[-1]].items if args and isinstance(values[args[-1]], ValueList) else args[-1:]:
+            writes.setdefault(o, []).append(k)
     first, rename, drop = {}, {}, set()
     for k, (name, args) in enumerate(calls):
         if name not in CHOOSE_QPARAMS or not isinstance(values[args[-1]], ValueList):
             continue
         key = (name, *(a if isinstance(values[a], Tensor) else values[a] for a in args[:-1]))
         if key not in first:
-            first[key] = values[args[-1]].items
+            first[key] = k, values[args[-1]].items
             continue
+        at, theirs = first[key]
         mine = values[args[-1]].items
-        if len(mine) != len(first[key]) or any(uses[o] != direct[o] for o in mine):
+        if len(mine) != len(theirs) or any(uses[o] != direct[o] for o in mine) or any(at < w < k for w in writes.get(args[0], ())):
             continue
-        rename.update(zip(mine, first[key]))
+        rename.update(zip(mine, theirs))
         drop.add(k)
     if drop:
         graph.calls[:] = [(name, (*(rename.get(a, a) for a in args[:-1]), args[-1])) for k, (name, args) in enumerate(calls) if k not in drop]
