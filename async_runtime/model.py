@@ -233,7 +233,7 @@ class Model:
         split_constants(graph, self._binding_limit)
         scales_in_row_quads(graph)
         self._input_storage = tuple(getattr(graph.values[v], "dtype", None) for v in graph.inputs)  # float16 may be widened
-        self.fused = fuse(graph)
+        self.fused = fuse(graph, self.int8_matrices)
         self.batching, self.batching_note, ragged = ("submits" if self._scheduler.batching else "off"), "", None
         if self._scheduler.batching:
             try:

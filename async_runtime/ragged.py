@@ -57,6 +57,8 @@ ROW_WISE = {
     "et_vk.linear_q4gsw.default",
     "et_vk.linear_dq8ca_q4gsw.default",
     "torchao.choose_qparams_affine.default",
+    "pte_wgpu.quantized_rows",
+    "pte_wgpu.rms_norm_quantized_rows",
     "et_vk.rms_norm.default",
     "aten.native_layer_norm.default",
     "aten.embedding.default",

@@ -62,6 +62,10 @@ kernel would bind more storage buffers than the device allows (Dawn's Vulkan ada
 - A dynamic quantization's choose_qparams of the same input and arguments as an earlier one goes,
   its readers reading the earlier one's scales and zero points (an 8da4w export quantizes the
   input of q, k and v three times, that of gate and up twice).
+- Then, unless the device multiplies int8 subgroup matrices, the 8da4w products of one such input
+  become 4-bit linears of its rows quantized and dequantized once (`pte_wgpu.quantized_rows`, or
+  `pte_wgpu.rms_norm_quantized_rows` with the RMS norm before it, whose squares sum in another
+  order), the same values, and fuse as 4-bit ones below.
 
 - Attention exported as bmm(q', transpose(k')) -> softmax (safe or not) over the keys -> bmm(., v),
   q' and k' each q and k or a number times them (scaled_dot_product_attention's decomposition:
@@ -73,8 +77,8 @@ kernel would bind more storage buffers than the device allows (Dawn's Vulkan ada
   Its sums run in another order (an online softmax, the scales multiplied into q first): within
   f32 rounding of the ops it replaces, not bit for bit.
 
-Views that only fed a fused op are dropped with it. Each rewrite but the attention's keeps every
-row's sums in the order of the ops it replaces.
+Views that only fed a fused op are dropped with it. Each rewrite but the attention's and a norm
+joining a quantization keeps every row's sums in the order of the ops it replaces.
 """
 
 
@@ -108,6 +112,8 @@ LINEAR_RESIDUAL = "pte_wgpu.linear_residual"
 LINEAR_GROUP = "pte_wgpu.linear_group"
 DQ8_LINEAR = "et_vk.linear_dq8ca_q4gsw.default"
 DQ8_LINEAR_RESIDUAL = "pte_wgpu.q4_linear_dq8_residual"
+QUANTIZED_ROWS = "pte_wgpu.quantized_rows"  # an 8da4w product's rows, quantized and dequantized
+RMS_NORM_QUANTIZED_ROWS = "pte_wgpu.rms_norm_quantized_rows"
 # each rewrite's op for float linears and for 4-bit ones
 FUSED = {
     None: {"silu_mul": LINEAR_SILU_MUL, "residual": LINEAR_RESIDUAL, "group": LINEAR_GROUP},
@@ -177,13 +183,16 @@ def _unless_malformed(rewrite, graph, *args):
         return 0
 
 
-def fuse(graph):
-    """Rewrite `graph.calls` in place; returns how many patterns were fused."""
-    return _unless_malformed(_fuse_all, graph)
+def fuse(graph, int8_matrices=False):
+    """Rewrite `graph.calls` in place; returns how many patterns were fused. With `int8_matrices`
+    (the device multiplies int8 subgroup matrices) 8da4w products keep their int8 activations,
+    which their prompts' products take to the matrices."""
+    return _unless_malformed(_fuse_all, graph, int8_matrices)
 
 
-def _fuse_all(graph):
+def _fuse_all(graph, int8_matrices):
     fused = _share_qparams(graph)
+    fused += 0 if int8_matrices else _quantize_rows(graph)
     fused += _fuse_permutes(graph)
     fused += _fuse_safe_softmax(graph)
     fused += _fuse_attention(graph)
@@ -215,10 +224,7 @@ def _share_qparams(graph):
     call between the two writes the input."""
     values, calls, uses = graph.values, graph.calls, value_uses(graph)
     direct = Counter(a for _, args in calls for a in args[:-1])
-    writes = {}  # value -> the calls that write it
-    for k, (_, args) in enumerate(calls):
-        for o in values[args[-1]].items if args and isinstance(values[args[-1]], ValueList) else args[-1:]:
-            writes.setdefault(o, []).append(k)
+    writes = _writes(graph)
     first, rename, drop = {}, {}, set()
     for k, (name, args) in enumerate(calls):
         if name not in CHOOSE_QPARAMS or not isinstance(values[args[-1]], ValueList):
@@ -235,6 +241,65 @@ def _share_qparams(graph):
         drop.add(k)
     if drop:
         graph.calls[:] = [(name, (*(rename.get(a, a) for a in args[:-1]), args[-1])) for k, (name, args) in enumerate(calls) if k not in drop]
+    return len(drop)
+
+
+def _writes(graph):
+    """The calls that write each value, in order."""
+    writes = {}
+    for k, (_, args) in enumerate(graph.calls):
+        for o in graph.values[args[-1]].items if args and isinstance(graph.values[args[-1]], ValueList) else args[-1:]:
+            writes.setdefault(o, []).append(k)
+    return writes
+
+
+def _quantize_rows(graph):
+    """A choose_qparams_affine of whole rows (of a multiple of 4) whose scales and zero points only 8da4w products of
+    its input read (directly, no call between writing the input) becomes `pte_wgpu.quantized_rows`,
+    the rows quantized and dequantized once as the products did it (kernels/quant/quantized_rows.py),
+    and the products 4-bit linears of those rows, which the rewrites after fuse as 4-bit ones (an
+    8da4w decode step then takes about the 4w export's dispatches). An RMS norm only it reads
+    joins it (`pte_wgpu.rms_norm_quantized_rows`)."""
+    values, calls, uses = graph.values, graph.calls, value_uses(graph)
+    readers, writes, replace, fused = _readers(graph), _writes(graph), {}, 0
+    for k, (name, args) in enumerate(calls):
+        if name != CHOOSE_QPARAMS[0] or len(args) != 11 or not isinstance(values[args[-1]], ValueList) or len(values[args[-1]].items) != 2:
+            continue
+        x, (scale, zp) = args[0], values[args[-1]].items
+        block, dims = values[args[2]], values[x].dims
+        if not (isinstance(block, IntList) and dims and block.items[-1] == dims[-1] and dims[-1] % 4 == 0) or values[zp].dtype not in ("int8", "int32"):
+            continue
+        products = sorted(set(readers.get(scale, ())) | set(readers.get(zp, ())))
+        if not products or any(uses[o] != len(readers.get(o, ())) for o in (scale, zp)) or any(k < w < products[-1] for w in writes.get(x, ())):
+            continue
+        if any(calls[i][0] != DQ8_LINEAR or len(calls[i][1]) != 9 or tuple(calls[i][1][:3]) != (x, scale, zp) for i in products):
+            continue
+        values += [Tensor("float32", dims), Scalar(values[scale].dtype), Scalar(values[zp].dtype)]
+        rows, scale_dtype, zp_dtype = len(values) - 3, len(values) - 2, len(values) - 1
+        replace[k] = (QUANTIZED_ROWS, (*args[:7], scale_dtype, zp_dtype, args[9], rows))
+        for i in products:
+            _, _, _, w, _, scales, gs, bias, out = calls[i][1]
+            replace[i] = (Q4_LINEAR, (rows, w, scales, gs, bias, out))
+        fused += 1
+    graph.calls[:] = [replace.get(i, c) for i, c in enumerate(calls)]
+    return fused + _join_norms(graph)
+
+
+def _join_norms(graph):
+    """rms_norm(x, gamma, eps) that only a quantized_rows reads: one rms_norm_quantized_rows at
+    the norm's place."""
+    calls, values, uses, producer = graph.calls, graph.values, value_uses(graph), _producers(graph)
+    drop = set()
+    for k, (name, args) in enumerate(calls):
+        i = producer.get(args[0]) if name == QUANTIZED_ROWS else None
+        if i is None or calls[i][0] != RMS_NORM or len(calls[i][1]) != 4 or uses[args[0]] != 1:
+            continue
+        x, gamma, eps, normed = calls[i][1]
+        if not _alike(values, x, normed) or values[x].dtype not in FLOATS or len(values[gamma].dims) != 1:
+            continue
+        calls[i] = (RMS_NORM_QUANTIZED_ROWS, (x, *args[1:-1], gamma, eps, args[-1]))
+        drop.add(k)
+    graph.calls[:] = [c for k, c in enumerate(calls) if k not in drop]
     return len(drop)
 
 

@@ -246,6 +246,15 @@ fn div_rn(a: f32, b: f32) -> f32 {
 """
 
 
+# An activation quantized to int8 with its row's (1 / scale, zero point, scale) and dequantized
+# again, torchao's quantize_affine then dequantize_affine in f32: what an 8da4w product multiplies
+# (kernels/matmul/q4_linear.py), and what kernels/quant/quantized_rows.py writes for it.
+XQ = """
+fn xq(v: f32, inv: f32, zp: f32, s: f32) -> f32 {
+    return (clamp(round(v * inv) + zp, -128.0, 127.0) - zp) * s;
+}
+"""
+
 # Subgroup kernels: each invocation's lane and the subgroup's size, added to an entry point's
 # builtins; vec4 loads of a tensor stored as f32 or f16.
 SUBGROUP_BUILTINS = ", @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sgs: u32"

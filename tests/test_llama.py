@@ -107,10 +107,16 @@ async def test_llama_matches_eager_prompt_then_decode(name, tmp_path_factory, lo
     # per layer: the SiLU gate; with fp32 and 4-bit linears also SwiGLU, q/k/v as one group, two
     # residual adds, the two RMS norms before the group and SwiGLU, and the group taking the RoPE
     # where the device lets its kernel bind enough storage buffers; and RoPE writes the KV cache;
-    # with 8da4w, the two residual adds and the choose_qparams of k, v and up (each the same as
-    # q's or gate's)
+    # with 8da4w, the choose_qparams of k, v and up (each the same as q's or gate's) and, where
+    # the device has no int8 matrices, the 4 left becoming quantized rows, the two norms joining
+    # them in place of the products, and the products fused as the 4-bit ones (the head's input
+    # quantized too, the last norm joining it); else the two residual adds
     rope = model.device_info.max_storage_buffers >= ROPE_GROUP_BUFFERS.get(name, 0)
-    assert model.fused == CONFIGS[name]["n_layers"] * (7 if CONFIGS[name].get("qmode") == "8da4w" else 8 + rope)
+    layers, head = CONFIGS[name]["n_layers"], 0
+    per_layer = 8 + rope
+    if CONFIGS[name].get("qmode") == "8da4w":
+        per_layer, head = (7, 0) if model.int8_matrices else (per_layer - 2 + 3 + 4 + 2, 2)
+    assert model.fused == layers * per_layer + head
     ids, logits = runs["short"]
     await generate_and_check(model, ids, logits, SCENARIOS["short"][0])
 

@@ -164,7 +164,28 @@ async def test_quantized_linear_routes(name, load_pte, kernel_variants):
         tol = 1e-3
     rng = np.random.default_rng(7)
     calls = [_rows(name, m, rng) for m in _live_ms(name)]
-    await assert_matches_eager(await load_pte(data), module, calls, atol=tol, rtol=tol)
+    model = await load_pte(data)
+    if name.startswith("dq8") and not model.int8_matrices:  # the rows quantized once, the products 4-bit linears of them
+        assert [call for call, _ in model.graph.calls if "linear" in call or "quantized" in call] == ["pte_wgpu.quantized_rows", "et_vk.linear_q4gsw.default"]
+    await assert_matches_eager(model, module, calls, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in CASES if n.startswith("dq8")))
+async def test_dq8_products_quantizing_their_rows_as_they_read(name, load_pte, kernel_variants, monkeypatch):
+    """The 8da4w products as devices with int8 matrices keep them (their kernels quantize each row
+    as they read it, where elsewhere the rows are quantized once before 4-bit linears of them):
+    against eager as above, dq8_diagonal bit for bit."""
+    import async_runtime.model
+
+    fuse = async_runtime.model.fuse
+    monkeypatch.setattr(async_runtime.model, "fuse", lambda graph, int8_matrices: fuse(graph, True))
+    data, module = _export(name)
+    model = await load_pte(data)
+    assert "pte_wgpu.quantized_rows" not in [call for call, _ in model.graph.calls]
+    rng = np.random.default_rng(7)
+    calls = [_rows(name, m, rng) for m in _live_ms(name)]
+    tol = 0 if name == "dq8_diagonal" else ATOL
+    await assert_matches_eager(model, module, calls, atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("name, subgroup", [("q4_n52", True), ("dq8_n44", True), ("q4_3d", True), ("q4_small", False)])

@@ -49,7 +49,7 @@ from pte_wgpu.resize.values import Tensor
 
 from ..registry import op, value_uses
 from ..variants import CPU
-from ..wgsl import DIV_RN, PACKED, SUBGROUP_BUILTINS, fill, is_float, row_groups, row_groups_grid, vec4_loader, vec4_type
+from ..wgsl import DIV_RN, PACKED, SUBGROUP_BUILTINS, XQ, fill, is_float, row_groups, row_groups_grid, vec4_loader, vec4_type
 from . import int8_matrix
 from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, bindings, float_a_load, gemm_scratch, params_bytes
 from .linear import CPU_WG, sg_groups, sg_splits_k, sg_sums, sg_total, sg_wg_rows
@@ -214,13 +214,7 @@ fn word_of(pair: vec2<u32>, u: u32) -> u32 { return select(pair.x, pair.y, (u & 
         else:
             src += f"    return w * vec4<f32>({', '.join(f'wscale{suffix}(k0 + {i}u, n)' for i in range(4))});\n}}\n"
     if dq8:
-        src += DIV_RN + _zero_points(zp_packed)
-        # quantize_affine then dequantize_affine of one activation with its row's (1/s, zp, s).
-        src += """
-fn xq(v: f32, inv: f32, zp: f32, s: f32) -> f32 {
-    return (clamp(round(v * inv) + zp, -128.0, 127.0) - zp) * s;
-}
-"""
+        src += DIV_RN + _zero_points(zp_packed) + XQ
     return src
 
 

@@ -2,4 +2,4 @@
 over per-channel quantized weights (int8 and 4-bit) and int8 convolutions. May import the kernels'
 top modules and `vision` (convolution shapes)."""
 
-from . import int8_conv, int8_elementwise, per_channel_linear, quantize  # noqa: F401
+from . import int8_conv, int8_elementwise, per_channel_linear, quantize, quantized_rows  # noqa: F401

@@ -176,19 +176,59 @@ def dequantize_affine(b):
 # of quantized_decomposed.choose_qparams), and the XNNPACK-style per-token asymmetric rule of
 # choose_qparams_per_token_asymmetric.
 MODES = {"ASYMMETRIC": 0, "SYMMETRIC": 1, "SYMMETRIC_NO_CLIPPING_ERR": 2, "PER_TOKEN_ASYMMETRIC": 3}
-QP_FORMAT = "<IIIiifff"  # blocks, block, mode, qmin, qmax, eps, divisor, zp_sym
+QP_FORMAT = "<IIIiiffff3I"  # blocks, block, mode, qmin, qmax, eps, divisor, zp_sym, norm_eps (quantized_rows.py), pad
 QP_SIZE = struct.calcsize(QP_FORMAT)
 F32_EPS = 1.1920928955078125e-07  # torch.finfo(torch.float32).eps
 
+# The parameters of both kernels below and of kernels/quant/quantized_rows.py's, and `qparams`: the
+# scale and zero point of a block of minimum `lo` and maximum `hi` (each taken with 0), with
+# torch's f32 arithmetic (divisions correctly rounded by div_rn).
+QP_STRUCT = """
+struct P { blocks: u32, block: u32, mode: u32, qmin: i32, qmax: i32, eps: f32, divisor: f32, zp_sym: f32,
+           norm_eps: f32, pad0: u32, pad1: u32, pad2: u32 }
+"""
+QPARAMS = """
+fn qparams(lo: f32, hi: f32) -> vec2<f32> {
+    let qmin = f32(p.qmin);
+    let qmax = f32(p.qmax);
+    var sc = 0.0;
+    var z = p.zp_sym;
+    if (p.mode == 0u || p.mode == 3u) {
+        sc = max(div_rn(hi - lo, p.divisor), p.eps);
+        if (p.mode == 0u) {
+            z = clamp(qmin - round(div_rn(lo, sc)), qmin, qmax);
+        } else {
+            let dmin = div_rn(lo, sc);
+            let dmax = div_rn(hi, sc);
+            z = round(clamp(select(qmax - dmax, qmin - dmin, (qmin + dmin) + (qmax + dmax) > 0.0), qmin, qmax));
+        }
+    } else if (p.mode == 1u) {
+        sc = max(div_rn(max(-lo, hi), p.divisor), p.eps);
+    } else {
+        let smin = div_rn(lo, qmin);
+        let smax = div_rn(hi, qmax);
+        sc = select(smax, smin, smin > smax);
+        sc = max(sc, p.eps);
+    }
+    return vec2<f32>(sc, z);
+}
+"""
+
+
+def qp_bytes(mode, qmin, qmax, eps, blocks, block, norm_eps=0.0):
+    """The uniform P of `blocks` blocks of `block` elements."""
+    divisor = float(qmax - qmin) / (2 if mode in (1, 2) else 1)
+    zp_sym = float(int((qmax + qmin + 1) / 2))
+    return struct.pack(QP_FORMAT, blocks, block, mode, qmin, qmax, eps, divisor, zp_sym, norm_eps, 0, 0, 0)
+
+
 # 4 blocks per workgroup, 64 threads each: min(min(x), 0) and max(max(x), 0) of the block, then its
-# scale and zero point with torch's f32 arithmetic (divisions correctly rounded by div_rn).
+# scale and zero point (qparams).
 CHOOSE_QPARAMS = """
-struct P { blocks: u32, block: u32, mode: u32, qmin: i32, qmax: i32, eps: f32, divisor: f32, zp_sym: f32 }
 @group(0) @binding(0) var<storage, read> x: array<$X_TYPE>;
 @group(0) @binding(1) var<storage, read_write> scale: array<$SCALE_TYPE>;
 @group(0) @binding(2) var<storage, read_write> zpo: array<$ZP_TYPE>;
 @group(0) @binding(3) var<uniform> p: P;
-$DIV_RN
 var<workgroup> rmin: array<f32, 256>;
 var<workgroup> rmax: array<f32, 256>;
 var<workgroup> zps: array<i32, 4>;
@@ -223,31 +263,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (lane == 0u) {
         var zp = 0;
         if (blk < p.blocks) {
-            let lo = rmin[li];
-            let hi = rmax[li];
-            let qmin = f32(p.qmin);
-            let qmax = f32(p.qmax);
-            var sc = 0.0;
-            var z = p.zp_sym;
-            if (p.mode == 0u || p.mode == 3u) {
-                sc = max(div_rn(hi - lo, p.divisor), p.eps);
-                if (p.mode == 0u) {
-                    z = clamp(qmin - round(div_rn(lo, sc)), qmin, qmax);
-                } else {
-                    let dmin = div_rn(lo, sc);
-                    let dmax = div_rn(hi, sc);
-                    z = round(clamp(select(qmax - dmax, qmin - dmin, (qmin + dmin) + (qmax + dmax) > 0.0), qmin, qmax));
-                }
-            } else if (p.mode == 1u) {
-                sc = max(div_rn(max(-lo, hi), p.divisor), p.eps);
-            } else {
-                let smin = div_rn(lo, qmin);
-                let smax = div_rn(hi, qmax);
-                sc = select(smax, smin, smin > smax);
-                sc = max(sc, p.eps);
-            }
-            scale[blk] = $SCALE_TYPE(sc);
-            zp = i32(z);
+            let qp = qparams(rmin[li], rmax[li]);
+            scale[blk] = $SCALE_TYPE(qp.x);
+            zp = i32(qp.y);
             $ZP_STORE
         }
         zps[slot] = zp;
@@ -272,11 +290,8 @@ def _choose_qparams(b, mode, qmin, qmax, eps, block_of, out_dims_of):
     if not is_float(xt.dtype) or not is_float(st.dtype) or zt.dtype not in ("int32", "int64", "int8"):
         raise NotImplementedError(f"{b.name}: {[xt.dtype, st.dtype, zt.dtype]} tensors")
     zp_packed = zt.dtype in PACKED
-    divisor = float(qmax - qmin) / (2 if mode in (1, 2) else 1)
-    zp_sym = float(int((qmax + qmin + 1) / 2))
-    src = fill(
+    src = QP_STRUCT + DIV_RN + QPARAMS + fill(
         CHOOSE_QPARAMS,
-        DIV_RN=DIV_RN,
         ZP_TYPE="u32" if zp_packed else "i32",
         X_TYPE=b.storage(x),
         SCALE_TYPE=b.storage(scale),
@@ -291,7 +306,7 @@ def _choose_qparams(b, mode, qmin, qmax, eps, block_of, out_dims_of):
         block = block_of(dims)
         blocks = numel_of(dims) // block
         shape = out_dims_of(dims, block)
-        ctx.set_params(params, struct.pack(QP_FORMAT, blocks, block, mode, qmin, qmax, eps, divisor, zp_sym))
+        ctx.set_params(params, qp_bytes(mode, qmin, qmax, eps, blocks, block))
         ctx.set_grid(d, fold_grid(-(-blocks // 4)))
         ctx.set_dims(scale, shape)
         ctx.set_dims(zp, shape)
@@ -313,10 +328,9 @@ def choose_qparams_per_token_asymmetric(b):
     _choose_qparams(b, mode, -128, 127, F32_EPS, lambda dims: max(dims[-1], 1), lambda dims, block: tuple(dims[:-1]) + (1,))
 
 
-@op("torchao.choose_qparams_affine.default", half=True)
-def choose_qparams_affine(b):
-    """[input, mapping_type Str, block_size IntList, target_dtype (None), quant_min, quant_max,
-    eps Double or None, scale_dtype, zero_point_dtype, keepdim, ValueList[scale, zero_point]]."""
+def affine_args(b):
+    """(mode, qmin, qmax, eps, block) of choose_qparams_affine's arguments 0-6 (those of
+    kernels/quant/quantized_rows.py's ops too), or ValueError naming what is not supported."""
     xt = b.tensor(0)
     if not is_float(xt.dtype):
         b.fail(f"input dtype {xt.dtype}")
@@ -326,10 +340,17 @@ def choose_qparams_affine(b):
     block = tuple(b.value(2).items)
     if len(block) != len(xt.dims) or any(int(s) != 1 for s in block[:-1]) or block[-1] <= 0:
         b.fail(f"block_size {list(block)} for input {list(xt.dims)}: only [1, ..., 1, B] (per row group)")
-    bsize = int(block[-1])
     qmin, qmax = b.scalar(4, -128), b.scalar(5, 127)
     eps = b.scalar(6, None)
     eps = 2.0**-126 if eps is None else float(eps)  # torch.finfo(float32).smallest_normal
+    return MODES[mapping], qmin, qmax, eps, int(block[-1])
+
+
+@op("torchao.choose_qparams_affine.default", half=True)
+def choose_qparams_affine(b):
+    """[input, mapping_type Str, block_size IntList, target_dtype (None), quant_min, quant_max,
+    eps Double or None, scale_dtype, zero_point_dtype, keepdim, ValueList[scale, zero_point]]."""
+    mode, qmin, qmax, eps, bsize = affine_args(b)
     scale = b.graph.values[b.outputs(2)[0]]
     if not is_float(scale.dtype):
         b.fail(f"scale dtype {scale.dtype}")
@@ -347,4 +368,4 @@ def choose_qparams_affine(b):
             b.fail(f"cannot shape {numel_of(dims) // block} blocks into rank {out_rank}")
         return shape
 
-    _choose_qparams(b, MODES[mapping], qmin, qmax, eps, block_of, out_dims_of)
+    _choose_qparams(b, mode, qmin, qmax, eps, block_of, out_dims_of)

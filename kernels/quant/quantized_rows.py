@@ -1,0 +1,133 @@
+"""An 8da4w product's activations, quantized to int8 per row and dequantized again, in one
+dispatch: what kernels/fusion.py makes of `torchao.choose_qparams_affine` (per row) and the
+`et_vk.linear_dq8ca_q4gsw` products that quantize their input with its scales and zero points.
+The products then read those rows as a 4-bit linear of float rows reads its input, and take the
+4-bit linears' fused kernels (one q/k/v dispatch, SwiGLU as one, the residual in the epilogue).
+
+- `pte_wgpu.quantized_rows` [x, mapping_type, block_size, target_dtype, quant_min, quant_max,
+  eps, scale_dtype Str, zero_point_dtype Str, keepdim, out]: choose_qparams_affine's arguments,
+  the dtypes being those its scales and zero points were stored as; out (f32, x's shape) holds
+  each element of x as the product multiplied it: the row's scale and zero point by
+  quantize.py's `qparams` over the row's minimum and maximum (rounded to the scales' and zero
+  points' storage as they were), then wgsl.py's XQ. Bitwise what the products computed.
+- `pte_wgpu.rms_norm_quantized_rows` [x, .., keepdim, gamma, eps, out]: the same of
+  et_vk.rms_norm(x, gamma, eps), its rows x * rstd * gamma rounded to x's storage type as the
+  norm stored them; rstd from the same squares summed in another order (to rounding of the norm's).
+
+A workgroup a row (the blocks must be whole rows, as the products' per-row scales are, of a
+multiple of 4), which its invocations hold in registers, 4 elements a load: one read of the row,
+two or three trees, one write. Where 128 invocations walked the row three times (the norm's sums,
+the minimum and maximum, the values), one element a load: H200, Llama-3.2-1B shape 8da4w, greedy
+bursts, two rounds in one call, 1 / 16 / 64 streams 605 / 3,059-3,068 / 7,612-7,672 -> 663-671 /
+3,149-3,170 / 7,796-7,864 tokens/s (results/h200/kernel_choices/dq8_quantized_rows/registers/).
+"""
+
+from pte_wgpu.resize.shapes import fold_grid, numel_of
+
+from ..registry import op
+from ..wgsl import DIV_RN, PACKED, XQ, fill, is_float, vec4_loader, vec4_type, wgsl_type
+from .quantize import QP_SIZE, QP_STRUCT, QPARAMS, affine_args, qp_bytes
+
+WG = 256  # invocations a row
+
+QUANTIZED_ROWS = """
+@group(0) @binding(0) var<storage, read> x: array<$X4>;
+@group(0) @binding(1) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(2) var<uniform> p: P;
+$GAMMA
+var<workgroup> lo: array<f32, $WG>;
+var<workgroup> hi: array<f32, $WG>;
+
+@compute @workgroup_size($WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= p.blocks) { return; }
+    let quads = p.block / 4u;
+    let base = row * quads;
+    var v: array<vec4<f32>, $HELD>;  // quads lid, lid + WG, ..; zeros past the row
+    for (var i = 0u; i < ${HELD}u; i = i + 1u) {
+        let j = lid + i * ${WG}u;
+        if (j < quads) { v[i] = x4(base + j); }
+    }
+$NORM
+    var mn = vec4<f32>(0.0);
+    var mx = vec4<f32>(0.0);
+    for (var i = 0u; i < ${HELD}u; i = i + 1u) { mn = min(mn, v[i]); mx = max(mx, v[i]); }
+    lo[lid] = min(min(mn.x, mn.y), min(mn.z, mn.w));
+    hi[lid] = max(max(mx.x, mx.y), max(mx.z, mx.w));
+    workgroupBarrier();
+    for (var s = ${HALF}u; s > 0u; s = s >> 1u) {
+        if (lid < s) { lo[lid] = min(lo[lid], lo[lid + s]); hi[lid] = max(hi[lid], hi[lid + s]); }
+        workgroupBarrier();
+    }
+    let qp = qparams(lo[0], hi[0]);
+    let s = f32($SCALE_TYPE(qp.x));
+    let zp = $ZP;
+    let inv = div_rn(1.0, s);
+    for (var i = 0u; i < ${HELD}u; i = i + 1u) {
+        let j = lid + i * ${WG}u;
+        let e = v[i];
+        if (j < quads) { out[base + j] = vec4<f32>(xq(e.x, inv, zp, s), xq(e.y, inv, zp, s), xq(e.z, inv, zp, s), xq(e.w, inv, zp, s)); }
+    }
+}
+"""
+# the norm: rstd from the row's squares (lo holds the invocations' sums, read before it is reused),
+# then each element x * rstd * gamma as the norm stored it
+NORM = """
+    var q = 0.0;
+    for (var i = 0u; i < ${HELD}u; i = i + 1u) { q = q + dot(v[i], v[i]); }
+    lo[lid] = q;
+    workgroupBarrier();
+    for (var s = ${HALF}u; s > 0u; s = s >> 1u) {
+        if (lid < s) { lo[lid] = lo[lid] + lo[lid + s]; }
+        workgroupBarrier();
+    }
+    let rstd = inverseSqrt(lo[0] / f32(p.block) + p.norm_eps);
+    workgroupBarrier();
+    for (var i = 0u; i < ${HELD}u; i = i + 1u) {
+        let j = lid + i * ${WG}u;
+        if (j < quads) { v[i] = vec4<f32>(vec4<$X_TYPE>(v[i] * rstd * gamma4(j))); }
+    }
+"""
+
+
+@op("pte_wgpu.quantized_rows", "pte_wgpu.rms_norm_quantized_rows", half=True)
+def quantized_rows(b):
+    norm = b.name == "pte_wgpu.rms_norm_quantized_rows"
+    mode, qmin, qmax, eps, _ = affine_args(b)
+    x, out = b.args[0], b.out
+    scale_dtype, zp_dtype = b.scalar(7), b.scalar(8)
+    if not is_float(scale_dtype) or zp_dtype not in ("int8", "int32"):
+        b.fail(f"scales stored as {scale_dtype} and zero points as {zp_dtype}: expected floats and int8 or int32")
+    if b.graph.values[out].dtype != "float32":
+        b.fail(f"output dtype {b.graph.values[out].dtype}, expected float32")
+    block = b.graph.values[b.args[2]].items[-1]
+    if block % 4:
+        b.fail(f"rows of {block}: the kernel reads them 4 elements at a time (a multiple of 4)")
+    x_type = b.storage(x, packed=False)
+    zp = "f32((i32(qp.y) << 24u) >> 24u)" if zp_dtype in PACKED else "f32(i32(qp.y))"  # as the products read it back
+    held = -(-block // (4 * WG))
+    norm_wgsl = fill(NORM, HELD=held, WG=WG, HALF=WG // 2, X_TYPE=x_type) if norm else ""
+    gamma = ""
+    if norm:
+        g_type = b.storage(b.args[10], packed=False)
+        gamma = f"@group(0) @binding(3) var<storage, read> gamma: array<{vec4_type(g_type)}>;\n" + vec4_loader("gamma", g_type)
+    body = fill(QUANTIZED_ROWS, X4=vec4_type(x_type), GAMMA=gamma, NORM=norm_wgsl, HELD=held, SCALE_TYPE=wgsl_type(scale_dtype), ZP=zp, WG=WG, HALF=WG // 2)
+    src = QP_STRUCT + DIV_RN + QPARAMS + XQ + vec4_loader("x", x_type) + body
+    params = b.params(QP_SIZE)
+    d = b.dispatch(src, [x, out, params] + ([b.args[10]] if norm else []))
+    norm_eps = float(b.scalar(11, 1e-6)) if norm else 0.0
+
+    def resize(ctx):
+        dims = ctx.dims(x)
+        if not dims or dims[-1] != block:
+            b.fail(f"input {tuple(dims)} is not rows of {block}, the quantization's blocks")
+        if norm and ctx.numel(b.args[10]) != block:
+            b.fail(f"norm weight of {ctx.numel(b.args[10])} elements for rows of {block}")
+        rows = numel_of(dims[:-1])
+        ctx.set_params(params, qp_bytes(mode, qmin, qmax, eps, rows, block, norm_eps))
+        ctx.set_grid(d, fold_grid(rows))
+        ctx.set_dims(out, dims)
+
+    b.hook(resize)
