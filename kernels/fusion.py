@@ -254,12 +254,12 @@ def _writes(graph):
 
 
 def _quantize_rows(graph):
-    """A choose_qparams_affine of whole rows (of a multiple of 4) whose scales and zero points only 8da4w products of
-    its input read (directly, no call between writing the input) becomes `pte_wgpu.quantized_rows`,
-    the rows quantized and dequantized once as the products did it (kernels/quant/quantized_rows.py),
-    and the products 4-bit linears of those rows, which the rewrites after fuse as 4-bit ones (an
-    8da4w decode step then takes about the 4w export's dispatches). An RMS norm only it reads
-    joins it (`pte_wgpu.rms_norm_quantized_rows`)."""
+    """A choose_qparams_affine of whole rows (of a multiple of 4) whose scales and zero points
+    only 8da4w products of its input read (directly, no call between writing the input) becomes
+    `pte_wgpu.quantized_rows`, the rows quantized and dequantized once as the products did it
+    (kernels/quant/quantized_rows.py), and the products 4-bit linears of those rows, which the
+    rewrites after fuse as 4-bit ones (an 8da4w decode step then takes about the 4w export's
+    dispatches). An RMS norm only it reads joins it (`pte_wgpu.rms_norm_quantized_rows`)."""
     values, calls, uses = graph.values, graph.calls, value_uses(graph)
     readers, writes, replace, fused = _readers(graph), _writes(graph), {}, 0
     for k, (name, args) in enumerate(calls):
@@ -267,7 +267,9 @@ def _quantize_rows(graph):
             continue
         x, (scale, zp) = args[0], values[args[-1]].items
         block, dims = values[args[2]], values[x].dims
-        if not (isinstance(block, IntList) and dims and block.items[-1] == dims[-1] and dims[-1] % 4 == 0) or values[zp].dtype not in ("int8", "int32"):
+        if not (isinstance(block, IntList) and dims and block.items[-1] == dims[-1] and dims[-1] % 4 == 0):
+            continue
+        if values[x].dtype not in FLOATS or values[scale].dtype not in FLOATS or values[zp].dtype not in ("int8", "int32"):
             continue
         products = sorted(set(readers.get(scale, ())) | set(readers.get(zp, ())))
         if not products or any(uses[o] != len(readers.get(o, ())) for o in (scale, zp)) or any(k < w < products[-1] for w in writes.get(x, ())):
