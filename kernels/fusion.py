@@ -65,7 +65,9 @@ kernel would bind more storage buffers than the device allows (Dawn's Vulkan ada
 - Then, unless the device multiplies int8 subgroup matrices, the 8da4w products of one such input
   become 4-bit linears of its rows quantized and dequantized once (`pte_wgpu.quantized_rows`, or
   `pte_wgpu.rms_norm_quantized_rows` with the RMS norm before it, whose squares sum in another
-  order), the same values, and fuse as 4-bit ones below.
+  order), the same values, and fuse as 4-bit ones below; last, rows of a multiple of 16 that
+  only those read keep their int8 values beside (`_int8_rows`), which the subgroup kernels
+  multiply as integers.
 
 - Attention exported as bmm(q', transpose(k')) -> softmax (safe or not) over the keys -> bmm(., v),
   q' and k' each q and k or a number times them (scaled_dot_product_attention's decomposition:
@@ -96,6 +98,7 @@ from .quant.quantize import REQUANTIZED_CLAMP
 from .registry import op, value_uses
 from .tensor.elementwise import add_elementwise
 from .tensor.reduce import SAFE_SOFTMAX
+from .wgsl import int8_rows_dim
 from .vision.conv import CONV_RESIDUAL, takes_residual
 
 SIGMOID = ("aten.sigmoid.default",)
@@ -208,7 +211,9 @@ def _fuse_all(graph, int8_matrices):
     fused += _fuse_groups(graph)
     fused += _fuse_add_relu(graph)
     _drop_dead_views(graph)
-    return fused + _fuse_norms(graph)
+    fused += _fuse_norms(graph)
+    _int8_rows(graph)  # not a fusion: the rows' storage
+    return fused
 
 
 # Dynamic quantization's parameter ops (kernels/quant/quantize.py): each gives its input's scales and
@@ -285,6 +290,33 @@ def _quantize_rows(graph):
         fused += 1
     graph.calls[:] = [replace.get(i, c) for i, c in enumerate(calls)]
     return fused + _join_norms(graph)
+
+
+# The 4-bit ops that read their input (args[0]) as int8 rows too (kernels/wgsl.py's Int8Rows)
+INT8_ROW_READERS = (Q4_LINEAR, *FUSED["q4"].values())
+
+
+def _int8_rows(graph):
+    """Quantized rows of a multiple of 16 that only 4-bit ops read, as their input, are written
+    with their int8 values, scale and zero point beside the floats (an int32 tensor [..., K + K /
+    4 + 2]: kernels/wgsl.py's Int8Rows): the GPUs' and CPU adapters' 4-bit subgroup kernels then
+    multiply the int8 values with dot4I8Packed (kernels/matmul/q4_linear.py's sg_body), the other
+    routes read the floats as before."""
+    values, calls, readers = graph.values, graph.calls, _readers(graph)
+    outputs = set(graph.outputs)
+    for k, (name, args) in enumerate(calls):
+        rows = args[-1] if name in (QUANTIZED_ROWS, RMS_NORM_QUANTIZED_ROWS) else None
+        if rows is None or rows in outputs or values[rows].dims[-1] % 16:
+            continue
+        users = readers.get(rows, ())
+        if not users or any(calls[i][0] not in INT8_ROW_READERS or calls[i][1].count(rows) != 1 or calls[i][1][0] != rows for i in users):
+            continue
+        dims = values[rows].dims
+        values.append(Tensor("int32", (*dims[:-1], int8_rows_dim(dims[-1]))))
+        words = len(values) - 1
+        calls[k] = (name, (*args[:-1], words))
+        for i in users:
+            calls[i] = (calls[i][0], (words, *calls[i][1][1:]))
 
 
 def _join_norms(graph):

@@ -8,6 +8,7 @@ Lines generated one by one in Python loops (a statement a row, a binding a tenso
 """
 
 import struct
+from dataclasses import dataclass
 from string import Template
 
 from pte_wgpu.resize.shapes import broadcast_strides, fold_grid
@@ -260,16 +261,71 @@ fn xq(v: f32, inv: f32, zp: f32, s: f32) -> f32 {
 SUBGROUP_BUILTINS = ", @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sgs: u32"
 
 
+@dataclass(frozen=True)
+class Int8Rows:
+    """The storage of rows quantized to int8 (kernels/quant/quantized_rows.py's int32 tensor
+    [..., k + k / 4 + 2], at most `rows` rows of `k`), in four parts: the rows as floats, (q - zp)
+    * scale (the values wgsl.py's XQ gives), [rows, k]; the int8 values, k / 4 words a row, every
+    8 in two words, the even ones then the odd ones (a 4-bit weight word's nibbles in that order:
+    low nibbles with the first, high with the second); the rows' scales (f32 bits); their zero
+    points (i32). The float kernels read the first part, the integer products the others."""
+
+    k: int
+    rows: int
+
+    def loader(self, name):
+        """WGSL `{name}4(i)`: floats 4i .. 4i + 3 of the rows, from binding `name` bound as vec4<u32>."""
+        return f"fn {name}4(i: u32) -> vec4<f32> {{ return bitcast<vec4<f32>>({name}[i]); }}\n"
+
+    def element_loader(self, name):
+        """WGSL `{name}_at(e)`: float e of the rows, from binding `name` bound as u32."""
+        return f"fn {name}_at(e: u32) -> f32 {{ return bitcast<f32>({name}[e]); }}\n"
+
+    def pairs_loader(self, name):
+        """WGSL for the integer products over binding `name` bound as vec2<u32>: `{name}_pair(i)`,
+        the two words of the rows' values 8i .. 8i + 7, and `{name}_scale(r)`, `{name}_zp(r)`."""
+        values = self.rows * self.k
+        scales = values + values // 4
+        return fill(INT8_ROWS_PAIRS, NAME=name, PAIRS=values // 2, SCALES=scales, ZPS=scales + self.rows)
+
+
+def int8_rows_k(last):
+    """The K of int8 rows whose tensor's last dim is `last` (Int8Rows)."""
+    return 4 * (last - 2) // 5
+
+
+def int8_rows_dim(k):
+    """The last dim of the int8 rows tensor of rows of `k` (Int8Rows)."""
+    return k + k // 4 + 2
+
+
+INT8_ROWS_PAIRS = """
+fn ${NAME}_pair(i: u32) -> vec2<u32> { return ${NAME}[${PAIRS}u + i]; }
+fn ${NAME}_word(i: u32) -> u32 { return ${NAME}[i / 2u][i % 2u]; }
+fn ${NAME}_scale(r: u32) -> f32 { return bitcast<f32>(${NAME}_word(${SCALES}u + r)); }
+fn ${NAME}_zp(r: u32) -> i32 { return bitcast<i32>(${NAME}_word(${ZPS}u + r)); }
+const LOW_NIBBLES = 0x0F0F0F0Fu;
+const ONES = 0x01010101u;
+"""
+
+
+def binding_type(t):
+    """The WGSL element type a kernel binds a tensor stored as `t` with, one element a load."""
+    return "u32" if isinstance(t, Int8Rows) else t
+
+
 def vec4_type(t):
     """The array element type a subgroup kernel binds a tensor stored as `t` with: vec4<f32>, or
     for f16 vec2<u32> (4 halves, unpacked by `vec4_loader`): on lavapipe a vec4<f16> load is four
     16-bit loads a lane and made a one-row f16 GEMV slower than f32's (LM head 47 against 36
-    CPU-ms), a vec2<u32> two 32-bit loads."""
-    return {"f32": "vec4<f32>", "f16": "vec2<u32>"}[t]
+    CPU-ms), a vec2<u32> two 32-bit loads; int8 rows' floats as vec4<u32>."""
+    return "vec4<u32>" if isinstance(t, Int8Rows) else {"f32": "vec4<f32>", "f16": "vec2<u32>"}[t]
 
 
 def vec4_loader(name, t):
     """WGSL `fn {name}4(i: u32) -> vec4<f32>`: vec4 i of binding `name` (bound as vec4_type(t))."""
+    if isinstance(t, Int8Rows):
+        return t.loader(name)
     value = f"{name}[i]" if t == "f32" else f"vec4<f32>(unpack2x16float({name}[i].x), unpack2x16float({name}[i].y))"
     return f"fn {name}4(i: u32) -> vec4<f32> {{ return {value}; }}\n"
 

@@ -4,8 +4,12 @@ against the torchao-quantized eager module, on both linear routes (GEMV at M == 
 otherwise) with live M changing in random order.
 
 The activation quantization is exact: an 8da4w layer whose weight is diagonal has one product per
-output, so its output is bit-identical to eager only if every scale, zero point and int8 value
-matches. Outputs of full layers differ from eager only by fp32 summation order.
+output, so its output matches eager's to its last bits only if every scale, zero point and int8
+value matches (a wrong one is off by a quantization step, ~1/128 of the value): bit-identical
+where the products multiply floats, within 2 ulps where the subgroup kernels multiply the int8
+rows (the integer product times the weight's scale, then the row's: two roundings where eager
+rounds the two dequantized values and their product). Outputs of full layers differ from eager
+only by fp32 summation order.
 """
 
 import functools
@@ -110,6 +114,10 @@ CASES = {
     # long rows: the GPU GEMV's 256 lanes a quad at every row count (1,041 words), and 128 (275 words)
     "q4_long_k": (quantized(lambda: Linear(8328, 52, False), "4w", 24), (9, 8328), 0),
     "dq8_long_k": (quantized(lambda: Linear(2200, 36, True), "8da4w", 40), (9, 2200), 0),
+    # int8 rows (K a multiple of 16) on the GPUs' subgroup kernels of 1 to 16 rows: of a 1B
+    # model's K (q4_wide), whose workgroups split K, and of an LM head's N, whose do not
+    "dq8_k2080": (quantized(lambda: Linear(2080, 44, True), "8da4w", 32), (21, 2080), 0),
+    "dq8_lm_head": (quantized(lambda: Linear(64, 8200, False), "8da4w", 32), (33, 64), 0),
 }
 
 
@@ -153,21 +161,28 @@ def _live_ms(name):
     return ms
 
 
+DIAGONAL_RTOL = 2.5e-7  # 2 ulps
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 async def test_quantized_linear_routes(name, load_pte, kernel_variants):
     """Live M over 1 (GEMV) and 2..max (GEMM, partial and several tiles), random order, repeats;
     with the GPU variants and the CPU adapters' (with subgroups here, the subgroup GEMV where
     K and the group size are multiples of 16)."""
     data, module = _export(name)
-    tol = 0 if name == "dq8_diagonal" else ATOL  # one product per output: bit-identical
+    atol = rtol = ATOL
+    if name == "dq8_diagonal":  # one product per output (the module docstring)
+        atol, rtol = 0, DIAGONAL_RTOL
     if name in ("q4_big", "q4_wide_rows"):  # sums of over 2,000 terms from rows scaled by 300: some cancel near 0.2
-        tol = 1e-3
+        atol = rtol = 1e-3
     rng = np.random.default_rng(7)
     calls = [_rows(name, m, rng) for m in _live_ms(name)]
     model = await load_pte(data)
-    if name.startswith("dq8") and not model.int8_matrices:  # the rows quantized once, the products 4-bit linears of them
+    if name.startswith("dq8") and not model.int8_matrices:  # the rows quantized once to int8, the products 4-bit linears of them
         assert [call for call, _ in model.graph.calls if "linear" in call or "quantized" in call] == ["pte_wgpu.quantized_rows", "et_vk.linear_q4gsw.default"]
-    await assert_matches_eager(model, module, calls, atol=tol, rtol=tol)
+        rows = next(args[0] for call, args in model.graph.calls if call == "et_vk.linear_q4gsw.default")
+        assert model.graph.values[rows].dtype == ("int32" if CASES[name][1][-1] % 16 == 0 else "float32")  # as int8 rows: of whole 16s
+    await assert_matches_eager(model, module, calls, atol=atol, rtol=rtol)
 
 
 @pytest.mark.parametrize("name", sorted(n for n in CASES if n.startswith("dq8")))
@@ -218,6 +233,23 @@ async def test_gpus_take_the_gemv_up_to_its_rows(name, most, subgroup, load_pte,
         running = [d.shader or "" for i, d in enumerate(model.graph.dispatches) if all(grids[i])]
         assert any("subgroupAdd" in s for s in running) == bool(subgroup and model.subgroups and subgroup[0] <= m <= subgroup[1]), m
         assert any("var<workgroup> As" in s for s in running) == (m > most), m
+
+
+@pytest.mark.parametrize("name", ["dq8_k2080", "dq8_lm_head", "dq8_wide"])
+async def test_subgroup_kernels_multiply_the_int8_rows(name, load_pte, kernel_variants):
+    """An 8da4w product's rows quantized once, of a multiple of 16: whichever subgroup kernel takes
+    them (GPU variants: 1-16 rows of wide K or an LM head, 17-64 of narrower weights; CPU
+    variants: every count) multiplies their int8 values with dot4I8Packed, and no other route
+    does (they read the floats)."""
+    model = await load_pte(_export(name)[0])
+    if not model.subgroups or model.int8_matrices:
+        pytest.skip("no subgroups, or the dq8 products kept for int8 matrices")
+    for m in sorted({1, 2, 16, 17, CASES[name][1][0]}):
+        await model.execute(_rows(name, m, np.random.default_rng(m)))
+        grids = model._default.state.grids
+        running = [d.shader or "" for i, d in enumerate(model.graph.dispatches) if all(grids[i])]
+        assert any("dot4I8Packed" in s for s in running) == any("subgroupAdd" in s for s in running), m
+        assert any("subgroupAdd" in s for s in running) == (kernel_variants == "cpu" or (m <= 16) != (name == "dq8_wide")), m
 
 
 async def test_gpus_take_the_wide_row_tile_past_32_rows(load_pte, kernel_variants):

@@ -369,9 +369,9 @@ def sg_wg_rows(shape, weights=1):
 
 
 def sg_total(v, width=4):
-    """WGSL: the sum of the components of `v` (a vec4, or a vec2 for `width` 2) over the
+    """WGSL: the sum of the components of `v` (a vec4, a vec2 for `width` 2, a scalar for 1) over the
     subgroup's lanes, in the subgroup kernels' order."""
-    parts = f"({v}.x + {v}.y) + ({v}.z + {v}.w)" if width == 4 else f"{v}.x + {v}.y"
+    parts = f"({v}.x + {v}.y) + ({v}.z + {v}.w)" if width == 4 else f"{v}.x + {v}.y" if width == 2 else v
     return f"subgroupAdd({parts})"
 
 

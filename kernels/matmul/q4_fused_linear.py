@@ -39,7 +39,7 @@ from pte_wgpu.resize.shapes import numel_of
 from ..attention.rope import rope_bindings, rope_store
 from ..registry import op
 from ..variants import CPU
-from ..wgsl import fill, flat_grid, row_groups_grid, vec4_loader, vec4_type
+from ..wgsl import Int8Rows, binding_type, fill, flat_grid, row_groups_grid, vec4_loader, vec4_type
 from .fused_linear import _RMS, SILU, swiglu_elementwise
 from .gemm import PARAMS_SIZE, SMALL_TILE, GemmRoute, TileLoad, column_ranges, column_store, float_a_load, gemm_scratch, gemm_split, params_bytes
 from .linear import sg_wg_rows
@@ -59,13 +59,19 @@ from .q4_linear import (
     gemv_routes,
     gemv_routes_below,
     gemv_step,
+    int8_rows_at,
+    int8_rows_loader,
+    live_k,
     q4_b_k_quad,
     q4_every_row,
+    q4_input,
     q4_subgroup_shape,
     q4_subgroup_shapes,
     q4_weight,
     sg_body,
     sg_main,
+    sg_x_loader,
+    sg_x_type,
 )
 from .routes import BITWISE_ROWS, Q4_SG_GPU, Q4_SG_GPU_ROWS, shape_for_rows
 
@@ -92,7 +98,7 @@ def _shader(kind, shape, count, swiglu, norm, types, gs, rope=None, step=8):
     RopeEpilogue) the epilogue rotates q and k and stores k and v in the caches. The GEMV
     takes `step` weights of K at a time (q4_linear.py's gemv_step); the weights' group size `gs`."""
     sg = kind == SUBGROUP
-    reads = [("x", vec4_type(types["x"]) if sg else types["x"])]
+    reads = [("x", sg_x_type(types["x"]) if sg else binding_type(types["x"]))]
     for j in range(count):
         reads += [(f"wq{j}", f"vec{Q4_SG_WORDS}<u32>" if sg else "u32"), (f"ws{j}", types["scales"][j])]
     reads += [("gamma", vec4_type(types["gamma"]) if sg else types["gamma"])] if norm else []
@@ -104,7 +110,8 @@ def _shader(kind, shape, count, swiglu, norm, types, gs, rope=None, step=8):
     lines += [f"@group(0) @binding({len(reads) + j}) var<storage, read_write> o{j}: array<{t}>;" for j, t in enumerate(outs)]
     lines.append(f"@group(0) @binding({len(reads) + len(outs)}) var<uniform> q: Q;")
     lines += [rope_bindings(len(reads) + len(outs) + 1, rope.types)] if rotates else []
-    lines.append(vec4_loader("x", types["x"]) if sg else "fn a_at(i: u32) -> f32 { return f32(x[i]); }")
+    int8 = isinstance(types["x"], Int8Rows)
+    lines.append(sg_x_loader(types["x"]) if sg else int8_rows_loader(types["x"]) if int8 else "fn a_at(i: u32) -> f32 { return f32(x[i]); }")
     lines += [vec4_loader("gamma", types["gamma"])] if sg and norm else []
     src = "\n".join(lines) + _dequant(False, False, gs, [(str(j), f"ws{j}") for j in range(count)])
     rows_t = types["rows"]
@@ -114,13 +121,13 @@ def _shader(kind, shape, count, swiglu, norm, types, gs, rope=None, step=8):
     else:
         src += gemv_reduce((2 if swiglu else 1) * shape[2]) + gemv_main(shape[2])
         src += f"    let rows = live;\n    let aoff = m0 * q.K;\n    {_RMS}\n" if norm else ""
-        x_at = (lambda r, e: f"f32({rows_t}(f32(x[xo{r} + {e}]) * rstd{r} * f32(gamma[{e}])))") if norm else None
+        x_at = (lambda r, e: f"f32({rows_t}(f32(x[xo{r} + {e}]) * rstd{r} * f32(gamma[{e}])))") if norm else int8_rows_at(types["x"])
         at = lambda r: f"(m0 + {r}u)"  # noqa: E731
 
     def body(weights, n, store):
         if sg:
             per = sg_wg_rows(shape, len(weights))
-            return f"let nw = wg * {per}u;\n    " + sg_body(False, shape, weights, n, store, rotates, norm)
+            return f"let nw = wg * {per}u;\n    " + sg_body(False, shape, weights, n, store, rotates, norm, int8)
         return gemv_body(False, weights, n, store, shape[1], x_at, rotates, shape[2], step)
 
     fn = (lambda j: f"wscale{j}") if sg else (lambda j: str(j))
@@ -162,7 +169,7 @@ class _Columns:
             f"{'if' if j == 0 else 'else if'} (n < {e}u) {{ let r = n - {s}u; w = dq4{j}(wq{j}[r * q.wpr + k / 8u] >> (4u * (k % 8u)), k, r); }}"
             for j, (s, e) in enumerate(ranges)
         )
-        count, quads = len(self.ns), b.graph.values[fused.x].dims[-1] % 4 == 0  # the activations 4 of K a load (gemm.py's TileLoad)
+        count, quads = len(self.ns), fused.k % 4 == 0  # the activations 4 of K a load (gemm.py's TileLoad)
         x, a_functions = float_a_load(types["x"], quads, "x")
         load = TileLoad(
             inputs=(x, *((name, t) for j in range(count) for name, t in ((f"wq{j}", "u32"), (f"ws{j}", types["scales"][j])))),
@@ -221,13 +228,15 @@ class _Fused:
         self.outs, self.stored = (items[:1], items[1:]) if swiglu else (items, items)
         x_pre, gamma = (args[-4], args[-3]) if self.norm else (self.x, None)
         self.eps = float(b.scalar(len(args) - 2, 1e-6)) if self.norm else 0.0
-        floats = [self.x, *(s for _, s in self.products), *items] + ([x_pre, gamma] if self.norm else [])
+        x_type, k = q4_input(b, self.x)  # k: the most K the inputs take
+        self.k = k
+        floats = [*(s for _, s in self.products), *items] + ([x_pre, gamma] if self.norm else [])
         steps = all(w.subgroup_steps() for w in self.ws) and all(b.storage(v) in ("f32", "f16") for v in floats)
-        k = b.graph.values[self.x].dims[-1]  # the most K the inputs take
+        steps = steps and (isinstance(x_type, Int8Rows) or x_type in ("f32", "f16"))
         steps = steps and b.subgroups and k % Q4_SG_STEP == 0
         cpu = b.adapter == CPU
         types = {
-            "x": b.storage(self.x), "scales": [b.storage(s) for _, s in self.products], "gamma": gamma is not None and b.storage(gamma),
+            "x": x_type, "scales": [b.storage(s) for _, s in self.products], "gamma": gamma is not None and b.storage(gamma),
             "outs": [b.storage(o) for o in self.outs], "rows": b.storage(self.x), "gate": b.storage(items[-2]), "up": b.storage(items[-1]),
         }  # fmt: skip
         self.q = b.params(4 * (len(HEAD) + 2 * len(self.ws) + (len(ROPE_FIELDS) if rope else 0)))
@@ -271,7 +280,7 @@ class _Fused:
         b, xd = self.b, ctx.dims(self.x)
         if len(xd) < 1:
             b.fail("input must have at least one dim")
-        k, m = xd[-1], numel_of(xd[:-1])
+        k, m = live_k(b, self.x, xd), numel_of(xd[:-1])
         for w in self.ws:
             w.check_input(b, k)
         fused = m > 0 and (self.most is None or m <= self.most)

@@ -35,7 +35,15 @@ results/h200/kernel_choices/dq8_subgroup_kernels/). The hook zeroes the grids of
 
 Activations, scales, bias and outputs are stored as their tensors' types (f32, or f16 for
 float16, in any mix); every kernel converts at the load and the store, and dequantizes and sums
-in f32.
+in f32. An 8da4w product's rows quantized once (kernels/wgsl.py's Int8Rows, an int32 tensor) the
+GEMV and the GEMM read as those floats, and the subgroup kernels as int8: a lane's step of 16
+weights as dot4I8Packed of the nibbles with the values, exact in i32, then the weights' and the
+row's scales in f32 (sg_body's `int8`; every row count in one order, so a row of a pass is still
+bitwise the row alone; two roundings where the float products had three). H200, Llama-3.2-1B
+shape 8da4w, greedy bursts, two rounds in one call: 1 / 2 / 4 / 16 streams 663-668 / 1,124-1,135
+/ 1,806-1,818 / 3,154-3,168 -> 750-753 / 1,249-1,253 / 2,271-2,293 / 4,753-4,764 tokens/s, 32-64
+and prompts within 2%; SmolLM2 shape, whose 17-64 rows take the subgroup kernel, 64 streams
+14,968-15,353 -> 19,162-19,339 (results/h200/kernel_choices/dq8_integer_dots/).
 
 Kept as one module past 400 lines: the 4-bit formats are read by every kernel here, and the family's variants share them.
 """
@@ -49,7 +57,7 @@ from pte_wgpu.resize.values import Tensor
 
 from ..registry import op, value_uses
 from ..variants import CPU
-from ..wgsl import DIV_RN, PACKED, SUBGROUP_BUILTINS, XQ, fill, is_float, row_groups, row_groups_grid, vec4_loader, vec4_type
+from ..wgsl import DIV_RN, PACKED, SUBGROUP_BUILTINS, XQ, Int8Rows, binding_type, fill, int8_rows_k, is_float, row_groups, row_groups_grid, vec4_loader, vec4_type
 from . import int8_matrix
 from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, bindings, float_a_load, gemm_scratch, params_bytes
 from .linear import CPU_WG, sg_groups, sg_splits_k, sg_sums, sg_total, sg_wg_rows
@@ -172,8 +180,44 @@ def _operands(dq8, zp_packed, types, vec4=False):
     """The read bindings of the routes, (name, WGSL element type), in order; with `vec4`, the
     input and the weights as vec4s (the subgroup GEMV's)."""
     acts = (("xs", types.xs), ("xz", "u32" if zp_packed else "i32")) if dq8 else ()
-    x, wq = (vec4_type(types.x), f"vec{Q4_SG_WORDS}<u32>") if vec4 else (types.x, "u32")
+    x, wq = (sg_x_type(types.x), f"vec{Q4_SG_WORDS}<u32>") if vec4 else (binding_type(types.x), "u32")
     return (("x", x), *acts, ("wq", wq), ("ws", types.ws))
+
+
+def q4_input(b, x):
+    """(storage, most K) of a 4-bit product's input `x`: its float storage type, or wgsl.py's
+    Int8Rows for the int8 rows pte_wgpu.quantized_rows writes (an int32 tensor)."""
+    v = b.graph.values[x]
+    if v.dtype == "int32":
+        k = int8_rows_k(v.dims[-1])
+        return Int8Rows(k, numel_of(v.dims[:-1])), k
+    return b.storage(x), v.dims[-1]
+
+
+def live_k(b, x, dims):
+    """The K of input `x` at live `dims`."""
+    return int8_rows_k(dims[-1]) if b.graph.values[x].dtype == "int32" else dims[-1]
+
+
+def sg_x_type(t):
+    """The subgroup kernels' binding of inputs stored as `t`: vec4s, or int8 rows' words in pairs."""
+    return "vec2<u32>" if isinstance(t, Int8Rows) else vec4_type(t)
+
+
+def sg_x_loader(t):
+    """The subgroup kernels' loader of inputs stored as `t` (binding x)."""
+    return t.pairs_loader("x") if isinstance(t, Int8Rows) else vec4_loader("x", t)
+
+
+def int8_rows_at(t):
+    """The GEMV's `x_at` for inputs stored as `t`: None (its own float loads), or for int8 rows
+    their loader's floats."""
+    return (lambda r, e: f"x_at(xo{r} + {e})") if isinstance(t, Int8Rows) else None
+
+
+def int8_rows_loader(t, name="x"):
+    """The int8 rows' loader (wgsl.py's Int8Rows) where inputs stored as `t` are such rows."""
+    return t.element_loader(name) if isinstance(t, Int8Rows) else ""
 
 
 def _zero_points(packed):
@@ -305,8 +349,8 @@ def gemv_shader(dq8, zp_packed, has_bias, gs, lanes, types=Storage(), residual=F
     """A GEMV route (`lanes` invocations reduce over K for each 4 outputs of `rows` rows, `step`
     weights at a time); `gs`: _dequant's."""
     store = lambda r: f"out[(m0 + {r}u) * q.N + n] = epilogue(v0, m0 + {r}u, n);"  # noqa: E731
-    body = gemv_body(dq8, [("wq", "")], "q.N", store, lanes, rows=rows, step=step)
-    head = _gemv_header(dq8, zp_packed, has_bias, types, residual=residual) + _dequant(dq8, zp_packed, gs)
+    body = gemv_body(dq8, [("wq", "")], "q.N", store, lanes, x_at=int8_rows_at(types.x), rows=rows, step=step)
+    head = _gemv_header(dq8, zp_packed, has_bias, types, residual=residual) + _dequant(dq8, zp_packed, gs) + int8_rows_loader(types.x)
     return head + gemv_reduce(rows) + gemv_main(rows) + f"    let wg = wg0;\n    {body}\n}}\n"
 
 
@@ -360,7 +404,7 @@ Q4_SG_STEP = 8 * Q4_SG_WORDS  # weights a lane step: K and the group size must b
 # fitted GEMV had beaten it for 17 to 32 rows on an H100: BENCHMARKS.md.)
 
 
-def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partners=False, norm=False):
+def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partners=False, norm=False, int8=False):
     """The subgroup kernel's statements for `shape` = (input rows, weight rows split among
     `weights`, (word binding, scale fn) pairs read for the same outputs, as SwiGLU's gate and up);
     input row r of the workgroup's group of rows from r0 (rows past `rows` read as the last live
@@ -372,7 +416,10 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
     or four: the words a lane takes a step, else Q4_SG_WORDS) sum in vec2 accumulators, the CPU
     adapters' in vec4s. A shape that splits K (linear.py's sg_splits_k) has the workgroup's
     invocations walk K where a subgroup's lanes do, and adds its subgroups' sums through
-    workgroup memory in their order (sg_main's `parts`), for invocation 0 to store."""
+    workgroup memory in their order (sg_main's `parts`), for invocation 0 to store. With `int8`,
+    x holds int8 rows (kernels/wgsl.py's Int8Rows, bound as vec2<u32>: the two words of 8 values)
+    and a lane's step sums with dot4I8Packed (_int8_step), in scalar f32 accumulators."""
+    assert not (int8 and (dq8 or norm))
     ins, outs = range(shape[0]), range(shape[1] // len(weights))
     pairs = len(shape) > 2
     split = sg_splits_k(shape)
@@ -387,7 +434,9 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
     else:
         lines += [f"for (var g = li / sgs; g < {sg_groups(shape)}u; g = g + {CPU_WG}u / sgs) {{", f"let n0 = nw + g * {len(outs)}u;"]
     lines += [f"let c{i} = min(n0 + {i}u, {n} - 1u);" for i in outs]
-    lines += [f"var acc{j}_{i}_{r} = vec{2 if pairs else 4}<f32>(0.0);" for j, i in ws for r in ins]
+    width = 1 if int8 else 2 if pairs else 4
+    lines += [f"var acc{j}_{i}_{r} = {'0.0' if int8 else f'vec{width}<f32>(0.0)'};" for j, i in ws for r in ins]
+    lines += [f"let xsc{r} = x_scale(x{r}_); let xzp{r} = x_zp(x{r}_);" for r in ins] if int8 else []
     lines += [f"var sq{r} = vec4<f32>(0.0);" for r in ins] if norm else []
     per = shape[3] if len(shape) > 3 else Q4_SG_WORDS  # words a lane takes a step
     steps = f"q.K / {8 * per}u"
@@ -412,7 +461,7 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
         else:
             word, scale = loads(j, i, "v", "k0")
             lines += [f"    let w{j}_{i} = {word};", f"    let s{j}_{i} = {scale};"]
-    for c in range(per):  # 8 weights a word: input vec4s 2c and 2c + 1 of the step
+    for c in range(0 if int8 else per):  # 8 weights a word: input vec4s 2c and 2c + 1 of the step
         lines.append("    {")
         at = [f"v * {2 * per}u + {2 * c + h}u" for h in range(2)]
         lines += [f"    let g{'ab'[h]} = gamma4({at[h]});" for h in range(2)] if norm else []  # the norm's weight, once for every row
@@ -434,8 +483,9 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
             else:
                 lines += [f"    acc{t}_{r} = acc{t}_{r} + x{r}a * a{t} + x{r}b * b{t};" for r in ins]
         lines.append("    }")
+    lines += _int8_step(ins, ws, per) if int8 else []
     lines.append("}")
-    width, total, square = 2 if pairs else 4, None, lambda r: sg_total(f"sq{r}")
+    total, square = None, lambda r: sg_total(f"sq{r}")
     if split:  # the subgroups' sums into invocation 0's
         sums = [(f"acc{j}_{i}_{r}", width) for j, i in ws for r in ins] + ([(f"sq{r}", 4) for r in ins] if norm else [])
         at = {name: k for k, (name, _) in enumerate(sums)}
@@ -446,9 +496,33 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
         total, square = (lambda j, i, r: f"c{at[f'acc{j}_{i}_{r}']}"), (lambda r: f"c{at[f'sq{r}']}")
     if norm:
         lines += [f"let rstd{r} = inverseSqrt({square(r)} / f32(q.K) + q.eps);" for r in ins]
-    lines += sg_sums(len(weights), ins, outs, n, store, partners, (lambda r: f"rstd{r}") if norm else None, width, total)
+    scale = (lambda r: f"rstd{r}") if norm else (lambda r: f"xsc{r}") if int8 else None
+    lines += sg_sums(len(weights), ins, outs, n, store, partners, scale, width, total)
     lines.append("}" * (2 if split else 1))
     return "\n    ".join(lines)
+
+
+def _int8_step(ins, ws, per):
+    """sg_body's step over int8 rows: for each weight word (8 nibbles n, in its order the even and
+    odd values' words of x), dot4I8Packed of the low and high nibbles with them; over the step,
+    sum((n - 8) * (q - zp)) = sum(n * q) - 8 * sum(q) - zp * (sum(n) - 8 * values), exact in
+    i32; times the weight's scale of the step (one group) into the f32 sums."""
+    lines = ["    {", "    let kv8 = q.K / 8u;"]
+    for r in ins:
+        lines += [f"    let xv{r}_{c} = x_pair(x{r}_ * kv8 + v * {per}u + {c}u);" for c in range(per)]
+        ones = " + ".join(f"dot4I8Packed(xv{r}_{c}.x, ONES) + dot4I8Packed(xv{r}_{c}.y, ONES)" for c in range(per))
+        lines.append(f"    let xs{r} = 8 * ({ones});")
+    for j, i in ws:
+        t = f"{j}_{i}"
+        for c in range(per):
+            word = f"w{t}" if per == 1 else f"w{t}.{'xyzw'[c]}"
+            lines.append(f"    let lo{t}_{c} = {word} & LOW_NIBBLES; let hi{t}_{c} = ({word} >> 4u) & LOW_NIBBLES;")
+        nibbles = " + ".join(f"lo{t}_{c} + hi{t}_{c}" for c in range(per))
+        lines.append(f"    let ns{t} = i32(dot4U8Packed({nibbles}, ONES)) - {64 * per};")
+        for r in ins:
+            dots = " + ".join(f"dot4I8Packed(lo{t}_{c}, xv{r}_{c}.x) + dot4I8Packed(hi{t}_{c}, xv{r}_{c}.y)" for c in range(per))
+            lines.append(f"    acc{t}_{r} = acc{t}_{r} + f32({dots} - xs{r} - xzp{r} * ns{t}) * s{t};")
+    return lines + ["    }"]
 
 
 XQ4 = """
@@ -479,8 +553,10 @@ def sg_main(shape):
 def sg_shader(dq8, zp_packed, has_bias, shape=Q4_SG_GEMV, types=Storage(), residual=False, gs=None):
     """The subgroup kernel of `shape`: a workgroup takes a group of shape[0] rows;
     K, the weight rows and gs whole steps of Q4_SG_WORDS words; activations f32 or f16; `gs`: _dequant's."""
-    head = _gemv_header(dq8, zp_packed, has_bias, types, vec4=True, residual=residual) + vec4_loader("x", types.x)
-    return head + _dequant(dq8, zp_packed, gs) + (XQ4 if dq8 else "") + sg_main(shape) + f"    let nw = wg0 * {sg_wg_rows(shape)}u;\n    {sg_body(dq8, shape)}\n}}\n"
+    int8 = isinstance(types.x, Int8Rows)
+    head = _gemv_header(dq8, zp_packed, has_bias, types, vec4=True, residual=residual) + sg_x_loader(types.x)
+    body = sg_body(dq8, shape, int8=int8)
+    return head + _dequant(dq8, zp_packed, gs) + (XQ4 if dq8 else "") + sg_main(shape) + f"    let nw = wg0 * {sg_wg_rows(shape)}u;\n    {body}\n}}\n"
 
 
 # The GEMM template's B load: the weights k .. k + 3 of row n (k a multiple of 4: in one word),
@@ -563,8 +639,8 @@ def q4_weight(b, x, weight, scales, group_size):
     wt, st, xt = b.graph.values[weight], b.graph.values[scales], b.graph.values[x]
     if wt.dtype not in ("uint8", "int8") or len(wt.dims) != 2:
         b.fail(f"weight must be packed uint8 [N, K/2], got {wt.dtype}{list(wt.dims)}")
-    if not is_float(xt.dtype) or not is_float(st.dtype):
-        b.fail(f"input ({xt.dtype}) and scales ({st.dtype}) must be floating point")
+    if not (is_float(xt.dtype) or xt.dtype == "int32") or not is_float(st.dtype):
+        b.fail(f"input ({xt.dtype}) must be floating point (or int8 rows, int32) and scales ({st.dtype}) floating point")
     n, row_bytes = wt.dims
     if row_bytes % 4:
         b.fail(f"weight rows of {row_bytes} bytes are not whole u32 words (K must be padded to 8)")
@@ -634,9 +710,11 @@ class Q4Product:
         operands = [x] + ([xs, xz] if dq8 else []) + [weight, scales]
         tail = [bias] if has_bias else []
         types = Storage(*(b.storage(v) if v is not None else "f32" for v in (x, xs, scales, bias, out)))
+        x_type, k_most = q4_input(b, x)
+        types = replace(types, x=x_type)
         bound = [*operands, *tail, out, self.q]
         gpu = b.adapter != CPU  # GPUs: no subgroup kernel where a fused op's own kernel takes its rows
-        self.shapes = () if gpu and not gemv else q4_subgroup_shapes(b, w, b.graph.values[x].dims[-1])
+        self.shapes = () if gpu and not gemv else q4_subgroup_shapes(b, w, k_most)
         self.routes = gemv_routes(w.wpr, grouped=not dq8) if gemv else []
         if self.shapes and gpu:  # the subgroup kernels for every row the GEMV took, or past BITWISE_ROWS
             self.routes = [] if q4_every_row(self.shapes) else gemv_routes_below(self.routes, BITWISE_ROWS)
@@ -647,7 +725,7 @@ class Q4Product:
         self.sgs = [(b.dispatch(sg_shader(dq8, zp_packed, has_bias, shape, types, residual, w.gs), bound), shape) for shape in self.shapes]
         q_binding = len(operands) + len(tail) + 3  # after out, p and the scratch
         q_wgsl = f"{LIN_STRUCT};\n@group(0) @binding({q_binding}) var<uniform> q: Q;\n"
-        load = q4_load(dq8, zp_packed, w.gs, b.graph.values[x].dims[-1], types)
+        load = q4_load(dq8, zp_packed, w.gs, k_most, types)
         small = q4_wide(8 * w.wpr) and b.adapter != CPU  # a ragged pass of 17 to 32 decode rows takes the GEMM
         most = (w.n, 8 * w.wpr)
         self.gemm = GemmRoute(b, load, operands, bias, out, self.p, gemm_scratch(b, [out], most=most), [self.q], q_wgsl, residual=residual,
@@ -665,7 +743,7 @@ class Q4Product:
         w, xd = self.w, ctx.dims(self.x)
         if len(xd) < 1:
             self.b.fail("input must have at least one dim")
-        k, m = xd[-1], numel_of(xd[:-1])
+        k, m = live_k(self.b, self.x, xd), numel_of(xd[:-1])
         w.check_input(self.b, k)
         if self.xs is not None:
             for vid, what in ((self.xs, "scales"), (self.xz, "zero points")):

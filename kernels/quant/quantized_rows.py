@@ -9,7 +9,11 @@ The products then read those rows as a 4-bit linear of float rows reads its inpu
   the dtypes being those its scales and zero points were stored as; out (f32, x's shape) holds
   each element of x as the product multiplied it: the row's scale and zero point by
   quantize.py's `qparams` over the row's minimum and maximum (rounded to the scales' and zero
-  points' storage as they were), then wgsl.py's XQ. Bitwise what the products computed.
+  points' storage as they were), then wgsl.py's XQ. Bitwise what the products computed. Where
+  kernels/fusion.py's `_int8_rows` made out an int32 tensor [..., K + K / 4 + 2] (rows of a
+  multiple of 16 that only 4-bit linears read), it holds those floats and the int8 values, scale
+  and zero point of each row (wgsl.py's Int8Rows), which the subgroup kernels multiply as
+  integers (kernels/matmul/q4_linear.py's sg_body).
 - `pte_wgpu.rms_norm_quantized_rows` [x, .., keepdim, gamma, eps, out]: the same of
   et_vk.rms_norm(x, gamma, eps), its rows x * rstd * gamma rounded to x's storage type as the
   norm stored them; rstd from the same squares summed in another order (to rounding of the norm's).
@@ -25,14 +29,14 @@ bursts, two rounds in one call, 1 / 16 / 64 streams 605 / 3,059-3,068 / 7,612-7,
 from pte_wgpu.resize.shapes import fold_grid, numel_of
 
 from ..registry import op
-from ..wgsl import DIV_RN, PACKED, XQ, fill, is_float, vec4_loader, vec4_type, wgsl_type
+from ..wgsl import DIV_RN, PACKED, XQ, fill, int8_rows_dim, is_float, vec4_loader, vec4_type, wgsl_type
 from .quantize import QP_SIZE, QP_STRUCT, QPARAMS, affine_args, qp_bytes
 
 WG = 256  # invocations a row
 
 QUANTIZED_ROWS = """
 @group(0) @binding(0) var<storage, read> x: array<$X4>;
-@group(0) @binding(1) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read_write> out: array<$OUT>;
 @group(0) @binding(2) var<uniform> p: P;
 $GAMMA
 var<workgroup> lo: array<f32, $WG>;
@@ -65,11 +69,7 @@ $NORM
     let s = f32($SCALE_TYPE(qp.x));
     let zp = $ZP;
     let inv = div_rn(1.0, s);
-    for (var i = 0u; i < ${HELD}u; i = i + 1u) {
-        let j = lid + i * ${WG}u;
-        let e = v[i];
-        if (j < quads) { out[base + j] = vec4<f32>(xq(e.x, inv, zp, s), xq(e.y, inv, zp, s), xq(e.z, inv, zp, s), xq(e.w, inv, zp, s)); }
-    }
+$STORE
 }
 """
 # the norm: rstd from the row's squares (lo holds the invocations' sums, read before it is reused),
@@ -91,6 +91,37 @@ NORM = """
     }
 """
 
+# The rows as the products multiplied them (f32, x's shape), each element by wgsl.py's XQ
+FLOAT_ROWS = """    for (var i = 0u; i < ${HELD}u; i = i + 1u) {
+        let j = lid + i * ${WG}u;
+        let e = v[i];
+        if (j < quads) { out[base + j] = vec4<f32>(xq(e.x, inv, zp, s), xq(e.y, inv, zp, s), xq(e.z, inv, zp, s), xq(e.w, inv, zp, s)); }
+    }"""
+# ... or as kernels/wgsl.py's Int8Rows: the floats as above (their bits), and each quad's int8
+# values packed into workgroup memory, from where every 4 quads (16 values) leave as 4 words (of
+# each 8 values, the even ones, then the odd ones); then the row's scale and zero point
+INT8_ROWS = """    for (var i = 0u; i < ${HELD}u; i = i + 1u) {
+        let j = lid + i * ${WG}u;
+        if (j < quads) {
+            let c = clamp(round(v[i] * inv) + zp, vec4<f32>(-128.0), vec4<f32>(127.0));  // xq's, a quad at a time
+            out[base + j] = bitcast<vec4<u32>>((c - zp) * s);
+            packed[j] = pack4xI8(vec4<i32>(c));
+        }
+    }
+    workgroupBarrier();
+    for (var t = lid; t < quads / 4u; t = t + ${WG}u) {
+        let a = unpack4xI8(packed[4u * t]);
+        let b = unpack4xI8(packed[4u * t + 1u]);
+        let c = unpack4xI8(packed[4u * t + 2u]);
+        let d = unpack4xI8(packed[4u * t + 3u]);
+        out[(${WORDS}u + base) / 4u + t] = vec4<u32>(pack4xI8(vec4<i32>(a.xz, b.xz)), pack4xI8(vec4<i32>(a.yw, b.yw)),
+                                                    pack4xI8(vec4<i32>(c.xz, d.xz)), pack4xI8(vec4<i32>(c.yw, d.yw)));
+    }
+    if (lid == 0u) {
+        out[(${SCALES}u + row) / 4u][(${SCALES}u + row) % 4u] = bitcast<u32>(s);
+        out[(${ZPS}u + row) / 4u][(${ZPS}u + row) % 4u] = bitcast<u32>(i32(zp));
+    }"""
+
 
 @op("pte_wgpu.quantized_rows", "pte_wgpu.rms_norm_quantized_rows", half=True)
 def quantized_rows(b):
@@ -100,11 +131,13 @@ def quantized_rows(b):
     scale_dtype, zp_dtype = b.scalar(7), b.scalar(8)
     if not is_float(scale_dtype) or zp_dtype not in ("int8", "int32"):
         b.fail(f"scales stored as {scale_dtype} and zero points as {zp_dtype}: expected floats and int8 or int32")
-    if b.graph.values[out].dtype != "float32":
-        b.fail(f"output dtype {b.graph.values[out].dtype}, expected float32")
     block = b.graph.values[b.args[2]].items[-1]
-    if block % 4:
-        b.fail(f"rows of {block}: the kernel reads them 4 elements at a time (a multiple of 4)")
+    out_t = b.graph.values[out]
+    words = out_t.dtype == "int32"  # wgsl.py's Int8Rows, else floats
+    if out_t.dtype not in ("float32", "int32"):
+        b.fail(f"output dtype {out_t.dtype}, expected float32 (the rows) or int32 (their int8 words)")
+    if block % (16 if words else 4):
+        b.fail(f"rows of {block}: the kernel reads them 4 elements at a time (a multiple of 4; of 16 for int8 rows)")
     x_type = b.storage(x, packed=False)
     zp = "f32((i32(qp.y) << 24u) >> 24u)" if zp_dtype in PACKED else "f32(i32(qp.y))"  # as the products read it back
     held = -(-block // (4 * WG))
@@ -113,7 +146,13 @@ def quantized_rows(b):
     if norm:
         g_type = b.storage(b.args[10], packed=False)
         gamma = f"@group(0) @binding(3) var<storage, read> gamma: array<{vec4_type(g_type)}>;\n" + vec4_loader("gamma", g_type)
-    body = fill(QUANTIZED_ROWS, X4=vec4_type(x_type), GAMMA=gamma, NORM=norm_wgsl, HELD=held, SCALE_TYPE=wgsl_type(scale_dtype), ZP=zp, WG=WG, HALF=WG // 2)
+    rows_max = numel_of(out_t.dims[:-1])
+    values = rows_max * block
+    scales = values + values // 4
+    store = fill(INT8_ROWS, HELD=held, WG=WG, WORDS=values, SCALES=scales, ZPS=scales + rows_max) if words else fill(FLOAT_ROWS, HELD=held, WG=WG)
+    packed = f"var<workgroup> packed: array<u32, {held * WG}>;  // the row's int8 values, a quad a word\n" if words else ""
+    body = fill(QUANTIZED_ROWS, X4=vec4_type(x_type), OUT="vec4<u32>" if words else "vec4<f32>", GAMMA=gamma + packed, NORM=norm_wgsl, HELD=held,
+                SCALE_TYPE=wgsl_type(scale_dtype), ZP=zp, WG=WG, HALF=WG // 2, STORE=store)
     src = QP_STRUCT + DIV_RN + QPARAMS + XQ + vec4_loader("x", x_type) + body
     params = b.params(QP_SIZE)
     d = b.dispatch(src, [x, out, params] + ([b.args[10]] if norm else []))
@@ -128,6 +167,6 @@ def quantized_rows(b):
         rows = numel_of(dims[:-1])
         ctx.set_params(params, qp_bytes(mode, qmin, qmax, eps, rows, block, norm_eps))
         ctx.set_grid(d, fold_grid(rows))
-        ctx.set_dims(out, dims)
+        ctx.set_dims(out, tuple(dims[:-1]) + ((int8_rows_dim(block),) if words else (block,)))
 
     b.hook(resize)
