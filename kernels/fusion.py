@@ -98,8 +98,8 @@ from .quant.quantize import REQUANTIZED_CLAMP
 from .registry import op, value_uses
 from .tensor.elementwise import add_elementwise
 from .tensor.reduce import SAFE_SOFTMAX
-from .wgsl import int8_rows_dim
 from .vision.conv import CONV_RESIDUAL, takes_residual
+from .wgsl import int8_rows_dim
 
 SIGMOID = ("aten.sigmoid.default",)
 MUL = ("aten.mul.Tensor",)

@@ -281,12 +281,17 @@ class Int8Rows:
         """WGSL `{name}_at(e)`: float e of the rows, from binding `name` bound as u32."""
         return f"fn {name}_at(e: u32) -> f32 {{ return bitcast<f32>({name}[e]); }}\n"
 
+    def offsets(self):
+        """The words where the int8 values, the scales and the zero points start."""
+        values = self.rows * self.k
+        scales = values + values // 4
+        return values, scales, scales + self.rows
+
     def pairs_loader(self, name):
         """WGSL for the integer products over binding `name` bound as vec2<u32>: `{name}_pair(i)`,
         the two words of the rows' values 8i .. 8i + 7, and `{name}_scale(r)`, `{name}_zp(r)`."""
-        values = self.rows * self.k
-        scales = values + values // 4
-        return fill(INT8_ROWS_PAIRS, NAME=name, PAIRS=values // 2, SCALES=scales, ZPS=scales + self.rows)
+        values, scales, zps = self.offsets()
+        return fill(INT8_ROWS_PAIRS, NAME=name, PAIRS=values // 2, SCALES=scales, ZPS=zps)
 
 
 def int8_rows_k(last):

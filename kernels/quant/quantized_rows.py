@@ -29,7 +29,7 @@ bursts, two rounds in one call, 1 / 16 / 64 streams 605 / 3,059-3,068 / 7,612-7,
 from pte_wgpu.resize.shapes import fold_grid, numel_of
 
 from ..registry import op
-from ..wgsl import DIV_RN, PACKED, XQ, fill, int8_rows_dim, is_float, vec4_loader, vec4_type, wgsl_type
+from ..wgsl import DIV_RN, PACKED, XQ, Int8Rows, fill, int8_rows_dim, is_float, vec4_loader, vec4_type, wgsl_type
 from .quantize import QP_SIZE, QP_STRUCT, QPARAMS, affine_args, qp_bytes
 
 WG = 256  # invocations a row
@@ -133,10 +133,10 @@ def quantized_rows(b):
         b.fail(f"scales stored as {scale_dtype} and zero points as {zp_dtype}: expected floats and int8 or int32")
     block = b.graph.values[b.args[2]].items[-1]
     out_t = b.graph.values[out]
-    words = out_t.dtype == "int32"  # wgsl.py's Int8Rows, else floats
+    int8 = out_t.dtype == "int32"  # wgsl.py's Int8Rows, else floats
     if out_t.dtype not in ("float32", "int32"):
         b.fail(f"output dtype {out_t.dtype}, expected float32 (the rows) or int32 (their int8 words)")
-    if block % (16 if words else 4):
+    if block % (16 if int8 else 4):
         b.fail(f"rows of {block}: the kernel reads them 4 elements at a time (a multiple of 4; of 16 for int8 rows)")
     x_type = b.storage(x, packed=False)
     zp = "f32((i32(qp.y) << 24u) >> 24u)" if zp_dtype in PACKED else "f32(i32(qp.y))"  # as the products read it back
@@ -146,12 +146,13 @@ def quantized_rows(b):
     if norm:
         g_type = b.storage(b.args[10], packed=False)
         gamma = f"@group(0) @binding(3) var<storage, read> gamma: array<{vec4_type(g_type)}>;\n" + vec4_loader("gamma", g_type)
-    rows_max = numel_of(out_t.dims[:-1])
-    values = rows_max * block
-    scales = values + values // 4
-    store = fill(INT8_ROWS, HELD=held, WG=WG, WORDS=values, SCALES=scales, ZPS=scales + rows_max) if words else fill(FLOAT_ROWS, HELD=held, WG=WG)
-    packed = f"var<workgroup> packed: array<u32, {held * WG}>;  // the row's int8 values, a quad a word\n" if words else ""
-    body = fill(QUANTIZED_ROWS, X4=vec4_type(x_type), OUT="vec4<u32>" if words else "vec4<f32>", GAMMA=gamma + packed, NORM=norm_wgsl, HELD=held,
+    if int8:
+        values, scales, zps = Int8Rows(block, numel_of(out_t.dims[:-1])).offsets()
+        store = fill(INT8_ROWS, HELD=held, WG=WG, WORDS=values, SCALES=scales, ZPS=zps)
+    else:
+        store = fill(FLOAT_ROWS, HELD=held, WG=WG)
+    packed = f"var<workgroup> packed: array<u32, {held * WG}>;  // the row's int8 values, a quad a word\n" if int8 else ""
+    body = fill(QUANTIZED_ROWS, X4=vec4_type(x_type), OUT="vec4<u32>" if int8 else "vec4<f32>", GAMMA=gamma + packed, NORM=norm_wgsl, HELD=held,
                 SCALE_TYPE=wgsl_type(scale_dtype), ZP=zp, WG=WG, HALF=WG // 2, STORE=store)
     src = QP_STRUCT + DIV_RN + QPARAMS + XQ + vec4_loader("x", x_type) + body
     params = b.params(QP_SIZE)
@@ -167,6 +168,6 @@ def quantized_rows(b):
         rows = numel_of(dims[:-1])
         ctx.set_params(params, qp_bytes(mode, qmin, qmax, eps, rows, block, norm_eps))
         ctx.set_grid(d, fold_grid(rows))
-        ctx.set_dims(out, tuple(dims[:-1]) + ((int8_rows_dim(block),) if words else (block,)))
+        ctx.set_dims(out, tuple(dims[:-1]) + ((int8_rows_dim(block),) if int8 else (block,)))
 
     b.hook(resize)
