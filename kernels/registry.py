@@ -78,6 +78,7 @@ class OpBuilder:
         self.int8_matrices = int8_matrices
         self._hook = None
         self._extra_writes = []
+        self._extra_reads = []
 
     # arguments
     def value(self, i):
@@ -165,6 +166,11 @@ class OpBuilder:
         """Declare an in-place write to an input (a KV cache)."""
         self._extra_writes.append(vid)
 
+    def reads(self, vid):
+        """Declare a read of a value that is not an argument (the input of the op that made an
+        argument, which a kernel reads in that op's place)."""
+        self._extra_reads.append(vid)
+
     def scratch(self, dtype, numel):
         """A tensor of the op's own that its kernels write (split-K's partial sums, quantized
         words): a value of the op alone, so the memory planner lets ops share its memory."""
@@ -208,6 +214,7 @@ def build_node(graph, name, args, adapter=GPU, subgroups=False, merge_apart=Fals
             reads.append(a)
         elif isinstance(v, ValueList):
             reads.extend(i for i in v.items if i >= 0 and isinstance(values[i], (Tensor, SymInt)))  # -1: None
+    reads += b._extra_reads
     writes = tuple(outs - {None}) + tuple(b._extra_writes)
     bounded = () if getattr(fn, "capacity", False) else tuple(dict.fromkeys(_tensors(values, args)))
     return Node(

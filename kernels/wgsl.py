@@ -256,6 +256,81 @@ fn xq(v: f32, inv: f32, zp: f32, s: f32) -> f32 {
 }
 """
 
+# Dynamic activation quantization, choose_qparams' parameters and arithmetic: kernels/quant's ops'
+# and the 4-bit products' that quantize their rows as they read them (QuantizingRows).
+# The modes: torchao's mapping types (ASYMMETRIC is also determine_qparams' per-tensor affine rule
+# of quantized_decomposed.choose_qparams), and the XNNPACK-style per-token asymmetric rule of
+# choose_qparams_per_token_asymmetric.
+MODES = {"ASYMMETRIC": 0, "SYMMETRIC": 1, "SYMMETRIC_NO_CLIPPING_ERR": 2, "PER_TOKEN_ASYMMETRIC": 3}
+QP_FORMAT = "<IIIiiffff3I"  # blocks, block, mode, qmin, qmax, eps, divisor, zp_sym, norm_eps (quantized_rows.py), pad
+QP_SIZE = struct.calcsize(QP_FORMAT)
+
+# The parameters of kernels/quant's choose_qparams and quantized_rows kernels, and `qparams`: the
+# scale and zero point of a block of minimum `lo` and maximum `hi` (each taken with 0), with
+# torch's f32 arithmetic (divisions correctly rounded by div_rn).
+QP_STRUCT = """
+struct P { blocks: u32, block: u32, mode: u32, qmin: i32, qmax: i32, eps: f32, divisor: f32, zp_sym: f32,
+           norm_eps: f32, pad0: u32, pad1: u32, pad2: u32 }
+"""
+QPARAMS = """
+fn qparams(lo: f32, hi: f32) -> vec2<f32> {
+    let qmin = f32(p.qmin);
+    let qmax = f32(p.qmax);
+    var sc = 0.0;
+    var z = p.zp_sym;
+    if (p.mode == 0u || p.mode == 3u) {
+        sc = max(div_rn(hi - lo, p.divisor), p.eps);
+        if (p.mode == 0u) {
+            z = clamp(qmin - round(div_rn(lo, sc)), qmin, qmax);
+        } else {
+            let dmin = div_rn(lo, sc);
+            let dmax = div_rn(hi, sc);
+            z = round(clamp(select(qmax - dmax, qmin - dmin, (qmin + dmin) + (qmax + dmax) > 0.0), qmin, qmax));
+        }
+    } else if (p.mode == 1u) {
+        sc = max(div_rn(max(-lo, hi), p.divisor), p.eps);
+    } else {
+        let smin = div_rn(lo, qmin);
+        let smax = div_rn(hi, qmax);
+        sc = select(smax, smin, smin > smax);
+        sc = max(sc, p.eps);
+    }
+    return vec2<f32>(sc, z);
+}
+"""
+
+
+def qp_bytes(mode, qmin, qmax, eps, blocks, block, norm_eps=0.0):
+    """The uniform P of `blocks` blocks of `block` elements."""
+    divisor = float(qmax - qmin) / (2 if mode in (1, 2) else 1)
+    zp_sym = float(int((qmax + qmin + 1) / 2))
+    return struct.pack(QP_FORMAT, blocks, block, mode, qmin, qmax, eps, divisor, zp_sym, norm_eps, 0, 0, 0)
+
+
+def stored_zero_point(dtype):
+    """WGSL of qparams' zero point `qp.y` (f32) as a zero point stored as `dtype` reads back."""
+    return "f32((i32(qp.y) << 24u) >> 24u)" if dtype in PACKED else "f32(i32(qp.y))"
+
+
+def affine_args(b):
+    """(mode, qmin, qmax, eps, block) of choose_qparams_affine's arguments 0-6 (those of
+    kernels/quant/quantized_rows.py's ops too), or ValueError naming what is not supported."""
+    xt = b.tensor(0)
+    if not is_float(xt.dtype):
+        b.fail(f"input dtype {xt.dtype}")
+    mapping = b.scalar(1)
+    if mapping not in MODES or mapping == "PER_TOKEN_ASYMMETRIC":
+        b.fail(f"mapping type {mapping!r} is not supported")
+    block = tuple(b.value(2).items)
+    if len(block) != len(xt.dims) or any(int(s) != 1 for s in block[:-1]) or block[-1] <= 0:
+        b.fail(f"block_size {list(block)} for input {list(xt.dims)}: only [1, ..., 1, B] (per row group)")
+    qmin, qmax = b.scalar(4, -128), b.scalar(5, 127)
+    eps = b.scalar(6, None)
+    eps = 2.0**-126 if eps is None else float(eps)  # torch.finfo(float32).smallest_normal
+    return MODES[mapping], qmin, qmax, eps, int(block[-1])
+
+
+
 # Subgroup kernels: each invocation's lane and the subgroup's size, added to an entry point's
 # builtins; vec4 loads of a tensor stored as f32 or f16.
 SUBGROUP_BUILTINS = ", @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sgs: u32"
@@ -292,6 +367,65 @@ class Int8Rows:
         the two words of the rows' values 8i .. 8i + 7, and `{name}_scale(r)`, `{name}_zp(r)`."""
         values, scales, zps = self.offsets()
         return fill(INT8_ROWS_PAIRS, NAME=name, PAIRS=values // 2, SCALES=scales, ZPS=zps)
+
+
+@dataclass(frozen=True)
+class QuantizingRows:
+    """Float rows (stored as `t`) that a subgroup kernel quantizes to int8 as it reads
+    them, each row as kernels/quant/quantized_rows.py writes it into Int8Rows: bitwise the same
+    values, scale and zero point (the row's minimum and maximum are exact in any order). The
+    kernel binds the rows as vec4s (`vec4_type(t)`) and a uniform `p: P` (QP_STRUCT, qp_bytes of
+    one block: a row), and declares div_rn and qparams; `scale_type` and `zp`: how the scales and
+    zero points were stored (wgsl types; zp a WGSL expression of qp.y, as quantized_rows.py's)."""
+
+    t: str
+    scale_type: str
+    zp: str
+    invocations: int  # the kernel's workgroup size
+
+    def pairs_loader(self, name):
+        """WGSL over binding `name`: `{name}_qp(r, li, lane, sgs)`, row r's (scale, zero point, 1 /
+        scale) from a pass of the workgroup over the row (every invocation calls it, in uniform
+        control flow), and `{name}_pair(i, inv, zp)`, the int8 values 8i .. 8i + 7 of the rows as
+        Int8Rows' two words (the even values', the odd ones')."""
+        fields = dict(NAME=name, SCALE_TYPE=self.scale_type, ZP=self.zp, LOADS=QUANTIZING_LOADS, WG=self.invocations)
+        return vec4_loader(name, self.t) + fill(QUANTIZING_ROWS, **fields)
+
+
+QUANTIZING_LOADS = 16  # quads an invocation loads at once in QuantizingRows' pass over a row
+QUANTIZING_ROWS = """
+var<workgroup> ${NAME}_ranges: array<vec2<f32>, ${WG}>;  // each subgroup's minimum and maximum of the row
+fn ${NAME}_qp(r: u32, li: u32, lane: u32, sgs: u32) -> vec3<f32> {
+    let quads = p.block / 4u;
+    let last = r * quads + quads - 1u;
+    var mn = vec4<f32>(0.0);
+    var mx = vec4<f32>(0.0);
+    for (var j = r * quads + li; j <= last; j = j + ${LOADS}u * ${WG}u) {
+        for (var u = 0u; u < ${LOADS}u; u = u + 1u) {  // unrolled: the loads in flight together
+            let a = ${NAME}4(min(j + u * ${WG}u, last));
+            mn = min(mn, a);
+            mx = max(mx, a);
+        }
+    }
+    let lo = subgroupMin(min(min(mn.x, mn.y), min(mn.z, mn.w)));
+    let hi = subgroupMax(max(max(mx.x, mx.y), max(mx.z, mx.w)));
+    if (lane == 0u) { ${NAME}_ranges[li / sgs] = vec2<f32>(lo, hi); }
+    workgroupBarrier();
+    var range = ${NAME}_ranges[0];
+    for (var g = 1u; g < ${WG}u / sgs; g = g + 1u) { range = vec2<f32>(min(range.x, ${NAME}_ranges[g].x), max(range.y, ${NAME}_ranges[g].y)); }
+    workgroupBarrier();  // before another row's ranges
+    let qp = qparams(range.x, range.y);
+    let s = f32(${SCALE_TYPE}(qp.x));
+    return vec3<f32>(s, ${ZP}, div_rn(1.0, s));
+}
+fn ${NAME}_pair(i: u32, inv: f32, zp: f32) -> vec2<u32> {
+    let a = vec4<i32>(clamp(round(${NAME}4(2u * i) * inv) + zp, vec4<f32>(-128.0), vec4<f32>(127.0)));
+    let b = vec4<i32>(clamp(round(${NAME}4(2u * i + 1u) * inv) + zp, vec4<f32>(-128.0), vec4<f32>(127.0)));
+    return vec2<u32>(pack4xI8(vec4<i32>(a.xz, b.xz)), pack4xI8(vec4<i32>(a.yw, b.yw)));
+}
+const LOW_NIBBLES = 0x0F0F0F0Fu;
+const ONES = 0x01010101u;
+"""
 
 
 def int8_rows_k(last):

@@ -37,7 +37,7 @@ FAMILIES = {
     "matmul": {"attention"},  # RoPE in the q/k/v products' epilogue
     "tensor": {"matmul"},  # the RMS norm leaves to a fused linear the rows it normalizes itself
     "vision": {"tensor", "matmul"},  # the strided copy; the GEMM template of the implicit-GEMM conv
-    "quant": {"vision"},  # the int8 convolutions' output shapes
+    "quant": {"vision", "matmul"},  # the int8 convolutions' output shapes; which 4-bit products quantize their rows themselves
 }
 
 

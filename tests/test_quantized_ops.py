@@ -240,16 +240,28 @@ async def test_subgroup_kernels_multiply_the_int8_rows(name, load_pte, kernel_va
     """An 8da4w product's rows quantized once, of a multiple of 16: whichever subgroup kernel takes
     them (GPU variants: 1-16 rows of wide K or an LM head, 17-64 of narrower weights; CPU
     variants: every count) multiplies their int8 values with dot4I8Packed, and no other route
-    does (they read the floats)."""
+    does (they read the floats). A one-row pass on a subgroup kernel quantizes the row in that
+    kernel, and pte_wgpu.quantized_rows runs no dispatch: the row's result is bitwise what it gets
+    in a pass of up to 16 rows."""
     model = await load_pte(_export(name)[0])
     if not model.subgroups or model.int8_matrices:
         pytest.skip("no subgroups, or the dq8 products kept for int8 matrices")
     for m in sorted({1, 2, 16, 17, CASES[name][1][0]}):
-        await model.execute(_rows(name, m, np.random.default_rng(m)))
+        x = _rows(name, m, np.random.default_rng(m))
+        out = (await model.execute(x))[0]
         grids = model._default.state.grids
-        running = [d.shader or "" for i, d in enumerate(model.graph.dispatches) if all(grids[i])]
-        assert any("dot4I8Packed" in s for s in running) == any("subgroupAdd" in s for s in running), m
-        assert any("subgroupAdd" in s for s in running) == (kernel_variants == "cpu" or (m <= 16) != (name == "dq8_wide")), m
+        running = [d for i, d in enumerate(model.graph.dispatches) if all(grids[i])]
+        shaders = [d.shader or "" for d in running]
+        subgroup = any("subgroupAdd" in s for s in shaders)
+        assert any("dot4I8Packed" in s for s in shaders) == subgroup, m
+        assert subgroup == (kernel_variants == "cpu" or (m <= 16) != (name == "dq8_wide")), m
+        quantizing = any("x_qp(" in s for s in shaders)
+        assert quantizing == (m == 1 and subgroup), m
+        assert any(d.op == "pte_wgpu.quantized_rows" for d in running) != quantizing, m
+        if 1 < m <= 16:  # the first row alone, through the one-row route (a pass of at most 16 rows is bitwise each alone)
+            first = x[:1] if CASES[name][2] == 0 else x[:, :1]
+            alone = (await model.execute(first))[0]
+            np.testing.assert_array_equal(alone.reshape(-1), out.reshape(-1)[: alone.size], err_msg=f"row 0 of {m}")
 
 
 async def test_gpus_take_the_wide_row_tile_past_32_rows(load_pte, kernel_variants):

@@ -57,7 +57,29 @@ from pte_wgpu.resize.values import Tensor
 
 from ..registry import op, value_uses
 from ..variants import CPU
-from ..wgsl import DIV_RN, PACKED, SUBGROUP_BUILTINS, XQ, Int8Rows, binding_type, fill, int8_rows_k, is_float, row_groups, row_groups_grid, vec4_loader, vec4_type
+from ..wgsl import (
+    DIV_RN,
+    PACKED,
+    QP_SIZE,
+    QP_STRUCT,
+    QPARAMS,
+    SUBGROUP_BUILTINS,
+    XQ,
+    Int8Rows,
+    QuantizingRows,
+    affine_args,
+    binding_type,
+    fill,
+    int8_rows_k,
+    is_float,
+    qp_bytes,
+    row_groups,
+    row_groups_grid,
+    stored_zero_point,
+    vec4_loader,
+    vec4_type,
+    wgsl_type,
+)
 from . import int8_matrix
 from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, bindings, float_a_load, gemm_scratch, params_bytes
 from .linear import CPU_WG, sg_groups, sg_splits_k, sg_sums, sg_total, sg_wg_rows
@@ -201,12 +223,12 @@ def live_k(b, x, dims):
 
 def sg_x_type(t):
     """The subgroup kernels' binding of inputs stored as `t`: vec4s, or int8 rows' words in pairs."""
-    return "vec2<u32>" if isinstance(t, Int8Rows) else vec4_type(t)
+    return "vec2<u32>" if isinstance(t, Int8Rows) else vec4_type(t.t if isinstance(t, QuantizingRows) else t)
 
 
 def sg_x_loader(t):
     """The subgroup kernels' loader of inputs stored as `t` (binding x)."""
-    return t.pairs_loader("x") if isinstance(t, Int8Rows) else vec4_loader("x", t)
+    return t.pairs_loader("x") if isinstance(t, (Int8Rows, QuantizingRows)) else vec4_loader("x", t)
 
 
 def int8_rows_at(t):
@@ -404,7 +426,7 @@ Q4_SG_STEP = 8 * Q4_SG_WORDS  # weights a lane step: K and the group size must b
 # fitted GEMV had beaten it for 17 to 32 rows on an H100: BENCHMARKS.md.)
 
 
-def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partners=False, norm=False, int8=False):
+def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partners=False, norm=False, int8=False, quantizing=False):
     """The subgroup kernel's statements for `shape` = (input rows, weight rows split among
     `weights`, (word binding, scale fn) pairs read for the same outputs, as SwiGLU's gate and up);
     input row r of the workgroup's group of rows from r0 (rows past `rows` read as the last live
@@ -418,8 +440,10 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
     invocations walk K where a subgroup's lanes do, and adds its subgroups' sums through
     workgroup memory in their order (sg_main's `parts`), for invocation 0 to store. With `int8`,
     x holds int8 rows (kernels/wgsl.py's Int8Rows, bound as vec2<u32>: the two words of 8 values)
-    and a lane's step sums with dot4I8Packed (_int8_step), in scalar f32 accumulators."""
-    assert not (int8 and (dq8 or norm))
+    and a lane's step sums with dot4I8Packed (_int8_step), in scalar f32 accumulators; with
+    `quantizing` as well, x holds float rows that the kernel quantizes as Int8Rows holds them
+    (wgsl.py's QuantizingRows: the workgroup passes over its rows for their scales first)."""
+    assert not (int8 and (dq8 or norm)) and (int8 or not quantizing)
     ins, outs = range(shape[0]), range(shape[1] // len(weights))
     pairs = len(shape) > 2
     split = sg_splits_k(shape)
@@ -427,6 +451,10 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
     store = store or (lambda r: f"out[(r0 + {r}u) * q.N + n] = epilogue(v0, r0 + {r}u, n);")
     ws = [(j, i) for j in range(len(weights)) for i in outs]
     lines = [f"let x{r}_ = min(r0 + {r}u, q.M - 1u);" for r in ins]
+    if quantizing:  # the rows' scales, zero points and their inverses, before any branch
+        lines += [f"let xqp{r} = x_qp(x{r}_, li, lane, sgs); let xsc{r} = xqp{r}.x; let xzp{r} = i32(xqp{r}.y);" for r in ins]
+    elif int8:
+        lines += [f"let xsc{r} = x_scale(x{r}_); let xzp{r} = x_zp(x{r}_);" for r in ins]
     if dq8:  # GEMV_DQ8_SETUP for each row
         lines += [f"let s_row{r} = f32(xs[x{r}_]); let zp_row{r} = zp_at(x{r}_); let inv_row{r} = div_rn(1.0, s_row{r});" for r in ins]
     if split:  # one group of weight rows
@@ -436,7 +464,6 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
     lines += [f"let c{i} = min(n0 + {i}u, {n} - 1u);" for i in outs]
     width = 1 if int8 else 2 if pairs else 4
     lines += [f"var acc{j}_{i}_{r} = {'0.0' if int8 else f'vec{width}<f32>(0.0)'};" for j, i in ws for r in ins]
-    lines += [f"let xsc{r} = x_scale(x{r}_); let xzp{r} = x_zp(x{r}_);" for r in ins] if int8 else []
     lines += [f"var sq{r} = vec4<f32>(0.0);" for r in ins] if norm else []
     per = shape[3] if len(shape) > 3 else Q4_SG_WORDS  # words a lane takes a step
     steps = f"q.K / {8 * per}u"
@@ -483,7 +510,7 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
             else:
                 lines += [f"    acc{t}_{r} = acc{t}_{r} + x{r}a * a{t} + x{r}b * b{t};" for r in ins]
         lines.append("    }")
-    lines += _int8_step(ins, ws, per) if int8 else []
+    lines += _int8_step(ins, ws, per, quantizing) if int8 else []
     lines.append("}")
     total, square = None, lambda r: sg_total(f"sq{r}")
     if split:  # the subgroups' sums into invocation 0's
@@ -502,14 +529,16 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
     return "\n    ".join(lines)
 
 
-def _int8_step(ins, ws, per):
+def _int8_step(ins, ws, per, quantizing=False):
     """sg_body's step over int8 rows: for each weight word (8 nibbles n, in its order the even and
     odd values' words of x), dot4I8Packed of the low and high nibbles with them; over the step,
     sum((n - 8) * (q - zp)) = sum(n * q) - 8 * sum(q) - zp * (sum(n) - 8 * values), exact in
-    i32; times the weight's scale of the step (one group) into the f32 sums."""
+    i32; times the weight's scale of the step (one group) into the f32 sums. `quantizing`: the
+    words from float rows (QuantizingRows)."""
     lines = ["    {", "    let kv8 = q.K / 8u;"]
     for r in ins:
-        lines += [f"    let xv{r}_{c} = x_pair(x{r}_ * kv8 + v * {per}u + {c}u);" for c in range(per)]
+        row = f", xqp{r}.z, xqp{r}.y" if quantizing else ""
+        lines += [f"    let xv{r}_{c} = x_pair(x{r}_ * kv8 + v * {per}u + {c}u{row});" for c in range(per)]
         ones = " + ".join(f"dot4I8Packed(xv{r}_{c}.x, ONES) + dot4I8Packed(xv{r}_{c}.y, ONES)" for c in range(per))
         lines.append(f"    let xs{r} = 8 * ({ones});")
     for j, i in ws:
@@ -553,9 +582,12 @@ def sg_main(shape):
 def sg_shader(dq8, zp_packed, has_bias, shape=Q4_SG_GEMV, types=Storage(), residual=False, gs=None):
     """The subgroup kernel of `shape`: a workgroup takes a group of shape[0] rows;
     K, the weight rows and gs whole steps of Q4_SG_WORDS words; activations f32 or f16; `gs`: _dequant's."""
-    int8 = isinstance(types.x, Int8Rows)
+    quantizing = isinstance(types.x, QuantizingRows)
+    int8 = quantizing or isinstance(types.x, Int8Rows)
     head = _gemv_header(dq8, zp_packed, has_bias, types, vec4=True, residual=residual) + sg_x_loader(types.x)
-    body = sg_body(dq8, shape, int8=int8)
+    if quantizing:  # its uniform after q
+        head += QP_STRUCT + f"@group(0) @binding({len(_operands(dq8, zp_packed, types)) + has_bias + 2}) var<uniform> p: P;\n" + DIV_RN + QPARAMS
+    body = sg_body(dq8, shape, int8=int8, quantizing=quantizing)
     return head + _dequant(dq8, zp_packed, gs) + (XQ4 if dq8 else "") + sg_main(shape) + f"    let nw = wg0 * {sg_wg_rows(shape)}u;\n    {body}\n}}\n"
 
 
@@ -686,6 +718,43 @@ def q4_subgroup_shape(b, shapes, m, k):
     return shapes[shape_for_rows(shapes, m)] if first <= m <= last else None
 
 
+# The 4-bit ops whose one-row passes quantize their int8 rows themselves where a subgroup kernel
+# takes that row (Q4Product's `quantizing`), and their weight, scales and group size arguments: a
+# pte_wgpu.quantized_rows that only such ops read runs no dispatch for one row
+# (kernels/quant/quantized_rows.py), a dispatch fewer a product. H200, Llama-3.2-1B shape 8da4w
+# (the output and down products), greedy bursts, two rounds in one call, one stream 746-762 ->
+# 853-860 tokens/s; each subgroup passing over the row alone 843-846, 4 loads in flight a lane
+# 805-813; without the quantization's dispatches at all (wrong results: the bound) 941-943. The
+# rows an RMS norm's rms_norm_quantized_rows writes, quantized in the q/k/v group and SwiGLU
+# products the same way (the squares summed in that op's order through workgroup memory, then
+# the normalized row's minimum and maximum) lost: 706-714, the group alone 746-762, SwiGLU alone
+# 780-783 (results/h200/kernel_choices/dq8_integer_dots/one_row_quantizing/).
+ROW_QUANTIZING = {"et_vk.linear_q4gsw.default": (1, 2, 3), "pte_wgpu.q4_linear_residual": (1, 2, 3)}
+
+
+def quantizes_one_row(b):
+    """Whether the op of builder `b` takes a one-row pass of its int8 rows (wgsl.py's Int8Rows,
+    which a pte_wgpu.quantized_rows of rows without a norm writes) on a subgroup kernel that
+    quantizes the row as it reads it."""
+    at, (x_type, k) = ROW_QUANTIZING.get(b.name), q4_input(b, b.args[0])
+    if at is None or not isinstance(x_type, Int8Rows):
+        return False
+    if [name for name, args in b.graph.calls if args and args[-1] == b.args[0]] != ["pte_wgpu.quantized_rows"]:
+        return False
+    w = q4_weight(b, b.args[0], b.args[at[0]], b.args[at[1]], b.scalar(at[2]))
+    return q4_subgroup_shape(b, q4_subgroup_shapes(b, w, k), 1, k) is not None
+
+
+def row_quantization(b, x):
+    """(rows, QuantizingRows, uniform bytes) of the pte_wgpu.quantized_rows that writes int8 rows
+    `x`: the float rows it reads and how it quantizes them (kernels/quant/quantized_rows.py)."""
+    args = next(args for name, args in b.graph.calls if args and args[-1] == x)
+    made = b.part("pte_wgpu.quantized_rows", args)
+    mode, qmin, qmax, eps, block = affine_args(made)
+    rows = QuantizingRows(made.storage(args[0], packed=False), wgsl_type(made.scalar(7)), stored_zero_point(made.scalar(8)), CPU_WG)
+    return args[0], rows, qp_bytes(mode, qmin, qmax, eps, 1, block)
+
+
 def gemv_routes_below(routes, rows):
     """The routes of `routes` (gemv_routes) for row counts up to `rows`, the last taking no more."""
     kept = [r for i, r in enumerate(routes) if i == 0 or routes[i - 1][0] < rows]
@@ -723,6 +792,13 @@ class Q4Product:
         step = gemv_step(w.wpr)
         self.gemvs = [b.dispatch(gemv_shader(dq8, zp_packed, has_bias, w.gs, lanes, types, residual, rows, step), bound) for _, lanes, rows in self.routes]
         self.sgs = [(b.dispatch(sg_shader(dq8, zp_packed, has_bias, shape, types, residual, w.gs), bound), shape) for shape in self.shapes]
+        self.quantizing = None  # a one-row pass's subgroup kernel quantizing quantized_rows' input itself (that op then runs no dispatch)
+        if gemv and quantizes_one_row(b):
+            rows, quantizing, qp = row_quantization(b, x)
+            shape, uniform = q4_subgroup_shape(b, self.shapes, 1, k_most), b.params(QP_SIZE)
+            shader = sg_shader(dq8, zp_packed, has_bias, shape, replace(types, x=quantizing), residual, w.gs)
+            b.reads(rows)
+            self.quantizing = (b.dispatch(shader, [rows, *bound[1:], uniform]), shape, uniform, qp)
         q_binding = len(operands) + len(tail) + 3  # after out, p and the scratch
         q_wgsl = f"{LIN_STRUCT};\n@group(0) @binding({q_binding}) var<uniform> q: Q;\n"
         load = q4_load(dq8, zp_packed, w.gs, k_most, types)
@@ -767,8 +843,13 @@ class Q4Product:
         chosen = gemv_route(self.routes, m) if use_gemv else None
         for i, (d, (_, lanes, rows)) in enumerate(zip(self.gemvs, self.routes)):
             ctx.set_grid(d, row_groups_grid(-(-w.n // gemv_outputs(lanes)), m, rows) if i == chosen else (0, 0, 0))
+        quantizing = self.quantizing is not None and m == 1 and sg_shape is not None
         for d, shape in self.sgs:
-            ctx.set_grid(d, row_groups_grid(-(-w.n // sg_wg_rows(shape)), m, shape[0]) if shape == sg_shape else (0, 0, 0))
+            ctx.set_grid(d, row_groups_grid(-(-w.n // sg_wg_rows(shape)), m, shape[0]) if shape == sg_shape and not quantizing else (0, 0, 0))
+        if self.quantizing is not None:
+            d, shape, uniform, qp = self.quantizing
+            ctx.set_params(uniform, qp)
+            ctx.set_grid(d, row_groups_grid(-(-w.n // sg_wg_rows(shape)), 1, shape[0]) if quantizing else (0, 0, 0))
         self.gemm.set_grids(ctx, m, w.n, k, 1, splits, use_gemm)
         if self.matrix is not None:
             ctx.set_grid(self.quantize, int8_matrix.quantize_grid(m, k) if use_matrix else (0, 0, 0))

@@ -10,12 +10,11 @@ double); here, as in ExecuTorch's Vulkan runtime, every float is f32. float16 in
 outputs are stored as f16 and converted at the load and the store.
 """
 
-import struct
 
 from pte_wgpu.resize.shapes import fold_grid, normalize_dim, numel_of
 
 from ..registry import op
-from ..wgsl import DIV_RN, PACKED, fill, is_float
+from ..wgsl import DIV_RN, MODES, PACKED, QP_SIZE, QP_STRUCT, QPARAMS, affine_args, fill, is_float, qp_bytes
 from .int8_elementwise import QUANT_FNS, add_word_map, inv, zero_point
 
 QUANTIZE_TENSOR_QPARAMS = """
@@ -172,55 +171,7 @@ def dequantize_affine(b):
 
 # ---------------------------------------------------------------- choose_qparams
 
-# The modes: torchao's mapping types (ASYMMETRIC is also determine_qparams' per-tensor affine rule
-# of quantized_decomposed.choose_qparams), and the XNNPACK-style per-token asymmetric rule of
-# choose_qparams_per_token_asymmetric.
-MODES = {"ASYMMETRIC": 0, "SYMMETRIC": 1, "SYMMETRIC_NO_CLIPPING_ERR": 2, "PER_TOKEN_ASYMMETRIC": 3}
-QP_FORMAT = "<IIIiiffff3I"  # blocks, block, mode, qmin, qmax, eps, divisor, zp_sym, norm_eps (quantized_rows.py), pad
-QP_SIZE = struct.calcsize(QP_FORMAT)
 F32_EPS = 1.1920928955078125e-07  # torch.finfo(torch.float32).eps
-
-# The parameters of both kernels below and of kernels/quant/quantized_rows.py's, and `qparams`: the
-# scale and zero point of a block of minimum `lo` and maximum `hi` (each taken with 0), with
-# torch's f32 arithmetic (divisions correctly rounded by div_rn).
-QP_STRUCT = """
-struct P { blocks: u32, block: u32, mode: u32, qmin: i32, qmax: i32, eps: f32, divisor: f32, zp_sym: f32,
-           norm_eps: f32, pad0: u32, pad1: u32, pad2: u32 }
-"""
-QPARAMS = """
-fn qparams(lo: f32, hi: f32) -> vec2<f32> {
-    let qmin = f32(p.qmin);
-    let qmax = f32(p.qmax);
-    var sc = 0.0;
-    var z = p.zp_sym;
-    if (p.mode == 0u || p.mode == 3u) {
-        sc = max(div_rn(hi - lo, p.divisor), p.eps);
-        if (p.mode == 0u) {
-            z = clamp(qmin - round(div_rn(lo, sc)), qmin, qmax);
-        } else {
-            let dmin = div_rn(lo, sc);
-            let dmax = div_rn(hi, sc);
-            z = round(clamp(select(qmax - dmax, qmin - dmin, (qmin + dmin) + (qmax + dmax) > 0.0), qmin, qmax));
-        }
-    } else if (p.mode == 1u) {
-        sc = max(div_rn(max(-lo, hi), p.divisor), p.eps);
-    } else {
-        let smin = div_rn(lo, qmin);
-        let smax = div_rn(hi, qmax);
-        sc = select(smax, smin, smin > smax);
-        sc = max(sc, p.eps);
-    }
-    return vec2<f32>(sc, z);
-}
-"""
-
-
-def qp_bytes(mode, qmin, qmax, eps, blocks, block, norm_eps=0.0):
-    """The uniform P of `blocks` blocks of `block` elements."""
-    divisor = float(qmax - qmin) / (2 if mode in (1, 2) else 1)
-    zp_sym = float(int((qmax + qmin + 1) / 2))
-    return struct.pack(QP_FORMAT, blocks, block, mode, qmin, qmax, eps, divisor, zp_sym, norm_eps, 0, 0, 0)
-
 
 # 4 blocks per workgroup, 64 threads each: min(min(x), 0) and max(max(x), 0) of the block, then its
 # scale and zero point (qparams).
@@ -326,24 +277,6 @@ def choose_qparams_per_token_asymmetric(b):
     """[input [..., K], dtype, ValueList[scales [..., 1], zero_points [..., 1]]]."""
     mode = MODES["PER_TOKEN_ASYMMETRIC"]
     _choose_qparams(b, mode, -128, 127, F32_EPS, lambda dims: max(dims[-1], 1), lambda dims, block: tuple(dims[:-1]) + (1,))
-
-
-def affine_args(b):
-    """(mode, qmin, qmax, eps, block) of choose_qparams_affine's arguments 0-6 (those of
-    kernels/quant/quantized_rows.py's ops too), or ValueError naming what is not supported."""
-    xt = b.tensor(0)
-    if not is_float(xt.dtype):
-        b.fail(f"input dtype {xt.dtype}")
-    mapping = b.scalar(1)
-    if mapping not in MODES or mapping == "PER_TOKEN_ASYMMETRIC":
-        b.fail(f"mapping type {mapping!r} is not supported")
-    block = tuple(b.value(2).items)
-    if len(block) != len(xt.dims) or any(int(s) != 1 for s in block[:-1]) or block[-1] <= 0:
-        b.fail(f"block_size {list(block)} for input {list(xt.dims)}: only [1, ..., 1, B] (per row group)")
-    qmin, qmax = b.scalar(4, -128), b.scalar(5, 127)
-    eps = b.scalar(6, None)
-    eps = 2.0**-126 if eps is None else float(eps)  # torch.finfo(float32).smallest_normal
-    return MODES[mapping], qmin, qmax, eps, int(block[-1])
 
 
 @op("torchao.choose_qparams_affine.default", half=True)

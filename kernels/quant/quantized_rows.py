@@ -8,12 +8,14 @@ The products then read those rows as a 4-bit linear of float rows reads its inpu
   eps, scale_dtype Str, zero_point_dtype Str, keepdim, out]: choose_qparams_affine's arguments,
   the dtypes being those its scales and zero points were stored as; out (f32, x's shape) holds
   each element of x as the product multiplied it: the row's scale and zero point by
-  quantize.py's `qparams` over the row's minimum and maximum (rounded to the scales' and zero
+  wgsl.py's `qparams` over the row's minimum and maximum (rounded to the scales' and zero
   points' storage as they were), then wgsl.py's XQ. Bitwise what the products computed. Where
   kernels/fusion.py's `_int8_rows` made out an int32 tensor [..., K + K / 4 + 2] (rows of a
   multiple of 16 that only 4-bit linears read), it holds those floats and the int8 values, scale
   and zero point of each row (wgsl.py's Int8Rows), which the subgroup kernels multiply as
-  integers (kernels/matmul/q4_linear.py's sg_body).
+  integers (kernels/matmul/q4_linear.py's sg_body). Where only products whose subgroup kernel
+  takes a one-row pass read them (q4_linear.py's quantizes_one_row), a pass of one row runs no
+  dispatch here: those kernels quantize the row themselves, bitwise as this kernel does.
 - `pte_wgpu.rms_norm_quantized_rows` [x, .., keepdim, gamma, eps, out]: the same of
   et_vk.rms_norm(x, gamma, eps), its rows x * rstd * gamma rounded to x's storage type as the
   norm stored them; rstd from the same squares summed in another order (to rounding of the norm's).
@@ -28,9 +30,9 @@ bursts, two rounds in one call, 1 / 16 / 64 streams 605 / 3,059-3,068 / 7,612-7,
 
 from pte_wgpu.resize.shapes import fold_grid, numel_of
 
+from ..matmul.q4_linear import quantizes_one_row
 from ..registry import op
-from ..wgsl import DIV_RN, PACKED, XQ, Int8Rows, fill, int8_rows_dim, is_float, vec4_loader, vec4_type, wgsl_type
-from .quantize import QP_SIZE, QP_STRUCT, QPARAMS, affine_args, qp_bytes
+from ..wgsl import DIV_RN, QP_SIZE, QP_STRUCT, QPARAMS, XQ, Int8Rows, affine_args, fill, int8_rows_dim, is_float, qp_bytes, stored_zero_point, vec4_loader, vec4_type, wgsl_type
 
 WG = 256  # invocations a row
 
@@ -139,7 +141,7 @@ def quantized_rows(b):
     if block % (16 if int8 else 4):
         b.fail(f"rows of {block}: the kernel reads them 4 elements at a time (a multiple of 4; of 16 for int8 rows)")
     x_type = b.storage(x, packed=False)
-    zp = "f32((i32(qp.y) << 24u) >> 24u)" if zp_dtype in PACKED else "f32(i32(qp.y))"  # as the products read it back
+    zp = stored_zero_point(zp_dtype)  # as the products read it back
     held = -(-block // (4 * WG))
     norm_wgsl = fill(NORM, HELD=held, WG=WG, HALF=WG // 2, X_TYPE=x_type) if norm else ""
     gamma = ""
@@ -158,6 +160,8 @@ def quantized_rows(b):
     params = b.params(QP_SIZE)
     d = b.dispatch(src, [x, out, params] + ([b.args[10]] if norm else []))
     norm_eps = float(b.scalar(11, 1e-6)) if norm else 0.0
+    readers = [(name, args) for name, args in b.graph.calls if out in args[:-1]]
+    alone = int8 and not norm and readers and all(args[0] == out and quantizes_one_row(b.part(name, args)) for name, args in readers)
 
     def resize(ctx):
         dims = ctx.dims(x)
@@ -167,7 +171,7 @@ def quantized_rows(b):
             b.fail(f"norm weight of {ctx.numel(b.args[10])} elements for rows of {block}")
         rows = numel_of(dims[:-1])
         ctx.set_params(params, qp_bytes(mode, qmin, qmax, eps, rows, block, norm_eps))
-        ctx.set_grid(d, fold_grid(rows))
+        ctx.set_grid(d, (0, 0, 0) if alone and rows == 1 else fold_grid(rows))  # `alone`: its readers quantize one row
         ctx.set_dims(out, tuple(dims[:-1]) + ((int8_rows_dim(block),) if int8 else (block,)))
 
     b.hook(resize)
