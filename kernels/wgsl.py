@@ -371,11 +371,12 @@ class Int8Rows:
 
 @dataclass(frozen=True)
 class QuantizingRows:
-    """Float rows (stored as `t`) that a subgroup kernel quantizes to int8 as it reads
-    them, each row as kernels/quant/quantized_rows.py writes it into Int8Rows: bitwise the same
-    values, scale and zero point (the row's minimum and maximum are exact in any order). The
-    kernel binds the rows as vec4s (`vec4_type(t)`) and a uniform `p: P` (QP_STRUCT, qp_bytes of
-    one block: a row), and declares div_rn and qparams; `scale_type` and `zp`: how the scales and
+    """Float rows (stored as `t`) that a 4-bit product's kernel quantizes as it reads them (a
+    subgroup kernel to int8 words, the GEMV to the values XQ gives), each row as
+    kernels/quant/quantized_rows.py writes it into Int8Rows: bitwise the same values, scale and
+    zero point (the row's minimum and maximum are exact in any order). The kernel binds the rows
+    (as vec4s, `vec4_type(t)`, in a subgroup kernel) and a uniform `p: P` (QP_STRUCT, qp_bytes of
+    one block: a row); `scale_type` and `zp`: how the scales and
     zero points were stored (wgsl types; zp a WGSL expression of qp.y, as quantized_rows.py's)."""
 
     t: str
@@ -383,15 +384,27 @@ class QuantizingRows:
     zp: str
     invocations: int  # the kernel's workgroup size
 
+    def uniform(self, binding):
+        """WGSL of the uniform `p: P` at `binding`, div_rn, qparams, and `row_qp(lo, hi)`: a row's
+        (scale, zero point, 1 / scale) from its minimum and maximum."""
+        qp = fill(ROW_QP, SCALE_TYPE=self.scale_type, ZP=self.zp)
+        return QP_STRUCT + f"@group(0) @binding({binding}) var<uniform> p: P;\n" + DIV_RN + QPARAMS + qp
+
     def pairs_loader(self, name):
-        """WGSL over binding `name`: `{name}_qp(r, li, lane, sgs)`, row r's (scale, zero point, 1 /
-        scale) from a pass of the workgroup over the row (every invocation calls it, in uniform
-        control flow), and `{name}_pair(i, inv, zp)`, the int8 values 8i .. 8i + 7 of the rows as
-        Int8Rows' two words (the even values', the odd ones')."""
-        fields = dict(NAME=name, SCALE_TYPE=self.scale_type, ZP=self.zp, LOADS=QUANTIZING_LOADS, WG=self.invocations)
-        return vec4_loader(name, self.t) + fill(QUANTIZING_ROWS, **fields)
+        """WGSL over binding `name` (the subgroup kernels', after `uniform`): `{name}_qp(r, li, lane,
+        sgs)`, row r's row_qp from a pass of the workgroup over the row (every invocation calls it,
+        in uniform control flow), and `{name}_pair(i, inv, zp)`, the int8 values 8i .. 8i + 7 of
+        the rows as Int8Rows' two words (the even values', the odd ones')."""
+        return vec4_loader(name, self.t) + fill(QUANTIZING_ROWS, NAME=name, LOADS=QUANTIZING_LOADS, WG=self.invocations)
 
 
+ROW_QP = """
+fn row_qp(lo: f32, hi: f32) -> vec3<f32> {
+    let qp = qparams(lo, hi);
+    let s = f32(${SCALE_TYPE}(qp.x));
+    return vec3<f32>(s, ${ZP}, div_rn(1.0, s));
+}
+"""
 QUANTIZING_LOADS = 16  # quads an invocation loads at once in QuantizingRows' pass over a row
 QUANTIZING_ROWS = """
 var<workgroup> ${NAME}_ranges: array<vec2<f32>, ${WG}>;  // each subgroup's minimum and maximum of the row
@@ -414,9 +427,7 @@ fn ${NAME}_qp(r: u32, li: u32, lane: u32, sgs: u32) -> vec3<f32> {
     var range = ${NAME}_ranges[0];
     for (var g = 1u; g < ${WG}u / sgs; g = g + 1u) { range = vec2<f32>(min(range.x, ${NAME}_ranges[g].x), max(range.y, ${NAME}_ranges[g].y)); }
     workgroupBarrier();  // before another row's ranges
-    let qp = qparams(range.x, range.y);
-    let s = f32(${SCALE_TYPE}(qp.x));
-    return vec3<f32>(s, ${ZP}, div_rn(1.0, s));
+    return row_qp(range.x, range.y);
 }
 fn ${NAME}_pair(i: u32, inv: f32, zp: f32) -> vec2<u32> {
     let a = vec4<i32>(clamp(round(${NAME}4(2u * i) * inv) + zp, vec4<f32>(-128.0), vec4<f32>(127.0)));
@@ -450,7 +461,7 @@ const ONES = 0x01010101u;
 
 def binding_type(t):
     """The WGSL element type a kernel binds a tensor stored as `t` with, one element a load."""
-    return "u32" if isinstance(t, Int8Rows) else t
+    return "u32" if isinstance(t, Int8Rows) else t.t if isinstance(t, QuantizingRows) else t
 
 
 def vec4_type(t):

@@ -61,8 +61,6 @@ from ..wgsl import (
     DIV_RN,
     PACKED,
     QP_SIZE,
-    QP_STRUCT,
-    QPARAMS,
     SUBGROUP_BUILTINS,
     XQ,
     Int8Rows,
@@ -311,7 +309,7 @@ def gemv_main(rows):
     return fill(GEMV_MAIN, ROWS=rows, ROW_GROUPS=row_groups("q.M", rows, "m0"), OFFSETS=offsets)
 
 
-def gemv_body(dq8, weights, n, store, lanes, x_at=None, partners=False, rows=1, step=8):
+def gemv_body(dq8, weights, n, store, lanes, x_at=None, partners=False, rows=1, step=8, quantizing=False):
     """The GEMV's statements for the outputs of workgroup `wg` of N = `n` (WGSL), input rows r <
     `rows` from m0 (gemv_main): each quad of outputs from `n0` summed by `lanes` invocations, over
     `weights` ((word binding, suffix of its `dq4` function) pairs read for the same outputs,
@@ -319,14 +317,15 @@ def gemv_body(dq8, weights, n, store, lanes, x_at=None, partners=False, rows=1, 
     weight and row, each summed as the plain op's): `store(r)` writes output n of row m0 + r from
     v0, v1, .. (one a weight; with `partners`, pair0, pair1, .. hold output n ^ 1, the other of
     its pair). A lane takes `step` consecutive weights of K at a time (gemv_step). `x_at(r, e)`:
-    row r's element at WGSL offset e as f32 (a fused norm's). dq8 takes one row."""
+    row r's element at WGSL offset e as f32 (a fused norm's). dq8 takes one row, its scale and
+    zero point from xs and xz, or with `quantizing` from a pass over the row (GEMV_QUANTIZING)."""
     assert rows == 1 or not dq8
     x_at = x_at or (lambda r, e: f"f32(x[xo{r} + {e}])")
     ws, chunks = range(len(weights)), range(step // 4)
     slot = lambda j, r: 256 * (j * rows + r)  # noqa: E731  (weight j, row r)'s tree
     lines = [f"let lane = li % {lanes}u;", f"let n0 = wg * {gemv_outputs(lanes)}u + 4u * (li / {lanes}u);"]
     lines += [f"let last = {n} - 1u;", *(f"let c{i} = min(n0{f' + {i}u' if i else ''}, last);" for i in range(4))]
-    lines += [GEMV_DQ8_SETUP.strip()] if dq8 else []
+    lines += [(GEMV_QUANTIZING_SETUP if quantizing else GEMV_DQ8_SETUP).strip()] if dq8 else []
     lines += [f"var acc{j}_{r} = vec4<f32>(0.0);" for j in ws for r in range(rows)]
     lines += [f"for (var u = lane; u < (q.K + {step - 1}u) / {step}u; u = u + {lanes}u) {{", f"    let k0 = u * {step}u;"]
     word, shift = ("u", lambda c: f"{16 * c}u") if step == 8 else ("u / 2u", lambda c: "((u % 2u) * 16u)")
@@ -363,6 +362,27 @@ def gemv_reduce(trees):
 GEMV_DQ8_SETUP = """    let s_row = f32(xs[m0]);
     let zp_row = zp_at(m0);
     let inv_row = div_rn(1.0, s_row);"""
+# ... the row's scale and zero point where the GEMV quantizes a row of floats itself (QuantizingRows'
+# row_qp), as kernels/quant/quantized_rows.py does: the row's minimum and maximum through
+# workgroup memory (the GEMV runs without subgroups too)
+GEMV_QUANTIZING = """
+var<workgroup> row_range: array<vec2<f32>, 256>;
+fn x_qp(m: u32, li: u32) -> vec3<f32> {
+    var range = vec2<f32>(0.0);
+    for (var k = li; k < q.K; k = k + 256u) { let v = f32(x[m * q.K + k]); range = vec2<f32>(min(range.x, v), max(range.y, v)); }
+    row_range[li] = range;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s = s >> 1u) {
+        if (li < s) { row_range[li] = vec2<f32>(min(row_range[li].x, row_range[li + s].x), max(row_range[li].y, row_range[li + s].y)); }
+        workgroupBarrier();
+    }
+    return row_qp(row_range[0].x, row_range[0].y);
+}
+"""
+GEMV_QUANTIZING_SETUP = """    let qp_row = x_qp(m0, li);
+    let s_row = qp_row.x;
+    let zp_row = qp_row.y;
+    let inv_row = qp_row.z;"""
 GEMV_DQ8_X = """        $V = vec4<f32>(xq($V.x, inv_row, zp_row, s_row), xq($V.y, inv_row, zp_row, s_row),
                        xq($V.z, inv_row, zp_row, s_row), xq($V.w, inv_row, zp_row, s_row));"""
 
@@ -371,8 +391,11 @@ def gemv_shader(dq8, zp_packed, has_bias, gs, lanes, types=Storage(), residual=F
     """A GEMV route (`lanes` invocations reduce over K for each 4 outputs of `rows` rows, `step`
     weights at a time); `gs`: _dequant's."""
     store = lambda r: f"out[(m0 + {r}u) * q.N + n] = epilogue(v0, m0 + {r}u, n);"  # noqa: E731
-    body = gemv_body(dq8, [("wq", "")], "q.N", store, lanes, x_at=int8_rows_at(types.x), rows=rows, step=step)
+    quantizing = isinstance(types.x, QuantizingRows)  # a row of floats it quantizes itself, as dq8 with its own scale
+    body = gemv_body(dq8 or quantizing, [("wq", "")], "q.N", store, lanes, x_at=int8_rows_at(types.x), rows=rows, step=step, quantizing=quantizing)
     head = _gemv_header(dq8, zp_packed, has_bias, types, residual=residual) + _dequant(dq8, zp_packed, gs) + int8_rows_loader(types.x)
+    if quantizing:  # its uniform after q
+        head += types.x.uniform(len(_operands(dq8, zp_packed, types)) + has_bias + 2) + XQ + GEMV_QUANTIZING
     return head + gemv_reduce(rows) + gemv_main(rows) + f"    let wg = wg0;\n    {body}\n}}\n"
 
 
@@ -584,9 +607,10 @@ def sg_shader(dq8, zp_packed, has_bias, shape=Q4_SG_GEMV, types=Storage(), resid
     K, the weight rows and gs whole steps of Q4_SG_WORDS words; activations f32 or f16; `gs`: _dequant's."""
     quantizing = isinstance(types.x, QuantizingRows)
     int8 = quantizing or isinstance(types.x, Int8Rows)
-    head = _gemv_header(dq8, zp_packed, has_bias, types, vec4=True, residual=residual) + sg_x_loader(types.x)
+    head = _gemv_header(dq8, zp_packed, has_bias, types, vec4=True, residual=residual)
     if quantizing:  # its uniform after q
-        head += QP_STRUCT + f"@group(0) @binding({len(_operands(dq8, zp_packed, types)) + has_bias + 2}) var<uniform> p: P;\n" + DIV_RN + QPARAMS
+        head += types.x.uniform(len(_operands(dq8, zp_packed, types)) + has_bias + 2)
+    head += sg_x_loader(types.x)
     body = sg_body(dq8, shape, int8=int8, quantizing=quantizing)
     return head + _dequant(dq8, zp_packed, gs) + (XQ4 if dq8 else "") + sg_main(shape) + f"    let nw = wg0 * {sg_wg_rows(shape)}u;\n    {body}\n}}\n"
 
@@ -718,9 +742,9 @@ def q4_subgroup_shape(b, shapes, m, k):
     return shapes[shape_for_rows(shapes, m)] if first <= m <= last else None
 
 
-# The 4-bit ops whose one-row passes quantize their int8 rows themselves where a subgroup kernel
-# takes that row (Q4Product's `quantizing`), and their weight, scales and group size arguments: a
-# pte_wgpu.quantized_rows that only such ops read runs no dispatch for one row
+# The 4-bit ops whose one-row passes quantize their int8 rows themselves (Q4Product's
+# `quantizing`: its subgroup kernel or GEMV for one row, reading the rows before the quantization):
+# a pte_wgpu.quantized_rows that only such ops read runs no dispatch for one row
 # (kernels/quant/quantized_rows.py), a dispatch fewer a product. H200, Llama-3.2-1B shape 8da4w
 # (the output and down products), greedy bursts, two rounds in one call, one stream 746-762 ->
 # 853-860 tokens/s; each subgroup passing over the row alone 843-846, 4 loads in flight a lane
@@ -729,20 +753,15 @@ def q4_subgroup_shape(b, shapes, m, k):
 # products the same way (the squares summed in that op's order through workgroup memory, then
 # the normalized row's minimum and maximum) lost: 706-714, the group alone 746-762, SwiGLU alone
 # 780-783 (results/h200/kernel_choices/dq8_integer_dots/one_row_quantizing/).
-ROW_QUANTIZING = {"et_vk.linear_q4gsw.default": (1, 2, 3), "pte_wgpu.q4_linear_residual": (1, 2, 3)}
+ROW_QUANTIZING = ("et_vk.linear_q4gsw.default", "pte_wgpu.q4_linear_residual")
 
 
 def quantizes_one_row(b):
-    """Whether the op of builder `b` takes a one-row pass of its int8 rows (wgsl.py's Int8Rows,
-    which a pte_wgpu.quantized_rows of rows without a norm writes) on a subgroup kernel that
-    quantizes the row as it reads it."""
-    at, (x_type, k) = ROW_QUANTIZING.get(b.name), q4_input(b, b.args[0])
-    if at is None or not isinstance(x_type, Int8Rows):
+    """Whether the op of builder `b` quantizes a one-row pass of its int8 rows (wgsl.py's
+    Int8Rows, which a pte_wgpu.quantized_rows of rows without a norm writes) itself."""
+    if b.name not in ROW_QUANTIZING or not isinstance(q4_input(b, b.args[0])[0], Int8Rows):
         return False
-    if [name for name, args in b.graph.calls if args and args[-1] == b.args[0]] != ["pte_wgpu.quantized_rows"]:
-        return False
-    w = q4_weight(b, b.args[0], b.args[at[0]], b.args[at[1]], b.scalar(at[2]))
-    return q4_subgroup_shape(b, q4_subgroup_shapes(b, w, k), 1, k) is not None
+    return [name for name, args in b.graph.calls if args and args[-1] == b.args[0]] == ["pte_wgpu.quantized_rows"]
 
 
 def row_quantization(b, x):
@@ -793,12 +812,16 @@ class Q4Product:
         self.gemvs = [b.dispatch(gemv_shader(dq8, zp_packed, has_bias, w.gs, lanes, types, residual, rows, step), bound) for _, lanes, rows in self.routes]
         self.sgs = [(b.dispatch(sg_shader(dq8, zp_packed, has_bias, shape, types, residual, w.gs), bound), shape) for shape in self.shapes]
         self.quantizing = None  # a one-row pass's subgroup kernel quantizing quantized_rows' input itself (that op then runs no dispatch)
-        if gemv and quantizes_one_row(b):
+        if gemv and quantizes_one_row(b):  # the route one row takes (resize), on the rows before the quantization
             rows, quantizing, qp = row_quantization(b, x)
-            shape, uniform = q4_subgroup_shape(b, self.shapes, 1, k_most), b.params(QP_SIZE)
-            shader = sg_shader(dq8, zp_packed, has_bias, shape, replace(types, x=quantizing), residual, w.gs)
+            t, shape, uniform = replace(types, x=quantizing), q4_subgroup_shape(b, self.shapes, 1, k_most), b.params(QP_SIZE)
+            if shape is not None:
+                shader, grid = sg_shader(dq8, zp_packed, has_bias, shape, t, residual, w.gs), row_groups_grid(-(-w.n // sg_wg_rows(shape)), 1, shape[0])
+            else:
+                _, lanes, per = self.routes[gemv_route(self.routes, 1)]
+                shader, grid = gemv_shader(dq8, zp_packed, has_bias, w.gs, lanes, t, residual, per, step), row_groups_grid(-(-w.n // gemv_outputs(lanes)), 1, per)
             b.reads(rows)
-            self.quantizing = (b.dispatch(shader, [rows, *bound[1:], uniform]), shape, uniform, qp)
+            self.quantizing = (b.dispatch(shader, [rows, *bound[1:], uniform]), grid, uniform, qp)
         q_binding = len(operands) + len(tail) + 3  # after out, p and the scratch
         q_wgsl = f"{LIN_STRUCT};\n@group(0) @binding({q_binding}) var<uniform> q: Q;\n"
         load = q4_load(dq8, zp_packed, w.gs, k_most, types)
@@ -840,16 +863,16 @@ class Q4Product:
         ctx.set_params(self.q, struct.pack(LIN_FORMAT, m, w.n, k, w.wpr, w.groups, w.gs, -(-k // 8)))
         bias_strides = (0, w.n, 1) if self.residual else (0, 0, 1)
         ctx.set_params(self.p, params_bytes(m, w.n, k, bias=bias_strides, split=(splits, kspan)))
-        chosen = gemv_route(self.routes, m) if use_gemv else None
+        quantizing = self.quantizing is not None and on and m == 1
+        chosen = gemv_route(self.routes, m) if use_gemv and not quantizing else None
         for i, (d, (_, lanes, rows)) in enumerate(zip(self.gemvs, self.routes)):
             ctx.set_grid(d, row_groups_grid(-(-w.n // gemv_outputs(lanes)), m, rows) if i == chosen else (0, 0, 0))
-        quantizing = self.quantizing is not None and m == 1 and sg_shape is not None
         for d, shape in self.sgs:
             ctx.set_grid(d, row_groups_grid(-(-w.n // sg_wg_rows(shape)), m, shape[0]) if shape == sg_shape and not quantizing else (0, 0, 0))
         if self.quantizing is not None:
-            d, shape, uniform, qp = self.quantizing
+            d, grid, uniform, qp = self.quantizing
             ctx.set_params(uniform, qp)
-            ctx.set_grid(d, row_groups_grid(-(-w.n // sg_wg_rows(shape)), 1, shape[0]) if quantizing else (0, 0, 0))
+            ctx.set_grid(d, grid if quantizing else (0, 0, 0))
         self.gemm.set_grids(ctx, m, w.n, k, 1, splits, use_gemm)
         if self.matrix is not None:
             ctx.set_grid(self.quantize, int8_matrix.quantize_grid(m, k) if use_matrix else (0, 0, 0))
