@@ -811,7 +811,7 @@ class Q4Product:
         step = gemv_step(w.wpr)
         self.gemvs = [b.dispatch(gemv_shader(dq8, zp_packed, has_bias, w.gs, lanes, types, residual, rows, step), bound) for _, lanes, rows in self.routes]
         self.sgs = [(b.dispatch(sg_shader(dq8, zp_packed, has_bias, shape, types, residual, w.gs), bound), shape) for shape in self.shapes]
-        self.quantizing = None  # a one-row pass's subgroup kernel quantizing quantized_rows' input itself (that op then runs no dispatch)
+        self.quantizing = None  # the subgroup kernel or GEMV of a one-row pass, quantizing quantized_rows' input itself (that op then runs no dispatch)
         if gemv and quantizes_one_row(b):  # the route one row takes (resize), on the rows before the quantization
             rows, quantizing, qp = row_quantization(b, x)
             t, shape, uniform = replace(types, x=quantizing), q4_subgroup_shape(b, self.shapes, 1, k_most), b.params(QP_SIZE)
