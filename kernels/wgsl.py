@@ -330,7 +330,6 @@ def affine_args(b):
     return MODES[mapping], qmin, qmax, eps, int(block[-1])
 
 
-
 # Subgroup kernels: each invocation's lane and the subgroup's size, added to an entry point's
 # builtins; vec4 loads of a tensor stored as f32 or f16.
 SUBGROUP_BUILTINS = ", @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sgs: u32"
@@ -376,8 +375,8 @@ class QuantizingRows:
     kernels/quant/quantized_rows.py writes it into Int8Rows: bitwise the same values, scale and
     zero point (the row's minimum and maximum are exact in any order). The kernel binds the rows
     (as vec4s, `vec4_type(t)`, in a subgroup kernel) and a uniform `p: P` (QP_STRUCT, qp_bytes of
-    one block: a row); `scale_type` and `zp`: how the scales and
-    zero points were stored (wgsl types; zp a WGSL expression of qp.y, as quantized_rows.py's)."""
+    one block: a row); `scale_type` and `zp`: how the scales and zero points were stored (wgsl
+    types; zp a WGSL expression of qp.y, as quantized_rows.py's)."""
 
     t: str
     scale_type: str

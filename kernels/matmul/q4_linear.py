@@ -283,12 +283,14 @@ fn word_of(pair: vec2<u32>, u: u32) -> u32 { return select(pair.x, pair.y, (u & 
 
 
 def _gemv_header(dq8, zp_packed, has_bias, types, vec4=False, residual=False, operands=None):
-    """The plain op's bindings (`operands` in place of its read bindings) and `epilogue(acc, m,
-    n)`: with `residual`, the bias binding holds an [M, N] residual added to the product as
+    """The plain op's bindings (`operands` in place of its read bindings; QuantizingRows' uniform
+    after them) and `epilogue(acc, m, n)`: with `residual`, the bias binding holds an [M, N] residual added to the product as
     `pte_wgpu.q4_linear_residual` does it (the product rounded to the output's type first, as the
     add it replaced read it)."""
     operands = operands or _operands(dq8, zp_packed, types, vec4)
     lines = [LIN_STRUCT + ";", *bindings(operands, has_bias, uniform="q: Q", bias=types.bias, out=types.out)]
+    if isinstance(types.x, QuantizingRows):  # its uniform after q
+        lines.append(types.x.uniform(len(operands) + has_bias + 2))
     total = f"f32({types.out}(acc)) + f32(bias[m * q.N + n])" if residual else "acc + f32(bias[n])" if has_bias else "acc"
     lines.append(f"fn epilogue(acc: f32, m: u32, n: u32) -> {types.out} {{ return {types.out}({total}); }}")
     return "\n".join(lines) + "\n"
@@ -394,8 +396,7 @@ def gemv_shader(dq8, zp_packed, has_bias, gs, lanes, types=Storage(), residual=F
     quantizing = isinstance(types.x, QuantizingRows)  # a row of floats it quantizes itself, as dq8 with its own scale
     body = gemv_body(dq8 or quantizing, [("wq", "")], "q.N", store, lanes, x_at=int8_rows_at(types.x), rows=rows, step=step, quantizing=quantizing)
     head = _gemv_header(dq8, zp_packed, has_bias, types, residual=residual) + _dequant(dq8, zp_packed, gs) + int8_rows_loader(types.x)
-    if quantizing:  # its uniform after q
-        head += types.x.uniform(len(_operands(dq8, zp_packed, types)) + has_bias + 2) + XQ + GEMV_QUANTIZING
+    head += XQ + GEMV_QUANTIZING if quantizing else ""
     return head + gemv_reduce(rows) + gemv_main(rows) + f"    let wg = wg0;\n    {body}\n}}\n"
 
 
@@ -607,10 +608,7 @@ def sg_shader(dq8, zp_packed, has_bias, shape=Q4_SG_GEMV, types=Storage(), resid
     K, the weight rows and gs whole steps of Q4_SG_WORDS words; activations f32 or f16; `gs`: _dequant's."""
     quantizing = isinstance(types.x, QuantizingRows)
     int8 = quantizing or isinstance(types.x, Int8Rows)
-    head = _gemv_header(dq8, zp_packed, has_bias, types, vec4=True, residual=residual)
-    if quantizing:  # its uniform after q
-        head += types.x.uniform(len(_operands(dq8, zp_packed, types)) + has_bias + 2)
-    head += sg_x_loader(types.x)
+    head = _gemv_header(dq8, zp_packed, has_bias, types, vec4=True, residual=residual) + sg_x_loader(types.x)
     body = sg_body(dq8, shape, int8=int8, quantizing=quantizing)
     return head + _dequant(dq8, zp_packed, gs) + (XQ4 if dq8 else "") + sg_main(shape) + f"    let nw = wg0 * {sg_wg_rows(shape)}u;\n    {body}\n}}\n"
 
@@ -756,19 +754,25 @@ def q4_subgroup_shape(b, shapes, m, k):
 ROW_QUANTIZING = ("et_vk.linear_q4gsw.default", "pte_wgpu.q4_linear_residual")
 
 
+def _writers(b, x):
+    """The calls of builder `b`'s graph that write value `x`, (name, args) each."""
+    return [(name, args) for name, args in b.graph.calls if args and args[-1] == x]
+
+
 def quantizes_one_row(b):
     """Whether the op of builder `b` quantizes a one-row pass of its int8 rows (wgsl.py's
     Int8Rows, which a pte_wgpu.quantized_rows of rows without a norm writes) itself."""
     if b.name not in ROW_QUANTIZING or not isinstance(q4_input(b, b.args[0])[0], Int8Rows):
         return False
-    return [name for name, args in b.graph.calls if args and args[-1] == b.args[0]] == ["pte_wgpu.quantized_rows"]
+    return [name for name, _ in _writers(b, b.args[0])] == ["pte_wgpu.quantized_rows"]
 
 
 def row_quantization(b, x):
     """(rows, QuantizingRows, uniform bytes) of the pte_wgpu.quantized_rows that writes int8 rows
-    `x`: the float rows it reads and how it quantizes them (kernels/quant/quantized_rows.py)."""
-    args = next(args for name, args in b.graph.calls if args and args[-1] == x)
-    made = b.part("pte_wgpu.quantized_rows", args)
+    `x` (quantizes_one_row): the float rows it reads and how it quantizes them
+    (kernels/quant/quantized_rows.py)."""
+    [(name, args)] = _writers(b, x)
+    made = b.part(name, args)
     mode, qmin, qmax, eps, block = affine_args(made)
     rows = QuantizingRows(made.storage(args[0], packed=False), wgsl_type(made.scalar(7)), stored_zero_point(made.scalar(8)), CPU_WG)
     return args[0], rows, qp_bytes(mode, qmin, qmax, eps, 1, block)
@@ -816,10 +820,10 @@ class Q4Product:
             rows, quantizing, qp = row_quantization(b, x)
             t, shape, uniform = replace(types, x=quantizing), q4_subgroup_shape(b, self.shapes, 1, k_most), b.params(QP_SIZE)
             if shape is not None:
-                shader, grid = sg_shader(dq8, zp_packed, has_bias, shape, t, residual, w.gs), row_groups_grid(-(-w.n // sg_wg_rows(shape)), 1, shape[0])
+                shader, grid = sg_shader(dq8, zp_packed, has_bias, shape, t, residual, w.gs), self.sg_grid(shape, 1)
             else:
                 _, lanes, per = self.routes[gemv_route(self.routes, 1)]
-                shader, grid = gemv_shader(dq8, zp_packed, has_bias, w.gs, lanes, t, residual, per, step), row_groups_grid(-(-w.n // gemv_outputs(lanes)), 1, per)
+                shader, grid = gemv_shader(dq8, zp_packed, has_bias, w.gs, lanes, t, residual, per, step), self.gemv_grid(lanes, per, 1)
             b.reads(rows)
             self.quantizing = (b.dispatch(shader, [rows, *bound[1:], uniform]), grid, uniform, qp)
         q_binding = len(operands) + len(tail) + 3  # after out, p and the scratch
@@ -835,6 +839,14 @@ class Q4Product:
             quantize, product = matrix_heads(zp_packed, has_bias, types, residual)
             self.quantize = b.dispatch(int8_matrix.quantize_shader(quantize), [x, xs, xz, words, self.q])
             self.matrix = b.dispatch(int8_matrix.matrix_shader(product, len(bound) - 1), [xs, xz, weight, scales, *tail, out, self.q, words])
+
+    def gemv_grid(self, lanes, rows, m):
+        """The grid of the GEMV route of `lanes` lanes and `rows` rows a workgroup for m rows."""
+        return row_groups_grid(-(-self.w.n // gemv_outputs(lanes)), m, rows)
+
+    def sg_grid(self, shape, m):
+        """The grid of the subgroup kernel of `shape` for m rows."""
+        return row_groups_grid(-(-self.w.n // sg_wg_rows(shape)), m, shape[0])
 
     def resize(self, ctx, on=True):
         """Check the live shapes, set the uniforms, dims and grids (every route off unless `on`);
@@ -866,9 +878,9 @@ class Q4Product:
         quantizing = self.quantizing is not None and on and m == 1
         chosen = gemv_route(self.routes, m) if use_gemv and not quantizing else None
         for i, (d, (_, lanes, rows)) in enumerate(zip(self.gemvs, self.routes)):
-            ctx.set_grid(d, row_groups_grid(-(-w.n // gemv_outputs(lanes)), m, rows) if i == chosen else (0, 0, 0))
+            ctx.set_grid(d, self.gemv_grid(lanes, rows, m) if i == chosen else (0, 0, 0))
         for d, shape in self.sgs:
-            ctx.set_grid(d, row_groups_grid(-(-w.n // sg_wg_rows(shape)), m, shape[0]) if shape == sg_shape and not quantizing else (0, 0, 0))
+            ctx.set_grid(d, self.sg_grid(shape, m) if shape == sg_shape and not quantizing else (0, 0, 0))
         if self.quantizing is not None:
             d, grid, uniform, qp = self.quantizing
             ctx.set_params(uniform, qp)

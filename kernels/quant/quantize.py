@@ -10,7 +10,6 @@ double); here, as in ExecuTorch's Vulkan runtime, every float is f32. float16 in
 outputs are stored as f16 and converted at the load and the store.
 """
 
-
 from pte_wgpu.resize.shapes import fold_grid, normalize_dim, numel_of
 
 from ..registry import op
