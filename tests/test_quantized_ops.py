@@ -371,23 +371,38 @@ async def test_embedding_q4gsw(vocab, dim, group, load_pte):
     await assert_matches_eager(await load_pte(data), module, calls, atol=0, rtol=0)
 
 
-def test_div_rn_is_correctly_rounded():
-    """The shaders' software division against numpy's IEEE float32 division."""
+@pytest.mark.parametrize("off", [0, -3, 2, -7, 9])
+def test_div_rn_is_correctly_rounded(off):
+    """The shaders' software division against numpy's IEEE float32 division, with the float
+    division's estimate of the quotient as the device gives it, and `off` units off: corrected by
+    the remainder, or (past 4) by the long division."""
     import wgpu
 
     from pte_wgpu.kernels.wgsl import DIV_RN
 
+    estimate = "u32(f32(ma) / f32(mb) * 8388608.0)"
+    assert estimate in DIV_RN
+    div_rn = DIV_RN.replace(estimate, f"u32(i32({estimate}) + {off})")
+
     rng = np.random.default_rng(0)
-    n = 1 << 16
+    n = 1 << 18
     a = (rng.standard_normal(n) * 10.0 ** rng.integers(-6, 6, n)).astype(np.float32)
     b = (np.abs(rng.standard_normal(n)) * 10.0 ** rng.integers(-6, 6, n)).astype(np.float32)
+    # a quarter whose quotients lie within a unit in the last place of a tie between two floats
+    # (the rounding's hard cases), a quarter of exact quotients
+    t = slice(n // 2, 3 * n // 4)
+    lo = (rng.uniform(1.0, 2.0, n // 4) * 2.0 ** rng.integers(-20, 20, n // 4)).astype(np.float32)
+    tie = lo.astype(np.float64) + np.spacing(lo).astype(np.float64) / 2
+    a[t] = (tie * b[t]).astype(np.float32)
+    x = slice(3 * n // 4, n)
+    a[x] = (rng.integers(-(1 << 12), 1 << 12, n // 4) * b[x].astype(np.float64)).astype(np.float32)
     a[:8] = [0.0, 1.0, 255.0, -128.0, 3.0, 1e-30, 7.0, -0.0]
     b[:8] = [1.0, 3.0, 255.0, 0.5, 3.0, 7e30, 2.0 ** -126, 5.0]
     src = (
         "@group(0) @binding(0) var<storage, read> a: array<f32>;\n"
         "@group(0) @binding(1) var<storage, read> b: array<f32>;\n"
         "@group(0) @binding(2) var<storage, read_write> q: array<f32>;\n"
-        + DIV_RN
+        + div_rn
         + "@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) {\n"
         "    q[g.x] = div_rn(a[g.x], b[g.x]);\n}\n"
     )
