@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from pte_wgpu.resize.engine import Node
-from pte_wgpu.resize.values import Scalar, SymInt, Tensor, ValueList
+from pte_wgpu.resize.values import Constant, Scalar, SymInt, Tensor, ValueList
 
 from .variants import GPU
 from .wgsl import PACKED, is_float, wgsl_type
@@ -179,10 +179,19 @@ class OpBuilder:
         self.writes(vid)
         return vid
 
+    def arrival_counts(self, n):
+        """`n` counters of workgroups' arrivals (wgsl.py's LAST_TO_ARRIVE), int32 zeros that the last
+        to arrive sets back to 0: a state tensor (kept by each session, its initial contents a
+        constant) that the op writes."""
+        vid = len(self.graph.values)
+        self.graph.values.append(Tensor("int32", (n,), constant=Constant(blob=bytes(4 * n), length=4 * n)))
+        self.writes(vid)
+        return vid
+
     def part(self, name, args):
         """A builder recording another op's routes as part of this one (a fused op): same graph,
         its writes this op's; its hook is not this op's (the caller runs it)."""
-        sub = OpBuilder(self.graph, name, args, self.adapter, self.subgroups)
+        sub = OpBuilder(self.graph, name, args, self.adapter, self.subgroups, self.merge_apart)
         sub._extra_writes = self._extra_writes
         return sub
 

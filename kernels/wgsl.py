@@ -470,6 +470,142 @@ const ONES = 0x01010101u;
 """
 
 
+# kernels/quant/quantized_rows.py's rows as one function, `quantize_row(row, li)`, called by every
+# invocation of a workgroup of ROW_INVOCATIONS (in uniform control flow): the row held in
+# registers, 4 elements a load; with an RMS norm first, its squares' tree; the minimum and
+# maximum's tree; one write. Its op's dispatch runs it, and so does the last workgroup of a 4-bit
+# product's one-row GEMV (same size; kernels/matmul/q4_linear.py's normalized_row): the same sums
+# in the same order, so the same bits.
+ROW_INVOCATIONS = 256
+QUANTIZE_ROW = """
+var<workgroup> qr_lo: array<f32, ${WG}>;
+var<workgroup> qr_hi: array<f32, ${WG}>;
+$PACKED
+fn quantize_row(row: u32, li: u32) {
+    let base = row * ${QUADS}u;
+    var v: array<vec4<f32>, ${HELD}>;  // quads li, li + WG, ..; zeros past the row
+    for (var i = 0u; i < ${HELD}u; i = i + 1u) {
+        let j = li + i * ${WG}u;
+        if (j < ${QUADS}u) { v[i] = ${LOAD}(base + j); }
+    }
+$NORM
+    var mn = vec4<f32>(0.0);
+    var mx = vec4<f32>(0.0);
+    for (var i = 0u; i < ${HELD}u; i = i + 1u) { mn = min(mn, v[i]); mx = max(mx, v[i]); }
+    qr_lo[li] = min(min(mn.x, mn.y), min(mn.z, mn.w));
+    qr_hi[li] = max(max(mx.x, mx.y), max(mx.z, mx.w));
+    workgroupBarrier();
+    for (var s = ${HALF}u; s > 0u; s = s >> 1u) {
+        if (li < s) { qr_lo[li] = min(qr_lo[li], qr_lo[li + s]); qr_hi[li] = max(qr_hi[li], qr_hi[li + s]); }
+        workgroupBarrier();
+    }
+    let qp = qparams(qr_lo[0], qr_hi[0]);
+    let s = f32(${SCALE_TYPE}(qp.x));
+    let zp = ${ZP};
+    let inv = div_rn(1.0, s);
+$STORE
+}
+"""
+# the norm: rstd from the row's squares (qr_lo holds the invocations' sums, read before it is
+# reused), then each element x * rstd * gamma as the norm stored it
+ROW_NORM = """    var q = 0.0;
+    for (var i = 0u; i < ${HELD}u; i = i + 1u) { q = q + dot(v[i], v[i]); }
+    qr_lo[li] = q;
+    workgroupBarrier();
+    for (var s = ${HALF}u; s > 0u; s = s >> 1u) {
+        if (li < s) { qr_lo[li] = qr_lo[li] + qr_lo[li + s]; }
+        workgroupBarrier();
+    }
+    let rstd = inverseSqrt(qr_lo[0] / f32(${BLOCK}u) + p.norm_eps);
+    workgroupBarrier();
+    for (var i = 0u; i < ${HELD}u; i = i + 1u) {
+        let j = li + i * ${WG}u;
+        if (j < ${QUADS}u) { v[i] = vec4<f32>(vec4<${X_TYPE}>(v[i] * rstd * gamma4(j))); }
+    }"""
+# The rows as the products multiply them (f32), each element by XQ
+ROW_FLOATS = """    for (var i = 0u; i < ${HELD}u; i = i + 1u) {
+        let j = li + i * ${WG}u;
+        let e = v[i];
+        if (j < ${QUADS}u) { ${OUT}[base + j] = vec4<f32>(xq(e.x, inv, zp, s), xq(e.y, inv, zp, s), xq(e.z, inv, zp, s), xq(e.w, inv, zp, s)); }
+    }"""
+# ... or as Int8Rows: the floats as above (their bits), and each quad's int8 values packed into
+# workgroup memory, from where every 4 quads (16 values) leave as 4 words (of each 8 values, the
+# even ones, then the odd ones); then the row's scale and zero point
+ROW_INT8 = """    for (var i = 0u; i < ${HELD}u; i = i + 1u) {
+        let j = li + i * ${WG}u;
+        if (j < ${QUADS}u) {
+            let c = clamp(round(v[i] * inv) + zp, vec4<f32>(-128.0), vec4<f32>(127.0));  // xq's, a quad at a time
+            ${OUT}[base + j] = bitcast<vec4<u32>>((c - zp) * s);
+            qr_packed[j] = pack4xI8(vec4<i32>(c));
+        }
+    }
+    workgroupBarrier();
+    for (var t = li; t < ${QUADS}u / 4u; t = t + ${WG}u) {
+        let a = unpack4xI8(qr_packed[4u * t]);
+        let b = unpack4xI8(qr_packed[4u * t + 1u]);
+        let c = unpack4xI8(qr_packed[4u * t + 2u]);
+        let d = unpack4xI8(qr_packed[4u * t + 3u]);
+        ${OUT}[(${WORDS}u + base) / 4u + t] = vec4<u32>(pack4xI8(vec4<i32>(a.xz, b.xz)), pack4xI8(vec4<i32>(a.yw, b.yw)),
+                                                        pack4xI8(vec4<i32>(c.xz, d.xz)), pack4xI8(vec4<i32>(c.yw, d.yw)));
+    }
+    if (li == 0u) {
+        ${OUT}[(${SCALES}u + row) / 4u][(${SCALES}u + row) % 4u] = bitcast<u32>(s);
+        ${OUT}[(${ZPS}u + row) / 4u][(${ZPS}u + row) % 4u] = bitcast<u32>(i32(zp));
+    }"""
+
+
+@dataclass(frozen=True)
+class RowQuantizer:
+    """kernels/quant/quantized_rows.py's rows of `block` elements (a multiple of 4) stored as
+    `x_type`, an RMS norm first with `norm` (WGSL gamma4(j), the uniform's p.norm_eps), quantized
+    by qparams (uniform p: QP_STRUCT, DIV_RN, QPARAMS) with scales and zero points stored as
+    `scale_type` and `zp` (a WGSL expression of qp.y: stored_zero_point), written to binding `out`
+    (vec4s) as Int8Rows of at most `rows` rows, or with `rows` 0 as the floats XQ gives: WGSL of
+    QUANTIZE_ROW's `quantize_row(row, li)`, reading the row's quads through the WGSL function
+    `load`."""
+
+    block: int
+    x_type: str
+    scale_type: str
+    zp: str
+    norm: bool
+    rows: int
+    load: str = "x4"
+    out: str = "out"
+
+    def wgsl(self):
+        quads = self.block // 4
+        loop = dict(HELD=-(-quads // ROW_INVOCATIONS), WG=ROW_INVOCATIONS, QUADS=quads)
+        norm = fill(ROW_NORM, HALF=ROW_INVOCATIONS // 2, BLOCK=self.block, X_TYPE=self.x_type, **loop) if self.norm else ""
+        packed = ""
+        if self.rows:
+            values, scales, zps = Int8Rows(self.block, self.rows).offsets()
+            store = fill(ROW_INT8, OUT=self.out, WORDS=values, SCALES=scales, ZPS=zps, **loop)
+            packed = f"var<workgroup> qr_packed: array<u32, {quads}>;  // the row's int8 values, a quad a word"
+        else:
+            store = fill(ROW_FLOATS, OUT=self.out, **loop)
+        return fill(QUANTIZE_ROW, HALF=ROW_INVOCATIONS // 2, PACKED=packed, LOAD=self.load, NORM=norm, SCALE_TYPE=self.scale_type, ZP=self.zp,
+                    STORE=store, **loop)
+
+
+# Whether the calling workgroup is the last of `count` to arrive at counter `slot` of binding
+# `arrivals` (array<atomic<u32>>, zeros), after its storage writes: that one then reads what the
+# others wrote (naga's storage barrier orders storage accesses at device scope; not where
+# merge_apart: async_runtime/backend.py) and sets the counter back to 0. Every invocation calls it,
+# in uniform control flow.
+LAST_TO_ARRIVE = """
+var<workgroup> arrived_last: u32;
+fn last_to_arrive(li: u32, slot: u32, count: u32) -> bool {
+    storageBarrier();
+    if (li == 0u) { arrived_last = u32(atomicAdd(&arrivals[slot], 1u) == count - 1u); }
+    if (workgroupUniformLoad(&arrived_last) == 0u) { return false; }
+    storageBarrier();
+    if (li == 0u) { atomicStore(&arrivals[slot], 0u); }
+    return true;
+}
+"""
+
+
 def binding_type(t):
     """The WGSL element type a kernel binds a tensor stored as `t` with, one element a load."""
     return "u32" if isinstance(t, Int8Rows) else t.t if isinstance(t, QuantizingRows) else t

@@ -184,8 +184,12 @@ async def test_batching_options_are_checked(llama, option):
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("variant", ["fp32", "8da4w"])
-async def test_concurrent_sessions_get_what_they_get_alone(llama, variant):
+@pytest.mark.parametrize("variant, kernels", [("fp32", None), ("8da4w", None), ("8da4w", "gpu")])
+async def test_concurrent_sessions_get_what_they_get_alone(llama, variant, kernels, monkeypatch):
+    """With the GPU variants too (on lavapipe: 8da4w's one-row GEMVs normalizing the row for the
+    norm after them, test_one_row_passes_normalize_in_the_residual_products)."""
+    if kernels:
+        monkeypatch.setenv("PTE_WGPU_KERNELS", kernels)
     vocab = CONFIGS[variant]["vocab_size"]
     rng = np.random.default_rng(5)
     plans = [(n, d) for n, d in ((29, 3), (1, 9), (7, 5), (13, 2), (2, 7), (11, 4))]  # prompt, decode steps
@@ -211,6 +215,31 @@ async def test_concurrent_sessions_get_what_they_get_alone(llama, variant):
     for i, (n, d) in enumerate(plans):
         _same(got[i], want[i], f"session {i} (prompt {n}, {d} decode steps)")
     assert stats.submits < stats.executes  # passes were shared
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("apart", [False, True])
+async def test_one_row_passes_normalize_in_the_residual_products(llama, apart, monkeypatch):
+    """8da4w with the GPU variants, whose GEMV takes a decode row at these widths: in a pass of one
+    row, each residual product's last workgroup to arrive normalizes and quantizes the row for the
+    RMS norm after it (kernels/matmul/q4_linear.py's normalized_row), whose dispatch then does not
+    run (the first layer's norm and the last, after other ops, still do); passes of more rows run
+    the norms (each row bitwise as alone: test_concurrent_sessions_get_what_they_get_alone).
+    Where workgroups merge apart (Dawn's compiler), no product does."""
+    import async_runtime.backend as backend
+
+    monkeypatch.setattr(backend, "MERGE_APART", apart)
+    monkeypatch.setenv("PTE_WGPU_KERNELS", "gpu")
+    layers = CONFIGS["8da4w"]["n_layers"]
+    async with await ar.load(llama["8da4w"], batch_submits=False) as model:
+        for rows in (1, 3, 1, 2):
+            await model.execute(np.arange(rows)[None], np.array([0]))
+            grids = model._default.state.grids
+            running = [d for i, d in enumerate(model.graph.dispatches) if d.shader and all(grids[i])]
+            tails = sum("quantize_row(0u, li)" in d.shader for d in running)
+            norms = sum(d.op == "pte_wgpu.rms_norm_quantized_rows" for d in running)
+            normalized = 2 * layers - 1 if rows == 1 and not apart else 0
+            assert (tails, norms) == (normalized, 2 * layers + 1 - normalized), rows
 
 
 @pytest.mark.anyio

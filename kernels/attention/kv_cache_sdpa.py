@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from pte_wgpu.resize.shapes import numel_of
-from pte_wgpu.resize.values import Constant, Tensor
 
 from ..registry import op
 from ..variants import ANY, CPU_ONLY, GPU, GPU_ONLY, Routes, Variant
@@ -802,22 +801,12 @@ def _split_route(cpu):
             split, merge = (b.dispatch(shader, [*bindings, b.out]) for _ in range(2))
             return _Launch((split, grid), (merge, lambda s: (att.hq, s, 1) if att.splits > 1 else (0, 0, 0)))
         if merges:
-            return _Launch((b.dispatch(shader, [*bindings, b.out, _arrival_counts(b, att)]), grid))
+            return _Launch((b.dispatch(shader, [*bindings, b.out, b.arrival_counts(att.rows * att.hq)]), grid))
         split = b.dispatch(shader, bindings)
         combine = b.dispatch(type_aliases(b.graph.values, RT=b.out) + COMBINE, [att.scratch, b.out, att.params])
         return _Launch((split, grid), (combine, lambda s: (att.hq, s, 1)))
 
     return build
-
-
-def _arrival_counts(b, att):
-    """The fused split-K's arrival count per (row, head): zeros, kept by each session (a state
-    tensor: its initial contents are a constant), set back to 0 by the merging workgroup."""
-    n = att.rows * att.hq
-    vid = len(b.graph.values)
-    b.graph.values.append(Tensor("int32", (n,), constant=Constant(blob=bytes(4 * n), length=4 * n)))
-    b.writes(vid)
-    return vid
 
 
 def _whole_route(b, att):

@@ -59,12 +59,15 @@ from ..registry import op, value_uses
 from ..variants import CPU
 from ..wgsl import (
     DIV_RN,
+    LAST_TO_ARRIVE,
     PACKED,
     QP_SIZE,
+    ROW_INVOCATIONS,
     SUBGROUP_BUILTINS,
     XQ,
     Int8Rows,
     QuantizingRows,
+    RowQuantizer,
     affine_args,
     binding_type,
     fill,
@@ -114,6 +117,8 @@ def _lanes(words, share):
         lanes *= 2
     return lanes
 
+
+NO_TAIL = ("", "")  # a GEMV's (declarations, last statement) without norm_tail's
 
 # Input rows a GEMV workgroup takes past one row, and past GEMV_MAX_ROWS: each weight word is
 # dequantized once for them all. A row's sums are the same whatever the count (its own
@@ -389,15 +394,15 @@ GEMV_DQ8_X = """        $V = vec4<f32>(xq($V.x, inv_row, zp_row, s_row), xq($V.y
                        xq($V.z, inv_row, zp_row, s_row), xq($V.w, inv_row, zp_row, s_row));"""
 
 
-def gemv_shader(dq8, zp_packed, has_bias, gs, lanes, types=Storage(), residual=False, rows=1, step=8):
+def gemv_shader(dq8, zp_packed, has_bias, gs, lanes, types=Storage(), residual=False, rows=1, step=8, tail=NO_TAIL):
     """A GEMV route (`lanes` invocations reduce over K for each 4 outputs of `rows` rows, `step`
-    weights at a time); `gs`: _dequant's."""
+    weights at a time); `gs`: _dequant's; `tail`: norm_tail's (declarations, last statement)."""
     store = lambda r: f"out[(m0 + {r}u) * q.N + n] = epilogue(v0, m0 + {r}u, n);"  # noqa: E731
     quantizing = isinstance(types.x, QuantizingRows)  # a row of floats it quantizes itself, as dq8 with its own scale
     body = gemv_body(dq8 or quantizing, [("wq", "")], "q.N", store, lanes, x_at=int8_rows_at(types.x), rows=rows, step=step, quantizing=quantizing)
     head = _gemv_header(dq8, zp_packed, has_bias, types, residual=residual) + _dequant(dq8, zp_packed, gs) + int8_rows_loader(types.x)
     head += XQ + GEMV_QUANTIZING if quantizing else ""
-    return head + gemv_reduce(rows) + gemv_main(rows) + f"    let wg = wg0;\n    {body}\n}}\n"
+    return head + tail[0] + gemv_reduce(rows) + gemv_main(rows) + f"    let wg = wg0;\n    {body}\n{tail[1]}}}\n"
 
 
 def matrix_heads(zp_packed, has_bias, types, residual):
@@ -768,14 +773,78 @@ def quantizes_one_row(b):
 
 
 def row_quantization(b, x):
-    """(rows, QuantizingRows, uniform bytes) of the pte_wgpu.quantized_rows that writes int8 rows
+    """(rows, QuantizingRows, qp_bytes' arguments) of the pte_wgpu.quantized_rows that writes int8 rows
     `x` (quantizes_one_row): the float rows it reads and how it quantizes them
     (kernels/quant/quantized_rows.py)."""
     [(name, args)] = _writers(b, x)
     made = b.part(name, args)
     mode, qmin, qmax, eps, block = affine_args(made)
     rows = QuantizingRows(made.storage(args[0], packed=False), wgsl_type(made.scalar(7)), stored_zero_point(made.scalar(8)), CPU_WG)
-    return args[0], rows, qp_bytes(mode, qmin, qmax, eps, 1, block)
+    return args[0], rows, (mode, qmin, qmax, eps, 1, block)
+
+
+# The RMS norms of int8 rows after the residual products whose one-row pass quantizes its input
+# (quantizes_one_row) on the GEMV: that pass's last workgroup to arrive normalizes and quantizes
+# the output row as the norm's own dispatch would (kernels/wgsl.py's RowQuantizer and
+# LAST_TO_ARRIVE), and the norm runs no dispatch for one row (kernels/quant/quantized_rows.py); not
+# where workgroups merge apart (Dawn), nor where the two quantizations' parameters differ (one
+# uniform holds them). H200, SmolLM2 8da4w (the GEMV takes its one row), greedy bursts, two rounds
+# in one call: one stream 590-619 -> 654-657 tokens/s. The subgroup kernels' workgroups (64
+# invocations) took longer over the row than the norm's dispatch (11.1 against 7.5 us alone): the
+# Llama-3.2-1B shape's one stream 847-863 -> 806-817, so they do not
+# (results/h200/kernel_choices/dq8_integer_dots/norm_in_the_product/).
+NORMALIZED = "pte_wgpu.rms_norm_quantized_rows"
+
+
+def normalized_row(b):
+    """The (name, args) of the pte_wgpu.rms_norm_quantized_rows (of int8 rows) whose one-row pass
+    the op of builder `b` runs in its own one-row GEMV (norm_tail), or None."""
+    if b.merge_apart or not quantizes_one_row(b):
+        return None
+    x, k = b.args[0], q4_input(b, b.args[0])[1]
+    if q4_subgroup_shape(b, q4_subgroup_shapes(b, q4_weight(b, x, b.args[1], b.args[2], b.scalar(3)), k), 1, k) is not None:
+        return None  # a subgroup kernel takes the row: 64 invocations, not ROW_INVOCATIONS
+    values = b.graph.values
+    norms = [(name, args) for name, args in b.graph.calls if name == NORMALIZED and args[0] == b.out and values[args[-1]].dtype == "int32"]
+    if len(norms) != 1:
+        return None
+    [(name, args)] = _writers(b, b.args[0])
+    if affine_args(b.part(*norms[0]))[:4] != affine_args(b.part(name, args))[:4]:
+        return None
+    return norms[0]
+
+
+def normalized_by_writer(b):
+    """Whether the product writing the input of builder `b`'s op (a NORMALIZED) runs that op's
+    one-row pass (normalized_row)."""
+    writers = _writers(b, b.args[0])
+    return len(writers) == 1 and normalized_row(b.part(*writers[0])) == (b.name, tuple(b.args))
+
+
+NORM_TAIL = """
+@group(0) @binding($GAMMA) var<storage, read> gamma: array<$G4>;
+@group(0) @binding($ROWS) var<storage, read_write> qr_out: array<vec4<u32>>;
+@group(0) @binding($ARRIVALS) var<storage, read_write> arrivals: array<atomic<u32>>;
+fn qr_x4(i: u32) -> vec4<f32> { return vec4<f32>(f32(out[4u * i]), f32(out[4u * i + 1u]), f32(out[4u * i + 2u]), f32(out[4u * i + 3u])); }
+"""
+NORM_TAIL_LAST = "    if (last_to_arrive(li, 0u, nwg.x * nwg.y * nwg.z)) { quantize_row(0u, li); }\n"
+
+
+def norm_tail(b, norm, out_type, first):
+    """(kernel tail, bindings, the norm's eps) of NORMALIZED's call `norm` in the one-row GEMV of
+    builder `b`'s product (its output stored as `out_type`), whose bindings from `first` are the
+    norm's weight, its int8 rows and the arrival count."""
+    assert GEMV_WG == ROW_INVOCATIONS  # quantize_row's workgroup
+    _, args = norm
+    made = b.part(*norm)
+    g_type, rows = made.storage(args[10], packed=False), b.graph.values[args[-1]]
+    quantizer = RowQuantizer(int8_rows_k(rows.dims[-1]), out_type, wgsl_type(made.scalar(7)), stored_zero_point(made.scalar(8)), True,
+                             numel_of(rows.dims[:-1]), load="qr_x4", out="qr_out")
+    head = fill(NORM_TAIL, GAMMA=first, G4=vec4_type(g_type), ROWS=first + 1, ARRIVALS=first + 2)
+    head += vec4_loader("gamma", g_type) + LAST_TO_ARRIVE + quantizer.wgsl()
+    b.reads(args[10])
+    b.writes(args[-1])
+    return (head, NORM_TAIL_LAST), [args[10], args[-1], b.arrival_counts(1)], float(made.scalar(11, 1e-6))
 
 
 def gemv_routes_below(routes, rows):
@@ -819,13 +888,16 @@ class Q4Product:
         if gemv and quantizes_one_row(b):  # the route one row takes (resize), on the rows before the quantization
             rows, quantizing, qp = row_quantization(b, x)
             t, shape, uniform = replace(types, x=quantizing), q4_subgroup_shape(b, self.shapes, 1, k_most), b.params(QP_SIZE)
+            ending, more, norm_eps, norm = NO_TAIL, [], 0.0, normalized_row(b)
+            if norm is not None:  # and the norm after it, in its last workgroup
+                ending, more, norm_eps = norm_tail(b, norm, types.out, len(bound) + 1)
             if shape is not None:
                 shader, grid = sg_shader(dq8, zp_packed, has_bias, shape, t, residual, w.gs), self.sg_grid(shape, 1)
             else:
                 _, lanes, per = self.routes[gemv_route(self.routes, 1)]
-                shader, grid = gemv_shader(dq8, zp_packed, has_bias, w.gs, lanes, t, residual, per, step), self.gemv_grid(lanes, per, 1)
+                shader, grid = gemv_shader(dq8, zp_packed, has_bias, w.gs, lanes, t, residual, per, step, ending), self.gemv_grid(lanes, per, 1)
             b.reads(rows)
-            self.quantizing = (b.dispatch(shader, [rows, *bound[1:], uniform]), grid, uniform, qp)
+            self.quantizing = (b.dispatch(shader, [rows, *bound[1:], uniform, *more]), grid, uniform, qp_bytes(*qp, norm_eps))
         q_binding = len(operands) + len(tail) + 3  # after out, p and the scratch
         q_wgsl = f"{LIN_STRUCT};\n@group(0) @binding({q_binding}) var<uniform> q: Q;\n"
         load = q4_load(dq8, zp_packed, w.gs, k_most, types)

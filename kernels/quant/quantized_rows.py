@@ -19,6 +19,9 @@ The products then read those rows as a 4-bit linear of float rows reads its inpu
 - `pte_wgpu.rms_norm_quantized_rows` [x, .., keepdim, gamma, eps, out]: the same of
   et_vk.rms_norm(x, gamma, eps), its rows x * rstd * gamma rounded to x's storage type as the
   norm stored them; rstd from the same squares summed in another order (to rounding of the norm's).
+  Where the 4-bit product writing x takes a one-row pass on its GEMV (q4_linear.py's
+  normalized_row), a pass of one row runs no dispatch here: that GEMV's last workgroup runs this
+  kernel's function (wgsl.py's QUANTIZE_ROW) on the row, the same sums in the same order.
 
 A workgroup a row (the blocks must be whole rows, as the products' per-row scales are, of a
 multiple of 4), which its invocations hold in registers, 4 elements a load: one read of the row,
@@ -30,99 +33,23 @@ bursts, two rounds in one call, 1 / 16 / 64 streams 605 / 3,059-3,068 / 7,612-7,
 
 from pte_wgpu.resize.shapes import fold_grid, numel_of
 
-from ..matmul.q4_linear import quantizes_one_row
+from ..matmul.q4_linear import normalized_by_writer, quantizes_one_row
 from ..registry import op
-from ..wgsl import DIV_RN, QP_SIZE, QP_STRUCT, QPARAMS, XQ, Int8Rows, affine_args, fill, int8_rows_dim, is_float, qp_bytes, stored_zero_point, vec4_loader, vec4_type, wgsl_type
-
-WG = 256  # invocations a row
+from ..wgsl import DIV_RN, QP_SIZE, QP_STRUCT, QPARAMS, ROW_INVOCATIONS, XQ, RowQuantizer, affine_args, fill, int8_rows_dim, is_float, qp_bytes, stored_zero_point, vec4_loader, vec4_type, wgsl_type
 
 QUANTIZED_ROWS = """
 @group(0) @binding(0) var<storage, read> x: array<$X4>;
 @group(0) @binding(1) var<storage, read_write> out: array<$OUT>;
 @group(0) @binding(2) var<uniform> p: P;
 $GAMMA
-var<workgroup> lo: array<f32, $WG>;
-var<workgroup> hi: array<f32, $WG>;
-
 @compute @workgroup_size($WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let row = wid.x + wid.y * nwg.x;
     if (row >= p.blocks) { return; }
-    let quads = p.block / 4u;
-    let base = row * quads;
-    var v: array<vec4<f32>, $HELD>;  // quads lid, lid + WG, ..; zeros past the row
-    for (var i = 0u; i < ${HELD}u; i = i + 1u) {
-        let j = lid + i * ${WG}u;
-        if (j < quads) { v[i] = x4(base + j); }
-    }
-$NORM
-    var mn = vec4<f32>(0.0);
-    var mx = vec4<f32>(0.0);
-    for (var i = 0u; i < ${HELD}u; i = i + 1u) { mn = min(mn, v[i]); mx = max(mx, v[i]); }
-    lo[lid] = min(min(mn.x, mn.y), min(mn.z, mn.w));
-    hi[lid] = max(max(mx.x, mx.y), max(mx.z, mx.w));
-    workgroupBarrier();
-    for (var s = ${HALF}u; s > 0u; s = s >> 1u) {
-        if (lid < s) { lo[lid] = min(lo[lid], lo[lid + s]); hi[lid] = max(hi[lid], hi[lid + s]); }
-        workgroupBarrier();
-    }
-    let qp = qparams(lo[0], hi[0]);
-    let s = f32($SCALE_TYPE(qp.x));
-    let zp = $ZP;
-    let inv = div_rn(1.0, s);
-$STORE
+    quantize_row(row, lid);
 }
 """
-# the norm: rstd from the row's squares (lo holds the invocations' sums, read before it is reused),
-# then each element x * rstd * gamma as the norm stored it
-NORM = """
-    var q = 0.0;
-    for (var i = 0u; i < ${HELD}u; i = i + 1u) { q = q + dot(v[i], v[i]); }
-    lo[lid] = q;
-    workgroupBarrier();
-    for (var s = ${HALF}u; s > 0u; s = s >> 1u) {
-        if (lid < s) { lo[lid] = lo[lid] + lo[lid + s]; }
-        workgroupBarrier();
-    }
-    let rstd = inverseSqrt(lo[0] / f32(p.block) + p.norm_eps);
-    workgroupBarrier();
-    for (var i = 0u; i < ${HELD}u; i = i + 1u) {
-        let j = lid + i * ${WG}u;
-        if (j < quads) { v[i] = vec4<f32>(vec4<$X_TYPE>(v[i] * rstd * gamma4(j))); }
-    }
-"""
-
-# The rows as the products multiplied them (f32, x's shape), each element by wgsl.py's XQ
-FLOAT_ROWS = """    for (var i = 0u; i < ${HELD}u; i = i + 1u) {
-        let j = lid + i * ${WG}u;
-        let e = v[i];
-        if (j < quads) { out[base + j] = vec4<f32>(xq(e.x, inv, zp, s), xq(e.y, inv, zp, s), xq(e.z, inv, zp, s), xq(e.w, inv, zp, s)); }
-    }"""
-# ... or as kernels/wgsl.py's Int8Rows: the floats as above (their bits), and each quad's int8
-# values packed into workgroup memory, from where every 4 quads (16 values) leave as 4 words (of
-# each 8 values, the even ones, then the odd ones); then the row's scale and zero point
-INT8_ROWS = """    for (var i = 0u; i < ${HELD}u; i = i + 1u) {
-        let j = lid + i * ${WG}u;
-        if (j < quads) {
-            let c = clamp(round(v[i] * inv) + zp, vec4<f32>(-128.0), vec4<f32>(127.0));  // xq's, a quad at a time
-            out[base + j] = bitcast<vec4<u32>>((c - zp) * s);
-            packed[j] = pack4xI8(vec4<i32>(c));
-        }
-    }
-    workgroupBarrier();
-    for (var t = lid; t < quads / 4u; t = t + ${WG}u) {
-        let a = unpack4xI8(packed[4u * t]);
-        let b = unpack4xI8(packed[4u * t + 1u]);
-        let c = unpack4xI8(packed[4u * t + 2u]);
-        let d = unpack4xI8(packed[4u * t + 3u]);
-        out[(${WORDS}u + base) / 4u + t] = vec4<u32>(pack4xI8(vec4<i32>(a.xz, b.xz)), pack4xI8(vec4<i32>(a.yw, b.yw)),
-                                                    pack4xI8(vec4<i32>(c.xz, d.xz)), pack4xI8(vec4<i32>(c.yw, d.yw)));
-    }
-    if (lid == 0u) {
-        out[(${SCALES}u + row) / 4u][(${SCALES}u + row) % 4u] = bitcast<u32>(s);
-        out[(${ZPS}u + row) / 4u][(${ZPS}u + row) % 4u] = bitcast<u32>(i32(zp));
-    }"""
 
 
 @op("pte_wgpu.quantized_rows", "pte_wgpu.rms_norm_quantized_rows", half=True)
@@ -142,26 +69,22 @@ def quantized_rows(b):
         b.fail(f"rows of {block}: the kernel reads them 4 elements at a time (a multiple of 4; of 16 for int8 rows)")
     x_type = b.storage(x, packed=False)
     zp = stored_zero_point(zp_dtype)  # as the products read it back
-    held = -(-block // (4 * WG))
-    norm_wgsl = fill(NORM, HELD=held, WG=WG, HALF=WG // 2, X_TYPE=x_type) if norm else ""
     gamma = ""
     if norm:
         g_type = b.storage(b.args[10], packed=False)
         gamma = f"@group(0) @binding(3) var<storage, read> gamma: array<{vec4_type(g_type)}>;\n" + vec4_loader("gamma", g_type)
-    if int8:
-        values, scales, zps = Int8Rows(block, numel_of(out_t.dims[:-1])).offsets()
-        store = fill(INT8_ROWS, HELD=held, WG=WG, WORDS=values, SCALES=scales, ZPS=zps)
-    else:
-        store = fill(FLOAT_ROWS, HELD=held, WG=WG)
-    packed = f"var<workgroup> packed: array<u32, {held * WG}>;  // the row's int8 values, a quad a word\n" if int8 else ""
-    body = fill(QUANTIZED_ROWS, X4=vec4_type(x_type), OUT="vec4<u32>" if int8 else "vec4<f32>", GAMMA=gamma + packed, NORM=norm_wgsl, HELD=held,
-                SCALE_TYPE=wgsl_type(scale_dtype), ZP=zp, WG=WG, HALF=WG // 2, STORE=store)
-    src = QP_STRUCT + DIV_RN + QPARAMS + XQ + vec4_loader("x", x_type) + body
+    rows = numel_of(out_t.dims[:-1]) if int8 else 0
+    quantizer = RowQuantizer(block, x_type, wgsl_type(scale_dtype), zp, norm, rows)
+    body = fill(QUANTIZED_ROWS, X4=vec4_type(x_type), OUT="vec4<u32>" if int8 else "vec4<f32>", GAMMA=gamma, WG=ROW_INVOCATIONS)
+    src = QP_STRUCT + DIV_RN + QPARAMS + XQ + vec4_loader("x", x_type) + quantizer.wgsl() + body
     params = b.params(QP_SIZE)
     d = b.dispatch(src, [x, out, params] + ([b.args[10]] if norm else []))
     norm_eps = float(b.scalar(11, 1e-6)) if norm else 0.0
     readers = [(name, args) for name, args in b.graph.calls if out in args[:-1]]
-    alone = int8 and not norm and readers and all(args[0] == out and quantizes_one_row(b.part(name, args)) for name, args in readers)
+    if norm:  # one row: the product before it normalizes and quantizes the row
+        elsewhere = int8 and normalized_by_writer(b)
+    else:  # one row: the products after it quantize the row as they read it
+        elsewhere = int8 and readers and all(args[0] == out and quantizes_one_row(b.part(name, args)) for name, args in readers)
 
     def resize(ctx):
         dims = ctx.dims(x)
@@ -171,7 +94,7 @@ def quantized_rows(b):
             b.fail(f"norm weight of {ctx.numel(b.args[10])} elements for rows of {block}")
         rows = numel_of(dims[:-1])
         ctx.set_params(params, qp_bytes(mode, qmin, qmax, eps, rows, block, norm_eps))
-        ctx.set_grid(d, (0, 0, 0) if alone and rows == 1 else fold_grid(rows))  # `alone`: its readers quantize one row
+        ctx.set_grid(d, (0, 0, 0) if elsewhere and rows == 1 else fold_grid(rows))
         ctx.set_dims(out, tuple(dims[:-1]) + ((int8_rows_dim(block),) if int8 else (block,)))
 
     b.hook(resize)
