@@ -47,13 +47,15 @@ def timed(pipes, bgs, grids, reps, out):
 
 
 def q4_operands(x, N, K, rng, gs=32):
-    """(buffers of the 4-bit weight and its scales, the uniform's WGSL, its buffer, x @ W.T in float64)
-    for a random [N, K] weight of group `gs`; the uniform binds after out, p and the scratch."""
-    M, wpr, sn = x.shape[0], K // 8, -(-N // 4) * 4
+    """(buffers of a random [N, K] 4-bit weight of group `gs` and its scales, by quads of weight rows
+    [N / 4, groups, 4] as the kernels read them, the uniform's WGSL (binding after out, p and the
+    scratch), its buffer, x @ W.T in float64)."""
+    M, wpr, groups = x.shape[0], K // 8, K // gs
     wq = rng.integers(0, 2**32, size=(N, wpr), dtype=np.uint32)
-    ws = (rng.random((K // gs, sn), dtype=np.float32) * 0.02).astype(np.float32)
+    ws = (rng.random((N // 4, groups, 4), dtype=np.float32) * 0.02).astype(np.float32)
     nib = ((wq[:, :, None] >> (4 * np.arange(8, dtype=np.uint32))) & 15).astype(np.float32).reshape(N, K) - 8
-    ref = x.astype(np.float64) @ (nib * np.repeat(ws[:, :N].T, gs, axis=1)).T.astype(np.float64)
+    scale = ws.transpose(0, 2, 1).reshape(N, groups)
+    ref = x.astype(np.float64) @ (nib * np.repeat(scale, gs, axis=1)).T.astype(np.float64)
     uniform = f"{LIN_STRUCT};\n@group(0) @binding(6) var<uniform> q: Q;\n"
-    qb = buf(np.frombuffer(struct.pack(LIN_FORMAT, M, N, K, wpr, sn, K // gs, gs, wpr), np.uint8), U.UNIFORM)
+    qb = buf(np.frombuffer(struct.pack(LIN_FORMAT, M, N, K, wpr, groups, gs, wpr), np.uint8), U.UNIFORM)
     return [buf(wq), buf(ws)], uniform, qb, ref

@@ -4,16 +4,15 @@ scratch buffer and the fp32 GEMM over it, at the same tile and split (so the sam
 are compared bit for bit). Llama-3.2-1B's products (SwiGLU's gate and up as one, q/k/v as one, the
 output and down products) at prompt rows. usage: python bench.py [quick]"""
 import os
-import struct
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from gemm_bench import U, bind, buf, compile_pipeline, dev, timed  # noqa: E402
+from gemm_bench import U, bind, buf, compile_pipeline, dev, q4_operands, timed  # noqa: E402
 
 from pte_wgpu.kernels.matmul import gemm as G  # noqa: E402
-from pte_wgpu.kernels.matmul.q4_linear import LIN_FORMAT, LIN_STRUCT, _dequant, q4_load  # noqa: E402
+from pte_wgpu.kernels.matmul.q4_linear import LIN_STRUCT, _dequant, q4_load  # noqa: E402
 from pte_wgpu.kernels.wgsl import fill  # noqa: E402
 
 QUICK = "quick" in sys.argv
@@ -38,25 +37,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 """
 
 
-def operands(x, N, K, rng, gs=32):
-    """(buffers of a random [N, K] 4-bit weight of group `gs` and its scales, by quads of rows as
-    the kernels read them, the uniform's WGSL after out, p and the scratch, its buffer, x @ W.T in
-    float64)."""
-    M, wpr, groups = x.shape[0], K // 8, K // gs
-    wq = rng.integers(0, 2**32, size=(N, wpr), dtype=np.uint32)
-    ws = (rng.random((N // 4, groups, 4), dtype=np.float32) * 0.02).astype(np.float32)
-    nib = ((wq[:, :, None] >> (4 * np.arange(8, dtype=np.uint32))) & 15).astype(np.float32).reshape(N, K) - 8
-    scale = ws.transpose(0, 2, 1).reshape(N, groups)
-    ref = x.astype(np.float64) @ (nib * np.repeat(scale, gs, axis=1)).T.astype(np.float64)
-    uniform = f"{LIN_STRUCT};\n@group(0) @binding(6) var<uniform> q: Q;\n"
-    qb = buf(np.frombuffer(struct.pack(LIN_FORMAT, M, N, K, wpr, groups, gs, wpr), np.uint8), U.UNIFORM)
-    return [buf(wq), buf(ws)], uniform, qb, ref
-
-
 def case(M, N, K, reps):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((M, K)).astype(np.float32)
-    weights, uniform, qb, ref = operands(x, N, K, rng)
+    weights, uniform, qb, ref = q4_operands(x, N, K, rng)
     xb = buf(x)
     out = dev.create_buffer(size=M * N * 4, usage=U.STORAGE | U.COPY_SRC | U.COPY_DST)
     scratch = dev.create_buffer(size=max(4, 16 * M * N) * 4, usage=U.STORAGE)

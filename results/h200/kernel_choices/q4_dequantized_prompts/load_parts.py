@@ -5,16 +5,15 @@ them when it stores the quad into workgroup memory, after the step's products; t
 outputs bitwise as built); "no scale" (the weights times 1: wrong results, what the scale's load
 costs); and the fp32 GEMM over float weights. Shapes of bench.py. usage: python load_parts.py [quick]"""
 import os
-import struct
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from gemm_bench import U, bind, buf, compile_pipeline, dev, timed  # noqa: E402
+from gemm_bench import U, bind, buf, compile_pipeline, dev, q4_operands, timed  # noqa: E402
 
 from pte_wgpu.kernels.matmul import gemm as G  # noqa: E402
-from pte_wgpu.kernels.matmul.q4_linear import LIN_FORMAT, LIN_STRUCT, q4_load  # noqa: E402
+from pte_wgpu.kernels.matmul.q4_linear import q4_load  # noqa: E402
 
 RAW = """
 fn b_raw(n: u32, k: u32, kend: u32) -> vec2<u32> {
@@ -30,7 +29,9 @@ def deferred(src):
     src = src.replace("rb = b_k_quad(boff, n0 + bn, k0 + 8u + 4u * bk4, kend);", "rbr = b_raw(n0 + bn, k0 + 8u + 4u * bk4, kend);")
     i = src.index("        Bs[(4u * bk4 + 0u)")
     src = src[:i] + "        let rb = dq4s(rbr.x, bitcast<f32>(rbr.y));\n" + src[i:]
-    return src.replace("fn dq4(", "fn dq4s(bits: u32, s: f32) -> vec4<f32> {\n    let w = vec4<f32>((vec4<u32>(bits) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u)) - vec4<f32>(8.0);\n    return w * s;\n}\nfn dq4(")
+    dq4s = ("fn dq4s(bits: u32, s: f32) -> vec4<f32> {\n"
+            "    let w = vec4<f32>((vec4<u32>(bits) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u)) - vec4<f32>(8.0);\n    return w * s;\n}\n")
+    return src.replace("fn dq4(", dq4s + "fn dq4(")
 
 
 def no_scale(src):
@@ -50,11 +51,8 @@ def exponent(src):
 def case(M, N, K, reps):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((M, K)).astype(np.float32)
-    wpr, groups = K // 8, K // 32
-    wq = rng.integers(0, 2**32, size=(N, wpr), dtype=np.uint32)
-    ws = (rng.random((N // 4, groups, 4), dtype=np.float32) * 0.02).astype(np.float32)
-    xb, weights, wf = buf(x), [buf(wq), buf(ws)], buf(rng.standard_normal((N, K)).astype(np.float32))
-    qb = buf(np.frombuffer(struct.pack(LIN_FORMAT, M, N, K, wpr, groups, 32, wpr), np.uint8), U.UNIFORM)
+    weights, uniform, qb, _ = q4_operands(x, N, K, rng)
+    xb, wf = buf(x), buf(rng.standard_normal((N, K)).astype(np.float32))
     out = dev.create_buffer(size=M * N * 4, usage=U.STORAGE | U.COPY_SRC | U.COPY_DST)
     scratch = dev.create_buffer(size=max(4, 16 * M * N) * 4, usage=U.STORAGE)
     tile = G.BIG_TILE
@@ -63,7 +61,7 @@ def case(M, N, K, reps):
     reduce = [compile_pipeline(dev, G.gemm_reduce_shader(False))] if splits > 1 else []
     rbind = [bind(r, [scratch, out, pb]) for r in reduce]
     grids = [G.gemm_grid("x", M, N, 1, splits, tile)] + ([G.flat_grid(M * N)] if splits > 1 else [])
-    q4 = G.gemm_shader(q4_load(False, False, 32, K), False, f"{LIN_STRUCT};\n@group(0) @binding(6) var<uniform> q: Q;\n", tile=tile)
+    q4 = G.gemm_shader(q4_load(False, False, 32, K), False, uniform, tile=tile)
     got = {}
     for name, src in (("as built", q4), ("exponent", exponent(q4)), ("deferred", deferred(q4)), ("no scale", no_scale(q4)), ("fp32", None)):
         if src is None:
