@@ -211,8 +211,9 @@ fn strided_offsets(i: u32, rank: u32, sizes: array<vec4<u32>, 2>, s0: array<vec4
 # gives inf). The 24-bit quotient q of the mantissas is the float division's estimate (WGSL allows
 # it 2.5 ULP), corrected by the exact remainder ma 2^23 - q mb, which wrapping u32 arithmetic
 # gives since it is small; where the estimate is further off, restoring division. Then rounded to
-# nearest even by twice the remainder against mb. (Restoring division alone, 24 steps, took ~1 us
-# of a one-row kernel's critical path on an H200: three in qparams and the inverse scale.)
+# nearest even by twice the remainder against mb. (Restoring division alone, 24 steps: the one-row
+# RMS norm and quantization's kernel, three divisions in qparams and the inverse scale, took 9.7 us
+# a dispatch against 7.3-7.5 now on an H200: results/h200/kernel_choices/dq8_integer_dots/norm_in_the_product/.)
 DIV_RN = """
 fn div_rn(a: f32, b: f32) -> f32 {
     let ab = bitcast<u32>(a);
