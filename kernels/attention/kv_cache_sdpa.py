@@ -31,7 +31,7 @@ from pte_wgpu.resize.shapes import numel_of
 
 from ..registry import op
 from ..variants import ANY, CPU_ONLY, GPU, GPU_ONLY, Routes, Variant
-from ..wgsl import fill, flat_grid, flat_kernel, type_aliases
+from ..wgsl import LAST_TO_ARRIVE, fill, flat_grid, flat_kernel, type_aliases
 from .kv_cache import CACHE_AT, key_row, table_entries
 
 MAX_HEAD_DIM = 256
@@ -403,10 +403,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 def _arrivals(first, apart):
     """The fused finish's bindings (the result, then the arrival counts unless merged `apart`,
     from binding `first`) and its merge."""
-    counts = "" if apart else fill(
-        """@group(0) @binding($SECOND) var<storage, read_write> arrivals: array<atomic<u32>>;
-var<workgroup> arrived_last: u32;
-""", SECOND=first + 1)
+    counts = "" if apart else f"@group(0) @binding({first + 1}) var<storage, read_write> arrivals: array<atomic<u32>>;\n{LAST_TO_ARRIVE}"
     return fill(
         """@group(0) @binding($FIRST) var<storage, read_write> result: array<RT>;
 $COUNTS$MERGE""",
@@ -416,12 +413,8 @@ $COUNTS$MERGE""",
     )
 
 
-LAST_MERGES = """    storageBarrier();
-    if (t == 0u) { arrived_last = u32(atomicAdd(&arrivals[s * p.hq + h], 1u) == used - 1u); }
-    if (workgroupUniformLoad(&arrived_last) == 1u) {
-        storageBarrier();
+LAST_MERGES = """    if (last_to_arrive(t, s * p.hq + h, used)) {
         merge(s, h, t, used);
-        if (t == 0u) { atomicStore(&arrivals[s * p.hq + h], 0u); }
     }"""
 # Merged apart: the splits leave their states, and a second dispatch of the kernel with one split
 # (its workgroup computes split 0 again, then merges) merges them.
