@@ -80,10 +80,10 @@ def quantized_rows(b):
     params = b.params(QP_SIZE)
     d = b.dispatch(src, [x, out, params] + ([b.args[10]] if norm else []))
     norm_eps = float(b.scalar(11, 1e-6)) if norm else 0.0
-    readers = [(name, args) for name, args in b.graph.calls if out in args[:-1]]
     if norm:  # one row: the product before it normalizes and quantizes the row
         elsewhere = int8 and normalized_by_writer(b)
     else:  # one row: the products after it quantize the row as they read it
+        readers = [(name, args) for name, args in b.graph.calls if out in args[:-1]]
         elsewhere = int8 and readers and all(args[0] == out and quantizes_one_row(b.part(name, args)) for name, args in readers)
 
     def resize(ctx):
