@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from async_runtime.testing import assert_matches_eager
+from pte_wgpu.kernels.matmul.q4_linear import QUANTIZING_SG_ROWS
 
 from .exporting import export_pte
 
@@ -240,13 +241,15 @@ async def test_subgroup_kernels_multiply_the_int8_rows(name, load_pte, kernel_va
     """An 8da4w product's rows quantized once, of a multiple of 16: whichever subgroup kernel takes
     them (GPU variants: 1-16 rows of wide K or an LM head, 17-64 of narrower weights; CPU
     variants: every count) multiplies their int8 values with dot4I8Packed, and no other route
-    does (they read the floats). A one-row pass's product (its subgroup kernel or GEMV) quantizes
-    the row itself, and pte_wgpu.quantized_rows runs no dispatch: the row's result is bitwise what
-    it gets in a pass of up to 16 rows."""
+    does (they read the floats). A pass of one row (the GEMV or a subgroup kernel), or of up to
+    QUANTIZING_SG_ROWS where the GPUs' subgroup kernels take every row count, has the product
+    quantize its rows itself, and pte_wgpu.quantized_rows runs no dispatch: each row's result is
+    bitwise what it gets in a pass of up to 16 rows."""
     model = await load_pte(_export(name)[0])
     if not model.subgroups or model.int8_matrices:
         pytest.skip("no subgroups, or the dq8 products kept for int8 matrices")
-    for m in sorted({1, 2, 16, 17, CASES[name][1][0]}):
+    quantizes = QUANTIZING_SG_ROWS if kernel_variants == "gpu" and name != "dq8_wide" else 1
+    for m in sorted({1, 2, 3, QUANTIZING_SG_ROWS, QUANTIZING_SG_ROWS + 1, 16, 17, CASES[name][1][0]}):
         x = _rows(name, m, np.random.default_rng(m))
         out = (await model.execute(x))[0]
         grids = model._default.state.grids
@@ -256,12 +259,13 @@ async def test_subgroup_kernels_multiply_the_int8_rows(name, load_pte, kernel_va
         assert any("dot4I8Packed" in s for s in shaders) == subgroup, m
         assert subgroup == (kernel_variants == "cpu" or (m <= 16) != (name == "dq8_wide")), m
         quantizing = any("x_qp(" in s for s in shaders)
-        assert quantizing == (m == 1), m
+        assert quantizing == (m <= quantizes), m
         assert any(d.op == "pte_wgpu.quantized_rows" for d in running) != quantizing, m
-        if 1 < m <= 16:  # the first row alone, through the one-row route (a pass of at most 16 rows is bitwise each alone)
-            first = x[:1] if CASES[name][2] == 0 else x[:, :1]
-            alone = (await model.execute(first))[0]
-            np.testing.assert_array_equal(alone.reshape(-1), out.reshape(-1)[: alone.size], err_msg=f"row 0 of {m}")
+        if 1 < m <= 16:  # the first and last rows alone, through the one-row route (a pass of at most 16 rows is bitwise each alone)
+            for r in (0, m - 1):
+                row = x[r : r + 1] if CASES[name][2] == 0 else x[:, r : r + 1]
+                alone = (await model.execute(row))[0].reshape(-1)
+                np.testing.assert_array_equal(alone, out.reshape(-1)[r * alone.size : (r + 1) * alone.size], err_msg=f"row {r} of {m}")
 
 
 async def test_gpus_take_the_wide_row_tile_past_32_rows(load_pte, kernel_variants):

@@ -745,10 +745,10 @@ def q4_subgroup_shape(b, shapes, m, k):
     return shapes[shape_for_rows(shapes, m)] if first <= m <= last else None
 
 
-# The 4-bit ops whose one-row passes quantize their int8 rows themselves (Q4Product's
-# `quantizing`: its subgroup kernel or GEMV for one row, reading the rows before the quantization):
-# a pte_wgpu.quantized_rows that only such ops read runs no dispatch for one row
-# (kernels/quant/quantized_rows.py), a dispatch fewer a product. H200, Llama-3.2-1B shape 8da4w
+# The 4-bit ops whose passes of a few rows quantize their int8 rows themselves (Q4Product's
+# `quantizing`: its subgroup kernels or GEMV for those rows, reading the rows before the
+# quantization; quantizing_rows): a pte_wgpu.quantized_rows that only such ops read runs no
+# dispatch for them (kernels/quant/quantized_rows.py), a dispatch fewer a product. H200, Llama-3.2-1B shape 8da4w
 # (the output and down products), greedy bursts, two rounds in one call, one stream 746-762 ->
 # 853-860 tokens/s; each subgroup passing over the row alone 843-846, 4 loads in flight a lane
 # 805-813; without the quantization's dispatches at all (wrong results: the bound) 941-943. The
@@ -757,6 +757,13 @@ def q4_subgroup_shape(b, shapes, m, k):
 # the normalized row's minimum and maximum) lost: 706-714, the group alone 746-762, SwiGLU alone
 # 780-783 (results/h200/kernel_choices/dq8_integer_dots/one_row_quantizing/).
 ROW_QUANTIZING = ("et_vk.linear_q4gsw.default", "pte_wgpu.q4_linear_residual")
+# ... to this many rows on the GPUs' subgroup kernels of every row count (each workgroup passing
+# over its group's rows for their scales first); the GEMV quantizes one row. H200, Llama-3.2-1B
+# shape 8da4w, greedy bursts, two rounds in one call, 2 / 3 / 4 streams: one row 1,299-1,318 /
+# 1,793-1,810 / 2,375-2,397 tokens/s, to 2 rows 1,355-1,358 (3 and 4 as before), to 4 rows
+# 1,364-1,370 / 1,775-1,778 / 2,349-2,358; to 16 rows 8 / 16 streams 3,484 -> 2,911 / 4,911 -> 3,723
+# (results/h200/kernel_choices/dq8_integer_dots/rows_quantizing/).
+QUANTIZING_SG_ROWS = 2
 
 
 def _writers(b, x):
@@ -764,17 +771,24 @@ def _writers(b, x):
     return [(name, args) for name, args in b.graph.calls if args and args[-1] == x]
 
 
-def quantizes_one_row(b):
-    """Whether the op of builder `b` quantizes a one-row pass of its int8 rows (wgsl.py's
-    Int8Rows, which a pte_wgpu.quantized_rows of rows without a norm writes) itself."""
-    if b.name not in ROW_QUANTIZING or not isinstance(q4_input(b, b.args[0])[0], Int8Rows):
-        return False
-    return [name for name, _ in _writers(b, b.args[0])] == ["pte_wgpu.quantized_rows"]
+def quantizing_rows(b):
+    """The most rows of a pass whose int8 rows (wgsl.py's Int8Rows, which a pte_wgpu.quantized_rows
+    of rows without a norm writes) the op of builder `b` quantizes itself: 0 where it does not;
+    QUANTIZING_SG_ROWS where GPU subgroup kernels take every row count (routes.py's
+    Q4_SG_GPU_WIDE), else one (the GEMV's, or a CPU adapter's subgroup kernel's)."""
+    x = b.args[0]
+    x_type, k = q4_input(b, x)
+    if b.name not in ROW_QUANTIZING or not isinstance(x_type, Int8Rows):
+        return 0
+    if [name for name, _ in _writers(b, x)] != ["pte_wgpu.quantized_rows"]:
+        return 0
+    shapes = () if b.adapter == CPU else q4_subgroup_shapes(b, q4_weight(b, x, b.args[1], b.args[2], b.scalar(3)), k)
+    return QUANTIZING_SG_ROWS if q4_every_row(shapes) else 1
 
 
 def row_quantization(b, x):
     """(rows, QuantizingRows, qp_bytes' arguments) of the pte_wgpu.quantized_rows that writes int8 rows
-    `x` (quantizes_one_row): the float rows it reads and how it quantizes them
+    `x` (quantizing_rows): the float rows it reads and how it quantizes them
     (kernels/quant/quantized_rows.py)."""
     [(name, args)] = _writers(b, x)
     made = b.part(name, args)
@@ -784,7 +798,7 @@ def row_quantization(b, x):
 
 
 # The RMS norms of int8 rows after the residual products whose one-row pass quantizes its input
-# (quantizes_one_row) on the GEMV: that pass's last workgroup to arrive normalizes and quantizes
+# (quantizing_rows: one row) on the GEMV: that pass's last workgroup to arrive normalizes and quantizes
 # the output row as the norm's own dispatch would (kernels/wgsl.py's RowQuantizer and
 # LAST_TO_ARRIVE), and the norm runs no dispatch for one row (kernels/quant/quantized_rows.py); not
 # where workgroups merge apart (Dawn), nor where the two quantizations' parameters differ (one
@@ -799,7 +813,7 @@ NORMALIZED = "pte_wgpu.rms_norm_quantized_rows"
 def normalized_row(b):
     """The (name, args) of the pte_wgpu.rms_norm_quantized_rows (of int8 rows) whose one-row pass
     the op of builder `b` runs in its own one-row GEMV (norm_tail), or None."""
-    if b.merge_apart or not quantizes_one_row(b):
+    if b.merge_apart or not quantizing_rows(b):
         return None
     x, k = b.args[0], q4_input(b, b.args[0])[1]
     if q4_subgroup_shape(b, q4_subgroup_shapes(b, q4_weight(b, x, b.args[1], b.args[2], b.scalar(3)), k), 1, k) is not None:
@@ -884,20 +898,27 @@ class Q4Product:
         step = gemv_step(w.wpr)
         self.gemvs = [b.dispatch(gemv_shader(dq8, zp_packed, has_bias, w.gs, lanes, types, residual, rows, step), bound) for _, lanes, rows in self.routes]
         self.sgs = [(b.dispatch(sg_shader(dq8, zp_packed, has_bias, shape, types, residual, w.gs), bound), shape) for shape in self.shapes]
-        self.quantizing = None  # the subgroup kernel or GEMV of a one-row pass, quantizing quantized_rows' input itself (that op then runs no dispatch)
-        if gemv and quantizes_one_row(b):  # the route one row takes (resize), on the rows before the quantization
+        # the subgroup kernels or GEMV of passes of up to quantizing_rows rows, quantizing quantized_rows' input
+        # themselves (that op then runs no dispatch): {shape (None: the GEMV's one row): dispatch}
+        self.quantizing, self.quantizing_rows = {}, quantizing_rows(b) if gemv else 0
+        if self.quantizing_rows:  # the routes those rows take (resize), on the rows before the quantization
             rows, quantizing, qp = row_quantization(b, x)
-            t, shape, uniform = replace(types, x=quantizing), q4_subgroup_shape(b, self.shapes, 1, k_most), b.params(QP_SIZE)
+            t, self.qp_uniform = replace(types, x=quantizing), b.params(QP_SIZE)
             ending, more, norm_eps, norm = NO_TAIL, [], 0.0, normalized_row(b)
             if norm is not None:  # and the norm after it, in its last workgroup
                 ending, more, norm_eps = norm_tail(b, norm, types.out, len(bound) + 1)
-            if shape is not None:
-                shader, grid = sg_shader(dq8, zp_packed, has_bias, shape, t, residual, w.gs), self.sg_grid(shape, 1)
-            else:
-                _, lanes, per = self.routes[gemv_route(self.routes, 1)]
-                shader, grid = gemv_shader(dq8, zp_packed, has_bias, w.gs, lanes, t, residual, per, step, ending), self.gemv_grid(lanes, per, 1)
             b.reads(rows)
-            self.quantizing = (b.dispatch(shader, [rows, *bound[1:], uniform, *more]), grid, uniform, qp_bytes(*qp, norm_eps))
+            for m in range(1, self.quantizing_rows + 1):
+                shape = q4_subgroup_shape(b, self.shapes, m, k_most)
+                if shape in self.quantizing:
+                    continue
+                if shape is not None:
+                    shader = sg_shader(dq8, zp_packed, has_bias, shape, t, residual, w.gs)
+                else:
+                    _, lanes, per = self.routes[gemv_route(self.routes, 1)]
+                    shader = gemv_shader(dq8, zp_packed, has_bias, w.gs, lanes, t, residual, per, step, ending)
+                self.quantizing[shape] = b.dispatch(shader, [rows, *bound[1:], self.qp_uniform, *more])
+            self.qp = qp_bytes(*qp, norm_eps)
         q_binding = len(operands) + len(tail) + 3  # after out, p and the scratch
         q_wgsl = f"{LIN_STRUCT};\n@group(0) @binding({q_binding}) var<uniform> q: Q;\n"
         load = q4_load(dq8, zp_packed, w.gs, k_most, types)
@@ -947,16 +968,21 @@ class Q4Product:
         ctx.set_params(self.q, struct.pack(LIN_FORMAT, m, w.n, k, w.wpr, w.groups, w.gs, -(-k // 8)))
         bias_strides = (0, w.n, 1) if self.residual else (0, 0, 1)
         ctx.set_params(self.p, params_bytes(m, w.n, k, bias=bias_strides, split=(splits, kspan)))
-        quantizing = self.quantizing is not None and on and m == 1
+        quantizing = on and 1 <= m <= self.quantizing_rows
         chosen = gemv_route(self.routes, m) if use_gemv and not quantizing else None
         for i, (d, (_, lanes, rows)) in enumerate(zip(self.gemvs, self.routes)):
             ctx.set_grid(d, self.gemv_grid(lanes, rows, m) if i == chosen else (0, 0, 0))
         for d, shape in self.sgs:
             ctx.set_grid(d, self.sg_grid(shape, m) if shape == sg_shape and not quantizing else (0, 0, 0))
-        if self.quantizing is not None:
-            d, grid, uniform, qp = self.quantizing
-            ctx.set_params(uniform, qp)
-            ctx.set_grid(d, grid if quantizing else (0, 0, 0))
+        if self.quantizing:
+            ctx.set_params(self.qp_uniform, self.qp)
+        for shape, d in self.quantizing.items():
+            on_shape = quantizing and shape == sg_shape
+            if shape is None:  # the GEMV's one row
+                _, lanes, per = self.routes[gemv_route(self.routes, 1)]
+                ctx.set_grid(d, self.gemv_grid(lanes, per, 1) if on_shape else (0, 0, 0))
+            else:
+                ctx.set_grid(d, self.sg_grid(shape, m) if on_shape else (0, 0, 0))
         self.gemm.set_grids(ctx, m, w.n, k, 1, splits, use_gemm)
         if self.matrix is not None:
             ctx.set_grid(self.quantize, int8_matrix.quantize_grid(m, k) if use_matrix else (0, 0, 0))

@@ -13,9 +13,10 @@ The products then read those rows as a 4-bit linear of float rows reads its inpu
   kernels/fusion.py's `_int8_rows` made out an int32 tensor [..., K + K / 4 + 2] (rows of a
   multiple of 16 that only 4-bit linears read), it holds those floats and the int8 values, scale
   and zero point of each row (wgsl.py's Int8Rows), which the subgroup kernels multiply as
-  integers (kernels/matmul/q4_linear.py's sg_body). Where only products whose subgroup kernel
-  takes a one-row pass read them (q4_linear.py's quantizes_one_row), a pass of one row runs no
-  dispatch here: those kernels quantize the row themselves, bitwise as this kernel does.
+  integers (kernels/matmul/q4_linear.py's sg_body). Where only products that quantize a pass's
+  rows themselves read them (q4_linear.py's quantizing_rows: one row, or a few on the GPUs'
+  subgroup kernels), such a pass runs no dispatch here: those kernels quantize the rows
+  themselves, bitwise as this kernel does.
 - `pte_wgpu.rms_norm_quantized_rows` [x, .., keepdim, gamma, eps, out]: the same of
   et_vk.rms_norm(x, gamma, eps), its rows x * rstd * gamma rounded to x's storage type as the
   norm stored them; rstd from the same squares summed in another order (to rounding of the norm's).
@@ -33,7 +34,7 @@ bursts, two rounds in one call, 1 / 16 / 64 streams 605 / 3,059-3,068 / 7,612-7,
 
 from pte_wgpu.resize.shapes import fold_grid, numel_of
 
-from ..matmul.q4_linear import normalized_by_writer, quantizes_one_row
+from ..matmul.q4_linear import normalized_by_writer, quantizing_rows
 from ..registry import op
 from ..wgsl import DIV_RN, QP_SIZE, QP_STRUCT, QPARAMS, ROW_INVOCATIONS, XQ, RowQuantizer, affine_args, fill, int8_rows_dim, is_float, qp_bytes, stored_zero_point, vec4_loader, vec4_type, wgsl_type
 
@@ -80,11 +81,13 @@ def quantized_rows(b):
     params = b.params(QP_SIZE)
     d = b.dispatch(src, [x, out, params] + ([b.args[10]] if norm else []))
     norm_eps = float(b.scalar(11, 1e-6)) if norm else 0.0
-    if norm:  # one row: the product before it normalizes and quantizes the row
-        elsewhere = int8 and normalized_by_writer(b)
-    else:  # one row: the products after it quantize the row as they read it
+    elsewhere = 0  # up to this many rows, another kernel does this one's work
+    if norm and int8:  # one row: the product before it normalizes and quantizes the row
+        elsewhere = int(normalized_by_writer(b))
+    elif int8:  # the products after it quantize the rows as they read them
         readers = [(name, args) for name, args in b.graph.calls if out in args[:-1]]
-        elsewhere = int8 and readers and all(args[0] == out and quantizes_one_row(b.part(name, args)) for name, args in readers)
+        if readers and all(args[0] == out for _, args in readers):
+            elsewhere = min(quantizing_rows(b.part(name, args)) for name, args in readers)
 
     def resize(ctx):
         dims = ctx.dims(x)
@@ -94,7 +97,7 @@ def quantized_rows(b):
             b.fail(f"norm weight of {ctx.numel(b.args[10])} elements for rows of {block}")
         rows = numel_of(dims[:-1])
         ctx.set_params(params, qp_bytes(mode, qmin, qmax, eps, rows, block, norm_eps))
-        ctx.set_grid(d, (0, 0, 0) if elsewhere and rows == 1 else fold_grid(rows))
+        ctx.set_grid(d, (0, 0, 0) if rows <= elsewhere else fold_grid(rows))
         ctx.set_dims(out, tuple(dims[:-1]) + ((int8_rows_dim(block),) if int8 else (block,)))
 
     b.hook(resize)
