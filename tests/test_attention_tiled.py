@@ -257,3 +257,36 @@ async def test_export_ragged_sessions(load_pte, kernel_variants):
             tg.start_soon(run, counts)
     stats = model.statistics()
     assert stats.executes == sum(map(len, PLANS)) and stats.submits < stats.executes
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("apart", [False, True])
+async def test_split_k_heads_of_a_group_are_each_as_alone(load_pte, kernel_variants, monkeypatch, apart):
+    """With GPU variants, a split-K workgroup takes the query heads of one key-value head (3 here:
+    kv_cache_sdpa.py's q_group), each bitwise what a workgroup of that head alone gives, its key
+    ranges merged by the last workgroup to arrive or (`apart`, where Dawn compiles) by a second
+    dispatch: steps of 1 to 37 rows over up to 190 keys (1 to 3 ranges of 64), against a load
+    whose workgroups take one head."""
+    import async_runtime.backend as backend
+    from pte_wgpu.kernels.attention import kv_cache_sdpa
+
+    if kernel_variants != "gpu":
+        pytest.skip("split-K's GPU variant")
+    monkeypatch.setattr(backend, "MERGE_APART", apart)
+    assert kv_cache_sdpa.q_group(HQ, HKV) == 3
+    pte, _ = _export()
+    counts = [37, 1, 5, 1, 29, 31, 1, 2, 31, 1, 17, 1, 29, 2]
+    history = np.random.default_rng(6).integers(0, VOCAB, sum(counts))
+    outputs = []
+    for alone in (False, True):
+        if alone:
+            monkeypatch.setattr(kv_cache_sdpa, "q_group", lambda hq, hkv: 1)
+        model = await load_pte(pte, batch_submits=False)
+        pos, got = 0, []
+        async with model.session() as session:
+            for s in counts:
+                got += await session.execute(np.asarray(history[pos : pos + s], np.int64)[None], np.array([pos], np.int64))
+                pos += s
+        outputs.append(got)
+    for s, grouped, alone in zip(counts, *outputs):
+        np.testing.assert_array_equal(grouped, alone, err_msg=f"{s} rows")

@@ -8,7 +8,9 @@ ever materialized, whatever the context length. Prefill-sized passes take the qu
 workgroup memory), or, for head dims it does not take, one workgroup per (query head, query row).
 For a few rows (decode) that is too few workgroups for a long cache, so up to SPLIT_MAX_ROWS rows
 take the split-K route ("flash decoding"): one workgroup per (head, row, key range) writes a
-partial softmax state, and a second kernel merges the ranges. The hook picks the route. On a GPU,
+partial softmax state, and a second kernel merges the ranges; on GPUs a workgroup takes the query
+heads of one key-value head together (reading its keys and values once) and the last of a row's
+to finish merges. The hook picks the route. On a GPU,
 a ragged pass takes split-K up to RAGGED_SPLIT_MAX_ROWS rows: its rows are mostly one decode step
 each of different sessions, whose keys a query tile cannot share, and a few tiles leave the GPU
 idle (on an H100, 64 SmolLM2 sessions spent 119 us a layer in 18 tiled workgroups, against 13.5 us
@@ -74,10 +76,11 @@ RAGGED_UPDATE_CACHE = flat_kernel(
     declarations=RAGGED_TABLES + CACHE_AT,
 )
 
-# The workgroup's max and sum of red[0..CHUNK) (both attention kernels).
+# The workgroup's max and sum of red[0..CHUNK) (both attention kernels), of type SV: a head's
+# scores (f32), or those of a group of heads sharing a key-value head, one a component.
 REDUCTIONS = fill(
     """
-fn reduce_max(t: u32) -> f32 {
+fn reduce_max(t: u32) -> SV {
     for (var stride = ${HALF}u; stride > 0u; stride = stride / 2u) {
         if (t < stride) { red[t] = max(red[t], red[t + stride]); }
         workgroupBarrier();
@@ -85,7 +88,7 @@ fn reduce_max(t: u32) -> f32 {
     return red[0];
 }
 
-fn reduce_sum(t: u32) -> f32 {
+fn reduce_sum(t: u32) -> SV {
     for (var stride = ${HALF}u; stride > 0u; stride = stride / 2u) {
         if (t < stride) { red[t] = red[t] + red[t + stride]; }
         workgroupBarrier();
@@ -103,7 +106,7 @@ ONLINE_SOFTMAX = fill(
         workgroupBarrier();
         let m_new = max(m, reduce_max(t));
         workgroupBarrier();
-        let e = select(0.0, exp(score - m_new), j < k_end);
+        let e = select(SV(0.0), exp(score - m_new), j < k_end);
         probs[t] = e;
         red[t] = e;
         workgroupBarrier();
@@ -136,6 +139,7 @@ F32_BINDINGS = _bindings(False)  # scalar loads (of f32 or f16 storage: the alia
 VEC4_BINDINGS = _bindings(True)
 
 ATTENTION = F32_BINDINGS + """$TABLES
+alias SV = f32;
 var<workgroup> qs: array<f32, $MAX_HEAD_DIM>;
 var<workgroup> probs: array<f32, $CHUNK>;
 var<workgroup> red: array<f32, $CHUNK>;
@@ -219,30 +223,37 @@ SPLIT_FINISH = """    let part = ((s * p.hq + h) * p.splits + wid.z) * (p.d + 2u
 # decode row's attention is latency-bound, and the kernel above walks 64-long serial loops (a dot
 # product per key, a weighted sum per dim). Here the dot products read vec4s (G steps), and the
 # weighted sum splits each chunk's keys over CHUNK / G invocations per vec4 of dims, whose partial
-# sums are then added in a fixed order. Same partial-state layout as SPLIT_FINISH.
+# sums are then added in a fixed order. Same partial-state layout as SPLIT_FINISH. A workgroup takes
+# QG query heads of one key-value head (grouped-query attention), each key's and value's vec4 read
+# once for all of them: their scores, maxima and sums are the components of SV, each head's the
+# same operations in the same order as a workgroup of one head (bitwise, whatever QG). H200, greedy
+# bursts, two rounds in one call, 1 / 2 / 4 / 16 streams: SmolLM2 4w (3 heads a group) 772-802 /
+# 1,443-1,455 / 2,738-2,749 / 6,715-6,717 -> 797-841 / 1,539-1,557 / 2,882-2,937 / 6,988-7,065
+# tokens/s; Llama-3.2-1B 4w (4) one stream 928-938 -> 954-959, 64 streams 7,554-7,741 -> 7,615-7,978
+# (results/h200/kernel_choices/attention_head_groups/).
 SPLIT_VEC4 = VEC4_BINDINGS + """$TABLES
-var<workgroup> qs: array<vec4<f32>, $G>;
-var<workgroup> probs: array<f32, $CHUNK>;
-var<workgroup> red: array<f32, $CHUNK>;
-var<workgroup> part: array<vec4<f32>, $CHUNK>;
+alias SV = $SV;
+var<workgroup> qs: array<vec4<f32>, $QS>;  // [head of the group][vec4 of dims]
+var<workgroup> probs: array<SV, $CHUNK>;
+var<workgroup> red: array<SV, $CHUNK>;
+var<workgroup> part: array<vec4<f32>, $PARTS>;  // [head of the group][invocation]
 var<workgroup> rows: array<u32, $CHUNK>;  // the cache rows of the chunk's keys (a block may be shorter than a chunk)
 $MERGED
 $REDUCTIONS
 @compute @workgroup_size($CHUNK)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let h = wid.x;
+    let h = wid.x * ${QG}u;  // the group's first head
     let s = wid.y;
     let t = lid.x;
     let kvh = h / (p.hq / p.hkv);
-    let row = (s * p.hq + h) * p.d;
     let keys = $KEYS;  // causal: the row at absolute position P sees keys 0..P
     let seq = $SEQ;
 $KEY_RANGE
     // the cache row of this invocation's first key, asked for before q's loads so that its latency
     // overlaps theirs (a decode row's attention is latency-bound: one more dependent load cost an H100 ~3%)
     var kr = key_row(seq, k_begin + t);
-    if (t < ${G}u) {
-        let i = row + 4u * t;
+    if (t < ${QS}u) {
+        let i = (s * p.hq + h + t / ${G}u) * p.d + 4u * (t % ${G}u);
         qs[t] = vec4<f32>(f32(q[i]), f32(q[i + 1u]), f32(q[i + 2u]), f32(q[i + 3u])) * p.scale;
     }
     workgroupBarrier();
@@ -250,30 +261,30 @@ $KEY_RANGE
     if (wid.z >= used) { return; }
     let g = t % ${G}u;  // this invocation's vec4 of dims in the weighted sum
     let sub = t / ${G}u;  // and its share of each chunk's keys
-    var m = -3.0e38;
-    var l = 0.0;
-    var acc = vec4<f32>(0.0);
+    var m = SV(-3.0e38);
+    var l = SV(0.0);
+$ACC
     for (var base = k_begin; base < k_end; base = base + ${CHUNK}u) {
         let j = base + t;
-        var score = -3.0e38;
+        var score = SV(-3.0e38);
         if (j < k_end) {
             rows[t] = kr;
             let kb = (kr * p.hkv + kvh) * ${G}u;
-            var sc = 0.0;
-            for (var e = 0u; e < ${G}u; e = e + 1u) { sc = sc + dot(qs[e], vec4<f32>(kc[kb + e])); }
+            var sc = SV(0.0);
+            for (var e = 0u; e < ${G}u; e = e + 1u) { let k4 = vec4<f32>(kc[kb + e]); sc = sc + $DOTS; }
             score = sc;
         }
 $ONLINE_SOFTMAX
-        var sum = vec4<f32>(0.0);
+$SUMS
         for (var jj = sub; jj < n; jj = jj + ${SUBS}u) {
-            sum = sum + probs[jj] * vec4<f32>(vc[(rows[jj] * p.hkv + kvh) * ${G}u + g]);
+            let v4 = vec4<f32>(vc[(rows[jj] * p.hkv + kvh) * ${G}u + g]);
+            let pr = probs[jj];
+$WEIGH
         }
-        part[t] = sum;
+$PARTS_STORE
         workgroupBarrier();
         if (t < ${G}u) {
-            var all = part[t];
-            for (var k = 1u; k < ${SUBS}u; k = k + 1u) { all = all + part[k * ${G}u + t]; }
-            acc = acc * corr + all;
+$FOLD
         }
         m = m_new;
         kr = key_row(seq, base + ${CHUNK}u + t);  // the next chunk's (past the table's rows: unused)
@@ -281,26 +292,57 @@ $ONLINE_SOFTMAX
     }
     if (used == 1u) {  // one split: its state merged alone is acc / l, written here without the merge
         if (t < ${G}u) {
-            let r = acc / l;
-            let o = row + 4u * t;
-            result[o] = RT(r.x);
-            result[o + 1u] = RT(r.y);
-            result[o + 2u] = RT(r.z);
-            result[o + 3u] = RT(r.w);
+$RESULTS
         }
         return;
     }
-    let at = ((s * p.hq + h) * p.splits + wid.z) * (p.d + 2u);
-    if (t < ${G}u) {
-        out[at + 4u * t] = OT(acc.x);
-        out[at + 4u * t + 1u] = OT(acc.y);
-        out[at + 4u * t + 2u] = OT(acc.z);
-        out[at + 4u * t + 3u] = OT(acc.w);
-    }
-    if (t == 0u) { out[at + p.d] = OT(m); out[at + p.d + 1u] = OT(l); }
+$STATES
 $FINISH
 }
 """
+
+
+def split_vec4(dim, qg, key_range, merged, finish, **common):
+    """SPLIT_VEC4 for head dim `dim` and groups of `qg` query heads (q_group)."""
+    g, subs = dim // 4, CHUNK // (dim // 4)
+    c = (lambda i: "") if qg == 1 else (lambda i: "." + "xyzw"[i])  # head i's component of an SV
+
+    def per_head(line):  # line(i, component, row): head i's statements
+        return "\n".join(line(i, c(i), f"(s * p.hq + h + {i}u)") for i in range(qg))
+
+    def store(buffer, to, acc):  # vec4 `acc` into `buffer` (of type alias `to`) at WGSL offset o
+        return " ".join(f"{buffer}[o + {k}u] = {to}({acc}.{'xyzw'[k]});" for k in range(4))
+
+    dots = ", ".join(f"dot(qs[{i * g}u + e], k4)" for i in range(qg))
+    return fill(
+        SPLIT_VEC4,
+        SV="f32" if qg == 1 else f"vec{qg}<f32>",
+        QG=qg,
+        QS=qg * g,
+        PARTS=qg * CHUNK,
+        G=g,
+        SUBS=subs,
+        KEY_RANGE=key_range,
+        MERGED=merged,
+        FINISH=finish,
+        ACC=per_head(lambda i, c, row: f"    var acc{i} = vec4<f32>(0.0);"),
+        DOTS=dots if qg == 1 else f"SV({dots})",
+        SUMS=per_head(lambda i, c, row: f"        var sum{i} = vec4<f32>(0.0);"),
+        WEIGH=per_head(lambda i, c, row: f"            sum{i} = sum{i} + pr{c} * v4;"),
+        PARTS_STORE=per_head(lambda i, c, row: f"        part[{i * CHUNK}u + t] = sum{i};"),
+        FOLD=per_head(
+            lambda i, c, row: f"            {{ var all = part[{i * CHUNK}u + t]; for (var k = 1u; k < {subs}u; k = k + 1u) {{ all = all + part[{i * CHUNK}u + k * {g}u + t]; }}"
+            f" acc{i} = acc{i} * corr{c} + all; }}"
+        ),
+        RESULTS=per_head(lambda i, c, row: f"            {{ let r = acc{i} / l{c}; let o = {row} * p.d + 4u * t; {store('result', 'RT', 'r')} }}"),
+        STATES=per_head(
+            lambda i, c, row: f"    {{ let at = ({row} * p.splits + wid.z) * (p.d + 2u); let o = at + 4u * t;\n"
+            f"      if (t < {g}u) {{ {store('out', 'OT', f'acc{i}')} }}\n"
+            f"      if (t == 0u) {{ out[at + p.d] = OT(m{c}); out[at + p.d + 1u] = OT(l{c}); }} }}"
+        ),
+        **common,
+    )
+
 
 def online_softmax_step(dim, value):
     """WGSL folding one key into the online softmax state (max m, sum l, accumulator acc[0..dim))
@@ -414,13 +456,13 @@ $COUNTS$MERGE""",
 
 
 LAST_MERGES = """    if (last_to_arrive(t, s * p.hq + h, used)) {
-        merge(s, h, t, used);
+        for (var i = 0u; i < ${QG}u; i = i + 1u) { merge(s, h + i, t, used); }
     }"""
 # Merged apart: the splits leave their states, and a second dispatch of the kernel with one split
 # (its workgroup computes split 0 again, then merges) merges them.
 APART_MERGES = """    storageBarrier();  // split 0, written again here, for the workgroup's other invocations
     if (groups.z == 1u) {
-        merge(s, h, t, used);
+        for (var i = 0u; i < ${QG}u; i = i + 1u) { merge(s, h + i, t, used); }
     }"""
 
 
@@ -703,10 +745,10 @@ def _merges_itself(dim):
     return dim % 4 == 0 and CHUNK % (dim // 4) == 0
 
 
-def _attention_shader(ragged, split=False, merges=False, dim=None, apart=False):
+def _attention_shader(ragged, split=False, merges=False, dim=None, apart=False, qg=1):
     """The whole-range kernel, or the split-K one: SPLIT_VEC4, merging its own splits, with
     `merges` (where `_merges_itself(dim)`; its result and arrival counts bound after the tables;
-    `apart`: merged by a second dispatch, no counts)."""
+    `apart`: merged by a second dispatch, no counts; `qg` query heads a workgroup)."""
     common = dict(
         _row_exprs(ragged),
         REDUCTIONS=REDUCTIONS,
@@ -715,8 +757,8 @@ def _attention_shader(ragged, split=False, merges=False, dim=None, apart=False):
     )
     if split and merges:
         merged = _arrivals(8 if ragged else 5, apart)
-        finish = APART_MERGES if apart else LAST_MERGES
-        return fill(SPLIT_VEC4, G=dim // 4, SUBS=CHUNK // (dim // 4), KEY_RANGE=SPLIT_RANGE, MERGED=merged, FINISH=finish, **common)
+        finish = fill(APART_MERGES if apart else LAST_MERGES, QG=qg)
+        return split_vec4(dim, qg, SPLIT_RANGE, merged, finish, **common)
     return fill(
         ATTENTION,
         KEY_RANGE=SPLIT_RANGE if split else WHOLE_RANGE,
@@ -776,6 +818,12 @@ class _Launch:
             ctx.set_grid(d, grid(rows.n) if on else (0, 0, 0))
 
 
+def q_group(hq, hkv):
+    """The query heads a workgroup of SPLIT_VEC4 takes: the most, up to 4 (an SV vector), that
+    divide the query heads of a key-value head."""
+    return next(qg for qg in (4, 3, 2, 1) if (hq // hkv) % qg == 0)
+
+
 def _split_route(cpu):
     """Split-K decode and its combine; on CPU adapters one invocation per key range (SPLIT_CPU)."""
 
@@ -786,13 +834,14 @@ def _split_route(cpu):
             shader = fill(SPLIT_CPU, MAX_SPLITS=MAX_SPLITS, MAX_HEAD_DIM=MAX_HEAD_DIM, ONLINE_STEP=step, **att.common)
             grid = lambda s: (att.hq, s, 1)  # noqa: E731
         else:
-            shader = _attention_shader(att.ragged, split=True, merges=merges, dim=att.dim, apart=b.merge_apart)
-            grid = lambda s: (att.hq, s, att.splits)  # noqa: E731
+            qg = q_group(att.hq, att.hkv) if merges else 1
+            shader = _attention_shader(att.ragged, split=True, merges=merges, dim=att.dim, apart=b.merge_apart, qg=qg)
+            grid = lambda s: (att.hq // qg, s, att.splits)  # noqa: E731
         shader = type_aliases(b.graph.values, QT=att.q, KCT=att.k_cache, VCT=att.v_cache, OT=att.scratch, RT=b.out) + shader
         bindings = [att.q, att.k_cache, att.v_cache, att.scratch, att.params, *att.tables]
         if merges and b.merge_apart:  # the same kernel again, one split a row: it merges
             split, merge = (b.dispatch(shader, [*bindings, b.out]) for _ in range(2))
-            return _Launch((split, grid), (merge, lambda s: (att.hq, s, 1) if att.splits > 1 else (0, 0, 0)))
+            return _Launch((split, grid), (merge, lambda s: (att.hq // qg, s, 1) if att.splits > 1 else (0, 0, 0)))
         if merges:
             return _Launch((b.dispatch(shader, [*bindings, b.out, b.arrival_counts(att.rows * att.hq)]), grid))
         split = b.dispatch(shader, bindings)
@@ -828,6 +877,7 @@ class _Attention:
     params: object
     tables: tuple
     hq: int
+    hkv: int
     dim: int
     splits: int
     rows: int  # the most query rows split-K takes
@@ -863,7 +913,7 @@ def _add_attention(b, context, hkv, dim, hq, scale, tables=(), split_max=SPLIT_M
     span = -(-context // splits)
     scratch = b.scratch("float32", split_max * hq * splits * (dim + 2))  # the splits' partial states
     params = b.params(48)
-    att = _Attention(b.args[0], b.args[3], b.args[4], scratch, params, tuple(tables), hq, dim, splits, split_max)
+    att = _Attention(b.args[0], b.args[3], b.args[4], scratch, params, tuple(tables), hq, hkv, dim, splits, split_max)
     routes = Routes(ATTENTION_VARIANTS, b, att)
 
     def set_attention(ctx, s, pos, blocks):
