@@ -26,7 +26,7 @@ from pte_wgpu.resize.values import Scalar
 
 from ..matmul.routes import fused_norm_rows
 from ..registry import op
-from ..wgsl import fill, vec4_loader, vec4_type
+from ..wgsl import fill
 
 RWG = 128  # invocations per row
 NEG_INF = -math.inf
@@ -80,7 +80,7 @@ def _tree(combine):
 
 
 def _shader(decls, body, shared=""):
-    """`shared`: module-scope declarations besides `sm` (workgroup variables, loaders)."""
+    """`shared`: workgroup variables besides `sm`."""
     lines = [f"@group(0) @binding({k}) var<storage, {mode}> {name}: array<{t}>;" for k, (mode, name, t) in enumerate(decls)]
     head = fill(HEADER, DECLS="\n".join(lines), P_BINDING=len(decls), WG=RWG, SHARED=shared)
     return head + fill(MAIN, WG=RWG, BODY=body)
@@ -355,35 +355,6 @@ $TREE
 """
 
 
-# RMS_NORM_BODY for rows of whole vec4s, at most RWG * NORM_QUADS_HELD of them: each invocation
-# holds its quads in registers (one read of the row, not two), its squares summed a quad at a time.
-# H200, Llama-3.2-1B shape 4w (32 such norms a pass past 16 rows), greedy bursts, two rounds in one
-# call, 32 / 64 streams 6,229-6,254 / 8,170-8,188 -> 6,533-6,540 / 8,511-8,538 tokens/s
-# (results/h200/kernel_choices/rms_norm_quads/).
-NORM_QUADS_HELD = 16
-RMS_NORM_QUADS = """
-    let quads = base / 4u;  // rows of whole quads
-    var v: array<vec4<f32>, $HELD>;  // quads lid, lid + WG, ..
-    var q = 0.0;
-    for (var i = 0u; i < ${HELD}u; i = i + 1u) {
-        let j = lid + i * ${WG}u;
-        if (j < ${QUADS}u) { v[i] = x4(quads + j); q = q + dot(v[i], v[i]); }
-    }
-    sm[lid] = q;
-    workgroupBarrier();
-$TREE
-    let rstd = inverseSqrt(sm[0] / f32(p.rlen) + p.eps);
-    for (var i = 0u; i < ${HELD}u; i = i + 1u) {
-        let j = lid + i * ${WG}u;
-        if (j < ${QUADS}u) {
-            let y = v[i] * rstd * w4(j);
-            let o = base + 4u * j;
-            out[o] = $TO(y.x); out[o + 1u] = $TO(y.y); out[o + 2u] = $TO(y.z); out[o + 3u] = $TO(y.w);
-        }
-    }
-"""
-
-
 def _norm_params(b, ctx, x, normalized, eps):
     """Parameter bytes and row count of a norm over the trailing dims `normalized` of `x`."""
     shape = ctx.dims(x)
@@ -454,16 +425,9 @@ def rms_norm(b):
     fused_rows = fused_norm_rows(b, b.tensor(1).dims[-1], (x, weight, out), q4=b.name == "pte_wgpu.rms_norm_for_q4")
     eps = float(b.scalar(2, 1e-6))
     to = b.storage(out, packed=False)
-    x_type, w_type = b.storage(x, packed=False), b.storage(weight, packed=False)
-    rlen = b.tensor(1).dims[-1]
-    quads = rlen % 4 == 0 and -(-rlen // (4 * RWG)) <= NORM_QUADS_HELD
-    if quads:  # each row read once, a quad at a time
-        body = fill(RMS_NORM_QUADS, TO=to, WG=RWG, QUADS=rlen // 4, HELD=-(-rlen // (4 * RWG)), TREE=_tree("a + b"))
-        decls = [("read", "x", vec4_type(x_type)), ("read", "w", vec4_type(w_type)), ("read_write", "out", to)]
-        shader = _shader(decls, body, shared=vec4_loader("x", x_type) + vec4_loader("w", w_type))
-    else:
-        body = fill(RMS_NORM_BODY, WG=RWG, TREE=_tree("a + b"), TO=to)
-        shader = _shader([("read", "x", x_type), ("read", "w", w_type), ("read_write", "out", to)], body)
+    body = fill(RMS_NORM_BODY, WG=RWG, TREE=_tree("a + b"), TO=to)
+    decls = [("read", "x", b.storage(x, packed=False)), ("read", "w", b.storage(weight, packed=False)), ("read_write", "out", to)]
+    shader = _shader(decls, body)
     params = b.params(PARAMS_SIZE)
     d = b.dispatch(shader, [x, weight, out, params])
 
