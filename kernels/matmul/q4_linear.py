@@ -899,7 +899,7 @@ class Q4Product:
         self.gemvs = [b.dispatch(gemv_shader(dq8, zp_packed, has_bias, w.gs, lanes, types, residual, rows, step), bound) for _, lanes, rows in self.routes]
         self.sgs = [(b.dispatch(sg_shader(dq8, zp_packed, has_bias, shape, types, residual, w.gs), bound), shape) for shape in self.shapes]
         # the subgroup kernels or GEMV of passes of up to quantizing_rows rows, quantizing quantized_rows' input
-        # themselves (that op then runs no dispatch): {shape (None: the GEMV's one row): dispatch}
+        # themselves (that op then runs no dispatch): {shape (None: the GEMV's one row): (dispatch, grid of m rows)}
         self.quantizing, self.quantizing_rows = {}, quantizing_rows(b) if gemv else 0
         if self.quantizing_rows:  # the routes those rows take (resize), on the rows before the quantization
             rows, quantizing, qp = row_quantization(b, x)
@@ -914,10 +914,12 @@ class Q4Product:
                     continue
                 if shape is not None:
                     shader = sg_shader(dq8, zp_packed, has_bias, shape, t, residual, w.gs)
+                    grid = lambda m, shape=shape: self.sg_grid(shape, m)  # noqa: E731
                 else:
                     _, lanes, per = self.routes[gemv_route(self.routes, 1)]
                     shader = gemv_shader(dq8, zp_packed, has_bias, w.gs, lanes, t, residual, per, step, ending)
-                self.quantizing[shape] = b.dispatch(shader, [rows, *bound[1:], self.qp_uniform, *more])
+                    grid = lambda m, lanes=lanes, per=per: self.gemv_grid(lanes, per, m)  # noqa: E731
+                self.quantizing[shape] = (b.dispatch(shader, [rows, *bound[1:], self.qp_uniform, *more]), grid)
             self.qp = qp_bytes(*qp, norm_eps)
         q_binding = len(operands) + len(tail) + 3  # after out, p and the scratch
         q_wgsl = f"{LIN_STRUCT};\n@group(0) @binding({q_binding}) var<uniform> q: Q;\n"
@@ -976,13 +978,8 @@ class Q4Product:
             ctx.set_grid(d, self.sg_grid(shape, m) if shape == sg_shape and not quantizing else (0, 0, 0))
         if self.quantizing:
             ctx.set_params(self.qp_uniform, self.qp)
-        for shape, d in self.quantizing.items():
-            on_shape = quantizing and shape == sg_shape
-            if shape is None:  # the GEMV's one row
-                _, lanes, per = self.routes[gemv_route(self.routes, 1)]
-                ctx.set_grid(d, self.gemv_grid(lanes, per, 1) if on_shape else (0, 0, 0))
-            else:
-                ctx.set_grid(d, self.sg_grid(shape, m) if on_shape else (0, 0, 0))
+        for shape, (d, grid) in self.quantizing.items():
+            ctx.set_grid(d, grid(m) if quantizing and shape == sg_shape else (0, 0, 0))
         self.gemm.set_grids(ctx, m, w.n, k, 1, splits, use_gemm)
         if self.matrix is not None:
             ctx.set_grid(self.quantize, int8_matrix.quantize_grid(m, k) if use_matrix else (0, 0, 0))
