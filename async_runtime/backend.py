@@ -10,6 +10,7 @@ directly. They are taken as its attributes, never imported by a submodule path: 
 then resolve to None.
 """
 
+import functools
 import os
 import sys
 
@@ -80,3 +81,40 @@ def device_gone(device):
         return True
     lost = getattr(device, "_lost_promise", None)
     return lost is not None and lost._state != "pending"
+
+
+# C types that wgpu-py's helpers name besides its structs (byte views, addresses, chained structs),
+# and the callbacks of its wgpu-native backend that opening a device and reading back meet
+PLAIN_C_TYPES = ("uint8_t []", "uint8_t *", "uintptr_t", "intptr_t", "char []", "WGPUChainedStruct * ")
+CALLBACK_TYPES = (
+    "void(WGPURequestAdapterStatus, WGPUAdapter, WGPUStringView, void *, void *)",
+    "void(WGPURequestDeviceStatus, WGPUDevice, WGPUStringView, void *, void *)",
+    "void(WGPUDevice const *, WGPUDeviceLostReason, WGPUStringView, void *, void *)",
+    "void(WGPUDevice const *, WGPUErrorType, WGPUStringView, void *, void *)",
+    "void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)",
+    "void(WGPUQueueWorkDoneStatus, void *, void *)",
+)
+
+
+@functools.cache
+def parse_c_types_at_once():
+    """wgpu-py's wgpu-native calls name their C types as strings ("WGPUBufferDescriptor *"), and
+    cffi parses each string the first time it is used, re-reading every typedef of the header with
+    it: ~50 ms a type, ~2 s of a process's first load on a two-core machine (about 40 types), in
+    the worker that loads, holding the GIL the event loop needs. One declaration that names every
+    struct pointer and array and the callbacks, parsed once (~0.2 s), fills cffi's cache of parsed strings (the
+    private `_parsed_types`, in cffi since 1.0) with the same type objects. Dawn's bindings are
+    compiled and parse nothing: a cffi without that cache is left alone. Blocking: a worker thread."""
+    ffi = native.ffi
+    cache = getattr(ffi, "_parsed_types", None)
+    if cache is None:
+        return
+    names = [n for n in ffi.list_types()[0] if n.startswith("WGPU")]
+    keys = [*(f"{n} *" for n in names), *(f"{n}[]" for n in names), *PLAIN_C_TYPES, *CALLBACK_TYPES]
+    # a parameter's array decays to a pointer: a pointer to the array instead; its function type
+    # decays to the function pointer that cffi keeps for a function type's string
+    arrays = {k for k in keys if k.rstrip().endswith("[]")}
+    params = [f"{k.rstrip()[:-2]}(*)[]" if k in arrays else k for k in keys]
+    signature = ffi.typeof(f"void(*)({', '.join(params)})")
+    for key, ctype in zip(keys, signature.args):
+        cache.setdefault(key, (ctype.item if key in arrays else ctype, key in CALLBACK_TYPES))

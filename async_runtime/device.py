@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import anyio
 import wgpu
 
-from .backend import SUBGROUP_FEATURES, SUBGROUP_MATRIX_FEATURE, subgroup_matrix_configs
+from .backend import SUBGROUP_FEATURES, SUBGROUP_MATRIX_FEATURE, parse_c_types_at_once, subgroup_matrix_configs
 
 # subgroups: the CPU adapters' GEMVs sum along K across a subgroup's lanes (kernels/matmul/linear.py);
 # kernels use them only when the device was opened with them (`build_node(..., subgroups=...)`).
@@ -70,6 +70,7 @@ def _gpu_by_index(index):
 
 def _open_in_worker_thread(name, power_preference):
     """Creating a Vulkan device takes tens of ms on a real GPU: this runs off the event loop."""
+    parse_c_types_at_once()
     adapter = find_adapter(name, power_preference)
     features = [f for f in WANTED_FEATURES if f in adapter.features]
     limits = dict(adapter.limits)

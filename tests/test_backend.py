@@ -57,3 +57,35 @@ print(info.backend, "chromium-experimental-subgroup-matrix" in info.features, in
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["Null", "True", "()"], r.stdout
+
+
+CFFI_PARSES = """
+import random, anyio, cffi.api, numpy as np
+import async_runtime.backend as b
+from async_runtime.device import open_device
+parses, parse = [], cffi.api.FFI._typeof_locked
+cffi.api.FFI._typeof_locked = lambda ffi, cdecl: (parses.append(cdecl), parse(ffi, cdecl))[1]
+
+async def main():
+    adapter, device, _ = await open_device()
+    buffer = device.create_buffer(size=64, usage="STORAGE|COPY_SRC|COPY_DST")
+    device.queue.write_buffer(buffer, 0, np.arange(16, dtype=np.float32))
+    return await anyio.to_thread.run_sync(device.queue.read_buffer, buffer)
+
+read = np.frombuffer(anyio.run(main), np.float32)
+assert (read == np.arange(16)).all()
+ffi, cached = b.native.ffi, dict(b.native.ffi._parsed_types)
+ffi._parsed_types.clear()  # each string parsed alone gives the object the one declaration gave
+keys = [*b.CALLBACK_TYPES, *b.PLAIN_C_TYPES, *random.Random(7).sample(sorted(k for k in cached if not k.startswith('__')), 24)]
+print(len(parses), [k for k in keys if ffi._typeof(k, consider_function_as_funcptr=True) is not cached.get(k, (None,))[0] or ffi._parsed_types[k] != cached[k]])
+"""
+
+
+@pytest.mark.usefixtures("adapter")
+def test_wgpu_natives_c_types_are_parsed_in_one_declaration():
+    """Opening a device, a write and a readback parse one C declaration on wgpu-native (cffi's
+    parse of a type string costs ~50 ms; async_runtime.backend.parse_c_types_at_once), and what
+    it leaves in cffi's cache is what parsing each string alone gives."""
+    r = _import_runtime("", CFFI_PARSES)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split(maxsplit=1) == ["1", "[]\n"]
