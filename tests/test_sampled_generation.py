@@ -11,6 +11,7 @@ import async_runtime as ar
 from async_runtime.errors import InputError
 from async_runtime.sampling import Sampling
 
+from .gpu_waits import record_gpu_waits_on_this_thread
 from .test_llama import CONFIGS, recorded
 from .test_sampling import chi_square
 
@@ -41,9 +42,11 @@ async def _generate(model, prompt, settings, seed, n=20):
         return [t async for t in ar.generate(s, prompt, max_new_tokens=n, seed=seed, **settings)]
 
 
-async def test_a_seeded_request_gets_the_same_tokens_alone_and_in_a_batch(llama, load_pte):
+async def test_a_seeded_request_gets_the_same_tokens_alone_and_in_a_batch(llama, load_pte, monkeypatch):
     """Sixteen requests of one-token prompts (so every pass has at most 16 rows, where each row's
-    logits are bitwise what it gets alone), every setting twice with other seeds."""
+    logits are bitwise what it gets alone), every setting twice with other seeds. The event loop's
+    thread calls nothing that waits for the GPU while they run (ragged passes, bursts, readbacks)."""
+    waits = record_gpu_waits_on_this_thread(monkeypatch)
     model = await load_pte(llama)
     assert model.gpu_sampling
     plans = [(int(p), SETTINGS[i % len(SETTINGS)], 1000 + i) for i, p in enumerate(np.random.default_rng(4).integers(0, VOCAB, 16))]
@@ -59,6 +62,7 @@ async def test_a_seeded_request_gets_the_same_tokens_alone_and_in_a_batch(llama,
             tg.start_soon(run, i)
     after = model.statistics()
     assert together == alone
+    assert waits == [], f"the event loop's thread waited for the GPU in {sorted(set(waits))}"
     assert after.readbacks - before.readbacks < 16 * 20 / 4  # bursts: a readback serves many tokens
     assert len({tuple(t) for t in alone}) == len(alone)
     again = await _generate(model, [plans[0][0]], plans[0][1], plans[0][2] + 1)

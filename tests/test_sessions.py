@@ -4,8 +4,6 @@ import gc
 import pathlib
 import random
 import re
-import sys
-import threading
 
 import anyio
 import numpy as np
@@ -14,6 +12,7 @@ import pytest
 import async_runtime as ar
 from async_runtime.testing import assert_matches_eager
 
+from .gpu_waits import record_gpu_waits_on_this_thread
 from .models import BLOCK_S, block_dynamic
 
 pytestmark = pytest.mark.usefixtures("adapter")
@@ -131,37 +130,13 @@ async def test_cancellation_storm_leaves_sessions_usable(load_pte):
         await assert_matches_eager(s, module, plan_for(1000 + i, 1))
 
 
-def _record_waits_on_this_thread(monkeypatch):
-    """Wraps every wgpu method that waits for the GPU or a shader compiler (*_sync, sync waits,
-    synchronous readbacks, pipeline builds) to record its name when this thread calls it."""
-    import wgpu  # (after async_runtime, which chose the backend that answers to this name)
-
-    waits, here = [], threading.get_ident()
-    blocking = {"sync_wait", "_sync_wait", "read_buffer", "read_texture", "create_shader_module", "create_compute_pipeline"}
-
-    def recording(name, method):
-        def call(*args, **kwargs):
-            if threading.get_ident() == here:
-                waits.append(name)
-            return method(*args, **kwargs)
-
-        return call
-
-    for module in {sys.modules[type(wgpu.gpu).__module__], wgpu._classes}:
-        for cls in [c for c in vars(module).values() if isinstance(c, type) and c.__module__ == module.__name__]:
-            for name, method in list(vars(cls).items()):
-                if callable(method) and (name in blocking or name.endswith("_sync")):
-                    monkeypatch.setattr(cls, name, recording(f"{cls.__name__}.{name}", method))
-    return waits
-
-
 async def test_event_loop_keeps_ticking_during_load_and_execute(monkeypatch):
     """The event loop's thread calls nothing that waits for the GPU while a model loads and runs
     (each such call goes to a worker thread), and a ticker on the loop keeps ticking. A full
     garbage collection of this process's heap (torch, ExecuTorch) stops every thread for 100-250 ms
     here, a pause that is CPython's, not the runtime's: what lives before the load is frozen."""
     pte, _ = block_dynamic()
-    waits, gaps = _record_waits_on_this_thread(monkeypatch), []
+    waits, gaps = record_gpu_waits_on_this_thread(monkeypatch), []
 
     async def ticker():
         last = anyio.current_time()
