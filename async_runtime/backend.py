@@ -102,9 +102,10 @@ def parse_c_types_at_once():
     cffi parses each string the first time it is used, re-reading every typedef of the header with
     it: ~50 ms a type, ~2 s of a process's first load on a two-core machine (about 40 types), in
     the worker that loads, holding the GIL the event loop needs. One declaration that names every
-    struct pointer and array and the callbacks, parsed once (~0.2 s), fills cffi's cache of parsed strings (the
-    private `_parsed_types`, in cffi since 1.0) with the same type objects. Dawn's bindings are
-    compiled and parse nothing: a cffi without that cache is left alone. Blocking: a worker thread."""
+    struct pointer and array and the callbacks, parsed once (~0.2 s), fills cffi's cache of parsed
+    strings (the private `_parsed_types`, in cffi since 1.0) with the same type objects. Dawn's
+    bindings are compiled and parse nothing: a cffi without that cache is left alone. Blocking: a
+    worker thread."""
     ffi = native.ffi
     cache = getattr(ffi, "_parsed_types", None)
     if cache is None:
