@@ -18,9 +18,10 @@ import random
 import numpy as np
 import pytest
 import torch
+from pte_wgpu.kernels.matmul import gemm
+from pte_wgpu.kernels.matmul import routes as R
 
 from async_runtime.testing import assert_matches_eager
-from pte_wgpu.kernels.matmul import routes as R
 
 from . import test_linear_ops as linear_ops
 from .exporting import export_pte
@@ -102,6 +103,9 @@ CASES = {
     "f16_dq8": (quantized(lambda: QLinear(160, 76, True).half(), "8da4w", 32), [(70, 160)], [0]),
     # K and the groups multiples of 16 (a lane step): the CPU adapters' 4-bit subgroup kernels
     "f16_q4_k32": (quantized(lambda: QLinear(96, 52, True).half(), "4w", 32), [(70, 96)], [0]),
+    # prompts' rows (gemm.py's WIDEN_MIN_ROWS and more), where GPUs widen the f16 and 4-bit weights of large products to f32 first
+    "f16_fused_widened": (lambda: FusedLinears(40, 44, 23, 52).half(), [(263, 40)], [0]),
+    "f16_q4_widened": (quantized(lambda: QLinear(264, 140, True).half(), "4w", 24), [(263, 264)], [0]),
 }
 SUBGROUP_CASES = ("f16_fused_k4", "f16_q4_k32", "f16_dq8")
 
@@ -253,3 +257,28 @@ async def test_fp16_products_fall_back_to_f32(name, load_pte):
     assert model.precision == "f32"
     rng = np.random.default_rng(6)
     await assert_matches_eager(model, module, [_inputs(name, m, rng) for m in (1, 33)], atol=Q_ATOL, rtol=Q_RTOL)
+
+
+@pytest.mark.parametrize("name", ["f16_fused_widened", "f16_q4_widened"])
+async def test_fp16_weights_of_many_rows_are_widened_first(name, load_pte, kernel_variants, monkeypatch):
+    """With the GPU variants, products of WIDEN_MIN_ROWS rows or more (of any size here:
+    WIDEN_MIN_WORK 0) over f16 weights (q/k/v as one column group, the residual linears, SwiGLU's)
+    or 4-bit ones widen them to f32 (gemm.py's WIDEN) and run the f32 weights' GEMM; bitwise the
+    GEMM that reads them as they are stored (the same file loaded with the widening off)."""
+    if kernel_variants != "gpu":
+        pytest.skip("the GPU variants")
+    monkeypatch.setattr(gemm, "WIDEN_MIN_WORK", 0)  # these products are small
+    data, _ = _export(name)
+    ms = [CASES[name][1][0][0], gemm.WIDEN_MIN_ROWS - 1]
+    model, outs = await load_pte(data), []
+    for m in ms:
+        outs.append(await model.execute(*_inputs(name, m, np.random.default_rng(m))))
+        live = [d for i, d in enumerate(model.graph.dispatches) if all(model._default.state.grids[i])]
+        widened = {d.op for d in live if "wide[i] = b_k_quad(" in (d.shader or "")}
+        gemms = {d.op for d in live if "var<workgroup> As" in (d.shader or "")}
+        assert widened == (gemms if m >= gemm.WIDEN_MIN_ROWS else set()) and gemms, (m, widened, gemms)
+    monkeypatch.setattr(gemm, "WIDEN_MIN_ROWS", 1 << 30)
+    stored = await load_pte(data)
+    for m, out in zip(ms, outs):
+        for j, (got, want) in enumerate(zip(await stored.execute(*_inputs(name, m, np.random.default_rng(m))), out)):
+            np.testing.assert_array_equal(got, want, err_msg=f"{m} rows, output {j}")

@@ -10,9 +10,10 @@ import functools
 import numpy as np
 import pytest
 import torch
+from pte_wgpu.kernels import build_node, fusion
+from pte_wgpu.kernels.matmul import gemm
 
 from async_runtime import model as model_module
-from pte_wgpu.kernels import build_node, fusion
 
 from .exporting import export_pte
 from .test_linear_ops import FusedLinears
@@ -95,10 +96,13 @@ class QLinears(FusedLinears):
         super().__init__(64, 32, 20, 1056)
 
 
+PROMPT_ROWS = 263  # past gemm.py's WIDEN_MIN_ROWS: GPUs widen a large product's weights to f32 first
+
+
 def _export(half):
     make = quantized((lambda: QLinears().half()) if half else QLinears, "4w", 32)
-    x = torch.randn(40, 64, dtype=torch.float16 if half else torch.float32)
-    return export_pte(f"q4_fused{'_f16' if half else ''}", make, [x], ({0: torch.export.Dim("m", min=1, max=40)},))
+    x = torch.randn(PROMPT_ROWS, 64, dtype=torch.float16 if half else torch.float32)
+    return export_pte(f"q4_fused_{PROMPT_ROWS}{'_f16' if half else ''}", make, [x], ({0: torch.export.Dim("m", min=1, max=PROMPT_ROWS)},))
 
 
 class NormedQLinears(torch.nn.Module):
@@ -136,9 +140,11 @@ PREBUILD = [functools.partial(f, half) for f in (_export, _export_normed) for ha
 @pytest.mark.parametrize("half", [False, True])
 async def test_fused_4bit_products_without_views_and_wide_swiglu(half, subgroups, load_pte, monkeypatch):
     """The fused ops on 2-D rows (no views between them), a wide SwiGLU, group 32, at 1 to 40 rows
-    in shuffled order; with the device's subgroups and as built without them (the GEMV at up to
-    32 rows on either variant set)."""
+    and a prompt's (the GPU variants' GEMMs over weights widened to f32 from gemm.py's
+    WIDEN_MIN_ROWS, here at any size) in shuffled order; with the device's subgroups and as built
+    without them (the GEMV at up to 32 rows on either variant set)."""
     pte, _ = _export(half)
+    monkeypatch.setattr(gemm, "WIDEN_MIN_WORK", 0)  # the prompt's products widen their weights, small as they are
     fused, plain = [await _load(load_pte, pte, fuse, monkeypatch, subgroups) for fuse in (True, False)]
     names = [n for n, _ in fused.graph.calls]
     # a .half() module's SiLU runs through casts to float32, which the gate's rewrite does not
@@ -149,7 +155,7 @@ async def test_fused_4bit_products_without_views_and_wide_swiglu(half, subgroups
     # subgroup kernels: CPU adapters' at every row count, GPUs' for 17-64 rows
     assert any("subgroupAdd" in (d.shader or "") for d in fused.graph.dispatches) == (subgroups and fused.subgroups)
     rng = np.random.default_rng(11)
-    for m in (1, 40, 17, 2, 32, 5, 33, 16, 1):
+    for m in (1, 40, 17, PROMPT_ROWS, 2, 32, 5, 33, 255, 16, 1, 256):
         x = rng.standard_normal((m, 64)).astype(np.float16 if half else np.float32)
         got, want = await fused.execute(x), await plain.execute(x)
         for i, (g, w) in enumerate(zip(got, want)):

@@ -18,9 +18,10 @@ import random
 import numpy as np
 import pytest
 import torch
+from pte_wgpu.kernels.matmul import gemm
+from pte_wgpu.kernels.matmul.q4_linear import QUANTIZING_SG_ROWS
 
 from async_runtime.testing import assert_matches_eager
-from pte_wgpu.kernels.matmul.q4_linear import QUANTIZING_SG_ROWS
 
 from .exporting import export_pte
 
@@ -119,6 +120,10 @@ CASES = {
     # model's K (q4_wide), whose workgroups split K, and of an LM head's N, whose do not
     "dq8_k2080": (quantized(lambda: Linear(2080, 44, True), "8da4w", 32), (21, 2080), 0),
     "dq8_lm_head": (quantized(lambda: Linear(64, 8200, False), "8da4w", 32), (33, 64), 0),
+    # prompts' rows (gemm.py's WIDEN_MIN_ROWS and more), where GPUs widen the weights of large
+    # products to f32 first; the 8da4w product's rows quantized once to int8 rows, which its GEMM reads
+    "q4_widened": (quantized(lambda: Linear(264, 140, True), "4w", 24), (263, 264), 0),
+    "dq8_widened": (quantized(lambda: Linear(272, 76, False), "8da4w", 16), (263, 272), 0),
 }
 
 
@@ -174,7 +179,7 @@ async def test_quantized_linear_routes(name, load_pte, kernel_variants):
     atol = rtol = ATOL
     if name == "dq8_diagonal":  # one product per output (the module docstring)
         atol, rtol = 0, DIAGONAL_RTOL
-    if name in ("q4_big", "q4_wide_rows"):  # sums of over 2,000 terms from rows scaled by 300: some cancel near 0.2
+    if name in ("q4_big", "q4_wide_rows", "q4_widened", "dq8_widened"):  # long sums from rows scaled by 300: some cancel near 0.2
         atol = rtol = 1e-3
     rng = np.random.default_rng(7)
     calls = [_rows(name, m, rng) for m in _live_ms(name)]
@@ -381,7 +386,6 @@ def test_div_rn_is_correctly_rounded(off):
     division's estimate of the quotient as the device gives it, and `off` units off: corrected by
     the remainder, or (past 4) by the long division."""
     import wgpu
-
     from pte_wgpu.kernels.wgsl import DIV_RN
 
     estimate = "u32(f32(ma) / f32(mb) * 8388608.0)"
@@ -436,3 +440,27 @@ def test_div_rn_is_correctly_rounded(off):
     normal = np.abs(want) >= np.finfo(np.float32).tiny
     np.testing.assert_array_equal(got[normal], want[normal])
     assert np.all(got[~normal] == 0)
+
+
+@pytest.mark.parametrize("name", ["q4_widened", "dq8_widened"])
+async def test_gpus_widen_the_weights_of_many_rows_first(name, load_pte, monkeypatch):
+    """With the GPU variants, a product of gemm.py's WIDEN_MIN_ROWS rows or more (and WIDEN_MIN_WORK
+    multiply-adds, 0 here: these are small) widens its 4-bit weight to f32 (WIDEN), then runs the
+    f32 weights' GEMM over it; fewer rows keep the dequantizing GEMM. The widened values are those
+    the dequantizing loads compute, and each output sums its K ranges in the same order: bitwise
+    that GEMM's results (the same file loaded with the widening off)."""
+    monkeypatch.setenv("PTE_WGPU_KERNELS", "gpu")
+    monkeypatch.setattr(gemm, "WIDEN_MIN_WORK", 0)
+    data = _export(name)[0]
+    ms = [CASES[name][1][0], gemm.WIDEN_MIN_ROWS - 1, gemm.WIDEN_MIN_ROWS, 131]
+    model, outs = await load_pte(data), []
+    for m in ms:
+        outs.append((await model.execute(_rows(name, m, np.random.default_rng(m))))[0])
+        grids = model._default.state.grids
+        running = [d.shader or "" for i, d in enumerate(model.graph.dispatches) if all(grids[i])]
+        assert any("wide[i] = b_k_quad(" in s for s in running) == (m >= gemm.WIDEN_MIN_ROWS), m
+        assert any("var<workgroup> As" in s for s in running), m
+    monkeypatch.setattr(gemm, "WIDEN_MIN_ROWS", 1 << 30)
+    dequantizing = await load_pte(data)
+    for m, out in zip(ms, outs):
+        np.testing.assert_array_equal((await dequantizing.execute(_rows(name, m, np.random.default_rng(m))))[0], out, err_msg=f"{m} rows")

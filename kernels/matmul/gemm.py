@@ -109,6 +109,20 @@ def header(has_bias, inputs, scratch=False, bias="f32", out="f32", clamp=None, r
 
 
 @dataclass(frozen=True)
+class WeightSource:
+    """B alone, for GemmRoute's widening: `a`, A's storage type as the load reads it (float_a_load's);
+    `inputs`, B's bindings (name, WGSL element type), which the GEMM binds right after A's, in that
+    order; `functions`, WGSL defining `b_k_quad` (TileLoad's) over them and the uniform p;
+    `uniforms`, (struct WGSL, declaration "name: Type") of each other uniform that b_k_quad reads,
+    bound as the GEMM's `extra` (4-bit weights' q)."""
+
+    a: object
+    inputs: tuple
+    functions: str
+    uniforms: tuple = ()
+
+
+@dataclass(frozen=True)
 class TileLoad:
     """How the template reads A and B. `inputs`: the operand bindings, (name, WGSL element type);
     `functions`: WGSL defining a_at and b_at (and anything they use; GemmRoute's `extra_wgsl`
@@ -121,7 +135,9 @@ class TileLoad:
     (4-bit weights dequantize 4 values of a word with one scale this way); `a_k_quads`:
     `functions` define `a_k_quad(off, m, k, kend)`, A's (m, k..k + 3) (A of K a multiple of 4),
     instead of a_at, and each invocation loads one row's 4 K values a step; `quads`: the same
-    product read with B 4 of K a load too (f32 weights), for tiles of `b_quads`."""
+    product read with B 4 of K a load too (f32 weights), for tiles of `b_quads`; `b_source`: B read
+    alone (a WeightSource), for a load of B 4 of K a load that a GPU widens to f32 first (4-bit
+    and f16 weights: GemmRoute's widening)."""
 
     inputs: tuple
     functions: str
@@ -131,6 +147,7 @@ class TileLoad:
     dequantizes: bool = False  # B's quads dequantized (4-bit weights: takes_mid_tile's k_quads)
     a_k_quads: bool = False
     quads: "TileLoad | None" = None
+    b_source: WeightSource | None = None
 
 
 # A [M, K], rows of K, as f32 from binding $A at the batch's offset (the float products', the
@@ -200,11 +217,12 @@ def float_a_load(a, a_quads, binding="a"):
 
 def _k_quad_load(a, weights, reads, a_quads=False):
     """The TileLoad of A stored as `a` and [N, K] weights (binding, storage type) read 4 of K a
-    load; `reads`: FLOAT_B_K_QUAD's; `a_quads`: A too."""
-    loaders = "".join(vec4_loader(w, t) for w, t in weights)
+    load; `reads`: FLOAT_B_K_QUAD's; `a_quads`: A too. Weights other than f32 are its b_source."""
+    b_inputs = tuple((w, vec4_type(t)) for w, t in weights)
+    b_functions = "".join(vec4_loader(w, t) for w, t in weights) + fill(FLOAT_B_K_QUAD, READS=reads)
     a_binding, a_functions = float_a_load(a, a_quads)
-    return TileLoad(inputs=(a_binding, *((w, vec4_type(t)) for w, t in weights)), functions=a_functions + loaders + fill(FLOAT_B_K_QUAD, READS=reads),
-                    b_along_k=True, b_k_quads=True, a_k_quads=a_quads)
+    source = WeightSource(a, b_inputs, b_functions) if any(t != "f32" for _, t in weights) else None
+    return TileLoad(inputs=(a_binding, *b_inputs), functions=a_functions + b_functions, b_along_k=True, b_k_quads=True, a_k_quads=a_quads, b_source=source)
 
 
 def float_load(transposed_b, a="f32", b="f32", k_quads=False, a_quads=False):
@@ -512,6 +530,40 @@ def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, res
     return head + extra + load.functions + ("" if load.a_k_quads else A_QUAD) + ("" if load.b_k_quads else B_QUAD) + body
 
 
+# A product of at least WIDEN_MIN_ROWS rows and WIDEN_MIN_WORK multiply-adds (a prompt's) over
+# 4-bit or f16 weights of at most WIDEN_MAX_BYTES as f32 first widens its weight to f32 in a scratch
+# of the graph's (one dispatch computing the values the GEMM's loads would: the same sums), then
+# runs the f32 weights' GEMM over it, where the dequantizing loads cost the template ~10%. H200,
+# three rounds in one call, prompts of 512 / 2,047 tokens: Llama-3.2-1B 4w 15,094-15,218 /
+# 15,925-15,970 -> 15,202-15,456 / 17,151-17,260 tokens/s, 8da4w (the GEMM reading int8 rows) +2% /
+# +8%, fp16 (2 of its 16 layers) +5-10% / +15%. Widening every product from 256 rows cost SmolLM2's
+# prompts of 512 tokens 4% (small products: the widening's dispatches), hence the work bound
+# (results/h200/kernel_choices/widened_weights/).
+WIDEN_MIN_ROWS, WIDEN_MIN_WORK = 256, 1 << 31
+WIDEN_MAX_BYTES = 1 << 29
+WIDEN = """
+$FLAT_INDEX
+@compute @workgroup_size($WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg, ${WG}u);
+    let quads = p.K / 4u;
+    if (i >= p.N * quads) { return; }
+    wide[i] = b_k_quad(0u, i / quads, 4u * (i % quads), p.K);
+}
+"""
+
+
+def widen_shader(source):
+    """WIDEN over a WeightSource: its bindings, then `wide` (the f32 weight [N, K], as vec4s), P and
+    its other uniforms."""
+    n = len(source.inputs)
+    lines = [STRUCT + ";", *(f"@group(0) @binding({i}) var<storage, read> {name}: array<{t}>;" for i, (name, t) in enumerate(source.inputs))]
+    lines += [f"@group(0) @binding({n}) var<storage, read_write> wide: array<vec4<f32>>;", f"@group(0) @binding({n + 1}) var<uniform> p: P;"]
+    for j, (struct_text, declaration) in enumerate(source.uniforms):
+        lines += [struct_text.strip().rstrip(";") + ";", f"@group(0) @binding({n + 2 + j}) var<uniform> {declaration};"]
+    return "\n".join(lines) + "\n" + source.functions + fill(WIDEN, FLAT_INDEX=FLAT_INDEX, WG=WG)
+
+
 def gemm_reduce_shader(has_bias, bias="f32", out="f32", clamp=None, residual=False, store=None, extra="", activation=None, added=None):
     """Split-K's reduce; `extra`: WGSL bindings after the uniform (those `store` writes, `added`)."""
     head = header(has_bias, (("part", "f32"),), bias=bias, out=out, clamp=clamp, residual=residual, store=store, activation=activation,
@@ -566,10 +618,11 @@ class GemmRoute:
     the product takes, which builds BIG_TILE's dispatch where some row count would take it. A load
     without a per-invocation setup also takes BIG_TILE, and on GPUs MID_TILE (measured there; a CPU
     adapter compiles one tile less) and, if it dequantizes, WIDE_ROW_TILE; `tiles` maps each tile
-    built to its dispatch, of which `tile` picks one by live shape."""
+    built to its dispatch, of which `tile` picks one by live shape (`tiles` given: only those). On
+    GPUs a load with a `b_source` also builds the widening and the f32 weights' route (`route`)."""
 
     def __init__(self, b, load, inputs, bias, out, params, scratch, extra=(), extra_wgsl="", clamp=None, residual=False, store=None,
-                 more_outs=(), small=False, most=(0, 0), activation=None, added=None):
+                 more_outs=(), small=False, most=(0, 0), activation=None, added=None, tiles=None):
         self.name = b.name
         tail = [bias] if bias is not None else []
         last = [added] if added is not None else []
@@ -583,18 +636,34 @@ class GemmRoute:
         bindings = [*inputs, *tail, out, params, scratch, *extra, *more_outs, *last]
         extra_wgsl += more(len(inputs) + len(tail) + 3 + len(extra))
         shader = lambda tile: gemm_shader(load, bias is not None, extra_wgsl, tile=tile, **epilogue)  # noqa: E731
-        tiles = [TILE, *([SMALL_TILE] if small else []), *([MID_TILE] if not load.setup and b.adapter != CPU else [])]
-        tiles += [BIG_TILE] if can_take_big_tile(most) and not load.setup else []
-        tiles += [WIDE_ROW_TILE] if load.dequantizes and not load.setup and b.adapter != CPU and takes_wide_row_tile(TILE.bm, *most) else []
+        if tiles is None:
+            tiles = [TILE, *([SMALL_TILE] if small else []), *([MID_TILE] if not load.setup and b.adapter != CPU else [])]
+            tiles += [BIG_TILE] if can_take_big_tile(most) and not load.setup else []
+            tiles += [WIDE_ROW_TILE] if load.dequantizes and not load.setup and b.adapter != CPU and takes_wide_row_tile(TILE.bm, *most) else []
         self.tiles = {tile: b.dispatch(shader(tile), bindings) for tile in tiles}
         self.dequantizes, self.a_k_quads = load.dequantizes, load.a_k_quads
         reduce = gemm_reduce_shader(bias is not None, extra=more(len(tail) + 3), **epilogue)
         self.reduce = b.dispatch(reduce, [scratch, *tail, out, params, *more_outs, *last])
+        self.widened = None  # (the widening dispatch, the f32 weights' route) from WIDEN_MIN_ROWS rows
+        source = load.b_source
+        if source is not None and load.a_k_quads and b.adapter != CPU and 4 * most[0] * most[1] <= WIDEN_MAX_BYTES:
+            assert len(inputs) == 1 + len(source.inputs) and len(extra) == len(source.uniforms), f"{self.name}: B's bindings are not the GEMM's"
+            wide = b.scratch("float32", most[0] * most[1])
+            widen = b.dispatch(widen_shader(source), [*inputs[1:], wide, params, *extra])
+            f32 = float_load(True, source.a, "f32", k_quads=True, a_quads=True)
+            route = GemmRoute(b, f32, [inputs[0], wide], bias, out, params, scratch, clamp=clamp, residual=residual, store=store, more_outs=more_outs,
+                              most=most, activation=activation, added=added, tiles=[MID_TILE, *([BIG_TILE] if can_take_big_tile(most) else [])])
+            self.widened = (widen, route)
 
     def set(self, ctx, shape, on):
         """As a variant's route (kernels/variants.py), for a shape with m, n, k and batch."""
         splits, _ = self.plan(shape.m, shape.n, shape.k, shape.batch, on)
         self.set_grids(ctx, shape.m, shape.n, shape.k, shape.batch, splits, on)
+
+    def route(self, m, n, k, batch=1):
+        """The route of an M x N x K product: the f32 weights' where it widens them, else this."""
+        widens = self.widened is not None and batch == 1 and m >= WIDEN_MIN_ROWS and m * n * k >= WIDEN_MIN_WORK
+        return self.widened[1] if widens else self
 
     def tile(self, m, n, k):
         if SMALL_TILE in self.tiles and m <= SMALL_TILE.bm:
@@ -607,11 +676,18 @@ class GemmRoute:
 
     def plan(self, m, n, k, batch, on=True):
         """(splits, kspan) for the uniform; (1, K) when the route is off."""
-        return gemm_split(m, n, k, batch, self.tile(m, n, k), self.dequantizes) if on else (1, max(k, 1))
+        route = self.route(m, n, k, batch)
+        return gemm_split(m, n, k, batch, route.tile(m, n, k), route.dequantizes) if on else (1, max(k, 1))
 
     def set_grids(self, ctx, m, n, k, batch, splits, on=True):
         if on and self.a_k_quads and k % 4:
             raise ValueError(f"{self.name}: live K={k} is not a multiple of 4, as its largest K was (the GEMM reads its input 4 of K a load)")
+        if self.widened is not None:
+            widen, route = self.widened
+            widens = on and self.route(m, n, k, batch) is route
+            ctx.set_grid(widen, flat_grid(n * k // 4) if widens else (0, 0, 0))
+            route.set_grids(ctx, m, n, k, batch, splits, widens)
+            on = on and not widens
         tile = self.tile(m, n, k)
         for t, d in self.tiles.items():
             ctx.set_grid(d, gemm_grid(self.name, m, n, batch, splits, t) if on and tile == t else (0, 0, 0))

@@ -41,7 +41,7 @@ from ..registry import op
 from ..variants import CPU
 from ..wgsl import Int8Rows, binding_type, fill, flat_grid, row_groups_grid, vec4_loader, vec4_type
 from .fused_linear import _RMS, SILU, swiglu_elementwise
-from .gemm import PARAMS_SIZE, SMALL_TILE, GemmRoute, TileLoad, column_ranges, column_store, float_a_load, gemm_scratch, gemm_split, params_bytes
+from .gemm import PARAMS_SIZE, SMALL_TILE, GemmRoute, TileLoad, WeightSource, column_ranges, column_store, float_a_load, gemm_scratch, params_bytes
 from .linear import sg_wg_rows
 from .q4_linear import (
     Q4_SG_GEMM,
@@ -171,18 +171,20 @@ class _Columns:
         )
         count, quads = len(self.ns), fused.k % 4 == 0  # the activations 4 of K a load (gemm.py's TileLoad)
         x, a_functions = float_a_load(types["x"], quads, "x")
+        weights = tuple((name, t) for j in range(count) for name, t in ((f"wq{j}", "u32"), (f"ws{j}", types["scales"][j])))
+        b_functions = _dequant(False, False, fused.ws[0].gs, [(str(j), f"ws{j}") for j in range(count)]) + q4_b_k_quad("var w = vec4<f32>(0.0);\n    " + reads)
+        uniform = _uniform(count, fused.rope)
         load = TileLoad(
-            inputs=(x, *((name, t) for j in range(count) for name, t in ((f"wq{j}", "u32"), (f"ws{j}", types["scales"][j])))),
-            functions=_dequant(False, False, fused.ws[0].gs, [(str(j), f"ws{j}") for j in range(count)])
-            + a_functions
-            + q4_b_k_quad("var w = vec4<f32>(0.0);\n    " + reads),
+            inputs=(x, *weights),
+            functions=a_functions + b_functions,
             b_along_k=True,
             b_k_quads=True,
             dequantizes=True,
             a_k_quads=quads,
+            b_source=WeightSource(types["x"], weights, b_functions, ((uniform, "q: Q"),)),
         )
         inputs = [fused.x, *(v for pair in fused.products for v in pair)]
-        q_wgsl = f"{_uniform(count, fused.rope)}@group(0) @binding({len(inputs) + 3}) var<uniform> q: Q;\n"
+        q_wgsl = f"{uniform}@group(0) @binding({len(inputs) + 3}) var<uniform> q: Q;\n"
         self.most = (ranges[-1][1], 8 * fused.ws[0].wpr)
         self.scratch = gemm_scratch(b, fused.stored, together=True, most=self.most)
         self.p = b.params(PARAMS_SIZE)
@@ -196,7 +198,7 @@ class _Columns:
         plain = self.fused.plain
         if any(q4_subgroup_shape(self.fused.b, product.shapes, m, k) for product in plain):
             return None  # a product alone takes a subgroup kernel there (CPU adapters)
-        plans = {gemm_split(m, n, k, 1, product.gemm.tile(m, n, k), product.gemm.dequantizes) for n, product in zip(self.ns, plain)}
+        plans = {product.gemm.plan(m, n, k, 1) for n, product in zip(self.ns, plain)}
         if len(plans) != 1:
             return None
         plan = plans.pop()

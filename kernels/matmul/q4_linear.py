@@ -82,7 +82,7 @@ from ..wgsl import (
     wgsl_type,
 )
 from . import int8_matrix
-from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, bindings, float_a_load, gemm_scratch, params_bytes
+from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, WeightSource, bindings, float_a_load, gemm_scratch, params_bytes
 from .linear import CPU_WG, sg_groups, sg_splits_k, sg_sums, sg_total, sg_wg_rows
 from .routes import (
     BITWISE_ROWS,
@@ -663,6 +663,7 @@ def q4_load(dq8, zp_packed, gs, k, types=Storage()):
     quads = not dq8 and k % 4 == 0
     x, a_functions = float_a_load(types.x, quads, "x")
     inputs = tuple(x if name == "x" else (name, t) for name, t in _operands(dq8, zp_packed, types))
+    source = None if dq8 else WeightSource(types.x, inputs[1:], _dequant(False, False, gs) + q4_b_k_quad(), ((LIN_STRUCT, "q: Q"),))
     return TileLoad(
         inputs=inputs,
         functions=_dequant(dq8, zp_packed, gs) + (DQ8_A_AT if dq8 else a_functions) + q4_b_k_quad(),
@@ -671,6 +672,7 @@ def q4_load(dq8, zp_packed, gs, k, types=Storage()):
         b_k_quads=True,
         dequantizes=True,
         a_k_quads=quads,
+        b_source=source,
     )
 
 
