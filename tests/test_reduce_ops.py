@@ -3,6 +3,7 @@ run on WebGPU, compare with torch eager. Odd and prime sizes; a dynamic dim run 
 sizes in random order, including its minimum and maximum."""
 
 import numpy as np
+import pytest
 import torch
 
 from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
@@ -78,9 +79,13 @@ async def test_reductions_dynamic(load_pte):
     await assert_matches_eager(await load_pte(pte), module, [x * 3 for x in calls], atol=ATOL)
 
 
-async def test_norms_dynamic(load_pte):
-    pte, module = export_pte("norms_dyn", lambda: Norms(13), (torch.randn(3, 5, 13),), dynamic_shapes=DYNAMIC)
-    calls = dynamic_shape_calls(np.zeros((3, S_MAX, 13), np.float32), DYNAMIC, n=5, seed=2)
+@pytest.mark.parametrize("width", [13, 44, 1028])
+async def test_norms_dynamic(width, load_pte, kernel_variants):
+    """Rows narrower than a norm kernel's invocations, and wider (1,028: each invocation sums
+    several elements of a row), with both kernel variant sets."""
+    name = "norms_dyn" if width == 13 else f"norms_dyn_{width}"
+    pte, module = export_pte(name, lambda: Norms(width), (torch.randn(3, 5, width),), dynamic_shapes=DYNAMIC)
+    calls = dynamic_shape_calls(np.zeros((3, S_MAX, width), np.float32), DYNAMIC, n=5, seed=2)
     await assert_matches_eager(await load_pte(pte), module, [x * 2 + 0.5 for x in calls], atol=ATOL)
 
 

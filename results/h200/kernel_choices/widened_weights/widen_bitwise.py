@@ -3,9 +3,9 @@ import sys
 
 import anyio
 import numpy as np
+from pte_wgpu.kernels.matmul import gemm
 
 import async_runtime as ar
-from pte_wgpu.kernels.matmul import gemm
 
 
 async def logits(path, lengths):
