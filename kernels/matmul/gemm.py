@@ -541,6 +541,10 @@ def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, res
 # (results/h200/kernel_choices/widened_weights/).
 WIDEN_MIN_ROWS, WIDEN_MIN_WORK = 256, 1 << 31
 WIDEN_MAX_BYTES = 1 << 29
+# The widening's workgroups: H200, the pass alone over the 1B's weights (16,384 x 2,048 / 3,072 x
+# 2,048 / 2,048 x 8,192, 4-bit): 64 invocations 133.8 / 24.5 / 90.4 us, 256 55.3 / 13.5 / 31.1
+# (2.7 TB/s of reads and writes), two quads an invocation no better (123.1 / 21.3 / 47.4)
+WIDEN_WG = 256
 WIDEN = """
 $FLAT_INDEX
 @compute @workgroup_size($WG)
@@ -561,7 +565,7 @@ def widen_shader(source):
     lines += [f"@group(0) @binding({n}) var<storage, read_write> wide: array<vec4<f32>>;", f"@group(0) @binding({n + 1}) var<uniform> p: P;"]
     for j, (struct_text, declaration) in enumerate(source.uniforms):
         lines += [struct_text.strip().rstrip(";") + ";", f"@group(0) @binding({n + 2 + j}) var<uniform> {declaration};"]
-    return "\n".join(lines) + "\n" + source.functions + fill(WIDEN, FLAT_INDEX=FLAT_INDEX, WG=WG)
+    return "\n".join(lines) + "\n" + source.functions + fill(WIDEN, FLAT_INDEX=FLAT_INDEX, WG=WIDEN_WG)
 
 
 def gemm_reduce_shader(has_bias, bias="f32", out="f32", clamp=None, residual=False, store=None, extra="", activation=None, added=None):
@@ -685,7 +689,7 @@ class GemmRoute:
         if self.widened is not None:
             widen, route = self.widened
             widens = on and self.route(m, n, k, batch) is route
-            ctx.set_grid(widen, flat_grid(n * k // 4) if widens else (0, 0, 0))
+            ctx.set_grid(widen, flat_grid(n * k // 4, WIDEN_WG) if widens else (0, 0, 0))
             route.set_grids(ctx, m, n, k, batch, splits, widens)
             on = on and not widens
         tile = self.tile(m, n, k)
