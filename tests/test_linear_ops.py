@@ -362,10 +362,11 @@ def test_gemm_splits_k_only_for_few_tiles():
         assert splits * batch * m * n <= max(G.SPLIT_TARGET * G.TILE.bm * G.TILE.bn, G.ROW_SPLIT_TARGET * G.TILE.bm * G.TILE.bn)
 
 
-def test_mid_tiles_take_products_past_64_rows():
+def test_mid_tiles_take_products_past_64_rows_and_wide_heads():
     assert G.takes_mid_tile(65, 29) and not G.takes_mid_tile(64, 4096)  # linear_bias_dyn_large, mm_dyn_split, fused_dyn at 65-71 rows
     assert G.takes_mid_tile(65, 32776, k_quads=True) and not G.takes_mid_tile(2047, 576, k_quads=True)  # 4-bit: 1,024 tiles (q4_mid)
     assert not G.takes_mid_tile(512, 2048, k_quads=True) and G.takes_mid_tile(2047, 2112, k_quads=True)
+    assert G.takes_mid_tile(33, 65536, k_quads=True) and not G.takes_mid_tile(64, 65472, k_quads=True)  # an LM head at decode rows
 
 
 def test_big_tiles_take_large_products_of_long_k():

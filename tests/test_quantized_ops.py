@@ -20,6 +20,7 @@ import pytest
 import torch
 from pte_wgpu.kernels.matmul import gemm
 from pte_wgpu.kernels.matmul.q4_linear import QUANTIZING_SG_ROWS
+from pte_wgpu.kernels.matmul.routes import BITWISE_ROWS
 
 from async_runtime.testing import assert_matches_eager
 
@@ -113,6 +114,8 @@ CASES = {
     "q4_wide_rows": (quantized(lambda: Linear(4128, 4104, True), "4w", 32), (61, 4128), 0),
     # past 64 rows, products of at least 1,024 tiles: GPUs take the 64 x 64 tiles at 8 x 4 an invocation (gemm.py's takes_mid_tile)
     "q4_mid": (quantized(lambda: Linear(64, 32776, True), "4w", 32), (131, 64), 0),
+    # an LM head of 1,025 tiles: GPUs take the 8 x 4 tiles at decode rows too (a ragged pass of 17 to 64)
+    "q4_mid_head": (quantized(lambda: Linear(64, 65600, False), "4w", 32), (37, 64), 0),
     # long rows: the GPU GEMV's 256 lanes a quad at every row count (1,041 words), and 128 (275 words)
     "q4_long_k": (quantized(lambda: Linear(8328, 52, False), "4w", 24), (9, 8328), 0),
     "dq8_long_k": (quantized(lambda: Linear(2200, 36, True), "8da4w", 40), (9, 2200), 0),
@@ -286,6 +289,21 @@ async def test_gpus_take_the_wide_row_tile_past_32_rows(load_pte, kernel_variant
         running = [d.shader or "" for i, d in enumerate(model.graph.dispatches) if all(grids[i])]
         wide = any("As: array<vec4<f32>, 272>" in s and "Bs: array<vec4<f32>, 528>" in s for s in running)
         assert wide == (m > 32), m
+
+
+async def test_gpus_take_the_mid_tile_for_a_wide_head_at_decode_rows(load_pte, kernel_variants):
+    """With the GPU variants, an LM head of at least 1,024 tiles (gemm.py's MID_MIN_K_QUAD_TILES):
+    the dequantizing GEMM runs 64 x 64 tiles at 8 x 4 outputs an invocation (128 invocations, not
+    TILE's 256) at decode rows past BITWISE_ROWS as past 64 rows; to BITWISE_ROWS the subgroup
+    kernels."""
+    model = await load_pte(_export("q4_mid_head")[0])
+    if kernel_variants != "gpu":
+        pytest.skip("the GPU variants")
+    for m in (33, 16, 37, 17):
+        await model.execute(_rows("q4_mid_head", m, np.random.default_rng(m)))
+        grids = model._default.state.grids
+        running = [d.shader or "" for i, d in enumerate(model.graph.dispatches) if all(grids[i]) and "var<workgroup> As" in (d.shader or "")]
+        assert len(running) == (m > BITWISE_ROWS) and all("@workgroup_size(16, 8)" in s for s in running), m
 
 
 async def test_gpu_gemv_rows_are_each_row_alone(load_pte, kernel_variants):

@@ -446,7 +446,11 @@ MID_TILE = Tile(ty=8, rq=2, unroll=True, b_quads=True)
 BIG_TILE = Tile(rq=2, cq=2, unroll=True, bk=8, b_quads=True)
 
 
-# the fewest tiles a product of 4-bit weights (TileLoad.dequantizes) takes MID_TILE with
+# the fewest tiles a product of 4-bit weights (TileLoad.dequantizes) takes MID_TILE with, at any row
+# count: past 64 rows, and at 33 to 64 (a ragged decode pass) an LM head of 65,536 rows or more.
+# H200, the template alone (results/h200/kernel_choices/q4_gemm_64_rows/): Llama-3.2-1B's head
+# (128,256 x 2,048) at 64 / 48 rows 27.4 / 21.0 -> 30.9 / 23.4 TFLOP/s in MID_TILE; the 1B's other
+# products (at most 512 tiles) 0.88-0.99x TILE's there
 MID_MIN_K_QUAD_TILES = 1024
 # 64 x 128 at 4 x 8 outputs an invocation, its K steps unrolled: products of 4-bit weights over 33 to
 # 64 rows (a ragged pass of that many decode rows) whose N and K are both at least WIDE_ROW_MIN (an
@@ -465,7 +469,9 @@ WIDE_ROW_MIN = 4096
 def takes_mid_tile(m, n, k_quads=False):
     """Whether an M x N product runs faster in MID_TILE than in TILE; `k_quads`: its load
     dequantizes B's K quads (4-bit weights)."""
-    return m > TILE.bm and (not k_quads or -(-m // TILE.bm) * -(-n // TILE.bn) >= MID_MIN_K_QUAD_TILES)
+    if k_quads:
+        return -(-m // TILE.bm) * -(-n // TILE.bn) >= MID_MIN_K_QUAD_TILES
+    return m > TILE.bm
 
 
 def takes_wide_row_tile(m, n, k):
