@@ -59,3 +59,57 @@ def q4_operands(x, N, K, rng, gs=32):
     uniform = f"{LIN_STRUCT};\n@group(0) @binding(6) var<uniform> q: Q;\n"
     qb = buf(np.frombuffer(struct.pack(LIN_FORMAT, M, N, K, wpr, groups, gs, wpr), np.uint8), U.UNIFORM)
     return [buf(wq), buf(ws)], uniform, qb, ref
+
+
+def spin():
+    """~0.3 s of GPU work first, so that clocks are up before a case's first tile."""
+    from pte_wgpu.kernels.matmul import gemm as G
+
+    n = 2048
+    a, w = buf(np.ones((n, n), np.float32)), buf(np.ones((n, n), np.float32))
+    out = dev.create_buffer(size=n * n * 4, usage=U.STORAGE | U.COPY_SRC)
+    pb = buf(np.frombuffer(G.params_bytes(n, n, n), np.uint8), U.UNIFORM)
+    p = compile_pipeline(dev, G.gemm_shader(G.float_load(True), False, "", tile=G.TILE))
+    timed([p], [bind(p, [a, w, out, pb, out])], [G.gemm_grid("x", n, n, 1, 1, G.TILE)], 300, out)
+
+
+def tile_tflops(kind, M, N, K, tiles, quick=False):
+    """{name: TFLOP/s} of an M x N x K product in each of `tiles` ((name, Tile) pairs), timed twice,
+    alternately (the better figure), with the runtime's K splits for each: "f32" [N, K] weights
+    (weight_load) or "q4" 4-bit weights of group 32 (q4_load); every result checked against numpy."""
+    from pte_wgpu.kernels.matmul import gemm as G
+    from pte_wgpu.kernels.matmul.q4_linear import q4_load
+    from pte_wgpu.kernels.wgsl import flat_grid
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    extra_wgsl, more = "", []
+    if kind == "f32":
+        w = rng.standard_normal((N, K)).astype(np.float32)
+        ins, ref, load = [buf(x), buf(w)], x.astype(np.float64) @ w.T.astype(np.float64), G.weight_load("f32", "f32", K)
+    else:
+        weights, extra_wgsl, qb, ref = q4_operands(x, N, K, rng)
+        ins, more, load = [buf(x), *weights], [qb], q4_load(False, False, 32, K)
+    out = dev.create_buffer(size=M * N * 4, usage=U.STORAGE | U.COPY_SRC | U.COPY_DST)
+    scratch = dev.create_buffer(size=max(4, G.ROW_MAX_SPLITS * M * N * 4), usage=U.STORAGE)
+    reps = 2 if quick else max(10, int(25e-3 / (2 * M * N * K / 30e12)))
+    if not quick:
+        spin()
+    res = {}
+    for name, tile in list(tiles) * 2:
+        splits, kspan = G.gemm_split(M, N, K, 1, tile, dequantizes=kind == "q4")
+        pb = buf(np.frombuffer(G.params_bytes(M, N, K, split=(splits, kspan)), np.uint8), U.UNIFORM)
+        p = compile_pipeline(dev, G.gemm_shader(load, False, extra_wgsl, tile=tile))
+        pipes, bufs, grids = [p], [[*ins, out, pb, scratch, *more]], [G.gemm_grid("x", M, N, 1, splits, tile)]
+        if splits > 1:
+            r = compile_pipeline(dev, G.gemm_reduce_shader(False))
+            pipes.append(r)
+            bufs.append([scratch, out, pb])
+            grids.append(flat_grid(M * N))
+        dev.queue.write_buffer(out, 0, np.zeros(M * N, np.float32).tobytes())
+        us = timed(pipes, [bind(p, b) for p, b in zip(pipes, bufs)], grids, reps, out)
+        got = np.frombuffer(dev.queue.read_buffer(out), np.float32).reshape(M, N)
+        err = np.abs(got - ref).max() / np.abs(ref).max()
+        assert err < 1e-4, (kind, M, N, K, name, err)
+        res[name] = max(res.get(name, 0.0), 2 * M * N * K / us / 1e6)
+    return res

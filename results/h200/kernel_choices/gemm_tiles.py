@@ -3,7 +3,7 @@ checked against numpy. usage: python gemmbench.py [quick]"""
 import sys
 
 import numpy as np
-from gemm_bench import U, bind, buf, compile_pipeline, dev, q4_operands, timed
+from gemm_bench import U, bind, buf, compile_pipeline, dev, q4_operands, spin, timed
 
 from pte_wgpu.kernels.matmul import gemm as G
 from pte_wgpu.kernels.matmul.q4_linear import q4_load
@@ -21,17 +21,6 @@ if SMALLM:
     TILES = [G.TILE, G.Tile(8, 2, 1, True), G.SMALL_TILE, G.Tile(4, 2, 1, True), G.Tile(8, 1, 1, True), G.Tile(8, 2, 1)]
 if QUICK:
     TILES = [G.Tile(8, 4, 2, True), G.Tile(16, 2, 4, True), G.Tile(8, 2, 1, True)]
-def spin(reps):
-    """~0.3 s of GPU work first, so that clocks are up before a case's first tile."""
-    M = N = K = 2048
-    a = buf(np.ones((M, K), np.float32))
-    bm = buf(np.ones((N, K), np.float32))
-    out = dev.create_buffer(size=M * N * 4, usage=U.STORAGE | U.COPY_SRC)
-    pb = buf(np.frombuffer(G.params_bytes(M, N, K), np.uint8), U.UNIFORM)
-    p = compile_pipeline(dev, G.gemm_shader(G.float_load(True), False, "", tile=G.TILE))
-    timed([p], [bind(p, [a, bm, out, pb, out])], [G.gemm_grid("x", M, N, 1, 1, G.TILE)], 300, out)
-
-
 def case(kind, M, N, K, reps):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((M, K)).astype(np.float32)
@@ -53,7 +42,7 @@ def case(kind, M, N, K, reps):
     scratch = dev.create_buffer(size=max(4, 8 * M * N) * 4, usage=U.STORAGE)
     res = []
     if not QUICK:
-        spin(reps)
+        spin()
     for tile in TILES + TILES:
         splits, kspan = G.gemm_split(M, N, K, 1, tile)
         pb = buf(np.frombuffer(G.params_bytes(M, N, K, split=(splits, kspan)), np.uint8), U.UNIFORM)

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from gemm_bench import U, bind, buf, compile_pipeline, dev, q4_operands, timed  # noqa: E402
+from gemm_bench import U, bind, buf, compile_pipeline, dev, q4_operands, spin, timed  # noqa: E402
 
 from pte_wgpu.kernels.matmul import gemm as G  # noqa: E402
 from pte_wgpu.kernels.matmul.q4_linear import q4_load  # noqa: E402
@@ -50,16 +50,6 @@ VARIANTS = [
     ("small", G.SMALL_TILE, False, False),
     ("small a4", G.SMALL_TILE, True, False),
 ]
-
-
-def spin():
-    """~0.3 s of GPU work first, so that clocks are up before a case's first variant."""
-    n = 2048
-    a, w = buf(np.ones((n, n), np.float32)), buf(np.ones((n, n), np.float32))
-    out = dev.create_buffer(size=n * n * 4, usage=U.STORAGE | U.COPY_SRC)
-    pb = buf(np.frombuffer(G.params_bytes(n, n, n), np.uint8), U.UNIFORM)
-    p = compile_pipeline(dev, G.gemm_shader(G.float_load(True), False, "", tile=G.TILE))
-    timed([p], [bind(p, [a, w, out, pb, out])], [G.gemm_grid("x", n, n, 1, 1, G.TILE)], 300, out)
 
 
 def with_a4(load, binding):
