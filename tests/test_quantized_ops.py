@@ -114,7 +114,7 @@ CASES = {
     "q4_wide_rows": (quantized(lambda: Linear(4128, 4104, True), "4w", 32), (61, 4128), 0),
     # past 64 rows, products of at least 1,024 tiles: GPUs take the 64 x 64 tiles at 8 x 4 an invocation (gemm.py's takes_mid_tile)
     "q4_mid": (quantized(lambda: Linear(64, 32776, True), "4w", 32), (131, 64), 0),
-    # an LM head of 1,025 tiles: GPUs take the 8 x 4 tiles at decode rows too (a ragged pass of 17 to 64)
+    # an LM head of 1,025 tiles: past 32 rows GPUs take the 8 x 4 tiles at decode rows too, the 32 x 64 tiles to 32
     "q4_mid_head": (quantized(lambda: Linear(64, 65600, False), "4w", 32), (37, 64), 0),
     # long rows: the GPU GEMV's 256 lanes a quad at every row count (1,041 words), and 128 (275 words)
     "q4_long_k": (quantized(lambda: Linear(8328, 52, False), "4w", 24), (9, 8328), 0),
@@ -291,19 +291,23 @@ async def test_gpus_take_the_wide_row_tile_past_32_rows(load_pte, kernel_variant
         assert wide == (m > 32), m
 
 
-async def test_gpus_take_the_mid_tile_for_a_wide_head_at_decode_rows(load_pte, kernel_variants):
-    """With the GPU variants, an LM head of at least 1,024 tiles (gemm.py's MID_MIN_K_QUAD_TILES):
-    the dequantizing GEMM runs 64 x 64 tiles at 8 x 4 outputs an invocation (128 invocations, not
-    TILE's 256) at decode rows past BITWISE_ROWS as past 64 rows; to BITWISE_ROWS the subgroup
-    kernels."""
+async def test_gpus_take_small_and_mid_tiles_for_a_wide_head_at_decode_rows(load_pte, kernel_variants):
+    """With the GPU variants, an LM head of at least 1,024 tiles (gemm.py's MID_MIN_K_QUAD_TILES)
+    past BITWISE_ROWS rows (none to them: the subgroup kernels): the dequantizing GEMM runs 32 x 64
+    tiles to 32 rows (SMALL_TILE: 9 vec4s a K step's row of A), then 64 x 64 tiles at 8 x 4
+    outputs an invocation (MID_TILE: 128 invocations, not TILE's 256)."""
     model = await load_pte(_export("q4_mid_head")[0])
     if kernel_variants != "gpu":
         pytest.skip("the GPU variants")
-    for m in (33, 16, 37, 17):
+    for m in (33, 16, 37, 17, 32):
         await model.execute(_rows("q4_mid_head", m, np.random.default_rng(m)))
         grids = model._default.state.grids
         running = [d.shader or "" for i, d in enumerate(model.graph.dispatches) if all(grids[i]) and "var<workgroup> As" in (d.shader or "")]
-        assert len(running) == (m > BITWISE_ROWS) and all("@workgroup_size(16, 8)" in s for s in running), m
+        assert len(running) == (m > BITWISE_ROWS), m
+        if m > 32:
+            assert "@workgroup_size(16, 8)" in running[0] and "As: array<vec4<f32>, 272>" in running[0], m
+        elif m > BITWISE_ROWS:
+            assert "As: array<vec4<f32>, 144>" in running[0], m
 
 
 async def test_gpu_gemv_rows_are_each_row_alone(load_pte, kernel_variants):

@@ -926,7 +926,10 @@ class Q4Product:
         q_binding = len(operands) + len(tail) + 3  # after out, p and the scratch
         q_wgsl = f"{LIN_STRUCT};\n@group(0) @binding({q_binding}) var<uniform> q: Q;\n"
         load = q4_load(dq8, zp_packed, w.gs, k_most, types)
-        small = q4_wide(8 * w.wpr) and b.adapter != CPU  # a ragged pass of 17 to 32 decode rows takes the GEMM
+        # a ragged pass of 17 to 32 decode rows takes the GEMM (the weights of q4_wide K, LM heads):
+        # SMALL_TILE 1.5-1.6x TILE there (H200, SmolLM2's 49,152 x 576 head alone at 17 / 24 / 32
+        # rows 7.5 / 10.6 / 14.0 -> 11.9 / 16.8 / 22.1 TFLOP/s; results/h200/kernel_choices/q4_gemm_64_rows/)
+        small = (q4_wide(8 * w.wpr) or w.n >= GEMV_T4_MIN_N) and b.adapter != CPU
         most = (w.n, 8 * w.wpr)
         self.gemm = GemmRoute(b, load, operands, bias, out, self.p, gemm_scratch(b, [out], most=most), [self.q], q_wgsl, residual=residual,
                               small=small, most=most)
