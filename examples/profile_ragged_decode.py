@@ -2,14 +2,16 @@
 given): each dispatch in a timestamped pass of its own (async_runtime/tools/profile.py), summed by
 op, with its GB/s.
 
-    python examples/profile_ragged_decode.py model.pte [1,32,64] [--prompt 8] [--whole-steps]
+    python examples/profile_ragged_decode.py model.pte [1,32,64] [--prompt 8] [--whole-steps] [--by-dispatch]
 
 Each session's prompt is `--prompt` tokens long (8 by default), so the decode passes attend to
 about that many keys. `--whole-steps` times the passes as they run unprofiled instead (GPU time
 from a pass's first dispatch to its last): per-dispatch passes inflate small dispatches and can
-rank kernel variants wrongly.
+rank kernel variants wrongly. `--by-dispatch` lists each dispatch of the passes in graph order
+(its median time over the passes) in place of the sums by op.
 """
 import sys
+from collections import defaultdict
 
 import anyio
 import numpy as np
@@ -19,7 +21,17 @@ from async_runtime.tools.profile import Profiler, enable_timestamp_normalization
 
 units = enable_timestamp_normalization()
 
-async def main(path, row_counts, prompt, whole_steps):
+def by_dispatch(prof, graph, steps):
+    """Each dispatch's median time over `steps`, in graph order."""
+    times = defaultdict(list)
+    for step, _, did, _, begin, end in prof.records:
+        if step in steps:
+            times[did].append((end - begin) * prof._scale_us())
+    for did in sorted(times):
+        print(f"  {did:5d} {graph.dispatches[did].op:40s} {np.median(times[did]):8.1f} us")
+
+
+async def main(path, row_counts, prompt, whole_steps, dispatches):
     async with await ar.load(path, max_batch=max(row_counts)) as model:
         prof = Profiler(model, units, whole_steps=whole_steps)
         runner = model._batcher.runner
@@ -46,11 +58,14 @@ async def main(path, row_counts, prompt, whole_steps):
                 print(f"== {rows} rows: {tot:.0f} us of GPU time a pass (real passes, {len(steps)} of them)")
                 continue
             print(f"== {rows} rows: {tot:.0f} us of dispatch time a pass (sum of per-dispatch passes), {sum(r['count'] for r in tab)//len(steps)} dispatches")
+            if dispatches:
+                by_dispatch(prof, model.graph, steps)
+                continue
             for r in tab[:12]:
                 print(f"  {r['op']:40s} n={r['count']//len(steps):4d} {r['total_us']/len(steps):8.1f} us  mean {r['mean_us']:6.1f}  {100*r['share']:5.1f}%  {r['gb_per_s']:7.1f} GB/s")
 
 args = sys.argv[1:]
 prompt = int(args.pop(args.index("--prompt") + 1)) if "--prompt" in args else 8
-whole = "--whole-steps" in args
-args = [a for a in args if a not in ("--prompt", "--whole-steps")]
-anyio.run(main, args[0], [int(r) for r in (args[1] if len(args) > 1 else "1,32").split(",")], prompt, whole)
+whole, dispatches = "--whole-steps" in args, "--by-dispatch" in args
+args = [a for a in args if a not in ("--prompt", "--whole-steps", "--by-dispatch")]
+anyio.run(main, args[0], [int(r) for r in (args[1] if len(args) > 1 else "1,32").split(",")], prompt, whole, dispatches)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from pte_wgpu.kernels import build_node, fusion
-from pte_wgpu.kernels.matmul import gemm
+from pte_wgpu.kernels.matmul import gemm, routes
 
 from async_runtime import model as model_module
 
@@ -162,19 +162,27 @@ async def test_fused_4bit_products_without_views_and_wide_swiglu(half, subgroups
             np.testing.assert_array_equal(g, w, err_msg=f"{m} rows, output {i}")
 
 
+@pytest.mark.parametrize("split", [True, False])
 @pytest.mark.parametrize("half", [False, True])
-async def test_fused_4bit_norms_at_wide_k(half, load_pte, monkeypatch, kernel_variants):
+async def test_fused_4bit_norms_at_wide_k(half, split, load_pte, monkeypatch, kernel_variants):
     """At K = 2,048 the fused ops that normalize their rows (q/k/v, SwiGLU) and the residual ones,
     at 1 to 24 rows in shuffled order: bitwise the unfused graph's where they normalize as the norm
     does (the GEMV to 16 rows, the GEMM past); where a GPU's subgroup kernels fold the norm in (to
-    16 rows) the unfused graph's to rounding, each row of a pass bitwise the row alone; and the
-    unfused graph is torch's to 4-bit rounding."""
+    16 rows: one row in the products, more in a dispatch before them, which repeats the fold's
+    sums) the unfused graph's to rounding, each row of a pass bitwise the row alone; and the
+    unfused graph is torch's to 4-bit rounding. `split`: the GPUs' subgroup kernels split K among
+    a workgroup's subgroups (a 1B's q/k/v), else each subgroup walks all of it (its SwiGLU)."""
     pte, module = _export_normed(half)
+    if not split:
+        monkeypatch.setattr(routes, "Q4_SPLIT_K_MAX_N", 0)
     fused, plain = [await _load(load_pte, pte, fuse, monkeypatch) for fuse in (True, False)]
     names = [n for n, _ in fused.graph.calls]
     assert all(op in names for op in ("pte_wgpu.rms_q4_linear_group", "pte_wgpu.q4_linear_residual")), names
     folds = kernel_variants == "gpu" and fused.subgroups
-    assert any("sq0 = sq0 + e0a * e0a" in (d.shader or "") for d in fused.graph.dispatches) == folds  # the rows' squares summed in the products
+    shaders = [d.shader or "" for d in fused.graph.dispatches]
+    assert any("sq0 = sq0 + e0a * e0a" in s for s in shaders) == folds  # one row's squares summed in the products
+    assert any("rstd[row] = " in s for s in shaders) == folds  # more rows' in a dispatch of their own
+    assert any("parts[li / sgs] = t" in s for s in shaders) == (folds and split)
     rng = np.random.default_rng(17)
     pool = rng.standard_normal((16, 2048)).astype(np.float16 if half else np.float32)
     alone = [await fused.execute(pool[i : i + 1]) for i in range(16)]

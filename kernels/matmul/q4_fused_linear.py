@@ -13,7 +13,8 @@ their tensors' types before the gate or the residual).
   RMS norm as well, after the weights: (x, gamma, eps). The GEMV normalizes its row itself with
   the sums of et_vk.rms_norm's (fused_linear.py's _RMS), bitwise the norm's rows; the GPUs'
   subgroup kernels of q4_wide K fold the norm into the products (q4_linear.py's sg_body: the
-  unfused graph's results to rounding, a row of a pass still bitwise the row alone);
+  unfused graph's results to rounding, a row of a pass still bitwise the row alone; for several
+  rows a dispatch before the products computes the fold's rows and rstd, _FoldNorm);
   `pte_wgpu.rms_norm_for_q4` writes the normalized rows for the row counts the fused op reads them
   (kernels/matmul/routes.py's fused_norm_rows: on CPU adapters every count, their subgroup kernels
   having no barrier).
@@ -51,6 +52,7 @@ from .q4_linear import (
     Q4Product,
     _add_q4_linear,
     _dequant,
+    fold_norm_shader,
     gemv_body,
     gemv_main,
     gemv_outputs,
@@ -89,19 +91,21 @@ def _uniform(count, rope):
     return "struct Q { " + ", ".join(fields) + " }\n"
 
 
-def _shader(kind, shape, count, swiglu, norm, types, gs, rope=None, step=8):
+def _shader(kind, shape, count, swiglu, norm, types, gs, rope=None, step=8, rstd=False):
     """The fused kernel of `kind` (SUBGROUP at `shape`, or GEMV) over `count` weights: a product
     each (a branch per product), or with `swiglu` the two of SwiGLU for the same outputs. `types`:
     storage types of x, the scales, gamma, the outputs and the rows a norm writes (`rows`) and the
     products as stored before the gate (`gate`, `up`). The GEMV's shape is its route (most rows,
     lanes, rows a workgroup), kernels/matmul/q4_linear.py's gemv_routes. With `rope` (kernels/attention/rope.py's
     RopeEpilogue) the epilogue rotates q and k and stores k and v in the caches. The GEMV
-    takes `step` weights of K at a time (q4_linear.py's gemv_step); the weights' group size `gs`."""
+    takes `step` weights of K at a time (q4_linear.py's gemv_step); the weights' group size `gs`.
+    With `rstd`, the subgroup kernel reads fold_norm_shader's rows and rstd (sg_body's `rstd`)."""
     sg = kind == SUBGROUP
     reads = [("x", sg_x_type(types["x"]) if sg else binding_type(types["x"]))]
     for j in range(count):
         reads += [(f"wq{j}", f"vec{Q4_SG_WORDS}<u32>" if sg else "u32"), (f"ws{j}", types["scales"][j])]
     reads += [("gamma", vec4_type(types["gamma"]) if sg else types["gamma"])] if norm else []
+    reads += [("rstd", "f32")] if rstd else []
     outs = types["outs"]
     rotates = rope is not None
     assert not (rotates and sg and shape[1] % 2), "a subgroup kernel rotates its outputs in pairs"
@@ -127,7 +131,7 @@ def _shader(kind, shape, count, swiglu, norm, types, gs, rope=None, step=8):
     def body(weights, n, store):
         if sg:
             per = sg_wg_rows(shape, len(weights))
-            return f"let nw = wg * {per}u;\n    " + sg_body(False, shape, weights, n, store, rotates, norm, int8)
+            return f"let nw = wg * {per}u;\n    " + sg_body(False, shape, weights, n, store, rotates, norm, int8, rstd=rstd)
         return gemv_body(False, weights, n, store, shape[1], x_at, rotates, shape[2], step)
 
     fn = (lambda j: f"wscale{j}") if sg else (lambda j: str(j))
@@ -211,6 +215,29 @@ class _Columns:
         self.gemm.set_grids(ctx, m, self.most[0], k, 1, splits, plan is not None)
 
 
+class _FoldNorm:
+    """The rows and rstd that a fused op's subgroup kernels of several rows read where the GPUs'
+    kernels fold its RMS norm (q4_linear.py's fold_norm_shader): rows before the norm `x_pre` of
+    at most K = k, its weight `gamma`; `shapes` the op's subgroup shapes (one walk of K), `q` and
+    `uniform` its uniform and the WGSL struct."""
+
+    def __init__(self, b, x_pre, gamma, k, shapes, q, uniform):
+        self.normed, self.rstd = b.scratch("float32", BITWISE_ROWS * k), b.scratch("float32", BITWISE_ROWS)
+        x_t, g_t = b.storage(x_pre), b.storage(gamma)
+        head = uniform + "\n".join([
+            f"@group(0) @binding(0) var<storage, read> x: array<{vec4_type(x_t)}>;",
+            f"@group(0) @binding(1) var<storage, read> gamma: array<{vec4_type(g_t)}>;",
+            "@group(0) @binding(2) var<storage, read_write> normed: array<vec4<f32>>;",
+            "@group(0) @binding(3) var<storage, read_write> rstd: array<f32>;",
+            "@group(0) @binding(4) var<uniform> q: Q;",
+        ]) + "\n" + vec4_loader("x", x_t) + vec4_loader("gamma", g_t)  # fmt: skip
+        self.dispatch = b.dispatch(fold_norm_shader(shapes[-1], head), [x_pre, gamma, self.normed, self.rstd, q])
+
+    def resize(self, ctx, m):
+        """Normalize m rows (0: none)."""
+        ctx.set_grid(self.dispatch, (m, 1, 1) if m else (0, 0, 0))
+
+
 class _Fused:
     """A fused op's kernels and routes (the module docstring), for `products` (weight, scales)
     pairs of one input; `outs`: what the fused kernel writes (one a product, or SwiGLU's out);
@@ -254,13 +281,17 @@ class _Fused:
             self.routes = gemv_routes_below(routes, BITWISE_ROWS) if gpu_sg else routes
             kinds = [(GEMV, route) for route in self.routes] + ([(SUBGROUP, Q4_SG_GPU)] if gpu_sg else [])
             self.most = Q4_SG_GPU_ROWS[1] if gpu_sg else self.routes[-1][0]
+        # the fold's passes of several rows read its normalized rows and rstd from one dispatch before them
+        self.fold_norm = _FoldNorm(b, x_pre, gamma, k, gpu_sg, self.q, _uniform(len(self.ws), rope)) if self.norm and folds else None
         self.dispatches = []
         for kind, shape in kinds:
-            norm = self.norm and (kind == GEMV or folds)  # other subgroup kernels read rms_norm_for_q4's rows
-            t = dict(types, x=b.storage(x_pre)) if norm else types
-            reads = [x_pre if norm else self.x, *(v for pair in self.products for v in pair)] + ([gamma] if norm else [])
+            rstd = self.fold_norm is not None and shape[0] > 1
+            norm = self.norm and (kind == GEMV or folds) and not rstd  # other subgroup kernels read rms_norm_for_q4's rows
+            t = dict(types, x=b.storage(x_pre)) if norm else dict(types, x="f32") if rstd else types
+            x_read = x_pre if norm else self.fold_norm.normed if rstd else self.x
+            reads = [x_read, *(v for pair in self.products for v in pair)] + ([gamma] if norm else []) + ([self.fold_norm.rstd] if rstd else [])
             epilogue = rope if kind == GEMV or not cpu else None  # CPU adapters' subgroup kernels: the RoPE's own dispatch
-            shader = _shader(kind, shape, len(self.ws), swiglu, norm, t, self.ws[0].gs, epilogue, gemv_step(self.ws[0].wpr))
+            shader = _shader(kind, shape, len(self.ws), swiglu, norm, t, self.ws[0].gs, epilogue, gemv_step(self.ws[0].wpr), rstd)
             extra = epilogue.values if epilogue else []
             self.dispatches.append((b.dispatch(shader, [*reads, *self.outs, self.q, *extra]), kind, shape, epilogue is not None))
         # more rows: one GEMM over the products' columns where they split K alike (_Columns), else each product's plain routes
@@ -312,6 +343,8 @@ class _Fused:
         grid = row_groups_grid(starts[-1], m, rows)
         for d, *_ in self.dispatches:
             ctx.set_grid(d, grid if fused and d == chosen else (0, 0, 0))
+        if self.fold_norm:
+            self.fold_norm.resize(ctx, m if fused and kind == SUBGROUP and shape[0] > 1 else 0)
         for o, n in zip(self.stored, [w.n for w in self.ws]):
             ctx.set_dims(o, tuple(xd[:-1]) + (n,))
         if self.swiglu:

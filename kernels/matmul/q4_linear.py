@@ -455,7 +455,7 @@ Q4_SG_STEP = 8 * Q4_SG_WORDS  # weights a lane step: K and the group size must b
 # fitted GEMV had beaten it for 17 to 32 rows on an H100: BENCHMARKS.md.)
 
 
-def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partners=False, norm=False, int8=False, quantizing=False):
+def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partners=False, norm=False, int8=False, quantizing=False, rstd=False):
     """The subgroup kernel's statements for `shape` = (input rows, weight rows split among
     `weights`, (word binding, scale fn) pairs read for the same outputs, as SwiGLU's gate and up);
     input row r of the workgroup's group of rows from r0 (rows past `rows` read as the last live
@@ -463,7 +463,9 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
     with `partners`, pair0, pair1, .. hold output n ^ 1: linear.py's sg_sums). With `norm`, x
     holds the rows before an RMS norm of weight `gamma4` (and q.eps), folded into the products:
     each sums x * gamma, times its row's rstd from the squares of x its lanes add as they read
-    the row (no barrier, no normalized rows). The GPUs' shapes (routes.py's, of three elements,
+    the row (no barrier, no normalized rows); with `rstd`, x holds those rows already times gamma
+    and `rstd[row]` their rstd, both as the fold computes them (q4_fused_linear.py's
+    fold_norm_shader): the fold's results without its work. The GPUs' shapes (routes.py's, of three elements,
     or four: the words a lane takes a step, else Q4_SG_WORDS) sum in vec2 accumulators, the CPU
     adapters' in vec4s. A shape that splits K (linear.py's sg_splits_k) has the workgroup's
     invocations walk K where a subgroup's lanes do, and adds its subgroups' sums through
@@ -472,11 +474,11 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
     and a lane's step sums with dot4I8Packed (_int8_step), in scalar f32 accumulators; with
     `quantizing` as well, x holds float rows that the kernel quantizes as Int8Rows holds them
     (wgsl.py's QuantizingRows: the workgroup passes over its rows for their scales first)."""
-    assert not (int8 and (dq8 or norm)) and (int8 or not quantizing)
+    assert not (int8 and (dq8 or norm or rstd)) and (int8 or not quantizing) and not (norm and rstd)
     ins, outs = range(shape[0]), range(shape[1] // len(weights))
     pairs = len(shape) > 2
     split = sg_splits_k(shape)
-    walker, stride = ("li", f"{CPU_WG}u") if split else ("lane", "sgs")  # who walks K, and its step
+    walker, stride, per, steps = sg_walk(shape)
     store = store or (lambda r: f"out[(r0 + {r}u) * q.N + n] = epilogue(v0, r0 + {r}u, n);")
     ws = [(j, i) for j in range(len(weights)) for i in outs]
     lines = [f"let x{r}_ = min(r0 + {r}u, q.M - 1u);" for r in ins]
@@ -494,8 +496,6 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
     width = 1 if int8 else 2 if pairs else 4
     lines += [f"var acc{j}_{i}_{r} = {'0.0' if int8 else f'vec{width}<f32>(0.0)'};" for j, i in ws for r in ins]
     lines += [f"var sq{r} = vec4<f32>(0.0);" for r in ins] if norm else []
-    per = shape[3] if len(shape) > 3 else Q4_SG_WORDS  # words a lane takes a step
-    steps = f"q.K / {8 * per}u"
 
     def loads(j, i, v, k):  # weight j's word(s) (one: from the vec2 holding it) and scale for output i at step v, from K = k
         wq, wscale = weights[j]
@@ -551,11 +551,66 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
         lines.append(f"for (var s = 1u; s < {CPU_WG}u / sgs; s = s + 1u) {{ " + " ".join(f"c{k} = c{k} + parts[s * {len(sums)}u + {k}u];" for k in range(len(sums))) + " }")
         total, square = (lambda j, i, r: f"c{at[f'acc{j}_{i}_{r}']}"), (lambda r: f"c{at[f'sq{r}']}")
     if norm:
-        lines += [f"let rstd{r} = inverseSqrt({square(r)} / f32(q.K) + q.eps);" for r in ins]
-    scale = (lambda r: f"rstd{r}") if norm else (lambda r: f"xsc{r}") if int8 else None
+        lines += [f"let rstd{r} = {fold_rstd(square(r))};" for r in ins]
+    scale = (lambda r: f"rstd{r}") if norm else (lambda r: f"rstd[x{r}_]") if rstd else (lambda r: f"xsc{r}") if int8 else None
     lines += sg_sums(len(weights), ins, outs, n, store, partners, scale, width, total)
     lines.append("}" * (2 if split else 1))
     return "\n    ".join(lines)
+
+
+def sg_walk(shape):
+    """How sg_body's lanes walk K at `shape`: (first step, stride, words a lane takes a step, steps
+    of K), WGSL. A shape that splits K has the workgroup's invocations walk it, else each subgroup's lanes."""
+    walker, stride = ("li", f"{CPU_WG}u") if sg_splits_k(shape) else ("lane", "sgs")
+    per = shape[3] if len(shape) > 3 else Q4_SG_WORDS
+    return walker, stride, per, f"q.K / {8 * per}u"
+
+
+def fold_rstd(square):
+    """WGSL: a folded RMS norm's rstd of a row whose squares sum to `square`."""
+    return f"inverseSqrt({square} / f32(q.K) + q.eps)"
+
+
+FOLD_NORM = """
+$PARTS@compute @workgroup_size($CPU_WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32$BUILTINS) {
+    let row = wid.x;
+    let kv4 = q.K / 4u;
+    var sq = vec4<f32>(0.0);
+    for (var v = $WALKER; v < $STEPS; v = v + $STRIDE) {
+$STEP
+    }
+$TOTAL
+}
+"""
+
+
+def fold_norm_shader(shape, head):
+    """The rows a pass of sg_body's `rstd` kernels at `shape` reads, a workgroup a row: x (the
+    rows before the norm) times gamma4, and rstd, each computed as the fold computes it in a pass
+    of one row: the same walk of K (sg_walk), squares added in the same order, the same subgroup
+    and workgroup sums. So a row of a pass stays bitwise the row alone, while the products of
+    several rows skip the fold's work: every subgroup re-squaring and re-scaling its rows, which
+    took a 1B's fused products at 16 rows 1.2-2.3x the plain ones' time. `head`: the bindings x,
+    gamma, normed (vec4<f32>, read-write), rstd (f32, read-write) and the uniform q, with the
+    loaders x4 and gamma4."""
+    walker, stride, per, steps = sg_walk(shape)
+    split = sg_splits_k(shape)
+    writes = "" if split else "if (li < sgs) "  # every subgroup walks all of K: the first writes
+    step = []
+    for c in range(per):
+        for h in range(2):
+            at = f"v * {2 * per}u + {2 * c + h}u"
+            step.append(f"        {{ let e = x4(row * kv4 + {at}); sq = sq + e * e; {writes}{{ normed[row * kv4 + {at}] = e * gamma4({at}); }} }}")
+    if split:  # sg_body's parts: the subgroups' sums in their order
+        total = [f"    let t = {sg_total('sq')};", "    if (lane == 0u) { parts[li / sgs] = t; }", "    workgroupBarrier();",
+                 "    if (li == 0u) {", "        var c = parts[0];", f"        for (var s = 1u; s < {CPU_WG}u / sgs; s = s + 1u) {{ c = c + parts[s]; }}",
+                 f"        rstd[row] = {fold_rstd('c')};", "    }"]  # fmt: skip
+    else:
+        total = [f"    let t = {sg_total('sq')};", f"    if (li == 0u) {{ rstd[row] = {fold_rstd('t')}; }}"]
+    parts = f"var<workgroup> parts: array<f32, {CPU_WG}>;\n" if split else ""
+    body = fill(FOLD_NORM, PARTS=parts, CPU_WG=CPU_WG, BUILTINS=SUBGROUP_BUILTINS, WALKER=walker, STEPS=steps, STRIDE=stride, STEP="\n".join(step), TOTAL="\n".join(total))
+    return head + body
 
 
 def _int8_step(ins, ws, per, quantizing=False):

@@ -74,7 +74,11 @@ Q4_SG_GPU = (4, 4, 2, 1)
 # 4-bit weights of q4_wide K, and LM heads (GEMV_T4_MIN_N rows or more), take it in place of the
 # GEMV for every row count to BITWISE_ROWS, at Q4_SG_GPU_WIDE's shapes (shape_for_rows: one row,
 # 2 to 4 rows, more); the fused ones fold their RMS norm into it (q4_linear.py's sg_body), so no
-# norm runs a dispatch of its own. They sum in vec2 accumulators (an output's sum the same at
+# norm runs a dispatch of its own, and a pass of several rows reads the fold's rows times gamma and
+# rstd from one dispatch before it (q4_linear.py's fold_norm_shader, the fold's sums in its order:
+# H200, Llama-3.2-1B 4w, greedy bursts, two rounds in each of two calls, 2 / 8 / 16 streams
+# 1,412-1,423 / 2,649-2,711 / 3,158-3,217 -> 1,427-1,444 / 2,795-2,857 / 3,401-3,498 tokens/s, one
+# stream the same; results/h200/kernel_choices/q4_fold_norm_rows/). They sum in vec2 accumulators (an output's sum the same at
 # every shape, so a row of a pass is bitwise the row alone): 4 input rows by 4 weight rows take
 # 32 registers of sums, where vec4s took 64 and made (4, 4, 2) lose to (2, 4, 2). H200,
 # Llama-3.2-1B shape 4w, greedy bursts, one call, 1 / 2 / 4 / 8 / 16 streams: vec4s at (1, 4, 2)
@@ -197,7 +201,8 @@ def fused_norm_rows(b, k, tensors, q4=False):
     the kernel takes a workgroup barrier, which costs lavapipe more than the norm's own dispatch
     (SmolLM2 4w, one row: the fused SwiGLU 1.94 ms normalizing itself, 0.99 ms reading the rows,
     the norm 45 us; fp32 the same, BENCHMARKS.md). The GPUs' 4-bit subgroup kernels of q4_wide K
-    fold the norm in (Q4_SG_GPU_WIDE), to BITWISE_ROWS as well. Float ones of K >= FLOAT_GEMM_MIN_K
+    fold the norm in (Q4_SG_GPU_WIDE), to BITWISE_ROWS as well (several rows through one dispatch
+    of their own, q4_fused_linear.py's _FoldNorm). Float ones of K >= FLOAT_GEMM_MIN_K
     on GPUs: none (float_norm_folds)."""
     if not (q4 or float_norm_folds(b, k)):
         return 0
