@@ -42,5 +42,5 @@ print('$1', {k: round(v) for k, v in r.items() if k.startswith('bursts') or k.st
 }
 [ "${PEER:-1}" = 1 ] && peer 1
 for r in ${ROUNDS:-1}; do for v in ${VERS:-before after}; do ours $v _$r; done; done
-[ "${PEER:-1}" = 1 ] && peer 2
+[ "${PEER:-1}" = 1 ] && [ "${PEER2:-1}" = 1 ] && peer 2
 true
