@@ -218,10 +218,10 @@ class _Columns:
 class _FoldNorm:
     """The rows and rstd that a fused op's subgroup kernels of several rows read where the GPUs'
     kernels fold its RMS norm (q4_linear.py's fold_norm_shader): rows before the norm `x_pre` of
-    at most K = k, its weight `gamma`; `shapes` the op's subgroup shapes (one walk of K), `q` and
-    `uniform` its uniform and the WGSL struct."""
+    at most K = k, its weight `gamma`; `shape` the op's subgroup shape of one row (whose fold it
+    repeats), `q` and `uniform` its uniform and the WGSL struct."""
 
-    def __init__(self, b, x_pre, gamma, k, shapes, q, uniform):
+    def __init__(self, b, x_pre, gamma, k, shape, q, uniform):
         self.normed, self.rstd = b.scratch("float32", BITWISE_ROWS * k), b.scratch("float32", BITWISE_ROWS)
         x_t, g_t = b.storage(x_pre), b.storage(gamma)
         head = uniform + "\n".join([
@@ -231,7 +231,7 @@ class _FoldNorm:
             "@group(0) @binding(3) var<storage, read_write> rstd: array<f32>;",
             "@group(0) @binding(4) var<uniform> q: Q;",
         ]) + "\n" + vec4_loader("x", x_t) + vec4_loader("gamma", g_t)  # fmt: skip
-        self.dispatch = b.dispatch(fold_norm_shader(shapes[-1], head), [x_pre, gamma, self.normed, self.rstd, q])
+        self.dispatch = b.dispatch(fold_norm_shader(shape, head), [x_pre, gamma, self.normed, self.rstd, q])
 
     def resize(self, ctx, m):
         """Normalize m rows (0: none)."""
@@ -282,7 +282,7 @@ class _Fused:
             kinds = [(GEMV, route) for route in self.routes] + ([(SUBGROUP, Q4_SG_GPU)] if gpu_sg else [])
             self.most = Q4_SG_GPU_ROWS[1] if gpu_sg else self.routes[-1][0]
         # the fold's passes of several rows read its normalized rows and rstd from one dispatch before them
-        self.fold_norm = _FoldNorm(b, x_pre, gamma, k, gpu_sg, self.q, _uniform(len(self.ws), rope)) if self.norm and folds else None
+        self.fold_norm = _FoldNorm(b, x_pre, gamma, k, gpu_sg[0], self.q, _uniform(len(self.ws), rope)) if self.norm and folds else None
         self.dispatches = []
         for kind, shape in kinds:
             rstd = self.fold_norm is not None and shape[0] > 1

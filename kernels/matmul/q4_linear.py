@@ -586,9 +586,9 @@ $TOTAL
 
 
 def fold_norm_shader(shape, head):
-    """The rows a pass of sg_body's `rstd` kernels at `shape` reads, a workgroup a row: x (the
-    rows before the norm) times gamma4, and rstd, each computed as the fold computes it in a pass
-    of one row: the same walk of K (sg_walk), squares added in the same order, the same subgroup
+    """The rows a pass of sg_body's `rstd` kernels reads, a workgroup a row: x (the rows before the
+    norm) times gamma4, and rstd, each computed as the fold at `shape` (of one row) computes it:
+    the same walk of K (sg_walk), squares added in the same order, the same subgroup
     and workgroup sums. So a row of a pass stays bitwise the row alone, while the products of
     several rows skip the fold's work: every subgroup re-squaring and re-scaling its rows, which
     took a 1B's fused products at 16 rows 1.2-2.3x the plain ones' time. `head`: the bindings x,
