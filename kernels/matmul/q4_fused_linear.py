@@ -233,6 +233,11 @@ class _FoldNorm:
         ]) + "\n" + vec4_loader("x", x_t) + vec4_loader("gamma", g_t)  # fmt: skip
         self.dispatch = b.dispatch(fold_norm_shader(shape, head), [x_pre, gamma, self.normed, self.rstd, q])
 
+    @staticmethod
+    def read_at(shape):
+        """Whether the op's subgroup kernel of `shape` reads these rows: a pass of several rows."""
+        return shape[0] > 1
+
     def resize(self, ctx, m):
         """Normalize m rows (0: none)."""
         ctx.set_grid(self.dispatch, (m, 1, 1) if m else (0, 0, 0))
@@ -285,7 +290,7 @@ class _Fused:
         self.fold_norm = _FoldNorm(b, x_pre, gamma, k, gpu_sg[0], self.q, _uniform(len(self.ws), rope)) if self.norm and folds else None
         self.dispatches = []
         for kind, shape in kinds:
-            rstd = self.fold_norm is not None and shape[0] > 1
+            rstd = self.fold_norm is not None and self.fold_norm.read_at(shape)
             norm = self.norm and (kind == GEMV or folds) and not rstd  # other subgroup kernels read rms_norm_for_q4's rows
             t = dict(types, x=b.storage(x_pre)) if norm else dict(types, x="f32") if rstd else types
             x_read = x_pre if norm else self.fold_norm.normed if rstd else self.x
@@ -344,7 +349,7 @@ class _Fused:
         for d, *_ in self.dispatches:
             ctx.set_grid(d, grid if fused and d == chosen else (0, 0, 0))
         if self.fold_norm:
-            self.fold_norm.resize(ctx, m if fused and kind == SUBGROUP and shape[0] > 1 else 0)
+            self.fold_norm.resize(ctx, m if fused and self.fold_norm.read_at(shape) else 0)
         for o, n in zip(self.stored, [w.n for w in self.ws]):
             ctx.set_dims(o, tuple(xd[:-1]) + (n,))
         if self.swiglu:

@@ -519,7 +519,7 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
             lines += [f"    let w{j}_{i} = {word};", f"    let s{j}_{i} = {scale};"]
     for c in range(0 if int8 else per):  # 8 weights a word: input vec4s 2c and 2c + 1 of the step
         lines.append("    {")
-        at = [f"v * {2 * per}u + {2 * c + h}u" for h in range(2)]
+        at = [sg_step_vec4(per, c, h) for h in range(2)]
         lines += [f"    let g{'ab'[h]} = gamma4({at[h]});" for h in range(2)] if norm else []  # the norm's weight, once for every row
         for r in ins:
             for h in range(2):
@@ -545,10 +545,7 @@ def sg_body(dq8, shape, weights=(("wq", "wscale"),), n="q.N", store=None, partne
     if split:  # the subgroups' sums into invocation 0's
         sums = [(f"acc{j}_{i}_{r}", width) for j, i in ws for r in ins] + ([(f"sq{r}", 4) for r in ins] if norm else [])
         at = {name: k for k, (name, _) in enumerate(sums)}
-        lines += [f"let t{k} = {sg_total(name, w)};" for k, (name, w) in enumerate(sums)]
-        lines.append("if (lane == 0u) { " + " ".join(f"parts[li / sgs * {len(sums)}u + {k}u] = t{k};" for k in range(len(sums))) + " }")
-        lines += ["workgroupBarrier();", "if (li == 0u) {"] + [f"var c{k} = parts[{k}u];" for k in range(len(sums))]
-        lines.append(f"for (var s = 1u; s < {CPU_WG}u / sgs; s = s + 1u) {{ " + " ".join(f"c{k} = c{k} + parts[s * {len(sums)}u + {k}u];" for k in range(len(sums))) + " }")
+        lines += split_sums(sums)
         total, square = (lambda j, i, r: f"c{at[f'acc{j}_{i}_{r}']}"), (lambda r: f"c{at[f'sq{r}']}")
     if norm:
         lines += [f"let rstd{r} = {fold_rstd(square(r))};" for r in ins]
@@ -564,6 +561,23 @@ def sg_walk(shape):
     walker, stride = ("li", f"{CPU_WG}u") if sg_splits_k(shape) else ("lane", "sgs")
     per = shape[3] if len(shape) > 3 else Q4_SG_WORDS
     return walker, stride, per, f"q.K / {8 * per}u"
+
+
+def sg_step_vec4(per, c, h):
+    """WGSL: the vec4 of K a lane's step v reads for half h of its word c (`per` words a step)."""
+    return f"v * {2 * per}u + {2 * c + h}u"
+
+
+def split_sums(sums):
+    """WGSL of a workgroup that splits K (sg_splits_k) adding up each of `sums` ((name, width) of
+    each lane's sums): each subgroup's total (sg_total) through workgroup memory (`parts`), then in
+    invocation 0 (the block left open) c0, c1, .. the subgroups' totals added in their order."""
+    count = len(sums)
+    lines = [f"let t{k} = {sg_total(name, w)};" for k, (name, w) in enumerate(sums)]
+    lines.append("if (lane == 0u) { " + " ".join(f"parts[li / sgs * {count}u + {k}u] = t{k};" for k in range(count)) + " }")
+    lines += ["workgroupBarrier();", "if (li == 0u) {"] + [f"var c{k} = parts[{k}u];" for k in range(count)]
+    lines.append(f"for (var s = 1u; s < {CPU_WG}u / sgs; s = s + 1u) {{ " + " ".join(f"c{k} = c{k} + parts[s * {count}u + {k}u];" for k in range(count)) + " }")
+    return lines
 
 
 def fold_rstd(square):
@@ -600,12 +614,10 @@ def fold_norm_shader(shape, head):
     step = []
     for c in range(per):
         for h in range(2):
-            at = f"v * {2 * per}u + {2 * c + h}u"
+            at = sg_step_vec4(per, c, h)
             step.append(f"        {{ let e = x4(row * kv4 + {at}); sq = sq + e * e; {writes}{{ normed[row * kv4 + {at}] = e * gamma4({at}); }} }}")
     if split:  # sg_body's parts: the subgroups' sums in their order
-        total = [f"    let t = {sg_total('sq')};", "    if (lane == 0u) { parts[li / sgs] = t; }", "    workgroupBarrier();",
-                 "    if (li == 0u) {", "        var c = parts[0];", f"        for (var s = 1u; s < {CPU_WG}u / sgs; s = s + 1u) {{ c = c + parts[s]; }}",
-                 f"        rstd[row] = {fold_rstd('c')};", "    }"]  # fmt: skip
+        total = [f"    {line}" for line in split_sums([("sq", 4)])] + [f"    rstd[row] = {fold_rstd('c0')};", "    }"]
     else:
         total = [f"    let t = {sg_total('sq')};", f"    if (li == 0u) {{ rstd[row] = {fold_rstd('t')}; }}"]
     parts = f"var<workgroup> parts: array<f32, {CPU_WG}>;\n" if split else ""

@@ -78,8 +78,8 @@ Q4_SG_GPU = (4, 4, 2, 1)
 # rstd from one dispatch before it (q4_linear.py's fold_norm_shader, the fold's sums in its order:
 # H200, Llama-3.2-1B 4w, greedy bursts, two rounds in each of two calls, 2 / 8 / 16 streams
 # 1,412-1,423 / 2,649-2,711 / 3,158-3,217 -> 1,427-1,444 / 2,795-2,857 / 3,401-3,498 tokens/s, one
-# stream the same; results/h200/kernel_choices/q4_fold_norm_rows/). They sum in vec2 accumulators (an output's sum the same at
-# every shape, so a row of a pass is bitwise the row alone): 4 input rows by 4 weight rows take
+# stream the same; results/h200/kernel_choices/q4_fold_norm_rows/). They sum in vec2 accumulators
+# (an output's sum the same at every shape, so a row of a pass is bitwise the row alone): 4 input rows by 4 weight rows take
 # 32 registers of sums, where vec4s took 64 and made (4, 4, 2) lose to (2, 4, 2). H200,
 # Llama-3.2-1B shape 4w, greedy bursts, one call, 1 / 2 / 4 / 8 / 16 streams: vec4s at (1, 4, 2)
 # and (2, 4, 2) 753 / 1,233 / 1,855 / 2,430 / 2,695 tokens/s, these 749 / 1,214 / 1,870 / 2,593 /
