@@ -13,7 +13,7 @@ from pte_wgpu.kernels.matmul.q4_linear import LIN_FORMAT, LIN_STRUCT
 
 adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
 _lim = adapter.limits
-dev = adapter.request_device_sync(required_features=[], required_limits={
+dev = adapter.request_device_sync(required_features=[f for f in ("shader-f16",) if f in adapter.features], required_limits={
     name: _lim[name] for name in ("max-storage-buffer-binding-size", "max-buffer-size", "max-compute-workgroup-storage-size")})
 print(adapter.info["device"], flush=True)
 U = wgpu.BufferUsage
@@ -73,7 +73,7 @@ def spin():
     timed([p], [bind(p, [a, w, out, pb, out])], [G.gemm_grid("x", n, n, 1, 1, G.TILE)], 300, out)
 
 
-def tile_tflops(kind, M, N, K, tiles, quick=False):
+def tile_tflops(kind, M, N, K, tiles, quick=False, tol=1e-4, errors=None):
     """{name: TFLOP/s} of an M x N x K product in each of `tiles` ((name, Tile) pairs), timed twice,
     alternately (the better figure), with the runtime's K splits for each: "f32" [N, K] weights
     (weight_load) or "q4" 4-bit weights of group 32 (q4_load); every result checked against numpy."""
@@ -110,6 +110,8 @@ def tile_tflops(kind, M, N, K, tiles, quick=False):
         us = timed(pipes, [bind(p, b) for p, b in zip(pipes, bufs)], grids, reps, out)
         got = np.frombuffer(dev.queue.read_buffer(out), np.float32).reshape(M, N)
         err = np.abs(got - ref).max() / np.abs(ref).max()
-        assert err < 1e-4, (kind, M, N, K, name, err)
+        assert err < tol, (kind, M, N, K, name, err)
+        if errors is not None:
+            errors[name] = err
         res[name] = max(res.get(name, 0.0), 2 * M * N * K / us / 1e6)
     return res
