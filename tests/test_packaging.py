@@ -37,7 +37,9 @@ def side_by_side(tmp_path_factory):
     site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
     Path(site, "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    hf = pip(python, "install", "--no-deps", "kernels")
+    # --ignore-installed: transformers depends on Hugging Face's kernels, so the test's own environment,
+    # on the path, may hold it already; this environment gets its own copy
+    hf = pip(python, "install", "--no-deps", "--ignore-installed", "kernels")
     if hf.returncode != 0:
         if any(s in hf.stdout + hf.stderr for s in UNREACHABLE):
             pytest.skip(f"the package registry cannot be reached to install Hugging Face's kernels: {hf.stderr.strip()[-300:]}")
