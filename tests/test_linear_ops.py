@@ -299,7 +299,8 @@ async def test_products_of_long_rows_keep_each_row_bitwise(load_pte, kernel_vari
 async def test_gemv_variant_runs_for_few_rows_of_a_wide_weight(load_pte, kernel_variants):
     """linear_bias_dyn_k4 (N >= GEMV_T4_MIN_N, K % 4 == 0) takes the vec4 GEMV on GPUs up to
     BITWISE_ROWS (16) rows, the one-invocation-per-output GEMV on CPU adapters without subgroups up
-    to 32 rows, and the GEMM past those; on CPU adapters with subgroups, the subgroup GEMV for one row and its 8-row form for
+    to 32 rows, and the GEMM past those (on GPUs in 32 x 64 tiles to 32 rows: SMALL_TILE, 9 vec4s a
+    K step's row of A); on CPU adapters with subgroups, the subgroup GEMV for one row and its 8-row form for
     any other count (values checked in test_dynamic_rows_switch_routes)."""
     data, _ = _export("linear_bias_dyn_k4")
     model = await load_pte(data)
@@ -319,6 +320,10 @@ async def test_gemv_variant_runs_for_few_rows_of_a_wide_weight(load_pte, kernel_
         await model.execute(*_inputs("linear_bias_dyn_k4", m, rng))
         for shader, ms in shaders.items():
             assert all(model._default.state.grids[dispatches[shader][0]]) == (m in ms), m
+        if kernel_variants == "gpu" and m > 16:
+            grids = model._default.state.grids
+            (gemm,) = [d.shader for i, d in enumerate(model.graph.dispatches) if all(grids[i]) and "var<workgroup> As" in (d.shader or "")]
+            assert ("As: array<vec4<f32>, 144>" in gemm) == (m <= 32), m
 
 
 class SelfAttention(torch.nn.Module):

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pte_wgpu.resize.shapes import MAX_WORKGROUPS, broadcast_strides, fold_grid, numel_of
 
 from ..registry import op
-from ..variants import ANY, CPU_ONLY, GPU_ONLY, Routes, Variant
+from ..variants import ANY, CPU, CPU_ONLY, GPU_ONLY, Routes, Variant
 from ..wgsl import GELU, SUBGROUP_BUILTINS, fill, is_float, vec4_loader, vec4_type
 from .gemm import PARAMS_FORMAT, PARAMS_SIZE, GemmRoute, float_load, gemm_scratch, header, weight_load
 from .routes import FLOAT_SG_GPU_WIDE, GEMV_MAX_ROWS, GEMV_T4_MIN_N, SG_GPU, SG_GPU_ROWS, WIDE_K_SG_ROWS, float_subgroup_rows, float_wide, gpu_gemv_rows, shape_for_rows
@@ -663,7 +663,13 @@ def _gemm(b, mm):
     dims = b.graph.values[mm.bmat].dims[-2:]  # [N, K] or [K, N], at most
     load = weight_load(mm.types.a, mm.types.b, dims[-1]) if mm.transposed else float_load(False, mm.types.a, mm.types.b)
     most = tuple(dims) if mm.transposed else tuple(dims[::-1])
-    return GemmRoute(b, load, [mm.a, mm.bmat], mm.bias, b.out, mm.params, gemm_scratch(b, [b.out], most=most), most=most, activation=mm.activation)
+    # an LM head (GEMV_T4_MIN_N rows) takes the GEMM past WIDE_GEMV_ROWS decode rows, in SMALL_TILE to 32
+    # rows as q4_linear.py's: H200, greedy bursts, two rounds in one call, Llama-3.2-1B fp16 at 24 / 32
+    # streams 3,307-3,312 / 4,357-4,392 -> 3,522-3,544 / 4,668-4,700 tokens/s, SmolLM2 fp32 10,250-10,439
+    # / 13,789-13,899 -> 10,507-10,588 / 13,756-14,041 (results/h200/kernel_choices/lm_head_small_tile/)
+    small = most[0] >= GEMV_T4_MIN_N and b.adapter != CPU
+    return GemmRoute(b, load, [mm.a, mm.bmat], mm.bias, b.out, mm.params, gemm_scratch(b, [b.out], most=most), most=most, activation=mm.activation,
+                     small=small)
 
 
 # The variants of a product, first match wins (kernels/variants.py). Packed f16 weights take one
