@@ -156,7 +156,7 @@ async def test_fp16_weights_are_stored_as_f16(name, k, vector, load_pte, kernel_
     """The weight is bound as f16 (half the bytes of the f32 fallback), and the GPU variants'
     vec4 GEMV (the one with row_of_a) loads it 4 weights a load (K % 8 != 0) or 8 (vec4<u32>:
     f16 pairs)."""
-    data, _ = _export(name)
+    data, module = _export(name)
     model = await load_pte(data)
     shaders = [d.shader or "" for d in model.graph.dispatches]
     assert all("var<storage, read> bm: array<f32>" not in s for s in shaders)
@@ -168,6 +168,8 @@ async def test_fp16_weights_are_stored_as_f16(name, k, vector, load_pte, kernel_
     for m, on in ((1, True), (16, True), (17, False), (33, False)):  # N >= GEMV_T4_MIN_N: the vector GEMV up to BITWISE_ROWS rows
         await model.execute(*_inputs(name, m, rng))
         assert all(all(model._default.state.grids[i]) == on for i in gemv), m
+    # past them the GEMM, on GPUs in 32 x 64 tiles to 32 rows
+    await assert_matches_eager(model, module, [_inputs(name, m, rng) for m in (29, 17, 33, 32)], atol=ATOL, rtol=RTOL)
 
 
 @pytest.mark.parametrize("name", SUBGROUP_CASES)

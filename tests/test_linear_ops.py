@@ -302,7 +302,7 @@ async def test_gemv_variant_runs_for_few_rows_of_a_wide_weight(load_pte, kernel_
     to 32 rows, and the GEMM past those (on GPUs in 32 x 64 tiles to 32 rows: SMALL_TILE, 9 vec4s a
     K step's row of A); on CPU adapters with subgroups, the subgroup GEMV for one row and its 8-row form for
     any other count (values checked in test_dynamic_rows_switch_routes)."""
-    data, _ = _export("linear_bias_dyn_k4")
+    data, module = _export("linear_bias_dyn_k4")
     model = await load_pte(data)
     assert model.kernels == kernel_variants
     subgroups = kernel_variants == "cpu" and model.subgroups
@@ -324,6 +324,7 @@ async def test_gemv_variant_runs_for_few_rows_of_a_wide_weight(load_pte, kernel_
             grids = model._default.state.grids
             (gemm,) = [d.shader for i, d in enumerate(model.graph.dispatches) if all(grids[i]) and "var<workgroup> As" in (d.shader or "")]
             assert ("As: array<vec4<f32>, 144>" in gemm) == (m <= 32), m
+    await assert_matches_eager(model, module, [_inputs("linear_bias_dyn_k4", m, rng) for m in (29, 17, 41, 32)], atol=ATOL, rtol=RTOL)
 
 
 class SelfAttention(torch.nn.Module):
