@@ -301,7 +301,7 @@ async def test_gemv_variant_runs_for_few_rows_of_a_wide_weight(load_pte, kernel_
     BITWISE_ROWS (16) rows, the one-invocation-per-output GEMV on CPU adapters without subgroups up
     to 32 rows, and the GEMM past those (on GPUs in 32 x 64 tiles to 32 rows: SMALL_TILE, 9 vec4s a
     K step's row of A); on CPU adapters with subgroups, the subgroup GEMV for one row and its 8-row form for
-    any other count (values checked in test_dynamic_rows_switch_routes)."""
+    any other count (values against eager past 16 rows here, at other rows in test_dynamic_rows_switch_routes)."""
     data, module = _export("linear_bias_dyn_k4")
     model = await load_pte(data)
     assert model.kernels == kernel_variants
