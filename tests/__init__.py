@@ -22,5 +22,4 @@ class _InstalledBeforeRoot(importlib.abc.MetaPathFinder):
         return importlib.machinery.PathFinder.find_spec(name, elsewhere)
 
 
-if not any(isinstance(finder, _InstalledBeforeRoot) for finder in sys.meta_path):
-    sys.meta_path.insert(0, _InstalledBeforeRoot())
+sys.meta_path.insert(0, _InstalledBeforeRoot())
