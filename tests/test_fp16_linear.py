@@ -87,6 +87,8 @@ CASES = {
     # multiple of 8, 8 weights a load (vec4<u32> of f16 pairs)
     "f16_linear_wide_k4": (lambda: Linear(76, 8209, True).half(), [(41, 76)], [0]),
     "f16_linear_wide_k8": (lambda: Linear(80, 8209, False).half(), [(41, 80)], [0]),
+    # K = FLOAT_GEMM_MIN_K: on GPUs the subgroup kernels to 32 rows, then the GEMM in 8 x 4 register tiles
+    "f16_linear_k2048": (lambda: Linear(2048, 67, False).half(), [(41, 2048)], [0]),
     "f16_mm_split": (MM, [(70, 257), (257, 97)], [0, None]),
     "f16_bmm": (BMM, [(3, 67, 199), (3, 199, 71)], [1, None]),
     "f16_addmm": (AddMM, [(29,), (17, 13), (13, 29)], [None, 0, None]),
@@ -226,12 +228,15 @@ async def test_fp16_gemvs_load_8_weights_a_load(name, load_pte, kernel_variants)
             np.testing.assert_array_equal(t[2:3], a)
 
 
-@pytest.mark.parametrize("name, quads", [("f16_norm_fused_wide", True), ("f16_fused", False), ("f16_linear_bias", False)])
+@pytest.mark.parametrize("name, quads", [("f16_norm_fused_wide", True), ("f16_linear_k2048", True), ("f16_fused", False), ("f16_linear_bias", False)])
 async def test_fp16_gemms_load_weights_4_of_k_at_once(name, quads, load_pte, kernel_variants):
     """Past the GEMVs' rows, the GEMM of f16 weights whose K is a multiple of 4 (2,048: q/k/v and
     SwiGLU as column groups, at 41 rows on GPUs) reads a weight's 4 of K a load, bound as
-    vec2<u32> (gemm.py's float_k_quads); of K 37 or 523, one weight a load. Values checked in
-    test_fp16_products_match_eager_fp16 at the same row counts."""
+    vec2<u32> (gemm.py's float_k_quads); of K 37 or 523, one weight a load. With the GPU variants
+    a plain product of K = 2,048 takes the 64 x 64 tile at 8 x 4 outputs an invocation (gemm.py's
+    MID_TILE) at 41 rows; column groups (q/k/v, SwiGLU) and products of smaller K the 4 x 4 one;
+    past 64 rows every one takes it. Values checked in test_fp16_products_match_eager_fp16 at the
+    same row counts."""
     data, _ = _export(name)
     model = await load_pte(data)
     rows = CASES[name][1][0][0]
@@ -241,6 +246,8 @@ async def test_fp16_gemms_load_weights_4_of_k_at_once(name, quads, load_pte, ker
     assert gemms or (kernel_variants == "cpu" and model.subgroups), [d.op for d in live]  # CPU subgroup kernels: every row count
     for d in gemms:
         assert ("fn b_k_quad" in d.shader and "array<vec2<u32>>" in d.shader) == quads, d.op
+        mid = "@workgroup_size(16, 8)" in d.shader and "c1_0_0" in d.shader
+        assert mid == (kernel_variants == "gpu" and (rows > 64 or name == "f16_linear_k2048")), (d.op, rows)
 
 
 async def test_fp16_fused_linears_run_fused(load_pte):

@@ -373,6 +373,7 @@ def test_mid_tiles_take_products_past_64_rows_and_wide_heads():
     assert G.takes_mid_tile(65, 32776, k_quads=True) and not G.takes_mid_tile(2047, 576, k_quads=True)  # 4-bit: 1,024 tiles (q4_mid)
     assert not G.takes_mid_tile(512, 2048, k_quads=True) and G.takes_mid_tile(2047, 2112, k_quads=True)
     assert G.takes_mid_tile(33, 65536, k_quads=True) and not G.takes_mid_tile(64, 65472, k_quads=True)  # an LM head at decode rows
+    assert G.takes_mid_tile(33, 3072, f16_k=2048) and not G.takes_mid_tile(32, 3072, f16_k=2048) and not G.takes_mid_tile(64, 3072, f16_k=576)  # f16 decode rows
 
 
 def test_big_tiles_take_large_products_of_long_k():

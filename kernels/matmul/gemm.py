@@ -32,6 +32,7 @@ from pte_wgpu.resize.shapes import MAX_WORKGROUPS, numel_of
 
 from ..variants import CPU
 from ..wgsl import ERF, FLAT_INDEX, GELU, WG, fill, flat_grid, vec4_loader, vec4_type
+from .routes import FLOAT_GEMM_MIN_K
 
 # The uniform, defined once: (name, WGSL type); struct.pack format follows from the type.
 FIELDS = (
@@ -436,7 +437,12 @@ SMALL_TILE = Tile(ty=8)  # 32 x 64, for products of few rows (GemmRoute's small)
 # and 2,047 rows; 5-7% slower on the 1B's 4-bit products at 48 and 64 rows, and at 512 rows where
 # they have a few hundred tiles (fewer invocations to hide the dequantizing loads' latency)
 # and f32 weights 4 of K a load (TileLoad.quads): 3-7% on ViT's, SmolLM2's and the 1B's fp32 products
-# (TILE 4% slower so; results/h200/kernel_choices/gemm_k_steps/)
+# (TILE 4% slower so; results/h200/kernel_choices/gemm_k_steps/); and f16 weights (an fp16 export's,
+# read 4 of K a load) of K >= FLOAT_GEMM_MIN_K at 33 to 64 rows, a ragged pass of decode rows: H200, the
+# template alone at 48 / 64 rows, the runtime's K splits, Llama-3.2-1B fp16's products 1.02-1.21x
+# TILE's (o 1.07 / 1.10, down 1.13 / 1.15, its head 1.20 / 1.21; the fused q/k/v 1.06 / 1.02 and gate/up
+# 1.17 / 1.17 there, but as column groups in the model's pass, each dispatch timed at 64 rows, q/k/v
+# 55-59 -> 70-71 us and gate/up 184 -> 186: those keep TILE; results/h200/kernel_choices/f16_gemm_decode_rows/)
 MID_TILE = Tile(ty=8, rq=2, unroll=True, b_quads=True)
 # 128 x 128, 8 x 8 outputs an invocation: twice the products per workgroup-memory read of TILE,
 # its K steps unrolled (the driver unrolls TILE's 16 products a k, not these 64); for products
@@ -466,12 +472,12 @@ WIDE_ROW_TILE = Tile(cq=2, unroll=True)
 WIDE_ROW_MIN = 4096
 
 
-def takes_mid_tile(m, n, k_quads=False):
+def takes_mid_tile(m, n, k_quads=False, f16_k=0):
     """Whether an M x N product runs faster in MID_TILE than in TILE; `k_quads`: its load
-    dequantizes B's K quads (4-bit weights)."""
+    dequantizes B's K quads (4-bit weights); `f16_k`: K of f16 weights (0: other weights)."""
     if k_quads:
         return -(-m // TILE.bm) * -(-n // TILE.bn) >= MID_MIN_K_QUAD_TILES
-    return m > TILE.bm
+    return m > TILE.bm or (m > SMALL_TILE.bm and f16_k >= FLOAT_GEMM_MIN_K)
 
 
 def takes_wide_row_tile(m, n, k):
@@ -652,6 +658,9 @@ class GemmRoute:
             tiles += [WIDE_ROW_TILE] if load.dequantizes and not load.setup and b.adapter != CPU and takes_wide_row_tile(TILE.bm, *most) else []
         self.tiles = {tile: b.dispatch(shader(tile), bindings) for tile in tiles}
         self.dequantizes, self.a_k_quads = load.dequantizes, load.a_k_quads
+        # f16 weights (a WeightSource, not dequantized) of one product: a column group's (more_outs) load picks
+        # its weight per column, which MID_TILE's loads took slower in a model's pass (the note at MID_TILE)
+        self.f16 = load.b_source is not None and not load.dequantizes and not more_outs
         reduce = gemm_reduce_shader(bias is not None, extra=more(len(tail) + 3), **epilogue)
         self.reduce = b.dispatch(reduce, [scratch, *tail, out, params, *more_outs, *last])
         self.widened = None  # (the widening dispatch, the f32 weights' route) from WIDEN_MIN_ROWS rows
@@ -682,7 +691,7 @@ class GemmRoute:
             return BIG_TILE
         if WIDE_ROW_TILE in self.tiles and takes_wide_row_tile(m, n, k):
             return WIDE_ROW_TILE
-        return MID_TILE if MID_TILE in self.tiles and takes_mid_tile(m, n, self.dequantizes) else TILE
+        return MID_TILE if MID_TILE in self.tiles and takes_mid_tile(m, n, self.dequantizes, k if self.f16 else 0) else TILE
 
     def plan(self, m, n, k, batch, on=True):
         """(splits, kspan) for the uniform; (1, K) when the route is off."""
