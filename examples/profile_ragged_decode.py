@@ -8,8 +8,9 @@ Each session's prompt is `--prompt` tokens long (8 by default), so the decode pa
 about that many keys. `--whole-steps` times the passes as they run unprofiled instead (GPU time
 from a pass's first dispatch to its last): per-dispatch passes inflate small dispatches and can
 rank kernel variants wrongly. `--by-dispatch` lists each dispatch of the passes in graph order
-(its median time over the passes) in place of the sums by op.
+(its median time over the passes, and a GEMM's tile) in place of the sums by op.
 """
+import re
 import sys
 from collections import defaultdict
 
@@ -21,6 +22,16 @@ from async_runtime.tools.profile import Profiler, enable_timestamp_normalization
 
 units = enable_timestamp_normalization()
 
+def gemm_tile(shader):
+    """"BM x BN, R x C an invocation" of a GEMM template's dispatch (kernels/matmul/gemm.py's Tile), else ""."""
+    size = re.search(r"@workgroup_size\(16, (\d+)\)", shader or "")
+    accs = re.findall(r"var c(\d+)_\d+_(\d+) = vec4", shader or "")
+    if "var<workgroup> As" not in (shader or "") or not size or not accs:
+        return ""
+    rq, cq = (1 + max(int(a[i]) for a in accs) for i in (0, 1))
+    return f"{4 * int(size[1]) * rq} x {64 * cq}, {4 * rq} x {4 * cq}"
+
+
 def by_dispatch(prof, graph, steps):
     """Each dispatch's median time over `steps`, in graph order."""
     times = defaultdict(list)
@@ -28,7 +39,8 @@ def by_dispatch(prof, graph, steps):
         if step in steps:
             times[did].append((end - begin) * prof._scale_us())
     for did in sorted(times):
-        print(f"  {did:5d} {graph.dispatches[did].op:40s} {np.median(times[did]):8.1f} us")
+        d = graph.dispatches[did]
+        print(f"  {did:5d} {d.op:40s} {np.median(times[did]):8.1f} us  {gemm_tile(d.shader)}")
 
 
 async def main(path, row_counts, prompt, whole_steps, dispatches):
