@@ -3,8 +3,8 @@ addmm, the fused linears' prefill, 4-bit weights), and its split-K reduce.
 
 out[b, m, n] = epilogue(sum_k A[b, m, k] * B[b, k, n]): a 64x64 output tile per 16x16 workgroup,
 each invocation a 4x4 register tile (rows 4 * lid.y.., columns 4 * lid.x..); a `Tile` gives other
-shapes (32x64 for products of few rows, 64x64 at 8x4 an invocation past 64 rows, 128x128 at 8x8
-for large ones). A and B go through workgroup memory in K steps of 16 (the 128x128 tile's 8) as vec4s of 4 rows (columns
+shapes (32x64 for products of few rows, 64x64 at 8x4 an invocation past 64 rows and for an fp16
+export's plain products from 33, 128x128 at 8x8 for large ones). A and B go through workgroup memory in K steps of 16 (the 128x128 tile's 8) as vec4s of 4 rows (columns
 of B), rows padded by one vec4 against bank conflicts. Each invocation loads its share of vec4s of each per step (4
 rows' one k, or where K is whole quads one row's 4 k: `TileLoad`); the next
 step's loads are issued before this step's products, so their latency hides behind the arithmetic. A product with
