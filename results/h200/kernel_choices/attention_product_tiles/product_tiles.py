@@ -6,6 +6,51 @@ the same memory K held, O += P V (rows 4ty.., dims 4tx..). 32 KB of workgroup me
 from pte_wgpu.kernels.attention import kv_cache_sdpa as K
 from pte_wgpu.kernels.wgsl import fill
 
+# Both variants' entry: the workgroup's head and 32 rows (the last, longest tile first), an invocation's place
+ENTRY = """@compute @workgroup_size(128)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let h = wid.x;
+    let r0 = ((p.s + 31u) / 32u - 1u - wid.y) * 32u;
+    let r_end = min(r0 + 32u, p.s);
+    let tx = t % 16u;
+    let ty = t / 16u;
+    let kvh = h / (p.hq / p.hkv);"""
+# Both variants' online softmax of a block: the rows' new maxima from the block's (mb), the probabilities
+# of the invocation's scores, its part of the rows' sums and its sums of the weighted V rescaled
+SOFTMAX = """        let mn = max(vec4<f32>(m0, m1, m2, m3), mb);
+        let corr = exp(vec4<f32>(m0, m1, m2, m3) - mn);
+        m0 = mn.x; m1 = mn.y; m2 = mn.z; m3 = mn.w;
+        let p0 = select(vec4<f32>(0.0), exp(s0 - m0), v0);
+        let p1 = select(vec4<f32>(0.0), exp(s1 - m1), v1);
+        let p2 = select(vec4<f32>(0.0), exp(s2 - m2), v2);
+        let p3 = select(vec4<f32>(0.0), exp(s3 - m3), v3);
+        l = l * corr + vec4<f32>((p0.x + p0.y) + (p0.z + p0.w), (p1.x + p1.y) + (p1.z + p1.w), (p2.x + p2.y) + (p2.z + p2.w), (p3.x + p3.y) + (p3.z + p3.w));
+        o0 = o0 * corr.x; o1 = o1 * corr.y; o2 = o2 * corr.z; o3 = o3 * corr.w;"""
+# Both variants' end: each row's weighted sum over its total, written by the invocations of its dims
+WRITES = """    let w = max(tot, vec4<f32>(1e-30));
+    let os = array<vec4<f32>, 4>(o0 / w.x, o1 / w.y, o2 / w.z, o3 / w.w);
+    for (var i = 0u; i < 4u; i = i + 1u) {
+        let row = rowa + i;
+        if (row < p.s) {
+            let o = $OUT_ROW * 64u + 4u * tx;
+            out[o] = OT(os[i].x); out[o + 1u] = OT(os[i].y); out[o + 2u] = OT(os[i].z); out[o + 3u] = OT(os[i].w);
+        }
+    }
+}
+"""
+
+
+def layout(encoder):
+    """The fill values both variants share: where rows and keys are read and written (kv_cache_sdpa.py's
+    CACHE_ROWS or ENCODER_ROWS), the key bound, each of an invocation's 4 rows' key count, ENTRY, SOFTMAX and WRITES."""
+    q_row, out_row, key_row = K.ENCODER_ROWS if encoder else K.CACHE_ROWS
+    k_at, v_at = ("at + e.k4", "at + e.v4") if encoder else ("at", "at")
+    limits = "    let kmax = p.pos;" if encoder else "    let kmax = p.pos + r_end;"
+    keys = ["p.pos"] * 4 if encoder else [f"p.pos + rowa + {i + 1}u" for i in range(4)]
+    return dict(TABLES=K.ENCODER_LAYOUT if encoder else K.PLAIN_KEYS, Q_ROW=q_row, KEY_ROW=key_row, K_AT=k_at, V_AT=v_at, LIMITS=limits,
+                KEYS0=keys[0], KEYS1=keys[1], KEYS2=keys[2], KEYS3=keys[3], WRITES=fill(WRITES, OUT_ROW=out_row), SOFTMAX=SOFTMAX, ENTRY=ENTRY)
+
+
 SRC = K.VEC4_BINDINGS + """$TABLES
 // Rows of 16 vec4s with their vec4s swizzled, slot dq ^ (row % 16) (P's: slot ty ^ (key % 8)), so that
 // invocations reading or writing the same slot of neighbouring rows hit different banks.
@@ -13,14 +58,7 @@ var<workgroup> qs: array<vec4<f32>, 512>;   // [row][16]: Q * scale
 var<workgroup> kv: array<vec4<f32>, 1024>;  // K as [key][16], then V as [key][16]
 var<workgroup> ps: array<vec4<f32>, 512>;   // the rows' partial maxima [row][16 floats], then P as [key][row quad]
 
-@compute @workgroup_size(128)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let h = wid.x;
-    let r0 = ((p.s + 31u) / 32u - 1u - wid.y) * 32u;
-    let r_end = min(r0 + 32u, p.s);
-    let tx = t % 16u;
-    let ty = t / 16u;
-    let kvh = h / (p.hq / p.hkv);
+$ENTRY
     for (var i = t; i < 512u; i = i + 128u) {  // q: 32 rows x 16 vec4
         let rr = i / 16u;
         let r = min(r0 + rr, p.s - 1u);
@@ -77,15 +115,7 @@ $LIMITS
             mb = max(mb, vec4<f32>(ps[b].z, ps[b + 4u].z, ps[b + 8u].z, ps[b + 12u].z));
             mb = max(mb, vec4<f32>(ps[b].w, ps[b + 4u].w, ps[b + 8u].w, ps[b + 12u].w));
         }
-        let mn = max(vec4<f32>(m0, m1, m2, m3), mb);
-        let corr = exp(vec4<f32>(m0, m1, m2, m3) - mn);
-        m0 = mn.x; m1 = mn.y; m2 = mn.z; m3 = mn.w;
-        let p0 = select(vec4<f32>(0.0), exp(s0 - m0), v0);
-        let p1 = select(vec4<f32>(0.0), exp(s1 - m1), v1);
-        let p2 = select(vec4<f32>(0.0), exp(s2 - m2), v2);
-        let p3 = select(vec4<f32>(0.0), exp(s3 - m3), v3);
-        l = l * corr + vec4<f32>((p0.x + p0.y) + (p0.z + p0.w), (p1.x + p1.y) + (p1.z + p1.w), (p2.x + p2.y) + (p2.z + p2.w), (p3.x + p3.y) + (p3.z + p3.w));
-        o0 = o0 * corr.x; o1 = o1 * corr.y; o2 = o2 * corr.z; o3 = o3 * corr.w;
+$SOFTMAX
         workgroupBarrier();
         let sp = ty ^ (tx % 8u);  // P's slot of row quad ty at each of this invocation's keys (key % 8 = tx % 8)
         ps[kj.x * 8u + sp] = vec4<f32>(p0.x, p1.x, p2.x, p3.x);
@@ -110,30 +140,11 @@ $LIMITS
         tot = tot + vec4<f32>(ps[b].x + ps[b].y + ps[b].z + ps[b].w, ps[b + 4u].x + ps[b + 4u].y + ps[b + 4u].z + ps[b + 4u].w,
                               ps[b + 8u].x + ps[b + 8u].y + ps[b + 8u].z + ps[b + 8u].w, ps[b + 12u].x + ps[b + 12u].y + ps[b + 12u].z + ps[b + 12u].w);
     }
-    let w = max(tot, vec4<f32>(1e-30));
-    let os = array<vec4<f32>, 4>(o0 / w.x, o1 / w.y, o2 / w.z, o3 / w.w);
-    for (var i = 0u; i < 4u; i = i + 1u) {
-        let row = rowa + i;
-        if (row < p.s) {
-            let o = $OUT_ROW * 64u + 4u * tx;
-            out[o] = OT(os[i].x); out[o + 1u] = OT(os[i].y); out[o + 2u] = OT(os[i].z); out[o + 3u] = OT(os[i].w);
-        }
-    }
-}
-"""
+$WRITES"""
 
 
 def shader(encoder):
-    q_row, out_row, key_row = K.ENCODER_ROWS if encoder else K.CACHE_ROWS
-    k_at, v_at = ("at + e.k4", "at + e.v4") if encoder else ("at", "at")
-    if encoder:
-        limits = "    let kmax = p.pos;"
-        keys = ["p.pos"] * 4
-    else:
-        limits = "    let kmax = p.pos + r_end;"
-        keys = [f"p.pos + rowa + {i + 1}u" for i in range(4)]
-    return fill(SRC, TABLES=K.ENCODER_LAYOUT if encoder else K.PLAIN_KEYS, Q_ROW=q_row, OUT_ROW=out_row.replace("row", "row"),
-                KEY_ROW=key_row, K_AT=k_at, V_AT=v_at, LIMITS=limits, KEYS0=keys[0], KEYS1=keys[1], KEYS2=keys[2], KEYS3=keys[3])
+    return fill(SRC, **layout(encoder))
 
 
 UNROLLED = K.VEC4_BINDINGS + """$TABLES
@@ -144,14 +155,7 @@ var<workgroup> kv: array<array<vec4<f32>, 17>, 64>;  // [key][d quad]: K, then V
 var<workgroup> ps: array<array<vec4<f32>, 9>, 64>;   // [key][row quad]: P
 var<workgroup> red: array<array<f32, 17>, 32>;       // [row][16]: the rows' partial maxima, then sums
 
-@compute @workgroup_size(128)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let h = wid.x;
-    let r0 = ((p.s + 31u) / 32u - 1u - wid.y) * 32u;
-    let r_end = min(r0 + 32u, p.s);
-    let tx = t % 16u;
-    let ty = t / 16u;
-    let kvh = h / (p.hq / p.hkv);
+$ENTRY
     for (var i = t; i < 512u; i = i + 128u) {
         let r = min(r0 + i / 16u, p.s - 1u);
         let qi = $Q_ROW * 64u + 4u * (i % 16u);
@@ -190,15 +194,7 @@ $SCORES
         }
         var mb = vec4<f32>(-3.0e38);
 $MAXES
-        let mn = max(vec4<f32>(m0, m1, m2, m3), mb);
-        let corr = exp(vec4<f32>(m0, m1, m2, m3) - mn);
-        m0 = mn.x; m1 = mn.y; m2 = mn.z; m3 = mn.w;
-        let p0 = select(vec4<f32>(0.0), exp(s0 - m0), v0);
-        let p1 = select(vec4<f32>(0.0), exp(s1 - m1), v1);
-        let p2 = select(vec4<f32>(0.0), exp(s2 - m2), v2);
-        let p3 = select(vec4<f32>(0.0), exp(s3 - m3), v3);
-        l = l * corr + vec4<f32>((p0.x + p0.y) + (p0.z + p0.w), (p1.x + p1.y) + (p1.z + p1.w), (p2.x + p2.y) + (p2.z + p2.w), (p3.x + p3.y) + (p3.z + p3.w));
-        o0 = o0 * corr.x; o1 = o1 * corr.y; o2 = o2 * corr.z; o3 = o3 * corr.w;
+$SOFTMAX
         ps[tx][ty] = vec4<f32>(p0.x, p1.x, p2.x, p3.x);
         ps[tx + 16u][ty] = vec4<f32>(p0.y, p1.y, p2.y, p3.y);
         ps[tx + 32u][ty] = vec4<f32>(p0.z, p1.z, p2.z, p3.z);
@@ -211,24 +207,10 @@ $WEIGHTED
     workgroupBarrier();
     var tot = vec4<f32>(0.0);
 $TOTALS
-    let w = max(tot, vec4<f32>(1e-30));
-    let os = array<vec4<f32>, 4>(o0 / w.x, o1 / w.y, o2 / w.z, o3 / w.w);
-    for (var i = 0u; i < 4u; i = i + 1u) {
-        let row = rowa + i;
-        if (row < p.s) {
-            let o = $OUT_ROW * 64u + 4u * tx;
-            out[o] = OT(os[i].x); out[o + 1u] = OT(os[i].y); out[o + 2u] = OT(os[i].z); out[o + 3u] = OT(os[i].w);
-        }
-    }
-}
-"""
+$WRITES"""
 
 
 def unrolled(encoder):
-    q_row, out_row, key_row = K.ENCODER_ROWS if encoder else K.CACHE_ROWS
-    k_at, v_at = ("at + e.k4", "at + e.v4") if encoder else ("at", "at")
-    limits = "    let kmax = p.pos;" if encoder else "    let kmax = p.pos + r_end;"
-    keys = ["p.pos"] * 4 if encoder else [f"p.pos + rowa + {i + 1}u" for i in range(4)]
     n = "\n        "
     scores = []
     for d in range(16):
@@ -241,7 +223,5 @@ def unrolled(encoder):
     totals = [f"tot = tot + vec4<f32>(red[ra][{c}], red[ra + 1u][{c}], red[ra + 2u][{c}], red[ra + 3u][{c}]);" for c in range(16)]
     weighted = [f"{{ let x = ps[{k}][ty]; let y = kv[{k}][tx]; o0 = o0 + x.x * y; o1 = o1 + x.y * y; o2 = o2 + x.z * y; o3 = o3 + x.w * y; }}"
                 for k in range(64)]
-    return fill(UNROLLED, TABLES=K.ENCODER_LAYOUT if encoder else K.PLAIN_KEYS, Q_ROW=q_row, OUT_ROW=out_row, KEY_ROW=key_row,
-                K_AT=k_at, V_AT=v_at, LIMITS=limits, KEYS0=keys[0], KEYS1=keys[1], KEYS2=keys[2], KEYS3=keys[3],
-                SCORES="        " + n.join(scores), MAXES="        " + n.join(maxes), TOTALS="    " + "\n    ".join(totals),
+    return fill(UNROLLED, **layout(encoder), SCORES="        " + n.join(scores), MAXES="        " + n.join(maxes), TOTALS="    " + "\n    ".join(totals),
                 WEIGHTED="        " + n.join(weighted))
