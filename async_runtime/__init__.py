@@ -22,7 +22,7 @@ from .errors import (
     UnsupportedOperatorError,
 )
 from .llm.generate import GenerationStats, context_length, generate
-from .model import IOSpec, Model, load
+from .model import PRECISIONS, IOSpec, Model, load
 from .sampling import Sampling
 from .session import Session
 from .stats import Statistics
@@ -39,6 +39,7 @@ __all__ = [
     "MemoryBudgetError",
     "Model",
     "ModelFormatError",
+    "PRECISIONS",
     "ResizeError",
     "RuntimeFault",
     "Sampling",

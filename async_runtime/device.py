@@ -32,7 +32,7 @@ class DeviceInfo:
     # the subgroup-matrix products the device offers, (component, result, M, N, K, subgroup size):
     # Dawn's on NVIDIA ("i8", "i32", 16, 16, 32, 32) and others; () on wgpu-native
     subgroup_matrices: tuple = ()
-    precision: str = "f32"  # how a loaded model stores float16 tensors: "f16" or "f32" (Model.precision)
+    precision: str = "f32"  # how a loaded model stores and sums float16 tensors: "f16", "f16-sums" or "f32" (Model.precision)
 
 
 def find_adapter(name=None, power_preference="high-performance"):

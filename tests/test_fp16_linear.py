@@ -12,6 +12,7 @@ first and computes the dynamic activation quantization's scales in f16, the kern
 eager rounds each step to f16: a few f16 ulps of the largest output, atol = rtol = 1e-2.
 """
 
+import copy
 import functools
 import random
 
@@ -248,6 +249,45 @@ async def test_fp16_gemms_load_weights_4_of_k_at_once(name, quads, load_pte, ker
         assert ("fn b_k_quad" in d.shader and "array<vec2<u32>>" in d.shader) == quads, d.op
         mid = "@workgroup_size(16, 8)" in d.shader and "c1_0_0" in d.shader
         assert mid == (kernel_variants == "gpu" and (rows > 64 or name == "f16_linear_k2048")), (d.op, rows)
+
+
+# f16-sums: the live rows of each case's products run by the GEMM (past 32 rows where a GPU's
+# GEMVs and subgroup kernels take fewer), in random order
+HALF_SUM_ROWS = {"f16_linear_k2048": (41, 33), "f16_linear_bias": (33, 70, 64), "f16_mm_split": (70, 33), "f16_bmm": (40, 67, 9), "f16_addmm": (17, 3),
+                 "f16_fused": (40, 71)}
+
+
+@pytest.mark.parametrize("name", sorted(HALF_SUM_ROWS))
+async def test_f16_sums_stay_within_their_bound(name, load_pte, kernel_variants):
+    """load(precision="f16-sums"): with the GPU variants the GEMM's tiles of f16 operands hold them
+    as halves and sum each K step in f16 (gemm.py's HALF_TILES), plain products and column groups
+    (q/k/v) alike, of K whole quads or not; every output within 2^-11 of itself (the f16 store) and
+    2^-9 of the sum of its products' magnitudes of the float64 product (one K step's f16 roundings,
+    a few of 2^-11 of its partial sums). The CPU variants sum in f32, as "auto" does (their values
+    against eager in test_fp16_products_match_eager_fp16)."""
+    data, module = _export(name)
+    model = await load_pte(data, precision="f16-sums")
+    assert model.precision == "f16-sums"
+    exact, magnitude = copy.deepcopy(module).double(), copy.deepcopy(module).double()
+    with torch.no_grad():
+        for p in magnitude.parameters():
+            p.abs_()
+    rng = np.random.default_rng(9)
+    for m in HALF_SUM_ROWS[name]:
+        inputs = _inputs(name, m, rng)
+        outs = await model.execute(*inputs)
+        live = [d for i, d in enumerate(model.graph.dispatches) if all(model._default.state.grids[i]) and "var<workgroup> As" in (d.shader or "")]
+        assert live or (kernel_variants == "cpu" and model.subgroups), m  # CPU subgroup kernels: every row count
+        for d in live:
+            assert ("var<workgroup> As: array<vec4<f16>" in d.shader) == (kernel_variants == "gpu"), (m, d.op)
+        with torch.no_grad():
+            want = exact(*(torch.from_numpy(x).double() for x in inputs))
+            size = magnitude(*(torch.from_numpy(x).double().abs() for x in inputs))
+        want, size = ((t,) if isinstance(t, torch.Tensor) else t for t in (want, size))
+        for j, (got, w, s) in enumerate(list(zip(outs, want, size))[:3]):  # FusedLinears: q, k and v, products of the input
+            w, s = w.numpy(), s.numpy()
+            excess = np.abs(got.astype(np.float64) - w) - (2.0**-11 * np.abs(w) + 2.0**-9 * s)
+            assert excess.max() <= 0, f"rows {m}, output {j}: {excess.max():.3g} past the bound at {np.unravel_index(excess.argmax(), w.shape)}"
 
 
 async def test_fp16_fused_linears_run_fused(load_pte):

@@ -84,5 +84,5 @@ async def test_float32_given_for_a_float16_input_is_rounded_and_an_int_is_refuse
 
 
 async def test_a_bad_precision_is_refused_before_anything_loads():
-    with pytest.raises(ValueError, match=r'precision must be "auto" or "f32", got \'f16\''):
+    with pytest.raises(ValueError, match=r"precision must be one of 'auto', 'f16-sums', 'f32', got 'f16'"):
         await ar.load(pointwise_half(), precision="f16")

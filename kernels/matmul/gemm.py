@@ -25,6 +25,7 @@ to the output's storage type.
 import dataclasses
 import itertools
 import math
+import re
 import struct
 from dataclasses import dataclass
 
@@ -138,7 +139,8 @@ class TileLoad:
     instead of a_at, and each invocation loads one row's 4 K values a step; `quads`: the same
     product read with B 4 of K a load too (f32 weights), for tiles of `b_quads`; `b_source`: B read
     alone (a WeightSource), for a load of B 4 of K a load that a GPU widens to f32 first (4-bit
-    and f16 weights: GemmRoute's widening)."""
+    and f16 weights: GemmRoute's widening); `halves`: A and B both stored as f16, so that a GPU's
+    tiles may hold them as halves and sum in them (HALF_TILES)."""
 
     inputs: tuple
     functions: str
@@ -149,6 +151,7 @@ class TileLoad:
     a_k_quads: bool = False
     quads: "TileLoad | None" = None
     b_source: WeightSource | None = None
+    halves: bool = False
 
 
 # A [M, K], rows of K, as f32 from binding $A at the batch's offset (the float products', the
@@ -223,7 +226,8 @@ def _k_quad_load(a, weights, reads, a_quads=False):
     b_functions = "".join(vec4_loader(w, t) for w, t in weights) + fill(FLOAT_B_K_QUAD, READS=reads)
     a_binding, a_functions = float_a_load(a, a_quads)
     source = WeightSource(a, b_inputs, b_functions) if any(t != "f32" for _, t in weights) else None
-    return TileLoad(inputs=(a_binding, *b_inputs), functions=a_functions + b_functions, b_along_k=True, b_k_quads=True, a_k_quads=a_quads, b_source=source)
+    return TileLoad(inputs=(a_binding, *b_inputs), functions=a_functions + b_functions, b_along_k=True, b_k_quads=True, a_k_quads=a_quads, b_source=source,
+                    halves=a == "f16" and all(t == "f16" for _, t in weights))
 
 
 def float_load(transposed_b, a="f32", b="f32", k_quads=False, a_quads=False):
@@ -239,6 +243,7 @@ def float_load(transposed_b, a="f32", b="f32", k_quads=False, a_quads=False):
         functions=a_functions + fill(FLOAT_B_AT, B_INDEX=b_index),
         b_along_k=transposed_b,
         a_k_quads=a_quads,
+        halves=a == b == "f16",
     )
 
 
@@ -297,6 +302,7 @@ def column_group(x, weights, ns, k):
         b_along_k=True,
         a_k_quads=quads,
         quads=k_quad_load() if quads else None,
+        halves=x == "f16" and all(t == "f16" for t in weights),
     )
     return load, column_store(ns)
 
@@ -337,8 +343,8 @@ A_K_QUADS = (
 )
 
 GEMM = """
-var<workgroup> As: array<vec4<f32>, ${A_SIZE}>;  // [k][m / 4], ${BK} x ${AP}
-var<workgroup> Bs: array<vec4<f32>, ${B_SIZE}>;  // [k][n / 4], ${BK} x ${BP}
+var<workgroup> As: array<vec4<${S}>, ${A_SIZE}>;  // [k][m / 4], ${BK} x ${AP}
+var<workgroup> Bs: array<vec4<${S}>, ${B_SIZE}>;  // [k][n / 4], ${BK} x ${BP}
 
 @compute @workgroup_size(16, ${TY})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
@@ -364,6 +370,7 @@ $SETUP
         $A_NEXT
         $B_NEXT
         $PRODUCTS
+        $FOLD
         workgroupBarrier();
     }
     let total = p.batch * p.M * p.N;
@@ -409,7 +416,9 @@ class Tile:
     """A GEMM tile: `ty` rows of 16 invocations, each summing `rq` x `cq` quads of outputs (4 x 4
     each): rows 4 * (lid.y + ty * i).., columns 4 * (lid.x + 16 * j).., so that a subgroup's reads
     of a K step's row of A and of B are contiguous; `unroll`: a K step's k written out one by one,
-    not a loop; `bk`: the K step; `b_quads`: the load's `quads` where it has them."""
+    not a loop; `bk`: the K step; `b_quads`: the load's `quads` where it has them; `half`: A and B
+    in workgroup memory as halves (a TileLoad of `halves`), each K step's products summed in f16,
+    then added to the f32 sums (HALF_TILES)."""
 
     ty: int = 16
     rq: int = 1
@@ -417,6 +426,7 @@ class Tile:
     unroll: bool = False
     bk: int = BK
     b_quads: bool = False
+    half: bool = False
 
     @property
     def bm(self):
@@ -470,6 +480,15 @@ MID_MIN_K_QUAD_TILES = 1024
 # lost 6% at 64 streams.
 WIDE_ROW_TILE = Tile(cq=2, unroll=True)
 WIDE_ROW_MIN = 4096
+# The tiles that a GPU runs in halves (Tile.half) for operands stored as f16 (TileLoad.halves, an
+# fp16 export's products): an f16 multiply-add does two lanes' work an instruction, and workgroup
+# memory holds half the bytes. A K step's 16 products of an output sum in f16, then go into its f32
+# sum: each rounding about 2^-11 of a step's partial sum, of the order of the f16 output's own
+# rounding (within 5e-4 of the largest output at K of 2,048-8,192, against 3e-7 summed in f32). H200, the template alone, Llama-3.2-1B fp16's products at 48 / 64 rows, the runtime's
+# K splits: TILE 1.14-1.25x, MID_TILE 1.10-1.29x the f32 sums; at 512 and 2,047 rows MID_TILE
+# 1.16-1.22x; BIG_TILE in halves 0.68-0.90x its f32 sums (a fold every 8 of K;
+# results/h200/kernel_choices/half_products/).
+HALF_TILES = (TILE, SMALL_TILE, MID_TILE)
 
 
 def takes_mid_tile(m, n, k_quads=False, f16_k=0):
@@ -516,21 +535,28 @@ def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, res
     rows, cols = range(tile.rq), range(tile.cq)
     accs = [f"c{r}_{i}_{c}" for r in rows for i in range(4) for c in cols]
 
+    sums = [f"h{c[1:]}" if tile.half else c for c in accs]  # a half tile's K step sums in f16, then into f32's
+
     def step(k):  # the products of one k of the tile's K step
         reads = [f"let x{r} = As[{k} * {ap}u + lid.y + {tile.ty * r}u];" for r in rows]
         reads += [f"let y{c} = Bs[{k} * {bp}u + lid.x + {16 * c}u];" for c in cols]
-        return reads + [f"c{r}_{i}_{c} = c{r}_{i}_{c} + x{r}.{'xyzw'[i]} * y{c};" for r in rows for i in range(4) for c in cols]
+        return reads + [f"{s} = {s} + x{r}.{'xyzw'[i]} * y{c};" for s, (r, i, c) in zip(sums, itertools.product(rows, range(4), cols))]
 
     if tile.unroll:
         products = [f"{{ {' '.join(step(f'{k}u'))} }}" for k in range(tile.bk)]
     else:
         products = [f"for (var k = 0u; k < {tile.bk}u; k = k + 1u) {{", *("    " + line for line in step("k")), "}"]
+    fold = ""
+    if tile.half:
+        products = [f"var {h} = vec4<f16>(0.0);" for h in sums] + products
+        fold = " ".join(f"{c} = {c} + vec4<f32>({h});" for c, h in zip(accs, sums))
+        a_store, b_store = (re.sub(r"= (r[ab]\$J(\[\d\])?);", lambda g: f"= {'f16' if g[2] else 'vec4<f16>'}({g[1]});", t) for t in (a_store, b_store))
     stores = [
         f"    {{ let m = m0 + 4u * (lid.y + {tile.ty * r}u) + {i}u; let n = n0 + 4u * (lid.x + {16 * c}u);\n" + fill(STORE_QUAD, C=f"c{r}_{i}_{c}") + "    }"
         for r in rows for i in range(4) for c in cols
     ]
     body = fill(
-        GEMM, BM=tile.bm, BN=tile.bn, TY=tile.ty, AP=ap, BP=bp, A_SIZE=tile.bk * ap, B_SIZE=tile.bk * bp, SETUP=setup, BK=tile.bk,
+        GEMM, S="f16" if tile.half else "f32", FOLD=fold, BM=tile.bm, BN=tile.bn, TY=tile.ty, AP=ap, BP=bp, A_SIZE=tile.bk * ap, B_SIZE=tile.bk * bp, SETUP=setup, BK=tile.bk,
         A_SLOT=lines(a_slot, a_slots, "\n    "), B_SLOT=lines(slot, b_slots, "\n    "),
         A_FIRST=lines(f"var ra$J = {a_first};", a_slots, "\n    "), B_FIRST=lines(f"var rb$J = {b_first};", b_slots, "\n    "),
         A_NEXT=lines(f"ra$J = {a_step};", a_slots, "\n        "), B_NEXT=lines(f"rb$J = {b_step};", b_slots, "\n        "),
@@ -651,7 +677,8 @@ class GemmRoute:
 
         bindings = [*inputs, *tail, out, params, scratch, *extra, *more_outs, *last]
         extra_wgsl += more(len(inputs) + len(tail) + 3 + len(extra))
-        shader = lambda tile: gemm_shader(load, bias is not None, extra_wgsl, tile=tile, **epilogue)  # noqa: E731
+        halves = load.halves and b.half_sums and b.adapter != CPU
+        shader = lambda tile: gemm_shader(load, bias is not None, extra_wgsl, tile=dataclasses.replace(tile, half=halves and tile in HALF_TILES), **epilogue)  # noqa: E731
         if tiles is None:
             tiles = [TILE, *([SMALL_TILE] if small else []), *([MID_TILE] if not load.setup and b.adapter != CPU else [])]
             tiles += [BIG_TILE] if can_take_big_tile(most) and not load.setup else []
