@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# llama.cpp, ours before, ours after, llama.cpp: one call. From the checkout root with .gl/ and .pk/.
+# llama.cpp, ours before, ours after, llama.cpp: one call. From the checkout root with .gl/ and .pk/;
+# BENCH_ARGS: more arguments for examples/bench_llm.py (--precision f16-sums).
 set -u
 for f in .gl/*.deb; do dpkg -x $f / ; done; ldconfig
 for v in ${VERS:-before after}; do [ -d /tmp/w_$v ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/w_$v .pk/whl/*.whl .pk/ab/$v/*.whl 2>&1 | tail -1; done
@@ -34,7 +35,7 @@ PY
 ours() {  # $1: before / after
   t0=$(date +%s)
   PYTHONPATH=/tmp/w_$1 timeout ${OURS_TIMEOUT:-200} python3 examples/bench_llm.py /tmp/m/$M.pte --params .pk/models/$M.json --runs ${RUNS:-2} --sessions ${SESS:-1,16,32,64} \
-    --batched-only --no-torch --json $OUT/ours_$1$2.json > /tmp/ours_$1$2.log 2>&1
+    --batched-only --no-torch ${BENCH_ARGS:-} --json $OUT/ours_$1$2.json > /tmp/ours_$1$2.log 2>&1
   echo "== ours $1 rc=$? $(( $(date +%s) - t0 )) s"
   python3 -c "
 import json; r=json.load(open('$OUT/ours_$1$2.json'))['wgpu']
