@@ -28,7 +28,7 @@ from .errors import (
     ModelFormatError,
     UnsupportedOperatorError,
 )
-from .program.graph import has_half, link, recurrent_states, widen_half
+from .program.graph import PRECISIONS, has_half, link, recurrent_states, widen_half
 from .program.planning import carried_state, plan_memory, read_first
 from .program.tables import split_constants
 from .ragged import NotRagged, plan_ragged
@@ -83,9 +83,6 @@ def _read_file(path, progress):
             done += n
             progress.from_worker("read", done, size)
     return data
-
-
-PRECISIONS = ("auto", "f16-sums", "f32")  # load()'s precision
 
 
 async def load(

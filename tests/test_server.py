@@ -303,6 +303,26 @@ def test_the_cli_refuses_an_open_port_without_a_key(capsys, monkeypatch):
     assert "refusing to serve on 0.0.0.0 without an API key" in capsys.readouterr().err
 
 
+def test_the_cli_loads_at_the_precision_it_is_given(capsys, monkeypatch):
+    """`serve --precision f16-sums` reaches load(); a precision load() has not is refused by name."""
+    from async_runtime.llm.tokenizer import Tokenizer
+
+    asked = []
+
+    async def load(pte, **kwargs):
+        asked.append(kwargs)
+        raise RuntimeError("loaded no further")
+
+    monkeypatch.setattr(ar, "load", load)
+    monkeypatch.setattr(Tokenizer, "for_model", staticmethod(lambda pte: ByteTokenizer()))
+    with pytest.raises(RuntimeError, match="loaded no further"):
+        cli(["serve", "some.pte", "--precision", "f16-sums"])
+    assert asked == [{"precision": "f16-sums"}]
+    with pytest.raises(SystemExit):
+        cli(["serve", "some.pte", "--precision", "f16"])
+    assert "invalid choice: 'f16'" in capsys.readouterr().err
+
+
 async def test_a_lost_device_ends_the_stream_and_fails_the_health_check(model):
     async with running(tiny_app(model)) as url, httpx.AsyncClient(base_url=url, timeout=60) as client:
         body = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 30}

@@ -77,6 +77,9 @@ def widen_half(graph):
             graph.values[vid] = replace(v, dtype="float32")
 
 
+PRECISIONS = ("auto", "f16-sums", "f32")  # load()'s precision: how float16 tensors are stored and summed
+
+
 def has_half(graph):
     return any(isinstance(v, Tensor) and v.dtype == "float16" for v in graph.values)
 

@@ -11,7 +11,7 @@ from pte_wgpu.resize.shapes import numel_of
 from pte_wgpu.resize.values import SymInt, Tensor, ValueList
 
 from ..errors import ModelFormatError
-from ..program.graph import link
+from ..program.graph import PRECISIONS, link
 from ..program.pte import read_program
 
 
@@ -124,7 +124,7 @@ def _serve(args):
     from ..llm.server import create_app, serve
 
     async def run():
-        async with await load(args.pte) as model:
+        async with await load(args.pte, precision=args.precision) as model:
             app = create_app(model, tokenizer, **options)
             print(f"serving {args.pte} on http://{args.host}:{args.port} ({model.device_info.name})")
             await serve(app, args.host, args.port)
@@ -141,7 +141,7 @@ def _serve_on_ray(args, tokenizer, options):
 
     ray.init(address=args.address)  # None starts a local cluster; "auto" joins this host's; "ray://..." a remote one
     serve.start(http_options={"host": args.host, "port": args.port})
-    app = application(os.path.abspath(args.pte), tokenizer, replicas=args.replicas or 1,
+    app = application(os.path.abspath(args.pte), tokenizer, replicas=args.replicas or 1, precision=args.precision,
                       min_replicas=args.min_replicas, max_replicas=args.max_replicas, **options)
     print(f"serving {args.pte} on http://{args.host}:{args.port} with Ray Serve "
           f"({args.replicas or f'{args.min_replicas}-{args.max_replicas}'} replicas)")
@@ -165,6 +165,7 @@ def main(argv=None):
     p.add_argument("--max-sessions", type=int, default=8, help="requests generating at once")
     p.add_argument("--max-waiting", type=int, default=32, help="requests waiting for a slot; past it, 429")
     p.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    p.add_argument("--precision", choices=PRECISIONS, default="auto", help="load()'s: f16-sums lets an fp16 export's tiled products sum in f16")
     p.add_argument("--api-key", default=os.environ.get("PTE_WGPU_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1/ (default: $PTE_WGPU_API_KEY)")
     p.add_argument("--no-auth", action="store_true", help="serve beyond loopback without an API key")
