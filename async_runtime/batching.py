@@ -9,7 +9,7 @@ its own run computes (row-wise kernels; matrix products may pick another route f
 
 A pass whose row or sequence count differs from the last one re-runs every resize hook (~1.7 per
 op), which costs more than the GPU work of a decode pass. So passes are padded to power-of-two
-row and sequence counts, and the shape shrinks only after SHRINK_AFTER passes that would fit a
+row and sequence counts (quarter steps from 16 to 32, `_bucket`), and the shape shrinks only after SHRINK_AFTER passes that would fit a
 smaller one (or at once when a quarter would do, as after a prefill): sessions drifting in and out
 of step then cost no resize at all. Padding rows run at position 0 of no sequence.
 """
@@ -428,8 +428,20 @@ def _picked(step, ids):
     step.tokens, step.taken, step.parts = np.array(ids[-1:], np.int64), 0, []
 
 
+# Past QUARTER_STEPS_FROM and up to twice that, passes are padded to quarter steps of it (20, 24, 28
+# and 32 rows), where the products' subgroup kernels take time by the row (an fp16 export's); past
+# that to powers of two, where the GEMM's 64-row tiles cost the same for 40 rows as for 64. H200,
+# Llama-3.2-1B, greedy bursts (results/h200/ragged_pass_padding/): fp16 at 20 / 24 / 28 streams
+# 2,920-2,943 / 3,493-3,545 / 4,068-4,118 -> 3,609-3,643 / 3,955-3,979 / 4,267-4,327 tokens/s; 4w with
+# quarter steps everywhere +2-3% at 20 / 24 / 48 streams, but 40 streams -1 to -4%.
+QUARTER_STEPS_FROM = 16
+
+
 def _bucket(n, most):
-    """The power of two at or above n, at most `most`."""
+    """The padded count of n rows or sequences (QUARTER_STEPS_FROM), at most `most`."""
+    quarter = QUARTER_STEPS_FROM // 4
+    if QUARTER_STEPS_FROM < n <= 2 * QUARTER_STEPS_FROM:
+        return min(-(-n // quarter) * quarter, most)
     return min(1 << (n - 1).bit_length(), most)
 
 

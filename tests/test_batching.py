@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import async_runtime as ar
+from async_runtime.batching import _bucket
 from async_runtime.errors import InputError
 from pte_wgpu.kernels.matmul.routes import BITWISE_ROWS
 
@@ -215,6 +216,13 @@ async def test_concurrent_sessions_get_what_they_get_alone(llama, variant, kerne
     for i, (n, d) in enumerate(plans):
         _same(got[i], want[i], f"session {i} (prompt {n}, {d} decode steps)")
     assert stats.submits < stats.executes  # passes were shared
+
+
+def test_passes_are_padded_to_powers_of_two_and_quarter_steps_to_32():
+    """Row and sequence counts of a ragged pass: powers of two, from 17 to 32 in steps of 4 (an fp16
+    export's subgroup kernels take time by the row there), at most the model's bound."""
+    assert [_bucket(n, 64) for n in (1, 3, 5, 9, 16, 17, 20, 21, 25, 29, 32, 33, 48)] == [1, 4, 8, 16, 16, 20, 20, 24, 28, 32, 32, 64, 64]
+    assert _bucket(21, 22) == 22 and _bucket(40, 48) == 48
 
 
 @pytest.mark.anyio
