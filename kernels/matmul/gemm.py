@@ -18,8 +18,9 @@ How the tiles are read is a parameter, a `TileLoad`: WGSL functions `a_at(off, m
 values of B's column at once), and so a plain
 load (f32 or f16 storage), a 4-bit dequantizing load (kernels/matmul/q4_linear.py), an implicit im2col
 load (kernels/vision/conv_gemm.py), and later int8 loads. Whatever the storage, the tiles, sums and
-split-K's scratch are f32; `epilogue` ends with an optional clamp (a fused activation) and converts
-to the output's storage type.
+split-K's scratch are f32 (with load(precision="f16-sums"), HALF_TILES over f16 operands hold
+halves and sum each K step in f16 first); `epilogue` ends with an optional clamp (a fused activation)
+and converts to the output's storage type.
 """
 
 import dataclasses
@@ -484,10 +485,12 @@ WIDE_ROW_MIN = 4096
 # fp16 export's products): an f16 multiply-add does two lanes' work an instruction, and workgroup
 # memory holds half the bytes. A K step's 16 products of an output sum in f16, then go into its f32
 # sum: each rounding about 2^-11 of a step's partial sum, of the order of the f16 output's own
-# rounding (within 5e-4 of the largest output at K of 2,048-8,192, against 3e-7 summed in f32). H200, the template alone, Llama-3.2-1B fp16's products at 48 / 64 rows, the runtime's
-# K splits: TILE 1.14-1.25x, MID_TILE 1.10-1.29x the f32 sums; at 512 and 2,047 rows MID_TILE
-# 1.16-1.22x; BIG_TILE in halves 0.68-0.90x its f32 sums (a fold every 8 of K;
-# results/h200/kernel_choices/half_products/).
+# rounding (within 5e-4 of the largest output at K of 2,048-8,192, against 3e-7 summed in f32).
+# Only with load(precision="f16-sums") (OpBuilder.half_sums). H200, the template alone,
+# Llama-3.2-1B fp16's products at 48 / 64 rows, the runtime's K splits: TILE 1.14-1.25x, MID_TILE
+# 1.10-1.29x the f32 sums; at 512 and 2,047 rows MID_TILE 1.16-1.22x; BIG_TILE in halves
+# 0.68-0.90x its f32 sums (a fold every 8 of K); 1B fp16 at 48 / 64 streams +13-15%
+# (results/h200/kernel_choices/half_products/).
 HALF_TILES = (TILE, SMALL_TILE, MID_TILE)
 
 
