@@ -9,9 +9,9 @@ its own run computes (row-wise kernels; matrix products may pick another route f
 
 A pass whose row or sequence count differs from the last one re-runs every resize hook (~1.7 per
 op), which costs more than the GPU work of a decode pass. So passes are padded to power-of-two
-row and sequence counts (quarter steps from 16 to 32, `_bucket`), and the shape shrinks only after SHRINK_AFTER passes that would fit a
-smaller one (or at once when a quarter would do, as after a prefill): sessions drifting in and out
-of step then cost no resize at all. Padding rows run at position 0 of no sequence.
+row and sequence counts (quarter steps from 16 to 32, `_bucket`), and the shape shrinks only
+after SHRINK_AFTER passes that would fit a smaller one (or at once when a quarter would do, as
+after a prefill): sessions drifting in and out of step then cost no resize at all. Padding rows run at position 0 of no sequence.
 """
 
 from dataclasses import dataclass, field

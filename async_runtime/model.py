@@ -180,15 +180,15 @@ class Model:
         self.int8_matrices = INT8_MATRIX in info.subgroup_matrices  # and those of int8 products on tensor cores
         self._binding_limit, self._storage_buffers = info.max_storage_binding, info.max_storage_buffers
         half = precision != "f32" and has_half(linked) and "shader-f16" in info.features
-        self._half_sums = precision == "f16-sums"
+        sums = precision == "f16-sums"
         self.precision_note = "" if half else _why_f32(precision, linked, info)
         try:
-            graph, nodes, ragged = await anyio.to_thread.run_sync(self._build_nodes, linked, half, max_batch)
+            graph, nodes, ragged = await anyio.to_thread.run_sync(self._build_nodes, linked, half, max_batch, sums)
         except HalfUnsupported as e:  # the ops already built changed `linked`: link afresh
             half, self.precision_note = False, f"f32: {e}"
             linked = await anyio.to_thread.run_sync(relink)
-            graph, nodes, ragged = await anyio.to_thread.run_sync(self._build_nodes, linked, half, max_batch)
-        self.precision = ("f16-sums" if precision == "f16-sums" else "f16") if half else "f32"
+            graph, nodes, ragged = await anyio.to_thread.run_sync(self._build_nodes, linked, half, max_batch, sums)
+        self.precision = ("f16-sums" if sums else "f16") if half else "f32"
         self.device_info = replace(info, precision=self.precision)
         values = graph.values
         self.plan = await anyio.to_thread.run_sync(Plan, nodes, values)
@@ -230,9 +230,10 @@ class Model:
         self._default = await self.open_session()
         await self._warm_up(progress)
 
-    def _build_nodes(self, graph, half, max_batch):
+    def _build_nodes(self, graph, half, max_batch, sums=False):
         """The linked `graph` fused and planned ragged where it can be, and its op nodes; float16
-        tensors stored as f16 (`half`) or widened to f32. HalfUnsupported: an op has no f16 kernel."""
+        tensors stored as f16 (`half`; with `sums`, products of them summing in f16 within a K step)
+        or widened to f32. HalfUnsupported: an op has no f16 kernel."""
         if not half:
             widen_half(graph)
         split_constants(graph, self._binding_limit)
@@ -251,8 +252,7 @@ class Model:
         nodes = []
         for name, args in graph.calls:
             try:
-                nodes.append(build_node(graph, name, args, self.kernels, self.subgroups, backend.MERGE_APART, self.int8_matrices,
-                                        half and self._half_sums))
+                nodes.append(build_node(graph, name, args, self.kernels, self.subgroups, backend.MERGE_APART, self.int8_matrices, half and sums))
             except HalfUnsupported:
                 raise
             except NotImplementedError as e:

@@ -26,7 +26,6 @@ and converts to the output's storage type.
 import dataclasses
 import itertools
 import math
-import re
 import struct
 from dataclasses import dataclass
 
@@ -327,20 +326,20 @@ B_SLOT_ALONG_K = "let bn4$J = $LI / ${BK}u; let bk$J = $LI % ${BK}u;"
 B_SLOT_ALONG_N = "let bn4$J = $LI % ${BQ}u; let bk$J = $LI / ${BQ}u;"
 B_SLOT_K_QUADS = "let bn$J = $LI / ${BQK}u; let bk4$J = $LI % ${BQK}u; let bn4$J = bn$J / 4u;"
 # (the first load, the next step's load, the store into Bs) of each way
-B_QUADS = ("b_quad(boff, n0 + 4u * bn4$J, kbeg + bk$J, kend)", "b_quad(boff, n0 + 4u * bn4$J, k0 + ${BK}u + bk$J, kend)", "Bs[bk$J * ${BP}u + bn4$J] = rb$J;")
+B_QUADS = ("b_quad(boff, n0 + 4u * bn4$J, kbeg + bk$J, kend)", "b_quad(boff, n0 + 4u * bn4$J, k0 + ${BK}u + bk$J, kend)", "Bs[bk$J * ${BP}u + bn4$J] = vec4<${S}>(rb$J);")
 B_K_QUADS = (
     "b_k_quad(boff, n0 + bn$J, kbeg + 4u * bk4$J, kend)",
     "b_k_quad(boff, n0 + bn$J, k0 + ${BK}u + 4u * bk4$J, kend)",
-    " ".join(f"Bs[(4u * bk4$J + {i}u) * ${{BP}}u + bn4$J][bn$J % 4u] = rb$J[{i}];" for i in range(4)),
+    " ".join(f"Bs[(4u * bk4$J + {i}u) * ${{BP}}u + bn4$J][bn$J % 4u] = ${{S}}(rb$J[{i}]);" for i in range(4)),
 )
 A_SLOT = "let am4$J = $LI / ${BK}u; let ak$J = $LI % ${BK}u;"  # which (row quad, k) of the A tile
-A_QUADS = ("a_quad(aoff, m0 + 4u * am4$J, kbeg + ak$J, kend)", "a_quad(aoff, m0 + 4u * am4$J, k0 + ${BK}u + ak$J, kend)", "As[ak$J * ${AP}u + am4$J] = ra$J;")
+A_QUADS = ("a_quad(aoff, m0 + 4u * am4$J, kbeg + ak$J, kend)", "a_quad(aoff, m0 + 4u * am4$J, k0 + ${BK}u + ak$J, kend)", "As[ak$J * ${AP}u + am4$J] = vec4<${S}>(ra$J);")
 # With TileLoad.a_k_quads, which (row, k quad) of the A tile, and its loads: one row's 4 K values at once
 A_SLOT_K_QUADS = "let am$J = $LI / ${BQK}u; let ak4$J = $LI % ${BQK}u; let am4$J = am$J / 4u;"
 A_K_QUADS = (
     "a_k_quad(aoff, m0 + am$J, kbeg + 4u * ak4$J, kend)",
     "a_k_quad(aoff, m0 + am$J, k0 + ${BK}u + 4u * ak4$J, kend)",
-    " ".join(f"As[(4u * ak4$J + {i}u) * ${{AP}}u + am4$J][am$J % 4u] = ra$J[{i}];" for i in range(4)),
+    " ".join(f"As[(4u * ak4$J + {i}u) * ${{AP}}u + am4$J][am$J % 4u] = ${{S}}(ra$J[{i}]);" for i in range(4)),
 )
 
 GEMM = """
@@ -530,9 +529,11 @@ def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, res
     b_first, b_step, b_store = B_K_QUADS if load.b_k_quads else B_QUADS
     a_slot, (a_first, a_step, a_store) = (A_SLOT_K_QUADS, A_K_QUADS) if load.a_k_quads else (A_SLOT, A_QUADS)
     ap, bp = tile.bm // 4 + 1, tile.bn // 4 + 1
+    scalar = "f16" if tile.half else "f32"  # workgroup memory's (the stores convert the loads' f32 to it)
 
     def lines(text, n, sep):  # the n slots' statements: slot j's names end in J, it loads as invocation LI
-        slots = [dict(J=f"_{j}" if j else "", LI=f"(li + {j * threads}u)" if j else "li", AP=ap, BP=bp, BQ=tile.bn // 4, BK=tile.bk, BQK=tile.bk // 4) for j in range(n)]
+        slots = [dict(J=f"_{j}" if j else "", LI=f"(li + {j * threads}u)" if j else "li", AP=ap, BP=bp, BQ=tile.bn // 4, BK=tile.bk, BQK=tile.bk // 4, S=scalar)
+                 for j in range(n)]
         return sep.join(fill(text, **{k: v for k, v in slot.items() if f"${k}" in text or f"${{{k}}}" in text}) for slot in slots)
 
     rows, cols = range(tile.rq), range(tile.cq)
@@ -553,13 +554,12 @@ def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, res
     if tile.half:
         products = [f"var {h} = vec4<f16>(0.0);" for h in sums] + products
         fold = " ".join(f"{c} = {c} + vec4<f32>({h});" for c, h in zip(accs, sums))
-        a_store, b_store = (re.sub(r"= (r[ab]\$J(\[\d\])?);", lambda g: f"= {'f16' if g[2] else 'vec4<f16>'}({g[1]});", t) for t in (a_store, b_store))
     stores = [
         f"    {{ let m = m0 + 4u * (lid.y + {tile.ty * r}u) + {i}u; let n = n0 + 4u * (lid.x + {16 * c}u);\n" + fill(STORE_QUAD, C=f"c{r}_{i}_{c}") + "    }"
         for r in rows for i in range(4) for c in cols
     ]
     body = fill(
-        GEMM, S="f16" if tile.half else "f32", FOLD=fold, BM=tile.bm, BN=tile.bn, TY=tile.ty, AP=ap, BP=bp, A_SIZE=tile.bk * ap, B_SIZE=tile.bk * bp, SETUP=setup, BK=tile.bk,
+        GEMM, S=scalar, FOLD=fold, BM=tile.bm, BN=tile.bn, TY=tile.ty, AP=ap, BP=bp, A_SIZE=tile.bk * ap, B_SIZE=tile.bk * bp, SETUP=setup, BK=tile.bk,
         A_SLOT=lines(a_slot, a_slots, "\n    "), B_SLOT=lines(slot, b_slots, "\n    "),
         A_FIRST=lines(f"var ra$J = {a_first};", a_slots, "\n    "), B_FIRST=lines(f"var rb$J = {b_first};", b_slots, "\n    "),
         A_NEXT=lines(f"ra$J = {a_step};", a_slots, "\n        "), B_NEXT=lines(f"rb$J = {b_step};", b_slots, "\n        "),
