@@ -31,8 +31,10 @@ def _choose():
             from wgpudawn.backends.dawn import extras
 
             # before the first adapter request: Dawn lists its experimental features (subgroup
-            # matrices: int8 products on tensor cores) only to an instance that allows them
-            extras.set_instance_extras(enable_toggles=["allow_unsafe_apis"])
+            # matrices: int8 and f16 products on tensor cores) only to an instance that allows them,
+            # and offers shader-f16 on NVIDIA's Vulkan driver only with its own toggle (held back
+            # there for conformance tests, crbug.com/42251215; this project's f16 tests pass on it)
+            extras.set_instance_extras(enable_toggles=["allow_unsafe_apis", "vulkan_enable_f16_on_nvidia"])
             wgpudawn.install_as_wgpu()
         elif sys.modules["wgpu"].__file__ != wgpudawn.__file__:  # (the caller may have installed it)
             raise RuntimeError(f"{BACKEND_ENV}=dawn: wgpu was imported before async_runtime, so it is wgpu-native's")
@@ -56,7 +58,7 @@ ENABLE_SUBGROUPS = "enable subgroups;\ndiagnostic(off, subgroup_uniformity);\n" 
 # dispatch of its own (seen on an H100: the sampler read other workgroups' stale maxima)
 MERGE_APART = NAME == "dawn"
 
-# Dawn's int8 x int8 -> int32 products of subgroup matrices (tensor cores), when its adapter lists them
+# Dawn's products of subgroup matrices (tensor cores: int8 -> int32, f16 -> f32), when its adapter lists them
 SUBGROUP_MATRIX_FEATURE = "chromium-experimental-subgroup-matrix"
 
 

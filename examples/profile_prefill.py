@@ -37,7 +37,8 @@ async def main(path, lengths):
             steps = prof.steps_labelled(f"prompt of {n} tokens")
             tab = prof.op_table(steps)
             total = sum(r["total_us"] for r in tab) / len(steps)
-            print(f"== prompt of {n}: {total:.0f} us of dispatch time (sum of per-dispatch passes), {sum(r['count'] for r in tab) // len(steps)} dispatches")
+            count = sum(r["count"] for r in tab) // len(steps)
+            print(f"== prompt of {n} ({model.precision}, f16 matrices {model.f16_matrices}): {total:.0f} us of dispatch time (sum of per-dispatch passes), {count} dispatches")
             for r in tab[:14]:
                 print(f"  {r['op']:40s} n={r['count'] // len(steps):4d} {r['total_us'] / len(steps):9.1f} us  {100 * r['share']:5.1f}%  {r['gb_per_s']:7.1f} GB/s")
 

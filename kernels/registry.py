@@ -67,7 +67,7 @@ class Dispatch:
 
 
 class OpBuilder:
-    def __init__(self, graph, name, args, adapter=GPU, subgroups=False, merge_apart=False, int8_matrices=False, half_sums=False):
+    def __init__(self, graph, name, args, adapter=GPU, subgroups=False, merge_apart=False, int8_matrices=False, half_sums=False, f16_matrices=False):
         self.graph, self.name, self.args = graph, name, args
         self.adapter = adapter  # the adapter class whose kernel variants to build (kernels/variants.py)
         self.subgroups = subgroups  # the device has WebGPU's "subgroup" feature: variants may use it
@@ -78,6 +78,8 @@ class OpBuilder:
         self.int8_matrices = int8_matrices
         # products of f16 operands may sum in f16 within a K step (kernels/matmul/gemm.py's HALF_TILES)
         self.half_sums = half_sums
+        # f16 products on subgroup matrices (kernels/matmul/f16_matrix.py's F16_MATRIX) may be built
+        self.f16_matrices = f16_matrices
         self._hook = None
         self._extra_writes = []
         self._extra_reads = []
@@ -193,7 +195,7 @@ class OpBuilder:
     def part(self, name, args):
         """A builder recording another op's routes as part of this one (a fused op): same graph,
         its writes this op's; its hook is not this op's (the caller runs it)."""
-        sub = OpBuilder(self.graph, name, args, self.adapter, self.subgroups, self.merge_apart, half_sums=self.half_sums)
+        sub = OpBuilder(self.graph, name, args, self.adapter, self.subgroups, self.merge_apart, half_sums=self.half_sums, f16_matrices=self.f16_matrices)
         sub._extra_writes = self._extra_writes
         return sub
 
@@ -203,17 +205,17 @@ class OpBuilder:
         self._hook = fn
 
 
-def build_node(graph, name, args, adapter=GPU, subgroups=False, merge_apart=False, int8_matrices=False, half_sums=False):
+def build_node(graph, name, args, adapter=GPU, subgroups=False, merge_apart=False, int8_matrices=False, half_sums=False, f16_matrices=False):
     """Build one op into `graph`, with the kernel variants of adapter class `adapter` (those that
     need subgroup operations only with `subgroups`, int8 subgroup matrices only with
-    `int8_matrices`; merging workgroups' results in a dispatch of its own with `merge_apart`;
+    `int8_matrices`, f16 ones only with `f16_matrices`; merging workgroups' results in a dispatch of its own with `merge_apart`;
     products of f16 operands summing in f16 within a K step with `half_sums`), and return its
     resize-plan `Node`."""
     fn = OPS[name]
     values = graph.values
     if not getattr(fn, "half", False) and any(values[t].dtype == "float16" for t in _tensors(values, args)):
         raise HalfUnsupported(f"{name} has no f16 kernel")
-    b = OpBuilder(graph, name, args, adapter, subgroups, merge_apart, int8_matrices, half_sums)
+    b = OpBuilder(graph, name, args, adapter, subgroups, merge_apart, int8_matrices, half_sums, f16_matrices)
     fn(b)
     if b._hook is None:
         raise RuntimeError(f"{name} registered no resize hook")

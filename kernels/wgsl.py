@@ -16,6 +16,18 @@ from pte_wgpu.resize.shapes import broadcast_strides, fold_grid
 WG = 64  # workgroup size of the flat elementwise-style kernels
 
 
+# A GEMM tile's origin, for a kernel of workgroup_id `wid` and the uniform P of kernels/matmul/gemm.py:
+# its batch and K split (grid z), its first row and column (tiles of $BM x $BN), its K range
+TILE_ORIGIN = """    let b = wid.z / p.splits;
+    let split = wid.z % p.splits;
+    let m0 = wid.y * ${BM}u;
+    let n0 = wid.x * ${BN}u;
+    let aoff = b * p.a_bs;
+    let boff = b * p.b_bs;
+    let kbeg = split * p.kspan;
+    let kend = min(p.K, kbeg + p.kspan);"""
+
+
 def fill(template, **values):
     """`template` with each `$NAME` (or `${NAME}`) replaced by `str(values[NAME])`, in one pass
     (a value's own text is not searched for placeholders). KeyError for a placeholder without a

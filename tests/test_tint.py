@@ -5,8 +5,8 @@ the GPU sampler, a small CNN, int8 convolutions and linears; the kernels of f32 
 Dawn's on NVIDIA. Dawn's Null backend compiles without a GPU; pipelines are not created, since
 its limits (8 storage buffers a stage, 16 KB of workgroup memory) are not a GPU's.
 
-The int8 subgroup-matrix kernels (Dawn's on NVIDIA GPUs only) are compiled from their generators:
-the 8da4w products', the int8 convolutions' and linears'.
+The subgroup-matrix kernels (Dawn's on NVIDIA GPUs only) are compiled from their generators:
+the 8da4w products', the int8 convolutions' and linears', the f16 products' GEMM tile.
 
 Tint is stricter than naga: it wants `enable subgroups;` and refuses subgroup operations it cannot
 prove subgroup-uniform, a shift mixed with a product without parentheses, and infinite constants."""
@@ -21,7 +21,7 @@ import pytest
 
 from async_runtime import pipelines
 from pte_wgpu.kernels.attention import gated_delta, short_conv
-from pte_wgpu.kernels.matmul import int8_matrix, linear, q4_fused_linear, q4_linear
+from pte_wgpu.kernels.matmul import gemm, int8_matrix, linear, q4_fused_linear, q4_linear
 from pte_wgpu.kernels.matmul.q4_linear import Storage, matrix_heads
 from pte_wgpu.kernels.matmul.routes import FLOAT_SG_GPU_WIDE, Q4_SG_GPU_WIDE, Q4_SG_GPU_WIDE_SPLIT
 from pte_wgpu.kernels.quant import int8_conv, per_channel_linear
@@ -100,6 +100,10 @@ async def test_every_kernel_compiles_under_tint(tmp_path_factory, load_pte, monk
             sources[int8_conv.product_shader(kernel, stride, padding, (1, 2), finishing, matrices)] = (f"int8 convolution {kernel}, matrices {matrices}", "f32")
         for x_dtype, x_byte in (("int8", per_channel_linear.Q8TA_X), ("float32", per_channel_linear.Q8CSW_X)):
             sources[per_channel_linear.product_shader(x_dtype, x_byte, matrices)] = (f"int8 linear, {x_dtype} x, matrices {matrices}", "f32")
+    for bias, ns in ((False, (512,)), (True, (512,)), (False, (256, 64, 64)), (False, (256, 128, 64))):  # f16 products on f16 matrices: Dawn's on NVIDIA GPUs only
+        load, store = (gemm.weight_load("f16", "f16", 256), None) if len(ns) == 1 else gemm.column_group("f16", ["f16"] * len(ns), ns, 256)
+        outs = "".join(f"@group(0) @binding({len(load.inputs) + 3 + j}) var<storage, read_write> out{j}: array<f16>;\n" for j in range(1, len(ns)))
+        sources[gemm.gemm_shader(load, bias, outs, tile=gemm.MATRIX_TILE, bias="f16", out="f16", store=store)] = (f"f16 matrices, bias {bias}, columns {ns}", "f16")
     for storage in ("f32", "f16"):  # a short convolution's state in a ragged pass (LFM2's, Qwen3.5's: no tiny Llama has one)
         aliases = "".join(f"alias {name} = {storage};\n" for name in ("XT", "ST", "WT", "BT", "OT"))
         for bias, taps in ((False, 4), (True, 4), (False, 3)):

@@ -36,6 +36,8 @@ import wgpu
 from pte_wgpu.kernels.wgsl import elem_bytes
 from pte_wgpu.resize.shapes import numel_of
 
+from .. import backend
+
 MAX_QUERIES = 4096  # WebGPU's limit on one query set
 PAIRS_PER_SET = MAX_QUERIES // 2  # a dispatch's (begin, end)
 
@@ -45,7 +47,10 @@ def enable_timestamp_normalization():
 
     Must run before the process requests its first adapter (the instance is global). Returns
     "ns" when set, "ticks" when the instance already existed (timestamps are then raw ticks:
-    1 ns on NVIDIA, lavapipe and most desktop Vulkan drivers, not on every GPU)."""
+    1 ns on NVIDIA, lavapipe and most desktop Vulkan drivers, not on every GPU). Dawn resolves
+    them in nanoseconds itself, and its instance keeps the runtime's toggles (backend.py)."""
+    if backend.NAME == "dawn":
+        return "ns"
     try:
         from wgpu.backends.wgpu_native.extras import set_instance_extras
 

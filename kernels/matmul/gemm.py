@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pte_wgpu.resize.shapes import MAX_WORKGROUPS, numel_of
 
 from ..variants import CPU
-from ..wgsl import ERF, FLAT_INDEX, GELU, WG, fill, flat_grid, vec4_loader, vec4_type
+from ..wgsl import ERF, FLAT_INDEX, GELU, TILE_ORIGIN, WG, fill, flat_grid, vec4_loader, vec4_type
+from .f16_matrix import matrix_body
 from .routes import FLOAT_GEMM_MIN_K
 
 # The uniform, defined once: (name, WGSL type); struct.pack format follows from the type.
@@ -140,7 +141,11 @@ class TileLoad:
     product read with B 4 of K a load too (f32 weights), for tiles of `b_quads`; `b_source`: B read
     alone (a WeightSource), for a load of B 4 of K a load that a GPU widens to f32 first (4-bit
     and f16 weights: GemmRoute's widening); `halves`: A and B both stored as f16, so that a GPU's
-    tiles may hold them as halves and sum in them (HALF_TILES)."""
+    tiles may hold them as halves and sum in them (HALF_TILES); `halves_functions` (such a load 4 of
+    K a load): WGSL defining `a_k_halves` and `b_k_halves`, a_k_quad's and b_k_quad's quads as
+    stored, 4 halves in a vec2<u32> (MATRIX_TILE's loads); `weight_ends` (a column group's, of
+    weights each but the last whole MATRIX_TILE tiles): each weight's last column, the halves
+    functions then also defining b_k_halves_j, weight j's alone (f16_matrix.matrix_body)."""
 
     inputs: tuple
     functions: str
@@ -152,6 +157,8 @@ class TileLoad:
     quads: "TileLoad | None" = None
     b_source: WeightSource | None = None
     halves: bool = False
+    halves_functions: str = ""
+    weight_ends: tuple = ()
 
 
 # A [M, K], rows of K, as f32 from binding $A at the batch's offset (the float products', the
@@ -169,19 +176,35 @@ def float_a_at(binding="a"):
     return fill(FLOAT_A_AT, A=binding)
 
 
+# The forms a quad of K is read in, {FORM: (its WGSL type, zero, the suffix of the bindings' loaders)}:
+# as f32 (vec4_loader's `{name}4`), or an f16 quad as stored, 4 halves in a vec2<u32> (`{name}h`)
+QUAD_FORMS = {"quad": ("vec4<f32>", "vec4<f32>(0.0)", "4"), "halves": ("vec2<u32>", "vec2<u32>(0u)", "h")}
+
+
+def quad_form(template, form, **values):
+    """`template` filled for a QUAD_FORMS form (a name past "_" its own, as "halves_1"): $FORM, $T, $ZERO (and $L, where it reads a binding)."""
+    t, zero, loader = QUAD_FORMS[form.split("_")[0]]
+    return fill(template, FORM=form, T=t, ZERO=zero, **({"L": loader} if "$L" in template else {}), **values)
+
+
+def halves_loader(name):
+    """WGSL `fn {name}h(i: u32) -> vec2<u32>`: element i of binding `name`, f16 bound as vec4_type's vec2<u32>."""
+    return f"fn {name}h(i: u32) -> vec2<u32> {{ return {name}[i]; }}\n"
+
+
 # A [M, K] of K a multiple of 4, 4 of K a load from binding $A bound as vec4s (TileLoad.a_k_quads;
 # K ranges end at multiples of 4; GemmRoute refuses a live K of other shapes)
 FLOAT_A_K_QUAD = """
-fn a_k_quad(off: u32, m: u32, k: u32, kend: u32) -> vec4<f32> {
-    if (m < p.M && k < kend) { return ${A}4((off + m * p.K + k) / 4u); }
-    return vec4<f32>(0.0);
+fn a_k_$FORM(off: u32, m: u32, k: u32, kend: u32) -> $T {
+    if (m < p.M && k < kend) { return ${A}$L((off + m * p.K + k) / 4u); }
+    return $ZERO;
 }
 """
 
 
 def float_a_k_quad(binding="a", storage="f32"):
     """The GEMM's A load 4 of K a load (TileLoad.a_k_quads) from `binding`, f32 or f16 storage, bound as vec4_type(storage)."""
-    return vec4_loader(binding, storage) + fill(FLOAT_A_K_QUAD, A=binding)
+    return vec4_loader(binding, storage) + quad_form(FLOAT_A_K_QUAD, "quad", A=binding)
 
 
 # B [N, K] or [K, N] as f32 ($B_INDEX: element (n, k)'s offset)
@@ -194,11 +217,11 @@ fn b_at(off: u32, n: u32, k: u32, kend: u32) -> f32 {
 
 
 # B an [N, K] weight of whole K quads, 4 of K a load (TileLoad.b_k_quads): $READS return the quad
-# of column n from k (bindings read through vec4_loader)
+# of column n from k (bindings read through their loaders, QUAD_FORMS)
 FLOAT_B_K_QUAD = """
-fn b_k_quad(off: u32, n: u32, k: u32, kend: u32) -> vec4<f32> {
-    if (k >= kend) { return vec4<f32>(0.0); }
-$READS    return vec4<f32>(0.0);
+fn b_k_$FORM(off: u32, n: u32, k: u32, kend: u32) -> $T {
+    if (k >= kend) { return $ZERO; }
+$READS    return $ZERO;
 }
 """
 
@@ -221,13 +244,19 @@ def float_a_load(a, a_quads, binding="a"):
 
 def _k_quad_load(a, weights, reads, a_quads=False):
     """The TileLoad of A stored as `a` and [N, K] weights (binding, storage type) read 4 of K a
-    load; `reads`: FLOAT_B_K_QUAD's; `a_quads`: A too. Weights other than f32 are its b_source."""
+    load; `reads(L)`: FLOAT_B_K_QUAD's, the loaders' suffix L; `a_quads`: A too. Weights other than
+    f32 are its b_source; A and weights all f16, read 4 of K a load, have its halves_functions."""
     b_inputs = tuple((w, vec4_type(t)) for w, t in weights)
-    b_functions = "".join(vec4_loader(w, t) for w, t in weights) + fill(FLOAT_B_K_QUAD, READS=reads)
+    b_functions = "".join(vec4_loader(w, t) for w, t in weights) + quad_form(FLOAT_B_K_QUAD, "quad", READS=reads("4"))
     a_binding, a_functions = float_a_load(a, a_quads)
     source = WeightSource(a, b_inputs, b_functions) if any(t != "f32" for _, t in weights) else None
+    halves = a == "f16" and all(t == "f16" for _, t in weights)
+    as_stored = ""
+    if halves and a_quads:
+        as_stored = "".join(halves_loader(name) for name, _ in (a_binding, *b_inputs)) + quad_form(FLOAT_A_K_QUAD, "halves", A=a_binding[0])
+        as_stored += quad_form(FLOAT_B_K_QUAD, "halves", READS=reads("h"))
     return TileLoad(inputs=(a_binding, *b_inputs), functions=a_functions + b_functions, b_along_k=True, b_k_quads=True, a_k_quads=a_quads, b_source=source,
-                    halves=a == "f16" and all(t == "f16" for _, t in weights))
+                    halves=halves, halves_functions=as_stored)
 
 
 def float_load(transposed_b, a="f32", b="f32", k_quads=False, a_quads=False):
@@ -235,7 +264,7 @@ def float_load(transposed_b, a="f32", b="f32", k_quads=False, a_quads=False):
     `a` and `b` (f32 or f16), loaded as f32; `k_quads`: an [N, K] weight of K a multiple of 4, read
     4 of K a load (a vec4, or 4 halves as a vec2<u32>; float_k_quads); `a_quads`: A of K a multiple of 4, 4 of K a load."""
     if k_quads:
-        return _k_quad_load(a, [("bm", b)], "    if (n < p.N) { return bm4((off + n * p.K + k) / 4u); }\n", a_quads)
+        return _k_quad_load(a, [("bm", b)], lambda L: f"    if (n < p.N) {{ return bm{L}((off + n * p.K + k) / 4u); }}\n", a_quads)
     b_index = "n * p.K + k" if transposed_b else "k * p.N + n"
     a_binding, a_functions = float_a_load(a, a_quads)
     return TileLoad(
@@ -289,8 +318,16 @@ def column_group(x, weights, ns, k):
     quads = k % 4 == 0
 
     def k_quad_load():  # float_load's: K a multiple of 4, 4 of K a load
-        reads = "".join(f"    if (n < {e}u) {{ return w{j}4((off + (n - {s}u) * p.K + k) / 4u); }}\n" for j, (s, e) in enumerate(column_ranges(ns)))
-        return _k_quad_load(x, [(f"w{j}", t) for j, t in enumerate(weights)], reads, a_quads=True)
+        def reads(loader):
+            return "".join(f"    if (n < {e}u) {{ return w{j}{loader}((off + (n - {s}u) * p.K + k) / 4u); }}\n" for j, (s, e) in enumerate(column_ranges(ns)))
+
+        load = _k_quad_load(x, [(f"w{j}", t) for j, t in enumerate(weights)], reads, a_quads=True)
+        if not load.halves_functions or any(n % MATRIX_TILE.bn for n in ns[:-1]):
+            return load
+        # MATRIX_TILE's tiles each within one weight: a reader of each weight alone (matrix_body's weight_ends)
+        one = "".join(quad_form(FLOAT_B_K_QUAD, f"halves_{j}", READS=f"    return w{j}h((off + (n - {s}u) * p.K + k) / 4u);\n")
+                      for j, (s, _) in enumerate(column_ranges(ns)))
+        return dataclasses.replace(load, halves_functions=load.halves_functions + one, weight_ends=tuple(e for _, e in column_ranges(ns)))
 
     if float_k_quads(weights, k):
         return k_quad_load(), column_store(ns)
@@ -349,14 +386,7 @@ var<workgroup> Bs: array<vec4<${S}>, ${B_SIZE}>;  // [k][n / 4], ${BK} x ${BP}
 @compute @workgroup_size(16, ${TY})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
-    let b = wid.z / p.splits;
-    let split = wid.z % p.splits;
-    let m0 = wid.y * ${BM}u;
-    let n0 = wid.x * ${BN}u;
-    let aoff = b * p.a_bs;
-    let boff = b * p.b_bs;
-    let kbeg = split * p.kspan;
-    let kend = min(p.K, kbeg + p.kspan);
+$ORIGIN
     $A_SLOT
     $B_SLOT
 $SETUP
@@ -418,7 +448,8 @@ class Tile:
     of a K step's row of A and of B are contiguous; `unroll`: a K step's k written out one by one,
     not a loop; `bk`: the K step; `b_quads`: the load's `quads` where it has them; `half`: A and B
     in workgroup memory as halves (a TileLoad of `halves`), each K step's products summed in f16,
-    then added to the f32 sums (HALF_TILES)."""
+    then added to the f32 sums (HALF_TILES); `matrix`: f16 operands on subgroup matrices
+    (f16_matrix.py, MATRIX_TILE), whose tile is bm x bn."""
 
     ty: int = 16
     rq: int = 1
@@ -427,6 +458,7 @@ class Tile:
     bk: int = BK
     b_quads: bool = False
     half: bool = False
+    matrix: bool = False
 
     @property
     def bm(self):
@@ -491,6 +523,11 @@ WIDE_ROW_MIN = 4096
 # 0.68-0.90x its f32 sums (a fold every 8 of K); 1B fp16 at 48 / 64 streams +13-15%
 # (results/h200/kernel_choices/half_products/).
 HALF_TILES = (TILE, SMALL_TILE, MID_TILE)
+# 128 x 128 on f16 subgroup matrices (kernels/matmul/f16_matrix.py): products of f16 operands, A and
+# B read 4 of K a load, of at least MATRIX_MIN_ROWS rows, where the device offers F16_MATRIX
+# (OpBuilder.f16_matrices); they take it in place of the f32 tiles over widened weights.
+MATRIX_TILE = Tile(rq=2, cq=2, matrix=True)
+MATRIX_MIN_ROWS = 128
 
 
 def takes_mid_tile(m, n, k_quads=False, f16_k=0):
@@ -519,6 +556,10 @@ def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, res
     `out` their storage types; `clamp`: the epilogue's (lo, hi); `store`: header's; `tile`: a Tile
     (a load whose setup reads a_row0, or b_col0, needs one row quad, or column quad, an invocation
     to load)."""
+    if tile.matrix:
+        head = header(has_bias, load.inputs, scratch=True, bias=bias, out=out, clamp=clamp, residual=residual, store=store, activation=activation,
+                      added=added)
+        return "enable chromium_experimental_subgroup_matrix;\n" + head + extra + load.halves_functions + matrix_body(load.weight_ends)
     load = load.quads if tile.b_quads and load.quads else load
     threads = 16 * tile.ty
     a_slots, b_slots = tile.bm * tile.bk // 4 // threads, tile.bn * tile.bk // 4 // threads
@@ -559,7 +600,7 @@ def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, res
         for r in rows for i in range(4) for c in cols
     ]
     body = fill(
-        GEMM, S=scalar, FOLD=fold, BM=tile.bm, BN=tile.bn, TY=tile.ty, AP=ap, BP=bp, A_SIZE=tile.bk * ap, B_SIZE=tile.bk * bp, SETUP=setup, BK=tile.bk,
+        GEMM, ORIGIN=fill(TILE_ORIGIN, BM=tile.bm, BN=tile.bn), S=scalar, FOLD=fold, TY=tile.ty, AP=ap, BP=bp, A_SIZE=tile.bk * ap, B_SIZE=tile.bk * bp, SETUP=setup, BK=tile.bk,
         A_SLOT=lines(a_slot, a_slots, "\n    "), B_SLOT=lines(slot, b_slots, "\n    "),
         A_FIRST=lines(f"var ra$J = {a_first};", a_slots, "\n    "), B_FIRST=lines(f"var rb$J = {b_first};", b_slots, "\n    "),
         A_NEXT=lines(f"ra$J = {a_step};", a_slots, "\n        "), B_NEXT=lines(f"rb$J = {b_step};", b_slots, "\n        "),
@@ -682,10 +723,12 @@ class GemmRoute:
         extra_wgsl += more(len(inputs) + len(tail) + 3 + len(extra))
         halves = load.halves and b.half_sums and b.adapter != CPU
         shader = lambda tile: gemm_shader(load, bias is not None, extra_wgsl, tile=dataclasses.replace(tile, half=halves and tile in HALF_TILES), **epilogue)  # noqa: E731
+        matrices = b.f16_matrices and bool(load.halves_functions) and not load.setup
         if tiles is None:
             tiles = [TILE, *([SMALL_TILE] if small else []), *([MID_TILE] if not load.setup and b.adapter != CPU else [])]
             tiles += [BIG_TILE] if can_take_big_tile(most) and not load.setup else []
             tiles += [WIDE_ROW_TILE] if load.dequantizes and not load.setup and b.adapter != CPU and takes_wide_row_tile(TILE.bm, *most) else []
+            tiles += [MATRIX_TILE] if matrices else []
         self.tiles = {tile: b.dispatch(shader(tile), bindings) for tile in tiles}
         self.dequantizes, self.a_k_quads = load.dequantizes, load.a_k_quads
         # f16 weights (a WeightSource, not dequantized) of one product: a column group's (more_outs) load picks
@@ -695,7 +738,7 @@ class GemmRoute:
         self.reduce = b.dispatch(reduce, [scratch, *tail, out, params, *more_outs, *last])
         self.widened = None  # (the widening dispatch, the f32 weights' route) from WIDEN_MIN_ROWS rows
         source = load.b_source
-        if source is not None and load.a_k_quads and b.adapter != CPU and 4 * most[0] * most[1] <= WIDEN_MAX_BYTES:
+        if source is not None and load.a_k_quads and b.adapter != CPU and 4 * most[0] * most[1] <= WIDEN_MAX_BYTES and not matrices:
             assert len(inputs) == 1 + len(source.inputs) and len(extra) == len(source.uniforms), f"{self.name}: B's bindings are not the GEMM's"
             wide = b.scratch("float32", most[0] * most[1])
             widen = b.dispatch(widen_shader(source), [*inputs[1:], wide, params, *extra])
@@ -717,6 +760,8 @@ class GemmRoute:
     def tile(self, m, n, k):
         if SMALL_TILE in self.tiles and m <= SMALL_TILE.bm:
             return SMALL_TILE
+        if MATRIX_TILE in self.tiles and m >= MATRIX_MIN_ROWS:
+            return MATRIX_TILE
         if BIG_TILE in self.tiles and takes_big_tile(m, n, k):
             return BIG_TILE
         if WIDE_ROW_TILE in self.tiles and takes_wide_row_tile(m, n, k):

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # llama.cpp, ours before, ours after, llama.cpp: one call. From the checkout root with .gl/ and .pk/;
-# BENCH_ARGS: more arguments for examples/bench_llm.py (--precision f16-sums).
+# BENCH_ARGS: more arguments for examples/bench_llm.py (--precision f16-sums); VERS: wheels' folders, each as FOLDER@BACKEND for another backend.
 set -u
 for f in .gl/*.deb; do dpkg -x $f / ; done; ldconfig
-for v in ${VERS:-before after}; do [ -d /tmp/w_$v ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/w_$v .pk/whl/*.whl .pk/ab/$v/*.whl 2>&1 | tail -1; done
+for v in ${VERS:-before after}; do w=${v%@*}; [ -d /tmp/w_$w ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/w_$w .pk/whl/*.whl .pk/ab/$w/*.whl 2>&1 | tail -1; done
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json PYTHONUNBUFFERED=1 XDG_RUNTIME_DIR=/tmp
 mkdir -p /tmp/m /tmp/lc
 M=${MODEL:-llama1b_4w}
@@ -32,13 +32,14 @@ for fa in ("on", "off"):
 print("llama.cpp", {k: round(v) for k, v in sorted(rows.items())})
 PY
 }
-ours() {  # $1: before / after
-  t0=$(date +%s)
-  PYTHONPATH=/tmp/w_$1 timeout ${OURS_TIMEOUT:-200} python3 examples/bench_llm.py /tmp/m/$M.pte --params .pk/models/$M.json --runs ${RUNS:-2} --sessions ${SESS:-1,16,32,64} \
-    --batched-only --no-torch ${BENCH_ARGS:-} --json $OUT/ours_$1$2.json > /tmp/ours_$1$2.log 2>&1
+ours() {  # $1: the wheel's folder in .pk/ab (before / after), or FOLDER@BACKEND ($PTE_WGPU_BACKEND: dawn)
+  t0=$(date +%s) w=${1%@*} be=wgpu-native
+  [ "$w" = "$1" ] || be=${1#*@}
+  PTE_WGPU_BACKEND=$be PYTHONPATH=/tmp/w_$w timeout ${OURS_TIMEOUT:-200} python3 examples/bench_llm.py /tmp/m/$M.pte --params .pk/models/$M.json --runs ${RUNS:-2} --sessions ${SESS:-1,16,32,64} \
+    --batched-only --no-torch ${BENCH_ARGS:-} --json $OUT/ours_${1/@/_}$2.json > /tmp/ours_$1$2.log 2>&1
   echo "== ours $1 rc=$? $(( $(date +%s) - t0 )) s"
   python3 -c "
-import json; r=json.load(open('$OUT/ours_$1$2.json'))['wgpu']
+import json; r=json.load(open('$OUT/ours_${1/@/_}$2.json'))['wgpu']
 print('$1', {k: round(v) for k, v in r.items() if k.startswith('bursts') or k.startswith('prefill')})" 2>/dev/null || tail -30 /tmp/ours_$1$2.log
 }
 [ "${PEER:-1}" = 1 ] && peer 1

@@ -1,0 +1,127 @@
+"""Products of f16 operands on subgroup matrices (tensor cores): GemmRoute's MATRIX_TILE, for a
+device that offers f16 x f16 -> f32 products of 16 x 16 x 16 (F16_MATRIX; Dawn's
+chromium_experimental_subgroup_matrix, which lists them on NVIDIA with the toggle
+vulkan_enable_f16_on_nvidia, async_runtime/backend.py).
+
+A workgroup of 2 x 2 subgroups takes a 128 x 128 tile of outputs, each subgroup 4 x 4 result
+matrices of 16 x 16 with f32 sums. Each K step of 32 its invocations read the A rows and B columns
+through the product's TileLoad (a_k_halves, b_k_halves: 4 halves of K a load, as stored), one
+step ahead in registers, into double-buffered workgroup memory;
+the subgroups then multiply 16 of K at a time. The sums leave the matrices through workgroup
+memory, a result matrix at a time, to the lanes, which write them through the template's
+epilogue (`store`) or, with K split, into split-K's scratch. The products are the f16 products of
+the stored operands summed in f32, as the GEMM's f32 sums of the same halves, in another order.
+
+H200, Dawn, robustness on, the kernel alone (results/h200/f16_subgroup_matrix_gemm/): 65-69
+TFLOP/s on 4096^3 and Llama-3.2-1B's prompt shapes, against 41 for the GEMM's best f32 tile.
+"""
+
+from ..wgsl import TILE_ORIGIN, fill
+
+# The subgroup-matrix configuration this kernel uses, as async_runtime's DeviceInfo lists them:
+# (component, result, M, N, K, subgroup size).
+F16_MATRIX = ("f16", "f32", 16, 16, 16, 32)
+SUBGROUPS = (2, 2)  # along M, along N
+MATRICES = (4, 4)  # result matrices a subgroup takes, along M and N
+STEP = 32  # K a step stages
+ROW = STEP + 8  # halves a staged row takes: the step, then 8 of padding (rows 80 bytes apart)
+THREADS = 32 * SUBGROUPS[0] * SUBGROUPS[1]
+BM, BN = 16 * SUBGROUPS[0] * MATRICES[0], 16 * SUBGROUPS[1] * MATRICES[1]
+QUADS = STEP // 4  # K quads of a staged row
+A_LOADS, B_LOADS = BM * QUADS // THREADS, BN * QUADS // THREADS  # quads an invocation loads a step
+
+MAIN = """
+var<workgroup> a_tile: array<f16, ${A_HALVES}>;  // two buffers of [${BM} rows][${ROW}]
+var<workgroup> b_tile: array<f16, ${B_HALVES}>;  // two buffers of [${BN} columns][${ROW}]
+var<workgroup> sums: array<f32, ${SUMS}>;  // a 16 x 16 result matrix a subgroup, on its way out
+
+@compute @workgroup_size(${THREADS})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32,
+        @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
+$ORIGIN
+    let a_at = (sg / ${SGN}u) * ${TM_ROWS}u;  // this subgroup's first row and column in the tile
+    let b_at = (sg % ${SGN}u) * ${TN_COLS}u;
+$ACCS
+$LOOPS
+    let total = p.batch * p.M * p.N;
+    let mine = sg * 256u;
+$STORES
+}
+"""
+
+# the K loop, reading B through $B_READ
+LOOP = """$FIRST
+    var buf = 0u;
+$KEEP
+    workgroupBarrier();
+    for (var k0 = kbeg; k0 < kend; k0 = k0 + ${STEP}u) {
+$NEXT
+        let a_buf = buf * ${A_BUF}u + a_at * ${ROW}u;
+        let b_buf = buf * ${B_BUF}u + b_at * ${ROW}u;
+        for (var kk = 0u; kk < ${STEP}u; kk = kk + 16u) {
+$PRODUCTS
+        }
+        buf = 1u - buf;
+        if (k0 + ${STEP}u < kend) {
+$KEEP
+        }
+        workgroupBarrier();
+    }"""
+
+# each lane's 8 elements of a result matrix in `sums`, written out
+STORE_MATRIX = """    subgroupMatrixStore<row_major>(&sums, mine, c${I}_${J}, 16u);
+    workgroupBarrier();
+    for (var t = 0u; t < 8u; t = t + 1u) {
+        let e = lane + 32u * t;
+        let m = m0 + a_at + ${I16}u + e / 16u;
+        let n = n0 + b_at + ${J16}u + e % 16u;
+        if (m < p.M && n < p.N) {
+            if (p.splits == 1u) {
+                store(b, m, n, sums[mine + e]);
+            } else {
+                part[split * total + (b * p.M + m) * p.N + n] = sums[mine + e];
+            }
+        }
+    }
+    workgroupBarrier();"""
+
+
+def matrix_body(weight_ends=()):
+    """The kernel after the template's header and the load's halves_functions (a_k_halves,
+    b_k_halves; with `weight_ends`, the column group's weights' last columns, each but the last a
+    whole number of tiles, also b_k_halves_j of its weight j: each tile then reads one weight, its
+    K loop written once a weight, where b_k_halves picks a weight each load, 3x slower on an H200)."""
+    sgn = SUBGROUPS[1]
+    tm, tn = MATRICES
+    tiles = [(i, j) for i in range(tm) for j in range(tn)]
+
+    def loop(b_read):
+        first, next_, keep = [], [], []
+        for x, fn, off, base, loads, buf in (("a", "a_k_halves", "aoff", "m0", A_LOADS, BM * ROW), ("b", b_read, "boff", "n0", B_LOADS, BN * ROW)):
+            tile = f"{x}_tile"
+            for i in range(loads):
+                v = f"({i}u * {THREADS}u + li)"  # the step's quad v: row (or column) v / QUADS, K quad v % QUADS
+                first.append(f"    var {x}q{i} = {fn}({off}, {base} + {v} / {QUADS}u, kbeg + 4u * ({v} % {QUADS}u), kend);")
+                next_.append(f"        {x}q{i} = {fn}({off}, {base} + {v} / {QUADS}u, k0 + {STEP}u + 4u * ({v} % {QUADS}u), kend);")
+                at = f"buf * {buf}u + ({v} / {QUADS}u) * {ROW}u + 4u * ({v} % {QUADS}u)"
+                pairs = f"let lo = bitcast<vec2<f16>>({x}q{i}.x); let hi = bitcast<vec2<f16>>({x}q{i}.y);"
+                keep.append(f"    {{ let at = {at}; {pairs} {tile}[at] = lo.x; {tile}[at + 1u] = lo.y; {tile}[at + 2u] = hi.x; {tile}[at + 3u] = hi.y; }}")
+        return fill(LOOP, STEP=STEP, A_BUF=BM * ROW, B_BUF=BN * ROW, ROW=ROW, FIRST="\n".join(first), NEXT="\n".join(next_), KEEP="\n".join(keep),
+                    PRODUCTS="\n".join(products))
+
+    products = [f"            let l{i} = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>, row_major>(&a_tile, a_buf + {16 * i * ROW}u + kk, {ROW}u);"
+                for i in range(tm)]
+    products += [f"            let r{j} = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>, col_major>(&b_tile, b_buf + {16 * j * ROW}u + kk, {ROW}u);"
+                 for j in range(tn)]
+    products += [f"            c{i}_{j} = subgroupMatrixMultiplyAccumulate(l{i}, r{j}, c{i}_{j});" for i, j in tiles]
+    if weight_ends:
+        branches = [f"if (n0 < {e}u) {{\n{loop(f'b_k_halves_{j}')}\n    }}" for j, e in enumerate(weight_ends[:-1])]
+        loops = "    " + " else ".join([*branches, f"{{\n{loop(f'b_k_halves_{len(weight_ends) - 1}')}\n    }}"])
+    else:
+        loops = loop("b_k_halves")
+    stores = [fill(STORE_MATRIX, I=i, J=j, I16=16 * i, J16=16 * j) for i, j in tiles]
+    return fill(
+        MAIN, ORIGIN=fill(TILE_ORIGIN, BM=BM, BN=BN), A_HALVES=2 * BM * ROW, B_HALVES=2 * BN * ROW, SUMS=256 * SUBGROUPS[0] * sgn, BM=BM, BN=BN, ROW=ROW, THREADS=THREADS, SGN=sgn,
+        TM_ROWS=16 * tm, TN_COLS=16 * tn, ACCS="\n".join(f"    var c{i}_{j} = subgroup_matrix_result<f32, 16, 16>();" for i, j in tiles),
+        LOOPS=loops, STORES="\n".join(stores),
+    )
