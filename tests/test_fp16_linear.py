@@ -14,6 +14,7 @@ eager rounds each step to f16: a few f16 ulps of the largest output, atol = rtol
 
 import copy
 import functools
+import itertools
 import random
 
 import numpy as np
@@ -363,3 +364,18 @@ async def test_fp16_prompts_take_f16_matrices(name, load_pte, kernel_variants):
         live = [d for i, d in enumerate(model.graph.dispatches) if all(model._default.state.grids[i])]
         matrices = [d for d in live if "subgroup_matrix_left<f16" in (d.shader or "")]
         assert bool(matrices) == (m > R.SG_GPU_ROWS[1]), (m, [d.op for d in live])
+
+
+def test_f16_matrix_tiles_read_halves_as_stored():
+    """MATRIX_TILE's loads (no GPU needed): f16 operands of K whole quads have the halves readers,
+    f32 ones or K of other shapes none; a column group of whole-tile weights (all but the last)
+    runs one K loop a weight, each reading its weight alone, others one loop picking per column."""
+    assert gemm.weight_load("f16", "f16", 268).halves_functions and not gemm.weight_load("f16", "f16", 267).halves_functions
+    assert not gemm.weight_load("f32", "f32", 268).halves_functions and not gemm.weight_load("f32", "f16", 268).halves_functions
+    tile = gemm.MATRIX_TILE.bn
+    for ns, whole in (((2 * tile, tile, 37), True), ((tile, tile + 64, tile), False), ((3 * tile,), False)):
+        load, store = gemm.column_group("f16", ["f16"] * len(ns), ns, 68) if len(ns) > 1 else (gemm.weight_load("f16", "f16", 68), None)
+        assert load.weight_ends == (tuple(itertools.accumulate(ns)) if whole else ()), ns
+        shader = gemm.gemm_shader(load, False, tile=gemm.MATRIX_TILE, out="f16", store=store)
+        assert shader.count("for (var k0 = kbeg;") == (len(ns) if whole else 1), ns
+        assert all((f"= b_k_halves_{j}(" in shader) == whole for j in range(len(ns))), ns
