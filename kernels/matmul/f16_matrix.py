@@ -6,14 +6,17 @@ vulkan_enable_f16_on_nvidia, async_runtime/backend.py).
 A workgroup of 2 x 2 subgroups takes a 128 x 128 tile of outputs, each subgroup 4 x 4 result
 matrices of 16 x 16 with f32 sums. Each K step of 32 its invocations read the A rows and B columns
 through the product's TileLoad (a_k_halves, b_k_halves: 4 halves of K a load, as stored), one
-step ahead in registers, into double-buffered workgroup memory;
-the subgroups then multiply 16 of K at a time. The sums leave the matrices through workgroup
+step ahead in registers, into double-buffered workgroup memory; the subgroups then multiply 16 of
+K at a time. The sums leave the matrices through workgroup
 memory, a result matrix at a time, to the lanes, which write them through the template's
 epilogue (`store`) or, with K split, into split-K's scratch. The products are the f16 products of
 the stored operands summed in f32, as the GEMM's f32 sums of the same halves, in another order.
 
-H200, Dawn, robustness on, the kernel alone (results/h200/f16_subgroup_matrix_gemm/): 65-69
-TFLOP/s on 4096^3 and Llama-3.2-1B's prompt shapes, against 41 for the GEMM's best f32 tile.
+H200, Dawn, robustness on (results/h200/f16_subgroup_matrix_gemm/): the tile alone 47-68 TFLOP/s
+on Llama-3.2-1B's prompt products (Dawn's f32 tiles 16-29 on the same operands; the GEMM's best
+on wgpu-native 41 at 4096^3), the 1B fp16's prompts of 512 / 2,047 tokens 1.35x / 1.53x
+wgpu-native's. Reading the operands as f32 quads halved the tile; a column group picking its
+weight each load cost it 2-3x.
 """
 
 from ..wgsl import TILE_ORIGIN, fill
