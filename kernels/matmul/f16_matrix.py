@@ -7,9 +7,9 @@ A workgroup of 2 x 2 subgroups takes a 128 x 128 tile of outputs, each subgroup 
 matrices of 16 x 16 with f32 sums. Each K step of 32 its invocations read the A rows and B columns
 through the product's TileLoad (a_k_halves, b_k_halves: 4 halves of K a load, as stored), one
 step ahead in registers, into double-buffered workgroup memory; the subgroups then multiply 16 of
-K at a time. The sums leave the matrices through workgroup
-memory, a result matrix at a time, to the lanes, which write them through the template's
-epilogue (`store`) or, with K split, into split-K's scratch. The products are the f16 products of
+K at a time. The sums leave the matrices through workgroup memory, a result matrix at a time, to
+the lanes, which write them through the template's epilogue (`store`) or, with K split, into
+split-K's scratch. The products are the f16 products of
 the stored operands summed in f32, as the GEMM's f32 sums of the same halves, in another order.
 
 H200, Dawn, robustness on (results/h200/f16_subgroup_matrix_gemm/): the tile alone 47-68 TFLOP/s
