@@ -9,8 +9,8 @@ through the product's TileLoad (a_k_halves, b_k_halves: 4 halves of K a load, as
 step ahead in registers, into double-buffered workgroup memory; the subgroups then multiply 16 of
 K at a time. The sums leave the matrices through workgroup memory, a result matrix at a time, to
 the lanes, which write them through the template's epilogue (`store`) or, with K split, into
-split-K's scratch. The products are the f16 products of
-the stored operands summed in f32, as the GEMM's f32 sums of the same halves, in another order.
+split-K's scratch. The products are the f16 products of the stored operands summed in f32, as
+the GEMM's f32 sums of the same halves, in another order.
 
 H200, Dawn, robustness on (results/h200/f16_subgroup_matrix_gemm/): the tile alone 47-68 TFLOP/s
 on Llama-3.2-1B's prompt products (Dawn's f32 tiles 16-29 on the same operands; the GEMM's best
@@ -52,7 +52,7 @@ $STORES
 }
 """
 
-# the K loop, reading B through $B_READ
+# the K loop: its A and B quads read one step ahead ($FIRST, $NEXT), kept in workgroup memory ($KEEP)
 LOOP = """$FIRST
     var buf = 0u;
 $KEEP
@@ -97,6 +97,11 @@ def matrix_body(weight_ends=()):
     sgn = SUBGROUPS[1]
     tm, tn = MATRICES
     tiles = [(i, j) for i in range(tm) for j in range(tn)]
+    products = [f"            let l{i} = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>, row_major>(&a_tile, a_buf + {16 * i * ROW}u + kk, {ROW}u);"
+                for i in range(tm)]
+    products += [f"            let r{j} = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>, col_major>(&b_tile, b_buf + {16 * j * ROW}u + kk, {ROW}u);"
+                 for j in range(tn)]
+    products += [f"            c{i}_{j} = subgroupMatrixMultiplyAccumulate(l{i}, r{j}, c{i}_{j});" for i, j in tiles]
 
     def loop(b_read):
         first, next_, keep = [], [], []
@@ -112,11 +117,6 @@ def matrix_body(weight_ends=()):
         return fill(LOOP, STEP=STEP, A_BUF=BM * ROW, B_BUF=BN * ROW, ROW=ROW, FIRST="\n".join(first), NEXT="\n".join(next_), KEEP="\n".join(keep),
                     PRODUCTS="\n".join(products))
 
-    products = [f"            let l{i} = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>, row_major>(&a_tile, a_buf + {16 * i * ROW}u + kk, {ROW}u);"
-                for i in range(tm)]
-    products += [f"            let r{j} = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>, col_major>(&b_tile, b_buf + {16 * j * ROW}u + kk, {ROW}u);"
-                 for j in range(tn)]
-    products += [f"            c{i}_{j} = subgroupMatrixMultiplyAccumulate(l{i}, r{j}, c{i}_{j});" for i, j in tiles]
     if weight_ends:
         branches = [f"if (n0 < {e}u) {{\n{loop(f'b_k_halves_{j}')}\n    }}" for j, e in enumerate(weight_ends[:-1])]
         loops = "    " + " else ".join([*branches, f"{{\n{loop(f'b_k_halves_{len(weight_ends) - 1}')}\n    }}"])

@@ -556,9 +556,9 @@ def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, res
     `out` their storage types; `clamp`: the epilogue's (lo, hi); `store`: header's; `tile`: a Tile
     (a load whose setup reads a_row0, or b_col0, needs one row quad, or column quad, an invocation
     to load)."""
+    head = header(has_bias, load.inputs, scratch=True, bias=bias, out=out, clamp=clamp, residual=residual, store=store, activation=activation,
+                  added=added)
     if tile.matrix:
-        head = header(has_bias, load.inputs, scratch=True, bias=bias, out=out, clamp=clamp, residual=residual, store=store, activation=activation,
-                      added=added)
         return "enable chromium_experimental_subgroup_matrix;\n" + head + extra + load.halves_functions + matrix_body(load.weight_ends)
     load = load.quads if tile.b_quads and load.quads else load
     threads = 16 * tile.ty
@@ -607,8 +607,6 @@ def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, res
         A_STORE=lines(a_store, a_slots, "\n        "), B_STORE=lines(b_store, b_slots, "\n        "),
         ACCS="\n    ".join(f"var {c} = vec4<f32>(0.0);" for c in accs), PRODUCTS="\n        ".join(products), STORES="\n".join(stores),
     )
-    head = header(has_bias, load.inputs, scratch=True, bias=bias, out=out, clamp=clamp, residual=residual, store=store, activation=activation,
-                  added=added)
     return head + extra + load.functions + ("" if load.a_k_quads else A_QUAD) + ("" if load.b_k_quads else B_QUAD) + body
 
 
