@@ -556,11 +556,11 @@ def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, res
     `out` their storage types; `clamp`: the epilogue's (lo, hi); `store`: header's; `tile`: a Tile
     (a load whose setup reads a_row0, or b_col0, needs one row quad, or column quad, an invocation
     to load)."""
+    load = load.quads if tile.b_quads and load.quads else load  # (MATRIX_TILE's b_quads are False: its load as given)
     head = header(has_bias, load.inputs, scratch=True, bias=bias, out=out, clamp=clamp, residual=residual, store=store, activation=activation,
                   added=added)
     if tile.matrix:
         return "enable chromium_experimental_subgroup_matrix;\n" + head + extra + load.halves_functions + matrix_body(load.weight_ends)
-    load = load.quads if tile.b_quads and load.quads else load
     threads = 16 * tile.ty
     a_slots, b_slots = tile.bm * tile.bk // 4 // threads, tile.bn * tile.bk // 4 // threads
     assert a_slots * threads * 4 == tile.bm * tile.bk and b_slots * threads * 4 == tile.bn * tile.bk, f"{tile}: its invocations do not load whole K steps"
