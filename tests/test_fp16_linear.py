@@ -114,6 +114,8 @@ CASES = {
     "f16_linear_matrix": (lambda: Linear(268, 131, True).half(), [(307, 268)], [0]),
     # ... and column groups of weights of whole 128-column tiles (q/k/v, gate/up), K of 68 (part of a K step)
     "f16_fused_matrix": (lambda: FusedLinears(68, 256, 128, 384).half(), [(263, 68)], [0]),
+    # ... and so in 4 bits, widened to f16 for them (f16_q4_widened: a plain product, groups of 24)
+    "f16_q4_fused_matrix": (quantized(lambda: FusedLinears(96, 256, 128, 384).half(), "4w", 32), [(263, 96)], [0]),
 }
 SUBGROUP_CASES = ("f16_fused_k4", "f16_q4_k32", "f16_dq8")
 
@@ -152,7 +154,7 @@ async def test_fp16_products_match_eager_fp16(name, load_pte):
     model = await load_pte(data)
     assert model.precision == "f16", model.precision_note
     tol = (Q_ATOL, Q_RTOL) if name in ("f16_q4", "f16_dq8", "f16_q4_k32", "f16_fused", "f16_fused_k4", "f16_norm_fused_k8", "f16_norm_fused_wide",
-                                       "f16_fused_matrix") else (ATOL, RTOL)
+                                       "f16_fused_matrix", "f16_q4_fused_matrix") else (ATOL, RTOL)
     rng = np.random.default_rng(5)
     calls = [_inputs(name, m, rng) for m in _live_ms(name)]
     await assert_matches_eager(model, module, calls, atol=tol[0], rtol=tol[1])
@@ -326,8 +328,8 @@ async def test_fp16_weights_of_many_rows_are_widened_first(name, load_pte, kerne
     data, _ = _export(name)
     ms = [CASES[name][1][0][0], gemm.WIDEN_MIN_ROWS - 1]
     model, outs = await load_pte(data), []
-    if model.f16_matrices and name == "f16_fused_widened":
-        pytest.skip("f16 weights' prompts take the f16 matrices (test_fp16_prompts_take_f16_matrices)")
+    if model.f16_matrices:
+        pytest.skip("f16 rows' prompts take the f16 matrices (test_fp16_prompts_take_f16_matrices)")
     for m in ms:
         outs.append(await model.execute(*_inputs(name, m, np.random.default_rng(m))))
         live = [d for i, d in enumerate(model.graph.dispatches) if all(model._default.state.grids[i])]
@@ -341,29 +343,37 @@ async def test_fp16_weights_of_many_rows_are_widened_first(name, load_pte, kerne
             np.testing.assert_array_equal(got, want, err_msg=f"{m} rows, output {j}")
 
 
-# rows past the subgroup kernels' (routes.py's SG_GPU_ROWS), in random order, and fewer
-MATRIX_ROWS = {"f16_linear_matrix": (307, 129, 256, 200, 1, 128), "f16_fused_widened": (263, 128, 131, 40), "f16_fused_matrix": (200, 263, 17, 129)}
+# rows past the subgroup kernels' (routes.py's SG_GPU_ROWS; the 4-bit ones' Q4_SG_GPU_ROWS) and
+# from MATRIX_MIN_ROWS, in random order, and fewer
+MATRIX_ROWS = {"f16_linear_matrix": (307, 129, 256, 200, 1, 128), "f16_fused_widened": (263, 128, 131, 40), "f16_fused_matrix": (200, 263, 17, 129),
+               "f16_q4_widened": (263, 127, 128, 40, 200), "f16_q4_fused_matrix": (129, 263, 65, 1, 128)}
 
 
 @pytest.mark.parametrize("name", sorted(MATRIX_ROWS))
 async def test_fp16_prompts_take_f16_matrices(name, load_pte, kernel_variants):
     """Where the device offers f16 x f16 -> f32 subgroup matrices (Dawn on NVIDIA), the GEMM's
-    products of f16 operands of K whole quads and MATRIX_MIN_ROWS rows or more run on them (gemm.py's
-    MATRIX_TILE: a plain linear with its bias, the q/k/v column group, the residual linears,
-    SwiGLU's); against eager fp16 as the other routes (f32 sums of the same halves), K split where
-    the tiles are few. The GPU variants: the CPU ones take the subgroup kernels at every row count."""
+    products of f16 rows of K whole quads by f16 weights, or by 4-bit ones widened to f16 first
+    (each weight rounded as eager dequantizes it), of MATRIX_MIN_ROWS rows or more, run on them
+    (gemm.py's MATRIX_TILE: a plain linear with its bias, the q/k/v column group, the residual
+    linears, SwiGLU's); against eager fp16 as the other routes (f32 sums of the same halves), K
+    split where the tiles are few. The GPU variants: the CPU ones take the subgroup kernels at
+    every row count."""
     data, module = _export(name)
     model = await load_pte(data)
     if not model.f16_matrices or kernel_variants != "gpu":
         pytest.skip(f"the GPU variants on a device with f16 subgroup matrices (here: {kernel_variants} variants, f16 matrices {model.f16_matrices})")
     tol = (ATOL, RTOL) if name == "f16_linear_matrix" else (Q_ATOL, Q_RTOL)
+    q4 = "q4" in name
+    first = max(gemm.MATRIX_MIN_ROWS, (R.Q4_SG_GPU_ROWS if q4 else R.SG_GPU_ROWS)[1] + 1)
     rng = np.random.default_rng(11)
     for m in MATRIX_ROWS[name]:
         inputs = _inputs(name, m, rng)
         await assert_matches_eager(model, module, [inputs], atol=tol[0], rtol=tol[1])
         live = [d for i, d in enumerate(model.graph.dispatches) if all(model._default.state.grids[i])]
         matrices = [d for d in live if "subgroup_matrix_left<f16" in (d.shader or "")]
-        assert bool(matrices) == (m > R.SG_GPU_ROWS[1]), (m, [d.op for d in live])
+        assert bool(matrices) == (m >= first), (m, [d.op for d in live])
+        widened = [d for d in live if "wide[i] = b_k_halves(" in (d.shader or "")]  # the 4-bit weights widened to f16 before
+        assert bool(widened) == (q4 and m >= first) and len(widened) <= len(matrices), (m, [d.op for d in live])
 
 
 def test_f16_matrix_tiles_read_halves_as_stored():

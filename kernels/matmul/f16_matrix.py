@@ -1,7 +1,8 @@
 """Products of f16 operands on subgroup matrices (tensor cores): GemmRoute's MATRIX_TILE, for a
 device that offers f16 x f16 -> f32 products of 16 x 16 x 16 (F16_MATRIX; Dawn's
 chromium_experimental_subgroup_matrix, which lists them on NVIDIA with the toggle
-vulkan_enable_f16_on_nvidia, async_runtime/backend.py).
+vulkan_enable_f16_on_nvidia, async_runtime/backend.py): f16 rows by f16 weights, or by 4-bit
+weights that GemmRoute widens to f16 first.
 
 A workgroup of 2 x 2 subgroups takes a 128 x 128 tile of outputs, each subgroup 4 x 4 result
 matrices of 16 x 16 with f32 sums. Each K step of 32 its invocations read the A rows and B columns

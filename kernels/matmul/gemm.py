@@ -525,7 +525,8 @@ WIDE_ROW_MIN = 4096
 HALF_TILES = (TILE, SMALL_TILE, MID_TILE)
 # 128 x 128 on f16 subgroup matrices (kernels/matmul/f16_matrix.py): products of f16 operands, A and
 # B read 4 of K a load, of at least MATRIX_MIN_ROWS rows, where the device offers F16_MATRIX
-# (OpBuilder.f16_matrices); they take it in place of the f32 tiles over widened weights.
+# (OpBuilder.f16_matrices); they take it in place of the f32 tiles over widened weights (4-bit
+# weights of f16 rows: over weights widened to f16, HALF_WIDEN_MIN_ROWS).
 MATRIX_TILE = Tile(rq=2, cq=2, matrix=True)
 MATRIX_MIN_ROWS = 128
 
@@ -621,6 +622,14 @@ def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, res
 # (results/h200/kernel_choices/widened_weights/).
 WIDEN_MIN_ROWS, WIDEN_MIN_WORK = 256, 1 << 31
 WIDEN_MAX_BYTES = 1 << 29
+# Where the device has f16 matrices (OpBuilder.f16_matrices), a product of f16 rows over 4-bit
+# weights widens them to f16 instead, each weight rounded once as eager dequantizes them, from
+# MATRIX_MIN_ROWS rows whatever its size, and runs MATRIX_TILE over them (a column group's weights
+# then one [N, K] matrix, no weight to pick per tile). H200, Dawn, Llama-3.2-1B 4w of f16
+# activations, prompts of 512 / 2,047 tokens 20,635 / 23,874 tokens/s (wgpu-native's f32 tiles
+# 15,339 / 16,964); MATRIX_TILE reading the 4-bit weights through its loads, dequantizing each
+# step, 14,297 / 18,199 (results/h200/q4_f16_matrix_prompts/).
+HALF_WIDEN_MIN_ROWS, HALF_WIDEN_MIN_WORK = MATRIX_MIN_ROWS, 0
 # The widening's workgroups: H200, the pass alone over the 1B's weights (16,384 x 2,048 / 3,072 x
 # 2,048 / 2,048 x 8,192, 4-bit): 64 invocations 133.8 / 24.5 / 90.4 us, 256 55.3 / 13.5 / 31.1
 # (2.7 TB/s of reads and writes), two quads an invocation no better (123.1 / 21.3 / 47.4)
@@ -632,20 +641,29 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let i = flat_index(gid, nwg, ${WG}u);
     let quads = p.K / 4u;
     if (i >= p.N * quads) { return; }
-    wide[i] = b_k_quad(0u, i / quads, 4u * (i % quads), p.K);
+    wide[i] = $READ(0u, i / quads, 4u * (i % quads), p.K);
+}
+"""
+# b_k_quad's quad rounded to 4 halves in a vec2<u32>, as f16 storage holds them (the widening to f16)
+B_K_HALVES_ROUNDED = """
+fn b_k_halves(off: u32, n: u32, k: u32, kend: u32) -> vec2<u32> {
+    let w = b_k_quad(off, n, k, kend);
+    return vec2<u32>(pack2x16float(w.xy), pack2x16float(w.zw));
 }
 """
 
 
-def widen_shader(source):
-    """WIDEN over a WeightSource: its bindings, then `wide` (the f32 weight [N, K], as vec4s), P and
-    its other uniforms."""
+def widen_shader(source, halves=False):
+    """WIDEN over a WeightSource: its bindings, then `wide` (the weight [N, K] as f32 vec4s, or with
+    `halves` as f16, 4 a vec2<u32>), P and its other uniforms."""
     n = len(source.inputs)
     lines = [STRUCT + ";", *(f"@group(0) @binding({i}) var<storage, read> {name}: array<{t}>;" for i, (name, t) in enumerate(source.inputs))]
-    lines += [f"@group(0) @binding({n}) var<storage, read_write> wide: array<vec4<f32>>;", f"@group(0) @binding({n + 1}) var<uniform> p: P;"]
+    lines += [f"@group(0) @binding({n}) var<storage, read_write> wide: array<{vec4_type('f16' if halves else 'f32')}>;",
+              f"@group(0) @binding({n + 1}) var<uniform> p: P;"]
     for j, (struct_text, declaration) in enumerate(source.uniforms):
         lines += [struct_text.strip().rstrip(";") + ";", f"@group(0) @binding({n + 2 + j}) var<uniform> {declaration};"]
-    return "\n".join(lines) + "\n" + source.functions + fill(WIDEN, FLAT_INDEX=FLAT_INDEX, WG=WIDEN_WG)
+    functions = source.functions + (B_K_HALVES_ROUNDED if halves else "")
+    return "\n".join(lines) + "\n" + functions + fill(WIDEN, FLAT_INDEX=FLAT_INDEX, WG=WIDEN_WG, READ="b_k_halves" if halves else "b_k_quad")
 
 
 def gemm_reduce_shader(has_bias, bias="f32", out="f32", clamp=None, residual=False, store=None, extra="", activation=None, added=None):
@@ -703,7 +721,8 @@ class GemmRoute:
     without a per-invocation setup also takes BIG_TILE, and on GPUs MID_TILE (measured there; a CPU
     adapter compiles one tile less) and, if it dequantizes, WIDE_ROW_TILE; `tiles` maps each tile
     built to its dispatch, of which `tile` picks one by live shape (`tiles` given: only those). On
-    GPUs a load with a `b_source` also builds the widening and the f32 weights' route (`route`)."""
+    GPUs a load with a `b_source` also builds the widening and the f32 weights' route (`route`), or
+    over 4-bit weights of f16 rows where the device has f16 matrices, the f16 weights' on them."""
 
     def __init__(self, b, load, inputs, bias, out, params, scratch, extra=(), extra_wgsl="", clamp=None, residual=False, store=None,
                  more_outs=(), small=False, most=(0, 0), activation=None, added=None, tiles=None):
@@ -734,16 +753,18 @@ class GemmRoute:
         self.f16 = load.b_source is not None and not load.dequantizes and not more_outs
         reduce = gemm_reduce_shader(bias is not None, extra=more(len(tail) + 3), **epilogue)
         self.reduce = b.dispatch(reduce, [scratch, *tail, out, params, *more_outs, *last])
-        self.widened = None  # (the widening dispatch, the f32 weights' route) from WIDEN_MIN_ROWS rows
+        self.widened = None  # (the widening dispatch, the widened weights' route, (its least rows, its least work))
         source = load.b_source
-        if source is not None and load.a_k_quads and b.adapter != CPU and 4 * most[0] * most[1] <= WIDEN_MAX_BYTES and not matrices:
+        halves = b.f16_matrices and load.dequantizes and source is not None and source.a == "f16"  # widened to f16, for MATRIX_TILE
+        if source is not None and load.a_k_quads and b.adapter != CPU and (2 if halves else 4) * most[0] * most[1] <= WIDEN_MAX_BYTES and (halves or not matrices):
             assert len(inputs) == 1 + len(source.inputs) and len(extra) == len(source.uniforms), f"{self.name}: B's bindings are not the GEMM's"
-            wide = b.scratch("float32", most[0] * most[1])
-            widen = b.dispatch(widen_shader(source), [*inputs[1:], wide, params, *extra])
-            f32 = float_load(True, source.a, "f32", k_quads=True, a_quads=True)
-            route = GemmRoute(b, f32, [inputs[0], wide], bias, out, params, scratch, clamp=clamp, residual=residual, store=store, more_outs=more_outs,
-                              most=most, activation=activation, added=added, tiles=[MID_TILE, *([BIG_TILE] if can_take_big_tile(most) else [])])
-            self.widened = (widen, route)
+            wide = b.scratch("float16" if halves else "float32", most[0] * most[1])
+            widen = b.dispatch(widen_shader(source, halves), [*inputs[1:], wide, params, *extra])
+            widened = float_load(True, source.a, "f16" if halves else "f32", k_quads=True, a_quads=True)
+            tiles = [MATRIX_TILE] if halves else [MID_TILE, *([BIG_TILE] if can_take_big_tile(most) else [])]
+            route = GemmRoute(b, widened, [inputs[0], wide], bias, out, params, scratch, clamp=clamp, residual=residual, store=store, more_outs=more_outs,
+                              most=most, activation=activation, added=added, tiles=tiles)
+            self.widened = (widen, route, (HALF_WIDEN_MIN_ROWS, HALF_WIDEN_MIN_WORK) if halves else (WIDEN_MIN_ROWS, WIDEN_MIN_WORK))
 
     def set(self, ctx, shape, on):
         """As a variant's route (kernels/variants.py), for a shape with m, n, k and batch."""
@@ -751,9 +772,11 @@ class GemmRoute:
         self.set_grids(ctx, shape.m, shape.n, shape.k, shape.batch, splits, on)
 
     def route(self, m, n, k, batch=1):
-        """The route of an M x N x K product: the f32 weights' where it widens them, else this."""
-        widens = self.widened is not None and batch == 1 and m >= WIDEN_MIN_ROWS and m * n * k >= WIDEN_MIN_WORK
-        return self.widened[1] if widens else self
+        """The route of an M x N x K product: the widened weights' where it widens them, else this."""
+        if self.widened is None or batch != 1:
+            return self
+        _, route, (rows, work) = self.widened
+        return route if m >= rows and m * n * k >= work else self
 
     def tile(self, m, n, k):
         if SMALL_TILE in self.tiles and m <= SMALL_TILE.bm:
@@ -775,7 +798,7 @@ class GemmRoute:
         if on and self.a_k_quads and k % 4:
             raise ValueError(f"{self.name}: live K={k} is not a multiple of 4, as its largest K was (the GEMM reads its input 4 of K a load)")
         if self.widened is not None:
-            widen, route = self.widened
+            widen, route, _ = self.widened
             widens = on and self.route(m, n, k, batch) is route
             ctx.set_grid(widen, flat_grid(n * k // 4, WIDEN_WG) if widens else (0, 0, 0))
             route.set_grids(ctx, m, n, k, batch, splits, widens)
