@@ -45,6 +45,14 @@ def fill(template, **values):
     return Template(template).substitute({name: str(value) for name, value in values.items()})
 
 
+def rounded(value, t):
+    """WGSL of the f32 `value` rounded to storage type `t` (f32 or f16) and read back as f32, as an
+    op that stored it and the op after it that read it would have it. Not f32(f16(value)): NVIDIA's
+    Vulkan driver drops that round trip and keeps the f32 value (H200, under naga and Tint alike),
+    where pack2x16float rounds to nearest even (results/h200/q4_fused_f16_bitwise/rounding.py)."""
+    return f"unpack2x16float(pack2x16float(vec2<f32>({value}, 0.0))).x" if t == "f16" else f"f32({t}({value}))"
+
+
 # How each tensor dtype is stored on the GPU: 4-byte elements, except raw bytes of packed weights
 # and float16 (f16, 2 bytes). A device without `shader-f16` never sees float16: the load widens
 # those tensors to float32 first (async_runtime/program/graph.py widen_half).
@@ -411,7 +419,7 @@ class QuantizingRows:
     def uniform(self, binding):
         """WGSL of the uniform `p: P` at `binding`, div_rn, qparams, and `row_qp(lo, hi)`: a row's
         (scale, zero point, 1 / scale) from its minimum and maximum."""
-        qp = fill(ROW_QP, SCALE_TYPE=self.scale_type, ZP=self.zp)
+        qp = fill(ROW_QP, SCALE=rounded("qp.x", self.scale_type), ZP=self.zp)
         return QP_STRUCT + f"@group(0) @binding({binding}) var<uniform> p: P;\n" + DIV_RN + QPARAMS + qp
 
     def pairs_loader(self, name):
@@ -425,7 +433,7 @@ class QuantizingRows:
 ROW_QP = """
 fn row_qp(lo: f32, hi: f32) -> vec3<f32> {
     let qp = qparams(lo, hi);
-    let s = f32(${SCALE_TYPE}(qp.x));
+    let s = ${SCALE};
     return vec3<f32>(s, ${ZP}, div_rn(1.0, s));
 }
 """
@@ -513,7 +521,7 @@ $NORM
         workgroupBarrier();
     }
     let qp = qparams(qr_lo[0], qr_hi[0]);
-    let s = f32(${SCALE_TYPE}(qp.x));
+    let s = ${SCALE};
     let zp = ${ZP};
     let inv = div_rn(1.0, s);
 $STORE
@@ -597,7 +605,7 @@ class RowQuantizer:
             packed = f"var<workgroup> qr_packed: array<u32, {quads}>;  // the row's int8 values, a quad a word"
         else:
             store = fill(ROW_FLOATS, OUT=self.out, **loop)
-        return fill(QUANTIZE_ROW, HALF=ROW_INVOCATIONS // 2, PACKED=packed, LOAD=self.load, NORM=norm, SCALE_TYPE=self.scale_type, ZP=self.zp,
+        return fill(QUANTIZE_ROW, HALF=ROW_INVOCATIONS // 2, PACKED=packed, LOAD=self.load, NORM=norm, SCALE=rounded("qp.x", self.scale_type), ZP=self.zp,
                     STORE=store, **loop)
 
 

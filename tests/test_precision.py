@@ -9,6 +9,7 @@ import async_runtime as ar
 from pte_wgpu.kernels import OPS
 
 from .exporting import export_pte
+from .one_kernel import run_kernel
 
 pytestmark = pytest.mark.usefixtures("adapter")
 
@@ -86,3 +87,22 @@ async def test_float32_given_for_a_float16_input_is_rounded_and_an_int_is_refuse
 async def test_a_bad_precision_is_refused_before_anything_loads():
     with pytest.raises(ValueError, match=r"precision must be one of 'auto', 'f16-sums', 'f32', got 'f16'"):
         await ar.load(pointwise_half(), precision="f16")
+
+
+def test_kernels_round_to_f16_to_nearest_even():
+    """wgsl.rounded(v, "f16"), how kernels round a value to f16 as a store and a reload would (an
+    epilogue's product before its residual, a fused norm's rows, RoPE's inputs): round to nearest
+    even, on every device. (NVIDIA's Vulkan driver keeps the f32 value of f32(f16(v)).)"""
+    from pte_wgpu.kernels.wgsl import rounded
+
+    n = 1 << 14
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(n) * 10.0 ** rng.integers(-4, 4, n)).astype(np.float32)
+    ulp = np.spacing(np.abs(x).astype(np.float16)).astype(np.float32)
+    x[: n // 4] = (x[: n // 4].astype(np.float16).astype(np.float32) + ulp[: n // 4] / 2)  # ties between two halves
+    src = (
+        "@group(0) @binding(0) var<storage, read> x: array<f32>;\n"
+        "@group(0) @binding(1) var<storage, read_write> y: array<f32>;\n"
+        f"@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) {{ y[g.x] = {rounded('x[g.x]', 'f16')}; }}\n"
+    )
+    np.testing.assert_array_equal(run_kernel(src, (x,), np.float32, n), x.astype(np.float16).astype(np.float32))

@@ -25,6 +25,7 @@ from pte_wgpu.kernels.matmul.routes import BITWISE_ROWS
 from async_runtime.testing import assert_matches_eager
 
 from .exporting import export_pte
+from .one_kernel import run_kernel
 
 pytestmark = pytest.mark.usefixtures("adapter")
 
@@ -407,7 +408,6 @@ def test_div_rn_is_correctly_rounded(off):
     """The shaders' software division against numpy's IEEE float32 division, with the float
     division's estimate of the quotient as the device gives it, and `off` units off: corrected by
     the remainder, or (past 4) by the long division."""
-    import wgpu
     from pte_wgpu.kernels.wgsl import DIV_RN
 
     estimate = "u32(f32(ma) / f32(mb) * 8388608.0)"
@@ -436,26 +436,7 @@ def test_div_rn_is_correctly_rounded(off):
         + "@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) {\n"
         "    q[g.x] = div_rn(a[g.x], b[g.x]);\n}\n"
     )
-    device = wgpu.gpu.request_adapter_sync().request_device_sync()
-    usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC
-    ba = device.create_buffer_with_data(data=a, usage=usage)
-    bb = device.create_buffer_with_data(data=b, usage=usage)
-    bq = device.create_buffer(size=4 * n, usage=usage)
-    pipeline = device.create_compute_pipeline(
-        layout="auto", compute={"module": device.create_shader_module(code=src), "entry_point": "main"}
-    )
-    group = device.create_bind_group(
-        layout=pipeline.get_bind_group_layout(0),
-        entries=[{"binding": i, "resource": {"buffer": buf}} for i, buf in enumerate((ba, bb, bq))],
-    )
-    encoder = device.create_command_encoder()
-    pass_ = encoder.begin_compute_pass()
-    pass_.set_pipeline(pipeline)
-    pass_.set_bind_group(0, group)
-    pass_.dispatch_workgroups(n // 64)
-    pass_.end()
-    device.queue.submit([encoder.finish()])
-    got = np.frombuffer(device.queue.read_buffer(bq), np.float32)
+    got = run_kernel(src, (a, b), np.float32, n)
     with np.errstate(all="ignore"):
         want = a / b
     # normal quotients exactly; subnormal ones flush to zero

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pte_wgpu.resize.shapes import numel_of
 
 from ..registry import op
-from ..wgsl import FLAT_INDEX, WG, fill, flat_grid, flat_kernel, type_aliases
+from ..wgsl import FLAT_INDEX, WG, fill, flat_grid, flat_kernel, rounded, type_aliases
 from .kv_cache import CACHE_AT, cache_at, table_entries
 
 # One dispatch rotates both q and k: invocations past q's pairs continue into k's. The ragged
@@ -179,7 +179,7 @@ def rope_store(j, row, t, rope_types):
     out, ot = (("oq", oq), ("ok", ok))[j]
     rotate = (
         f"let fi = row * q.half + (n % q.dim) / 2u; let c = f32(fcos[fi]); let sn = f32(fsin[fi]); "
-        f"let mine = f32({t}(v0)); let other = f32({t}(pair0)); let even = (n & 1u) == 0u; "
+        f"let mine = {rounded('v0', t)}; let other = {rounded('pair0', t)}; let even = (n & 1u) == 0u; "
         "let ev = select(other, mine, even); let od = select(mine, other, even); "
         "var y = ev * sn + od * c; if (even) { y = ev * c - od * sn; }"
     )

@@ -27,7 +27,7 @@ from pte_wgpu.resize.shapes import numel_of
 from ..attention.rope import rope_bindings, rope_store
 from ..registry import op
 from ..variants import CPU, GPU
-from ..wgsl import FLAT_INDEX, SUBGROUP_BUILTINS, WG, fill, flat_grid, row_groups, row_groups_grid, vec4_loader, vec4_type
+from ..wgsl import FLAT_INDEX, SUBGROUP_BUILTINS, WG, fill, flat_grid, rounded, row_groups, row_groups_grid, vec4_loader, vec4_type
 from .gemm import PARAMS_SIZE, GemmRoute, column_group, gemm_scratch, params_bytes, weight_load
 from .linear import (
     CPU_GROUP_ROWS,
@@ -186,7 +186,7 @@ def _per(kind, shape, weights):
 def _scale(norm, rows):
     """A fused norm's x * rstd * gamma as et_vk.rms_norm computes it, rounded to the storage type
     `rows` of the normalized rows that the op it replaced would have written."""
-    return (lambda r, i, x: f"f32({rows}({x} * rstd{r} * f32(gamma[{i}])))") if norm else None
+    return (lambda r, i, x: rounded(f"{x} * rstd{r} * f32(gamma[{i}])", rows)) if norm else None
 
 
 # The fused GEMVs' entry: workgroup (wg0, group of rows: kernels/wgsl.py's row_groups) takes its

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pte_wgpu.resize.shapes import MAX_WORKGROUPS, numel_of
 
 from ..variants import CPU
-from ..wgsl import ERF, FLAT_INDEX, GELU, TILE_ORIGIN, WG, fill, flat_grid, vec4_loader, vec4_type
+from ..wgsl import ERF, FLAT_INDEX, GELU, TILE_ORIGIN, WG, fill, flat_grid, rounded, vec4_loader, vec4_type
 from .f16_matrix import matrix_body
 from .routes import FLOAT_GEMM_MIN_K
 
@@ -97,14 +97,14 @@ def header(has_bias, inputs, scratch=False, bias="f32", out="f32", clamp=None, r
     `out`, as the op it replaced read it), and `store(b, m, n, acc)`, which writes an output
     element: `store` if given (WGSL), else out[b, m, n] = epilogue(acc, b, m, n)."""
     lines = [STRUCT + ";", *bindings(inputs, has_bias, scratch=scratch, bias=bias, out=out)]
-    value = f"f32({out}(p.alpha * acc))" if residual else "p.alpha * acc"
+    value = rounded("p.alpha * acc", out) if residual else "p.alpha * acc"
     value += " + p.beta * f32(bias[b * p.bias_bs + m * p.bias_sm + n * p.bias_sn])" if has_bias else ""
     if added is not None:
-        value = f"f32({out}({value})) + f32(added[b * p.c_bs + m * p.N + n])"
+        value = rounded(value, out) + " + f32(added[b * p.c_bs + m * p.N + n])"
     if clamp is not None:
         value = f"clamp({value}, {float(clamp[0])!r}, {float(clamp[1])!r})"
     if activation is not None:
-        value = f"gelu(f32({out}({value})))"
+        value = f"gelu({rounded(value, out)})"
         lines.append(f"fn gelu(a: f32) -> f32 {{ return {GELU[activation]}; }}" + (ERF if "erf_approx" in GELU[activation] else ""))
     lines.append(f"fn epilogue(acc: f32, b: u32, m: u32, n: u32) -> {out} {{ return {out}({value}); }}")
     lines.append(store or "fn store(b: u32, m: u32, n: u32, acc: f32) { out[b * p.c_bs + m * p.N + n] = epilogue(acc, b, m, n); }")

@@ -40,7 +40,7 @@ from pte_wgpu.resize.shapes import numel_of
 from ..attention.rope import rope_bindings, rope_store
 from ..registry import op
 from ..variants import CPU
-from ..wgsl import Int8Rows, binding_type, fill, flat_grid, row_groups_grid, vec4_loader, vec4_type
+from ..wgsl import Int8Rows, binding_type, fill, flat_grid, rounded, row_groups_grid, vec4_loader, vec4_type
 from .fused_linear import _RMS, SILU, swiglu_elementwise
 from .gemm import PARAMS_SIZE, SMALL_TILE, GemmRoute, TileLoad, WeightSource, column_ranges, column_store, float_a_load, gemm_scratch, params_bytes
 from .linear import sg_wg_rows
@@ -125,7 +125,7 @@ def _shader(kind, shape, count, swiglu, norm, types, gs, rope=None, step=8, rstd
     else:
         src += gemv_reduce((2 if swiglu else 1) * shape[2]) + gemv_main(shape[2])
         src += f"    let rows = live;\n    let aoff = m0 * q.K;\n    {_RMS}\n" if norm else ""
-        x_at = (lambda r, e: f"f32({rows_t}(f32(x[xo{r} + {e}]) * rstd{r} * f32(gamma[{e}])))") if norm else int8_rows_at(types["x"])
+        x_at = (lambda r, e: rounded(f"f32(x[xo{r} + {e}]) * rstd{r} * f32(gamma[{e}])", rows_t)) if norm else int8_rows_at(types["x"])
         at = lambda r: f"(m0 + {r}u)"  # noqa: E731
 
     def body(weights, n, store):
@@ -139,7 +139,7 @@ def _shader(kind, shape, count, swiglu, norm, types, gs, rope=None, step=8, rstd
         g, u = types["gate"], types["up"]
 
         def store(r):
-            return f"let g = f32({g}(v0)); let u = f32({u}(v1)); o0[{at(r)} * q.N0 + n] = {outs[0]}({fill(SILU, G='g', U='u')});"
+            return f"let g = {rounded('v0', g)}; let u = {rounded('v1', u)}; o0[{at(r)} * q.N0 + n] = {outs[0]}({fill(SILU, G='g', U='u')});"
 
         src += f"    let wg = wg0;\n    {body([('wq0', fn(0)), ('wq1', fn(1))], 'q.N0', store)}\n}}\n"
         return src

@@ -74,6 +74,7 @@ from ..wgsl import (
     int8_rows_k,
     is_float,
     qp_bytes,
+    rounded,
     row_groups,
     row_groups_grid,
     stored_zero_point,
@@ -296,7 +297,7 @@ def _gemv_header(dq8, zp_packed, has_bias, types, vec4=False, residual=False, op
     lines = [LIN_STRUCT + ";", *bindings(operands, has_bias, uniform="q: Q", bias=types.bias, out=types.out)]
     if isinstance(types.x, QuantizingRows):  # its uniform after q
         lines.append(types.x.uniform(len(operands) + has_bias + 2))
-    total = f"f32({types.out}(acc)) + f32(bias[m * q.N + n])" if residual else "acc + f32(bias[n])" if has_bias else "acc"
+    total = rounded("acc", types.out) + " + f32(bias[m * q.N + n])" if residual else "acc + f32(bias[n])" if has_bias else "acc"
     lines.append(f"fn epilogue(acc: f32, m: u32, n: u32) -> {types.out} {{ return {types.out}({total}); }}")
     return "\n".join(lines) + "\n"
 

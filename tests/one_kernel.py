@@ -1,0 +1,28 @@
+"""One WGSL kernel run over numpy arrays on the test's adapter, for tests of the kernels' WGSL helpers."""
+
+import numpy as np
+
+
+def run_kernel(src, inputs, out_dtype, n, workgroup=64):
+    """Binding i of `src` holds inputs[i] (read-only storage), the binding after them an output of
+    `n` elements of `out_dtype`; `src`'s entry point `main` runs n / workgroup workgroups once.
+    Returns the output."""
+    import wgpu  # (after async_runtime, which chose the backend that answers to this name)
+
+    device = wgpu.gpu.request_adapter_sync().request_device_sync()
+    usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC
+    buffers = [device.create_buffer_with_data(data=x, usage=usage) for x in inputs]
+    buffers.append(device.create_buffer(size=np.dtype(out_dtype).itemsize * n, usage=usage))
+    pipeline = device.create_compute_pipeline(layout="auto", compute={"module": device.create_shader_module(code=src), "entry_point": "main"})
+    group = device.create_bind_group(
+        layout=pipeline.get_bind_group_layout(0),
+        entries=[{"binding": i, "resource": {"buffer": buf}} for i, buf in enumerate(buffers)],
+    )
+    encoder = device.create_command_encoder()
+    pass_ = encoder.begin_compute_pass()
+    pass_.set_pipeline(pipeline)
+    pass_.set_bind_group(0, group)
+    pass_.dispatch_workgroups(n // workgroup)
+    pass_.end()
+    device.queue.submit([encoder.finish()])
+    return np.frombuffer(device.queue.read_buffer(buffers[-1]), out_dtype)
