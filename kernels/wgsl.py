@@ -45,12 +45,35 @@ def fill(template, **values):
     return Template(template).substitute({name: str(value) for name, value in values.items()})
 
 
+# f32 x rounded to the nearest f16 (ties to even) and read back as f32, in integer operations: f16s
+# past 65,504 are infinite, below 2^-14 multiples of 2^-24
+ROUND_HALF = """
+fn round_half(x: f32) -> f32 {
+    let b = bitcast<u32>(x);
+    let sign = b & 0x80000000u;
+    let e = (b >> 23u) & 0xFFu;
+    if (e == 255u) { return x; }
+    if (e >= 113u) {
+        let r = (b + 0xFFFu + ((b >> 13u) & 1u)) & 0xFFFFE000u;
+        if ((r & 0x7FFFFFFFu) >= 0x47800000u) { return bitcast<f32>(sign | 0x7F800000u); }
+        return bitcast<f32>(r);
+    }
+    let s = 126u - e;
+    if (s >= 25u) { return bitcast<f32>(sign); }
+    let m = (b & 0x7FFFFFu) | 0x800000u;
+    let q = (m + (1u << (s - 1u)) - 1u + ((m >> s) & 1u)) >> s;
+    return bitcast<f32>(sign | bitcast<u32>(f32(q) * 5.9604644775390625e-8));
+}
+"""
+
+
 def rounded(value, t):
     """WGSL of the f32 `value` rounded to storage type `t` (f32 or f16) and read back as f32, as an
-    op that stored it and the op after it that read it would have it. Not f32(f16(value)): NVIDIA's
-    Vulkan driver drops that round trip and keeps the f32 value (H200, under naga and Tint alike),
-    where pack2x16float rounds to nearest even (results/h200/q4_fused_f16_bitwise/rounding.py)."""
-    return f"unpack2x16float(pack2x16float(vec2<f32>({value}, 0.0))).x" if t == "f16" else f"f32({t}({value}))"
+    op that stored it and the op after it that read it would have it: for f16 through ROUND_HALF's
+    round_half (pipelines add its definition to a kernel that calls it). Not f32(f16(value)), nor
+    through pack2x16float and back: NVIDIA's Vulkan driver drops either round trip and keeps the
+    f32 value (H200, under naga and Tint alike; results/h200/q4_fused_f16_bitwise/rounding.py)."""
+    return f"round_half({value})" if t == "f16" else f"f32({t}({value}))"
 
 
 # How each tensor dtype is stored on the GPU: 4-byte elements, except raw bytes of packed weights
