@@ -1,6 +1,21 @@
-"""One WGSL kernel run over numpy arrays on the test's adapter, for tests of the kernels' WGSL helpers."""
+"""One WGSL kernel run over numpy arrays on the test's adapter, for tests of single kernels."""
 
 import numpy as np
+
+
+def dispatch(device, pipeline, buffers, grid):
+    """Run `pipeline` once over `grid` workgroups with buffers[i] at binding i of group 0."""
+    group = device.create_bind_group(
+        layout=pipeline.get_bind_group_layout(0),
+        entries=[{"binding": i, "resource": {"buffer": buf}} for i, buf in enumerate(buffers)],
+    )
+    encoder = device.create_command_encoder()
+    compute = encoder.begin_compute_pass()
+    compute.set_pipeline(pipeline)
+    compute.set_bind_group(0, group)
+    compute.dispatch_workgroups(*grid)
+    compute.end()
+    device.queue.submit([encoder.finish()])
 
 
 def run_kernel(src, inputs, out_dtype, n, workgroup=64):
@@ -14,15 +29,5 @@ def run_kernel(src, inputs, out_dtype, n, workgroup=64):
     buffers = [device.create_buffer_with_data(data=x, usage=usage) for x in inputs]
     buffers.append(device.create_buffer(size=np.dtype(out_dtype).itemsize * n, usage=usage))
     pipeline = device.create_compute_pipeline(layout="auto", compute={"module": device.create_shader_module(code=src), "entry_point": "main"})
-    group = device.create_bind_group(
-        layout=pipeline.get_bind_group_layout(0),
-        entries=[{"binding": i, "resource": {"buffer": buf}} for i, buf in enumerate(buffers)],
-    )
-    encoder = device.create_command_encoder()
-    pass_ = encoder.begin_compute_pass()
-    pass_.set_pipeline(pipeline)
-    pass_.set_bind_group(0, group)
-    pass_.dispatch_workgroups(n // workgroup)
-    pass_.end()
-    device.queue.submit([encoder.finish()])
+    dispatch(device, pipeline, buffers, (n // workgroup,))
     return np.frombuffer(device.queue.read_buffer(buffers[-1]), out_dtype)

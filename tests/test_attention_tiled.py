@@ -24,6 +24,7 @@ from pte_wgpu.kernels.attention.kv_cache import KV_BLOCK, table_entries
 from pte_wgpu.kernels.attention.kv_cache_sdpa import SPLIT_MAX_ROWS, TILE_ROWS, _whole_range
 
 from .exporting import EXPORT_DIR, export_pte
+from .one_kernel import dispatch
 
 pytestmark = pytest.mark.usefixtures("adapter")
 
@@ -60,18 +61,7 @@ def _run_kernel(device, dim, q, kc, vc, pos=0, tables=None, entries=0):
     buffers = [device.create_buffer_with_data(data=_words(a), usage=usage) for a in (q, kc, vc)]
     buffers += [out, device.create_buffer_with_data(data=params, usage=wgpu.BufferUsage.UNIFORM)]
     buffers += [device.create_buffer_with_data(data=t.astype(np.int32), usage=usage) for t in tables or ()]
-    pipe = _pipeline(device, shader)
-    group = device.create_bind_group(
-        layout=pipe.get_bind_group_layout(0),
-        entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(buffers)],
-    )
-    encoder = device.create_command_encoder()
-    compute = encoder.begin_compute_pass()
-    compute.set_pipeline(pipe)
-    compute.set_bind_group(0, group)
-    compute.dispatch_workgroups(HQ, -(-s // rows_per_group), 1)
-    compute.end()
-    device.queue.submit([encoder.finish()])
+    dispatch(device, _pipeline(device, shader), buffers, (HQ, -(-s // rows_per_group), 1))
     return np.frombuffer(device.queue.read_buffer(out), q.dtype, q.size).reshape(q.shape)
 
 
