@@ -17,6 +17,18 @@ import sys
 BACKEND_ENV = "PTE_WGPU_BACKEND"
 BACKENDS = ("wgpu-native", "dawn")
 
+# The shader compilers' bounds checks (naga's on wgpu-native, Tint's robustness transform on Dawn)
+# are off: every kernel indexes within its bindings by construction (tails clamp or branch), and
+# the test suite runs so on both backends on a GPU. ONNX Runtime's WebGPU provider runs Dawn the
+# same way. H200, Llama-3.2-1B fp16, two rounds in one call: Dawn's prompts of 2,047 tokens
+# 25,960-26,065 -> 35,212-35,323 tokens/s (its f16 tensor-core tile ran 65-69 against 103-107
+# TFLOP/s alone), one stream 517-528 -> 607; wgpu-native's prompts and 64 streams 2-4% faster
+# (BENCHMARKS.md). On wgpu-native, Vulkan's robustBufferAccess stays on where the driver has it
+# (wgpu-hal asks for it); Dawn drops it with its checks. PTE_WGPU_SHADER_CHECKS=1 keeps them all,
+# for a kernel suspected of reading past a buffer.
+SHADER_CHECKS_ENV = "PTE_WGPU_SHADER_CHECKS"
+SHADER_CHECKS = os.environ.get(SHADER_CHECKS_ENV, "").strip() == "1"
+
 
 def _choose():
     name = os.environ.get(BACKEND_ENV, "").strip().lower() or BACKENDS[0]
@@ -34,7 +46,8 @@ def _choose():
             # matrices: int8 and f16 products on tensor cores) only to an instance that allows them,
             # and offers shader-f16 on NVIDIA's Vulkan driver only with its own toggle (held back
             # there for conformance tests, crbug.com/42251215; this project's f16 tests pass on it)
-            extras.set_instance_extras(enable_toggles=["allow_unsafe_apis", "vulkan_enable_f16_on_nvidia"])
+            toggles = ["allow_unsafe_apis", "vulkan_enable_f16_on_nvidia"] + ([] if SHADER_CHECKS else ["disable_robustness"])
+            extras.set_instance_extras(enable_toggles=toggles)
             wgpudawn.install_as_wgpu()
         elif sys.modules["wgpu"].__file__ != wgpudawn.__file__:  # (the caller may have installed it)
             raise RuntimeError(f"{BACKEND_ENV}=dawn: wgpu was imported before async_runtime, so it is wgpu-native's")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import anyio
 import wgpu
 
-from .backend import SUBGROUP_FEATURES, SUBGROUP_MATRIX_FEATURE, parse_c_types_at_once, subgroup_matrix_configs
+from .backend import SHADER_CHECKS, SUBGROUP_FEATURES, SUBGROUP_MATRIX_FEATURE, parse_c_types_at_once, subgroup_matrix_configs
 
 # subgroups: the CPU adapters' GEMVs sum along K across a subgroup's lanes (kernels/matmul/linear.py);
 # kernels use them only when the device was opened with them (`build_node(..., subgroups=...)`).
@@ -33,6 +33,7 @@ class DeviceInfo:
     # Dawn's on NVIDIA ("i8", "i32", 16, 16, 32, 32) and others; () on wgpu-native
     subgroup_matrices: tuple = ()
     precision: str = "f32"  # how a loaded model stores and sums float16 tensors: "f16", "f16-sums" or "f32" (Model.precision)
+    shader_checks: bool = False  # the shader compilers' bounds checks ($PTE_WGPU_SHADER_CHECKS=1; backend.py)
 
 
 def find_adapter(name=None, power_preference="high-performance"):
@@ -96,5 +97,6 @@ async def open_device(name=None, power_preference="high-performance"):
             max_workgroups_per_dimension=limits["max-compute-workgroups-per-dimension"],
             max_storage_buffers=limits["max-storage-buffers-per-shader-stage"],
             subgroup_matrices=subgroup_matrix_configs(adapter),
+            shader_checks=SHADER_CHECKS,
         ),
     )

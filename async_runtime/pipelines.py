@@ -29,15 +29,16 @@ ROUNDS_HALF = re.compile(r"\bround_half\(")
 
 
 def shader_module(device, src):
-    """`src` as a shader module with naga's bounds checks but without its forced loop bounding.
+    """`src` as a shader module without naga's forced loop bounding, and without its bounds
+    checks unless backend.SHADER_CHECKS.
 
     By default naga gives every loop a hidden 64-bit counter that breaks out after 2^64 turns, in
     case a shader never ends; that counter keeps the driver from unrolling and scheduling short
     loops, such as the GEMM's 16-step inner loop (1.3x the GEMM's time on an H100, and more in
     the decode GEMVs). Every loop of this project's kernels ends by construction: fixed trip
-    counts, halving strides, or counts from uniforms. Out-of-range indices stay checked (reads
-    give 0, writes are dropped). wgpu-native offers this as a "trusted" module; another backend
-    gets the default one (Dawn: Tint's checks)."""
+    counts, halving strides, or counts from uniforms; every index stays within its binding
+    (backend.py). wgpu-native offers this as a "trusted" module; Dawn takes the default one, its
+    checks set for the whole instance (backend.py)."""
     native = backend.native._api
     trusted = getattr(native.lib, "wgpuDeviceCreateShaderModuleTrusted", None) if backend.NAME == "wgpu-native" else None
     if trusted is None or not isinstance(device, native.GPUDevice):
@@ -50,7 +51,7 @@ def shader_module(device, src):
         nextInChain=native.ffi.cast("WGPUChainedStruct *", source),
         label=native.to_c_string_view(""),
     )
-    checks = native.lib.WGPUShaderRuntimeChecks_BoundsChecks
+    checks = native.lib.WGPUShaderRuntimeChecks_BoundsChecks if backend.SHADER_CHECKS else native.lib.WGPUShaderRuntimeChecks_None
     handle = native.libf.wgpuDeviceCreateShaderModuleTrusted(device._internal, descriptor, checks)
     return native.GPUShaderModule("", handle, device)
 

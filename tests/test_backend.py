@@ -1,11 +1,13 @@
-"""Choosing the WebGPU implementation ($PTE_WGPU_BACKEND, async_runtime/backend.py), in fresh
-interpreters: the choice is made once, when async_runtime is first imported."""
+"""Choosing the WebGPU implementation ($PTE_WGPU_BACKEND, async_runtime/backend.py) and its shader
+checks ($PTE_WGPU_SHADER_CHECKS), in fresh interpreters: the choice is made once, when async_runtime
+is first imported."""
 
 import importlib.util
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 
@@ -89,3 +91,41 @@ def test_wgpu_natives_c_types_are_parsed_in_one_declaration():
     r = _import_runtime("", CFFI_PARSES)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split(maxsplit=1) == ["1", "[]\n"]
+
+
+CHECKED_RUN = """
+import sys, anyio, numpy as np
+import async_runtime as ar
+
+async def main():
+    async with await ar.load(sys.argv[1]) as model:
+        outs = [await model.execute(np.load(x)) for x in sys.argv[2:]]
+        print(model.device_info.shader_checks, *(np.asarray(o).tobytes().hex() for o in outs))
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.usefixtures("adapter")
+def test_shader_checks_are_off_and_change_no_result(tmp_path):
+    """The shader compilers' bounds checks are off unless $PTE_WGPU_SHADER_CHECKS=1
+    (`device_info.shader_checks`); every kernel index is in range, so an attention block gives the
+    same bits either way, at its largest and smallest live shapes and one between."""
+    from .models import block_dynamic
+
+    path = tmp_path / "block.pte"
+    path.write_bytes(block_dynamic()[0])
+    rng = np.random.default_rng(11)
+    inputs = []
+    for s in (11, 1, 6):
+        inputs.append(tmp_path / f"x{s}.npy")
+        np.save(inputs[-1], rng.standard_normal((1, s, 15)).astype(np.float32))
+    runs = {}
+    for checks in ("", "1"):
+        env = dict(os.environ, PTE_WGPU_SHADER_CHECKS=checks)
+        r = subprocess.run([sys.executable, "-c", CHECKED_RUN, str(path), *map(str, inputs)], env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs[checks] = r.stdout.split()
+    assert runs[""][0] == "False" and runs["1"][0] == "True"
+    assert runs[""][1:] == runs["1"][1:] and len(runs[""]) == 4

@@ -16,8 +16,9 @@ the GEMM's f32 sums of the same halves, in another order.
 H200, Dawn, robustness on (results/h200/f16_subgroup_matrix_gemm/): the tile alone 47-68 TFLOP/s
 on Llama-3.2-1B's prompt products (Dawn's f32 tiles 16-29 on the same operands; the GEMM's best
 on wgpu-native 41 at 4096^3), the 1B fp16's prompts of 512 / 2,047 tokens 1.35x / 1.53x
-wgpu-native's. Reading the operands as f32 quads halved the tile; a column group picking its
-weight each load cost it 2-3x.
+wgpu-native's; without it (the runtime's default since, async_runtime/backend.py) 1.77x / 2.02x.
+Reading the operands as f32 quads halved the tile; a column group picking its weight each load
+cost it 2-3x.
 """
 
 from ..wgsl import TILE_ORIGIN, fill
