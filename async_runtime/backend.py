@@ -46,8 +46,10 @@ def _choose():
             # matrices: int8 and f16 products on tensor cores) only to an instance that allows them,
             # and offers shader-f16 on NVIDIA's Vulkan driver only with its own toggle (held back
             # there for conformance tests, crbug.com/42251215; this project's f16 tests pass on it)
+            # Dawn quantizes timestamps by default (a web page's timers' precision): a small model's
+            # whole step then read 0 ns on an H200; the profiler (tools/profile.py) wants them as measured
             toggles = ["allow_unsafe_apis", "vulkan_enable_f16_on_nvidia"] + ([] if SHADER_CHECKS else ["disable_robustness"])
-            extras.set_instance_extras(enable_toggles=toggles)
+            extras.set_instance_extras(enable_toggles=toggles, disable_toggles=["timestamp_quantization"])
             wgpudawn.install_as_wgpu()
         elif sys.modules["wgpu"].__file__ != wgpudawn.__file__:  # (the caller may have installed it)
             raise RuntimeError(f"{BACKEND_ENV}=dawn: wgpu was imported before async_runtime, so it is wgpu-native's")

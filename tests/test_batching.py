@@ -240,6 +240,8 @@ async def test_one_row_passes_normalize_in_the_residual_products(llama, apart, m
     monkeypatch.setenv("PTE_WGPU_KERNELS", "gpu")
     layers = CONFIGS["8da4w"]["n_layers"]
     async with await ar.load(llama["8da4w"], batch_submits=False) as model:
+        if model.int8_matrices:  # Dawn on NVIDIA: the products quantize their own rows (kernels/fusion.py)
+            pytest.skip("with int8 subgroup matrices no row is quantized ahead of its products")
         for rows in (1, 3, 1, 2):
             await model.execute(np.arange(rows)[None], np.array([0]))
             grids = model._default.state.grids
