@@ -19,8 +19,8 @@ BACKENDS = ("wgpu-native", "dawn")
 
 # The shader compilers' bounds checks (naga's on wgpu-native, Tint's robustness transform on Dawn)
 # are off: every kernel indexes within its bindings by construction (tails clamp or branch), and
-# the test suite runs so on both backends on a GPU. ONNX Runtime's WebGPU provider runs Dawn the
-# same way. H200, Llama-3.2-1B fp16, two rounds in one call: Dawn's prompts of 2,047 tokens
+# a model gives the same bits either way (tests/test_backend.py). ONNX Runtime's WebGPU provider
+# runs Dawn the same way. H200, Llama-3.2-1B fp16, two rounds in one call: Dawn's prompts of 2,047 tokens
 # 25,960-26,065 -> 35,212-35,323 tokens/s (its f16 tensor-core tile ran 65-69 against 103-107
 # TFLOP/s alone), one stream 517-528 -> 607; wgpu-native's prompts and 64 streams 2-4% faster
 # (BENCHMARKS.md). On wgpu-native, Vulkan's robustBufferAccess stays on where the driver has it
