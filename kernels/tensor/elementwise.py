@@ -210,11 +210,13 @@ for _base, _expr in BINARY.items():
     op(*names, half=True, capacity=True)(_binary(_expr))
 
 
-# div with rounding_mode "trunc" or "floor"; WGSL integer division truncates.
+# div with rounding_mode "trunc" or "floor"; WGSL integer division truncates. The integer floor
+# tests the remainder as a / b * b != a, not with `%`: on an H200 through wgpu-native, `%` of a
+# negative i32 gave the unsigned remainder (-50 % 3 read 2, its division right).
 DIV_MODE = {
     None: "a / b",
     "trunc": {"f32": "trunc(a / b)", "i32": "a / b"},
-    "floor": {"f32": "floor(a / b)", "i32": "a / b - $CT((a % b != $CT(0)) && ((a < $CT(0)) != (b < $CT(0))))"},
+    "floor": {"f32": "floor(a / b)", "i32": "a / b - $CT((a / b * b != a) && ((a < $CT(0)) != (b < $CT(0))))"},
 }
 
 
