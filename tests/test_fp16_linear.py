@@ -230,7 +230,7 @@ async def test_fp16_gemvs_load_8_weights_a_load(name, load_pte, kernel_variants)
         assert norms == (2 if own else 0), m
     # one row takes kernels of its own (a row's sums in the same order): a row of a pass of 5 or 16
     # rows is bitwise the row alone; at K = FLOAT_GEMM_MIN_K of 32 too (routes.py's FLOAT_SG_GPU_WIDE)
-    for m in (5, 16, 32) if "wide" in name else (5, 16):
+    for m in (5, 16, 32) if "wide" in name and not model.f16_matrices else (5, 16):  # f16 matrices take 17 rows and more
         (x,) = _inputs(name, m, rng)
         together, alone = await model.execute(x), await model.execute(x[2:3])
         for t, a in zip(together, alone):
@@ -252,7 +252,8 @@ async def test_fp16_gemms_load_weights_4_of_k_at_once(name, quads, load_pte, ker
     await model.execute(*_inputs(name, rows, np.random.default_rng(8)))
     live = [d for i, d in enumerate(model.graph.dispatches) if all(model._default.state.grids[i])]
     gemms = [d for d in live if "var<workgroup> As" in (d.shader or "")]
-    assert gemms or (kernel_variants == "cpu" and model.subgroups), [d.op for d in live]  # CPU subgroup kernels: every row count
+    # CPU subgroup kernels: every row count; f16 matrices: these rows of K = 2,048 (test_fp16_prompts_take_f16_matrices)
+    assert gemms or (kernel_variants == "cpu" and model.subgroups) or model.f16_matrices, [d.op for d in live]
     for d in gemms:
         assert ("fn b_k_quad" in d.shader and "array<vec2<u32>>" in d.shader) == quads, d.op
         mid = "@workgroup_size(16, 8)" in d.shader and "c1_0_0" in d.shader
@@ -285,7 +286,8 @@ async def test_f16_sums_stay_within_their_bound(name, load_pte, kernel_variants)
         inputs = _inputs(name, m, rng)
         outs = await model.execute(*inputs)
         live = [d for i, d in enumerate(model.graph.dispatches) if all(model._default.state.grids[i]) and "var<workgroup> As" in (d.shader or "")]
-        assert live or (kernel_variants == "cpu" and model.subgroups), m  # CPU subgroup kernels: every row count
+        # CPU subgroup kernels: every row count; f16 matrices (f32 sums): K = 2,048 at these rows
+        assert live or (kernel_variants == "cpu" and model.subgroups) or model.f16_matrices, m
         for d in live:
             assert ("var<workgroup> As: array<vec4<f16>" in d.shader) == (kernel_variants == "gpu"), (m, d.op)
         with torch.no_grad():
@@ -346,7 +348,8 @@ async def test_fp16_weights_of_many_rows_are_widened_first(name, load_pte, kerne
 # rows past the subgroup kernels' (routes.py's SG_GPU_ROWS; the 4-bit ones' Q4_SG_GPU_ROWS) and
 # from MATRIX_MIN_ROWS, in random order, and fewer
 MATRIX_ROWS = {"f16_linear_matrix": (307, 129, 256, 200, 1, 128), "f16_fused_widened": (263, 128, 131, 40), "f16_fused_matrix": (200, 263, 17, 129),
-               "f16_q4_widened": (263, 127, 128, 40, 200), "f16_q4_fused_matrix": (129, 263, 65, 1, 128)}
+               "f16_q4_widened": (263, 127, 128, 40, 200), "f16_q4_fused_matrix": (129, 263, 65, 1, 128),
+               "f16_linear_k2048": (41, 17, 16, 1, 33), "f16_norm_fused_wide": (41, 16, 17, 1, 29)}
 
 
 @pytest.mark.parametrize("name", sorted(MATRIX_ROWS))
@@ -355,9 +358,10 @@ async def test_fp16_prompts_take_f16_matrices(name, load_pte, kernel_variants):
     products of f16 rows of K whole quads by f16 weights, or by 4-bit ones widened to f16 first
     (each weight rounded as eager dequantizes it), of MATRIX_MIN_ROWS rows or more, run on them
     (gemm.py's MATRIX_TILE: a plain linear with its bias, the q/k/v column group, the residual
-    linears, SwiGLU's); against eager fp16 as the other routes (f32 sums of the same halves), K
-    split where the tiles are few. The GPU variants: the CPU ones take the subgroup kernels at
-    every row count."""
+    linears, SwiGLU's), and f16 weights of K >= FLOAT_GEMM_MIN_K from DECODE_MATRIX_MIN_ROWS rows
+    (its DECODE_MATRIX_TILE: a ragged pass of decode rows); against eager fp16 as the other routes
+    (f32 sums of the same halves), K split where the tiles are few. The GPU variants: the CPU ones
+    take the subgroup kernels at every row count."""
     data, module = _export(name)
     model = await load_pte(data)
     if not model.f16_matrices or kernel_variants != "gpu":
@@ -365,6 +369,8 @@ async def test_fp16_prompts_take_f16_matrices(name, load_pte, kernel_variants):
     tol = (ATOL, RTOL) if name == "f16_linear_matrix" else (Q_ATOL, Q_RTOL)
     q4 = "q4" in name
     first = max(gemm.MATRIX_MIN_ROWS, (R.Q4_SG_GPU_ROWS if q4 else R.SG_GPU_ROWS)[1] + 1)
+    if name in ("f16_linear_k2048", "f16_norm_fused_wide"):  # K = FLOAT_GEMM_MIN_K: decode rows
+        first = gemm.DECODE_MATRIX_MIN_ROWS
     rng = np.random.default_rng(11)
     for m in MATRIX_ROWS[name]:
         inputs = _inputs(name, m, rng)

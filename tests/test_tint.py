@@ -103,7 +103,8 @@ async def test_every_kernel_compiles_under_tint(tmp_path_factory, load_pte, monk
     for bias, ns in ((False, (512,)), (True, (512,)), (False, (256, 64, 64)), (False, (256, 128, 64))):  # f16 products on f16 matrices: Dawn's on NVIDIA GPUs only
         load, store = (gemm.weight_load("f16", "f16", 256), None) if len(ns) == 1 else gemm.column_group("f16", ["f16"] * len(ns), ns, 256)
         outs = "".join(f"@group(0) @binding({len(load.inputs) + 3 + j}) var<storage, read_write> out{j}: array<f16>;\n" for j in range(1, len(ns)))
-        sources[gemm.gemm_shader(load, bias, outs, tile=gemm.MATRIX_TILE, bias="f16", out="f16", store=store)] = (f"f16 matrices, bias {bias}, columns {ns}", "f16")
+        for tile in (gemm.MATRIX_TILE, gemm.DECODE_MATRIX_TILE):
+            sources[gemm.gemm_shader(load, bias, outs, tile=tile, bias="f16", out="f16", store=store)] = (f"f16 matrices {tile.matrix}, bias {bias}, columns {ns}", "f16")
     for group in (1, 24):  # ... and the widening of 4-bit weights to f16 for them (a group a word or not)
         source = q4_linear.q4_load(False, False, group, 96, Storage("f16", "f16", "f16", "f16", "f16")).b_source
         sources[gemm.widen_shader(source, halves=True)] = (f"4-bit weights widened to f16, group {group}", "f16")

@@ -4,8 +4,9 @@ chromium_experimental_subgroup_matrix, which lists them on NVIDIA with the toggl
 vulkan_enable_f16_on_nvidia, async_runtime/backend.py): f16 rows by f16 weights, or by 4-bit
 weights that GemmRoute widens to f16 first.
 
-A workgroup of 2 x 2 subgroups takes a 128 x 128 tile of outputs, each subgroup 4 x 4 result
-matrices of 16 x 16 with f32 sums. Each K step of 32 its invocations read the A rows and B columns
+A workgroup of subgroups takes a tile of outputs, each subgroup some result matrices of 16 x 16
+with f32 sums (tile_size; gemm.py's MATRIX_TILE: 2 x 2 subgroups of 4 x 4, 128 x 128 for prompts;
+its DECODE_MATRIX_TILE: 1 x 4 of 4 x 2, 64 x 128 for fewer rows). Each K step of 32 its invocations read the A rows and B columns
 through the product's TileLoad (a_k_halves, b_k_halves: 4 halves of K a load, as stored), one
 step ahead in registers, into double-buffered workgroup memory; the subgroups then multiply 16 of
 K at a time. The sums leave the matrices through workgroup memory, a result matrix at a time, to
@@ -26,14 +27,17 @@ from ..wgsl import TILE_ORIGIN, fill
 # The subgroup-matrix configuration this kernel uses, as async_runtime's DeviceInfo lists them:
 # (component, result, M, N, K, subgroup size).
 F16_MATRIX = ("f16", "f32", 16, 16, 16, 32)
-SUBGROUPS = (2, 2)  # along M, along N
-MATRICES = (4, 4)  # result matrices a subgroup takes, along M and N
 STEP = 32  # K a step stages
 ROW = STEP + 8  # halves a staged row takes: the step, then 8 of padding (rows 80 bytes apart)
-THREADS = 32 * SUBGROUPS[0] * SUBGROUPS[1]
-BM, BN = 16 * SUBGROUPS[0] * MATRICES[0], 16 * SUBGROUPS[1] * MATRICES[1]
 QUADS = STEP // 4  # K quads of a staged row
-A_LOADS, B_LOADS = BM * QUADS // THREADS, BN * QUADS // THREADS  # quads an invocation loads a step
+
+
+def tile_size(shape):
+    """(rows, columns) of the tile of `shape` = (subgroups along M, along N, result matrices a
+    subgroup takes along M, along N)."""
+    sgm, sgn, tm, tn = shape
+    return 16 * sgm * tm, 16 * sgn * tn
+
 
 MAIN = """
 var<workgroup> a_tile: array<f16, ${A_HALVES}>;  // two buffers of [${BM} rows][${ROW}]
@@ -91,13 +95,16 @@ STORE_MATRIX = """    subgroupMatrixStore<row_major>(&sums, mine, c${I}_${J}, 16
     workgroupBarrier();"""
 
 
-def matrix_body(weight_ends=()):
-    """The kernel after the template's header and the load's halves_functions (a_k_halves,
+def matrix_body(shape, weight_ends=()):
+    """The kernel of a tile of `shape` (tile_size) after the template's header and the load's halves_functions (a_k_halves,
     b_k_halves; with `weight_ends`, the column group's weights' last columns, each but the last a
     whole number of tiles, also b_k_halves_j of its weight j: each tile then reads one weight, its
     K loop written once a weight, where b_k_halves picks a weight each load, 3x slower on an H200)."""
-    sgn = SUBGROUPS[1]
-    tm, tn = MATRICES
+    sgm, sgn, tm, tn = shape
+    bm, bn = tile_size(shape)
+    threads = 32 * sgm * sgn
+    a_loads, b_loads = bm * QUADS // threads, bn * QUADS // threads  # quads an invocation loads a step
+    assert a_loads * threads == bm * QUADS and b_loads * threads == bn * QUADS, f"{shape}: its invocations do not load whole K steps"
     tiles = [(i, j) for i in range(tm) for j in range(tn)]
     products = [f"            let l{i} = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>, row_major>(&a_tile, a_buf + {16 * i * ROW}u + kk, {ROW}u);"
                 for i in range(tm)]
@@ -107,16 +114,16 @@ def matrix_body(weight_ends=()):
 
     def loop(b_read):
         first, next_, keep = [], [], []
-        for x, fn, off, base, loads, buf in (("a", "a_k_halves", "aoff", "m0", A_LOADS, BM * ROW), ("b", b_read, "boff", "n0", B_LOADS, BN * ROW)):
+        for x, fn, off, base, loads, buf in (("a", "a_k_halves", "aoff", "m0", a_loads, bm * ROW), ("b", b_read, "boff", "n0", b_loads, bn * ROW)):
             tile = f"{x}_tile"
             for i in range(loads):
-                v = f"({i}u * {THREADS}u + li)"  # the step's quad v: row (or column) v / QUADS, K quad v % QUADS
+                v = f"({i}u * {threads}u + li)"  # the step's quad v: row (or column) v / QUADS, K quad v % QUADS
                 first.append(f"    var {x}q{i} = {fn}({off}, {base} + {v} / {QUADS}u, kbeg + 4u * ({v} % {QUADS}u), kend);")
                 next_.append(f"        {x}q{i} = {fn}({off}, {base} + {v} / {QUADS}u, k0 + {STEP}u + 4u * ({v} % {QUADS}u), kend);")
                 at = f"buf * {buf}u + ({v} / {QUADS}u) * {ROW}u + 4u * ({v} % {QUADS}u)"
                 pairs = f"let lo = bitcast<vec2<f16>>({x}q{i}.x); let hi = bitcast<vec2<f16>>({x}q{i}.y);"
                 keep.append(f"    {{ let at = {at}; {pairs} {tile}[at] = lo.x; {tile}[at + 1u] = lo.y; {tile}[at + 2u] = hi.x; {tile}[at + 3u] = hi.y; }}")
-        return fill(LOOP, STEP=STEP, A_BUF=BM * ROW, B_BUF=BN * ROW, ROW=ROW, FIRST="\n".join(first), NEXT="\n".join(next_), KEEP="\n".join(keep),
+        return fill(LOOP, STEP=STEP, A_BUF=bm * ROW, B_BUF=bn * ROW, ROW=ROW, FIRST="\n".join(first), NEXT="\n".join(next_), KEEP="\n".join(keep),
                     PRODUCTS="\n".join(products))
 
     if weight_ends:
@@ -126,7 +133,7 @@ def matrix_body(weight_ends=()):
         loops = loop("b_k_halves")
     stores = [fill(STORE_MATRIX, I=i, J=j, I16=16 * i, J16=16 * j) for i, j in tiles]
     return fill(
-        MAIN, ORIGIN=fill(TILE_ORIGIN, BM=BM, BN=BN), A_HALVES=2 * BM * ROW, B_HALVES=2 * BN * ROW, SUMS=256 * SUBGROUPS[0] * sgn, BM=BM, BN=BN, ROW=ROW, THREADS=THREADS, SGN=sgn,
+        MAIN, ORIGIN=fill(TILE_ORIGIN, BM=bm, BN=bn), A_HALVES=2 * bm * ROW, B_HALVES=2 * bn * ROW, SUMS=256 * sgm * sgn, BM=bm, BN=bn, ROW=ROW, THREADS=threads, SGN=sgn,
         TM_ROWS=16 * tm, TN_COLS=16 * tn, ACCS="\n".join(f"    var c{i}_{j} = subgroup_matrix_result<f32, 16, 16>();" for i, j in tiles),
         LOOPS=loops, STORES="\n".join(stores),
     )

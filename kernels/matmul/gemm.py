@@ -33,8 +33,8 @@ from pte_wgpu.resize.shapes import MAX_WORKGROUPS, numel_of
 
 from ..variants import CPU
 from ..wgsl import ERF, FLAT_INDEX, GELU, TILE_ORIGIN, WG, fill, flat_grid, rounded, vec4_loader, vec4_type
-from .f16_matrix import matrix_body
-from .routes import FLOAT_GEMM_MIN_K
+from .f16_matrix import matrix_body, tile_size
+from .routes import BITWISE_ROWS, FLOAT_GEMM_MIN_K
 
 # The uniform, defined once: (name, WGSL type); struct.pack format follows from the type.
 FIELDS = (
@@ -449,7 +449,8 @@ class Tile:
     not a loop; `bk`: the K step; `b_quads`: the load's `quads` where it has them; `half`: A and B
     in workgroup memory as halves (a TileLoad of `halves`), each K step's products summed in f16,
     then added to the f32 sums (HALF_TILES); `matrix`: f16 operands on subgroup matrices
-    (f16_matrix.py, MATRIX_TILE), whose tile is bm x bn."""
+    (f16_matrix.py, MATRIX_TILE), the tile's shape there (f16_matrix.tile_size: bm x bn);
+    `split_target`: the workgroups gemm_split aims at for it, where not the template's targets."""
 
     ty: int = 16
     rq: int = 1
@@ -458,15 +459,16 @@ class Tile:
     bk: int = BK
     b_quads: bool = False
     half: bool = False
-    matrix: bool = False
+    matrix: tuple = ()
+    split_target: int = 0
 
     @property
     def bm(self):
-        return 4 * self.ty * self.rq
+        return tile_size(self.matrix)[0] if self.matrix else 4 * self.ty * self.rq
 
     @property
     def bn(self):
-        return 64 * self.cq
+        return tile_size(self.matrix)[1] if self.matrix else 64 * self.cq
 
 
 # 64 x 64 at 4 x 4 outputs an invocation: products of up to its rows (a ragged decode pass), and
@@ -527,8 +529,20 @@ HALF_TILES = (TILE, SMALL_TILE, MID_TILE)
 # B read 4 of K a load, of at least MATRIX_MIN_ROWS rows, where the device offers F16_MATRIX
 # (OpBuilder.f16_matrices); they take it in place of the f32 tiles over widened weights (4-bit
 # weights of f16 rows: over weights widened to f16, HALF_WIDEN_MIN_ROWS).
-MATRIX_TILE = Tile(rq=2, cq=2, matrix=True)
+MATRIX_TILE = Tile(matrix=(2, 2, 4, 4))
 MATRIX_MIN_ROWS = 128
+# ... and products of DECODE_MATRIX_MIN_ROWS to MATRIX_MIN_ROWS - 1 rows (a ragged pass of decode
+# rows, a short prompt) in 64 x 128 tiles, four subgroups side by side along N, each 4 x 2 result
+# matrices, K split toward 128 workgroups (a tile's loop runs on after a barrier a K step; more
+# splits only add the reduce's traffic). H200, Dawn, the template alone, Llama-3.2-1B fp16's
+# products at 64 / 33 rows, weights cycled past the L2 cache, each tile at its best K split, us:
+# MID_TILE, MATRIX_TILE, this: q/k/v 63 / 58, 47 / 43, 38 / 37; o 47 / 42, 66 / 61, 36 / 34;
+# gate/up 214 / 199, 102 / 102, 90 / 92; down 154 / 113, 193 / 183, 78 / 68; the head 1,251 /
+# 1,162, 2,408 / 2,384, 676 / 652 (64 x 128 in 2 x 2 subgroups of 2 x 4 matrices the same, 64 x 64
+# within 5%, 32 x 128 0.3-1.4x MID_TILE). Llama-3.2-1B fp16, greedy bursts, 48 / 64 streams 5,743 /
+# 7,379 -> 9,935 / 12,857 tokens/s (results/h200/kernel_choices/f16_matrix_decode_rows/).
+DECODE_MATRIX_TILE = Tile(matrix=(1, 4, 4, 2), split_target=128)
+DECODE_MATRIX_MIN_ROWS = BITWISE_ROWS + 1  # past the subgroup kernels' (routes.py's float_subgroup_rows)
 
 
 def takes_mid_tile(m, n, k_quads=False, f16_k=0):
@@ -561,7 +575,7 @@ def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, res
     head = header(has_bias, load.inputs, scratch=True, bias=bias, out=out, clamp=clamp, residual=residual, store=store, activation=activation,
                   added=added)
     if tile.matrix:
-        return "enable chromium_experimental_subgroup_matrix;\n" + head + extra + load.halves_functions + matrix_body(load.weight_ends)
+        return "enable chromium_experimental_subgroup_matrix;\n" + head + extra + load.halves_functions + matrix_body(tile.matrix, load.weight_ends)
     threads = 16 * tile.ty
     a_slots, b_slots = tile.bm * tile.bk // 4 // threads, tile.bn * tile.bk // 4 // threads
     assert a_slots * threads * 4 == tile.bm * tile.bk and b_slots * threads * 4 == tile.bn * tile.bk, f"{tile}: its invocations do not load whole K steps"
@@ -679,6 +693,8 @@ def gemm_split(m, n, k, batch, tile=TILE, dequantizes=False):
     tiles = -(-n // tile.bn) * -(-m // tile.bm) * batch
     row_split = m <= (DEQUANTIZED_ROW_SPLIT_ROWS if dequantizes else ROW_SPLIT_ROWS)
     target, most = (ROW_SPLIT_TARGET, ROW_MAX_SPLITS) if row_split else (SPLIT_TARGET, MAX_SPLITS)
+    if tile.split_target:
+        target, most = tile.split_target, MAX_SPLITS
     splits = max(1, min(most, target // tiles, k // MIN_SPLIT_K))
     kspan = -(-k // splits // BK) * BK if splits > 1 else max(k, 1)
     return -(-k // kspan) if splits > 1 else 1, kspan
@@ -745,7 +761,7 @@ class GemmRoute:
             tiles = [TILE, *([SMALL_TILE] if small else []), *([MID_TILE] if not load.setup and b.adapter != CPU else [])]
             tiles += [BIG_TILE] if can_take_big_tile(most) and not load.setup else []
             tiles += [WIDE_ROW_TILE] if load.dequantizes and not load.setup and b.adapter != CPU and takes_wide_row_tile(TILE.bm, *most) else []
-            tiles += [MATRIX_TILE] if matrices else []
+            tiles += [MATRIX_TILE, DECODE_MATRIX_TILE] if matrices else []
         self.tiles = {tile: b.dispatch(shader(tile), bindings) for tile in tiles}
         self.dequantizes, self.a_k_quads = load.dequantizes, load.a_k_quads
         # f16 weights (a WeightSource, not dequantized) of one product: a column group's (more_outs) load picks
@@ -779,6 +795,8 @@ class GemmRoute:
         return route if m >= rows and m * n * k >= work else self
 
     def tile(self, m, n, k):
+        if DECODE_MATRIX_TILE in self.tiles and DECODE_MATRIX_MIN_ROWS <= m < MATRIX_MIN_ROWS:
+            return DECODE_MATRIX_TILE
         if SMALL_TILE in self.tiles and m <= SMALL_TILE.bm:
             return SMALL_TILE
         if MATRIX_TILE in self.tiles and m >= MATRIX_MIN_ROWS:

@@ -29,7 +29,7 @@ from ..registry import op
 from ..variants import ANY, CPU, CPU_ONLY, GPU_ONLY, Routes, Variant
 from ..wgsl import GELU, SUBGROUP_BUILTINS, fill, is_float, vec4_loader, vec4_type
 from .gemm import PARAMS_FORMAT, PARAMS_SIZE, GemmRoute, float_load, gemm_scratch, header, weight_load
-from .routes import FLOAT_SG_GPU_WIDE, GEMV_MAX_ROWS, GEMV_T4_MIN_N, SG_GPU, SG_GPU_ROWS, WIDE_K_SG_ROWS, float_subgroup_rows, float_wide, gpu_gemv_rows, shape_for_rows
+from .routes import FLOAT_SG_GPU_WIDE, GEMV_MAX_ROWS, GEMV_T4_MIN_N, SG_GPU, SG_GPU_ROWS, float_subgroup_rows, float_wide, gpu_gemv_rows, shape_for_rows
 
 
 @dataclass(frozen=True)
@@ -544,6 +544,7 @@ class Product:
     batch: int
     b_bs: int
     transposed: bool
+    f16_matrices: bool = False  # f16 rows and weights on a device whose GEMM takes them on f16 subgroup matrices
 
     @property
     def empty(self):
@@ -555,8 +556,8 @@ class Product:
 
     @property
     def gpu_gemv(self):
-        """The rows the GPU GEMVs take (gpu_gemv_rows)."""
-        return self.gemv and self.m <= gpu_gemv_rows(self.n)
+        """The rows the GPU GEMVs take (gpu_gemv_rows; to float_subgroup_rows on f16 matrices)."""
+        return self.gemv and self.m <= min(gpu_gemv_rows(self.n), float_subgroup_rows(self.k, True) if self.f16_matrices else GEMV_MAX_ROWS)
 
     @property
     def vec4_rows(self):
@@ -567,14 +568,14 @@ class Product:
     def gpu_subgroup(self):
         """Rows a GPU's subgroup kernel takes: from SG_GPU_ROWS[0] to float_subgroup_rows(K) rows of
         an [N, K] weight of whole vec4 rows, narrower than an LM head (kernels/matmul/routes.py)."""
-        return self.vec4_rows and SG_GPU_ROWS[0] <= self.m <= float_subgroup_rows(self.k) and self.n < GEMV_T4_MIN_N
+        return self.vec4_rows and SG_GPU_ROWS[0] <= self.m <= float_subgroup_rows(self.k, self.f16_matrices) and self.n < GEMV_T4_MIN_N
 
     @property
     def gpu_wide_subgroup(self):
         """The index of FLOAT_SG_GPU_WIDE's shape that takes rows of a weight of float_wide K, rows
-        (and batches) of whole PACKED_F16s, narrower than an LM head; None past WIDE_K_SG_ROWS rows
+        (and batches) of whole PACKED_F16s, narrower than an LM head; None past float_subgroup_rows
         or for other weights."""
-        if self.packed_f16 and float_wide(self.k) and 1 <= self.m <= WIDE_K_SG_ROWS and self.n < GEMV_T4_MIN_N:
+        if self.packed_f16 and float_wide(self.k) and 1 <= self.m <= float_subgroup_rows(self.k, self.f16_matrices) and self.n < GEMV_T4_MIN_N:
             return shape_for_rows(FLOAT_SG_GPU_WIDE, self.m)
         return None
 
@@ -700,6 +701,7 @@ def add_matmul(b, a, bmat, bias, transposed_b, shape_fn, alpha=1.0, beta=1.0, re
     has_bias = bias is not None
     params = b.params(PARAMS_SIZE)
     routes = Routes(MATMUL_VARIANTS, b, Matmul(b, a, bmat, bias, params, transposed_b, activation))
+    matrices = b.f16_matrices and transposed_b and b.storage(a) == b.storage(bmat) == "f16"
 
     def resize(ctx):
         batch, m, n, k, a_bs, b_bs, out_dims = shape_fn(ctx.dims(a), ctx.dims(bmat))
@@ -719,7 +721,7 @@ def add_matmul(b, a, bmat, bias, transposed_b, shape_fn, alpha=1.0, beta=1.0, re
                     raise ValueError(f"does not broadcast to {(m, n)}")
             except ValueError as e:
                 b.fail(f"bias of shape {tuple(bias_dims)}: {e}")
-        shape = Product(m, n, k, batch, b_bs, transposed_b)
+        shape = Product(m, n, k, batch, b_bs, transposed_b, matrices)
         chosen = routes.set(ctx, shape)
         splits, kspan = routes.route("gemm").plan(m, n, k, batch) if chosen == "gemm" else (1, max(k, 1))
         fields = (m, n, k, batch, a_bs, b_bs, m * n, bias_bs, bias_sm, bias_sn, alpha, beta, splits, kspan)

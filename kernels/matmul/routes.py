@@ -169,9 +169,15 @@ def float_wide(k):
     return k >= FLOAT_GEMM_MIN_K and k % 8 == 0
 
 
-def float_subgroup_rows(k):
-    """The most rows a GPU's subgroup kernel takes of a float weight of K = k (from SG_GPU_ROWS[0])."""
-    return WIDE_K_SG_ROWS if k >= FLOAT_GEMM_MIN_K else SG_GPU_ROWS[1]
+def float_subgroup_rows(k, matrices=False):
+    """The most rows a GPU's subgroup kernel (and GEMV) takes of a float weight of K = k (from
+    SG_GPU_ROWS[0]); with `matrices` (f16 rows and weights on a device whose GEMM multiplies them
+    on f16 subgroup matrices, gemm.py's DECODE_MATRIX_TILE), BITWISE_ROWS of K >= FLOAT_GEMM_MIN_K:
+    H200, Dawn, Llama-3.2-1B fp16, greedy bursts, 24 / 32 streams 3,917 / 4,620 -> 5,490 / 7,116
+    tokens/s; with the tile from 33 rows only 3,820 / 4,538 (results/h200/kernel_choices/f16_matrix_decode_rows/)."""
+    if k < FLOAT_GEMM_MIN_K:
+        return SG_GPU_ROWS[1]
+    return BITWISE_ROWS if matrices else WIDE_K_SG_ROWS
 
 
 def float_norm_folds(b, k):
