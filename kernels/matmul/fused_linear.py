@@ -145,7 +145,7 @@ class _Gemvs:
             shapes = ((SUBGROUP, (1, SG_GEMV[1] * weights)), (SUBGROUP, SG_GEMM))
         else:
             shapes = (((GPU, (1, step)), (GPU, (GROUP_ROWS, step))) if kind == GPU else ((kind, (CPU_GROUP_ROWS, None)),)) + (((SUBGROUP, SG_GPU),) if gpu_sg else ())
-        matrices = b.f16_matrices and all(b.storage(w) == "f16" for w in after[0]) and b.storage(b.args[0]) == "f16"
+        matrices = b.f16_matrices and all(b.storage(w) == "f16" for w in after[0]) and b.storage(b.args[0]) == "f16" and k % 4 == 0
         self.most_rows = float_subgroup_rows(k, matrices) if gpu_sg else GEMV_MAX_ROWS  # more: the GEMM route
         self.dispatches = []
         for d_kind, shape in shapes:

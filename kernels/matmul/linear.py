@@ -701,7 +701,8 @@ def add_matmul(b, a, bmat, bias, transposed_b, shape_fn, alpha=1.0, beta=1.0, re
     has_bias = bias is not None
     params = b.params(PARAMS_SIZE)
     routes = Routes(MATMUL_VARIANTS, b, Matmul(b, a, bmat, bias, params, transposed_b, activation))
-    matrices = b.f16_matrices and transposed_b and b.storage(a) == b.storage(bmat) == "f16"
+    # f16 rows by an f16 [N, K] weight of K whole quads: the GEMM's tiles on f16 matrices (gemm.py's halves loads)
+    matrices = b.f16_matrices and transposed_b and b.storage(a) == b.storage(bmat) == "f16" and b.graph.values[bmat].dims[-1] % 4 == 0
 
     def resize(ctx):
         batch, m, n, k, a_bs, b_bs, out_dims = shape_fn(ctx.dims(a), ctx.dims(bmat))
