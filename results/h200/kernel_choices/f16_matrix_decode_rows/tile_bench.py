@@ -11,7 +11,7 @@ import numpy as np
 import async_runtime  # noqa: F401 (chooses the backend: PTE_WGPU_BACKEND=dawn)
 import wgpu
 from async_runtime import pipelines
-from pte_wgpu.kernels.matmul import gemm
+from pte_wgpu.kernels.matmul import f16_matrix, gemm
 from pte_wgpu.kernels.wgsl import flat_grid
 
 U = wgpu.BufferUsage
@@ -40,7 +40,10 @@ def main():
         done = d.create_buffer(size=16, usage=U.STORAGE | U.COPY_SRC)
         bs = d.create_buffer(size=16 * m * n * 4, usage=U.STORAGE)
         for name in tiles:
-            tile = gemm.Tile(matrix=tuple(int(x) for x in name[1:].split(","))) if name.startswith("X") else getattr(gemm, name)
+            base, _, step = name.partition(":s")
+            f16_matrix.STEP = int(step or 32)
+            f16_matrix.ROW, f16_matrix.QUADS = f16_matrix.STEP + 8, f16_matrix.STEP // 4
+            tile = gemm.Tile(matrix=tuple(int(x) for x in base[1:].split(","))) if base.startswith("X") else getattr(gemm, base)
             if len(ns) == 1:
                 load, store, extra = gemm.weight_load("f16", "f16", k), None, ""
             else:  # outputs past the first bound after the scratch, as GemmRoute binds them
