@@ -6,10 +6,10 @@ weights that GemmRoute widens to f16 first.
 
 A workgroup of subgroups takes a tile of outputs, each subgroup some result matrices of 16 x 16
 with f32 sums (tile_size; gemm.py's MATRIX_TILE: 2 x 2 subgroups of 4 x 4, 128 x 128 for prompts;
-its DECODE_MATRIX_TILE: 1 x 4 of 4 x 2, 64 x 128 for fewer rows). Each K step of 32 its invocations read the A rows and B columns
-through the product's TileLoad (a_k_halves, b_k_halves: 4 halves of K a load, as stored), one
-step ahead in registers, into double-buffered workgroup memory; the subgroups then multiply 16 of
-K at a time. The sums leave the matrices through workgroup memory, a result matrix at a time, to
+its DECODE_MATRIX_TILE: 1 x 4 of 4 x 2, 64 x 128 for fewer rows). Each K step of 32 its
+invocations read the A rows and B columns through the product's TileLoad (a_k_halves,
+b_k_halves: 4 halves of K a load, as stored), one step ahead in registers, into double-buffered
+workgroup memory; the subgroups then multiply 16 of K at a time. The sums leave the matrices through workgroup memory, a result matrix at a time, to
 the lanes, which write them through the template's epilogue (`store`) or, with K split, into
 split-K's scratch. The products are the f16 products of the stored operands summed in f32, as
 the GEMM's f32 sums of the same halves, in another order.
@@ -96,10 +96,11 @@ STORE_MATRIX = """    subgroupMatrixStore<row_major>(&sums, mine, c${I}_${J}, 16
 
 
 def matrix_body(shape, weight_ends=()):
-    """The kernel of a tile of `shape` (tile_size) after the template's header and the load's halves_functions (a_k_halves,
-    b_k_halves; with `weight_ends`, the column group's weights' last columns, each but the last a
-    whole number of tiles, also b_k_halves_j of its weight j: each tile then reads one weight, its
-    K loop written once a weight, where b_k_halves picks a weight each load, 3x slower on an H200)."""
+    """The kernel of a tile of `shape` (tile_size) after the template's header and the load's
+    halves_functions (a_k_halves, b_k_halves; with `weight_ends`, the column group's weights' last
+    columns, each but the last a whole number of tiles, also b_k_halves_j of its weight j: each
+    tile then reads one weight, its K loop written once a weight, where b_k_halves picks a weight
+    each load, 3x slower on an H200)."""
     sgm, sgn, tm, tn = shape
     bm, bn = tile_size(shape)
     threads = 32 * sgm * sgn

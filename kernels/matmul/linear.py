@@ -29,7 +29,7 @@ from ..registry import op
 from ..variants import ANY, CPU, CPU_ONLY, GPU_ONLY, Routes, Variant
 from ..wgsl import GELU, SUBGROUP_BUILTINS, fill, is_float, vec4_loader, vec4_type
 from .gemm import PARAMS_FORMAT, PARAMS_SIZE, GemmRoute, float_load, gemm_scratch, header, weight_load
-from .routes import FLOAT_SG_GPU_WIDE, GEMV_MAX_ROWS, GEMV_T4_MIN_N, SG_GPU, SG_GPU_ROWS, float_subgroup_rows, float_wide, gpu_gemv_rows, shape_for_rows
+from .routes import FLOAT_SG_GPU_WIDE, GEMV_MAX_ROWS, GEMV_T4_MIN_N, SG_GPU, SG_GPU_ROWS, f16_matrix_products, float_subgroup_rows, float_wide, gpu_gemv_rows, shape_for_rows
 
 
 @dataclass(frozen=True)
@@ -701,8 +701,7 @@ def add_matmul(b, a, bmat, bias, transposed_b, shape_fn, alpha=1.0, beta=1.0, re
     has_bias = bias is not None
     params = b.params(PARAMS_SIZE)
     routes = Routes(MATMUL_VARIANTS, b, Matmul(b, a, bmat, bias, params, transposed_b, activation))
-    # f16 rows by an f16 [N, K] weight of K whole quads: the GEMM's tiles on f16 matrices (gemm.py's halves loads)
-    matrices = b.f16_matrices and transposed_b and b.storage(a) == b.storage(bmat) == "f16" and b.graph.values[bmat].dims[-1] % 4 == 0
+    matrices = transposed_b and f16_matrix_products(b, b.graph.values[bmat].dims[-1], [a, bmat])
 
     def resize(ctx):
         batch, m, n, k, a_bs, b_bs, out_dims = shape_fn(ctx.dims(a), ctx.dims(bmat))

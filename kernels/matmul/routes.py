@@ -189,6 +189,13 @@ def float_norm_folds(b, k):
     return b.adapter == CPU or k < FLOAT_GEMM_MIN_K
 
 
+def f16_matrix_products(b, k, tensors):
+    """Whether products of K = k over `tensors` (rows and [N, K] weights) built by `b` have the
+    GEMM's tiles on f16 subgroup matrices (gemm.py's MATRIX_TILE, DECODE_MATRIX_TILE): a device
+    with them, every tensor stored f16, K whole quads (the tiles' halves loads)."""
+    return b.f16_matrices and k % 4 == 0 and all(b.storage(v) == "f16" for v in tensors)
+
+
 def subgroup_products(b, k, tensors):
     """Whether products of K = k built by `b` can run the subgroup kernels: a device with
     subgroups, K whole vec4s, every tensor of `tensors` stored f32 or f16. CPU variants then take
