@@ -691,10 +691,12 @@ def gemm_split(m, n, k, batch, tile=TILE, dequantizes=False):
     """(splits, K per split) of a product in `tile`s: more workgroups for a GPU a few tiles leave
     idle; `dequantizes`: its load dequantizes B (TileLoad.dequantizes)."""
     tiles = -(-n // tile.bn) * -(-m // tile.bm) * batch
-    row_split = m <= (DEQUANTIZED_ROW_SPLIT_ROWS if dequantizes else ROW_SPLIT_ROWS)
-    target, most = (ROW_SPLIT_TARGET, ROW_MAX_SPLITS) if row_split else (SPLIT_TARGET, MAX_SPLITS)
     if tile.split_target:
         target, most = tile.split_target, MAX_SPLITS
+    elif m <= (DEQUANTIZED_ROW_SPLIT_ROWS if dequantizes else ROW_SPLIT_ROWS):
+        target, most = ROW_SPLIT_TARGET, ROW_MAX_SPLITS
+    else:
+        target, most = SPLIT_TARGET, MAX_SPLITS
     splits = max(1, min(most, target // tiles, k // MIN_SPLIT_K))
     kspan = -(-k // splits // BK) * BK if splits > 1 else max(k, 1)
     return -(-k // kspan) if splits > 1 else 1, kspan
