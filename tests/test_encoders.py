@@ -12,11 +12,10 @@ import pytest
 import torch
 
 from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
-from pte_wgpu.kernels import build_node
-from pte_wgpu.resize import LiveState, Plan, ResizeContext
 from pte_wgpu.resize.values import IntList, Scalar, SymInt, Tensor, ValueList
 
 from .exporting import export_pte
+from .hooks import Graph, resize
 
 pytestmark = pytest.mark.usefixtures("adapter")
 
@@ -157,30 +156,8 @@ async def test_creation_scan_and_index_ops_at_live_sizes(load_pte):
 # -- the hooks alone: no device -------------------------------------------------------------------
 
 
-class _Graph:
-    def __init__(self):
-        self.values, self.params, self.dispatches = [], [], []
-
-    def add(self, v):
-        self.values.append(v)
-        return len(self.values) - 1
-
-
-def _resize(graph, name, args, live, symints=None):
-    node = build_node(graph, name, args)
-    state = LiveState(len(graph.values), len(graph.params), len(graph.dispatches))
-    for k, v in enumerate(graph.values):
-        if isinstance(v, Tensor):
-            state.dims[k] = v.dims
-    for k, dims in live.items():
-        state.dims[k] = dims
-    state.symints.update(symints or {})
-    node.hook(ResizeContext(Plan([node], graph.values), state))
-    return state
-
-
 def test_index_output_shapes_follow_numpy_rules():
-    g = _Graph()
+    g = Graph()
     x = g.add(Tensor("float32", (4, 6, 5, 3)))
     i, j = g.add(Tensor("int64", (2, 1))), g.add(Tensor("int64", (7,)))
     none = g.add(Scalar(None))
@@ -188,27 +165,27 @@ def test_index_output_shapes_follow_numpy_rules():
     for missing in (none, -1):
         out = g.add(Tensor("float32", (4, 2, 7, 3)))
         args = [x, g.add(ValueList((missing, i, j))), out]
-        assert _resize(g, "aten::index.Tensor_out", args, {}).dims[out] == (4, 2, 7, 3)
+        assert resize(g, "aten::index.Tensor_out", args, {}).dims[out] == (4, 2, 7, 3)
     # separated (dims 0, 2): ([2, 7], 6, 3)
     out = g.add(Tensor("float32", (2, 7, 6, 3)))
     args = [x, g.add(ValueList((i, none, j))), out]
-    assert _resize(g, "aten.index.Tensor", args, {j: (5,)}).dims[out] == (2, 5, 6, 3)
+    assert resize(g, "aten.index.Tensor", args, {j: (5,)}).dims[out] == (2, 5, 6, 3)
     with pytest.raises(ValueError, match="broadcast"):
-        _resize(g, "aten.index.Tensor", args, {i: (2, 2), j: (3,)})
+        resize(g, "aten.index.Tensor", args, {i: (2, 2), j: (3,)})
 
 
 def test_bool_reductions_and_creation_shapes():
-    g = _Graph()
+    g = Graph()
     x = g.add(Tensor("bool", (3, 9, 5)))
     out = g.add(Tensor("bool", (3, 1, 5)))
     args = [x, g.add(IntList((1,))), g.add(Scalar(True)), out]
-    assert _resize(g, "aten::any.dims_out", args, {x: (3, 4, 5)}).dims[out] == (3, 1, 5)
+    assert resize(g, "aten::any.dims_out", args, {x: (3, 4, 5)}).dims[out] == (3, 1, 5)
     out0 = g.add(Tensor("bool", ()))
-    assert _resize(g, "aten::all.all_out", [x, out0], {}).dims[out0] == ()
+    assert resize(g, "aten::all.all_out", [x, out0], {}).dims[out0] == ()
     s = g.add(SymInt())
     full = [g.add(ValueList((g.add(Scalar(3)), s))), g.add(Scalar(1.5)), g.add(Tensor("float32", (3, 9)))]
-    assert _resize(g, "aten::full.out", full, {}, {s: 4}).dims[full[-1]] == (3, 4)
+    assert resize(g, "aten::full.out", full, {}, {s: 4}).dims[full[-1]] == (3, 4)
     ar_args = [g.add(Scalar(1)), s, g.add(Scalar(2)), g.add(Tensor("int64", (9,)))]
-    assert _resize(g, "aten::arange.start_out", ar_args, {}, {s: 8}).dims[ar_args[-1]] == (4,)
+    assert resize(g, "aten::arange.start_out", ar_args, {}, {s: 8}).dims[ar_args[-1]] == (4,)
     with pytest.raises(ValueError, match="empty"):
-        _resize(g, "aten::arange.start_out", ar_args, {}, {s: 1})
+        resize(g, "aten::arange.start_out", ar_args, {}, {s: 1})

@@ -15,7 +15,8 @@ from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
 from pte_wgpu.resize.values import IntList, Tensor
 
 from .exporting import export_pte
-from .test_shape_ops import DynShapes, _Graph, _resize
+from .hooks import Graph, resize
+from .test_shape_ops import DynShapes
 
 pytestmark = pytest.mark.usefixtures("adapter", "half_adapter")
 
@@ -134,14 +135,14 @@ async def test_creation_and_scans_with_f16_outputs(load_pte, kernel_variants):
 
 
 def test_f16_copies_move_whole_words_and_packed_bytes_stay_excluded():
-    g = _Graph()
+    g = Graph()
     x, out = g.add(Tensor("float16", (7, 3))), g.add(Tensor("float16", (7, 3)))
-    assert _resize(g, "move", [x, out], {}).grids == [(44, 1, 1)]  # 21 halves: 42 bytes, a word up
-    assert _resize(g, "aten.clone.default", [x, out], {x: (5, 3)}).grids[-1] == (32, 1, 1)  # 15: 30 bytes
+    assert resize(g, "move", [x, out], {}).grids == [(44, 1, 1)]  # 21 halves: 42 bytes, a word up
+    assert resize(g, "aten.clone.default", [x, out], {x: (5, 3)}).grids[-1] == (32, 1, 1)  # 15: 30 bytes
     w, o = g.add(Tensor("uint8", (7, 3))), g.add(Tensor("uint8", (3, 7)))
     perm = g.add(IntList((1, 0)))
     with pytest.raises(NotImplementedError, match="packed uint8"):
-        _resize(g, "aten.permute_copy.default", [w, perm, o], {})
+        resize(g, "aten.permute_copy.default", [w, perm, o], {})
 
 
 def test_odd_f16_constants_are_padded_to_a_word():

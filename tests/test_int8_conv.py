@@ -23,6 +23,7 @@ from pte_wgpu.kernels.quant import int8_conv, int8_gemm
 from pte_wgpu.kernels.quant.quantize import REQUANTIZED_CLAMP
 
 from .exporting import export_pte
+from .hooks import Graph, resize
 from .test_more_ops import _delegate_ops, _xnnpack_static, export_quantized
 
 pytestmark = pytest.mark.anyio
@@ -311,9 +312,7 @@ def _q8ta_conv_graph(transposed):
     two groups, at a maximum input of [2, 6, 9, 11]; (graph, x, out)."""
     from pte_wgpu.resize.values import Scalar, Tensor, ValueList
 
-    from .test_shape_ops import _Graph
-
-    g = _Graph()
+    g = Graph()
     pair = lambda v: g.add(ValueList((g.add(Scalar(v)), g.add(Scalar(v)))))  # noqa: E731
     x = g.add(Tensor("int8", (2, 6, 9, 11)))
     oh, ow = (18, 22) if transposed else (5, 6)
@@ -331,15 +330,13 @@ def _q8ta_conv_graph(transposed):
 def test_q8ta_conv_hooks_follow_the_live_input(transposed, live_in, live_out):
     """The partitioner lowers no dynamic q8ta convolution (ExecuTorch cannot resize them); the
     hooks still follow a smaller live input (no device)."""
-    from .test_shape_ops import _resize
-
     name = "et_vk.q8ta_conv2d_transposed.default" if transposed else "et_vk.q8ta_conv2d.default"
     g, args, x, out = _q8ta_conv_graph(transposed)
-    state = _resize(g, name, args, {x: live_in})
+    state = resize(g, name, args, {x: live_in})
     assert state.dims[out] == live_out
     assert state.grids == [(-(-np.prod(live_out) // 4 // 64), 1, 1)]
     with pytest.raises(ValueError, match=name):
-        _resize(g, name, args, {x: (1, 5, 4, 7)})  # 5 channels for a weight of 6
+        resize(g, name, args, {x: (1, 5, 4, 7)})  # 5 channels for a weight of 6
 
 
 class Q8taConvRelu(torch.nn.Module):
@@ -387,10 +384,8 @@ async def test_q8ta_convolutions_apply_relu_before_requantizing(load_pte):
 def test_q8ta_pixel_shuffle_rejects_channels_the_factor_does_not_divide():
     from pte_wgpu.resize.values import Scalar, Tensor
 
-    from .test_shape_ops import _Graph, _resize
-
-    g = _Graph()
+    g = Graph()
     x = g.add(Tensor("int8", (1, 10, 3, 5)))  # 10 channels: no multiple of the factor 3 squared
     args = [x] + [g.add(Scalar(v)) for v in (0.1, 0, 10.0, 0, 3)] + [g.add(Tensor("int8", (1, 1, 9, 15)))]
     with pytest.raises(ValueError, match="q8ta_pixel_shuffle"):
-        _resize(g, "et_vk.q8ta_pixel_shuffle.default", args, {})
+        resize(g, "et_vk.q8ta_pixel_shuffle.default", args, {})

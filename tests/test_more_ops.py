@@ -15,7 +15,7 @@ from pte_wgpu.kernels.quant import int8_gemm
 from pte_wgpu.resize.values import Scalar, SymInt
 
 from .exporting import export_pte, stored_pte
-from .test_shape_ops import _Graph, _resize
+from .hooks import Graph, resize
 
 pytestmark = pytest.mark.anyio
 S = torch.export.Dim("S", min=1, max=11)
@@ -287,9 +287,9 @@ async def test_weight_only_quantized_linear(load_pte, bits, op):
 
 @pytest.mark.parametrize("name, expected", [("eq", [0, 1, 0]), ("lt", [1, 0, 0]), ("le", [1, 1, 0]), ("gt", [0, 0, 1]), ("ge", [0, 1, 1])])
 def test_symint_comparisons(name, expected):
-    g = _Graph()
+    g = Graph()
     a, b, out = g.add(SymInt()), g.add(Scalar(5)), g.add(SymInt())
-    got = [_resize(g, name, [a, b, out], {}, {a: value}).symints[out] for value in (4, 5, 6)]
+    got = [resize(g, name, [a, b, out], {}, {a: value}).symints[out] for value in (4, 5, 6)]
     assert got == expected
 
 

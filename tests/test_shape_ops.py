@@ -7,11 +7,10 @@ import pytest
 import torch
 
 from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
-from pte_wgpu.kernels import build_node
-from pte_wgpu.resize import LiveState, Plan, ResizeContext
 from pte_wgpu.resize.values import IntList, Scalar, SymInt, Tensor, ValueList
 
 from .exporting import export_pte
+from .hooks import Graph, resize
 
 S_MAX = 11
 
@@ -163,78 +162,55 @@ async def test_permutes_of_permutes_are_one_copy(load_pte):
 # -- the hooks alone: no device -------------------------------------------------------------------
 
 
-class _Graph:
-    def __init__(self):
-        self.values, self.params, self.dispatches = [], [], []
-
-    def add(self, v):
-        self.values.append(v)
-        return len(self.values) - 1
-
-
-def _resize(graph, name, args, live, symints=None):
-    """Build one op, run its hook at the given live input dims; (live state, the graph)."""
-    node = build_node(graph, name, args)
-    state = LiveState(len(graph.values), len(graph.params), len(graph.dispatches))
-    for k, v in enumerate(graph.values):
-        if isinstance(v, Tensor):
-            state.dims[k] = v.dims
-    for k, dims in live.items():
-        state.dims[k] = dims
-    state.symints.update(symints or {})
-    node.hook(ResizeContext(Plan([node], graph.values), state))
-    return state
-
-
 def test_view_resolves_symints_and_minus_one_and_copies_live_bytes():
-    g = _Graph()
+    g = Graph()
     x, s = g.add(Tensor("float32", (11, 6))), g.add(SymInt())
     size = g.add(ValueList((s, g.add(Scalar(-1)), g.add(Scalar(3)))))
     out = g.add(Tensor("float32", (11, 2, 3)))
-    state = _resize(g, "aten.view_copy.default", [x, size, out], {x: (5, 6)}, {s: 5})
+    state = resize(g, "aten.view_copy.default", [x, size, out], {x: (5, 6)}, {s: 5})
     assert state.dims[out] == (5, 2, 3) and state.grids == [(5 * 6 * 4, 1, 1)]
     with pytest.raises(ValueError, match="aten.view_copy.default"):
-        _resize(g, "aten.view_copy.default", [x, size, out], {x: (5, 6)}, {s: 4})
+        resize(g, "aten.view_copy.default", [x, size, out], {x: (5, 6)}, {s: 4})
 
 
 def test_packed_copies_round_bytes_up_to_words():
-    g = _Graph()
+    g = Graph()
     w, out = g.add(Tensor("uint8", (7, 3))), g.add(Tensor("uint8", (7, 3)))
-    assert _resize(g, "et_vk.prepack.default", [w, out], {}).grids == [(24, 1, 1)]
+    assert resize(g, "et_vk.prepack.default", [w, out], {}).grids == [(24, 1, 1)]
 
 
 def test_slice_clamps_symint_bounds_like_torch():
-    g = _Graph()
+    g = Graph()
     x, start, end = g.add(Tensor("float32", (13, 3))), g.add(SymInt()), g.add(SymInt())
     args = [x, g.add(Scalar(0)), start, end, g.add(Scalar(2)), g.add(Tensor("float32", (13, 3)))]
     for (a, e), n in {(4, 9): 3, (-5, 2**63 - 1): 3, (0, 100): 5, (-100, 4): 2}.items():
-        state = _resize(g, "aten.slice_copy.Tensor", args, {x: (9, 3)}, {start: a, end: e})
+        state = resize(g, "aten.slice_copy.Tensor", args, {x: (9, 3)}, {start: a, end: e})
         assert state.dims[args[-1]] == (len(range(9)[a:e:2]), 3) == (n, 3)
     with pytest.raises(ValueError, match="empty slice"):
-        _resize(g, "aten.slice_copy.Tensor", args, {x: (9, 3)}, {start: 9, end: 12})
+        resize(g, "aten.slice_copy.Tensor", args, {x: (9, 3)}, {start: 9, end: 12})
 
 
 def test_split_and_cat_check_live_shapes():
-    g = _Graph()
+    g = Graph()
     x = g.add(Tensor("float32", (4, 9, 3)))
     outs = g.add(ValueList((g.add(Tensor("float32", (4, 2, 3))), g.add(Tensor("float32", (4, 7, 3))))))
     args = [x, g.add(IntList((2, 7))), g.add(Scalar(1)), outs]
-    state = _resize(g, "aten.split_with_sizes_copy.default", args, {x: (3, 9, 3)})
+    state = resize(g, "aten.split_with_sizes_copy.default", args, {x: (3, 9, 3)})
     assert [state.dims[o] for o in g.values[outs].items] == [(3, 2, 3), (3, 7, 3)]
     with pytest.raises(ValueError, match="split sizes"):
-        _resize(g, "aten.split_with_sizes_copy.default", args, {x: (3, 8, 3)})
+        resize(g, "aten.split_with_sizes_copy.default", args, {x: (3, 8, 3)})
     a, b = g.add(Tensor("float32", (3, 5))), g.add(Tensor("float32", (4, 5)))
     cat = [g.add(ValueList((a, b))), g.add(Scalar(0)), g.add(Tensor("float32", (7, 5)))]
-    assert _resize(g, "aten.cat.default", cat, {a: (2, 5)}).dims[cat[-1]] == (6, 5)
+    assert resize(g, "aten.cat.default", cat, {a: (2, 5)}).dims[cat[-1]] == (6, 5)
     with pytest.raises(ValueError, match="aten.cat.default: cannot concatenate"):
-        _resize(g, "aten.cat.default", cat, {a: (2, 4)})
+        resize(g, "aten.cat.default", cat, {a: (2, 4)})
 
 
 def test_expand_takes_symint_sizes_and_rejects_bad_ones():
-    g = _Graph()
+    g = Graph()
     x, s = g.add(Tensor("float32", (1, 3, 1))), g.add(SymInt())
     size = g.add(ValueList((g.add(Scalar(2)), s, g.add(Scalar(-1)), g.add(Scalar(5)))))
     args = [x, size, g.add(Scalar(False)), g.add(Tensor("float32", (2, 11, 3, 5)))]
-    assert _resize(g, "aten.expand_copy.default", args, {}, {s: 7}).dims[args[-1]] == (2, 7, 3, 5)
+    assert resize(g, "aten.expand_copy.default", args, {}, {s: 7}).dims[args[-1]] == (2, 7, 3, 5)
     with pytest.raises(ValueError, match="aten.expand_copy.default: cannot expand"):
-        _resize(g, "aten.expand_copy.default", args, {x: (2, 3, 1)}, {s: 7})
+        resize(g, "aten.expand_copy.default", args, {x: (2, 3, 1)}, {s: 7})
