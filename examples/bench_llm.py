@@ -303,7 +303,7 @@ def bench_torch(params, args, context):
 def hf_llama(params, device):
     """HF transformers' LlamaForCausalLM of the same shape, with the same tiled weight block (q and
     k rows not permuted for HF's rotary layout: the timing is the same), eager, its default
-    attention (sdpa): the reference the issue's targets are stated against."""
+    attention (sdpa): the torch baseline BENCHMARKS.md's LLM rows compare against."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
