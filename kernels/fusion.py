@@ -53,8 +53,9 @@ kernel would bind more storage buffers than the device allows (Dawn's Vulkan ada
   it delegates the ReLU after (ResNet's and MobileNet's at batch 8). A residual block's end,
   conv(x) + r (and the ReLU after), becomes `pte_wgpu.conv_residual`, r added in the epilogue of
   the implicit GEMM, where that always takes the convolution; other relu(a + b), the sum read by
-  nothing else, one `pte_wgpu.add_relu`. The same values but for the sign of a zero (and
-  infinities, which the convolutions clamp to the largest float anyway).
+  nothing else, one `pte_wgpu.add_relu`. The same values, NaN and the sign of a zero included
+  (every clamp compares, kernels/wgsl.py's `clamped`), but for infinities, which the convolutions
+  clamp to the largest float anyway.
 
 - A permute of a permute that nothing else reads becomes one permute by the composed order (ViT's
   attention output takes three in a row, two of them each other's inverse).
@@ -99,7 +100,7 @@ from .registry import op, value_uses
 from .tensor.elementwise import add_elementwise
 from .tensor.reduce import SAFE_SOFTMAX
 from .vision.conv import CONV_RESIDUAL, takes_residual
-from .wgsl import int8_rows_dim
+from .wgsl import int8_rows_dim, relu
 
 SIGMOID = ("aten.sigmoid.default",)
 MUL = ("aten.mul.Tensor",)
@@ -142,8 +143,8 @@ def silu_mul(b):
 
 @op(ADD_RELU, half=True, capacity=True)
 def add_relu(b):
-    """[a, b, alpha, out]: max(a + alpha * b, 0), broadcasting as add does."""
-    add_elementwise(b, [0, 1], "max(a + alpha * b, $CT(0))", b.scalar(2, 1))
+    """[a, b, alpha, out]: relu(a + alpha * b), broadcasting as add does."""
+    add_elementwise(b, [0, 1], relu("(a + alpha * b)", "$CT(0)"), b.scalar(2, 1))
 
 
 def _producers(graph):

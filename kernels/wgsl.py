@@ -67,6 +67,19 @@ fn round_half(x: f32) -> f32 {
 """
 
 
+def clamped(value, lo, hi):
+    """WGSL of `value` clamped to [lo, hi] as torch clamps: a NaN stays NaN and -0.0 stays -0.0.
+    WGSL's clamp, max and min may return the other operand for a NaN (lavapipe's clamp(NaN, -1, 1)
+    is -1, its max(NaN, 0) 0); a comparison with a NaN is false, so the selects pass it through.
+    `value` is repeated: give a name or an expression the compiler can keep once."""
+    return f"select(select({value}, {lo}, {value} < {lo}), {hi}, {value} > {hi})"
+
+
+def relu(value, zero="0.0"):
+    """WGSL of max(value, zero) as torch's relu: NaN and -0.0 pass through (`clamped`)."""
+    return f"select({value}, {zero}, {value} < {zero})"
+
+
 def rounded(value, t):
     """WGSL of the f32 `value` rounded to storage type `t` (f32 or f16) and read back as f32, as an
     op that stored it and the op after it that read it would have it: for f16 through ROUND_HALF's

@@ -4,7 +4,7 @@ expected, and the next call on the same model works.
 Decided here (and in RELIABILITY.md): anything `numpy.asarray` reads as an array of the right kind
 is accepted and copied to the device's layout: non-contiguous, Fortran-ordered, big-endian and
 read-only arrays, other float widths for a float input, nested lists of numbers. NaN and Inf are
-not checked; they run through the kernels (see `test_nan_and_inf`).
+not checked; they run through the kernels as through torch's (`test_nan_and_inf`).
 """
 
 import re
@@ -161,10 +161,8 @@ async def test_int64_inputs_out_of_the_int32_range_and_positions_past_the_contex
 
 
 async def test_nan_and_inf(load_pte):
-    """What NaN and Inf do (measured; RELIABILITY.md): Inf follows IEEE arithmetic as in torch.
-    NaN propagates through arithmetic, matmul, softmax and exp as in torch, but max/min-based ops
-    (relu, clamp) follow WGSL's `max`, which on the adapters we ran returns the non-NaN operand:
-    relu(NaN) is 0 here and NaN in torch. No input is scanned for them."""
+    """What NaN and Inf do (RELIABILITY.md): no input is scanned for them; they run through the
+    kernels as through torch's, relu's NaN included, and nothing sticks."""
     pte, module = export_pte("mlp", MLP, [torch.randn(5, 13)])
     model = await load_pte(pte)
     x = rand(5, 13)
@@ -176,9 +174,60 @@ async def test_nan_and_inf(load_pte):
     x[1, 3] = np.nan
     (out,) = await model.execute(x)
     want = eager(module, x)[0]
+    assert np.isnan(want[1]).all() and np.isnan(out[1]).all()  # through the linear, relu and the next linear
     np.testing.assert_allclose(np.delete(out, 1, 0), np.delete(want, 1, 0), atol=1e-4)  # other rows untouched
-    assert np.isnan(want[1]).all()
-    relu_keeps_nan = np.isnan(out[1]).all()
-    assert relu_keeps_nan or np.isfinite(out[1]).all()  # row 1: NaN as in torch, or finite where relu ate it
     (again,) = await model.execute(rand(5, 13))
     assert np.isfinite(again).all()  # nothing sticks
+
+
+class Activations(torch.nn.Module):
+    """The activations that clamp, each an op of the delegate."""
+
+    def forward(self, x):
+        f = torch.nn.functional
+        return torch.relu(x), torch.clamp(x, -1.5, 2.0), f.relu6(x), torch.tanh(x), f.leaky_relu(x, 0.1), f.hardswish(x)
+
+
+class ConvActivations(torch.nn.Module):
+    """Clamps in a convolution's epilogue (et_vk.conv_with_clamp): a direct convolution of 8
+    channels and an implicit GEMM of 32; and relu(x + y), one pte_wgpu.add_relu."""
+
+    def __init__(self):
+        super().__init__()
+        self.narrow = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.wide = torch.nn.Conv2d(3, 32, 3, padding=1)
+
+    def forward(self, x, y):
+        return torch.nn.functional.relu6(self.narrow(x)), torch.relu(self.wide(x)), torch.relu(x + y)
+
+
+def _same_as_torch(out, want):
+    """NaN where torch has NaN, the sign of every zero and infinity as torch's, the rest within f32 rounding."""
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
+    exact = (want == 0) | np.isinf(want)
+    np.testing.assert_array_equal(np.signbit(out[exact]), np.signbit(want[exact]))
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6, equal_nan=True)
+
+
+async def test_activations_pass_nan_and_keep_signed_zeros_as_torch(load_pte):
+    """relu, clamp, relu6 (hardtanh), tanh, leaky_relu and hardswish of NaN, +-Inf, -0.0 and
+    numbers on both sides of their bounds, and the clamps the graph rewrites move into a
+    convolution's epilogue or an add: torch's values. WGSL's max, min and clamp may return the
+    other operand of a NaN (lavapipe's max(NaN, 0) is 0); the kernels clamp by comparisons."""
+    special = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, -2.5, -1.0, 0.25, 1.75, 2.5, 7.0, -7.0, 30.0, -30.0], np.float32)
+    x = np.resize(special, (3, 14)) * np.array([[1], [1], [-1]], np.float32)
+    pte, module = export_pte("activations", Activations, [torch.randn(3, 14)])
+    model = await load_pte(pte)
+    for out, want in zip(await model.execute(x), eager(module, x), strict=True):
+        _same_as_torch(out, want)
+    pte, module = export_pte("conv_activations", ConvActivations, [torch.randn(1, 3, 9, 11), torch.randn(1, 3, 9, 11)])
+    model = await load_pte(pte)
+    x, y = rand(1, 3, 9, 11), rand(1, 3, 9, 11, seed=1)
+    x[0, 1, 4, 5], y[0, 2, 0, 0], y[0, 0, 3, 3] = np.nan, np.nan, -0.0
+    x[0, 0, 3, 3] = 0.0
+    outs, wants = await model.execute(x, y), eager(module, x, y)
+    assert all(np.isnan(w).any() for w in wants)
+    for out, want in zip(outs, wants, strict=True):
+        np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+    assert np.signbit(outs[2][0, 0, 3, 3]) == np.signbit(wants[2][0, 0, 3, 3])  # relu(0.0 + -0.0)

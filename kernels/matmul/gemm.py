@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pte_wgpu.resize.shapes import MAX_WORKGROUPS, numel_of
 
 from ..variants import CPU
-from ..wgsl import ERF, FLAT_INDEX, GELU, TILE_ORIGIN, WG, fill, flat_grid, rounded, vec4_loader, vec4_type
+from ..wgsl import ERF, FLAT_INDEX, GELU, TILE_ORIGIN, WG, clamped, fill, flat_grid, rounded, vec4_loader, vec4_type
 from .f16_matrix import matrix_body, tile_size
 from .routes import BITWISE_ROWS, FLOAT_GEMM_MIN_K
 
@@ -102,7 +102,7 @@ def header(has_bias, inputs, scratch=False, bias="f32", out="f32", clamp=None, r
     if added is not None:
         value = rounded(value, out) + " + f32(added[b * p.c_bs + m * p.N + n])"
     if clamp is not None:
-        value = f"clamp({value}, {float(clamp[0])!r}, {float(clamp[1])!r})"
+        value = clamped(f"({value})", repr(float(clamp[0])), repr(float(clamp[1])))
     if activation is not None:
         value = f"gelu({rounded(value, out)})"
         lines.append(f"fn gelu(a: f32) -> f32 {{ return {GELU[activation]}; }}" + (ERF if "erf_approx" in GELU[activation] else ""))

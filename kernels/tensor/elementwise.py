@@ -12,7 +12,7 @@ from pte_wgpu.resize.shapes import broadcast_shapes, numel_of
 from pte_wgpu.resize.values import SymInt
 
 from ..registry import op
-from ..wgsl import ERF, FLAT_INDEX, GELU, SPREAD_MAIN, STRIDED, fill, is_float, pack_strides, pack_u32x8, spread_grid, wgsl_type
+from ..wgsl import ERF, FLAT_INDEX, GELU, SPREAD_MAIN, STRIDED, clamped, fill, is_float, pack_strides, pack_u32x8, relu, spread_grid, wgsl_type
 
 PARAMS_SIZE = 16 + 32 * 4  # numel, rank, alpha, beta; sizes; 3 operand stride arrays
 
@@ -37,9 +37,9 @@ $LOADS
 
 # name -> (expression over a, b, c, alpha, beta in the compute type $CT)
 UNARY = {
-    "aten.relu.default": "max(a, $CT(0))",
+    "aten.relu.default": relu("a", "$CT(0)"),
     "aten.sigmoid.default": "1.0 / (1.0 + exp(-a))",
-    "aten.tanh.default": "tanh(clamp(a, -20.0, 20.0))",
+    "aten.tanh.default": f"tanh({clamped('a', '-20.0', '20.0')})",
     "aten.exp.default": "exp(a)",
     "aten.neg.default": "-a",
     "aten.sqrt.default": "sqrt(a)",
@@ -56,8 +56,8 @@ UNARY = {
     "aten.logical_not.default": "$CT(a == $CT(0))",
     "aten.bitwise_not.default": "$CT(a == $CT(0))",
     "aten.silu.default": "a / (1.0 + exp(-a))",
-    "aten.hardtanh.default": "clamp(a, alpha, beta)",
-    "aten.clamp.default": "clamp(a, alpha, beta)",
+    "aten.hardtanh.default": clamped("a", "alpha", "beta"),
+    "aten.clamp.default": clamped("a", "alpha", "beta"),
     "aten.leaky_relu.default": "select(a * alpha, a, a >= $CT(0))",
     "aten.hardswish.default": "a * clamp(a + 3.0, 0.0, 6.0) / 6.0",
     "aten.hardshrink.default": "select(a, $CT(0), abs(a) <= alpha)",

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from ..registry import op
 from ..variants import ANY, Routes, Variant
-from ..wgsl import FLAT_INDEX, SPREAD_MAIN, fill, spread_grid
+from ..wgsl import FLAT_INDEX, SPREAD_MAIN, clamped, fill, spread_grid
 from .conv_gemm import ConvGemm
 from .pixels import OUTPUT_PIXEL, load_store
 
@@ -61,7 +61,7 @@ $OUTPUT_PIXEL
     var acc = $INIT;
 $BODY
     let at = ((n * p.cout + co) * p.oh + oy) * p.ow + ox;
-    acc = clamp(acc, $ACC(p.lo), $ACC(p.hi));
+    acc = $CLAMPED;
 $STORE
 }
 """
@@ -69,12 +69,14 @@ $STORE
 # Blocks of 4 output channels share each input load: a vec4 of the 4 channels' weights, `wstep` apart.
 # Every load converts to f32 and the store back to the output's storage type (f32 or f16).
 BLOCK = {
-    1: {"ACC": "f32", "WEIGHTS": "f32(w[k])", "INIT": "bias_of(co)", "STORE": "    store(at, acc);"},
+    1: {"ACC": "f32", "WEIGHTS": "f32(w[k])", "INIT": "bias_of(co)", "STORE": "    store(at, acc);",
+        "CLAMPED": clamped("acc", "p.lo", "p.hi")},
     4: {
         "ACC": "vec4<f32>",
         "WEIGHTS": "vec4<f32>(vec4(w[k], w[k + p.wstep], w[k + 2u * p.wstep], w[k + 3u * p.wstep]))",
         "INIT": "vec4<f32>(bias_of(co), bias_of(co + 1u), bias_of(co + 2u), bias_of(co + 3u))",
         "STORE": "    for (var j = 0u; j < 4u; j = j + 1u) { store(at + j * p.oh * p.ow, acc[j]); }",
+        "CLAMPED": clamped("acc", "vec4<f32>(p.lo)", "vec4<f32>(p.hi)"),
     },
 }
 
