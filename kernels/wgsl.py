@@ -75,6 +75,17 @@ def clamped(value, lo, hi):
     return f"select(select({value}, {lo}, {value} < {lo}), {hi}, {value} > {hi})"
 
 
+def maximum(a, b):
+    """WGSL of the larger of `a` and `b` as torch's maximum: NaN if either is (`clamped`; a NaN is
+    the one value not equal to itself)."""
+    return f"select({b}, {a}, {a} > {b} || !({a} == {a}))"
+
+
+def minimum(a, b):
+    """WGSL of the smaller of `a` and `b` as torch's minimum: NaN if either is."""
+    return f"select({b}, {a}, {a} < {b} || !({a} == {a}))"
+
+
 def relu(value, zero="0.0"):
     """WGSL of max(value, zero) as torch's relu: NaN and -0.0 pass through (`clamped`)."""
     return f"select({value}, {zero}, {value} < {zero})"

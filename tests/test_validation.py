@@ -201,6 +201,13 @@ class ConvActivations(torch.nn.Module):
         return torch.nn.functional.relu6(self.narrow(x)), torch.relu(self.wide(x)), torch.relu(x + y)
 
 
+class Extremes(torch.nn.Module):
+    """The ops that pick a larger or smaller value: elementwise, and along a row with its index."""
+
+    def forward(self, x, y):
+        return torch.maximum(x, y), torch.minimum(x, y), x.amax(-1), x.amin(-1), x.argmax(-1), x.argmin(-1)
+
+
 def _same_as_torch(out, want):
     """NaN where torch has NaN, the sign of every zero and infinity as torch's, the rest within f32 rounding."""
     np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
@@ -231,3 +238,16 @@ async def test_activations_pass_nan_and_keep_signed_zeros_as_torch(load_pte):
         np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5, equal_nan=True)
     assert np.signbit(outs[2][0, 0, 3, 3]) == np.signbit(wants[2][0, 0, 3, 3])  # relu(0.0 + -0.0)
+
+
+async def test_extremes_of_nan_as_torch(load_pte):
+    """maximum and minimum are NaN where either operand is, amax and amin of a row with a NaN are
+    NaN, and argmax and argmin of such a row name its first NaN, as in torch."""
+    x, y = rand(4, 13), rand(4, 13, seed=1)
+    x[0, 5], x[2, 0], x[2, 9], y[1, 3], x[3, 7], y[3, 7] = np.nan, np.nan, np.nan, np.nan, np.inf, -np.inf
+    pte, module = export_pte("extremes", Extremes, [torch.randn(4, 13), torch.randn(4, 13)])
+    model = await load_pte(pte)
+    outs, wants = await model.execute(x, y), eager(module, x, y)
+    assert np.isnan(wants[2][[0, 2]]).all() and list(wants[4][[0, 2]]) == [5, 0]
+    for out, want in zip(outs, wants, strict=True):
+        np.testing.assert_array_equal(out, want)

@@ -12,7 +12,7 @@ from pte_wgpu.resize.shapes import broadcast_shapes, numel_of
 from pte_wgpu.resize.values import SymInt
 
 from ..registry import op
-from ..wgsl import ERF, FLAT_INDEX, GELU, SPREAD_MAIN, STRIDED, clamped, fill, is_float, pack_strides, pack_u32x8, relu, spread_grid, wgsl_type
+from ..wgsl import ERF, FLAT_INDEX, GELU, SPREAD_MAIN, STRIDED, clamped, fill, is_float, maximum, minimum, pack_strides, pack_u32x8, relu, spread_grid, wgsl_type
 
 PARAMS_SIZE = 16 + 32 * 4  # numel, rank, alpha, beta; sizes; 3 operand stride arrays
 
@@ -68,8 +68,8 @@ BINARY = {
     "mul": "a * b",
     "div": "a / b",
     "pow": "pow(a, b)",
-    "minimum": "min(a, b)",
-    "maximum": "max(a, b)",
+    "minimum": minimum("a", "b"),
+    "maximum": maximum("a", "b"),
     "eq": "$CT(a == b)",
     "ne": "$CT(a != b)",
     "lt": "$CT(a < b)",

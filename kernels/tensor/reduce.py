@@ -26,7 +26,7 @@ from pte_wgpu.resize.values import Scalar
 
 from ..matmul.routes import fused_norm_rows
 from ..registry import op
-from ..wgsl import fill
+from ..wgsl import fill, maximum, minimum
 
 RWG = 128  # invocations per row
 NEG_INF = -math.inf
@@ -80,7 +80,7 @@ def _tree(combine):
 
 
 def _shader(decls, body, shared=""):
-    """`shared`: workgroup variables besides `sm`."""
+    """`shared`: module-scope declarations besides `sm` (workgroup variables, helper functions)."""
     lines = [f"@group(0) @binding({k}) var<storage, {mode}> {name}: array<{t}>;" for k, (mode, name, t) in enumerate(decls)]
     head = fill(HEADER, DECLS="\n".join(lines), P_BINDING=len(decls), WG=RWG, SHARED=shared)
     return head + fill(MAIN, WG=RWG, BODY=body)
@@ -163,8 +163,8 @@ def _reduced_shape(shape, reduced, keepdim):
 REDUCERS = {
     "sum": ("0.0", "a + b", "v"),
     "mean": ("0.0", "a + b", "v / f32(p.rlen)"),
-    "amax": ("p.neg_inf", "max(a, b)", "v"),
-    "amin": ("-p.neg_inf", "min(a, b)", "v"),
+    "amax": ("p.neg_inf", maximum("a", "b"), "v"),
+    "amin": ("-p.neg_inf", minimum("a", "b"), "v"),
 }
 
 REDUCE_BODY = """
@@ -183,13 +183,22 @@ $TREE
     }
 """
 
-# argmax/argmin carry (value, index) pairs; ties keep the lower index, as torch does.
+# argmax/argmin carry (value, index) pairs; ties keep the lower index, and a NaN wins over any
+# number (the first NaN), as torch does.
+ARG_WINS = """
+fn wins(v: f32, k: u32, bv: f32, bi: u32) -> bool {
+    let v_nan = !(v == v);
+    let b_nan = !(bv == bv);
+    if (v_nan || b_nan) { return v_nan && (!b_nan || k < bi); }
+    return v $CMP bv || (v == bv && k < bi);
+}
+"""
 ARG_BODY = """
     var bv = $INIT;
     var bi = 0xffffffffu;
     for (var k = lid; k < p.rlen; k = k + ${WG}u) {
         let v = f32(x[base + elem(k)]);
-        if (v $CMP bv || (v == bv && k < bi)) { bv = v; bi = k; }
+        if (wins(v, k, bv, bi)) { bv = v; bi = k; }
     }
     sm[lid] = bv;
     si[lid] = bi;
@@ -198,7 +207,7 @@ ARG_BODY = """
         if (lid < s) {
             let v = sm[lid + s];
             let i = si[lid + s];
-            if (v $CMP sm[lid] || (v == sm[lid] && i < si[lid])) { sm[lid] = v; si[lid] = i; }
+            if (wins(v, i, sm[lid], si[lid])) { sm[lid] = v; si[lid] = i; }
         }
         workgroupBarrier();
     }
@@ -218,8 +227,8 @@ def add_reduce(b, kind, dims_arg, keepdim):
     else:
         cmp = ">" if kind == "argmax" else "<"
         init = "p.neg_inf" if kind == "argmax" else "-p.neg_inf"
-        body = fill(ARG_BODY, INIT=init, CMP=cmp, WG=RWG, HALF=RWG // 2, TO=to)
-    shared = "" if kind in REDUCERS else f"var<workgroup> si: array<u32, {RWG}>;\n"
+        body = fill(ARG_BODY, INIT=init, WG=RWG, HALF=RWG // 2, TO=to)
+    shared = "" if kind in REDUCERS else f"var<workgroup> si: array<u32, {RWG}>;\n" + fill(ARG_WINS, CMP=cmp)
     shader = _shader([("read", "x", ti), ("read_write", "out", to)], body, shared)
     params = b.params(PARAMS_SIZE)
     d = b.dispatch(shader, [x, out, params])
