@@ -14,7 +14,7 @@ from async_runtime.vulkan_patterns import cache_vulkan_pattern_graphs
 from pte_wgpu.kernels.quant import int8_gemm
 from pte_wgpu.resize.values import Scalar, SymInt
 
-from .exporting import export_pte, stored_pte
+from .exporting import eager, export_pte, stored_pte
 from .hooks import Graph, resize
 
 pytestmark = pytest.mark.anyio
@@ -95,6 +95,58 @@ class QuantizeOps(torch.nn.Module):
 QUANT_SAMPLE = (torch.randn(5, 7, 13) * 3, torch.randint(-128, 128, (5, 7, 13), dtype=torch.int8), torch.tensor([5, 0, 3]))
 K = torch.export.Dim("K", min=1, max=13)
 QUANT_SHAPES = ({2: K}, {2: K}, None)
+
+
+class PortableUnary(torch.nn.Module):
+    """Unary ops the Vulkan partitioner leaves outside its delegates (ExecuTorch's portable kernels'
+    `.out` names), on a dynamic dim, among delegated ops."""
+
+    def forward(self, x):
+        unit = torch.tanh(x)  # in (-1, 1)
+        return (
+            torch.log(x.abs() + 0.25), torch.log2(x.abs() + 0.25), torch.erf(x), torch.expm1(x * 0.001), torch.expm1(x),
+            torch.log1p(x * 0.001), torch.log1p(x.abs()), torch.tan(unit), torch.sinh(x), torch.cosh(x),
+            torch.asinh(x), torch.acosh(x.abs() + 1.0), torch.atanh(unit * 0.9), torch.reciprocal(x),
+            torch.floor(x * 3), torch.ceil(x * 3), torch.trunc(x * 3), torch.sign(x),
+            torch.isnan(torch.log(x)).float(), torch.isinf(torch.reciprocal(x * 0)).float(),
+        )
+
+
+async def test_portable_unary_ops_at_live_sizes(load_pte):
+    """Each runs outside the delegate (a KernelCall of its .out kernel) and matches torch eager,
+    NaN where torch has NaN; expm1 and log1p of small values keep their digits."""
+    sample = torch.randn(3, 11, 5)
+    pte, module = export_pte("portable_unary", PortableUnary, [sample], dynamic_shapes=({1: S},))
+    outside = {name for name in _kernel_calls(pte) if name.startswith("aten::")}
+    assert {"aten::log.out", "aten::erf.out", "aten::floor.out", "aten::sign.out", "aten::isnan.out"} <= outside, outside
+    calls = []
+    for (x,) in dynamic_shape_calls((sample,), ({1: S},), n=4, seed=3):
+        x = np.array(x, np.float32)
+        x.flat[::7] = 0.0  # 1 / 0, log(0)
+        calls.append((x,))
+    await assert_matches_eager(await load_pte(pte), module, calls, atol=1e-6, rtol=1e-5)
+
+
+class Powers(torch.nn.Module):
+    """pow of two tensors, and of a tensor by the numbers torch computes another way (0.5: sqrt) and others."""
+
+    def forward(self, x, y):
+        return torch.pow(x, y), x**2, x**3, x**0.5, x**-0.5, x**-1, x**-2, x**-1.5, x**1.7
+
+
+async def test_pow_at_every_kind_of_base_and_exponent_as_torch(load_pte):
+    """Every pair of NaN, +-Inf, +-0, +-1, integral and fractional numbers of either sign as base and
+    exponent: torch's NaNs, its signs of zeros and infinities, its values to 1e-5 (WGSL's pow is
+    exp2(b * log2(a)), indeterminate for a negative or NaN base)."""
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 3.0, -3.0, 0.5, -0.5, 1.5, -1.5, 0.25, 7.0], np.float32)
+    x, y = np.meshgrid(special, special, indexing="ij")
+    pte, module = export_pte("powers", Powers, [torch.randn(17, 17), torch.randn(17, 17)])
+    outs = await (await load_pte(pte)).execute(x, y)
+    for k, (out, want) in enumerate(zip(outs, eager(module, x, y), strict=True)):
+        np.testing.assert_array_equal(np.isnan(out), np.isnan(want), err_msg=f"output {k}")
+        exact = (want == 0) | np.isinf(want)
+        np.testing.assert_array_equal(np.signbit(out[exact]), np.signbit(want[exact]), err_msg=f"output {k}")
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=0, equal_nan=True, err_msg=f"output {k}")
 
 
 async def test_quantize_dequantize_and_choose_qparams(load_pte):
@@ -182,6 +234,13 @@ def _vulkan_weight_only(bits):
 
 Q_SAMPLE = (torch.randn(9, 20),)
 Q_SHAPES = ({0: torch.export.Dim("M", min=1, max=9)},)
+
+
+def _kernel_calls(pte):
+    """The ops a program runs outside its delegates."""
+    from async_runtime.program.pte import read_program
+
+    return {c.op for method in read_program(pte).methods.values() for c in method.instructions if hasattr(c, "op")}
 
 
 def _delegate_ops(pte):

@@ -49,8 +49,7 @@ UNARY = {
     "aten.cos.default": "cos(a)",
     "aten.log.default": "log(a)",
     "aten.log10.default": "log2(a) * 0.30102999566398120",
-    # log(u) * a / (u - 1) for u = 1 + a: u's rounding cancels, so a small a keeps its digits
-    "aten.log1p.default": "select(log(1.0 + a) * a / ((1.0 + a) - 1.0), a, 1.0 + a == 1.0)",
+    "aten.log1p.default": "log1p_real(a)",
     "aten.reciprocal.default": "1.0 / a",
     "aten.round.default": "round(a)",
     "aten.logical_not.default": "$CT(a == $CT(0))",
@@ -61,6 +60,22 @@ UNARY = {
     "aten.leaky_relu.default": "select(a * alpha, a, a >= $CT(0))",
     "aten.hardswish.default": "a * clamp(a + 3.0, 0.0, 6.0) / 6.0",
     "aten.hardshrink.default": "select(a, $CT(0), abs(a) <= alpha)",
+    # the unary ops ExecuTorch's Vulkan partitioner leaves to the portable kernels (their `.out` names)
+    "aten.log2.default": "log2(a)",
+    "aten.erf.default": "erf_approx(a)",
+    "aten.expm1.default": "expm1_real(a)",
+    "aten.tan.default": "tan(a)",
+    "aten.sinh.default": "sinh(a)",
+    "aten.cosh.default": "cosh(a)",
+    "aten.asinh.default": "asinh(a)",
+    "aten.acosh.default": "acosh(a)",
+    "aten.atanh.default": "atanh(a)",
+    "aten.floor.default": {"f32": "floor(a)", "i32": "a"},
+    "aten.ceil.default": {"f32": "ceil(a)", "i32": "a"},
+    "aten.trunc.default": {"f32": "trunc(a)", "i32": "a"},
+    "aten.sign.default": "select(select(a, $CT(1), a > $CT(0)), $CT(-1), a < $CT(0))",  # 0, -0.0 and NaN as they are
+    "aten.isnan.default": "$CT(!(a == a))",
+    "aten.isinf.default": "$CT(abs(a) > 3.4028234663852886e38)",
 }
 BINARY = {
     "add": "a + alpha * b",
@@ -81,11 +96,53 @@ BINARY = {
     "bitwise_and": "$CT(a != $CT(0) && b != $CT(0))",
     "bitwise_or": "$CT(a != $CT(0) || b != $CT(0))",
 }
-# In f32, pow of a negative base is NaN in WGSL; torch gives a real result for integral exponents.
-POW_F32 = "select(pow(abs(a), b), select(-1.0, 1.0, fract(b * 0.5) == 0.0) * pow(abs(a), b), a < 0.0 && fract(b) == 0.0)"
+# pow of f32 as torch's (C's): WGSL's pow is exp2(b * log2(a)), indeterminate for a base below 0 and
+# at NaN (lavapipe: pow(NaN, 2) is 0, pow(-2.5, -2.5) a number), where torch gives a real result for
+# an integral exponent, NaN for a fractional one, 1 for an exponent of 0 or a base of 1, and C's
+# values at zeros and infinities. A `let` holds the bits of Inf and NaN: WGSL refuses such constants.
+POW_F32 = "pow_real(a, b)"
+POW_REAL = """
+fn pow_real(a: f32, b: f32) -> f32 {
+    if (b == 0.0 || a == 1.0) { return 1.0; }
+    if (!(a == a) || !(b == b)) { return a + b; }
+    let bits = vec2<u32>(0x7f800000u, 0x7fc00000u);
+    let inf = bitcast<f32>(bits.x);
+    let m = abs(a);
+    if (abs(b) == inf) {
+        if (m == 1.0) { return 1.0; }
+        return select(0.0, inf, (m < 1.0) == (b < 0.0));
+    }
+    let integral = fract(b) == 0.0;
+    if (a < 0.0 && m != inf && !integral) { return bitcast<f32>(bits.y); }
+    var r = pow(m, b);
+    if (m == 0.0) { r = select(0.0, inf, b < 0.0); }
+    if (m == inf) { r = select(0.0, inf, b > 0.0); }
+    let odd = integral && fract(b * 0.5) != 0.0;
+    return select(r, -r, odd && (bitcast<u32>(a) >> 31u) == 1u);
+}
+"""
+# log1p and expm1 of a small a keep its digits by series: log(1 + a) and exp(a) - 1 lose them, and
+# WGSL's log is only within 2^-21 (absolute) near 1. log1p(a) = 2 atanh(s), s = a / (2 + a), as
+# 2 (s + s^3/3 + .. + s^11/11) for |a| < 0.5 (|s| < 0.2: the next term 1e-9 of the sum); expm1 by
+# its Taylor series to a^9/9! for |a| < 0.5 (the next 6e-9).
+SERIES = """
+fn log1p_real(a: f32) -> f32 {
+    if (abs(a) >= 0.5 || !(a == a)) { return log(1.0 + a); }
+    let s = a / (2.0 + a);
+    let z = s * s;
+    return 2.0 * s * (1.0 + z * (1.0 / 3.0 + z * (0.2 + z * (1.0 / 7.0 + z * (1.0 / 9.0 + z / 11.0)))));
+}
+fn expm1_real(a: f32) -> f32 {
+    if (abs(a) >= 0.5 || !(a == a)) { return exp(a) - 1.0; }
+    return a * (1.0 + a * (0.5 + a * (1.0 / 6.0 + a * (1.0 / 24.0 + a * (1.0 / 120.0 + a * (1.0 / 720.0
+        + a * (1.0 / 5040.0 + a * (1.0 / 40320.0 + a / 362880.0))))))));
+}
+"""
+# the helper functions an expression may call, added to its shader when it does
+HELPERS = {"erf_approx": ERF, "pow_real": POW_REAL, "log1p_real": SERIES, "expm1_real": SERIES}
 
 
-def _shader(expr, operand_types, out_type, ct, uses_erf=False):
+def _shader(expr, operand_types, out_type, ct):
     decls, loads = [], []
     for k, t in enumerate(operand_types):
         name = "abc"[k]
@@ -109,7 +166,7 @@ def _shader(expr, operand_types, out_type, ct, uses_erf=False):
         STRIDED=STRIDED,
         LOADS="\n".join(loads),
     )
-    return src + (ERF if uses_erf else "")
+    return src + "".join(dict.fromkeys(helper for name, helper in HELPERS.items() if name in expr))
 
 
 def add_elementwise(b, operands, expr, alpha=1.0, beta=0.0):
@@ -125,7 +182,7 @@ def add_elementwise(b, operands, expr, alpha=1.0, beta=0.0):
     if ct == "f32" and expr == BINARY["pow"]:
         expr = POW_F32
     types = [b.storage(v) if v is not None else None for v in tensors]
-    shader = _shader(expr, types, wgsl_type(out.dtype), ct, uses_erf="erf_approx" in expr)
+    shader = _shader(expr, types, wgsl_type(out.dtype), ct)
     params = b.params(PARAMS_SIZE)
     live = [v for v in tensors if v is not None]
     d = b.dispatch(shader, live + [b.out, params])
@@ -174,14 +231,18 @@ def _unary(expr):
     return build
 
 
-for _name, _expr in UNARY.items():
-    op(_name, half=True, capacity=True)(_unary(_expr))
-op("aten::log1p.out", half=True, capacity=True)(_unary(UNARY["aten.log1p.default"]))  # the portable kernel's name
+for _name, _expr in UNARY.items():  # the delegate's name and the portable kernel's (aten::relu.out)
+    op(_name, _name.replace("aten.", "aten::").replace(".default", ".out"), half=True, capacity=True)(_unary(_expr))
 
 
-@op("aten.gelu.default", half=True, capacity=True)
+@op("aten.gelu.default", "aten::gelu.out", half=True, capacity=True)
 def gelu(b):
     add_elementwise(b, [0], GELU[b.scalar(1, "none")])
+
+
+# torch's pow by a number takes these exponents as these expressions (sqrt(-Inf) is NaN where C's pow
+# gives Inf), the others as pow_real
+POW_BY = {0.5: "sqrt(a)", -0.5: "inverseSqrt(a)", 2.0: "a * a", 3.0: "a * a * a", -1.0: "1.0 / a", -2.0: "1.0 / (a * a)"}
 
 
 def _binary(expr):
@@ -191,8 +252,12 @@ def _binary(expr):
             alpha = b.scalar(2, 1)
         if b.is_tensor(1):
             add_elementwise(b, [0, 1], expr, alpha)
+            return
+        beta = b.scalar(1)
+        if expr == BINARY["pow"] and not callable(beta) and float(beta) in POW_BY:
+            add_elementwise(b, [0], POW_BY[float(beta)])
         else:
-            add_elementwise(b, [0, None], expr, alpha, beta=b.scalar(1))
+            add_elementwise(b, [0, None], expr, alpha, beta=beta)
 
     return build
 
