@@ -149,6 +149,40 @@ async def test_pow_at_every_kind_of_base_and_exponent_as_torch(load_pte):
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=0, equal_nan=True, err_msg=f"output {k}")
 
 
+class NoDelegate(torch.nn.Module):
+    """Ops ExecuTorch's portable kernels run, with static views between them that its memory
+    planning folds into their bases' bytes (pixel_shuffle's and flatten's): views of an input, of
+    an op's result and as an output."""
+
+    def forward(self, x, m, i):
+        f = torch.nn.functional
+        return (
+            f.pixel_shuffle(x[:, :4], 2), f.pixel_unshuffle(x, 2), x.flatten(1) * 2, x.reshape(2, 8, 60),
+            f.avg_pool2d(x, 3, stride=2, padding=1), f.interpolate(x, scale_factor=2, mode="nearest"),
+            f.interpolate(x, size=(7, 9), mode="bilinear", align_corners=False), x.unfold(3, 2, 2),
+            torch.bitwise_and(m, x > 0).float(), torch.bitwise_or(m, x > 0).float(), torch.bitwise_xor(m, x > 0).float(),
+            torch.bitwise_and(i, 6), torch.bitwise_or(i, 9), torch.bitwise_xor(i, i.flip(0)),
+        )
+
+
+async def test_a_program_without_delegates_and_its_folded_views(load_pte):
+    """A program lowered with no partitioner: every op a portable kernel, each static view a tensor
+    that shares its base's memory with no instruction between them. Equal to torch eager."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    sample = (torch.randn(2, 8, 6, 10), torch.rand(2, 8, 6, 10) > 0.5, torch.randint(-40, 40, (7, 5), dtype=torch.int32))
+    module = NoDelegate()
+
+    def lowering():
+        return bytes(to_edge_transform_and_lower(torch.export.export(module, sample), partitioner=[]).to_executorch().buffer)
+
+    pte = stored_pte("no_delegate", lowering)
+    x, m, i = (t.numpy() for t in sample)
+    outs = await (await load_pte(pte)).execute(x, m, i)
+    for k, (out, want) in enumerate(zip(outs, eager(module, x, m, i), strict=True)):
+        np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6, err_msg=f"output {k}")
+
+
 async def test_quantize_dequantize_and_choose_qparams(load_pte):
     pytest.importorskip("executorch.exir")  # registers the quantized_decomposed ops the eager module calls (its export may be stored)
     pte, module = export_pte("more_quantize", QuantizeOps, QUANT_SAMPLE, QUANT_SHAPES)

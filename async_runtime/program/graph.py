@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from pte_wgpu.kernels import OPS
+from pte_wgpu.kernels.tensor.shape import MEMORY_VIEW
 from pte_wgpu.kernels.wgsl import elem_bytes
 from pte_wgpu.resize.values import NONE, Scalar, SymInt, Tensor, ValueList
 
@@ -60,6 +61,7 @@ def link(method, check=True):
             calls.append(("control flow (JumpFalseCall)", ()))
         elif isinstance(ins, FreeCall):
             continue
+    _memory_views(g, method.allocations)
     _read_live_states(g)
     _check_values(g)
     missing = g.missing_ops()
@@ -82,6 +84,38 @@ PRECISIONS = ("auto", "f16-sums", "f32")  # load()'s precision: how float16 tens
 
 def has_half(graph):
     return any(isinstance(v, Tensor) and v.dtype == "float16" for v in graph.values)
+
+
+def _memory_views(g, allocations):
+    """A tensor that no instruction writes, where memory planning gave it the bytes of another of
+    its size (ExecuTorch folds a static view_copy outside the delegates into its base's memory),
+    is that tensor's view: a memory_view from the one that last wrote those bytes goes in before
+    its first reader (a copy that memory planning makes an alias when it can)."""
+    writes, first_read = {}, {}
+    for k, (_, args) in enumerate(g.calls):
+        for n, a in enumerate(args):
+            items = g.values[a].items if isinstance(g.values[a], ValueList) else (a,)
+            for v in items:
+                if n == len(args) - 1:
+                    writes.setdefault(v, []).append(k)
+                else:
+                    first_read.setdefault(v, k)
+
+    def nbytes(v):
+        return math.prod(g.values[v].dims) * elem_bytes(g.values[v].dtype)
+
+    views = []
+    for t, at in allocations.items():
+        if t in writes or t in g.inputs or g.values[t].constant is not None or (t not in first_read and t not in g.outputs):
+            continue
+        before = first_read.get(t, len(g.calls))
+        last = {s: max([k for k in writes.get(s, ()) if k < before] + ([-1] if s in g.inputs else []), default=None)
+                for s, other in allocations.items() if s != t and other == at and nbytes(s) == nbytes(t)}
+        last = {s: k for s, k in last.items() if k is not None}
+        if last:
+            views.append((before, max(last, key=last.get), t))
+    for before, base, t in sorted(views, reverse=True):
+        g.calls.insert(before, (MEMORY_VIEW, (base, t)))
 
 
 def _check_values(g):

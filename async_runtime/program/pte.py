@@ -57,6 +57,9 @@ class Method:
     outputs: tuple
     instructions: list
     delegates: list = field(default_factory=list)
+    # value id -> (memory id, byte offset) of each memory-planned tensor: a view that ExecuTorch's
+    # memory planning folded away shares its base's, with no instruction between them
+    allocations: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -134,7 +137,9 @@ def _read_method(plan, inline, segment, constant_data):
     n_values = plan.count(2, "values")
     if n_values > MAX_VALUES:
         raise ModelFormatError(f"method {name!r} claims {n_values} values")
-    values = [_read_evalue(v, i, constant_data) for i, v in enumerate(plan.tables(2, "values"))]
+    evalues = list(plan.tables(2, "values"))
+    values = [_read_evalue(v, i, constant_data) for i, v in enumerate(evalues)]
+    allocations = {i: at for i, (v, ev) in enumerate(zip(values, evalues)) if isinstance(v, Tensor) and (at := _allocation(ev)) is not None}
 
     def vid(i, what):
         if not 0 <= i < len(values):
@@ -189,7 +194,15 @@ def _read_method(plan, inline, segment, constant_data):
             raise ModelFormatError(f"instruction {len(instructions)} of {name!r} has unknown kind {kind}")
     inputs = tuple(vid(i, "method input") for i in plan.scalars(3, "i32", "inputs"))
     outputs = tuple(vid(i, "method output") for i in plan.scalars(4, "i32", "outputs"))
-    return Method(name, values, inputs, outputs, instructions, delegates)
+    return Method(name, values, inputs, outputs, instructions, delegates, allocations)
+
+
+def _allocation(ev):
+    """(memory id, byte offset) of a memory-planned tensor's EValue, else None."""
+    details = ev.table(1, "value").table(6, "tensor allocation_info")
+    if details is None:
+        return None
+    return details.scalar(0, "u32"), details.scalar(1, "u32") | details.scalar(2, "u32") << 32
 
 
 def _read_evalue(ev, index, constant_data):

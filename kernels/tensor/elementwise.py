@@ -93,8 +93,9 @@ BINARY = {
     "ge": "$CT(a >= b)",
     "logical_and": "$CT(a != $CT(0) && b != $CT(0))",
     "logical_or": "$CT(a != $CT(0) || b != $CT(0))",
-    "bitwise_and": "$CT(a != $CT(0) && b != $CT(0))",
-    "bitwise_or": "$CT(a != $CT(0) || b != $CT(0))",
+    "bitwise_and": {"i32": "a & b", "f32": "$CT(a != $CT(0) && b != $CT(0))"},  # bools are 0 and 1: & is their and
+    "bitwise_or": {"i32": "a | b", "f32": "$CT(a != $CT(0) || b != $CT(0))"},
+    "bitwise_xor": {"i32": "a ^ b", "f32": "$CT((a != $CT(0)) != (b != $CT(0)))"},
 }
 # pow of f32 as torch's (C's): WGSL's pow is exp2(b * log2(a)), indeterminate for a base below 0 and
 # at NaN (lavapipe: pow(NaN, 2) is 0, pow(-2.5, -2.5) a number), where torch gives a real result for
@@ -270,7 +271,7 @@ for _base, _expr in BINARY.items():
         names = [f"aten.{_base}.default", f"aten::{_base}.out"]
     if _base in ("logical_and", "logical_or"):
         names = [f"aten.{_base}.default", f"aten::{_base}.out"]
-    if _base in ("eq", "ne", "lt", "le", "gt", "ge"):
+    if _base in ("eq", "ne", "lt", "le", "gt", "ge", "bitwise_and", "bitwise_or", "bitwise_xor"):
         names.append(f"aten::{_base}.Tensor_out")  # the portable kernels' name for the Tensor form
     op(*names, half=True, capacity=True)(_binary(_expr))
 

@@ -139,6 +139,18 @@ def copy(b):
     flat_copy(b, b.args[1], _same)
 
 
+MEMORY_VIEW = "pte_wgpu.memory_view"
+
+
+@op(MEMORY_VIEW, half=True, capacity=True)
+def memory_view(b):
+    """[base, view]: a static view that ExecuTorch's memory planning folded into its base's memory,
+    no instruction between them (async_runtime/program/graph.py): the base's bytes as the view's
+    shape."""
+    shape = b.graph.values[b.out].dims
+    flat_copy(b, b.args[0], lambda ctx, dims: shape)
+
+
 @op("aten.view_copy.default", "aten::view_copy.out", half=True, capacity=True)
 def view_copy(b):
     size_arg = b.args[1]

@@ -133,7 +133,7 @@ def max_pool2d(b):
     add_pool(b, "max", [b.out], *ints, bool(b.scalar(5, False)))
 
 
-@op("aten.avg_pool2d.default", half=True, capacity=True)
+@op("aten.avg_pool2d.default", "aten::avg_pool2d.out", half=True, capacity=True)
 def avg_pool2d(b):
     ints = [b.int_list(i) for i in range(1, 4)]
     divisor = int(b.scalar(6, 0) or 0)

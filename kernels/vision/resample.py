@@ -112,12 +112,12 @@ def add_upsample(b, body, align_corners, scales_arg):
     b.hook(resize)
 
 
-@op("aten.upsample_nearest2d.vec", half=True)
+@op("aten.upsample_nearest2d.vec", "aten::upsample_nearest2d.vec_out", half=True)
 def upsample_nearest2d(b):
     add_upsample(b, NEAREST, False, 2)
 
 
-@op("aten.upsample_bilinear2d.vec", half=True)
+@op("aten.upsample_bilinear2d.vec", "aten::upsample_bilinear2d.vec_out", half=True)
 def upsample_bilinear2d(b):
     add_upsample(b, BILINEAR, bool(b.scalar(2, False)), 3)
 

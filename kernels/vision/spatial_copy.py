@@ -40,17 +40,17 @@ def _shuffle(b, unshuffle):
     b.hook(resize)
 
 
-@op("aten.pixel_shuffle.default", half=True)
+@op("aten.pixel_shuffle.default", "aten::pixel_shuffle.out", half=True)
 def pixel_shuffle(b):
     _shuffle(b, unshuffle=False)
 
 
-@op("aten.pixel_unshuffle.default", half=True)
+@op("aten.pixel_unshuffle.default", "aten::pixel_unshuffle.out", half=True)
 def pixel_unshuffle(b):
     _shuffle(b, unshuffle=True)
 
 
-@op("aten.unfold_copy.default", half=True)
+@op("aten.unfold_copy.default", "aten::unfold_copy.out", half=True)
 def unfold_copy(b):
     """Windows of `size` every `step` along `dimension`, as a new last dim."""
     src = b.args[0]
