@@ -162,6 +162,9 @@ class NoDelegate(torch.nn.Module):
             f.interpolate(x, size=(7, 9), mode="bilinear", align_corners=False), x.unfold(3, 2, 2),
             torch.bitwise_and(m, x > 0).float(), torch.bitwise_or(m, x > 0).float(), torch.bitwise_xor(m, x > 0).float(),
             torch.bitwise_and(i, 6), torch.bitwise_or(i, 9), torch.bitwise_xor(i, i.flip(0)),
+            torch.logical_xor(m, x > 0.5).float(), x.masked_fill(m, -1.5), 2.5 - x, torch.remainder(x, 0.7), torch.fmod(x, -0.7),
+            torch.floor_divide(x, 0.3), torch.remainder(i, 7), torch.fmod(i, -7), torch.floor_divide(i, 3), torch.remainder(i, i.flip(0) | 1),
+            torch.fmod(i, i.flip(0) | 1), torch.fmod(x, x.flip(0) + 3.0),
         )
 
 
@@ -181,6 +184,8 @@ async def test_a_program_without_delegates_and_its_folded_views(load_pte):
     outs = await (await load_pte(pte)).execute(x, m, i)
     for k, (out, want) in enumerate(zip(outs, eager(module, x, m, i), strict=True)):
         np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6, err_msg=f"output {k}")
+    pte_ops = _kernel_calls(pte)
+    assert {"aten::remainder.Tensor_out", "aten::fmod.Tensor_out", "aten::logical_xor.out", "aten::avg_pool2d.out"} <= pte_ops, sorted(pte_ops)
 
 
 async def test_quantize_dequantize_and_choose_qparams(load_pte):

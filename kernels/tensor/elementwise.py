@@ -96,6 +96,11 @@ BINARY = {
     "bitwise_and": {"i32": "a & b", "f32": "$CT(a != $CT(0) && b != $CT(0))"},  # bools are 0 and 1: & is their and
     "bitwise_or": {"i32": "a | b", "f32": "$CT(a != $CT(0) || b != $CT(0))"},
     "bitwise_xor": {"i32": "a ^ b", "f32": "$CT((a != $CT(0)) != (b != $CT(0)))"},
+    "logical_xor": "$CT((a != $CT(0)) != (b != $CT(0)))",
+    # the remainder of a / b with the divisor's sign (remainder) or the dividend's (fmod); in
+    # integers through the truncated quotient, not `%` (see DIV_MODE)
+    "remainder": {"f32": "a - floor(a / b) * b", "i32": "select(a - a / b * b, a - a / b * b + b, a - a / b * b != 0 && ((a - a / b * b < 0) != (b < 0)))"},
+    "fmod": {"f32": "a - trunc(a / b) * b", "i32": "a - a / b * b"},
 }
 # pow of f32 as torch's (C's): WGSL's pow is exp2(b * log2(a)), indeterminate for a base below 0 and
 # at NaN (lavapipe: pow(NaN, 2) is 0, pow(-2.5, -2.5) a number), where torch gives a real result for
@@ -269,8 +274,10 @@ for _base, _expr in BINARY.items():
         names = ["aten.pow.Tensor_Tensor", "aten.pow.Tensor_Scalar", "aten::pow.Tensor_Tensor_out", "aten::pow.Tensor_Scalar_out"]
     if _base in ("minimum", "maximum"):
         names = [f"aten.{_base}.default", f"aten::{_base}.out"]
-    if _base in ("logical_and", "logical_or"):
+    if _base in ("logical_and", "logical_or", "logical_xor"):
         names = [f"aten.{_base}.default", f"aten::{_base}.out"]
+    if _base in ("remainder", "fmod"):
+        names = [f"aten.{_base}.Tensor", f"aten.{_base}.Scalar", f"aten::{_base}.Tensor_out", f"aten::{_base}.Scalar_out"]
     if _base in ("eq", "ne", "lt", "le", "gt", "ge", "bitwise_and", "bitwise_or", "bitwise_xor"):
         names.append(f"aten::{_base}.Tensor_out")  # the portable kernels' name for the Tensor form
     op(*names, half=True, capacity=True)(_binary(_expr))
