@@ -188,6 +188,42 @@ async def test_a_program_without_delegates_and_its_folded_views(load_pte):
     assert {"aten::remainder.Tensor_out", "aten::fmod.Tensor_out", "aten::logical_xor.out", "aten::avg_pool2d.out"} <= pte_ops, sorted(pte_ops)
 
 
+def _small_cnn():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(8, 16, 3, stride=2), torch.nn.GroupNorm(4, 16), torch.nn.GELU(), torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(), torch.nn.Linear(16, 10), torch.nn.LogSoftmax(-1),
+    ).eval()
+
+
+def _encoder_layer():
+    torch.manual_seed(0)
+    return torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0).eval()
+
+
+@pytest.mark.parametrize("make_module, shape", [(_small_cnn, (2, 3, 17, 15)), (_encoder_layer, (2, 7, 32))], ids=["cnn", "encoder_layer"])
+async def test_whole_models_without_delegates(load_pte, make_module, shape):
+    """Models lowered with no partitioner, so every op is a portable kernel: a CNN (batch norm, max
+    pooling with its indices, group norm, adaptive pooling, log-softmax) and a transformer encoder
+    layer (layer norm, attention's products and softmax); an op of several outputs lists them, then
+    the list of them, where the delegate's form has the list alone. Equal to torch eager."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    module, x = make_module(), torch.randn(*shape)
+
+    def lowering():
+        return bytes(to_edge_transform_and_lower(torch.export.export(module, (x,)), partitioner=[]).to_executorch().buffer)
+
+    pte = stored_pte(f"no_delegate_{make_module.__name__}", lowering)
+    from async_runtime.program.pte import read_program
+
+    assert not read_program(pte).methods["forward"].delegates
+    assert _kernel_calls(pte) & {"aten::native_layer_norm.out", "aten::max_pool2d_with_indices.out"}
+    (out,) = await (await load_pte(pte)).execute(x.numpy())
+    np.testing.assert_allclose(out, eager(module, x.numpy())[0], rtol=1e-5, atol=1e-5)
+
+
 async def test_quantize_dequantize_and_choose_qparams(load_pte):
     pytest.importorskip("executorch.exir")  # registers the quantized_decomposed ops the eager module calls (its export may be stored)
     pte, module = export_pte("more_quantize", QuantizeOps, QUANT_SAMPLE, QUANT_SHAPES)

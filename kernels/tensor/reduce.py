@@ -382,7 +382,7 @@ def _check_param(b, ctx, vid, normalized, what):
         b.fail(f"{what} of shape {ctx.dims(vid)} does not match the normalized shape {tuple(normalized)}")
 
 
-@op("aten.native_layer_norm.default", half=True)
+@op("aten.native_layer_norm.default", "aten::native_layer_norm.out", half=True)
 def native_layer_norm(b):
     x = b.args[0]
     weight = None if b.is_none(2) else b.args[2]

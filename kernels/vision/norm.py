@@ -133,7 +133,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 """
 
 
-@op("aten.native_group_norm.default", half=True)
+@op("aten.native_group_norm.default", "aten::native_group_norm.out", half=True)
 def group_norm(b):
     x = b.args[0]
     out, mean_out, rstd_out = b.outputs(3)

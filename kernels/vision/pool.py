@@ -121,7 +121,7 @@ def add_pool(b, kind, outs, kernel, stride, padding, dilation, ceil_mode, includ
     b.hook(resize)
 
 
-@op("aten.max_pool2d_with_indices.default", half=True, capacity=True)
+@op("aten.max_pool2d_with_indices.default", "aten::max_pool2d_with_indices.out", half=True, capacity=True)
 def max_pool2d_with_indices(b):
     ints = [b.int_list(i) for i in range(1, 5)]
     add_pool(b, "max", b.outputs(2), *ints, bool(b.scalar(5, False)))
