@@ -205,7 +205,7 @@ class Extremes(torch.nn.Module):
     """The ops that pick a larger or smaller value: elementwise, and along a row with its index."""
 
     def forward(self, x, y):
-        return torch.maximum(x, y), torch.minimum(x, y), x.amax(-1), x.amin(-1), x.argmax(-1), x.argmin(-1)
+        return torch.maximum(x, y), torch.minimum(x, y), x.amax(-1), x.amin(-1), x.argmax(-1), x.argmin(-1), *x.max(-1), *y.min(0, keepdim=True)
 
 
 def _same_as_torch(out, want):
@@ -242,7 +242,8 @@ async def test_activations_pass_nan_and_keep_signed_zeros_as_torch(load_pte):
 
 async def test_extremes_of_nan_as_torch(load_pte):
     """maximum and minimum are NaN where either operand is, amax and amin of a row with a NaN are
-    NaN, and argmax and argmin of such a row name its first NaN, as in torch."""
+    NaN, and argmax and argmin of such a row name its first NaN, as in torch; so do max and min
+    along a dim (values and indices; ExecuTorch leaves them to its portable kernels)."""
     x, y = rand(4, 13), rand(4, 13, seed=1)
     x[0, 5], x[2, 0], x[2, 9], y[1, 3], x[3, 7], y[3, 7] = np.nan, np.nan, np.nan, np.nan, np.inf, -np.inf
     pte, module = export_pte("extremes", Extremes, [torch.randn(4, 13), torch.randn(4, 13)])

@@ -219,7 +219,12 @@ ARG_BODY = """
 
 def add_reduce(b, kind, dims_arg, keepdim):
     """Record a reduction of argument 0 over the dims of argument `dims_arg` (None: all dims)."""
-    x, out = b.args[0], b.out
+    b.hook(_reduction(b, kind, dims_arg, keepdim, b.out))
+
+
+def _reduction(b, kind, dims_arg, keepdim, out):
+    """add_reduce's dispatch into `out`; returns its resize hook."""
+    x = b.args[0]
     ti, to = b.storage(x, packed=False), b.storage(out, packed=False)
     if kind in REDUCERS:
         init, combine, final = REDUCERS[kind]
@@ -243,7 +248,7 @@ def add_reduce(b, kind, dims_arg, keepdim):
         ctx.set_grid(d, fold_grid(rows))
         ctx.set_dims(out, _reduced_shape(shape, reduced, keepdim))
 
-    b.hook(resize)
+    return resize
 
 
 def _reduce_op(kind, has_dims=True):
@@ -264,6 +269,22 @@ op("aten.amax.default", "aten::amax.out", half=True)(_reduce_op("amax"))
 op("aten.amin.default", "aten::amin.out", half=True)(_reduce_op("amin"))
 op("aten.argmax.default", "aten::argmax.out", half=True)(_reduce_op("argmax"))
 op("aten.argmin.default", "aten::argmin.out", half=True)(_reduce_op("argmin"))
+
+
+def _extreme_and_index(kind):
+    """max.dim / min.dim: [x, dim, keepdim, (values, indices)], the amax and argmax (amin, argmin) of
+    one dim."""
+
+    def build(b):
+        values, indices = b.outputs(2)
+        hooks = [_reduction(b, f"a{kind}", 1, b.flag(2), values), _reduction(b, f"arg{kind}", 1, b.flag(2), indices)]
+        b.hook(lambda ctx: [hook(ctx) for hook in hooks])
+
+    return build
+
+
+op("aten.max.dim", "aten::max.dim_max", half=True)(_extreme_and_index("max"))
+op("aten.min.dim", "aten::min.dim_min", half=True)(_extreme_and_index("min"))
 
 
 # ---------------------------------------------------------------------------------------------
