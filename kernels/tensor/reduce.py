@@ -217,23 +217,46 @@ ARG_BODY = """
 """
 
 
+# the variance: the row's mean, then the sum of squared deviations over (length - correction), the
+# correction in P's eps
+VAR_BODY = """
+    var t = 0.0;
+    for (var k = lid; k < p.rlen; k = k + ${WG}u) { t = t + f32(x[base + elem(k)]); }
+    sm[lid] = t;
+    workgroupBarrier();
+$TREE_SUM
+    let mean = sm[0] / f32(p.rlen);
+    workgroupBarrier();
+    var q = 0.0;
+    for (var k = lid; k < p.rlen; k = k + ${WG}u) { let d = f32(x[base + elem(k)]) - mean; q = q + d * d; }
+    sm[lid] = q;
+    workgroupBarrier();
+$TREE_SUM
+    if (lid == 0u) {
+        out[row] = $TO(sm[0] / (f32(p.rlen) - p.eps));
+    }
+"""
+
+
 def add_reduce(b, kind, dims_arg, keepdim):
     """Record a reduction of argument 0 over the dims of argument `dims_arg` (None: all dims)."""
     b.hook(_reduction(b, kind, dims_arg, keepdim, b.out))
 
 
-def _reduction(b, kind, dims_arg, keepdim, out):
-    """add_reduce's dispatch into `out`; returns its resize hook."""
+def _reduction(b, kind, dims_arg, keepdim, out, correction=0.0):
+    """add_reduce's dispatch into `out` ("var": with `correction`); returns its resize hook."""
     x = b.args[0]
     ti, to = b.storage(x, packed=False), b.storage(out, packed=False)
     if kind in REDUCERS:
         init, combine, final = REDUCERS[kind]
         body = fill(REDUCE_BODY, INIT=init, COMBINE=combine, FINAL=final, WG=RWG, TO=to, TREE=_tree(combine))
+    elif kind == "var":
+        body = fill(VAR_BODY, WG=RWG, TREE_SUM=_tree("a + b"), TO=to)
     else:
         cmp = ">" if kind == "argmax" else "<"
         init = "p.neg_inf" if kind == "argmax" else "-p.neg_inf"
         body = fill(ARG_BODY, INIT=init, WG=RWG, HALF=RWG // 2, TO=to)
-    shared = "" if kind in REDUCERS else f"var<workgroup> si: array<u32, {RWG}>;\n" + fill(ARG_WINS, CMP=cmp)
+    shared = "" if not kind.startswith("arg") else f"var<workgroup> si: array<u32, {RWG}>;\n" + fill(ARG_WINS, CMP=cmp)
     shader = _shader([("read", "x", ti), ("read_write", "out", to)], body, shared)
     params = b.params(PARAMS_SIZE)
     d = b.dispatch(shader, [x, out, params])
@@ -241,7 +264,7 @@ def _reduction(b, kind, dims_arg, keepdim, out):
     def resize(ctx):
         shape = ctx.dims(x)
         reduced = _dims_arg(b, ctx, dims_arg, len(shape))
-        data, rows, rlen = _pack(shape, reduced)
+        data, rows, rlen = _pack(shape, reduced, correction)
         if rlen == 0 and kind not in ("sum", "mean") and rows > 0:
             b.fail(f"cannot reduce an empty dim of shape {shape}")
         ctx.set_params(params, data)
@@ -284,6 +307,14 @@ def _extreme_and_index(kind):
 
 
 op("aten.max.dim", "aten::max.dim_max", half=True)(_extreme_and_index("max"))
+
+
+@op("aten.var.correction", "aten::var.correction_out", "aten::var.out", half=True)
+def var(b):
+    """[x, dims, correction (var.out: unbiased), keepdim, out]; no correction given: 1."""
+    given = b.scalar(2, True)
+    correction = float(given) if b.name != "aten::var.out" else float(bool(given))
+    b.hook(_reduction(b, "var", 1, b.flag(3), b.out, correction))
 op("aten.min.dim", "aten::min.dim_min", half=True)(_extreme_and_index("min"))
 
 
