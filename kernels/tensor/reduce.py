@@ -217,21 +217,29 @@ ARG_BODY = """
 """
 
 
-# the variance: the row's mean, then the sum of squared deviations over (length - correction), the
-# correction in P's eps
-VAR_BODY = """
+# A row's mean, then the sum of its squared deviations from it in sm[0]; x[$AT] is element k.
+MEAN_AND_SQUARES = """
     var t = 0.0;
-    for (var k = lid; k < p.rlen; k = k + ${WG}u) { t = t + f32(x[base + elem(k)]); }
+    for (var k = lid; k < p.rlen; k = k + ${WG}u) { t = t + f32(x[$AT]); }
     sm[lid] = t;
     workgroupBarrier();
-$TREE_SUM
+$TREE
     let mean = sm[0] / f32(p.rlen);
     workgroupBarrier();
     var q = 0.0;
-    for (var k = lid; k < p.rlen; k = k + ${WG}u) { let d = f32(x[base + elem(k)]) - mean; q = q + d * d; }
+    for (var k = lid; k < p.rlen; k = k + ${WG}u) { let c = f32(x[$AT]) - mean; q = q + c * c; }
     sm[lid] = q;
     workgroupBarrier();
-$TREE_SUM
+$TREE
+"""
+
+
+def _mean_and_squares(at):
+    return fill(MEAN_AND_SQUARES, WG=RWG, AT=at, TREE=_tree("a + b"))
+
+
+# the variance: the squared deviations over (length - correction), the correction in P's eps
+VAR_BODY = _mean_and_squares("base + elem(k)") + """
     if (lid == 0u) {
         out[row] = $TO(sm[0] / (f32(p.rlen) - p.eps));
     }
@@ -251,7 +259,7 @@ def _reduction(b, kind, dims_arg, keepdim, out, correction=0.0):
         init, combine, final = REDUCERS[kind]
         body = fill(REDUCE_BODY, INIT=init, COMBINE=combine, FINAL=final, WG=RWG, TO=to, TREE=_tree(combine))
     elif kind == "var":
-        body = fill(VAR_BODY, WG=RWG, TREE_SUM=_tree("a + b"), TO=to)
+        body = fill(VAR_BODY, TO=to)
     else:
         cmp = ">" if kind == "argmax" else "<"
         init = "p.neg_inf" if kind == "argmax" else "-p.neg_inf"
@@ -380,19 +388,7 @@ def softmax(b):
 # ---------------------------------------------------------------------------------------------
 # native_layer_norm, rms_norm: rows of the trailing `normalized` dims
 
-LAYER_NORM_BODY = """
-    var t = 0.0;
-    for (var k = lid; k < p.rlen; k = k + ${WG}u) { t = t + f32(x[base + k]); }
-    sm[lid] = t;
-    workgroupBarrier();
-$TREE
-    let mean = sm[0] / f32(p.rlen);
-    workgroupBarrier();
-    var q = 0.0;
-    for (var k = lid; k < p.rlen; k = k + ${WG}u) { let c = f32(x[base + k]) - mean; q = q + c * c; }
-    sm[lid] = q;
-    workgroupBarrier();
-$TREE
+LAYER_NORM_BODY = _mean_and_squares("base + k") + """
     let rstd = inverseSqrt(sm[0] / f32(p.rlen) + p.eps);
     for (var k = lid; k < p.rlen; k = k + ${WG}u) {
         out[base + k] = $TO((f32(x[base + k]) - mean) * rstd$AFFINE);
@@ -457,7 +453,7 @@ def native_layer_norm(b):
     types = [b.storage(v, packed=False) for v in (out, mean_out, rstd_out)]
     decls += [("read_write", name, t) for name, t in zip(("out", "mean_out", "rstd_out"), types)]
     bindings += [out, mean_out, rstd_out]
-    body = fill(LAYER_NORM_BODY, WG=RWG, TREE=_tree("a + b"), AFFINE=affine, TO=types[0], TM=types[1], TR=types[2])
+    body = fill(LAYER_NORM_BODY, WG=RWG, AFFINE=affine, TO=types[0], TM=types[1], TR=types[2])
     params = b.params(PARAMS_SIZE)
     d = b.dispatch(_shader(decls, body), bindings + [params])
 
