@@ -150,7 +150,7 @@ async def test_pow_at_every_kind_of_base_and_exponent_as_torch(load_pte):
 
 
 class NoDelegate(torch.nn.Module):
-    """Ops ExecuTorch's portable kernels run (elementwise, pooling, resampling, variances), with
+    """Ops ExecuTorch's portable kernels run (elementwise, pooling, resampling, variances, topk), with
     static views between them that its memory planning folds into their bases' bytes
     (pixel_shuffle's and flatten's): views of an input, of an op's result and as an output."""
 
@@ -166,6 +166,7 @@ class NoDelegate(torch.nn.Module):
             torch.floor_divide(x, 0.3), torch.remainder(i, 7), torch.fmod(i, -7), torch.floor_divide(i, 3), torch.remainder(i, i.flip(0) | 1),
             torch.fmod(i, i.flip(0) | 1), torch.fmod(x, x.flip(0) + 3.0),
             x.var(1), x.var((0, 2), unbiased=False, keepdim=True), torch.var(x, dim=-1, correction=2), torch.var(x),
+            *torch.topk(x.flatten(1), 7), *torch.topk(x, 3, dim=1, largest=False),
         )
 
 
@@ -186,7 +187,7 @@ async def test_a_program_without_delegates_and_its_folded_views(load_pte):
     for k, (out, want) in enumerate(zip(outs, eager(module, x, m, i), strict=True)):
         np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6, err_msg=f"output {k}")
     pte_ops = _kernel_calls(pte)
-    assert {"aten::remainder.Tensor_out", "aten::fmod.Tensor_out", "aten::logical_xor.out", "aten::avg_pool2d.out", "aten::var.correction_out"} <= pte_ops, sorted(pte_ops)
+    assert {"aten::remainder.Tensor_out", "aten::fmod.Tensor_out", "aten::logical_xor.out", "aten::avg_pool2d.out", "aten::var.correction_out", "aten::topk.values"} <= pte_ops, sorted(pte_ops)
 
 
 def _small_cnn():

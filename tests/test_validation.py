@@ -202,10 +202,12 @@ class ConvActivations(torch.nn.Module):
 
 
 class Extremes(torch.nn.Module):
-    """The ops that pick a larger or smaller value: elementwise, and along a row with its index."""
+    """The ops that pick a larger or smaller value: elementwise, along a row with its index, and the
+    k largest or smallest of a row or of a middle dim (topk, which ExecuTorch leaves to its portable kernels)."""
 
     def forward(self, x, y):
-        return torch.maximum(x, y), torch.minimum(x, y), x.amax(-1), x.amin(-1), x.argmax(-1), x.argmin(-1), *x.max(-1), *y.min(0, keepdim=True)
+        return (torch.maximum(x, y), torch.minimum(x, y), x.amax(-1), x.amin(-1), x.argmax(-1), x.argmin(-1), *x.max(-1),
+                *y.min(0, keepdim=True), *torch.topk(x, 5), *torch.topk(y, 3, dim=0, largest=False), *torch.topk(x, 13))
 
 
 def _same_as_torch(out, want):
@@ -243,12 +245,17 @@ async def test_activations_pass_nan_and_keep_signed_zeros_as_torch(load_pte):
 async def test_extremes_of_nan_as_torch(load_pte):
     """maximum and minimum are NaN where either operand is, amax and amin of a row with a NaN are
     NaN, and argmax and argmin of such a row name its first NaN, as in torch; so do max and min
-    along a dim (values and indices; ExecuTorch leaves them to its portable kernels)."""
+    along a dim (values and indices; ExecuTorch leaves them to its portable kernels), and topk
+    ranks NaN above every number (last, taking the smallest)."""
     x, y = rand(4, 13), rand(4, 13, seed=1)
     x[0, 5], x[2, 0], x[2, 9], y[1, 3], x[3, 7], y[3, 7] = np.nan, np.nan, np.nan, np.nan, np.inf, -np.inf
     pte, module = export_pte("extremes", Extremes, [torch.randn(4, 13), torch.randn(4, 13)])
     model = await load_pte(pte)
     outs, wants = await model.execute(x, y), eager(module, x, y)
     assert np.isnan(wants[2][[0, 2]]).all() and list(wants[4][[0, 2]]) == [5, 0]
-    for out, want in zip(outs, wants, strict=True):
+    for out, want in zip(outs[:10], wants[:10], strict=True):
         np.testing.assert_array_equal(out, want)
+    # topk: torch's values; indices that hold them (the order of equal values, two NaNs here, is torch's to choose)
+    for (values, indices), want, source, dim in zip(zip(outs[10::2], outs[11::2]), wants[10::2], (x, y, x), (1, 0, 1), strict=True):
+        np.testing.assert_array_equal(values, want)
+        np.testing.assert_array_equal(np.take_along_axis(source, indices.astype(np.int64), dim), want)

@@ -317,6 +317,83 @@ def _extreme_and_index(kind):
 op("aten.max.dim", "aten::max.dim_max", half=True)(_extreme_and_index("max"))
 
 
+# topk: k rounds over the row, each taking the best element ranked below the last one taken, in
+# torch's order (largest: NaN first, then descending; smallest: ascending, NaN last; ties by
+# index), so nothing is marked taken. P's pad0 holds k, pad1 the elements after the dim (a row's
+# outputs are k of them apart).
+TOPK_WINS = """
+fn ranks_above(v: f32, k: u32, bv: f32, bk: u32) -> bool {
+    let v_nan = !(v == v);
+    let b_nan = !(bv == bv);
+    if (v_nan || b_nan) { return select(v_nan && (!b_nan || k < bk), b_nan && (!v_nan || k < bk), $SMALLEST); }
+    return v $CMP bv || (v == bv && k < bk);
+}
+"""
+TOPK_BODY = """
+    let inner = p.pad1;
+    let out_base = row / inner * p.pad0 * inner + row % inner;
+    var prev_v = 0.0;
+    var prev_k = 0xffffffffu;
+    for (var j = 0u; j < p.pad0; j = j + 1u) {
+        var bv = 0.0;
+        var bk = 0xffffffffu;
+        for (var k = lid; k < p.rlen; k = k + ${WG}u) {
+            let v = f32(x[base + elem(k)]);
+            let eligible = j == 0u || ranks_above(prev_v, prev_k, v, k);
+            if (eligible && (bk == 0xffffffffu || ranks_above(v, k, bv, bk))) { bv = v; bk = k; }
+        }
+        sm[lid] = bv;
+        si[lid] = bk;
+        workgroupBarrier();
+        for (var s = ${HALF}u; s > 0u; s = s >> 1u) {
+            if (lid < s && si[lid + s] != 0xffffffffu && (si[lid] == 0xffffffffu || ranks_above(sm[lid + s], si[lid + s], sm[lid], si[lid]))) {
+                sm[lid] = sm[lid + s];
+                si[lid] = si[lid + s];
+            }
+            workgroupBarrier();
+        }
+        prev_v = sm[0];
+        prev_k = si[0];
+        if (lid == 0u) {
+            out[out_base + j * inner] = $TO(prev_v);
+            indices[out_base + j * inner] = i32(prev_k);
+        }
+        workgroupBarrier();
+    }
+"""
+
+
+@op("aten.topk.default", "aten::topk.values", half=True)
+def topk(b):
+    """[x, k, dim, largest, sorted, (values, indices)]: the k largest (smallest) along dim, in
+    order (sorted or not)."""
+    x = b.args[0]
+    values, indices = b.outputs(2)
+    k, largest = int(b.scalar(1)), bool(b.scalar(3, True))
+    ti, to = b.storage(x, packed=False), b.storage(values, packed=False)
+    wins = fill(TOPK_WINS, CMP=">" if largest else "<", SMALLEST="false" if largest else "true")
+    body = fill(TOPK_BODY, WG=RWG, HALF=RWG // 2, TO=to)
+    decls = [("read", "x", ti), ("read_write", "out", to), ("read_write", "indices", b.storage(indices, packed=False))]
+    shader = _shader(decls, body, f"var<workgroup> si: array<u32, {RWG}>;\n" + wins)
+    params = b.params(PARAMS_SIZE)
+    d = b.dispatch(shader, [x, values, indices, params])
+
+    def resize(ctx):
+        shape = ctx.dims(x)
+        dim = normalize_dim(int(b.scalar(2, -1)), len(shape)) if shape else 0
+        if not 0 <= k <= (shape[dim] if shape else 1):
+            b.fail(f"k = {k} is out of range for dim {dim} of shape {shape}")
+        data, rows, _ = _pack(shape, {dim})
+        inner = numel_of(shape[dim + 1 :])
+        ctx.set_params(params, data[:-8] + struct.pack("<2I", k, max(inner, 1)))
+        ctx.set_grid(d, fold_grid(rows if k else 0))
+        out_shape = tuple(k if i == dim else s for i, s in enumerate(shape))
+        ctx.set_dims(values, out_shape)
+        ctx.set_dims(indices, out_shape)
+
+    b.hook(resize)
+
+
 @op("aten.var.correction", "aten::var.correction_out", "aten::var.out", half=True)
 def var(b):
     """[x, dims, correction (var.out: unbiased), keepdim, out]; no correction given: 1."""
