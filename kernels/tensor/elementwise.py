@@ -241,6 +241,13 @@ for _name, _expr in UNARY.items():  # the delegate's name and the portable kerne
     op(_name, _name.replace("aten.", "aten::").replace(".default", ".out"), half=True, capacity=True)(_unary(_expr))
 
 
+@op("aten.elu.default", "aten::elu.out", half=True, capacity=True)
+def elu(b):
+    """[x, alpha, scale, input_scale, out]: scale * x, or scale * alpha * (exp(x * input_scale) - 1) at x <= 0."""
+    alpha, scale, input_scale = (repr(float(b.scalar(i, 1.0))) for i in (1, 2, 3))
+    add_elementwise(b, [0], f"select({scale} * {alpha} * (exp(a * {input_scale}) - 1.0), {scale} * a, a > 0.0)")
+
+
 @op("aten.gelu.default", "aten::gelu.out", half=True, capacity=True)
 def gelu(b):
     add_elementwise(b, [0], GELU[b.scalar(1, "none")])

@@ -165,6 +165,7 @@ REDUCERS = {
     "mean": ("0.0", "a + b", "v / f32(p.rlen)"),
     "amax": ("p.neg_inf", maximum("a", "b"), "v"),
     "amin": ("-p.neg_inf", minimum("a", "b"), "v"),
+    "prod": ("1.0", "a * b", "v"),
 }
 
 REDUCE_BODY = """
@@ -296,6 +297,8 @@ op("aten.sum.dim_IntList", "aten::sum.IntList_out", half=True)(_reduce_op("sum")
 op("aten::sum.out", half=True)(_reduce_op("sum", has_dims=False))
 op("aten.mean.dim", "aten::mean.out", half=True)(_reduce_op("mean"))
 op("aten::mean.dtype_out", half=True)(_reduce_op("mean", has_dims=False))
+op("aten.prod.dim_int", "aten::prod.int_out", half=True)(_reduce_op("prod"))
+op("aten::prod.out", half=True)(_reduce_op("prod", has_dims=False))
 op("aten.amax.default", "aten::amax.out", half=True)(_reduce_op("amax"))
 op("aten.amin.default", "aten::amin.out", half=True)(_reduce_op("amin"))
 op("aten.argmax.default", "aten::argmax.out", half=True)(_reduce_op("argmax"))
