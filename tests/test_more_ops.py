@@ -106,6 +106,7 @@ class PortableUnary(torch.nn.Module):
         return (
             torch.log(x.abs() + 0.25), torch.log2(x.abs() + 0.25), torch.erf(x), torch.expm1(x * 0.001), torch.expm1(x),
             torch.log1p(x * 0.001), torch.log1p(x.abs()), torch.tan(unit), torch.sinh(x), torch.cosh(x),
+            torch.asin(unit), torch.asin(x), torch.acos(unit), torch.acos(x * 0.3), torch.atan(x), torch.atan(x * 40),
             torch.asinh(x), torch.acosh(x.abs() + 1.0), torch.atanh(unit * 0.9), torch.reciprocal(x),
             torch.floor(x * 3), torch.ceil(x * 3), torch.trunc(x * 3), torch.sign(x),
             torch.isnan(torch.log(x)).float(), torch.isinf(torch.reciprocal(x * 0)).float(),

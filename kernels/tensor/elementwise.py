@@ -65,6 +65,9 @@ UNARY = {
     "aten.erf.default": "erf_approx(a)",
     "aten.expm1.default": "expm1_real(a)",
     "aten.tan.default": "tan(a)",
+    "aten.asin.default": "asin_real(a)",
+    "aten.acos.default": "acos_real(a)",
+    "aten.atan.default": "atan_real(a)",
     "aten.sinh.default": "sinh(a)",
     "aten.cosh.default": "cosh(a)",
     "aten.asinh.default": "asinh(a)",
@@ -144,8 +147,40 @@ fn expm1_real(a: f32) -> f32 {
         + a * (1.0 / 5040.0 + a * (1.0 / 40320.0 + a / 362880.0))))))));
 }
 """
+# asin, acos and atan to f32's precision: WGSL's are only within 4096 ULP (lavapipe's asin 4e-4 off).
+# atan: |x| reduced to [0, tan(pi/8)] by atan(x) = pi/2 - atan(1/x) and pi/4 + atan((x - 1)/(x + 1)),
+# then an odd polynomial; asin: sqrt((1 - |x|)/2) for |x| > 1/2 (asin(x) = pi/2 - 2 asin of it), then
+# an odd polynomial; acos from asin. Outside [-1, 1], NaN.
+INVERSE_TRIG = """
+fn atan_real(x: f32) -> f32 {
+    let a = abs(x);
+    var y0 = 0.0;
+    var t = a;
+    if (a > 2.414213562373095) { y0 = 1.5707963267948966; t = -1.0 / a; }
+    else if (a > 0.41421356237309503) { y0 = 0.7853981633974483; t = (a - 1.0) / (a + 1.0); }
+    let z = t * t;
+    let y = y0 + ((((0.0805374449538 * z - 0.138776856032) * z + 0.199777106478) * z - 0.333329491539) * z * t + t);
+    return select(y, -y, x < 0.0);
+}
+fn asin_real(x: f32) -> f32 {
+    let a = abs(x);
+    if (!(a <= 1.0)) { let bits = 0x7fc00000u; return bitcast<f32>(bits); }
+    let far = a > 0.5;
+    let z = select(a * a, 0.5 * (1.0 - a), far);
+    let s = select(a, sqrt(z), far);
+    var y = ((((0.042163199048 * z + 0.024181311049) * z + 0.045470025998) * z + 0.074953002686) * z + 0.16666752422) * z * s + s;
+    if (far) { y = 1.5707963267948966 - 2.0 * y; }
+    return select(y, -y, x < 0.0);
+}
+fn acos_real(x: f32) -> f32 {
+    if (x < -0.5) { return 3.141592653589793 - 2.0 * asin_real(sqrt(0.5 * (1.0 + x))); }
+    if (x > 0.5) { return 2.0 * asin_real(sqrt(0.5 * (1.0 - x))); }
+    return 1.5707963267948966 - asin_real(x);
+}
+"""
 # the helper functions an expression may call, added to its shader when it does
-HELPERS = {"erf_approx": ERF, "pow_real": POW_REAL, "log1p_real": SERIES, "expm1_real": SERIES}
+HELPERS = {"erf_approx": ERF, "pow_real": POW_REAL, "log1p_real": SERIES, "expm1_real": SERIES,
+           "asin_real": INVERSE_TRIG, "acos_real": INVERSE_TRIG, "atan_real": INVERSE_TRIG}
 
 
 def _shader(expr, operand_types, out_type, ct):
