@@ -301,6 +301,8 @@ op("aten.prod.dim_int", "aten::prod.int_out", half=True)(_reduce_op("prod"))
 op("aten::prod.out", half=True)(_reduce_op("prod", has_dims=False))
 op("aten.amax.default", "aten::amax.out", half=True)(_reduce_op("amax"))
 op("aten.amin.default", "aten::amin.out", half=True)(_reduce_op("amin"))
+op("aten.max.default", "aten::max.unary_out", half=True)(_reduce_op("amax", has_dims=False))  # x.max(): every dim
+op("aten.min.default", "aten::min.unary_out", half=True)(_reduce_op("amin", has_dims=False))
 op("aten.argmax.default", "aten::argmax.out", half=True)(_reduce_op("argmax"))
 op("aten.argmin.default", "aten::argmin.out", half=True)(_reduce_op("argmin"))
 
