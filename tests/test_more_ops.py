@@ -128,20 +128,22 @@ async def test_portable_unary_ops_at_live_sizes(load_pte):
     await assert_matches_eager(await load_pte(pte), module, calls, atol=1e-6, rtol=1e-5)
 
 
-class Powers(torch.nn.Module):
-    """pow of two tensors, and of a tensor by the numbers torch computes another way (0.5: sqrt) and others."""
+class BinaryMath(torch.nn.Module):
+    """pow of two tensors, and of a tensor by the numbers torch computes another way (0.5: sqrt) and
+    others; atan2 (which ExecuTorch leaves to its portable kernels)."""
 
     def forward(self, x, y):
-        return torch.pow(x, y), x**2, x**3, x**0.5, x**-0.5, x**-1, x**-2, x**-1.5, x**1.7
+        return torch.pow(x, y), x**2, x**3, x**0.5, x**-0.5, x**-1, x**-2, x**-1.5, x**1.7, torch.atan2(x, y)
 
 
-async def test_pow_at_every_kind_of_base_and_exponent_as_torch(load_pte):
-    """Every pair of NaN, +-Inf, +-0, +-1, integral and fractional numbers of either sign as base and
-    exponent: torch's NaNs, its signs of zeros and infinities, its values to 1e-5 (WGSL's pow is
-    exp2(b * log2(a)), indeterminate for a negative or NaN base)."""
+async def test_pow_and_atan2_at_every_kind_of_argument_as_torch(load_pte):
+    """Every pair of NaN, +-Inf, +-0, +-1, integral and fractional numbers of either sign as the two
+    arguments: torch's NaNs, its signs of zeros and infinities, its values to 1e-5 (WGSL's pow is
+    exp2(b * log2(a)), indeterminate for a negative or NaN base; its atan2 may be 4096 ULP off)."""
     special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 3.0, -3.0, 0.5, -0.5, 1.5, -1.5, 0.25, 7.0], np.float32)
     x, y = np.meshgrid(special, special, indexing="ij")
-    pte, module = export_pte("powers", Powers, [torch.randn(17, 17), torch.randn(17, 17)])
+    pte, module = export_pte("binary_math", BinaryMath, [torch.randn(17, 17), torch.randn(17, 17)])
+    assert "aten::atan2.out" in _kernel_calls(pte)
     outs = await (await load_pte(pte)).execute(x, y)
     for k, (out, want) in enumerate(zip(outs, eager(module, x, y), strict=True)):
         np.testing.assert_array_equal(np.isnan(out), np.isnan(want), err_msg=f"output {k}")

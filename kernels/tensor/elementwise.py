@@ -100,6 +100,7 @@ BINARY = {
     "bitwise_or": {"i32": "a | b", "f32": "$CT(a != $CT(0) || b != $CT(0))"},
     "bitwise_xor": {"i32": "a ^ b", "f32": "$CT((a != $CT(0)) != (b != $CT(0)))"},
     "logical_xor": "$CT((a != $CT(0)) != (b != $CT(0)))",
+    "atan2": "atan2_real(a, b)",
     # the remainder of a / b with the divisor's sign (remainder) or the dividend's (fmod); in
     # integers through the truncated quotient, not `%` (see DIV_MODE)
     "remainder": {"f32": "a - floor(a / b) * b", "i32": "select(a - a / b * b, a - a / b * b + b, a - a / b * b != 0 && ((a - a / b * b < 0) != (b < 0)))"},
@@ -147,7 +148,7 @@ fn expm1_real(a: f32) -> f32 {
         + a * (1.0 / 5040.0 + a * (1.0 / 40320.0 + a / 362880.0))))))));
 }
 """
-# asin, acos and atan to f32's precision: WGSL's are only within 4096 ULP (lavapipe's asin 4e-4 off).
+# asin, acos, atan and atan2 (C's values at zeros and infinities) to f32's precision: WGSL's are only within 4096 ULP (lavapipe's asin 4e-4 off).
 # atan: |x| reduced to [0, tan(pi/8)] by atan(x) = pi/2 - atan(1/x) and pi/4 + atan((x - 1)/(x + 1)),
 # then an odd polynomial; asin: sqrt((1 - |x|)/2) for |x| > 1/2 (asin(x) = pi/2 - 2 asin of it), then
 # an odd polynomial; acos from asin. Outside [-1, 1], NaN.
@@ -172,6 +173,21 @@ fn asin_real(x: f32) -> f32 {
     if (far) { y = 1.5707963267948966 - 2.0 * y; }
     return select(y, -y, x < 0.0);
 }
+fn atan2_real(y: f32, x: f32) -> f32 {
+    if (!(x == x) || !(y == y)) { return x + y; }
+    let bits = 0x7f800000u;
+    let inf = bitcast<f32>(bits);
+    let left = (bitcast<u32>(x) >> 31u) == 1u;  // x < 0 or -0.0: the angle is past pi/2
+    var r: f32;
+    if (abs(y) == inf) { r = select(select(1.5707963267948966, 0.7853981633974483, abs(x) == inf), 2.356194490192345, left && abs(x) == inf); }
+    else if (abs(x) == inf || y == 0.0) { r = select(0.0, 3.141592653589793, left); }
+    else if (x == 0.0) { r = 1.5707963267948966; }
+    else {
+        r = atan_real(abs(y) / abs(x));
+        if (left) { r = 3.141592653589793 - r; }
+    }
+    return select(r, -r, (bitcast<u32>(y) >> 31u) == 1u);
+}
 fn acos_real(x: f32) -> f32 {
     if (x < -0.5) { return 3.141592653589793 - 2.0 * asin_real(sqrt(0.5 * (1.0 + x))); }
     if (x > 0.5) { return 2.0 * asin_real(sqrt(0.5 * (1.0 - x))); }
@@ -180,7 +196,7 @@ fn acos_real(x: f32) -> f32 {
 """
 # the helper functions an expression may call, added to its shader when it does
 HELPERS = {"erf_approx": ERF, "pow_real": POW_REAL, "log1p_real": SERIES, "expm1_real": SERIES,
-           "asin_real": INVERSE_TRIG, "acos_real": INVERSE_TRIG, "atan_real": INVERSE_TRIG}
+           "asin_real": INVERSE_TRIG, "acos_real": INVERSE_TRIG, "atan_real": INVERSE_TRIG, "atan2_real": INVERSE_TRIG}
 
 
 def _shader(expr, operand_types, out_type, ct):
@@ -316,7 +332,7 @@ for _base, _expr in BINARY.items():
         names = ["aten.pow.Tensor_Tensor", "aten.pow.Tensor_Scalar", "aten::pow.Tensor_Tensor_out", "aten::pow.Tensor_Scalar_out"]
     if _base in ("minimum", "maximum"):
         names = [f"aten.{_base}.default", f"aten::{_base}.out"]
-    if _base in ("logical_and", "logical_or", "logical_xor"):
+    if _base in ("logical_and", "logical_or", "logical_xor", "atan2"):
         names = [f"aten.{_base}.default", f"aten::{_base}.out"]
     if _base in ("remainder", "fmod"):
         names = [f"aten.{_base}.Tensor", f"aten.{_base}.Scalar", f"aten::{_base}.Tensor_out", f"aten::{_base}.Scalar_out"]
