@@ -85,7 +85,7 @@ BINARY = {
     "sub": "a - alpha * b",
     "mul": "a * b",
     "div": "a / b",
-    "pow": "pow(a, b)",
+    "pow": {"f32": "pow_real(a, b)", "i32": "pow(a, b)"},
     "minimum": minimum("a", "b"),
     "maximum": maximum("a", "b"),
     "eq": "$CT(a == b)",
@@ -110,7 +110,6 @@ BINARY = {
 # at NaN (lavapipe: pow(NaN, 2) is 0, pow(-2.5, -2.5) a number), where torch gives a real result for
 # an integral exponent, NaN for a fractional one, 1 for an exponent of 0 or a base of 1, and C's
 # values at zeros and infinities. A `let` holds the bits of Inf and NaN: WGSL refuses such constants.
-POW_F32 = "pow_real(a, b)"
 POW_REAL = """
 fn pow_real(a: f32, b: f32) -> f32 {
     if (b == 0.0 || a == 1.0) { return 1.0; }
@@ -236,8 +235,6 @@ def add_elementwise(b, operands, expr, alpha=1.0, beta=0.0):
     ct = "f32" if any(is_float(d) for d in dtypes) else "i32"
     if isinstance(expr, dict):
         expr = expr[ct]
-    if ct == "f32" and expr == BINARY["pow"]:
-        expr = POW_F32
     types = [b.storage(v) if v is not None else None for v in tensors]
     shader = _shader(expr, types, wgsl_type(out.dtype), ct)
     params = b.params(PARAMS_SIZE)

@@ -184,22 +184,30 @@ $TREE
     }
 """
 
-# argmax/argmin carry (value, index) pairs; ties keep the lower index, and a NaN wins over any
-# number (the first NaN), as torch does.
-ARG_WINS = """
-fn wins(v: f32, k: u32, bv: f32, bi: u32) -> bool {
+# Whether v at index k comes before bv at bk in torch's order: by $CMP, ties to the lower index; a
+# NaN before every number ($NAN_FIRST true: argmax, argmin, topk of the largest) or after (topk of
+# the smallest), NaNs among themselves by index.
+RANKS_ABOVE = """
+fn ranks_above(v: f32, k: u32, bv: f32, bk: u32) -> bool {
     let v_nan = !(v == v);
     let b_nan = !(bv == bv);
-    if (v_nan || b_nan) { return v_nan && (!b_nan || k < bi); }
-    return v $CMP bv || (v == bv && k < bi);
+    if (v_nan || b_nan) { return select(b_nan && (!v_nan || k < bk), v_nan && (!b_nan || k < bk), $NAN_FIRST); }
+    return v $CMP bv || (v == bv && k < bk);
 }
 """
+
+
+def _ranks_above(cmp, nan_first=True):
+    return fill(RANKS_ABOVE, CMP=cmp, NAN_FIRST=str(nan_first).lower())
+
+
+# argmax/argmin carry (value, index) pairs, the first in torch's order (RANKS_ABOVE) winning.
 ARG_BODY = """
     var bv = $INIT;
     var bi = 0xffffffffu;
     for (var k = lid; k < p.rlen; k = k + ${WG}u) {
         let v = f32(x[base + elem(k)]);
-        if (wins(v, k, bv, bi)) { bv = v; bi = k; }
+        if (ranks_above(v, k, bv, bi)) { bv = v; bi = k; }
     }
     sm[lid] = bv;
     si[lid] = bi;
@@ -208,7 +216,7 @@ ARG_BODY = """
         if (lid < s) {
             let v = sm[lid + s];
             let i = si[lid + s];
-            if (wins(v, i, sm[lid], si[lid])) { sm[lid] = v; si[lid] = i; }
+            if (ranks_above(v, i, sm[lid], si[lid])) { sm[lid] = v; si[lid] = i; }
         }
         workgroupBarrier();
     }
@@ -265,7 +273,7 @@ def _reduction(b, kind, dims_arg, keepdim, out, correction=0.0):
         cmp = ">" if kind == "argmax" else "<"
         init = "p.neg_inf" if kind == "argmax" else "-p.neg_inf"
         body = fill(ARG_BODY, INIT=init, WG=RWG, HALF=RWG // 2, TO=to)
-    shared = "" if not kind.startswith("arg") else f"var<workgroup> si: array<u32, {RWG}>;\n" + fill(ARG_WINS, CMP=cmp)
+    shared = "" if not kind.startswith("arg") else f"var<workgroup> si: array<u32, {RWG}>;\n" + _ranks_above(cmp)
     shader = _shader([("read", "x", ti), ("read_write", "out", to)], body, shared)
     params = b.params(PARAMS_SIZE)
     d = b.dispatch(shader, [x, out, params])
@@ -320,20 +328,13 @@ def _extreme_and_index(kind):
 
 
 op("aten.max.dim", "aten::max.dim_max", half=True)(_extreme_and_index("max"))
+op("aten.min.dim", "aten::min.dim_min", half=True)(_extreme_and_index("min"))
 
 
-# topk: k rounds over the row, each taking the best element ranked below the last one taken, in
-# torch's order (largest: NaN first, then descending; smallest: ascending, NaN last; ties by
-# index), so nothing is marked taken. P's pad0 holds k, pad1 the elements after the dim (a row's
+# topk: k rounds over the row, each taking the first element in torch's order (RANKS_ABOVE;
+# largest: NaN first, then descending; smallest: ascending, NaN last) of those after the last one
+# taken, so nothing is marked taken. P's pad0 holds k, pad1 the elements after the dim (a row's
 # outputs are k of them apart).
-TOPK_WINS = """
-fn ranks_above(v: f32, k: u32, bv: f32, bk: u32) -> bool {
-    let v_nan = !(v == v);
-    let b_nan = !(bv == bv);
-    if (v_nan || b_nan) { return select(v_nan && (!b_nan || k < bk), b_nan && (!v_nan || k < bk), $SMALLEST); }
-    return v $CMP bv || (v == bv && k < bk);
-}
-"""
 TOPK_BODY = """
     let inner = p.pad1;
     let out_base = row / inner * p.pad0 * inner + row % inner;
@@ -376,10 +377,10 @@ def topk(b):
     values, indices = b.outputs(2)
     k, largest = int(b.scalar(1)), bool(b.scalar(3, True))
     ti, to = b.storage(x, packed=False), b.storage(values, packed=False)
-    wins = fill(TOPK_WINS, CMP=">" if largest else "<", SMALLEST="false" if largest else "true")
+    order = _ranks_above(">" if largest else "<", nan_first=largest)
     body = fill(TOPK_BODY, WG=RWG, HALF=RWG // 2, TO=to)
     decls = [("read", "x", ti), ("read_write", "out", to), ("read_write", "indices", b.storage(indices, packed=False))]
-    shader = _shader(decls, body, f"var<workgroup> si: array<u32, {RWG}>;\n" + wins)
+    shader = _shader(decls, body, f"var<workgroup> si: array<u32, {RWG}>;\n" + order)
     params = b.params(PARAMS_SIZE)
     d = b.dispatch(shader, [x, values, indices, params])
 
@@ -405,7 +406,6 @@ def var(b):
     given = b.scalar(2, True)
     correction = float(given) if b.name != "aten::var.out" else float(bool(given))
     b.hook(_reduction(b, "var", 1, b.flag(3), b.out, correction))
-op("aten.min.dim", "aten::min.dim_min", half=True)(_extreme_and_index("min"))
 
 
 # ---------------------------------------------------------------------------------------------
