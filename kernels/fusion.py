@@ -53,9 +53,8 @@ kernel would bind more storage buffers than the device allows (Dawn's Vulkan ada
   it delegates the ReLU after (ResNet's and MobileNet's at batch 8). A residual block's end,
   conv(x) + r (and the ReLU after), becomes `pte_wgpu.conv_residual`, r added in the epilogue of
   the implicit GEMM, where that always takes the convolution; other relu(a + b), the sum read by
-  nothing else, one `pte_wgpu.add_relu`. The same values, NaN and the sign of a zero included
-  (every clamp compares, kernels/wgsl.py's `clamped`), but for infinities, which the convolutions
-  clamp to the largest float anyway.
+  nothing else, one `pte_wgpu.add_relu`. The same values, NaN, infinities and the sign of a zero
+  included (every clamp compares, kernels/wgsl.py's `clamped`).
 
 - A permute of a permute that nothing else reads becomes one permute by the composed order (ViT's
   attention output takes three in a row, two of them each other's inverse).

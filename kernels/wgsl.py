@@ -68,11 +68,16 @@ fn round_half(x: f32) -> f32 {
 
 
 def clamped(value, lo, hi):
-    """WGSL of `value` clamped to [lo, hi] as torch clamps: a NaN stays NaN and -0.0 stays -0.0.
-    WGSL's clamp, max and min may return the other operand for a NaN (lavapipe's clamp(NaN, -1, 1)
-    is -1, its max(NaN, 0) 0); a comparison with a NaN is false, so the selects pass it through.
-    `value` is repeated: give a name or an expression the compiler can keep once."""
-    return f"select(select({value}, {lo}, {value} < {lo}), {hi}, {value} > {hi})"
+    """WGSL of `value` clamped to [lo, hi] as torch clamps: a NaN stays NaN and -0.0 stays -0.0;
+    `hi` wins where lo > hi. WGSL's clamp, max and min may return the other operand for a NaN
+    (lavapipe's clamp(NaN, -1, 1) is -1, its max(NaN, 0) 0); a comparison with a NaN is false, so
+    the selects pass it through. A bound of None leaves that side open (WGSL has no literal for an
+    infinity). `value` is repeated: give a name or an expression the compiler can keep once."""
+    if lo is not None:
+        value = f"select({value}, {lo}, {value} < {lo})"
+    if hi is not None:
+        value = f"select({value}, {hi}, {value} > {hi})"
+    return value
 
 
 def maximum(a, b):

@@ -185,20 +185,23 @@ class Activations(torch.nn.Module):
 
     def forward(self, x):
         f = torch.nn.functional
-        return torch.relu(x), torch.clamp(x, -1.5, 2.0), f.relu6(x), torch.tanh(x), f.leaky_relu(x, 0.1), f.hardswish(x)
+        return (torch.relu(x), torch.clamp(x, -1.5, 2.0), f.relu6(x), torch.tanh(x), f.leaky_relu(x, 0.1), f.hardswish(x),
+                torch.clamp(x, min=0.5), torch.clamp(x, max=-0.5), torch.clamp(x, 1.0, -1.0))
 
 
 class ConvActivations(torch.nn.Module):
     """Clamps in a convolution's epilogue (et_vk.conv_with_clamp): a direct convolution of 8
-    channels and an implicit GEMM of 32; and relu(x + y), one pte_wgpu.add_relu."""
+    channels and an implicit GEMM of 32; relu(x + y), one pte_wgpu.add_relu; and a convolution
+    with no clamp."""
 
     def __init__(self):
         super().__init__()
         self.narrow = torch.nn.Conv2d(3, 8, 3, padding=1)
         self.wide = torch.nn.Conv2d(3, 32, 3, padding=1)
+        self.plain = torch.nn.Conv2d(3, 5, 3, padding=1)
 
     def forward(self, x, y):
-        return torch.nn.functional.relu6(self.narrow(x)), torch.relu(self.wide(x)), torch.relu(x + y)
+        return torch.nn.functional.relu6(self.narrow(x)), torch.relu(self.wide(x)), torch.relu(x + y), self.plain(x)
 
 
 class Extremes(torch.nn.Module):
@@ -219,10 +222,11 @@ def _same_as_torch(out, want):
 
 
 async def test_activations_pass_nan_and_keep_signed_zeros_as_torch(load_pte):
-    """relu, clamp, relu6 (hardtanh), tanh, leaky_relu and hardswish of NaN, +-Inf, -0.0 and
-    numbers on both sides of their bounds, and the clamps the graph rewrites move into a
-    convolution's epilogue or an add: torch's values. WGSL's max, min and clamp may return the
-    other operand of a NaN (lavapipe's max(NaN, 0) is 0); the kernels clamp by comparisons."""
+    """relu, clamp (one bound or both, the lower above the upper too), relu6 (hardtanh), tanh,
+    leaky_relu and hardswish of NaN, +-Inf, -0.0 and numbers on both sides of their bounds, and the
+    clamps the graph rewrites move into a convolution's epilogue or an add: torch's values, Inf
+    where a convolution meets one. WGSL's max, min and clamp may return the other operand of a NaN
+    (lavapipe's max(NaN, 0) is 0); the kernels clamp by comparisons."""
     special = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, -2.5, -1.0, 0.25, 1.75, 2.5, 7.0, -7.0, 30.0, -30.0], np.float32)
     x = np.resize(special, (3, 14)) * np.array([[1], [1], [-1]], np.float32)
     pte, module = export_pte("activations", Activations, [torch.randn(3, 14)])
@@ -233,9 +237,9 @@ async def test_activations_pass_nan_and_keep_signed_zeros_as_torch(load_pte):
     model = await load_pte(pte)
     x, y = rand(1, 3, 9, 11), rand(1, 3, 9, 11, seed=1)
     x[0, 1, 4, 5], y[0, 2, 0, 0], y[0, 0, 3, 3] = np.nan, np.nan, -0.0
-    x[0, 0, 3, 3] = 0.0
+    x[0, 0, 3, 3], x[0, 2, 7, 2] = 0.0, np.inf
     outs, wants = await model.execute(x, y), eager(module, x, y)
-    assert all(np.isnan(w).any() for w in wants)
+    assert all(np.isnan(w).any() for w in wants) and all(np.isinf(w).any() for w in wants[1:])
     for out, want in zip(outs, wants, strict=True):
         np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5, equal_nan=True)

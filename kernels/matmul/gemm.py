@@ -102,7 +102,7 @@ def header(has_bias, inputs, scratch=False, bias="f32", out="f32", clamp=None, r
     if added is not None:
         value = rounded(value, out) + " + f32(added[b * p.c_bs + m * p.N + n])"
     if clamp is not None:
-        value = clamped(f"({value})", repr(float(clamp[0])), repr(float(clamp[1])))
+        value = clamped(f"({value})", *(None if math.isinf(v) else repr(float(v)) for v in clamp))
     if activation is not None:
         value = f"gelu({rounded(value, out)})"
         lines.append(f"fn gelu(a: f32) -> f32 {{ return {GELU[activation]}; }}" + (ERF if "erf_approx" in GELU[activation] else ""))

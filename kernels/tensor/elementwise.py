@@ -6,6 +6,7 @@ then every operand is read at the output's own flat index. A Scalar operand beco
 uniform. The arithmetic runs in f32 unless every tensor operand and the output are integers.
 """
 
+import math
 import struct
 
 from pte_wgpu.resize.shapes import broadcast_shapes, numel_of
@@ -244,7 +245,7 @@ def add_elementwise(b, operands, expr, alpha=1.0, beta=0.0):
     def resize(ctx):
         a, c = (x(ctx) if callable(x) else x for x in (alpha, beta))
         if ct == "i32":
-            a, c = float(int(a)), float(int(c))
+            a, c = (float(int(x)) if math.isfinite(x) else x for x in (a, c))
         shapes = [ctx.dims(v) for v in live]
         try:
             shape = broadcast_shapes(*shapes)
@@ -273,7 +274,7 @@ def _bound(b, i, default):
 
 def _unary(expr):
     def build(b):
-        alpha, beta = -3.4e38, 3.4e38
+        alpha, beta = -math.inf, math.inf  # a bound of None: open
         if b.name in ("aten.clamp.default", "aten.hardtanh.default"):
             alpha, beta = _bound(b, 1, alpha), _bound(b, 2, beta)
         elif b.name == "aten.leaky_relu.default":

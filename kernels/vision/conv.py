@@ -262,7 +262,7 @@ class Direct:
         blocks = s.cout // self.block
         numel = s.batch * blocks * s.oh * s.ow
         wstep = kh * kw if c.transposed else s.cin // c.groups * kh * kw
-        lo, hi = c.clamp or (-F32_MAX, F32_MAX)
+        lo, hi = c.clamp or (-math.inf, math.inf)
         fields = (numel, s.cout, s.oh, s.ow, s.cin, s.ih, s.iw, s.cin // c.groups, self.cout_g, *c.stride, *c.padding, *c.dilation)
         ctx.set_params(self.params, struct.pack("<17I", *fields, blocks, wstep) + struct.pack("<ff", lo, hi))
         ctx.set_grid(self.dispatch, spread_grid(numel))
@@ -315,7 +315,8 @@ def convolution(b):
     transposed, groups = bool(b.scalar(6, False)), int(b.scalar(8, 1))
     clamp = None
     if b.name in ("et_vk.conv_with_clamp.default", CONV_RESIDUAL):
-        clamp = max(float(b.scalar(9, -F32_MAX)), -F32_MAX), min(float(b.scalar(10, F32_MAX)), F32_MAX)
+        # a bound past f32's range (ExecuTorch gives a ReLU's upper bound as the largest double) is open
+        clamp = tuple(v if abs(v) <= F32_MAX else math.copysign(math.inf, v) for v in (float(b.scalar(9, -math.inf)), float(b.scalar(10, math.inf))))
     if added is not None:
         b.float_storage(added)
         if not takes_residual(w, transposed, groups):
