@@ -194,6 +194,65 @@ async def test_a_program_without_delegates_and_its_folded_views(load_pte):
     assert {f"aten::{name}" for name in wanted} <= _kernel_calls(pte), sorted(_kernel_calls(pte))
 
 
+class Distances(torch.nn.Module):
+    """Ops ExecuTorch leaves to its portable kernels: clamp by tensors, a number to a tensor's
+    power, powers of integers, diagonals, as_strided, circular padding (an empty tensor that copies
+    and slice scatters fill) and p-norm distances."""
+
+    def forward(self, x, y, i):
+        f = torch.nn.functional
+        return (
+            torch.clamp(x, y, y + 0.5), torch.clamp(x, min=y[0]), torch.clamp(x, max=y[:, :1]), torch.clamp(x, y + 0.5, y),
+            torch.pow(2.0, x), torch.pow(-1.5, i), torch.pow(i, i.flip(0).abs() % 5), i**3,
+            torch.diagonal(x, 1), torch.diagonal(x, -2), torch.diagonal(x[None].expand(3, 7, 11), 0, 0, 2), torch.as_strided(x, (3, 4), (5, 2), 1),
+            f.pad(x[None], (2, 1), mode="circular"),
+            torch.cdist(x, y), torch.cdist(x[None, :, :5], y[:, None, :5].expand(7, 2, 5), p=1.0), torch.cdist(x[:3], y, p=float("inf")),
+            torch.cdist(x, y, p=0.0), torch.cdist(x, y, p=1.5), f.pdist(x), f.pdist(y, p=3.0),
+        )
+
+
+async def test_clamps_by_tensors_powers_diagonals_and_distances(load_pte):
+    """Each runs outside any delegate as its portable kernel, equal to torch eager: NaN where a
+    bound is, the upper bound where the lower passes it; integer powers exact (wrapping as torch's)."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    torch.manual_seed(5)
+    x, y = torch.randn(7, 11), torch.randn(7, 11)
+    x[0, 0], y[1, 1], x[2, 3] = float("nan"), float("nan"), 0.0
+    x[3] = y[3]  # a distance of 0
+    i = torch.randint(-9, 10, (13,), dtype=torch.int32)
+    module = Distances()
+
+    def lowering():
+        return bytes(to_edge_transform_and_lower(torch.export.export(module, (x, y, i)), partitioner=[]).to_executorch().buffer)
+
+    pte = stored_pte("portable_distances", lowering)
+    wanted = {"clamp.Tensor_out", "pow.Scalar_out", "pow.Tensor_Tensor_out", "diagonal_copy.out", "as_strided_copy.out", "copy.out", "_cdist_forward.out", "_pdist_forward.out"}
+    assert {f"aten::{name}" for name in wanted} | {"dim_order_ops::_empty_dim_order.out"} <= _kernel_calls(pte), sorted(_kernel_calls(pte))
+    args = [t.numpy() for t in (x, y, i)]
+    outs = await (await load_pte(pte)).execute(*args)
+    for k, (out, want) in enumerate(zip(outs, eager(module, *args), strict=True)):
+        assert out.shape == want.shape, k
+        np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5, equal_nan=True, err_msg=f"output {k}")
+
+
+class LiveDistances(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.cdist(x, y, p=1.0), torch.cdist(y, x), torch.diagonal(x, 2), torch.clamp(x, y[0], y[1]), torch.pow(0.5, x)
+
+
+async def test_distances_and_diagonals_at_live_sizes(load_pte):
+    """The same ops at live row counts in random order, the least and the most included (pdist's
+    output size of a live count is a division ExecuTorch cannot emit)."""
+    rows = torch.export.Dim("rows", min=2, max=13)
+    sample, shapes = (torch.randn(13, 5), torch.randn(3, 5)), ({0: rows}, None)
+    pte, module = export_pte("live_distances", LiveDistances, sample, shapes)
+    assert {"aten::_cdist_forward.out", "aten::diagonal_copy.out", "aten::clamp.Tensor_out", "aten::pow.Scalar_out"} <= _kernel_calls(pte)
+    calls = dynamic_shape_calls(sample, shapes, n=5, seed=4)
+    assert {c[0].shape[0] for c in calls} >= {2, 13}
+    await assert_matches_eager(await load_pte(pte), module, calls, atol=1e-5, rtol=1e-5)
+
+
 def _small_cnn():
     torch.manual_seed(0)
     return torch.nn.Sequential(

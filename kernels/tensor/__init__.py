@@ -1,4 +1,4 @@
 """Tensor ops: elementwise, reductions, scans, shape and memory ops, indexing, creation, SymInt
-ops and embeddings. May import the kernels' top modules and `matmul` (a fused norm's rows)."""
+ops, distances and embeddings. May import the kernels' top modules and `matmul` (a fused norm's rows)."""
 
-from . import creation, elementwise, embedding, indexing, rearrange, reduce, scan, shape, symint  # noqa: F401
+from . import creation, distance, elementwise, embedding, indexing, rearrange, reduce, scan, shape, symint  # noqa: F401

@@ -1,9 +1,9 @@
-"""Creation ops: full, full_like, zeros, ones, zeros_like, ones_like, scalar_tensor and arange.
+"""Creation ops: empty, full, full_like, zeros, ones, zeros_like, ones_like, scalar_tensor and arange.
 
-They read no tensor data: one kernel writes `out[i] = start + i * step` in the output's compute
-type (a fill is step 0; a float16 output computes in f32 and converts at the store). The live
-shape comes from a size list (Ints and SymInts), from another tensor's live shape (the `_like`
-ops), or from arange's live start/end/step.
+They read no tensor data: empty writes nothing, the others run one kernel that writes
+`out[i] = start + i * step` in the output's compute type (a fill is step 0; a float16 output
+computes in f32 and converts at the store). The live shape comes from a size list (Ints and
+SymInts), from another tensor's live shape (the `_like` ops), or from arange's live start/end/step.
 """
 
 import math
@@ -110,6 +110,17 @@ def _like(b, value):
 
     def resize(ctx):
         set_fill(ctx, ctx.dims(src), value(ctx))
+
+    b.hook(resize)
+
+
+@op("aten::empty.out", "dim_order_ops::_empty_dim_order.out", half=True)
+def empty(b):
+    """torch.empty: the shape alone; the elements are whatever the buffer holds (torch leaves them
+    undefined, and the program writes them before it reads them)."""
+
+    def resize(ctx):
+        ctx.set_dims(b.out, _size_of(b, ctx, b.args[0]))
 
     b.hook(resize)
 

@@ -86,7 +86,7 @@ BINARY = {
     "sub": "a - alpha * b",
     "mul": "a * b",
     "div": "a / b",
-    "pow": {"f32": "pow_real(a, b)", "i32": "pow(a, b)"},
+    "pow": {"f32": "pow_real(a, b)", "i32": "pow_int(a, b)"},
     "minimum": minimum("a", "b"),
     "maximum": maximum("a", "b"),
     "eq": "$CT(a == b)",
@@ -129,6 +129,20 @@ fn pow_real(a: f32, b: f32) -> f32 {
     if (m == inf) { r = select(0.0, inf, b > 0.0); }
     let odd = integral && fract(b * 0.5) != 0.0;
     return select(r, -r, odd && (bitcast<u32>(a) >> 31u) == 1u);
+}
+"""
+# pow of i32 by squaring, wrapping as torch's integers do (WGSL's pow takes floats only); a negative
+# exponent (which torch refuses for integer tensors) gives 1 / a^-b truncated
+POW_INT = """
+fn pow_int(a: i32, b: i32) -> i32 {
+    if (b < 0) { return select(select(0, 1 - 2 * (b & 1), a == -1), 1, a == 1); }
+    var r = 1;
+    var base = a;
+    for (var e = b; e > 0; e = e >> 1u) {
+        if ((e & 1) == 1) { r = r * base; }
+        base = base * base;
+    }
+    return r;
 }
 """
 # log1p and expm1 of a small a keep its digits by series: log(1 + a) and exp(a) - 1 lose them, and
@@ -195,7 +209,7 @@ fn acos_real(x: f32) -> f32 {
 }
 """
 # the helper functions an expression may call, added to its shader when it does
-HELPERS = {"erf_approx": ERF, "pow_real": POW_REAL, "log1p_real": SERIES, "expm1_real": SERIES,
+HELPERS = {"erf_approx": ERF, "pow_real": POW_REAL, "pow_int": POW_INT, "log1p_real": SERIES, "expm1_real": SERIES,
            "asin_real": INVERSE_TRIG, "acos_real": INVERSE_TRIG, "atan_real": INVERSE_TRIG, "atan2_real": INVERSE_TRIG}
 
 
@@ -337,6 +351,26 @@ for _base, _expr in BINARY.items():
     if _base in ("eq", "ne", "lt", "le", "gt", "ge", "bitwise_and", "bitwise_or", "bitwise_xor"):
         names.append(f"aten::{_base}.Tensor_out")  # the portable kernels' name for the Tensor form
     op(*names, half=True, capacity=True)(_binary(_expr))
+
+
+@op("aten.pow.Scalar", "aten::pow.Scalar_out", half=True, capacity=True)
+def pow_scalar(b):
+    """[base (a number), exponent (a tensor), out]."""
+    add_elementwise(b, [1], {"f32": "pow_real(beta, a)", "i32": "pow_int(beta, a)"}, beta=b.scalar(0))
+
+
+@op("aten.clamp.Tensor", "aten::clamp.Tensor_out", half=True, capacity=True)
+def clamp_tensor(b):
+    """[self, min, max, out], either bound a tensor or None: min(max(self, min), max), NaN where
+    any operand is."""
+    if b.is_none(1) and b.is_none(2):
+        b.fail("neither min nor max given, expected at least one")
+    if b.is_none(2):
+        add_elementwise(b, [0, 1], maximum("a", "b"))
+    elif b.is_none(1):
+        add_elementwise(b, [0, 2], minimum("a", "b"))
+    else:
+        add_elementwise(b, [0, 1, 2], minimum(maximum("a", "b"), "c"))
 
 
 # div with rounding_mode "trunc" or "floor"; WGSL integer division truncates. The integer floor

@@ -1,13 +1,13 @@
-"""Shape and memory ops: views, copies, dtype casts, permute, expand, slice, select, split, cat,
-index_select and gather.
+"""Shape and memory ops: views, copies, dtype casts, permute, expand, diagonal, as_strided, slice,
+select, split, cat, index_select and gather.
 
 Two ways to move data:
 - a flat in-graph buffer copy (view, clone, squeeze, unsqueeze, prepack, same-storage casts): the
   live bytes move unchanged and only the live shape changes;
 - one strided-copy kernel (`STRIDED_COPY`): each output element's coordinates over `sizes` give an
   input element at `in_off + sum(c_d * in_strides_d)` and an output element at
-  `out_off + sum(c_d * out_strides_d)`, converting the dtype on the way. Permute, expand, slice,
-  select, split (one dispatch per output), cat (one dispatch per input) and casts are all this
+  `out_off + sum(c_d * out_strides_d)`, converting the dtype on the way. Permute, expand, diagonal,
+  as_strided, slice, select, split (one dispatch per output), cat (one dispatch per input) and casts are all this
   kernel with different sizes, strides and offsets.
 index_select and gather read one input coordinate from an index tensor (`INDEXED_COPY`).
 Every op here takes float16 (f16 storage, 2-byte elements; a cast converts at the store) and
@@ -137,6 +137,24 @@ def clone(b):
 def copy(b):
     """`self.copy_(src)` as the partitioner takes it: src has self's dtype and shape."""
     flat_copy(b, b.args[1], _same)
+
+
+@op("aten::copy.out", half=True, capacity=True)
+def copy_out(b):
+    """[self, src, non_blocking, out]: src broadcast to self's shape, in self's dtype."""
+    base, src = b.args[0], b.args[1]
+    set_copy = strided_copy(b, src, b.out)
+
+    def resize(ctx):
+        dims, have = ctx.dims(base), ctx.dims(src)
+        try:
+            strides = broadcast_strides(have, dims)
+        except ValueError:
+            b.fail(f"cannot copy shape {list(have)} into shape {list(dims)}")
+        set_copy(ctx, dims, strides)
+        ctx.set_dims(b.out, dims)
+
+    b.hook(resize)
 
 
 MEMORY_VIEW = "pte_wgpu.memory_view"
@@ -331,6 +349,54 @@ def expand_copy(b):
             shape.append(s)
         set_copy(ctx, shape, broadcast_strides(dims, shape))
         ctx.set_dims(b.out, shape)
+
+    b.hook(resize)
+
+
+@op("aten.diagonal_copy.default", "aten::diagonal_copy.out", half=True, capacity=True)
+def diagonal_copy(b):
+    """[self, offset, dim1, dim2, out]: the diagonal of dims dim1 and dim2 (above the main one by
+    `offset`, below it if negative) as the last dim, after the others in order."""
+    src = b.args[0]
+    offset = int(b.scalar(1, 0))
+    set_copy = strided_copy(b, src, b.out)
+
+    def resize(ctx):
+        dims = ctx.dims(src)
+        d1, d2 = _dim(b, b.scalar(2, 0), len(dims)), _dim(b, b.scalar(3, 1), len(dims))
+        if d1 == d2:
+            b.fail(f"dims {d1} and {d2} are the same dim, expected two")
+        strides = contiguous_strides(dims)
+        length = max(min(dims[d1], dims[d2] - offset) if offset >= 0 else min(dims[d1] + offset, dims[d2]), 0)
+        if length == 0:
+            b.fail(f"offset {offset} leaves no diagonal of dims {d1} and {d2} of shape {list(dims)} (empty tensors are not supported)")
+        rest = [k for k in range(len(dims)) if k not in (d1, d2)]
+        shape = [dims[k] for k in rest] + [length]
+        start = offset * strides[d2] if offset >= 0 else -offset * strides[d1]
+        set_copy(ctx, shape, [strides[k] for k in rest] + [strides[d1] + strides[d2]], start)
+        ctx.set_dims(b.out, shape)
+
+    b.hook(resize)
+
+
+@op("aten.as_strided_copy.default", "aten::as_strided_copy.out", half=True)
+def as_strided_copy(b):
+    """[self, size, stride, storage_offset, out]: the elements of self's contiguous storage at
+    storage_offset + sum(c_d * stride_d), as a tensor of `size`."""
+    src = b.args[0]
+    set_copy = strided_copy(b, src, b.out)
+
+    def resize(ctx):
+        size, stride = list(ctx.int_list(b.args[1])), list(ctx.int_list(b.args[2]))
+        start = int(b.scalar(3, 0)) if not b.is_none(3) else 0
+        have = numel_of(ctx.dims(src))
+        if len(size) != len(stride) or min(size, default=1) < 1 or min(stride, default=0) < 0:
+            b.fail(f"size {size} with stride {stride}: expected one positive size and non-negative stride a dim")
+        last = start + sum((n - 1) * st for n, st in zip(size, stride))
+        if start < 0 or last >= have:
+            b.fail(f"size {size}, stride {stride} and offset {start} reach element {last} of a tensor of {have}")
+        set_copy(ctx, size, stride, start)
+        ctx.set_dims(b.out, size)
 
     b.hook(resize)
 
