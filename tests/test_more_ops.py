@@ -153,9 +153,10 @@ async def test_pow_and_atan2_at_every_kind_of_argument_as_torch(load_pte):
 
 
 class NoDelegate(torch.nn.Module):
-    """Ops ExecuTorch's portable kernels run (elementwise, pooling, resampling, variances, topk), with
-    static views between them that its memory planning folds into their bases' bytes
-    (pixel_shuffle's and flatten's): views of an input, of an op's result and as an output."""
+    """Ops ExecuTorch's portable kernels run (elementwise, clamps by numbers, pooling, resampling,
+    variances, topk, the padding modes' index arithmetic), with static views between them that its
+    memory planning folds into their bases' bytes (pixel_shuffle's and flatten's): views of an
+    input, of an op's result and as an output."""
 
     def forward(self, x, m, i):
         f = torch.nn.functional
@@ -171,6 +172,8 @@ class NoDelegate(torch.nn.Module):
             x.var(1), x.var((0, 2), unbiased=False, keepdim=True), torch.var(x, dim=-1, correction=2), torch.var(x),
             *torch.topk(x.flatten(1), 7), *torch.topk(x, 3, dim=1, largest=False), x.prod(1), x[:, :3].prod(),
             f.elu(x), f.elu(x, alpha=0.7), torch.ops.aten.elu(x, 0.5, 2.0, 1.5), torch.logit(torch.sigmoid(x)), torch.logit(x, eps=0.2),
+            x.clamp(-0.5, 0.7), i.clamp(-3, 5), f.hardtanh(x, -0.3, 0.4), f.leaky_relu(x, 0.2), f.hardshrink(x, 0.3),
+            f.pad(x, (2, 1, 1, 0), mode="replicate"), f.pad(x, (2, 1, 3, 2), mode="reflect"), torch.tril(x, 1), torch.roll(x, (2, -1), (1, 3)),
         )
 
 
@@ -190,7 +193,8 @@ async def test_a_program_without_delegates_and_its_folded_views(load_pte):
     outs = await (await load_pte(pte)).execute(x, m, i)
     for k, (out, want) in enumerate(zip(outs, eager(module, x, m, i), strict=True)):
         np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6, err_msg=f"output {k}")
-    wanted = {"remainder.Tensor_out", "fmod.Tensor_out", "logical_xor.out", "avg_pool2d.out", "var.correction_out", "topk.values", "prod.int_out", "elu.out"}
+    wanted = {"remainder.Tensor_out", "fmod.Tensor_out", "logical_xor.out", "avg_pool2d.out", "var.correction_out", "topk.values", "prod.int_out", "elu.out",
+              "clamp.out", "hardtanh.out", "leaky_relu.out"}
     assert {f"aten::{name}" for name in wanted} <= _kernel_calls(pte), sorted(_kernel_calls(pte))
 
 

@@ -286,14 +286,16 @@ def _bound(b, i, default):
     return b.scalar(i, default)
 
 
-def _unary(expr):
+def _unary(name, expr):
+    """The build of unary op `name` (the delegate's name; the portable kernel's takes the same arguments)."""
+
     def build(b):
         alpha, beta = -math.inf, math.inf  # a bound of None: open
-        if b.name in ("aten.clamp.default", "aten.hardtanh.default"):
+        if name in ("aten.clamp.default", "aten.hardtanh.default"):
             alpha, beta = _bound(b, 1, alpha), _bound(b, 2, beta)
-        elif b.name == "aten.leaky_relu.default":
+        elif name == "aten.leaky_relu.default":
             alpha = b.scalar(1, 0.01)
-        elif b.name == "aten.hardshrink.default":
+        elif name == "aten.hardshrink.default":
             alpha = b.scalar(1, 0.5)
         add_elementwise(b, [0], expr, alpha, beta)
 
@@ -301,7 +303,7 @@ def _unary(expr):
 
 
 for _name, _expr in UNARY.items():  # the delegate's name and the portable kernel's (aten::relu.out)
-    op(_name, _name.replace("aten.", "aten::").replace(".default", ".out"), half=True, capacity=True)(_unary(_expr))
+    op(_name, _name.replace("aten.", "aten::").replace(".default", ".out"), half=True, capacity=True)(_unary(_name, _expr))
 
 
 @op("aten.elu.default", "aten::elu.out", half=True, capacity=True)
