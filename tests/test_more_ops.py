@@ -212,13 +212,15 @@ class Distances(torch.nn.Module):
             f.pad(x[None], (2, 1), mode="circular"),
             torch.cdist(x, y), torch.cdist(x[None, :, :5], y[:, None, :5].expand(7, 2, 5), p=1.0), torch.cdist(x[:3], y, p=float("inf")),
             torch.cdist(x, y, p=0.0), torch.cdist(x, y, p=1.5), f.pdist(x), f.pdist(y, p=3.0),
+            *torch.var_mean(y, 1), *torch.var_mean(y, (0, 1), correction=0, keepdim=True),
         )
 
 
 async def test_clamps_by_tensors_powers_diagonals_and_distances(load_pte):
     """Each runs outside any delegate as its portable kernel, equal to torch eager: NaN where a
-    bound is, the upper bound where the lower passes it; integer powers exact (wrapping as torch's)."""
-    from executorch.exir import to_edge_transform_and_lower
+    bound is, the upper bound where the lower passes it; integer powers exact (wrapping as torch's).
+    var_mean stays one op where the lowering is told to keep it."""
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
     torch.manual_seed(5)
     x, y = torch.randn(7, 11), torch.randn(7, 11)
@@ -228,10 +230,11 @@ async def test_clamps_by_tensors_powers_diagonals_and_distances(load_pte):
     module = Distances()
 
     def lowering():
-        return bytes(to_edge_transform_and_lower(torch.export.export(module, (x, y, i)), partitioner=[]).to_executorch().buffer)
+        config = EdgeCompileConfig(_core_aten_ops_exception_list=[torch.ops.aten.var_mean.correction])
+        return bytes(to_edge_transform_and_lower(torch.export.export(module, (x, y, i)), compile_config=config, partitioner=[]).to_executorch().buffer)
 
     pte = stored_pte("portable_distances", lowering)
-    wanted = {"clamp.Tensor_out", "pow.Scalar_out", "pow.Tensor_Tensor_out", "diagonal_copy.out", "as_strided_copy.out", "copy.out", "_cdist_forward.out", "_pdist_forward.out"}
+    wanted = {"var_mean.correction_out", "clamp.Tensor_out", "pow.Scalar_out", "pow.Tensor_Tensor_out", "diagonal_copy.out", "as_strided_copy.out", "copy.out", "_cdist_forward.out", "_pdist_forward.out"}
     assert {f"aten::{name}" for name in wanted} | {"dim_order_ops::_empty_dim_order.out"} <= _kernel_calls(pte), sorted(_kernel_calls(pte))
     args = [t.numpy() for t in (x, y, i)]
     outs = await (await load_pte(pte)).execute(*args)

@@ -327,6 +327,15 @@ def _extreme_and_index(kind):
     return build
 
 
+@op("aten.var_mean.correction", "aten::var_mean.correction_out", half=True)
+def var_mean(b):
+    """[x, dims, correction, keepdim, (var, mean)]; no correction given: 1."""
+    variance, mean = b.outputs(2)
+    keepdim, correction = b.flag(3), float(b.scalar(2, 1))
+    hooks = [_reduction(b, "var", 1, keepdim, variance, correction), _reduction(b, "mean", 1, keepdim, mean)]
+    b.hook(lambda ctx: [hook(ctx) for hook in hooks])
+
+
 op("aten.max.dim", "aten::max.dim_max", half=True)(_extreme_and_index("max"))
 op("aten.min.dim", "aten::min.dim_min", half=True)(_extreme_and_index("min"))
 
