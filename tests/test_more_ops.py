@@ -14,7 +14,7 @@ from async_runtime.vulkan_patterns import cache_vulkan_pattern_graphs
 from pte_wgpu.kernels.quant import int8_gemm
 from pte_wgpu.resize.values import Scalar, SymInt
 
-from .exporting import eager, export_pte, stored_pte
+from .exporting import eager, export_pte, stored_pte, without_delegates
 from .hooks import Graph, resize
 
 pytestmark = pytest.mark.anyio
@@ -180,15 +180,9 @@ class NoDelegate(torch.nn.Module):
 async def test_a_program_without_delegates_and_its_folded_views(load_pte):
     """A program lowered with no partitioner: every op a portable kernel, each static view a tensor
     that shares its base's memory with no instruction between them. Equal to torch eager."""
-    from executorch.exir import to_edge_transform_and_lower
-
     sample = (torch.randn(2, 8, 6, 10), torch.rand(2, 8, 6, 10) > 0.5, torch.randint(-40, 40, (7, 5), dtype=torch.int32))
     module = NoDelegate()
-
-    def lowering():
-        return bytes(to_edge_transform_and_lower(torch.export.export(module, sample), partitioner=[]).to_executorch().buffer)
-
-    pte = stored_pte("no_delegate", lowering)
+    pte = without_delegates("no_delegate", module, sample)
     x, m, i = (t.numpy() for t in sample)
     outs = await (await load_pte(pte)).execute(x, m, i)
     for k, (out, want) in enumerate(zip(outs, eager(module, x, m, i), strict=True)):
@@ -220,21 +214,15 @@ async def test_clamps_by_tensors_powers_diagonals_and_distances(load_pte):
     """Each runs outside any delegate as its portable kernel, equal to torch eager: NaN where a
     bound is, the upper bound where the lower passes it; integer powers exact (wrapping as torch's).
     var_mean stays one op where the lowering is told to keep it."""
-    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
-
     torch.manual_seed(5)
     x, y = torch.randn(7, 11), torch.randn(7, 11)
     x[0, 0], y[1, 1], x[2, 3] = float("nan"), float("nan"), 0.0
     x[3] = y[3]  # a distance of 0
     i = torch.randint(-9, 10, (13,), dtype=torch.int32)
     module = Distances()
-
-    def lowering():
-        config = EdgeCompileConfig(_core_aten_ops_exception_list=[torch.ops.aten.var_mean.correction])
-        return bytes(to_edge_transform_and_lower(torch.export.export(module, (x, y, i)), compile_config=config, partitioner=[]).to_executorch().buffer)
-
-    pte = stored_pte("portable_distances", lowering)
-    wanted = {"var_mean.correction_out", "clamp.Tensor_out", "pow.Scalar_out", "pow.Tensor_Tensor_out", "diagonal_copy.out", "as_strided_copy.out", "copy.out", "_cdist_forward.out", "_pdist_forward.out"}
+    pte = without_delegates("portable_distances", module, (x, y, i), keep=[torch.ops.aten.var_mean.correction])
+    wanted = {"var_mean.correction_out", "clamp.Tensor_out", "pow.Scalar_out", "pow.Tensor_Tensor_out", "diagonal_copy.out", "as_strided_copy.out",
+              "copy.out", "_cdist_forward.out", "_pdist_forward.out"}
     assert {f"aten::{name}" for name in wanted} | {"dim_order_ops::_empty_dim_order.out"} <= _kernel_calls(pte), sorted(_kernel_calls(pte))
     args = [t.numpy() for t in (x, y, i)]
     outs = await (await load_pte(pte)).execute(*args)
@@ -280,14 +268,8 @@ async def test_whole_models_without_delegates(load_pte, make_module, shape):
     pooling with its indices, group norm, adaptive pooling, log-softmax) and a transformer encoder
     layer (layer norm, attention's products and softmax); an op of several outputs lists them, then
     the list of them, where the delegate's form has the list alone. Equal to torch eager."""
-    from executorch.exir import to_edge_transform_and_lower
-
     module, x = make_module(), torch.randn(*shape)
-
-    def lowering():
-        return bytes(to_edge_transform_and_lower(torch.export.export(module, (x,)), partitioner=[]).to_executorch().buffer)
-
-    pte = stored_pte(f"no_delegate_{make_module.__name__}", lowering)
+    pte = without_delegates(f"no_delegate_{make_module.__name__}", module, (x,))
     from async_runtime.program.pte import read_program
 
     assert not read_program(pte).methods["forward"].delegates

@@ -13,7 +13,7 @@ from async_runtime.errors import UnsupportedOperatorError
 from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
 from pte_wgpu.resize.values import Scalar, Tensor, ValueList
 
-from .exporting import eager, export_pte, stored_pte
+from .exporting import eager, export_pte, without_delegates
 from .hooks import Graph, resize
 from .test_more_ops import _kernel_calls
 
@@ -21,16 +21,6 @@ pytestmark = pytest.mark.anyio
 
 put = torch.ops.aten.index_put.default  # takes None entries, which Tensor.index_put does not
 OPS = {"aten::index_put.out", "aten::scatter.src_out", "aten::scatter.value_out", "aten::scatter_add.out", "aten::masked_scatter.out"}
-
-
-def _without_delegates(name, module, sample):
-    """The .pte of `module` lowered with no partitioner: every op a portable kernel."""
-    from executorch.exir import to_edge_transform_and_lower
-
-    def lowering():
-        return bytes(to_edge_transform_and_lower(torch.export.export(module, sample), partitioner=[]).to_executorch().buffer)
-
-    return stored_pte(name, lowering)
 
 
 class Scatters(torch.nn.Module):
@@ -80,7 +70,7 @@ def _scatters_sample():
 async def test_index_put_scatter_and_masked_scatter_without_delegates(load_pte):
     """Every case of Scatters as a portable kernel, equal to torch eager; the sums in index order."""
     module, sample = Scatters(), _scatters_sample()
-    pte = _without_delegates("scatters", module, sample)
+    pte = without_delegates("scatters", module, sample)
     assert OPS <= _kernel_calls(pte), sorted(_kernel_calls(pte))
     inputs = [t.numpy() for t in sample]
     outs = await (await load_pte(pte)).execute(*inputs)
@@ -114,7 +104,7 @@ async def test_float16_sums_round_as_torch(load_pte):
     a[:, :4] = 2
     m = torch.rand(5, 7, 3, generator=g) > 0.5
     sample = (x, y, d, a, m)
-    pte = _without_delegates("scatters_f16", module, sample)
+    pte = without_delegates("scatters_f16", module, sample)
     model = await load_pte(pte)
     assert model.precision == "f16", model.precision_note
     inputs = [t.numpy() for t in sample]
@@ -178,7 +168,7 @@ async def test_scatters_take_any_shape_that_fits_their_buffers(load_pte):
     g = torch.Generator().manual_seed(7)
     sample = (torch.randn(4, 6, generator=g), torch.argsort(torch.rand(4, 6, generator=g), 1)[:, :3], torch.randn(4, 6, generator=g))
     module = ScatterOnly()
-    pte = _without_delegates("scatter_capacity", module, sample)
+    pte = without_delegates("scatter_capacity", module, sample)
     model = await load_pte(pte)
     x, src = np.random.default_rng(7).standard_normal((2, 6, 4), dtype=np.float32)
     idx = np.argsort(np.random.default_rng(8).random((5, 4)), 1)[:, :2]
@@ -195,7 +185,7 @@ class MaskIndex(torch.nn.Module):
 
 async def test_a_boolean_mask_index_is_refused_at_load(load_pte):
     sample = (torch.randn(4, 5), torch.rand(4, 5) > 0.5)
-    pte = _without_delegates("index_put_mask", MaskIndex(), sample)
+    pte = without_delegates("index_put_mask", MaskIndex(), sample)
     with pytest.raises(UnsupportedOperatorError, match="bool index tensors"):
         await load_pte(pte)
 
