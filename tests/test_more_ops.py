@@ -192,6 +192,58 @@ async def test_a_program_without_delegates_and_its_folded_views(load_pte):
     assert {f"aten::{name}" for name in wanted} <= _kernel_calls(pte), sorted(_kernel_calls(pte))
 
 
+class Everyday(torch.nn.Module):
+    """The everyday ops of models (softmax, reductions, cat, pad, embedding, gather, products, splits,
+    comparisons, bitwise and logical ops, activations, creation, norms, views) by their portable
+    kernels' names."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(11, 6)
+
+    def forward(self, x, y, i, m):
+        f = torch.nn.functional
+        return (
+            torch.softmax(x, -1), torch.softmax(x, 1), torch.log_softmax(x, 0),
+            torch.all(m, 1), torch.all(m), m.any(0), x.amax((0, 2)), x.amin(1, keepdim=True), x.argmin(1), x.argmax(-1),
+            torch.cat([x, y], 1), torch.cat([x, y * 2], -1), f.pad(x, (1, 2, 0, 3), value=0.5),
+            torch.div(x, 0.3, rounding_mode="floor"), torch.div(x, 0.3, rounding_mode="trunc"), x / 3.0,
+            self.emb(i.abs()), torch.gather(x, 1, i[:4].abs().remainder(5).reshape(1, 4, 1).expand(3, 4, 7)),
+            x.mean(), x.mean((0, 2)), x.sum(), x.sum(1), x[0] @ y[0].t(), torch.mm(x[0], y[1].t()),
+            *torch.split(x, [2, 3], 1), *torch.split(x, 3, 2), x[:, :1].squeeze(1), x[:1].squeeze(), x[0].t(),
+            x > y, x >= y, x < y, x <= y, x == y, x != y, x > 0.1, x >= 0.1, x < 0.1, x <= 0.1, x == 0.0, x != 0.0,
+            torch.bitwise_and(m, x > 0), torch.bitwise_or(m, x > 0), torch.bitwise_xor(m, x > 0), torch.bitwise_not(m), ~i,
+            i & 5, i | 5, i ^ 5, torch.logical_and(m, x > 0), torch.logical_not(m),
+            f.hardswish(x), f.hardshrink(x, 0.3), torch.round(x * 3), torch.rsqrt(x.abs() + 0.1), torch.sqrt(x.abs()),
+            f.silu(x), torch.sin(x), torch.cos(x), torch.tanh(x), torch.exp(x), torch.log10(x.abs() + 0.1), -x,
+            torch.minimum(x, y), torch.maximum(x, y), x + 2.5, x - 1.5, torch.sub(x, y, alpha=2.0), torch.add(x, y, alpha=0.5),
+            torch.zeros(3, 4) + x[:, :4, 0], torch.ones(3, 4) + x[:, :4, 1], torch.zeros_like(x) + 1, torch.ones_like(x) * 2,
+            torch.arange(7) * 2, torch.arange(2, 9, 3), x.var(1), x.var(), x.std(0), x.clone() * 3, x.to(torch.float64).to(torch.float32) + 1,
+            f.pixel_shuffle(x[None, :, :4, :4].reshape(1, 12, 2, 2), 2), f.pixel_unshuffle(x[None, :, :4, :4], 2),
+            torch.where(m, x, y), x.masked_fill(m, 2.0), torch.clamp(x, -0.5), torch.abs(x), torch.sigmoid(x), f.gelu(x), f.gelu(x, approximate="tanh"),
+            f.relu(x), f.leaky_relu(x), f.elu(x), x.flip(1), x.repeat(1, 2, 1), x.permute(2, 0, 1) + 0, x.expand(2, 3, 5, 7) + 0,
+            torch.cumsum(x, 1), x.unsqueeze(0) + 0, x.view(15, 7) + 0, x[:, 1] + 0, x[:, 1:4:2] + 0, x.index_select(1, i[:3].abs() % 5),
+            f.layer_norm(x, (7,)), f.group_norm(x[None], 3), torch.bmm(x, y.transpose(1, 2)), f.linear(x, y[0], y[1, :, 0]),
+        )
+
+async def test_everyday_ops_as_portable_kernels(load_pte):
+    """A program lowered with no partitioner of the ops most models are made of, each output equal to
+    torch eager's (integers exactly: ~ of an int flips its bits)."""
+    torch.manual_seed(1)
+    x, y = torch.randn(3, 5, 7), torch.randn(3, 5, 7)
+    i, m = torch.tensor([3, -2, 0, 7, 10, 1, 4]), torch.rand(3, 5, 7) > 0.5
+    module = Everyday().eval()
+    pte = without_delegates("everyday", module, (x, y, i, m))
+    wanted = {"_softmax.out", "_log_softmax.out", "any.dims_out", "amax.out", "argmin.out", "cat.out", "constant_pad_nd.out", "embedding.out",
+              "gather.out", "mean.dtype_out", "mm.out", "bmm.out", "split_with_sizes_copy.out", "bitwise_not.out", "cumsum.out", "native_group_norm.out"}
+    assert {f"aten::{name}" for name in wanted} <= _kernel_calls(pte), sorted(_kernel_calls(pte))
+    args = [t.numpy() for t in (x, y, i, m)]
+    outs = await (await load_pte(pte)).execute(*args)
+    for k, (out, want) in enumerate(zip(outs, eager(module, *args), strict=True)):
+        assert out.shape == want.shape, k
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5, err_msg=f"output {k}")
+
+
 class Distances(torch.nn.Module):
     """Ops ExecuTorch leaves to its portable kernels: clamp by tensors, a number to a tensor's
     power, powers of integers, diagonals, as_strided, circular padding (an empty tensor that copies

@@ -54,7 +54,6 @@ UNARY = {
     "aten.reciprocal.default": "1.0 / a",
     "aten.round.default": "round(a)",
     "aten.logical_not.default": "$CT(a == $CT(0))",
-    "aten.bitwise_not.default": "$CT(a == $CT(0))",
     "aten.silu.default": "a / (1.0 + exp(-a))",
     "aten.hardtanh.default": clamped("a", "alpha", "beta"),
     "aten.clamp.default": clamped("a", "alpha", "beta"),
@@ -304,6 +303,12 @@ def _unary(name, expr):
 
 for _name, _expr in UNARY.items():  # the delegate's name and the portable kernel's (aten::relu.out)
     op(_name, _name.replace("aten.", "aten::").replace(".default", ".out"), half=True, capacity=True)(_unary(_name, _expr))
+
+
+@op("aten.bitwise_not.default", "aten::bitwise_not.out", half=True, capacity=True)
+def bitwise_not(b):
+    """Of a bool tensor its logical not; of an integer one each bit flipped."""
+    add_elementwise(b, [0], "$CT(a == $CT(0))" if b.tensor(0).dtype == "bool" else "~a")
 
 
 @op("aten.elu.default", "aten::elu.out", half=True, capacity=True)
