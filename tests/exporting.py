@@ -43,16 +43,17 @@ def export_pte(name, make_module, example_args, dynamic_shapes=None, seed=0, req
     return _CACHE[name]
 
 
-def without_delegates(name, module, sample, keep=()):
-    """The .pte bytes of `module` on the inputs `sample` lowered with no partitioner, so every op runs
-    as one of ExecuTorch's portable kernels, kept in the store under `name`; `keep`: ops the lowering
-    keeps whole instead of decomposing them (var_mean)."""
+def without_delegates(name, module, sample, keep=(), dynamic_shapes=None):
+    """The .pte bytes of `module` on the inputs `sample` (with torch.export's `dynamic_shapes`)
+    lowered with no partitioner, so every op runs as one of ExecuTorch's portable kernels, kept in
+    the store under `name`; `keep`: ops the lowering keeps whole instead of decomposing them (var_mean)."""
 
     def lowering():
         from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
         config = EdgeCompileConfig(_core_aten_ops_exception_list=list(keep))
-        return bytes(to_edge_transform_and_lower(torch.export.export(module, tuple(sample)), compile_config=config, partitioner=[]).to_executorch().buffer)
+        program = torch.export.export(module, tuple(sample), dynamic_shapes=dynamic_shapes)
+        return bytes(to_edge_transform_and_lower(program, compile_config=config, partitioner=[]).to_executorch().buffer)
 
     return stored_pte(name, lowering)
 

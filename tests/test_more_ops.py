@@ -244,6 +244,36 @@ async def test_everyday_ops_as_portable_kernels(load_pte):
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5, err_msg=f"output {k}")
 
 
+class LiveWithoutDelegates(torch.nn.Module):
+    """Ops outside any delegate at a live dim: reductions, cat, pads, products, comparisons, norms,
+    topk, tril, roll and the padding modes (SymInt arithmetic: sym_size, prim sub and mod), resampling,
+    distances, index_put."""
+
+    def forward(self, x, y, m):
+        f = torch.nn.functional
+        return (
+            torch.softmax(x, -1), torch.softmax(x, 1), torch.all(m, 1), x.amax((0, 2)), x.amin(1, keepdim=True), x.argmin(1),
+            torch.cat([x, y], 1), f.pad(x, (1, 2, 0, 3), value=0.5), torch.div(x, 0.3, rounding_mode="floor"),
+            x.mean(), x.mean((0, 2)), x.sum(1), torch.bmm(x, y.transpose(1, 2)), x[:, :1].squeeze(1), x > y, x <= 0.1,
+            torch.where(m, x, y), f.gelu(x), x.flip(1), x.repeat(1, 2, 1), x.permute(2, 0, 1) + 0, torch.cumsum(x, 1),
+            f.layer_norm(x, (7,)), x.var(1), torch.topk(x, 2, dim=2)[0], x.max(1)[0], torch.tril(x), torch.roll(x, 1, 1),
+            f.pad(x, (2, 1), mode="reflect"), f.pad(x, (2, 1), mode="replicate"), f.interpolate(x, scale_factor=2),
+            torch.cdist(x, y), torch.clamp(x, y), x.index_put((torch.tensor([0, 2]),), y[:2, :1]),
+        )
+
+async def test_a_program_without_delegates_at_live_sizes(load_pte):
+    """ExecuTorch's prim ops (a live size, its arithmetic) run beside the portable kernels, whose
+    hooks they drive: every output equal to torch eager at live sizes in random order, the least
+    and the most included (before: such a program was refused at load)."""
+    live = torch.export.Dim("live", min=2, max=11)
+    sample, shapes = (torch.randn(3, 11, 7), torch.randn(3, 11, 7), torch.rand(3, 11, 7) > 0.5), ({1: live},) * 3
+    module = LiveWithoutDelegates()
+    pte = without_delegates("live_without_delegates", module, sample, dynamic_shapes=shapes)
+    assert {"aten::sym_size.int", "executorch_prim::sub.Scalar", "executorch_prim::mod.Scalar"} <= _kernel_calls(pte)
+    calls = dynamic_shape_calls(sample, shapes, n=6, seed=3)
+    await assert_matches_eager(await load_pte(pte), module, calls, atol=1e-5, rtol=1e-5)
+
+
 class Distances(torch.nn.Module):
     """Ops ExecuTorch leaves to its portable kernels: clamp by tensors, a number to a tensor's
     power, powers of integers, diagonals, as_strided, circular padding (an empty tensor that copies

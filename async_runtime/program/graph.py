@@ -55,6 +55,7 @@ def link(method, check=True):
                 args = args[:-1]
             calls.append((ins.op, args))
             g.kernel_ops.append(ins.op)
+            _live_ints(g, args[-1])
         elif isinstance(ins, MoveCall):
             calls.append(("move", (ins.src, ins.dst)))
         elif isinstance(ins, JumpFalseCall):
@@ -68,6 +69,14 @@ def link(method, check=True):
     if check and missing:
         raise UnsupportedOperatorError(missing)
     return g
+
+
+def _live_ints(g, out):
+    """An Int that an instruction outside the delegates writes (sym_size's, a prim op's) is a SymInt:
+    live, and read by the ops after it (the file holds its value at export)."""
+    v = g.values[out]
+    if isinstance(v, Scalar) and type(v.value) in (int, bool):
+        g.values[out] = SymInt(int(v.value))
 
 
 def widen_half(graph):

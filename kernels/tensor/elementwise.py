@@ -278,7 +278,8 @@ def add_elementwise(b, operands, expr, alpha=1.0, beta=0.0):
 
 
 def _bound(b, i, default):
-    """A clamp bound: a number fixed in the file (None: `default`), or `fn(ctx)` for a SymInt."""
+    """A clamp bound or a scalar operand: a number fixed in the file (None: `default`), or `fn(ctx)`
+    for a SymInt."""
     if isinstance(b.value(i), SymInt):
         vid = b.args[i]
         return lambda ctx: ctx.int_value(vid)
@@ -336,7 +337,7 @@ def _binary(expr):
         if b.is_tensor(1):
             add_elementwise(b, [0, 1], expr, alpha)
             return
-        beta = b.scalar(1)
+        beta = _bound(b, 1, None)  # a number, or a live SymInt
         if expr == BINARY["pow"] and not callable(beta) and float(beta) in POW_BY:
             add_elementwise(b, [0], POW_BY[float(beta)])
         else:
@@ -363,7 +364,7 @@ for _base, _expr in BINARY.items():
 @op("aten.pow.Scalar", "aten::pow.Scalar_out", half=True, capacity=True)
 def pow_scalar(b):
     """[base (a number), exponent (a tensor), out]."""
-    add_elementwise(b, [1], {"f32": "pow_real(beta, a)", "i32": "pow_int(beta, a)"}, beta=b.scalar(0))
+    add_elementwise(b, [1], {"f32": "pow_real(beta, a)", "i32": "pow_int(beta, a)"}, beta=_bound(b, 0, None))
 
 
 @op("aten.clamp.Tensor", "aten::clamp.Tensor_out", half=True, capacity=True)
@@ -398,7 +399,7 @@ def div_mode(b):
     if b.is_tensor(1):
         add_elementwise(b, [0, 1], DIV_MODE[mode])
     else:
-        add_elementwise(b, [0, None], DIV_MODE[mode], beta=b.scalar(1))
+        add_elementwise(b, [0, None], DIV_MODE[mode], beta=_bound(b, 1, None))
 
 
 @op("aten.where.self", "aten::where.self_out", half=True, capacity=True)

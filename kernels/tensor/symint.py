@@ -6,13 +6,13 @@ which the ops reading them turn into parameter bytes. `select_as_symint` is data
 
 import operator
 
-from pte_wgpu.resize.shapes import normalize_dim
+from pte_wgpu.resize.shapes import normalize_dim, numel_of
 
 from ..registry import op
 from .shape import flat_copy
 
 
-@op("sym_size.int", half=True, capacity=True)
+@op("sym_size.int", "aten::sym_size.int", half=True, capacity=True)
 def sym_size(b):
     src, dim = b.args[0], b.scalar(1)
 
@@ -35,11 +35,25 @@ def _arith(fn):
     return build
 
 
-# SymInt arithmetic and comparisons (a comparison's SymBool is a SymInt holding 0 or 1).
+@op("aten::sym_numel", half=True, capacity=True)
+def sym_numel(b):
+    src = b.args[0]
+
+    def resize(ctx):
+        ctx.set_symint(b.out, numel_of(ctx.dims(src)))
+
+    b.hook(resize)
+
+
+# SymInt arithmetic and comparisons (a comparison's SymBool is a SymInt holding 0 or 1), by the
+# delegate's names and those of ExecuTorch's prim ops outside delegates (executorch_prim::add.Scalar)
 SYMINT_OPS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "floordiv": operator.floordiv,
               "eq": operator.eq, "lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge}  # fmt: skip
+PRIM_OPS = {"mod": operator.mod, "sym_max": max, "sym_min": min}
 for _name, _fn in SYMINT_OPS.items():
-    op(_name)(_arith(_fn))
+    op(_name, f"executorch_prim::{_name}.Scalar")(_arith(_fn))
+for _name, _fn in PRIM_OPS.items():
+    op(f"executorch_prim::{_name}.Scalar")(_arith(_fn))
 
 
 @op("executorch_prim::neg.Scalar")
