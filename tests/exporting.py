@@ -49,6 +49,7 @@ def without_delegates(name, module, sample, keep=(), dynamic_shapes=None):
     the store under `name`; `keep`: ops the lowering keeps whole instead of decomposing them (var_mean)."""
 
     def lowering():
+        import executorch.kernels.quantized  # noqa: F401  (the quantized ops' portable kernels, for their out variants)
         from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
         config = EdgeCompileConfig(_core_aten_ops_exception_list=list(keep))

@@ -64,8 +64,9 @@ class QuantizeOps(torch.nn.Module):
     torchao's quantize_affine / dequantize_affine per row, and embedding_4bit. A dequantize
     never meets its own quantize here: ExecuTorch's Vulkan preprocess folds such a pair away."""
 
-    def __init__(self):
+    def __init__(self, affine=True):
         super().__init__()
+        self.affine = affine  # torchao's affine ops too (they have no portable kernel)
         self.register_buffer("scales", torch.tensor([0.011, 0.02, 0.0137, 0.05, 0.009, 0.031, 0.0071]))
         self.register_buffer("zps", torch.tensor([3, -7, 0, 12, -128, 127, 1], dtype=torch.int32))
         self.register_buffer("table", torch.randint(0, 256, (6, 8), dtype=torch.uint8))  # 6 rows of 16 nibbles
@@ -86,8 +87,8 @@ class QuantizeOps(torch.nn.Module):
             QD.dequantize_per_token.default(q, ts, tz, -128, 127, i8, torch.float32),
             *QD.choose_qparams.tensor(x, -128, 127, 1e-7, i8),
             *QD.choose_qparams_per_token_asymmetric.default(x, i8),
-            torch.ops.torchao.quantize_affine(x, block, row_scale, row_zp, i8, -128, 127),
-            torch.ops.torchao.dequantize_affine(q, block, row_scale, row_zp, i8, -128, 127),
+            *(torch.ops.torchao.quantize_affine(x, block, row_scale, row_zp, i8, -128, 127),
+              torch.ops.torchao.dequantize_affine(q, block, row_scale, row_zp, i8, -128, 127))[: 2 if self.affine else 0],
             QD.embedding_4bit.dtype(self.table, self.table_scales, None, -8, 7, idx, dtype=torch.float32),
         )
 
@@ -370,6 +371,21 @@ async def test_quantize_dequantize_and_choose_qparams(load_pte):
     await assert_matches_eager(await load_pte(pte), module, calls, atol=1e-6, rtol=1e-6)
 
 
+async def test_quantize_ops_as_portable_kernels(load_pte):
+    """The same ops by the names of ExecuTorch's quantized kernels (quantized_decomposed::*.out),
+    lowered with no partitioner (torchao's affine ops have no such kernel): integers exact, floats
+    to 1e-6, as the delegate's."""
+    pytest.importorskip("executorch.exir")
+    torch.manual_seed(0)
+    module = QuantizeOps(affine=False).eval()
+    pte = without_delegates("quantize_ops_portable", module, QUANT_SAMPLE)
+    wanted = {"quantize_per_channel.out", "dequantize_per_channel.out", "quantize_per_token.out", "dequantize_per_token.out",
+              "choose_qparams.Tensor_out", "choose_qparams_per_token_asymmetric.out", "embedding_4bit.dtype_out"}
+    assert {f"quantized_decomposed::{name}" for name in wanted} <= _kernel_calls(pte), sorted(_kernel_calls(pte))
+    x, q, i = QUANT_SAMPLE
+    await assert_matches_eager(await load_pte(pte), module, [(x, q, i), (x * 40, q, i.flip(0))], atol=1e-6, rtol=1e-6)
+
+
 # -- PT2E-quantized models -------------------------------------------------------------------------
 
 _QUANTIZED = {}
@@ -445,6 +461,38 @@ def _vulkan_weight_only(bits):
 
 Q_SAMPLE = (torch.randn(9, 20),)
 Q_SHAPES = ({0: torch.export.Dim("M", min=1, max=9)},)
+
+
+class ConvLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.linear = torch.nn.Conv2d(3, 8, 3), torch.nn.Linear(8, 5)
+
+    def forward(self, x):
+        return self.linear(torch.relu(self.conv(x)).mean((2, 3)))
+
+
+@pytest.mark.parametrize("per_channel, dynamic", [(True, False), (False, False), (True, True)], ids=["per_channel", "per_tensor", "dynamic"])
+async def test_pt2e_quantized_models_without_delegates(load_pte, per_channel, dynamic):
+    """A convolution and a linear quantized by XNNPACK's quantizer (static per channel or per tensor,
+    or dynamic), lowered with no partitioner: the quantize, dequantize and choose_qparams kernels
+    between float ops, equal to the converted eager program."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer, get_symmetric_quantization_config
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 9, 11)
+    graph = torch.export.export(ConvLinear().eval(), (x,)).module()
+    graph = prepare_pt2e(graph, XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=per_channel, is_dynamic=dynamic)))
+    graph(x)
+    graph = convert_pt2e(graph)
+    pte = without_delegates(f"pt2e_conv_linear_{per_channel}_{dynamic}", graph, (x,))
+    assert "quantized_decomposed::dequantize_per_tensor" + (".Tensor_out" if dynamic else ".out") in _kernel_calls(pte)
+    model = await load_pte(pte)
+    for call in (x, x * 3, torch.randn(2, 3, 9, 11)):
+        (got,) = await model.execute(call.numpy())
+        with torch.no_grad():
+            np.testing.assert_allclose(got, graph(call).numpy(), rtol=1e-6, atol=1e-6)
 
 
 def _kernel_calls(pte):

@@ -54,13 +54,15 @@ def _dequantize(b, scales, zps, coords_of=None):
     add_word_map(b, [b.args[0]], QUANT_FNS + body, lambda ctx: ((0.0,) * 4, (0,) * 4), qparams, coords_of)
 
 
-@op("quantized_decomposed.quantize_per_tensor.default", "quantized_decomposed.quantize_per_tensor.tensor", half=True)
+@op("quantized_decomposed.quantize_per_tensor.default", "quantized_decomposed.quantize_per_tensor.tensor",
+    "quantized_decomposed::quantize_per_tensor.out", "quantized_decomposed::quantize_per_tensor.Tensor_out", half=True)
 def quantize_per_tensor(b):
     """[input, scale, zero_point, qmin, qmax, dtype, out]."""
     _quantize(b, b.scalar(3), b.scalar(4), [b.args[1], b.args[2]] if b.is_tensor(1) else [])
 
 
-@op("quantized_decomposed.dequantize_per_tensor.default", "quantized_decomposed.dequantize_per_tensor.tensor", half=True)
+@op("quantized_decomposed.dequantize_per_tensor.default", "quantized_decomposed.dequantize_per_tensor.tensor",
+    "quantized_decomposed::dequantize_per_tensor.out", "quantized_decomposed::dequantize_per_tensor.Tensor_out", half=True)
 def dequantize_per_tensor(b):
     """[input, scale, zero_point, qmin, qmax, dtype, out_dtype, out]."""
     if b.is_tensor(1):
@@ -96,13 +98,13 @@ def _channel_coords(b, axis):
     return coords
 
 
-@op("quantized_decomposed.quantize_per_channel.default", half=True)
+@op("quantized_decomposed.quantize_per_channel.default", "quantized_decomposed::quantize_per_channel.out", half=True)
 def quantize_per_channel(b):
     """[input, scales [C], zero_points [C], axis, qmin, qmax, dtype, out]."""
     _quantize(b, b.scalar(4), b.scalar(5), [b.args[1], b.args[2]], _channel_coords(b, b.scalar(3)))
 
 
-@op("quantized_decomposed.dequantize_per_channel.default", half=True)
+@op("quantized_decomposed.dequantize_per_channel.default", "quantized_decomposed::dequantize_per_channel.out", half=True)
 def dequantize_per_channel(b):
     """[input, scales [C], zero_points [C] or None, axis, qmin, qmax, dtype, out_dtype, out]."""
     _dequantize(b, b.args[1], None if b.is_none(2) else b.args[2], _channel_coords(b, b.scalar(3)))
@@ -112,7 +114,7 @@ def _token_coords(ctx, dims):
     return dims[-1], numel_of(dims[:-1])
 
 
-@op("quantized_decomposed.quantize_per_token.default", half=True)
+@op("quantized_decomposed.quantize_per_token.default", "quantized_decomposed::quantize_per_token.out", half=True)
 def quantize_per_token(b):
     """[input [..., K], scales [..., 1], zero_points [..., 1], qmin, qmax, dtype, out]."""
     body = """
@@ -125,7 +127,7 @@ fn value(i: u32) -> i32 {
     _quantize(b, b.scalar(3), b.scalar(4), [b.args[1], b.args[2]], _token_coords, body)
 
 
-@op("quantized_decomposed.dequantize_per_token.default", half=True)
+@op("quantized_decomposed.dequantize_per_token.default", "quantized_decomposed::dequantize_per_token.out", half=True)
 def dequantize_per_token(b):
     """[input, scales [..., 1], zero_points [..., 1], qmin, qmax, dtype, output_dtype, out]."""
     _dequantize(b, b.args[1], b.args[2], _token_coords)
@@ -264,14 +266,14 @@ def _choose_qparams(b, mode, qmin, qmax, eps, block_of, out_dims_of):
     b.hook(resize)
 
 
-@op("quantized_decomposed.choose_qparams.tensor", half=True)
+@op("quantized_decomposed.choose_qparams.tensor", "quantized_decomposed::choose_qparams.Tensor_out", half=True)
 def choose_qparams_tensor(b):
     """[input, quant_min, quant_max, eps, dtype, ValueList[scale [1], zero_point [1]]]."""
     mode, qmin, qmax, eps = MODES["ASYMMETRIC"], b.scalar(1), b.scalar(2), float(b.scalar(3))
     _choose_qparams(b, mode, qmin, qmax, eps, lambda dims: max(numel_of(dims), 1), lambda dims, block: (1,))
 
 
-@op("quantized_decomposed.choose_qparams_per_token_asymmetric.default", half=True)
+@op("quantized_decomposed.choose_qparams_per_token_asymmetric.default", "quantized_decomposed::choose_qparams_per_token_asymmetric.out", half=True)
 def choose_qparams_per_token_asymmetric(b):
     """[input [..., K], dtype, ValueList[scales [..., 1], zero_points [..., 1]]]."""
     mode = MODES["PER_TOKEN_ASYMMETRIC"]

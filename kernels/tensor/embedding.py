@@ -137,7 +137,7 @@ def _add_q4_embedding(b, weight, scales, indices, dim, group_size, linear):
     b.hook(resize)
 
 
-@op("quantized_decomposed.embedding_4bit.dtype", half=True)
+@op("quantized_decomposed.embedding_4bit.dtype", "quantized_decomposed::embedding_4bit.out", "quantized_decomposed::embedding_4bit.dtype_out", half=True)
 def embedding_4bit(b):
     """[weight uint8 [V, D/2], scales [V] or [V, groups], zero_points (None), quant_min, quant_max,
     indices, dtype, out [..., D]]: the even element in the high nibble."""
