@@ -371,6 +371,55 @@ async def test_quantize_dequantize_and_choose_qparams(load_pte):
     await assert_matches_eager(await load_pte(pte), module, calls, atol=1e-6, rtol=1e-6)
 
 
+class QuantizedTables(torch.nn.Module):
+    """Embedding tables of 8, 4 and 2 bits a value, as ExecuTorch's LLM export quantizes them
+    (`embedding_quantize` "8,g", "4,g", "2,g": no zero points, scales f16 or f32), and an 8-bit
+    one with zero points; 30 rows of 20 values (rows of 5 bytes at 2 bits, 10 at 4)."""
+
+    def __init__(self):
+        super().__init__()
+        qd = torch.ops.quantized_decomposed
+        self.qd = qd
+        self.register_buffer("w8", torch.randint(-128, 128, (30, 20), dtype=torch.int8))
+        self.register_buffer("s8", torch.rand(30, 4) * 0.02 + 0.001)
+        self.register_buffer("z8", torch.randint(-5, 6, (30, 4)).float())
+        self.register_buffer("s8_row", (torch.rand(30) * 0.02 + 0.001).half())
+        self.register_buffer("w4", torch.randint(0, 256, (30, 10), dtype=torch.uint8))
+        self.register_buffer("s4", torch.rand(30, 2) + 0.1)
+        self.register_buffer("w2", torch.randint(0, 256, (30, 5), dtype=torch.uint8))
+        self.register_buffer("s2", torch.rand(30, 5) + 0.1)
+
+    def forward(self, idx):
+        qd = torch.ops.quantized_decomposed
+        return (
+            qd.embedding_byte.dtype(self.w8, self.s8, None, -128, 127, idx, dtype=torch.float32),
+            qd.embedding_byte.dtype(self.w8, self.s8, self.z8, -128, 127, idx, dtype=torch.float32),
+            qd.embedding_byte.dtype(self.w8, self.s8_row, None, -128, 127, idx, dtype=torch.float16).float(),
+            qd.embedding_4bit.dtype(self.w4, self.s4, None, -8, 7, idx, dtype=torch.float32),
+            qd.embedding_2bit.dtype(self.w2, self.s2, None, -2, 1, idx, dtype=torch.float32),
+        )
+
+
+@pytest.mark.parametrize("delegated", [True, False], ids=["beside_a_delegate", "without_delegates"])
+async def test_quantized_embedding_tables(load_pte, delegated):
+    """Rows of each table at several counts of indices (a live dim), the first and last rows among
+    them, equal to ExecuTorch's reference decompositions: the tables' portable kernels beside a
+    delegate (which takes the 4-bit table) and in a program without one."""
+    pytest.importorskip("executorch.exir")  # registers the quantized_decomposed ops the eager module calls
+    torch.manual_seed(3)
+    module = QuantizedTables()
+    count = torch.export.Dim("count", min=1, max=13)
+    sample, shapes = (torch.tensor([0, 29, 3, 17, 8, 1, 28, 14, 5, 22, 9, 11, 2]),), ({0: count},)
+    if delegated:
+        pte, module = export_pte("quantized_tables", QuantizedTables, sample, shapes, seed=3)
+    else:
+        pte = without_delegates("quantized_tables_portable", module, sample, dynamic_shapes=shapes)
+    outside = ("byte", "2bit") if delegated else ("byte", "4bit", "2bit")  # the partitioner takes the 4-bit table
+    assert {f"quantized_decomposed::embedding_{bits}.dtype_out" for bits in outside} <= _kernel_calls(pte)
+    calls = dynamic_shape_calls(sample, shapes, n=5, seed=2)
+    await assert_matches_eager(await load_pte(pte), module, calls, atol=1e-5, rtol=1e-3)
+
+
 async def test_quantize_ops_as_portable_kernels(load_pte):
     """The same ops by the names of ExecuTorch's quantized kernels (quantized_decomposed::*.out),
     lowered with no partitioner (torchao's affine ops have no such kernel): integers exact, floats

@@ -1,11 +1,12 @@
 """Table lookups: `aten.embedding` (rows of a weight by index), each table and output in its own
 storage type (f32, f16 or an integer type); a ragged batch's last row of each sequence; and rows
-of 4-bit tables (`quantized_decomposed.embedding_4bit`, `et_vk.embedding_q4gsw`).
+of quantized tables of 8, 4 or 2 bits a value (`quantized_decomposed.embedding_byte`, `_4bit`,
+`_2bit`, `et_vk.embedding_q4gsw`), times their group's scale (scales [V, groups], or [V] for one
+group), less its zero point where there are any.
 
 A 4-bit table is kernels/matmul/q4_linear.py's format: uint8 [V, D / 2], two elements a byte, each
-stored as q + 8, times its group's scale (scales [V, groups], or [V] for one group). Which nibble
-holds the even element is the one difference: the low one in a linear weight's packing
-(`is_linear_weight`), the high one otherwise."""
+stored as q + 8. Which nibble holds the even element is the one difference: the low one in a
+linear weight's packing (`is_linear_weight`), the high one otherwise."""
 
 import struct
 
@@ -101,54 +102,74 @@ def last_rows(b):
     b.hook(resize)
 
 
-# Rows of a 4-bit table: element d of row r is byte d / 2 of the row, nibble by `p.linear`.
-EMBEDDING_Q4 = flat_kernel(
-    "n: u32, dim: u32, rows: u32, wpr: u32, groups: u32, gs: u32, linear: u32, pad: u32",
-    [("wq", "u32", "read"), ("ws", "$WS_TYPE", "read"), ("index", "i32", "read"), ("out", "$OUT_TYPE", "read_write")],
-    """
+# Rows of a quantized table of `bits` a value (8, 4 or 2): element d of row r is in byte
+# r * row_bytes + d * bits / 8 of the table's words, its value $VALUE (a byte's
+# `byte`), less the group's zero point, times its scale.
+EMBEDDING_QUANTIZED = """
     let t = i / p.dim;
     let d = i % p.dim;
     // An index outside the table reads its nearest row instead of out-of-bounds memory.
     let row = u32(clamp(index[t], 0, i32(p.rows) - 1));
-    let byte = (wq[row * p.wpr + d / 8u] >> (8u * ((d / 2u) % 4u))) & 0xFFu;
-    // linear packing: even element in the low nibble; otherwise in the high nibble
-    let high = ((d % 2u) == 1u) == (p.linear == 1u);
-    let q = select(byte & 15u, byte >> 4u, high);
-    out[i] = $OUT_TYPE((f32(q) - 8.0) * f32(ws[row * p.groups + min(d / p.gs, p.groups - 1u)]));
-""",
-)
+    let at = row * p.row_bytes + d / ${PER_BYTE}u;
+    let byte = (wq[at / 4u] >> (8u * (at % 4u))) & 0xFFu;
+    let g = row * p.groups + min(d / p.gs, p.groups - 1u);
+    out[i] = $OUT_TYPE(($VALUE - $ZERO) * f32(ws[g]));
+"""
+# a value of each width as the byte holds it: 8 bits signed; 4 bits stored as q + 8, the even
+# element in the high nibble (the low one in a linear weight's packing, `p.linear`); 2 bits stored
+# as q + 2, element 4j + k in bits 2k of byte j
+QUANTIZED_VALUES = {
+    8: "f32(bitcast<i32>(byte << 24u) >> 24u)",
+    4: "(f32(select(byte & 15u, byte >> 4u, ((d % 2u) == 1u) == (p.linear == 1u))) - 8.0)",
+    2: "(f32((byte >> (2u * (d % 4u))) & 3u) - 2.0)",
+}
 
 
-def _add_q4_embedding(b, weight, scales, indices, dim, group_size, linear):
-    """Record out[..., d] = (nibble - 8) * scale of row indices[...] of a 4-bit table."""
+def _add_quantized_embedding(b, weight, scales, zero_points, indices, dim, group_size, bits, linear=False):
+    """Record out[..., d] = (value - zero point) * scale of row indices[...] of a table of `bits`
+    a value (zero_points: a value id, or None for none)."""
     rows, row_bytes = b.graph.values[weight].dims
     groups = b.graph.values[scales].dims[1] if len(b.graph.values[scales].dims) == 2 else 1
     params = b.params(32)
-    shader = fill(EMBEDDING_Q4, WS_TYPE=b.storage(scales), OUT_TYPE=b.storage(b.out))
-    d = b.dispatch(shader, [weight, scales, indices, b.out, params])
+    zp = [zero_points] if zero_points is not None else []
+    bindings = [("wq", "u32", "read"), ("ws", b.storage(scales), "read"), *(("wz", b.storage(z), "read") for z in zp), ("index", "i32", "read"),
+                ("out", b.storage(b.out), "read_write")]
+    body = fill(EMBEDDING_QUANTIZED, OUT_TYPE=b.storage(b.out), PER_BYTE=8 // bits, VALUE=QUANTIZED_VALUES[bits], ZERO="f32(wz[g])" if zp else "0.0")
+    shader = flat_kernel("n: u32, dim: u32, rows: u32, row_bytes: u32, groups: u32, gs: u32, linear: u32, pad: u32", bindings, body)
+    d = b.dispatch(shader, [weight, scales, *zp, indices, b.out, params])
 
     def resize(ctx):
         shape = ctx.dims(indices) + (dim,)
         n = numel_of(shape)
-        ctx.set_params(params, struct.pack("<8I", n, dim, rows, row_bytes // 4, groups, group_size, int(linear), 0))
+        ctx.set_params(params, struct.pack("<8I", n, dim, rows, row_bytes, groups, group_size, int(linear), 0))
         ctx.set_grid(d, flat_grid(n))
         ctx.set_dims(b.out, shape)
 
     b.hook(resize)
 
 
-@op("quantized_decomposed.embedding_4bit.dtype", "quantized_decomposed::embedding_4bit.out", "quantized_decomposed::embedding_4bit.dtype_out", half=True)
-def embedding_4bit(b):
-    """[weight uint8 [V, D/2], scales [V] or [V, groups], zero_points (None), quant_min, quant_max,
-    indices, dtype, out [..., D]]: the even element in the high nibble."""
-    wt, st = b.tensor(0), b.tensor(1)
-    if not b.is_none(2):
-        raise NotImplementedError(f"{b.name}: zero points")
-    row_bytes = wt.dims[1]
-    if row_bytes % 4:
-        raise NotImplementedError(f"{b.name}: rows of {row_bytes} bytes are not whole u32 words")
-    groups = st.dims[1] if len(st.dims) == 2 else 1
-    _add_q4_embedding(b, b.args[0], b.args[1], b.args[5], row_bytes * 2, row_bytes * 2 // groups, linear=False)
+def _quantized_embedding(bits):
+    """quantized_decomposed.embedding_byte / _4bit / _2bit: [weight [V, D * bits / 8], scales [V]
+    or [V, groups], zero_points (None, or as scales), quant_min, quant_max, indices, (dtype), out
+    [..., D]]."""
+
+    def build(b):
+        wt, st = b.tensor(0), b.tensor(1)
+        if len(wt.dims) != 2 or not 1 <= len(st.dims) <= 2 or st.dims[0] != wt.dims[0]:
+            b.fail(f"weight {list(wt.dims)} with scales {list(st.dims)}: expected [V, bytes] and [V] or [V, groups]")
+        zero_points = None if b.is_none(2) else b.args[2]
+        if zero_points is not None and b.tensor(2).dims != st.dims:
+            b.fail(f"zero points {list(b.tensor(2).dims)}, expected the scales' shape {list(st.dims)}")
+        dim = wt.dims[1] * 8 // bits
+        groups = st.dims[1] if len(st.dims) == 2 else 1
+        _add_quantized_embedding(b, b.args[0], b.args[1], zero_points, b.args[5], dim, -(-dim // groups), bits)
+
+    return build
+
+
+for _bits, _name in ((8, "byte"), (4, "4bit"), (2, "2bit")):
+    op(f"quantized_decomposed.embedding_{_name}.default", f"quantized_decomposed.embedding_{_name}.dtype",
+       f"quantized_decomposed::embedding_{_name}.out", f"quantized_decomposed::embedding_{_name}.dtype_out", half=True)(_quantized_embedding(_bits))
 
 
 @op("et_vk.embedding_q4gsw.default", half=True)
@@ -158,8 +179,8 @@ def embedding_q4gsw(b):
     wt, st = b.tensor(0), b.tensor(1)
     gs = int(b.scalar(2))
     linear = b.flag(4)
-    if len(wt.dims) != 2 or wt.dims[1] % 4:
-        b.fail(f"weight must be packed [V, D/2] with whole u32 rows, got {list(wt.dims)}")
+    if len(wt.dims) != 2:
+        b.fail(f"weight must be packed [V, D/2], got {list(wt.dims)}")
     rows, row_bytes = wt.dims
     groups = st.dims[1] if len(st.dims) == 2 else 1
     if st.dims[0] != rows:
@@ -167,4 +188,4 @@ def embedding_q4gsw(b):
     dim = b.graph.values[b.out].dims[-1]
     if dim > row_bytes * 2 or -(-dim // gs) > groups:
         b.fail(f"embedding dim {dim} does not fit weight {list(wt.dims)} / scales {list(st.dims)}")
-    _add_q4_embedding(b, b.args[0], b.args[1], b.args[3], dim, gs, linear)
+    _add_quantized_embedding(b, b.args[0], b.args[1], None, b.args[3], dim, gs, 4, linear)
