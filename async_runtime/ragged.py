@@ -64,6 +64,9 @@ ROW_WISE = {
     "aten.embedding.default",
     "pte_wgpu.embedding_parts",
     "et_vk.embedding_q4gsw.default",
+    "quantized_decomposed.embedding_byte.dtype",
+    "quantized_decomposed.embedding_2bit.dtype",
+    "quantized_decomposed.embedding_4bit.dtype",
     "et_vk.apply_rotary_emb.default",
 }
 LAYER_NORM = "aten.native_layer_norm.default"

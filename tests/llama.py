@@ -176,6 +176,7 @@ def start_export(
     dtype="fp32",
     nice=0,
     embedding_outside=False,
+    embedding_quantize=None,
     model_args=(),
 ):
     """Start exporting this config in a subprocess unless it is done or under way; its cache key.
@@ -183,11 +184,12 @@ def start_export(
     `nice` > 0: the subprocess runs at that lower priority (an export the tests need late).
     `embedding_outside`: the Vulkan partitioner leaves the token embedding to ExecuTorch's portable
     kernel, as it does for an embedding past its buffer limit (128M elements: a Llama 3's).
+    `embedding_quantize`: export_llm's ("8,32": the embedding in rows of int8 and scales).
     `model_args`: more ModelArgs fields as (name, value) pairs, a family's (q/k/v bias, q/k norm,
     partial rotary, scaled RoPE, ...)."""
     model_args = tuple(sorted(dict(model_args).items()))
     key = (dim, n_heads, n_kv_heads, n_layers, vocab_size, max_len, qmode, group_size, seed,
-           multiple_of, norm_eps, init_std, dynamic, dtype, embedding_outside, model_args)
+           multiple_of, norm_eps, init_std, dynamic, dtype, embedding_outside, embedding_quantize, model_args)
     if qmode is not None and vocab_size % 4:
         # ExecuTorch 1.5.1's Vulkan FusePatternsPass pads q4gsw scales to N % 4 == 0 and then fails
         # ("shape '[257, 2, 1]' is invalid for input of size 520") on the output projection.
@@ -203,10 +205,11 @@ def start_export(
     tag = f"d{dim}h{n_heads}kv{n_kv_heads}l{n_layers}v{vocab_size}m{max_len}s{seed}"
     label = "_".join(filter(None, ({"8da4w": "dq8a4w"}.get(qmode, qmode), dtype if dtype != "fp32" or not qmode else None)))
     label += ("" if dynamic else "_static") + ("_portable_embedding" if embedding_outside else "")  # no "8da4w" in paths (see above)
+    label += f"_embedding{embedding_quantize.replace(',', 'g')}" if embedding_quantize else ""
     out_dir = tempfile.mkdtemp(prefix=f"llama_{label}_{tag}_", dir=base)
     params_path, ckpt_path, state = write_tiny_llama(out_dir, params, max_len, seed, init_std)
     pte_path = os.path.join(out_dir, f"llama_{label}.pte")
     overrides = export_llm_args(params_path, ckpt_path, out_dir, os.path.basename(pte_path), max_len,
-                                qmode=qmode, group_size=group_size, dynamic=dynamic, dtype=dtype)
+                                qmode=qmode, group_size=group_size, dynamic=dynamic, dtype=dtype, embedding_quantize=embedding_quantize)
     _PENDING[key] = _Export(overrides, out_dir, pte_path, state, params, nice, EMBEDDING_OUTSIDE if embedding_outside else "")
     return key

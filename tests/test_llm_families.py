@@ -43,6 +43,7 @@ def start_exports(tmp_path_factory):
                      model_args=tuple(FAMILIES[family].items()), **TINY)
     for family, qmode in HYBRID_EXPORTS:
         start_export(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, qmode=qmode, nice=5, model_args=HYBRIDS[family], **TINY)
+    start_export(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, nice=5, embedding_quantize=EMBEDDING_QUANTIZE, **TINY)
 
 
 async def generate_together(model, prompts, n):
@@ -118,6 +119,22 @@ async def test_an_embedding_outside_the_delegate_batches_ragged(portable_embeddi
     rng = np.random.default_rng(3)
     prompts = [rng.integers(0, vocab, n).tolist() for n in (5, 1, 11, 7)]
     assert await generate_together(model, prompts, 12) == eager_greedy(ref, prompts, 12)
+
+
+EMBEDDING_QUANTIZE = "8,32"  # export_llm's embedding_quantize: int8 rows, a scale every 32 values
+
+
+async def test_a_quantized_embedding_batches_ragged(tmp_path_factory, load_pte):
+    """export_llm's 8-bit embedding (`quantization.embedding_quantize`), which ExecuTorch leaves to
+    its portable kernel outside the delegate: the model batches ragged with GPU sampling, and four
+    prompts generated together get the eager program's tokens."""
+    path, ref = export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, embedding_quantize=EMBEDDING_QUANTIZE, **TINY)
+    model = await load_pte(path)
+    assert "quantized_decomposed::embedding_byte.dtype_out" in {name for name, _ in model.graph.calls}
+    assert model.batching == "ragged" and model.gpu_sampling, model.batching_note
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, TINY["vocab_size"], n).tolist() for n in (6, 1, 12, 3)]
+    assert await generate_together(model, prompts, 10) == eager_greedy(ref, prompts, 10)
 
 
 @pytest.mark.parametrize("family, qmode", HYBRID_EXPORTS, ids=[f"{f}-{q or 'fp32'}" for f, q in HYBRID_EXPORTS])

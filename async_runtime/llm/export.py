@@ -24,8 +24,10 @@ DTYPES = ("fp32", "fp16")
 
 
 def export_llm_args(params_path, ckpt_path, out_dir, pte_name, max_len, *, qmode=None, group_size=32,
-                    backend="vulkan", dynamic=True, dtype="fp32"):
-    """The `export_llm` overrides: Llama 3 with the KV cache and sdpa_with_kv_cache.
+                    backend="vulkan", dynamic=True, dtype="fp32", embedding_quantize=None):
+    """The `export_llm` overrides: Llama 3 with the KV cache and sdpa_with_kv_cache; with
+    `embedding_quantize` ("bits,group size": "8,1024", "4,32", "2,32") its token embedding in
+    quantized rows (ExecuTorch leaves the 8- and 2-bit tables outside the delegate).
 
     dtype "fp16" is the Vulkan partitioner's `force_fp16` (`backend.vulkan.force_fp16=true`): the
     model stays fp32 (its eager program too), the delegates hold every float tensor, weight and KV
@@ -55,6 +57,8 @@ def export_llm_args(params_path, ckpt_path, out_dir, pte_name, max_len, *, qmode
         args += [f"quantization.qmode={qmode}", f"quantization.group_size={group_size}"]
     elif qmode is not None:
         raise ValueError(f"qmode {qmode!r}: expected None, '4w' or '8da4w'")
+    if embedding_quantize is not None:
+        args.append(f"quantization.embedding_quantize='{embedding_quantize}'")
     return args
 
 
