@@ -43,18 +43,20 @@ def export_pte(name, make_module, example_args, dynamic_shapes=None, seed=0, req
     return _CACHE[name]
 
 
-def without_delegates(name, module, sample, keep=(), dynamic_shapes=None):
+def without_delegates(name, module, sample, keep=(), dynamic_shapes=None, reinplace=False):
     """The .pte bytes of `module` on the inputs `sample` (with torch.export's `dynamic_shapes`)
     lowered with no partitioner, so every op runs as one of ExecuTorch's portable kernels, kept in
-    the store under `name`; `keep`: ops the lowering keeps whole instead of decomposing them (var_mean)."""
+    the store under `name`; `keep`: ops the lowering keeps whole instead of decomposing them
+    (var_mean); `reinplace`: ExecuTorch's pass that writes a buffer's update in place (index_put_)."""
 
     def lowering():
         import executorch.kernels.quantized  # noqa: F401  (the quantized ops' portable kernels, for their out variants)
-        from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+        from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
 
         config = EdgeCompileConfig(_core_aten_ops_exception_list=list(keep))
         program = torch.export.export(module, tuple(sample), dynamic_shapes=dynamic_shapes)
-        return bytes(to_edge_transform_and_lower(program, compile_config=config, partitioner=[]).to_executorch().buffer)
+        lowered = to_edge_transform_and_lower(program, compile_config=config, partitioner=[])
+        return bytes(lowered.to_executorch(ExecutorchBackendConfig(run_reinplace_pass=reinplace)).buffer)
 
     return stored_pte(name, lowering)
 

@@ -79,6 +79,41 @@ async def test_index_put_scatter_and_masked_scatter_without_delegates(load_pte):
         np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6, err_msg=f"output {k}")
 
 
+class CacheWrites(torch.nn.Module):
+    """A buffer that each call writes rows of (a KV cache's update, `cache[:, :, pos] = k`) and one
+    that each call adds into (index_put with accumulate, two rows named twice)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(1, 3, 17, 5))
+        self.register_buffer("sums", torch.zeros(7, 5))
+
+    def forward(self, k, pos):
+        self.cache[:, :, pos] = k
+        self.sums.index_put_((torch.tensor([1, 4, 1, 6, 4]),), k[0, 0, :1].expand(5, 5) * torch.arange(1.0, 6.0)[:, None], accumulate=True)
+        return self.cache * 1.0, self.sums + 0.0
+
+
+@pytest.mark.parametrize("reinplace", [False, True], ids=["copied_back", "in_place"])
+async def test_buffer_updates_persist_per_session(load_pte, reinplace):
+    """A program's buffers updated by index_put: copied back into the buffer (aten::copy_), or,
+    after ExecuTorch's reinplace pass, written in place (aten::index_put_). Two sessions, each call
+    at other positions: every output equal to the eager module's after the same calls, and each
+    session's buffers its own."""
+    g = torch.Generator().manual_seed(4)
+    calls = [(torch.randn(1, 3, 3, 5, generator=g), torch.tensor(p)) for p in ([2, 3, 4], [0, 16, 9], [5, 6, 1])]
+    pte = without_delegates(f"cache_writes_{reinplace}", CacheWrites(), calls[0], reinplace=reinplace)
+    assert ("aten::index_put_" in _kernel_calls(pte)) == reinplace
+    model = await load_pte(pte)
+    async with model.session() as first, model.session() as second:
+        for session, order in ((first, calls), (second, calls[::-1])):
+            module = CacheWrites()
+            for k, pos in order:
+                got = await session.execute(k.numpy(), pos.numpy())
+                for out, want in zip(got, module(k, pos), strict=True):
+                    np.testing.assert_allclose(out, want.numpy(), rtol=1e-6, atol=1e-6)
+
+
 class HalfScatters(torch.nn.Module):
     def forward(self, x, y, d, a, m):
         return (

@@ -309,10 +309,11 @@ def _max_broadcast(shapes):
     return math.prod(max((s[k - rank + len(s)] for s in shapes if k - rank + len(s) >= 0), default=1) for k in range(rank))
 
 
-@op("aten::index_put.out", half=True)
+@op("aten::index_put.out", "aten::index_put_", half=True)
 def index_put(b):
     """out = self with out[indices] = values (broadcast to the indexed shape), or += with
-    accumulate: a copy of self, then one invocation an element of the indexed shape writes it
+    accumulate (index_put_: self itself, out being self): a copy of self, then one invocation an
+    element of the indexed shape writes it
     (duplicate indices without accumulate: one of them wins, as in torch). With accumulate, the
     entries' targets and links first, and only the first entry of a target sums (module docstring)."""
     base, values = b.args[0], b.args[2]
@@ -321,7 +322,11 @@ def index_put(b):
     accumulate = bool(b.scalar(3, False))
     n = len(indexed)
     idx = [vid for _, vid in indexed]
-    copy = b.copy(base, b.out)
+    copy = None
+    if base == b.out:  # index_put_: self written in place, what it held kept (a buffer carried between calls)
+        b.reads(base)
+    else:
+        copy = b.copy(base, b.out)
     bindings = [("src", t, "read"), *((f"idx{j}", "i32", "read") for j in range(n))]
     if accumulate:
         ct = _sum_type(b, t, base)
@@ -359,7 +364,8 @@ def index_put(b):
             b.fail(f"values of shape {list(vdims)} do not broadcast to the indexed shape {ix.shape} of self {list(dims)}")
         v_strides = broadcast_strides(vdims, ix.shape)
         count = numel_of(ix.bshape)
-        ctx.set_grid(copy, (copy_bytes(numel_of(dims), dtype), 1, 1))
+        if copy is not None:
+            ctx.set_grid(copy, (copy_bytes(numel_of(dims), dtype), 1, 1))
         if accumulate:
             ctx.set_params(target_params, ix.targets_params())
             ctx.set_params(link_params, struct.pack("<4I", count, 0, 0, 0))
