@@ -437,3 +437,57 @@ def test_shape_functions_follow_torch():
         conv_out_shape((1, 3, 9, 9), (4, 2, 3, 3), (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
     with pytest.raises(ValueError, match="too small"):
         conv_out_shape((1, 2, 2, 9), (4, 2, 3, 3), (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+
+
+class PortableVision(nn.Module):
+    """Adaptive average pooling to any size, antialiased bilinear resampling (shrinking and
+    growing, either align_corners, by size or scale factor), batch norm by the batch's statistics
+    (its saved mean and invstd too) and instance norm, with and without their affine."""
+
+    def __init__(self, by_scale=True):
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(torch.rand(3) + 0.5), nn.Parameter(torch.randn(3))
+        self.by_scale = by_scale  # ExecuTorch 1.5.1 cannot export a scale factor's resampling at a dynamic size
+
+    def forward(self, x):
+        aa = functools.partial(F.interpolate, mode="bilinear", antialias=True)
+        return (
+            F.adaptive_avg_pool2d(x, (5, 3)), F.adaptive_avg_pool2d(x, 1), F.adaptive_avg_pool2d(x, (7, 13)),
+            aa(x, size=(5, 3)), aa(x, size=(5, 3), align_corners=True), aa(x, size=(23, 29)), aa(x, size=(31, 6), align_corners=True),
+            *([aa(x, scale_factor=0.37)] if self.by_scale else []),
+            F.batch_norm(x, None, None, training=True), F.batch_norm(x, None, None, self.weight, self.bias, training=True),
+            *torch.ops.aten._native_batch_norm_legit.no_stats(x, self.weight, None, True, 0.1, 1e-3),
+            F.instance_norm(x), F.instance_norm(x, weight=self.weight, bias=self.bias, eps=1e-4),
+        )
+
+
+PORTABLE_OPS = {"aten::_adaptive_avg_pool2d.out", "aten::_upsample_bilinear2d_aa.out", "aten::_native_batch_norm_legit.no_stats_out"}
+
+
+@pytest.mark.anyio
+async def test_portable_vision_ops_without_delegates(load_pte):
+    """Lowered with no partitioner: equal to torch eager (1e-5), with the statistics a batch norm saves."""
+    from .exporting import eager, without_delegates
+    from .test_more_ops import _kernel_calls
+
+    torch.manual_seed(2)
+    module, x = PortableVision(), torch.randn(2, 3, 17, 13) * 2 + 0.5
+    pte = without_delegates("portable_vision", module, (x,))
+    assert PORTABLE_OPS <= _kernel_calls(pte), sorted(_kernel_calls(pte))
+    outs = await (await load_pte(pte)).execute(x.numpy())
+    for k, (out, want) in enumerate(zip(outs, eager(module, x.numpy()), strict=True)):
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5, err_msg=f"output {k}")
+
+
+@pytest.mark.anyio
+async def test_portable_vision_ops_at_live_sizes(load_pte):
+    """Beside a delegate (which takes none of them), at live heights and batch sizes in random
+    order, the least and the most included."""
+    from .test_more_ops import _kernel_calls
+
+    height, batch = torch.export.Dim("height", min=6, max=17), torch.export.Dim("batch", min=1, max=3)
+    sample, shapes = (torch.randn(3, 3, 17, 13),), ({0: batch, 2: height},)
+    pte, module = export_pte("portable_vision_live", functools.partial(PortableVision, by_scale=False), sample, shapes, seed=2)
+    assert PORTABLE_OPS <= _kernel_calls(pte), sorted(_kernel_calls(pte))
+    calls = dynamic_shape_calls(sample, shapes, n=5, seed=6)
+    await assert_matches_eager(await load_pte(pte), module, calls, atol=1e-5, rtol=1e-5)

@@ -1,10 +1,12 @@
-"""Normalization over channels: batch norm in inference (running statistics) and group norm.
+"""Normalization over channels: batch norm in inference (running statistics), batch norm by the
+batch's own statistics (instance norm's form) and group norm.
 
-Batch norm is elementwise: channel c of `x` scaled by `weight[c] / sqrt(var[c] + eps)` after
-subtracting `mean[c]`; its saved mean and invstd outputs are empty in inference and stay as they
-are. Group norm runs one workgroup per (sample, group) row, which is contiguous in NCHW: a sum for
-the mean, a sum of squared deviations for the (biased) variance, then the normalized write with
-each channel's affine. It also writes the mean and the reciprocal std of each row. Tensors are f32
+Batch norm in inference is elementwise: channel c of `x` scaled by `weight[c] / sqrt(var[c] + eps)`
+after subtracting `mean[c]`; its saved mean and invstd outputs are empty in inference and stay as
+they are. Group norm and batch norm by the batch's statistics run one workgroup per row (a
+(sample, group) in NCHW, contiguous; a channel across the batch): a sum for the mean, a sum of
+squared deviations for the (biased) variance, then the normalized write with each channel's
+affine. They also write the mean and the reciprocal std of each row. Tensors are f32
 or f16, each read and written in its own storage type; the statistics are computed in f32.
 """
 
@@ -100,6 +102,8 @@ $AFFINE_DECLS
 @group(0) @binding($P_BINDING) var<uniform> p: P;
 var<workgroup> sm: array<f32, $WG>;
 
+fn at(row: u32, k: u32) -> u32 { return $AT; }
+
 fn row_sum(lid: u32, v: f32) -> f32 {
     sm[lid] = v;
     workgroupBarrier();
@@ -117,55 +121,75 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         @builtin(local_invocation_index) lid: u32) {
     let row = wid.x + wid.y * nwg.x;
     if (row >= p.rows) { return; }
-    let base = row * p.rlen;
     var acc = 0.0;
-    for (var k = lid; k < p.rlen; k = k + ${WG}u) { acc = acc + f32(x[base + k]); }
+    for (var k = lid; k < p.rlen; k = k + ${WG}u) { acc = acc + f32(x[at(row, k)]); }
     let mean = row_sum(lid, acc) / f32(p.rlen);
     acc = 0.0;
-    for (var k = lid; k < p.rlen; k = k + ${WG}u) { let d = f32(x[base + k]) - mean; acc = acc + d * d; }
+    for (var k = lid; k < p.rlen; k = k + ${WG}u) { let d = f32(x[at(row, k)]) - mean; acc = acc + d * d; }
     let rstd = inverseSqrt(row_sum(lid, acc) / f32(p.rlen) + p.eps);
     for (var k = lid; k < p.rlen; k = k + ${WG}u) {
-        let c = (row % p.groups) * p.cpg + k / p.inner;
-        out[base + k] = $OT((f32(x[base + k]) - mean) * rstd$AFFINE);
+        let c = $CHANNEL;
+        out[at(row, k)] = $OT((f32(x[at(row, k)]) - mean) * rstd$AFFINE);
     }
     if (lid == 0u) { mean_out[row] = $MT(mean); rstd_out[row] = $RT(rstd); }
 }
 """
 
 
-@op("aten.native_group_norm.default", "aten::native_group_norm.out", half=True)
-def group_norm(b):
+# A row's elements and each one's channel: group norm's rows are contiguous (a sample's group of
+# channels); batch norm's row c holds channel c of every sample, `inner` elements a sample.
+GROUP_ROWS = {"AT": "row * p.rlen + k", "CHANNEL": "(row % p.groups) * p.cpg + k / p.inner"}
+CHANNEL_ROWS = {"AT": "(k / p.inner * p.groups + row) * p.inner + k % p.inner", "CHANNEL": "row"}
+
+
+def _normalize_rows(b, rows, eps, layout):
+    """Record the normalization of argument 0 by its rows' mean and (biased) variance, with the
+    affine of arguments 1 and 2, into the three outputs (the result, each row's mean and 1 / std);
+    `layout(shape)`: (rows, elements a row, inner, channels a group, groups (batch norm: channels),
+    the statistics' shape)."""
     x = b.args[0]
     out, mean_out, rstd_out = b.outputs(3)
-    groups, eps = int(b.scalar(6)), float(b.scalar(7, 1e-5))
     decls, expr, affine = _affine(b, 1, 1, 2)
     n = len(affine)
     types = dict(zip(("XT", "OT", "MT", "RT"), b.float_storage(x, out, mean_out, rstd_out)))
-    shader = fill(
-        GROUP_NORM,
-        AFFINE_DECLS=decls,
-        AFFINE=expr,
-        OUT_BINDING=1 + n,
-        MEAN_BINDING=2 + n,
-        RSTD_BINDING=3 + n,
-        P_BINDING=4 + n,
-        WG=GWG,
-        HALF=GWG // 2,
-        **types,
-    )
+    shader = fill(GROUP_NORM, AFFINE_DECLS=decls, AFFINE=expr, OUT_BINDING=1 + n, MEAN_BINDING=2 + n, RSTD_BINDING=3 + n, P_BINDING=4 + n,
+                  WG=GWG, HALF=GWG // 2, **rows, **types)
     params = b.params(32)
     d = b.dispatch(shader, [x, *affine, out, mean_out, rstd_out, params])
 
     def resize(ctx):
         shape = _channels(b, ctx, x, affine, "weight or bias")
-        if groups < 1 or shape[1] % groups:
-            b.fail(f"{shape[1]} channels in {groups} groups")
-        rows, inner = shape[0] * groups, numel_of(shape[2:])
-        cpg = shape[1] // groups
-        ctx.set_params(params, struct.pack("<5If2I", rows, cpg * inner, inner, cpg, groups, eps, 0, 0))
-        ctx.set_grid(d, fold_grid(rows))
+        count, rlen, inner, cpg, groups, stats = layout(shape)
+        ctx.set_params(params, struct.pack("<5If2I", count, rlen, inner, cpg, groups, eps, 0, 0))
+        ctx.set_grid(d, fold_grid(count))
         ctx.set_dims(out, shape)
-        ctx.set_dims(mean_out, (shape[0], groups))
-        ctx.set_dims(rstd_out, (shape[0], groups))
+        ctx.set_dims(mean_out, stats)
+        ctx.set_dims(rstd_out, stats)
 
     b.hook(resize)
+
+
+@op("aten.native_group_norm.default", "aten::native_group_norm.out", half=True)
+def group_norm(b):
+    groups = int(b.scalar(6))
+
+    def layout(shape):
+        if groups < 1 or shape[1] % groups:
+            b.fail(f"{shape[1]} channels in {groups} groups")
+        inner, cpg = numel_of(shape[2:]), shape[1] // groups
+        return shape[0] * groups, cpg * inner, inner, cpg, groups, (shape[0], groups)
+
+    _normalize_rows(b, GROUP_ROWS, float(b.scalar(7, 1e-5)), layout)
+
+
+@op("aten._native_batch_norm_legit.no_stats", "aten::_native_batch_norm_legit.no_stats_out", half=True)
+def batch_norm_of_the_batch(b):
+    """[input, weight or None, bias or None, training, momentum, eps, (out, mean [C], invstd [C])]:
+    each channel normalized by its statistics over the batch and the spatial dims (what a batch norm
+    in training mode and instance norm, a batch norm of [1, N * C, ...], export to)."""
+
+    def layout(shape):
+        inner = numel_of(shape[2:])
+        return shape[1], shape[0] * inner, inner, 1, shape[1], (shape[1],)
+
+    _normalize_rows(b, CHANNEL_ROWS, float(b.scalar(5, 1e-5)), layout)

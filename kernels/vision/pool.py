@@ -1,8 +1,9 @@
 """2-D pooling: max_pool2d (with or without indices) and avg_pool2d, over the last two dims of a 3-D
 or 4-D input. One invocation per output element walks its window; padding never counts as a max
 candidate, and the max index is the flat position in the input's plane, as in torch. Adaptive
-average pooling reaches the delegate as `mean.dim` (kernels/tensor/reduce.py). float16 tensors load as f32
-and the result converts back at the store."""
+average pooling reaches the delegate as `mean.dim` (kernels/tensor/reduce.py), and the portable
+kernels by its own name, any output size. float16 tensors load as f32 and the result converts
+back at the store."""
 
 import struct
 
@@ -65,6 +66,21 @@ AVG = """
 """
 
 
+# adaptive: output row oy averages input rows floor(oy * ih / oh) to ceil((oy + 1) * ih / oh), as in torch
+ADAPTIVE = """
+    let y0 = oy * p.ih / p.oh;
+    let y1 = ((oy + 1u) * p.ih + p.oh - 1u) / p.oh;
+    let x0 = ox * p.iw / p.ow;
+    let x1 = ((ox + 1u) * p.iw + p.ow - 1u) / p.ow;
+    var acc = 0.0;
+    for (var iy = y0; iy < y1; iy = iy + 1u) {
+        for (var ix = x0; ix < x1; ix = ix + 1u) { acc = acc + load(plane + iy * p.iw + ix); }
+    }
+    store(i, acc / f32((y1 - y0) * (x1 - x0)));
+"""
+BODIES = {"max": MAX, "avg": AVG, "adaptive": ADAPTIVE}
+
+
 def pool_out_size(size, kernel, stride, pad, dilation, ceil_mode):
     """One spatial output size of a pooling window (PyTorch's pooling_output_shape)."""
     if pad > kernel // 2:
@@ -83,14 +99,15 @@ def _pair(items, default):
     return items * 2 if len(items) == 1 else items
 
 
-def add_pool(b, kind, outs, kernel, stride, padding, dilation, ceil_mode, include_pad=True, divisor=0):
-    """Record a pooling op of argument 0 into `outs` (the output, then for max the indices)."""
+def add_pool(b, kind, outs, kernel, stride, padding, dilation, ceil_mode, include_pad=True, divisor=0, out_size=None):
+    """Record a pooling op of argument 0 into `outs` (the output, then for max the indices);
+    `out_size` (height, width): the adaptive pooling's, whose windows follow from it."""
     x = b.args[0]
     tx, to = b.float_storage(x, outs[0])
     kh, kw = _pair(kernel, None)
     (sh, sw), (ph, pw), (dh, dw) = _pair(stride, (kh, kw)), _pair(padding, (0,)), _pair(dilation, (1,))
     decls = [f"@group(0) @binding(1) var<storage, read_write> out: array<{to}>;"]
-    body = MAX if kind == "max" else AVG
+    body = BODIES[kind]
     if len(outs) == 2:
         decls.append("@group(0) @binding(2) var<storage, read_write> indices: array<i32>;")
         body += "    indices[i] = i32(at);\n"
@@ -106,8 +123,11 @@ def add_pool(b, kind, outs, kernel, stride, padding, dilation, ceil_mode, includ
         try:
             if len(shape) not in (3, 4):
                 raise ValueError(f"input of shape {shape}: expected 3-D or 4-D")
-            oh = pool_out_size(shape[-2], kh, sh, ph, dh, ceil_mode)
-            ow = pool_out_size(shape[-1], kw, sw, pw, dw, ceil_mode)
+            if out_size is not None:
+                oh, ow = out_size
+            else:
+                oh = pool_out_size(shape[-2], kh, sh, ph, dh, ceil_mode)
+                ow = pool_out_size(shape[-1], kw, sw, pw, dw, ceil_mode)
         except ValueError as e:
             b.fail(f"{e}")
         oshape = (*shape[:-2], oh, ow)
@@ -138,3 +158,12 @@ def avg_pool2d(b):
     ints = [b.int_list(i) for i in range(1, 4)]
     divisor = int(b.scalar(6, 0) or 0)
     add_pool(b, "avg", [b.out], *ints, (1,), bool(b.scalar(4, False)), bool(b.scalar(5, True)), divisor)
+
+
+@op("aten._adaptive_avg_pool2d.default", "aten::_adaptive_avg_pool2d.out", half=True, capacity=True)
+def adaptive_avg_pool2d(b):
+    """[input, output_size, out]: any output size, a window of about input / output each."""
+    size = _pair(b.int_list(1), None)
+    if len(size) != 2 or min(size) < 1:
+        b.fail(f"output size {list(size)}: expected 2 sizes of at least 1")
+    add_pool(b, "adaptive", [b.out], (1,), (1,), (0,), (1,), False, out_size=size)

@@ -1,5 +1,6 @@
 """Resampling: upsample_nearest2d and upsample_bilinear2d (output sizes or scale factors, either
-align_corners), grid_sampler_2d and et_vk.grid_priors. One invocation per output element.
+align_corners; bilinear also antialiased), grid_sampler_2d and et_vk.grid_priors. One invocation
+per output element.
 
 The source coordinates follow torch's CPU kernels in f32: nearest reads `min(floor(dst * scale),
 in - 1)`; bilinear reads `dst * (in - 1) / (out - 1)` with align_corners and otherwise
@@ -86,13 +87,16 @@ def upsample_out_size(shape, output_size, scale_factors):
     return size
 
 
-def add_upsample(b, body, align_corners, scales_arg):
+def add_upsample(b, body, align_corners, scales, functions=""):
+    """Record an upsample of argument 0 to the sizes of argument 1 (a list, or None for `scales`
+    times the input's), reading the source at 1 / scales where given (height, width; either None),
+    else at the sizes' ratio; `body` computes output pixel i (WGSL), with `functions`."""
     x, out = b.args[0], b.out
     tx, to = b.float_storage(x, out)
-    shader = fill(UPSAMPLE, TX=tx, TO=to, IO=load_store(to), BODY=body, FLAT_INDEX=FLAT_INDEX, OUTPUT_PIXEL=OUTPUT_PIXEL, MAIN=SPREAD_MAIN)
+    shader = fill(UPSAMPLE, TX=tx, TO=to, IO=load_store(to) + functions, BODY=body, FLAT_INDEX=FLAT_INDEX, OUTPUT_PIXEL=OUTPUT_PIXEL,
+                  MAIN=SPREAD_MAIN)
     params = b.params(32)
     d = b.dispatch(shader, [x, out, params])
-    scales = None if b.is_none(scales_arg) else tuple(b.value(scales_arg).items)
 
     def resize(ctx):
         shape = ctx.dims(x)
@@ -101,7 +105,7 @@ def add_upsample(b, body, align_corners, scales_arg):
             oh, ow = upsample_out_size(shape, sizes, scales)
         except ValueError as e:
             b.fail(f"{e}")
-        fh, fw = scales if scales is not None and sizes is None else (None, None)
+        fh, fw = scales if scales is not None else (None, None)
         sh = source_scale(shape[2], oh, fh, align_corners)
         sw = source_scale(shape[3], ow, fw, align_corners)
         numel = shape[0] * shape[1] * oh * ow
@@ -112,14 +116,57 @@ def add_upsample(b, body, align_corners, scales_arg):
     b.hook(resize)
 
 
+def _scale_factors(b, i):
+    return None if b.is_none(i) else tuple(b.value(i).items)
+
+
 @op("aten.upsample_nearest2d.vec", "aten::upsample_nearest2d.vec_out", half=True)
 def upsample_nearest2d(b):
-    add_upsample(b, NEAREST, False, 2)
+    add_upsample(b, NEAREST, False, _scale_factors(b, 2))
 
 
 @op("aten.upsample_bilinear2d.vec", "aten::upsample_bilinear2d.vec_out", half=True)
 def upsample_bilinear2d(b):
-    add_upsample(b, BILINEAR, bool(b.scalar(2, False)), 3)
+    add_upsample(b, BILINEAR, bool(b.scalar(2, False)), _scale_factors(b, 3))
+
+
+# Antialiased bilinear (torch's separable triangle filter): output o of a dim reads the inputs
+# within `support` (1, or the scale when shrinking) of its center scale * (o + 0.5), each weighted
+# 1 - |distance| (the distance over the scale when shrinking), the weights of a dim normalized.
+AA_WINDOW = """
+fn aa_window(o: u32, scale: f32, size: u32) -> vec4<f32> {
+    let shrink = scale >= 1.0;
+    let support = select(1.0, scale, shrink);
+    let center = scale * (f32(o) + 0.5);
+    let lo = max(i32(center - support + 0.5), 0);
+    let hi = min(i32(center + support + 0.5), i32(size));
+    return vec4<f32>(f32(lo), f32(hi), center, select(1.0, 1.0 / scale, shrink));
+}
+fn aa_weight(j: i32, w: vec4<f32>) -> f32 { return max(0.0, 1.0 - abs((f32(j) - w.z + 0.5) * w.w)); }
+"""
+
+BILINEAR_AA = """
+    let wy = aa_window(oy, p.scale_h, p.ih);
+    let wx = aa_window(ox, p.scale_w, p.iw);
+    var acc = 0.0;
+    var ty = 0.0;
+    for (var y = i32(wy.x); y < i32(wy.y); y = y + 1) {
+        var row = 0.0;
+        for (var x = i32(wx.x); x < i32(wx.y); x = x + 1) { row = row + aa_weight(x, wx) * load(plane + u32(y) * p.iw + u32(x)); }
+        acc = acc + aa_weight(y, wy) * row;
+        ty = ty + aa_weight(y, wy);
+    }
+    var tx = 0.0;
+    for (var x = i32(wx.x); x < i32(wx.y); x = x + 1) { tx = tx + aa_weight(x, wx); }
+    store(i, select(acc / (ty * tx), 0.0, ty * tx == 0.0));
+"""
+
+
+@op("aten._upsample_bilinear2d_aa.default", "aten::_upsample_bilinear2d_aa.out", half=True)
+def upsample_bilinear2d_aa(b):
+    """[input, output_size, align_corners, scale_h or None, scale_w or None, out]."""
+    scales = tuple(None if b.is_none(i) else float(b.scalar(i)) for i in (3, 4))
+    add_upsample(b, BILINEAR_AA, bool(b.scalar(2, False)), scales, AA_WINDOW)
 
 
 # grid_sampler_2d: out[n, c, y, x] samples input[n, c] at grid[n, y, x] = (gx, gy) in [-1, 1].
