@@ -103,8 +103,8 @@ def last_rows(b):
 
 
 # Rows of a quantized table of `bits` a value (8, 4 or 2): element d of row r is in byte
-# r * row_bytes + d * bits / 8 of the table's words, its value $VALUE (a byte's
-# `byte`), less the group's zero point, times its scale.
+# r * row_bytes + d * bits / 8 of the table's words, its value that byte's QUANTIZED_VALUES[bits],
+# less the group's zero point, times its scale.
 EMBEDDING_QUANTIZED = """
     let t = i / p.dim;
     let d = i % p.dim;
@@ -162,7 +162,7 @@ def _quantized_embedding(bits):
             b.fail(f"zero points {list(b.tensor(2).dims)}, expected the scales' shape {list(st.dims)}")
         dim = wt.dims[1] * 8 // bits
         groups = st.dims[1] if len(st.dims) == 2 else 1
-        _add_quantized_embedding(b, b.args[0], b.args[1], zero_points, b.args[5], dim, -(-dim // groups), bits)
+        _add_quantized_embedding(b, b.args[0], b.args[1], zero_points, b.args[5], dim, dim // groups, bits)
 
     return build
 

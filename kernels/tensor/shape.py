@@ -7,8 +7,8 @@ Two ways to move data:
 - one strided-copy kernel (`STRIDED_COPY`): each output element's coordinates over `sizes` give an
   input element at `in_off + sum(c_d * in_strides_d)` and an output element at
   `out_off + sum(c_d * out_strides_d)`, converting the dtype on the way. Permute, expand, diagonal,
-  as_strided, slice, select, split (one dispatch per output), cat (one dispatch per input) and casts are all this
-  kernel with different sizes, strides and offsets.
+  as_strided, slice, select, split (one dispatch per output), cat (one dispatch per input) and
+  casts are all this kernel with different sizes, strides and offsets.
 index_select and gather read one input coordinate from an index tensor (`INDEXED_COPY`).
 Every op here takes float16 (f16 storage, 2-byte elements; a cast converts at the store) and
 excludes the packed int8/uint8 bytes.
@@ -388,7 +388,7 @@ def as_strided_copy(b):
 
     def resize(ctx):
         size, stride = list(ctx.int_list(b.args[1])), list(ctx.int_list(b.args[2]))
-        start = int(b.scalar(3, 0)) if not b.is_none(3) else 0
+        start = int(b.scalar(3, 0))
         have = numel_of(ctx.dims(src))
         if len(size) != len(stride) or min(size, default=1) < 1 or min(stride, default=0) < 0:
             b.fail(f"size {size} with stride {stride}: expected one positive size and non-negative stride a dim")
