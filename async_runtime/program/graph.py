@@ -55,7 +55,7 @@ def link(method, check=True):
                 args = args[:-1]
             calls.append((ins.op, args))
             g.kernel_ops.append(ins.op)
-            _live_ints(g, args[-1])
+            _live_ints(g, args)
         elif isinstance(ins, MoveCall):
             calls.append(("move", (ins.src, ins.dst)))
         elif isinstance(ins, JumpFalseCall):
@@ -71,12 +71,14 @@ def link(method, check=True):
     return g
 
 
-def _live_ints(g, out):
-    """An Int that an instruction outside the delegates writes (sym_size's, a prim op's) is a SymInt:
-    live, and read by the ops after it (the file holds its value at export)."""
-    v = g.values[out]
-    if isinstance(v, Scalar) and type(v.value) in (int, bool):
-        g.values[out] = SymInt(int(v.value))
+def _live_ints(g, args):
+    """An Int that an instruction outside the delegates writes (its last argument: sym_size's, a prim
+    op's) is a SymInt: live, and read by the ops after it (the file holds its value at export). A
+    missing or out-of-range id is left to the op's build to refuse."""
+    if args and 0 <= args[-1] < len(g.values):
+        v = g.values[args[-1]]
+        if isinstance(v, Scalar) and type(v.value) in (int, bool):
+            g.values[args[-1]] = SymInt(int(v.value))
 
 
 def widen_half(graph):
