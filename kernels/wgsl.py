@@ -93,7 +93,7 @@ def minimum(a, b):
 
 def relu(value, zero="0.0"):
     """WGSL of max(value, zero) as torch's relu: NaN and -0.0 pass through (`clamped`)."""
-    return f"select({value}, {zero}, {value} < {zero})"
+    return clamped(value, zero, None)
 
 
 def rounded(value, t):

@@ -44,9 +44,9 @@ def _norm(b, p):
     return f"acc = acc + select(pow(d, {p!r}), d, !(d == d));", f"select(pow(acc, {1 / p!r}), acc, !(acc == acc))"
 
 
-def _distance_kernel(b, fields, bindings, body, p):
+def _distance_kernel(b, fields, bindings, body, p, other):
+    """The flat kernel of `body` with DISTANCE between rows of x1 and of array `other`, by the p-norm."""
     accum, result = _norm(b, float(p))
-    other = bindings[1][0] if len(bindings) == 3 else "x1"
     return flat_kernel(fields, bindings, body, count="n", functions=STRIDED + fill(DISTANCE, OTHER=other, ACCUM=accum, RESULT=result))
 
 
@@ -65,7 +65,7 @@ def cdist(b):
     x1, x2 = b.args[0], b.args[1]
     t1, t2, to = b.float_storage(x1, x2, b.out)
     bindings = [("x1", t1, "read"), ("x2", t2, "read"), ("out", to, "read_write")]
-    shader = fill(_distance_kernel(b, CDIST_FIELDS, bindings, CDIST_BODY, b.scalar(2, 2.0)), TO=to)
+    shader = fill(_distance_kernel(b, CDIST_FIELDS, bindings, CDIST_BODY, b.scalar(2, 2.0), "x2"), TO=to)
     params = b.params(32 + 3 * 32)
     d = b.dispatch(shader, [x1, x2, b.out, params])
 
@@ -106,7 +106,7 @@ def pdist(b):
     x = b.args[0]
     tx, to = b.float_storage(x, b.out)
     bindings = [("x1", tx, "read"), ("out", to, "read_write")]
-    shader = fill(_distance_kernel(b, "n: u32, m: u32, rows: u32, pad0: u32", bindings, PDIST_BODY, b.scalar(1, 2.0)), TO=to)
+    shader = fill(_distance_kernel(b, "n: u32, m: u32, rows: u32, pad0: u32", bindings, PDIST_BODY, b.scalar(1, 2.0), "x1"), TO=to)
     params = b.params(16)
     d = b.dispatch(shader, [x, b.out, params])
 
