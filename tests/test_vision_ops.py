@@ -5,7 +5,8 @@ dynamic heights and widths run at several live sizes in random order, including 
 Tolerances (fp32): single ops atol = rtol = 1e-5 (pools 1e-6: max and avg match exactly, the
 adaptive pool's mean does not); the small CNN 1e-4; MobileNet V2 and ResNet-18 (random weights and
 batch-norm statistics) atol 1e-4, rtol 1e-3: the GPU sums a convolution's products in another
-order than torch does."""
+order than torch does. float16 programs: rtol 2e-3, atol 4e-3 against eager in f32 on the same f16
+values (f16's rounding of the outputs)."""
 
 import dataclasses
 import functools
@@ -491,3 +492,94 @@ async def test_portable_vision_ops_at_live_sizes(load_pte):
     assert PORTABLE_OPS <= _kernel_calls(pte), sorted(_kernel_calls(pte))
     calls = dynamic_shape_calls(sample, shapes, n=5, seed=6)
     await assert_matches_eager(await load_pte(pte), module, calls, atol=1e-5, rtol=1e-5)
+
+
+class PortableVisionRanks(nn.Module):
+    """The portable vision ops at other ranks and affines: adaptive pooling of [C, H, W] inputs,
+    resampling to 1 x 1 and to sizes computed from the input's, batch norm by the batch's statistics
+    of [N, C], [N, C, L] and [N, C, D, H, W] inputs with a weight or a bias alone (the saved mean and
+    invstd of one), instance norm of [N, C, L]."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(torch.rand(3) + 0.5), nn.Parameter(torch.randn(3))
+
+    def forward(self, x):
+        aa = functools.partial(F.interpolate, mode="bilinear", antialias=True)
+        h, w = x.shape[-2:]
+        return (
+            F.adaptive_avg_pool2d(x[0], (4, 6)), F.adaptive_avg_pool2d(x[1] * 2, (1, 5)),
+            aa(x, size=(1, 1)), aa(x, size=(1, 1), align_corners=True),
+            aa(x, size=(h // 2 + 1, w * 2 - 1), align_corners=True), aa(x, size=(h * 3, w // 3 + 1)),
+            F.batch_norm(x.mean((2, 3)), None, None, training=True),
+            F.batch_norm(x.flatten(2), None, None, self.weight, None, training=True),
+            F.batch_norm(torch.stack([x, x * 2 - 1], 2), None, None, None, self.bias, training=True, eps=1e-2),
+            *torch.ops.aten._native_batch_norm_legit.no_stats(x, None, self.bias, True, 0.1, 1e-2),
+            F.instance_norm(x.flatten(2), weight=self.weight, bias=self.bias),
+        )
+
+
+@pytest.mark.anyio
+async def test_portable_vision_ops_of_other_ranks_at_live_widths(load_pte):
+    """Beside a delegate, at live widths (the resampling's sizes follow them) and batch sizes in
+    random order, the least and the most included: equal to torch eager (1e-5)."""
+    from .test_more_ops import _kernel_calls
+
+    width, batch = torch.export.Dim("width", min=5, max=13), torch.export.Dim("batch", min=2, max=3)
+    sample, shapes = (torch.randn(3, 3, 17, 13) * 2 + 0.5,), ({0: batch, 3: width},)
+    pte, module = export_pte("portable_vision_ranks_live", PortableVisionRanks, sample, shapes, seed=3)
+    assert PORTABLE_OPS <= _kernel_calls(pte), sorted(_kernel_calls(pte))
+    calls = dynamic_shape_calls(sample, shapes, n=5, seed=3)
+    assert {c[0].shape[3] for c in calls} >= {5, 13} and {c[0].shape[0] for c in calls} == {2, 3}
+    await assert_matches_eager(await load_pte(pte), module, calls, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.anyio
+async def test_portable_vision_ops_in_half_precision(load_pte):
+    """A float16 program with no partitioner runs these ops on f16 storage where the device has
+    shader-f16: equal to eager in f32 on the same f16 values within f16's rounding of the outputs."""
+    import copy
+
+    from .exporting import eager, without_delegates
+    from .test_more_ops import _kernel_calls
+
+    torch.manual_seed(4)
+    half, x = PortableVision().half(), (torch.randn(2, 3, 17, 13) * 2 + 0.5).half()
+    pte = without_delegates("portable_vision_half", half, (x,))
+    assert PORTABLE_OPS <= _kernel_calls(pte), sorted(_kernel_calls(pte))
+    model = await load_pte(pte)
+    assert model.precision == ("f16" if "shader-f16" in model.device_info.features else "f32"), model.precision_note
+    outs = await model.execute(x.numpy())
+    wants = eager(copy.deepcopy(half).float(), x.float().numpy())
+    for k, (out, want) in enumerate(zip(outs, wants, strict=True)):
+        assert out.dtype == np.float16, f"output {k}"
+        np.testing.assert_allclose(out.astype(np.float32), want, rtol=2e-3, atol=4e-3, err_msg=f"output {k}")
+
+
+def test_portable_vision_ops_refuse_bad_shapes():
+    """Each op's build or resize hook names what was wrong with its arguments."""
+    from pte_wgpu.resize.values import IntList, Scalar, Tensor, ValueList
+
+    from .hooks import Graph, resize
+
+    def build(name, x_dims, *args, outs=1):
+        g = Graph()
+        x = g.add(Tensor("float32", x_dims))
+        ids = [x] + [g.add(a) for a in args]
+        out = [g.add(Tensor("float32", (4, 4, 4, 4))) for _ in range(outs)]
+        tail = [g.add(ValueList(tuple(out)))] if outs > 1 else []
+        return g, name, ids + out + tail
+
+    with pytest.raises(ValueError, match=r"_adaptive_avg_pool2d.out: output size \[0, 3\]: expected 2 sizes of at least 1"):
+        resize(*build("aten::_adaptive_avg_pool2d.out", (1, 3, 8, 8), IntList((0, 3))), {})
+    with pytest.raises(ValueError, match=r"_adaptive_avg_pool2d.out: input of shape \(8, 8\): expected 3-D or 4-D"):
+        resize(*build("aten::_adaptive_avg_pool2d.out", (8, 8), IntList((2, 3))), {})
+    aa = (IntList((5, 3)), Scalar(False), Scalar(None), Scalar(None))
+    with pytest.raises(ValueError, match=r"_upsample_bilinear2d_aa.out: input of shape \(3, 8, 8\): expected 4-D"):
+        resize(*build("aten::_upsample_bilinear2d_aa.out", (3, 8, 8), *aa), {})
+    bn = "aten::_native_batch_norm_legit.no_stats_out"
+    settings = (Scalar(None), Scalar(True), Scalar(0.1), Scalar(1e-5))
+    with pytest.raises(ValueError, match=r"no_stats_out: input of shape \(8,\): expected at least 2 dims"):
+        resize(*build(bn, (8,), Scalar(None), *settings, outs=3), {})
+    with pytest.raises(ValueError, match=r"no_stats_out: weight or bias of shape \(4,\) for 3 channels"):
+        resize(*build(bn, (2, 3, 5), Tensor("float32", (4,)), *settings, outs=3), {})

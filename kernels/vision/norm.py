@@ -15,6 +15,7 @@ import struct
 from pte_wgpu.resize.shapes import fold_grid, numel_of
 
 from ..registry import op
+from ..tensor.reduce import RWG, _mean_and_squares
 from ..wgsl import FLAT_INDEX, SPREAD_MAIN, fill, spread_grid
 
 BATCH_NORM = """
@@ -90,8 +91,8 @@ def batch_norm(b):
     b.hook(resize)
 
 
-GWG = 64  # invocations per group-norm row
-
+# One workgroup a row: the mean and the sum of squared deviations (reduce.py's template, layer norm's
+# too), then the normalized write; x[at(row, k)] is element k of the row.
 GROUP_NORM = """
 struct P { rows: u32, rlen: u32, inner: u32, cpg: u32, groups: u32, eps: f32, pad0: u32, pad1: u32 }
 @group(0) @binding(0) var<storage, read> x: array<$XT>;
@@ -104,29 +105,13 @@ var<workgroup> sm: array<f32, $WG>;
 
 fn at(row: u32, k: u32) -> u32 { return $AT; }
 
-fn row_sum(lid: u32, v: f32) -> f32 {
-    sm[lid] = v;
-    workgroupBarrier();
-    for (var s = ${HALF}u; s > 0u; s = s >> 1u) {
-        if (lid < s) { sm[lid] = sm[lid] + sm[lid + s]; }
-        workgroupBarrier();
-    }
-    let total = sm[0];
-    workgroupBarrier();
-    return total;
-}
-
 @compute @workgroup_size($WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let row = wid.x + wid.y * nwg.x;
     if (row >= p.rows) { return; }
-    var acc = 0.0;
-    for (var k = lid; k < p.rlen; k = k + ${WG}u) { acc = acc + f32(x[at(row, k)]); }
-    let mean = row_sum(lid, acc) / f32(p.rlen);
-    acc = 0.0;
-    for (var k = lid; k < p.rlen; k = k + ${WG}u) { let d = f32(x[at(row, k)]) - mean; acc = acc + d * d; }
-    let rstd = inverseSqrt(row_sum(lid, acc) / f32(p.rlen) + p.eps);
+$MEAN_AND_SQUARES
+    let rstd = inverseSqrt(sm[0] / f32(p.rlen) + p.eps);
     for (var k = lid; k < p.rlen; k = k + ${WG}u) {
         let c = $CHANNEL;
         out[at(row, k)] = $OT((f32(x[at(row, k)]) - mean) * rstd$AFFINE);
@@ -153,7 +138,7 @@ def _normalize_rows(b, rows, eps, layout):
     n = len(affine)
     types = dict(zip(("XT", "OT", "MT", "RT"), b.float_storage(x, out, mean_out, rstd_out)))
     shader = fill(GROUP_NORM, AFFINE_DECLS=decls, AFFINE=expr, OUT_BINDING=1 + n, MEAN_BINDING=2 + n, RSTD_BINDING=3 + n, P_BINDING=4 + n,
-                  WG=GWG, HALF=GWG // 2, **rows, **types)
+                  WG=RWG, MEAN_AND_SQUARES=_mean_and_squares("at(row, k)"), **rows, **types)
     params = b.params(32)
     d = b.dispatch(shader, [x, *affine, out, mean_out, rstd_out, params])
 
