@@ -199,10 +199,12 @@ class OpBuilder:
         sub._extra_writes = self._extra_writes
         return sub
 
-    def hook(self, fn):
+    def hook(self, fn, *more):
+        """The op's resize hook: `fn`, then each of `more` (an op of several outputs, each resized by a
+        hook of its own)."""
         if self._hook is not None:
             raise RuntimeError(f"{self.name}: one resize hook per op")
-        self._hook = fn
+        self._hook = fn if not more else lambda ctx: [hook(ctx) for hook in (fn, *more)]
 
 
 def build_node(graph, name, args, adapter=GPU, subgroups=False, merge_apart=False, int8_matrices=False, half_sums=False, f16_matrices=False):

@@ -321,8 +321,7 @@ def _extreme_and_index(kind):
 
     def build(b):
         values, indices = b.outputs(2)
-        hooks = [_reduction(b, f"a{kind}", 1, b.flag(2), values), _reduction(b, f"arg{kind}", 1, b.flag(2), indices)]
-        b.hook(lambda ctx: [hook(ctx) for hook in hooks])
+        b.hook(_reduction(b, f"a{kind}", 1, b.flag(2), values), _reduction(b, f"arg{kind}", 1, b.flag(2), indices))
 
     return build
 
@@ -332,8 +331,7 @@ def var_mean(b):
     """[x, dims, correction, keepdim, (var, mean)]; no correction given: 1."""
     variance, mean = b.outputs(2)
     keepdim, correction = b.flag(3), float(b.scalar(2, 1))
-    hooks = [_reduction(b, "var", 1, keepdim, variance, correction), _reduction(b, "mean", 1, keepdim, mean)]
-    b.hook(lambda ctx: [hook(ctx) for hook in hooks])
+    b.hook(_reduction(b, "var", 1, keepdim, variance, correction), _reduction(b, "mean", 1, keepdim, mean))
 
 
 op("aten.max.dim", "aten::max.dim_max", half=True)(_extreme_and_index("max"))

@@ -99,9 +99,10 @@ def _pair(items, default):
     return items * 2 if len(items) == 1 else items
 
 
-def add_pool(b, kind, outs, kernel, stride, padding, dilation, ceil_mode, include_pad=True, divisor=0, out_size=None):
+def add_pool(b, kind, outs, kernel=(1,), stride=(), padding=(0,), dilation=(1,), ceil_mode=False, include_pad=True, divisor=0, out_size=None):
     """Record a pooling op of argument 0 into `outs` (the output, then for max the indices);
-    `out_size` (height, width): the adaptive pooling's, whose windows follow from it."""
+    `out_size` (height, width): the adaptive pooling's, whose windows follow from it (no kernel,
+    stride, padding or dilation)."""
     x = b.args[0]
     tx, to = b.float_storage(x, outs[0])
     kh, kw = _pair(kernel, None)
@@ -166,4 +167,4 @@ def adaptive_avg_pool2d(b):
     size = _pair(b.int_list(1), None)
     if len(size) != 2 or min(size) < 1:
         b.fail(f"output size {list(size)}: expected 2 sizes of at least 1")
-    add_pool(b, "adaptive", [b.out], (1,), (1,), (0,), (1,), False, out_size=size)
+    add_pool(b, "adaptive", [b.out], out_size=size)
