@@ -248,7 +248,7 @@ async def test_everyday_ops_as_portable_kernels(load_pte):
 class LiveWithoutDelegates(torch.nn.Module):
     """Ops outside any delegate at a live dim: reductions, cat, pads, products, comparisons, norms,
     topk, tril, roll and the padding modes (SymInt arithmetic: sym_size, prim sub and mod), resampling,
-    distances, index_put."""
+    distances, index_put, and views of a live shape (memory planning's et_view)."""
 
     def forward(self, x, y, m):
         f = torch.nn.functional
@@ -260,6 +260,7 @@ class LiveWithoutDelegates(torch.nn.Module):
             f.layer_norm(x, (7,)), x.var(1), torch.topk(x, 2, dim=2)[0], x.max(1)[0], torch.tril(x), torch.roll(x, 1, 1),
             f.pad(x, (2, 1), mode="reflect"), f.pad(x, (2, 1), mode="replicate"), f.interpolate(x, scale_factor=2),
             torch.cdist(x, y), torch.clamp(x, y), x.index_put((torch.tensor([0, 2]),), y[:2, :1]),
+            (x * 2).reshape(3, -1) + 1, (x - y).view(-1)[:5] * 3, (x + 1).flatten(0, 1).sum(1),
         )
 
 async def test_a_program_without_delegates_at_live_sizes(load_pte):
@@ -270,7 +271,7 @@ async def test_a_program_without_delegates_at_live_sizes(load_pte):
     sample, shapes = (torch.randn(3, 11, 7), torch.randn(3, 11, 7), torch.rand(3, 11, 7) > 0.5), ({1: live},) * 3
     module = LiveWithoutDelegates()
     pte = without_delegates("live_without_delegates", module, sample, dynamic_shapes=shapes)
-    assert {"aten::sym_size.int", "executorch_prim::sub.Scalar", "executorch_prim::mod.Scalar"} <= _kernel_calls(pte)
+    assert {"aten::sym_size.int", "executorch_prim::sub.Scalar", "executorch_prim::mod.Scalar", "executorch_prim::et_view.default"} <= _kernel_calls(pte)
     calls = dynamic_shape_calls(sample, shapes, n=6, seed=3)
     await assert_matches_eager(await load_pte(pte), module, calls, atol=1e-5, rtol=1e-5)
 

@@ -169,8 +169,10 @@ def memory_view(b):
     flat_copy(b, b.args[0], lambda ctx, dims: shape)
 
 
-@op("aten.view_copy.default", "aten::view_copy.out", half=True, capacity=True)
+@op("aten.view_copy.default", "aten::view_copy.out", "executorch_prim::et_view.default", half=True, capacity=True)
 def view_copy(b):
+    """[x, size, out]; et_view is the view of a live shape that ExecuTorch's memory planning leaves
+    as an instruction (a static one it folds into the base's memory: memory_view)."""
     size_arg = b.args[1]
 
     def live_shape(ctx, dims):
