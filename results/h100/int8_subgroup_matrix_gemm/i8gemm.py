@@ -1,19 +1,20 @@
 """int8 x int8 -> int32 GEMM on Dawn's subgroup matrices: C[M,N] = A[M,K] . W[N,K]^T (W as a linear's weight).
 Tiled: workgroup tiles of BM x BN, K steps of BK through double-buffered workgroup memory, each subgroup
-TM x TN result matrices of 16 x 16. Checks exactness against numpy, times 4096^3."""
+TM x TN result matrices of 16 x 16. Checks exactness against numpy, times 4096^3. TOGGLES: more of Dawn's
+instance toggles (comma-separated)."""
 import os, sys, time, itertools
 import numpy as np
 NULL = os.environ.get("WGPU_BACKEND_TYPE") == "Null"
 import wgpudawn
 from wgpudawn.backends.dawn import extras
-toggles = ["allow_unsafe_apis"] + (["disable_robustness"] if os.environ.get("NOROBUST") else [])
+toggles = ["allow_unsafe_apis"] + (["disable_robustness"] if os.environ.get("NOROBUST") else []) + [t for t in os.environ.get("TOGGLES", "").split(",") if t]
 extras.set_instance_extras(**({} if NULL else {"backends": ["Vulkan"]}), enable_toggles=toggles)
 wgpudawn.install_as_wgpu()
 import wgpu
 
 SG = 128 if NULL else 32
 
-def source(SGM, SGN, TM, TN, BK, PAD=4, NT=16):
+def source(SGM, SGN, TM, TN, BK, PAD=4, NT=16, ORDER=0, RAST=0):
     THREADS = SG * SGM * SGN // (SG // 32) if NULL else 32 * SGM * SGN
     BM, BN = SGM * TM * 16, SGN * TN * NT
     KW = BK // 4  # words of a row of a K step
@@ -25,6 +26,13 @@ def source(SGM, SGN, TM, TN, BK, PAD=4, NT=16):
     lefts = "\n".join(f"      let l{i} = subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>, row_major>(&As, a0 + {i * 16 * LDS}u + kk, {LDS}u);" for i in range(TM))
     rights = "\n".join(f"      let r{j} = subgroupMatrixLoad<subgroup_matrix_right<i8, {NT}, 32>, col_major>(&Bs, b0 + {j * NT * LDS}u + kk, {LDS}u);" for j in range(TN))
     mmas = "\n".join(f"      c{i}_{j} = subgroupMatrixMultiplyAccumulate(l{i}, r{j}, c{i}_{j});" for i in range(TM) for j in range(TN))
+    if ORDER:  # the rights first, then each left just before its row of products
+        rows = [[l] + [m for m in mmas.splitlines() if m.strip().startswith(f"c{i}_")] for i, l in enumerate(lefts.splitlines())]
+        lefts, mmas = "", "\n".join(line for row in rows for line in row)
+    if RAST:  # workgroups walk M in groups of RAST tiles (L2 reuse of the right matrix's columns)
+        grid = f"  let lin = wg.x + wg.y * nw.x; let per = {RAST}u * nw.x; let ty = (lin / per) * {RAST}u + (lin % per) % {RAST}u; let tx = (lin % per) / {RAST}u;"
+    else:
+        grid = "  let tx = wg.x; let ty = wg.y;"
     stores = "\n".join(f"  subgroupMatrixStore<row_major>(&c, (row0 + {i * 16}u) * p.n + col0 + {j * NT}u, c{i}_{j}, p.n);" for i in range(TM) for j in range(TN))
     def loads(name, rows, count):
         # thread t loads vec4 number t + THREADS * i of the tile: row = v / (KW/4), word = 4 * (v % (KW/4))
@@ -49,12 +57,13 @@ struct P {{ m: u32, n: u32, k: u32 }}
 var<workgroup> As: array<i32, {2 * BM * LDS}>;
 var<workgroup> Bs: array<i32, {2 * BN * LDS}>;
 @compute @workgroup_size({THREADS})
-fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_index) li: u32, @builtin(subgroup_id) sgid: u32) {{
+fn main(@builtin(workgroup_id) wg: vec3u, @builtin(num_workgroups) nw: vec3u, @builtin(local_invocation_index) li: u32, @builtin(subgroup_id) sgid: u32) {{
+{grid}
   let sg = sgid;
   let sm = sg / {SGN}u;
   let sn = sg % {SGN}u;
-  let ar0 = wg.y * {BM}u;
-  let br0 = wg.x * {BN}u;
+  let ar0 = ty * {BM}u;
+  let br0 = tx * {BN}u;
   let row0 = ar0 + sm * {TM * 16}u;
   let col0 = br0 + sn * {TN * NT}u;
 {acc}
