@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from async_runtime.errors import UnsupportedOperatorError
+from async_runtime.program.graph import COPY_INTO, link
+from async_runtime.program.pte import read_program
 from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
 from pte_wgpu.resize.values import Scalar, Tensor, ValueList
 
@@ -97,13 +99,17 @@ class CacheWrites(torch.nn.Module):
 @pytest.mark.parametrize("reinplace", [False, True], ids=["copied_back", "in_place"])
 async def test_buffer_updates_persist_per_session(load_pte, reinplace):
     """A program's buffers updated by index_put: copied back into the buffer (aten::copy_), or,
-    after ExecuTorch's reinplace pass, written in place (aten::index_put_). Two sessions, each call
-    at other positions: every output equal to the eager module's after the same calls, and each
-    session's buffers its own."""
+    after ExecuTorch's reinplace pass, written in place (aten::index_put_); the copied-back form
+    runs in place too (no whole copy of a buffer a step). Two sessions, each call at other
+    positions: every output equal to the eager module's after the same calls, and each session's
+    buffers its own."""
     g = torch.Generator().manual_seed(4)
     calls = [(torch.randn(1, 3, 3, 5, generator=g), torch.tensor(p)) for p in ([2, 3, 4], [0, 16, 9], [5, 6, 1])]
     pte = without_delegates(f"cache_writes_{reinplace}", CacheWrites(), calls[0], reinplace=reinplace)
     assert ("aten::index_put_" in _kernel_calls(pte)) == reinplace
+    linked = link(read_program(pte).method("forward"))
+    assert [name for name, _ in linked.calls if name.startswith("aten::index_put")] == ["aten::index_put_"] * 2
+    assert all(args[0] == args[1] for name, args in linked.calls if name == COPY_INTO)
     model = await load_pte(pte)
     async with model.session() as first, model.session() as second:
         for session, order in ((first, calls), (second, calls[::-1])):

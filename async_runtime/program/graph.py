@@ -64,6 +64,7 @@ def link(method, check=True):
             continue
     _memory_views(g, method.allocations)
     _read_live_states(g)
+    _index_put_in_place(g)
     _check_values(g)
     missing = g.missing_ops()
     if check and missing:
@@ -227,6 +228,32 @@ def _read_live_states(g):
                 break
             seen |= set(frontier)
             frontier = [a for v in frontier if v in producer for arg in g.calls[producer[v]][1][:-1] for a in _items(g.values, arg) if a not in seen]
+
+
+def _index_put_in_place(g):
+    """A program's mutable buffer updated at some indices, `buffer[..., pos] = new` exported without
+    ExecuTorch's reinplace pass: index_put.out copies the whole buffer with the update into a tensor
+    that aten::copy_ then copies whole back into the buffer (a KV cache: twice its size a step). Where
+    nothing else touches the buffer from the index_put to the copy, nothing writes it after, and the
+    result is read only by the calls after (not a list, not an output), the index_put writes the
+    buffer in place (index_put_), those calls read the buffer, and the write-back copies the buffer
+    onto itself (nothing to run; the buffer stays a recurrent state)."""
+    listed = {i for v in g.values if isinstance(v, ValueList) for i in v.items}
+    for k, (name, args) in enumerate(g.calls):
+        if name != "aten::index_put.out" or len(args) != 5:
+            continue
+        buffer, result = args[0], args[-1]
+        back = next((j for j in range(k + 1, len(g.calls)) if g.calls[j][0] == COPY_INTO and g.calls[j][1][:2] == (buffer, result)), None)
+        if back is None or result in listed or result in g.outputs or not _same_tensor(g.values[buffer], g.values[result]):
+            continue
+        touched = [j for j, (_, other) in enumerate(g.calls)
+                   if j not in (k, back) and (buffer in {i for a in other for i in _items(g.values, a)} or result == (other[-1] if other else None))]
+        if any(k < j < back for j in touched) or any(j > back and g.calls[j][1][-1] == buffer for j in touched):
+            continue
+        g.calls[k] = ("aten::index_put_", (*args[:-1], buffer))
+        for j in range(k + 1, len(g.calls)):
+            other = g.calls[j]
+            g.calls[j] = (other[0], tuple(buffer if a == result else a for a in other[1]))
 
 
 def _items(values, vid):

@@ -475,8 +475,12 @@ def slice_scatter(b):
 @op("aten::copy_", half=True, capacity=True)
 def copy_(b):
     """self.copy_(src) of a program's mutable buffer: src's elements into self, whose shape they keep
-    (an equal element count; no broadcast)."""
+    (an equal element count; no broadcast). Onto itself (an update linking made in place:
+    async_runtime/program/graph.py's _index_put_in_place) nothing runs."""
     base = b.args[0]
+    if b.args[1] == base:
+        b.hook(lambda ctx: None)
+        return
     flat_copy(b, b.args[1], lambda ctx, dims: ctx.dims(base))
 
 
