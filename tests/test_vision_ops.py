@@ -534,6 +534,27 @@ async def test_portable_vision_ops_of_other_ranks_at_live_widths(load_pte):
     await assert_matches_eager(await load_pte(pte), module, calls, atol=1e-5, rtol=1e-5)
 
 
+class Shrinks(nn.Module):
+    """Antialiased bilinear shrinking by 150 and 133 times, and by 75 along the height alone."""
+
+    def forward(self, x):
+        aa = functools.partial(F.interpolate, mode="bilinear", antialias=True)
+        return aa(x, size=(2, 3)), aa(x, size=(4, 400), align_corners=True)
+
+
+@pytest.mark.anyio
+async def test_antialiased_shrinks_by_a_hundred_times(load_pte):
+    """Windows of 300 x 267 inputs an output (its 2-D window's 80,000 reads in one pass): equal to
+    torch eager (1e-5)."""
+    from .exporting import eager, without_delegates
+
+    x = torch.randn(1, 2, 300, 400)
+    pte = without_delegates("antialiased_shrinks", Shrinks(), (x,))
+    outs = await (await load_pte(pte)).execute(x.numpy())
+    for k, (out, want) in enumerate(zip(outs, eager(Shrinks(), x.numpy()), strict=True)):
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5, err_msg=f"output {k}")
+
+
 @pytest.mark.anyio
 async def test_portable_vision_ops_in_half_precision(load_pte):
     """A float16 program with no partitioner runs these ops on f16 storage where the device has
