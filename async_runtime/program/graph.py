@@ -234,7 +234,7 @@ def _index_put_in_place(g):
     """A program's mutable buffer updated at some indices, `buffer[..., pos] = new` exported without
     ExecuTorch's reinplace pass: index_put.out copies the whole buffer with the update into a tensor
     that aten::copy_ then copies whole back into the buffer (a KV cache: twice its size a step). Where
-    nothing else touches the buffer from the index_put to the copy, nothing writes it after, and the
+    nothing else touches the buffer from the index_put to the copy, nothing writes it or the result after, and the
     result is read only by the calls after (not a list, not an output), the index_put writes the
     buffer in place (index_put_), those calls read the buffer, and the write-back copies the buffer
     onto itself (nothing to run; the buffer stays a recurrent state)."""
@@ -246,9 +246,10 @@ def _index_put_in_place(g):
         back = next((j for j in range(k + 1, len(g.calls)) if g.calls[j][0] == COPY_INTO and g.calls[j][1][:2] == (buffer, result)), None)
         if back is None or result in listed or result in g.outputs or not _same_tensor(g.values[buffer], g.values[result]):
             continue
-        touched = [j for j, (_, other) in enumerate(g.calls)
-                   if j not in (k, back) and (buffer in {i for a in other for i in _items(g.values, a)} or result == (other[-1] if other else None))]
-        if any(k < j < back for j in touched) or any(j > back and g.calls[j][1][-1] == buffer for j in touched):
+        between, after = g.calls[k + 1 : back], g.calls[back + 1 :]
+        if any(buffer in {i for a in other for i in _items(g.values, a)} or other[-1:] == (result,) for _, other in between):
+            continue
+        if any(other[-1:] in ((buffer,), (result,)) for _, other in after):
             continue
         g.calls[k] = ("aten::index_put_", (*args[:-1], buffer))
         for j in range(k + 1, len(g.calls)):
