@@ -243,12 +243,12 @@ $TREE
 """
 
 
-def _mean_and_squares(at):
+def mean_and_squares(at):
     return fill(MEAN_AND_SQUARES, WG=RWG, AT=at, TREE=_tree("a + b"))
 
 
 # the variance: the squared deviations over (length - correction), the correction in P's eps
-VAR_BODY = _mean_and_squares("base + elem(k)") + """
+VAR_BODY = mean_and_squares("base + elem(k)") + """
     if (lid == 0u) {
         out[row] = $TO(sm[0] / (f32(p.rlen) - p.eps));
     }
@@ -477,7 +477,7 @@ def softmax(b):
 # ---------------------------------------------------------------------------------------------
 # native_layer_norm, rms_norm: rows of the trailing `normalized` dims
 
-LAYER_NORM_BODY = _mean_and_squares("base + k") + """
+LAYER_NORM_BODY = mean_and_squares("base + k") + """
     let rstd = inverseSqrt(sm[0] / f32(p.rlen) + p.eps);
     for (var k = lid; k < p.rlen; k = k + ${WG}u) {
         out[base + k] = $TO((f32(x[base + k]) - mean) * rstd$AFFINE);

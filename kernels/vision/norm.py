@@ -15,7 +15,7 @@ import struct
 from pte_wgpu.resize.shapes import fold_grid, numel_of
 
 from ..registry import op
-from ..tensor.reduce import RWG, _mean_and_squares
+from ..tensor.reduce import RWG, mean_and_squares
 from ..wgsl import FLAT_INDEX, SPREAD_MAIN, fill, spread_grid
 
 BATCH_NORM = """
@@ -138,7 +138,7 @@ def _normalize_rows(b, rows, eps, layout):
     n = len(affine)
     types = dict(zip(("XT", "OT", "MT", "RT"), b.float_storage(x, out, mean_out, rstd_out)))
     shader = fill(GROUP_NORM, AFFINE_DECLS=decls, AFFINE=expr, OUT_BINDING=1 + n, MEAN_BINDING=2 + n, RSTD_BINDING=3 + n, P_BINDING=4 + n,
-                  WG=RWG, MEAN_AND_SQUARES=_mean_and_squares("at(row, k)"), **rows, **types)
+                  WG=RWG, MEAN_AND_SQUARES=mean_and_squares("at(row, k)"), **rows, **types)
     params = b.params(32)
     d = b.dispatch(shader, [x, *affine, out, mean_out, rstd_out, params])
 
