@@ -11,7 +11,7 @@ import os
 import re
 
 import anyio
-from pte_wgpu.kernels.wgsl import ROUND_HALF
+from pte_wgpu.kernels.wgsl import LIBRARY
 
 from . import backend
 from .encoding import encode_dispatches, prepare
@@ -25,7 +25,7 @@ COMPILE_THREADS = min(4, os.cpu_count() or 1)
 USES_F16 = re.compile(r"\bf16\b")
 COMMENT = re.compile(r"//[^\n]*")  # a comment may name f16 or a subgroup operation that the kernel does not use
 USES_SUBGROUPS = re.compile(r"\bsubgroup[A-Z_]")  # subgroupAdd, subgroup_size, ...
-ROUNDS_HALF = re.compile(r"\bround_half\(")
+CALLS = {name: re.compile(rf"\b{name}\(") for name in LIBRARY}
 
 
 def shader_module(device, src):
@@ -59,9 +59,10 @@ def shader_module(device, src):
 def wgsl_for_device(src):
     """A kernel's source with the directives its compiler wants: `enable f16;` where it names f16
     (kernels do only for float16 tensors, on devices with shader-f16), Dawn's for subgroups; and
-    where it rounds to f16 in f32 (kernels/wgsl.py's rounded), round_half's definition."""
-    if ROUNDS_HALF.search(src) and "fn round_half(" not in src:
-        src += ROUND_HALF
+    the definitions of the LIBRARY functions it calls (kernels/wgsl.py: round_half, is_nan)."""
+    for name, definition in LIBRARY.items():
+        if CALLS[name].search(src) and f"fn {name}(" not in src:
+            src += definition
     code = COMMENT.sub("", src)
     if USES_F16.search(code):
         src = "enable f16;\n" + src

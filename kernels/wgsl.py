@@ -67,28 +67,35 @@ fn round_half(x: f32) -> f32 {
 """
 
 
-def clamped(value, lo, hi):
+def is_nan(value, lanes=1):
+    """WGSL true where `value` (a scalar of any type, or a vec4<f32> with `lanes=4`) is a NaN
+    (LIBRARY's is_nan: read from its bits)."""
+    return f"is_nan4({value})" if lanes == 4 else f"is_nan(f32({value}))"
+
+
+def clamped(value, lo, hi, lanes=1):
     """WGSL of `value` clamped to [lo, hi] as torch clamps: a NaN stays NaN and -0.0 stays -0.0;
     `hi` wins where lo > hi. WGSL's clamp, max and min may return the other operand for a NaN
-    (lavapipe's clamp(NaN, -1, 1) is -1, its max(NaN, 0) 0); a comparison with a NaN is false, so
-    the selects pass it through. A bound of None leaves that side open (WGSL has no literal for an
-    infinity). `value` is repeated: give a name or an expression the compiler can keep once."""
+    (lavapipe's clamp(NaN, -1, 1) is -1, its max(NaN, 0) 0), and so may a select the compiler reads
+    as one (`is_nan`): a NaN passes by its bits. A bound of None leaves that side open (WGSL has no
+    literal for an infinity). `value` is repeated: give a name or an expression the compiler can
+    keep once; `lanes=4` for a vec4<f32>."""
+    out = value
     if lo is not None:
-        value = f"select({value}, {lo}, {value} < {lo})"
+        out = f"select({out}, {lo}, {value} < {lo})"
     if hi is not None:
-        value = f"select({value}, {hi}, {value} > {hi})"
-    return value
+        out = f"select({out}, {hi}, {out} > {hi})"
+    return out if out == value else f"select({out}, {value}, {is_nan(value, lanes)})"
 
 
 def maximum(a, b):
-    """WGSL of the larger of `a` and `b` as torch's maximum: NaN if either is (`clamped`; a NaN is
-    the one value not equal to itself)."""
-    return f"select({b}, {a}, {a} > {b} || !({a} == {a}))"
+    """WGSL of the larger of `a` and `b` as torch's maximum: NaN if either is (`is_nan`)."""
+    return f"select(select({b}, {a}, {a} > {b} || {is_nan(a)}), {b}, {is_nan(b)})"
 
 
 def minimum(a, b):
     """WGSL of the smaller of `a` and `b` as torch's minimum: NaN if either is."""
-    return f"select({b}, {a}, {a} < {b} || !({a} == {a}))"
+    return f"select(select({b}, {a}, {a} < {b} || {is_nan(a)}), {b}, {is_nan(b)})"
 
 
 def relu(value, zero="0.0"):
@@ -103,6 +110,19 @@ def rounded(value, t):
     through pack2x16float and back: NVIDIA's Vulkan driver drops either round trip and keeps the
     f32 value (H200, under naga and Tint alike; results/h200/q4_fused_f16_bitwise/rounding.py)."""
     return f"round_half({value})" if t == "f16" else f"f32({t}({value}))"
+
+
+# NaN tests on the bits: WGSL lets a compiler assume no NaN, and NVIDIA's drivers do, under naga and
+# Tint alike: select(x, 0, x < 0) becomes a max that answers 0 for a NaN, !(x == x) may fold to
+# false. Integer operations on the bits stay. An integer converts to a finite f32: never NaN.
+IS_NAN = """
+fn is_nan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7FFFFFFFu) > 0x7F800000u; }
+"""
+IS_NAN4 = """
+fn is_nan4(x: vec4<f32>) -> vec4<bool> { return (bitcast<vec4<u32>>(x) & vec4<u32>(0x7FFFFFFFu)) > vec4<u32>(0x7F800000u); }
+"""
+# The functions a kernel may call without defining them: the pipelines add each one it calls.
+LIBRARY = {"round_half": ROUND_HALF, "is_nan": IS_NAN, "is_nan4": IS_NAN4}
 
 
 # How each tensor dtype is stored on the GPU: 4-byte elements, except raw bytes of packed weights

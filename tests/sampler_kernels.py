@@ -10,6 +10,7 @@ import wgpu
 from async_runtime.backend import MERGE_APART
 from async_runtime.bursts import BINDINGS, kernel_sequence, sampler_grids, scratch_bytes
 from async_runtime.device import find_adapter
+from async_runtime.pipelines import wgsl_for_device
 from pte_wgpu.kernels.attention.sampler import BURST_MAX, draw_kernel, pick_kernel, sampler_slices, select_kernel
 
 USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
@@ -47,7 +48,7 @@ def run_sampler(device, logits, rows, positions, counts=None, bias=None, passes=
     sequence = kernel_sequence(rows)
     kernels = {}
     for name in set(sequence):
-        module = device.create_shader_module(code=texts[name])
+        module = device.create_shader_module(code=wgsl_for_device(texts[name]))
         pipeline = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
         entries = [{"binding": i, "resource": {"buffer": buffers[b]}} for i, b in enumerate(BINDINGS[name]) if b is not None]
         kernels[name] = (pipeline, device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries))

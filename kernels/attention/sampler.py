@@ -186,7 +186,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: v
         if ((r.flags & ${ADJUSTS}u) != 0u) { x = adjusted(x, k, r); }
         if (sampled) {
             x = x / r.temperature;
-            z[b * p.vocab + k] = select(x, neg_inf(), x != x);  // NaN: never drawn
+            z[b * p.vocab + k] = select(x, neg_inf(), is_nan(x));  // NaN: never drawn
         }
         if (better(x, k, v, i)) { v = x; i = k; }
     }

@@ -33,7 +33,7 @@ def _norm(b, p):
     if p < 0 or math.isnan(p):
         b.fail(f"p = {p}, expected a non-negative number")
     if p == 0:
-        return "acc = acc + select(select(0.0, 1.0, d != 0.0), d, !(d == d));", "acc"  # a NaN coordinate: NaN
+        return "acc = acc + select(select(0.0, 1.0, d != 0.0), d, is_nan(d));", "acc"  # a NaN coordinate: NaN
     if p == 1:
         return "acc = acc + d;", "acc"
     if p == 2:
@@ -41,7 +41,7 @@ def _norm(b, p):
     if math.isinf(p):
         return "acc = select(acc, d, d > acc);", "acc"
     # WGSL's pow of a NaN may be a number (lavapipe's is): the NaN passes by select
-    return f"acc = acc + select(pow(d, {p!r}), d, !(d == d));", f"select(pow(acc, {1 / p!r}), acc, !(acc == acc))"
+    return f"acc = acc + select(pow(d, {p!r}), d, is_nan(d));", f"select(pow(acc, {1 / p!r}), acc, is_nan(acc))"
 
 
 def _distance_kernel(b, fields, bindings, body, p, other):

@@ -77,7 +77,7 @@ UNARY = {
     "aten.ceil.default": {"f32": "ceil(a)", "i32": "a"},
     "aten.trunc.default": {"f32": "trunc(a)", "i32": "a"},
     "aten.sign.default": "select(select(a, $CT(1), a > $CT(0)), $CT(-1), a < $CT(0))",  # 0, -0.0 and NaN as they are
-    "aten.isnan.default": "$CT(!(a == a))",
+    "aten.isnan.default": "$CT(is_nan(f32(a)))",
     "aten.isinf.default": "$CT(abs(a) > 3.4028234663852886e38)",
 }
 BINARY = {
@@ -113,7 +113,7 @@ BINARY = {
 POW_REAL = """
 fn pow_real(a: f32, b: f32) -> f32 {
     if (b == 0.0 || a == 1.0) { return 1.0; }
-    if (!(a == a) || !(b == b)) { return a + b; }
+    if (is_nan(a) || is_nan(b)) { return a + b; }
     let bits = vec2<u32>(0x7f800000u, 0x7fc00000u);
     let inf = bitcast<f32>(bits.x);
     let m = abs(a);
@@ -150,13 +150,13 @@ fn pow_int(a: i32, b: i32) -> i32 {
 # its Taylor series to a^9/9! for |a| < 0.5 (the next 6e-9).
 SERIES = """
 fn log1p_real(a: f32) -> f32 {
-    if (abs(a) >= 0.5 || !(a == a)) { return log(1.0 + a); }
+    if (abs(a) >= 0.5 || is_nan(a)) { return log(1.0 + a); }
     let s = a / (2.0 + a);
     let z = s * s;
     return 2.0 * s * (1.0 + z * (1.0 / 3.0 + z * (0.2 + z * (1.0 / 7.0 + z * (1.0 / 9.0 + z / 11.0)))));
 }
 fn expm1_real(a: f32) -> f32 {
-    if (abs(a) >= 0.5 || !(a == a)) { return exp(a) - 1.0; }
+    if (abs(a) >= 0.5 || is_nan(a)) { return exp(a) - 1.0; }
     return a * (1.0 + a * (0.5 + a * (1.0 / 6.0 + a * (1.0 / 24.0 + a * (1.0 / 120.0 + a * (1.0 / 720.0
         + a * (1.0 / 5040.0 + a * (1.0 / 40320.0 + a / 362880.0))))))));
 }
@@ -178,7 +178,7 @@ fn atan_real(x: f32) -> f32 {
 }
 fn asin_real(x: f32) -> f32 {
     let a = abs(x);
-    if (!(a <= 1.0)) { let bits = 0x7fc00000u; return bitcast<f32>(bits); }
+    if (!(a <= 1.0) || is_nan(a)) { let bits = 0x7fc00000u; return bitcast<f32>(bits); }
     let far = a > 0.5;
     let z = select(a * a, 0.5 * (1.0 - a), far);
     let s = select(a, sqrt(z), far);
@@ -187,7 +187,7 @@ fn asin_real(x: f32) -> f32 {
     return select(y, -y, x < 0.0);
 }
 fn atan2_real(y: f32, x: f32) -> f32 {
-    if (!(x == x) || !(y == y)) { return x + y; }
+    if (is_nan(x) || is_nan(y)) { return x + y; }
     let bits = 0x7f800000u;
     let inf = bitcast<f32>(bits);
     let left = (bitcast<u32>(x) >> 31u) == 1u;  // x < 0 or -0.0: the angle is past pi/2

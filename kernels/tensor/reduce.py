@@ -189,8 +189,8 @@ $TREE
 # the smallest), NaNs among themselves by index.
 RANKS_ABOVE = """
 fn ranks_above(v: f32, k: u32, bv: f32, bk: u32) -> bool {
-    let v_nan = !(v == v);
-    let b_nan = !(bv == bv);
+    let v_nan = is_nan(v);
+    let b_nan = is_nan(bv);
     if (v_nan || b_nan) { return select(b_nan && (!v_nan || k < bk), v_nan && (!b_nan || k < bk), $NAN_FIRST); }
     return v $CMP bv || (v == bv && k < bk);
 }

@@ -76,7 +76,7 @@ BLOCK = {
         "WEIGHTS": "vec4<f32>(vec4(w[k], w[k + p.wstep], w[k + 2u * p.wstep], w[k + 3u * p.wstep]))",
         "INIT": "vec4<f32>(bias_of(co), bias_of(co + 1u), bias_of(co + 2u), bias_of(co + 3u))",
         "STORE": "    for (var j = 0u; j < 4u; j = j + 1u) { store(at + j * p.oh * p.ow, acc[j]); }",
-        "CLAMPED": clamped("acc", "vec4<f32>(p.lo)", "vec4<f32>(p.hi)"),
+        "CLAMPED": clamped("acc", "vec4<f32>(p.lo)", "vec4<f32>(p.hi)", lanes=4),
     },
 }
 
