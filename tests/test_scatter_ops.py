@@ -124,7 +124,7 @@ class HalfScatters(torch.nn.Module):
     def forward(self, x, y, d, a, m):
         return (
             put(x, [None, d], y[:, :6], True),
-            x.index_put((d[:3],), y[:3]),
+            x.index_put((d[3:],), y[:3]),  # distinct rows: which duplicate wins is left open, as torch leaves it
             torch.scatter_add(x, 1, a, y),
             torch.scatter(x, 2, torch.remainder(a[:, :, :1], 3), 1.5),
             x.masked_scatter(m, y),

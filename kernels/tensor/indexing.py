@@ -314,7 +314,8 @@ def index_put(b):
     """out = self with out[indices] = values (broadcast to the indexed shape), or += with
     accumulate (index_put_: self itself, out being self): a copy of self, then one invocation an
     element of the indexed shape writes it
-    (duplicate indices without accumulate: one of them wins, as in torch). With accumulate, the
+    (duplicate indices without accumulate: one of them wins, which one left open as torch leaves it;
+    a GPU's invocations race for it). With accumulate, the
     entries' targets and links first, and only the first entry of a target sums (module docstring)."""
     base, values = b.args[0], b.args[2]
     entries, indexed = _index_tensors(b)
