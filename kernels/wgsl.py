@@ -76,16 +76,18 @@ def is_nan(value, lanes=1):
 def clamped(value, lo, hi, lanes=1):
     """WGSL of `value` clamped to [lo, hi] as torch clamps: a NaN stays NaN and -0.0 stays -0.0;
     `hi` wins where lo > hi. WGSL's clamp, max and min may return the other operand for a NaN
-    (lavapipe's clamp(NaN, -1, 1) is -1, its max(NaN, 0) 0), and so may a select the compiler reads
-    as one (`is_nan`): a NaN passes by its bits. A bound of None leaves that side open (WGSL has no
-    literal for an infinity). `value` is repeated: give a name or an expression the compiler can
-    keep once; `lanes=4` for a vec4<f32>."""
+    (lavapipe's clamp(NaN, -1, 1) is -1, its max(NaN, 0) 0) and +0.0 for -0.0, and so may a select
+    that a compiler reads as one: NVIDIA's turn select(x, 0, x < 0) into a max. Each condition
+    also tests the bits for a NaN (`is_nan`), which keeps the select a select. A bound of None
+    leaves that side open (WGSL has no literal for an infinity). `value` is repeated: give a name
+    or an expression the compiler can keep once; `lanes=4` for a vec4<f32>."""
+    number = f"!{is_nan(value, lanes)}"
     out = value
     if lo is not None:
-        out = f"select({out}, {lo}, {value} < {lo})"
+        out = f"select({out}, {lo}, ({value} < {lo}) & {number})"
     if hi is not None:
-        out = f"select({out}, {hi}, {out} > {hi})"
-    return out if out == value else f"select({out}, {value}, {is_nan(value, lanes)})"
+        out = f"select({out}, {hi}, ({out} > {hi}) & {number})"
+    return out
 
 
 def maximum(a, b):

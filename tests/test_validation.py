@@ -226,7 +226,8 @@ async def test_activations_pass_nan_and_keep_signed_zeros_as_torch(load_pte):
     leaky_relu and hardswish of NaN, +-Inf, -0.0 and numbers on both sides of their bounds, and the
     clamps the graph rewrites move into a convolution's epilogue or an add: torch's values, Inf
     where a convolution meets one. WGSL's max, min and clamp may return the other operand of a NaN
-    (lavapipe's max(NaN, 0) is 0); the kernels clamp by comparisons."""
+    (lavapipe's max(NaN, 0) is 0), and NVIDIA's compilers read a select of a comparison as a max;
+    the kernels clamp by comparisons that also test a NaN's bits."""
     special = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, -2.5, -1.0, 0.25, 1.75, 2.5, 7.0, -7.0, 30.0, -30.0], np.float32)
     x = np.resize(special, (3, 14)) * np.array([[1], [1], [-1]], np.float32)
     pte, module = export_pte("activations", Activations, [torch.randn(3, 14)])
