@@ -51,7 +51,7 @@ def _half(sample):
 @pytest.mark.parametrize("case", CASES)
 async def test_vision_ops_on_f16_storage_match_eager_fp16(case, load_pte):
     make, inputs, tol, fp32_reference = CASES[case]
-    _grid_priors_op()
+    _grid_priors_op(case)
     sample = _half(inputs())
     pte, module = export_pte(f"f16gen_vision_{case}", lambda: make().half(), [torch.from_numpy(a) for a in sample])
     model = await load_pte(pte)
