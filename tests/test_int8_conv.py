@@ -235,7 +235,7 @@ class Q8taPixelShuffle(torch.nn.Module):
 
 
 async def test_q8ta_pixel_shuffle_is_exact(load_pte):
-    import executorch.backends.vulkan.custom_ops_lib  # noqa: F401  (registers the et_vk ops)
+    pytest.importorskip("executorch.backends.vulkan.custom_ops_lib")  # the et_vk ops of the eager module
 
     sample = (torch.randint(-128, 128, (2, 18, 5, 7), dtype=torch.int8),)
     shapes = ({2: torch.export.Dim("H", min=1, max=5), 3: torch.export.Dim("W", min=1, max=7)},)
@@ -271,7 +271,7 @@ VK_SDPA_SHAPES = ({2: S}, None, None, {0: S}, None, None)
 
 
 async def test_et_vk_sdpa_matches_eager_at_live_query_lengths(load_pte):
-    import executorch.backends.vulkan.custom_ops_lib  # noqa: F401
+    pytest.importorskip("executorch.backends.vulkan.custom_ops_lib")  # the et_vk ops of the eager module
 
     pte, module = export_pte("vk_sdpa", VkSdpa, VK_SDPA_SAMPLE, VK_SDPA_SHAPES)
     assert "et_vk.sdpa.default" in _delegate_ops(pte)
@@ -296,8 +296,8 @@ CUSTOM_SHAPES = ({1: torch.export.Dim("Q", min=1, max=10)}, None, None)
 
 
 async def test_custom_sdpa_matches_eager_at_live_query_lengths(load_pte):
+    pytest.importorskip("executorch.extension.llm.custom_ops.custom_ops")  # the llama ops of the eager module
     from executorch.backends.vulkan.patterns import fusable_patterns
-    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (registers llama ops)
 
     with mock.patch.dict(fusable_patterns):
         del fusable_patterns["causal_sdpa"]  # it expects an update_cache beside every custom_sdpa
@@ -366,7 +366,7 @@ class Q8taConvRelu(torch.nn.Module):
 
 
 async def test_q8ta_convolutions_apply_relu_before_requantizing(load_pte):
-    import executorch.backends.vulkan.custom_ops_lib  # noqa: F401
+    pytest.importorskip("executorch.backends.vulkan.custom_ops_lib")  # the et_vk ops of the eager module
 
     sample = (torch.randint(-128, 128, (1, 5, 7, 9), dtype=torch.int8), torch.randint(-128, 128, (2, 8, 11, 7), dtype=torch.int8))
     pte, module = export_pte("q8ta_conv_relu", Q8taConvRelu, sample)

@@ -544,6 +544,7 @@ async def test_pt2e_quantized_models_without_delegates(load_pte, per_channel, dy
     """A convolution and a linear quantized by XNNPACK's quantizer (static per channel or per tensor,
     or dynamic), lowered with no partitioner: the quantize, dequantize and choose_qparams kernels
     between float ops, equal to the converted eager program."""
+    pytest.importorskip("torchao")  # quantizes in the test
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer, get_symmetric_quantization_config
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
@@ -653,7 +654,7 @@ class Q8taElementwise(torch.nn.Module):
 
 
 async def test_q8ta_relu_and_add_are_exact(load_pte):
-    import executorch.backends.vulkan.custom_ops_lib  # noqa: F401  (registers the et_vk ops)
+    pytest.importorskip("executorch.backends.vulkan.custom_ops_lib")  # the et_vk ops of the eager module
 
     sample = tuple(torch.randint(-128, 128, (3, 5, 7), dtype=torch.int8) for _ in range(2))
     pte, module = export_pte("more_q8ta", Q8taElementwise, sample)
