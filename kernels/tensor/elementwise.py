@@ -13,7 +13,7 @@ from pte_wgpu.resize.shapes import broadcast_shapes, numel_of
 from pte_wgpu.resize.values import SymInt
 
 from ..registry import op
-from ..wgsl import ERF, FLAT_INDEX, GELU, SPREAD_MAIN, STRIDED, clamped, fill, is_float, maximum, minimum, pack_strides, pack_u32x8, relu, spread_grid, wgsl_type
+from ..wgsl import ERF, FLAT_INDEX, GELU, SPREAD_MAIN, STRIDED, clamped, fill, is_float, is_nan, maximum, minimum, pack_strides, pack_u32x8, relu, spread_grid, wgsl_type
 
 PARAMS_SIZE = 16 + 32 * 4  # numel, rank, alpha, beta; sizes; 3 operand stride arrays
 
@@ -77,7 +77,7 @@ UNARY = {
     "aten.ceil.default": {"f32": "ceil(a)", "i32": "a"},
     "aten.trunc.default": {"f32": "trunc(a)", "i32": "a"},
     "aten.sign.default": "select(select(a, $CT(1), a > $CT(0)), $CT(-1), a < $CT(0))",  # 0, -0.0 and NaN as they are
-    "aten.isnan.default": "$CT(is_nan(f32(a)))",
+    "aten.isnan.default": f"$CT({is_nan('a')})",
     "aten.isinf.default": "$CT(abs(a) > 3.4028234663852886e38)",
 }
 BINARY = {

@@ -41,7 +41,7 @@ MAX = """
             if (ix < 0 || ix >= i32(p.iw)) { continue; }
             let k = u32(iy) * p.iw + u32(ix);
             let v = load(plane + k);
-            if (v > best || is_nan(f32(v))) { best = v; at = k; }  // a NaN wins, as in torch
+            if (v > best || is_nan(v)) { best = v; at = k; }  // a NaN wins, as in torch
         }
     }
     store(i, best);
