@@ -295,8 +295,10 @@ def summary_line(stats):
         for r in stats.get(outcome, []):
             nodeid = getattr(r, "nodeid", "")
             if "test_vulkan_delegate_adapter.py::test_upstream[" in nodeid:
-                name = next(p for p in nodeid.split("[", 1)[1].rstrip("]").split("-") if p.startswith("test_"))
-                outcomes.setdefault(name, outcome)  # the worst outcome comes first
+                # None where ExecuTorch is missing: the empty parametrization's one skip, [asyncio-NOTSET]
+                name = next((p for p in nodeid.split("[", 1)[1].rstrip("]").split("-") if p.startswith("test_")), None)
+                if name is not None:
+                    outcomes.setdefault(name, outcome)  # the worst outcome comes first
     if not outcomes:
         return None
     counts = {o: sum(1 for v in outcomes.values() if v == o) for o in worst}

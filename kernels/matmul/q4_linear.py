@@ -261,6 +261,11 @@ def _dequant(dq8, zp_packed, gs, scales=(("", "ws"),)):
     (scales_in_row_quads), for its `wscale<suffix>` and `dq8<suffix>` (the fused ops read several
     weights)."""
     group, word_group = (f"{gs}u", gs % 8 == 0) if gs else ("q.gs", True)
+    # Nibbles read through a float's mantissa (bitcast of n | 0x4b000000, minus 2^23 + 8: the same
+    # bits, no integer-to-float conversion) were no faster: H100, Llama-3.2-1B 4w, greedy bursts,
+    # rounds old / new / new / old in one call, 1 / 16 / 64 streams 929 / 3,437 / 8,457 and 924 /
+    # 3,425 / 8,378 -> 933 / 3,432 / 8,400 and 908 / 3,409 / 8,264 tokens/s, a prompt of 512
+    # tokens 15,637 / 15,591 -> 15,462 / 15,703 (results/h100/kernel_choices/q4_nibbles_through_the_mantissa/).
     src = """
 struct W8 { a: vec4<f32>, b: vec4<f32> }
 // The 8 weights of one word, k = 8w .. 8w + 7, before their scale: nibble - 8.
