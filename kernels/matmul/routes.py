@@ -89,7 +89,9 @@ Q4_SG_GPU = (4, 4, 2, 1)
 # Earlier, vec4s: the GEMV 712 / 2,024-2,036 at 1 / 16 streams. With the norm's own dispatch a
 # layer's two norms cost one row what the kernels saved (628 tokens/s). Folding it into the
 # 17-64-row kernel of narrower weights cost more than the norm's dispatch (SmolLM2 4w, 64
-# streams: 14,437-14,934 -> 13,463-13,991).
+# streams: 14,437-14,934 -> 13,463-13,991). (8, 2, 2) for 9 to 16 rows (twice the rows a weight's
+# nibbles serve): H100, the same export, rounds old / new / new / old in one call, 16 streams 3,426
+# / 2,201 / 2,210 / 3,459, 8 the same (results/h100/kernel_choices/q4_eight_rows_two_weights/).
 Q4_SG_GPU_WIDE = ((1, 4, 2), (2, 4, 2), (4, 4, 2))
 # ... weights of at most Q4_SPLIT_K_MAX_N rows at Q4_SG_GPU_WIDE_SPLIT's: one group of weight rows a
 # workgroup, whose subgroups split K (q4_linear.py's sg_body), twice the subgroups on a product:

@@ -1,0 +1,25 @@
+# A/B on the device: this checkout (new) against it with .ab/q4_linear_old.py (old), 1B 4w, rounds old/new/new/old
+set -u
+rm -rf /tmp/site/pte_wgpu
+for f in .gl/*.deb; do dpkg -x $f / ; done; ldconfig
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .pk/whl/*.whl 2>&1 | tail -1
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json XDG_RUNTIME_DIR=/tmp PYTHONUNBUFFERED=1
+rm -rf /tmp/t_old /tmp/t_new; mkdir -p /tmp/t_old /tmp/t_new
+cp -r async_runtime kernels resize examples /tmp/t_new/; cp -r async_runtime kernels resize examples /tmp/t_old/
+cp .ab/routes_old.py /tmp/t_old/kernels/matmul/routes.py
+for t in old new; do mkdir -p /tmp/t_$t/pte_wgpu; ln -sfn /tmp/t_$t/kernels /tmp/t_$t/pte_wgpu/kernels; ln -sfn /tmp/t_$t/resize /tmp/t_$t/pte_wgpu/resize; done
+mkdir -p /tmp/m; M=${M:-llama3_2_1b_synthetic_4w_ctx2048}
+[ -f /tmp/m/$M.pte ] || xz -T8 -dc .ab/$M.pte.xz > /tmp/m/$M.pte
+cp .ab/$M.json /tmp/m/
+nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader
+for tree in ${ORDER:-old new new old}; do
+  n=$((${n:-0}+1))
+  cd /tmp/t_$tree
+  PYTHONPATH=/tmp/t_$tree:/tmp/site timeout ${SECS:-150} python3 examples/bench_llm.py /tmp/m/$M.pte --params /tmp/m/$M.json --runs ${RUNS:-2} \
+    --sessions ${SESSIONS:-1,16,64} --batched-only --no-torch --json $OUT/${tree}_$n.json > $OUT/${tree}_$n.log 2>&1
+  echo "== $tree $n rc=$?"
+  python3 -c "
+import json; r=json.load(open('$OUT/${tree}_$n.json'))['wgpu']
+print({k: round(v) for k, v in r.items() if k.startswith(('bursts', 'prefill', 'decode')) and isinstance(v, (int, float))})" 2>/dev/null || tail -5 $OUT/${tree}_$n.log
+  cd - >/dev/null
+done
