@@ -1,4 +1,6 @@
-# A/B on the device: this checkout (new) against it with .ab/q4_linear_old.py (old), 1B 4w, rounds old/new/new/old
+# A/B on the device: this checkout (new) against it with one file swapped for its old copy (old), rounds
+# old / new / new / old of examples/bench_llm.py. FILE: the file's path in the checkout; OLD: its old copy;
+# the model M's .pte.xz and .json in .ab/ (examples/export_bench_model.py); SESSIONS, RUNS, SECS, ORDER.
 set -u
 rm -rf /tmp/site/pte_wgpu
 for f in .gl/*.deb; do dpkg -x $f / ; done; ldconfig
@@ -6,7 +8,7 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .pk/whl/*.whl 
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json XDG_RUNTIME_DIR=/tmp PYTHONUNBUFFERED=1
 rm -rf /tmp/t_old /tmp/t_new; mkdir -p /tmp/t_old /tmp/t_new
 cp -r async_runtime kernels resize examples /tmp/t_new/; cp -r async_runtime kernels resize examples /tmp/t_old/
-cp .ab/routes_old.py /tmp/t_old/kernels/matmul/routes.py
+cp "$OLD" "/tmp/t_old/$FILE"
 for t in old new; do mkdir -p /tmp/t_$t/pte_wgpu; ln -sfn /tmp/t_$t/kernels /tmp/t_$t/pte_wgpu/kernels; ln -sfn /tmp/t_$t/resize /tmp/t_$t/pte_wgpu/resize; done
 mkdir -p /tmp/m; M=${M:-llama3_2_1b_synthetic_4w_ctx2048}
 [ -f /tmp/m/$M.pte ] || xz -T8 -dc .ab/$M.pte.xz > /tmp/m/$M.pte
