@@ -22,9 +22,7 @@ _CACHE = {}
 EXPORT_DIR = os.environ.get("PTE_WGPU_EXPORT_DIR")
 STORE = EXPORT_DIR  # where exports are kept; the session's own folder when EXPORT_DIR is unset
 PREBUILD_ENV = "PTE_WGPU_PREBUILD"  # set in the prebuild process: it skips claimed exports
-
-
-EXPORT_EXTRAS = ("torchao", "executorch")  # what the `export` extra installs beside torch
+EXPORT_EXTRAS = ("torchao", "executorch")  # the `export` extra's ExecuTorch and the torchao it brings
 
 
 class Claimed(Exception):

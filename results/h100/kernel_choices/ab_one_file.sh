@@ -1,18 +1,17 @@
 # A/B on the device: this checkout (new) against it with one file swapped for its old copy (old), rounds
 # old / new / new / old of examples/bench_llm.py. FILE: the file's path in the checkout; OLD: its old copy;
-# the model M's .pte.xz and .json in .ab/ (examples/export_bench_model.py); SESSIONS, RUNS, SECS, ORDER.
+# MODELS: the folder of the model M's .pte.xz and .json (examples/export_bench_model.py); WHEELS as the
+# suite's prelude takes it; SESSIONS, RUNS, SECS, ORDER.
 set -u
-rm -rf /tmp/site/pte_wgpu
-for f in .gl/*.deb; do dpkg -x $f / ; done; ldconfig
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .pk/whl/*.whl 2>&1 | tail -1
-export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json XDG_RUNTIME_DIR=/tmp PYTHONUNBUFFERED=1
+source results/h200/suite_on_both_backends/prelude.sh
+rm -rf /tmp/site/pte_wgpu  # each tree brings its own
 rm -rf /tmp/t_old /tmp/t_new; mkdir -p /tmp/t_old /tmp/t_new
 cp -r async_runtime kernels resize examples /tmp/t_new/; cp -r async_runtime kernels resize examples /tmp/t_old/
 cp "$OLD" "/tmp/t_old/$FILE"
 for t in old new; do mkdir -p /tmp/t_$t/pte_wgpu; ln -sfn /tmp/t_$t/kernels /tmp/t_$t/pte_wgpu/kernels; ln -sfn /tmp/t_$t/resize /tmp/t_$t/pte_wgpu/resize; done
 mkdir -p /tmp/m; M=${M:-llama3_2_1b_synthetic_4w_ctx2048}
-[ -f /tmp/m/$M.pte ] || xz -T8 -dc .ab/$M.pte.xz > /tmp/m/$M.pte
-cp .ab/$M.json /tmp/m/
+[ -f /tmp/m/$M.pte ] || xz -T8 -dc $MODELS/$M.pte.xz > /tmp/m/$M.pte
+cp $MODELS/$M.json /tmp/m/
 nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader
 for tree in ${ORDER:-old new new old}; do
   n=$((${n:-0}+1))
