@@ -8,6 +8,7 @@ building it, so the session's background prebuild (tests/prebuild.py) and the te
 twice: a test that meets an export another live process is building waits for it.
 """
 
+import contextlib
 import importlib.util
 import os
 import time
@@ -37,16 +38,24 @@ def export_pte(name, make_module, example_args, dynamic_shapes=None, seed=0, req
     if name in _CACHE:
         return _CACHE[name]
     torch.manual_seed(seed)
-    try:
+    with export_extras(f"export {name!r}: its eager module"):
         module = make_module().eval()
-    except ModuleNotFoundError as e:  # a GPU machine given the store: its eager reference needs an export-time extra
-        if (e.name or "").split(".")[0] not in EXPORT_EXTRAS:
-            raise
-        pytest.skip(f"export {name!r}: its eager module needs {e.name}, an export-time extra not installed here")
     lowering = lambda: lower(module, tuple(example_args), dynamic_shapes,  # noqa: E731
                              require_dynamic_shapes=require_dynamic_shapes, force_fp16=force_fp16)
     _CACHE[name] = (stored_pte(name, lowering, module), module)
     return _CACHE[name]
+
+
+@contextlib.contextmanager
+def export_extras(what):
+    """Skips the test where `what` (its eager reference) imports an export-time extra
+    (EXPORT_EXTRAS) that is not installed: a GPU machine given the store."""
+    try:
+        yield
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] not in EXPORT_EXTRAS:
+            raise
+        pytest.skip(f"{what} needs {e.name}, an export-time extra not installed here")
 
 
 def without_delegates(name, module, sample, keep=(), dynamic_shapes=None, reinplace=False):

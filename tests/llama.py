@@ -43,6 +43,8 @@ import torch
 
 from async_runtime.llm.export import export_command, export_llm_args, write_tiny_llama
 
+from .exporting import export_extras
+
 _CACHE = {}
 _PENDING = {}  # key -> _Export under way (start_export)
 # The partitioner's check of an embedding's weight size, answering "too large" whatever the size.
@@ -207,7 +209,8 @@ def start_export(
     label += ("" if dynamic else "_static") + ("_portable_embedding" if embedding_outside else "")  # no "8da4w" in paths (see above)
     label += f"_embedding{embedding_quantize.replace(',', 'g')}" if embedding_quantize else ""
     out_dir = tempfile.mkdtemp(prefix=f"llama_{label}_{tag}_", dir=base)
-    params_path, ckpt_path, state = write_tiny_llama(out_dir, params, max_len, seed, init_std)
+    with export_extras("a tiny Llama (ExecuTorch's transformer, export_llm and its eager program)"):
+        params_path, ckpt_path, state = write_tiny_llama(out_dir, params, max_len, seed, init_std)
     pte_path = os.path.join(out_dir, f"llama_{label}.pte")
     overrides = export_llm_args(params_path, ckpt_path, out_dir, os.path.basename(pte_path), max_len,
                                 qmode=qmode, group_size=group_size, dynamic=dynamic, dtype=dtype, embedding_quantize=embedding_quantize)

@@ -21,7 +21,7 @@ from torch import nn
 import async_runtime as ar
 from async_runtime.testing import assert_matches_eager, dynamic_shape_calls
 
-from .exporting import export_pte
+from .exporting import export_extras, export_pte
 from .vision_models import MobileNetV2, ResNet18, randomize_batch_norms
 
 pytestmark = pytest.mark.usefixtures("adapter")
@@ -178,7 +178,8 @@ def _grid_priors_op(case):
     """torch.ops.et_vk (ExecuTorch's), which the resampling case's eager module calls: imported for
     that case alone, so the others run from an export store where ExecuTorch is not installed."""
     if case == "resample":
-        from executorch.backends.vulkan import custom_ops_lib  # noqa: F401
+        with export_extras("the resampling case's eager module (torch.ops.et_vk.grid_priors)"):
+            from executorch.backends.vulkan import custom_ops_lib  # noqa: F401
 
 
 # case -> (module, inputs, tolerance, the ops left outside the delegate)
