@@ -232,8 +232,8 @@ def _gemv_shader(fields, weights, outs, norm, body, kind, shape, types, extra=""
     )
 
 
-# rstd0.. of the workgroup's rows as et_vk.rms_norm computes them (kernels/tensor/reduce.py,
-# RMS_NORM_BODY): 128 invocations sum strided squares, a tree adds them; 4 rows per vec4.
+# rstd0.. of the workgroup's rows as et_vk.rms_norm computes them (kernels/tensor/reduce.py's
+# rms_norm_body): 128 invocations sum strided squares, a tree adds them; 4 rows per vec4.
 _SQ = range(-(-GROUP_ROWS // 4))
 _RMS = "\n    ".join(
     [f"var sq{i} = vec4<f32>(0.0);" for i in _SQ]

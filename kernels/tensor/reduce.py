@@ -488,17 +488,28 @@ LAYER_NORM_BODY = mean_and_squares("base + k") + """
     }
 """
 
-RMS_NORM_BODY = """
-    var q = 0.0;
-    for (var k = lid; k < p.rlen; k = k + ${WG}u) { let c = f32(x[base + k]); q = q + c * c; }
-    sm[lid] = q;
-    workgroupBarrier();
-$TREE
-    let rstd = inverseSqrt(sm[0] / f32(p.rlen) + p.eps);
-    for (var k = lid; k < p.rlen; k = k + ${WG}u) {
-        out[base + k] = $TO(f32(x[base + k]) * rstd * f32(w[k]));
-    }
-"""
+
+def strided(load, use, unroll=4):
+    """WGSL: for K = lid, lid + RWG, .. below p.rlen, `load` then `use` (of the index `$K` and the
+    names' suffix `$I`), `unroll` Ks a pass: their loads first, all of them in flight together,
+    where a loop of one waits on each in turn (an RMS norm's 4,096-long row took 32 loads'
+    latencies, ~15 us on an H200; a store before the next load keeps it waiting, as the bindings
+    may alias), then their uses in the plain loop's order."""
+    def at(i, k):
+        return fill(f"{load}\0{use}", K=k, I=i).split("\0")
+    parts = [at(i, f"k + {i * RWG}u") for i in range(unroll)]
+    more = " ".join(p[0] for p in parts) + " " + " ".join(p[1] for p in parts)
+    return (f"    {{ var k = lid;\n      for (; k + {(unroll - 1) * RWG}u < p.rlen; k = k + {unroll * RWG}u) {{ {more} }}\n"
+            f"      for (; k < p.rlen; k = k + {RWG}u) {{ {' '.join(at(0, 'k'))} }} }}\n")
+
+
+def rms_norm_body(to):
+    """The rows' RMS norm into `out` of storage type `to`: each invocation's squares, a tree, then
+    x * rstd * w."""
+    return ("    var q = 0.0;\n" + strided("let c$I = f32(x[base + $K]);", "q = q + c$I * c$I;")
+            + "    sm[lid] = q;\n    workgroupBarrier();\n" + _tree("a + b")
+            + "    let rstd = inverseSqrt(sm[0] / f32(p.rlen) + p.eps);\n"
+            + strided("let c$I = f32(x[base + $K]); let w$I = f32(w[$K]);", f"out[base + $K] = {to}(c$I * rstd * w$I);"))
 
 
 def _norm_params(b, ctx, x, normalized, eps):
@@ -571,7 +582,7 @@ def rms_norm(b):
     fused_rows = fused_norm_rows(b, b.tensor(1).dims[-1], (x, weight, out), q4=b.name == "pte_wgpu.rms_norm_for_q4")
     eps = float(b.scalar(2, 1e-6))
     to = b.storage(out, packed=False)
-    body = fill(RMS_NORM_BODY, WG=RWG, TREE=_tree("a + b"), TO=to)
+    body = rms_norm_body(to)
     decls = [("read", "x", b.storage(x, packed=False)), ("read", "w", b.storage(weight, packed=False)), ("read_write", "out", to)]
     shader = _shader(decls, body)
     params = b.params(PARAMS_SIZE)
