@@ -2,7 +2,8 @@
 
 Each export is kept in a store folder (the .pte and the module's weights) and read back from
 there: PTE_WGPU_EXPORT_DIR when set, so a later run reuses it without ExecuTorch (that is how the
-suite runs on a GPU machine whose torch cannot export; a test whose export is missing there skips),
+suite runs on a GPU machine whose torch cannot export; a test whose export is missing there skips,
+as does one whose eager reference needs ExecuTorch or torchao: `export_extras`),
 else a folder of the session's (tests/conftest.py). A process claims an export by name before
 building it, so the session's background prebuild (tests/prebuild.py) and the tests never build one
 twice: a test that meets an export another live process is building waits for it.
