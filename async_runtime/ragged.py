@@ -71,7 +71,7 @@ ROW_WISE = {
 }
 LAYER_NORM = "aten.native_layer_norm.default"
 # row-wise; the output has the residual's shape (the residual: this argument)
-LINEAR_RESIDUAL = {"pte_wgpu.linear_residual": 2, "pte_wgpu.q4_linear_residual": 4, "pte_wgpu.q4_linear_dq8_residual": 6}
+LINEAR_RESIDUAL = {"pte_wgpu.linear_residual": 2, "pte_wgpu.linear_bias_residual": 3, "pte_wgpu.q4_linear_residual": 4, "pte_wgpu.q4_linear_dq8_residual": 6}
 SAME_SHAPE = {"aten.clone.default", "aten._to_copy.default", "dim_order_ops._to_dim_order_copy.default"}
 SELECT = "aten.select_copy.int"
 SDPA = "sdpa_with_kv_cache.default"

@@ -3,6 +3,10 @@
 A decode step of a small model is bound by the number of dispatches (each costs microseconds on
 the GPU and on the host, whatever its size), so the rewrites below cut that number:
 
+- First, a clone of an activation goes, its readers reading the activation: ExecuTorch's Vulkan
+  lowering copies a tensor where its storage changes (buffer or texture, packed dim), and such a
+  copy between two ops hid them from the patterns below (memory planning aliases the copies, so
+  none ran).
 - SiLU arrives decomposed (`aten.silu` is not in Vulkan's registry): s = sigmoid(a), g = a * s,
   y = g * b. When s and g feed nothing else, the three become one `pte_wgpu.silu_mul` dispatch at
   the place of the last multiply (b is often computed in between).
@@ -10,7 +14,11 @@ the GPU and on the host, whatever its size), so the rewrites below cut that numb
   `pte_wgpu.linear_silu_mul` (kernels/matmul/fused_linear.py).
 - A bias-free linear whose result only feeds `residual + linear(x)` becomes
   `pte_wgpu.linear_residual`, the residual added in the linear's epilogue (an 8da4w one
-  `pte_wgpu.q4_linear_dq8_residual`).
+  `pte_wgpu.q4_linear_dq8_residual`); one with a bias of its N outputs (ViT's, BERT's)
+  `pte_wgpu.linear_bias_residual`, the residual added after the bias, to the linear's value
+  rounded to its type, as the add read it: the same sums, but not bit for bit (on lavapipe 1-2
+  units in the last place of some outputs: the compiler contracts the epilogue's two adds and the
+  product otherwise than the two ops').
 - A bias-free linear whose result only feeds an add of a vector of its N outputs (the output
   projection that the rewrite below makes of ViT's bmm, its bias added apart) takes that vector as
   its bias, where the result is stored f32 (the same f32 add).
@@ -27,7 +35,8 @@ the GPU and on the host, whatever its size), so the rewrites below cut that numb
   4-bit one `pte_wgpu.rms_norm_for_q4`, which CPU adapters run at every row count).
 
 After the ragged rewrite (async_runtime.ragged), `fuse_ragged` lets RoPE store this step's k and
-v in the KV caches (`pte_wgpu.rope_into_cache`), so attention skips its own cache update; where
+v in the KV caches (`pte_wgpu.rope_into_cache`, the rotate-half RoPE's `pte_wgpu.rope_hf_into_cache`),
+so attention skips its own cache update; where
 q, k and v are one group (float or 4-bit, normalizing or not) that only the RoPE reads (v also
 attention), the group takes the RoPE too (`pte_wgpu.linear_group_rope` and its forms,
 kernels/matmul/qkv_rope.py: on GPUs its GEMV rotates and stores in its epilogue), unless that
@@ -80,7 +89,8 @@ kernel would bind more storage buffers than the device allows (Dawn's Vulkan ada
   f32 rounding of the ops it replaces, not bit for bit.
 
 Views that only fed a fused op are dropped with it. Each rewrite but the attention's and a norm
-joining a quantization keeps every row's sums in the order of the ops it replaces.
+joining a quantization keeps every row's sums in the order of the ops it replaces (the biased
+residual's to a rounding, above).
 """
 
 
@@ -112,6 +122,7 @@ SILU_MUL = "pte_wgpu.silu_mul"
 ADD_RELU = "pte_wgpu.add_relu"
 LINEAR_SILU_MUL = "pte_wgpu.linear_silu_mul"
 LINEAR_RESIDUAL = "pte_wgpu.linear_residual"
+LINEAR_BIAS_RESIDUAL = "pte_wgpu.linear_bias_residual"
 LINEAR_GROUP = "pte_wgpu.linear_group"
 DQ8_LINEAR = "et_vk.linear_dq8ca_q4gsw.default"
 DQ8_LINEAR_RESIDUAL = "pte_wgpu.q4_linear_dq8_residual"
@@ -129,6 +140,7 @@ RMS_NORM_FOR_Q4 = "pte_wgpu.rms_norm_for_q4"  # before a fused 4-bit linear
 ROPE = "et_vk.apply_rotary_emb.default"
 CLONE = "aten.clone.default"
 ROPE_INTO_CACHE = "pte_wgpu.rope_into_cache"
+ROPE_HF, ROPE_HF_INTO_CACHE = "et_vk.apply_rotary_emb_hf.default", "pte_wgpu.rope_hf_into_cache"  # rotate-half's (rope.py)
 RAGGED_SDPA = "pte_wgpu.ragged_sdpa"
 RAGGED_SDPA_CACHED = "pte_wgpu.ragged_sdpa_cached"
 MAX_GROUP = 4  # products per linear_group (the kernel's code grows with each)
@@ -194,7 +206,8 @@ def fuse(graph, int8_matrices=False):
 
 
 def _fuse_all(graph, int8_matrices):
-    fused = _share_qparams(graph)
+    _read_through_clones(graph)  # not a fusion: the patterns below then meet no clone
+    fused = _share_repeats(graph, CHOOSE_QPARAMS)
     fused += 0 if int8_matrices else _quantize_rows(graph)
     fused += _fuse_permutes(graph)
     fused += _fuse_safe_softmax(graph)
@@ -216,36 +229,74 @@ def _fuse_all(graph, int8_matrices):
     return fused
 
 
+def _read_through_clones(graph):
+    """A clone of a value that one earlier call made and none writes again (an activation: a
+    functional graph writes those once) goes, its readers reading the value itself, where they
+    read the clone directly (not through a list). ExecuTorch's Vulkan lowering leaves clones at the
+    edges of one layer of an LLM (Llama-3.2-1B's and Llama-3.1-8B's exports: after the SwiGLU's
+    products, around the residual add, of the rotary tables), which kept that layer's SwiGLU, down
+    product and residual add apart. Memory planning made such clones aliases (no dispatch): no value
+    changes."""
+    values, calls, writes, direct = graph.values, graph.calls, _writes(graph), _read_directly(graph)
+    edges = set(graph.inputs) | set(graph.outputs)
+    rename, drop = {}, set()
+    for k, (name, args) in enumerate(calls):
+        if name != CLONE or len(args) != 3:
+            continue
+        x, out = rename.get(args[0], args[0]), args[-1]
+        if not (isinstance(values[x], Tensor) and isinstance(values[out], Tensor) and _alike(values, x, out)):
+            continue
+        if {x, out} & edges or values[x].constant is not None or not direct(out):
+            continue
+        if len(writes.get(x, ())) != 1 or writes[x][0] > k or writes.get(out) != [k]:
+            continue
+        rename[out] = x
+        drop.add(k)
+    _drop_renaming(graph, drop, rename)
+
+
+def _read_directly(graph):
+    """Whether a value is read by calls alone, each reading it directly: not through a list, not as
+    one of the graph's outputs (a predicate)."""
+    uses, direct = value_uses(graph), Counter(a for _, args in graph.calls for a in args[:-1])
+    return lambda vid: uses[vid] == direct[vid]
+
+
+def _drop_renaming(graph, drop, rename):
+    """The graph's calls but those of `drop`, each reading rename[v] where it read a value v of `rename`."""
+    graph.calls[:] = [(name, (*(rename.get(a, a) for a in args[:-1]), args[-1])) for k, (name, args) in enumerate(graph.calls) if k not in drop]
+
+
+GATHERS = ("aten.embedding.default",)  # rows of a table by index: what the ragged pass makes of the rotary tables' slices
 # Dynamic quantization's parameter ops (kernels/quant/quantize.py): each gives its input's scales and
 # zero points (a ValueList of two outputs)
 CHOOSE_QPARAMS = ("torchao.choose_qparams_affine.default", "quantized_decomposed.choose_qparams_per_token_asymmetric.default")
 
 
-def _share_qparams(graph):
-    """A choose_qparams of the same input and arguments as an earlier one is dropped, its readers
-    reading the earlier one's outputs: an 8da4w export quantizes the input of q, k and v three times,
-    that of gate and up twice (a dispatch each, in every decode step). Only where the dropped
+def _share_repeats(graph, names):
+    """A call of `names` with the same inputs and arguments as an earlier one is dropped, its
+    readers reading the earlier one's outputs: an 8da4w export quantizes the input of q, k and v
+    three times, that of gate and up twice (a dispatch each, in every decode step); a ragged pass
+    gathers the rotary tables' rows at its positions in every layer of the families that slice
+    them there (the Hugging Face RoPE's: Qwen2.5, Qwen3, Phi-4-mini). Only where the dropped
     outputs are read directly by calls (not through a list, not as the graph's outputs) and no
-    call between the two writes the input."""
-    values, calls, uses = graph.values, graph.calls, value_uses(graph)
-    direct = Counter(a for _, args in calls for a in args[:-1])
-    writes = _writes(graph)
+    call between the two writes an input."""
+    values, calls, writes, direct = graph.values, graph.calls, _writes(graph), _read_directly(graph)
     first, rename, drop = {}, {}, set()
     for k, (name, args) in enumerate(calls):
-        if name not in CHOOSE_QPARAMS or not isinstance(values[args[-1]], ValueList):
+        if name not in names or not args:
             continue
         key = (name, *(a if isinstance(values[a], Tensor) else values[a] for a in args[:-1]))
+        mine = values[args[-1]].items if isinstance(values[args[-1]], ValueList) else (args[-1],)
         if key not in first:
-            first[key] = k, values[args[-1]].items
+            first[key] = k, mine
             continue
         at, theirs = first[key]
-        mine = values[args[-1]].items
-        if len(mine) != len(theirs) or any(uses[o] != direct[o] for o in mine) or any(at < w < k for w in writes.get(args[0], ())):
+        if len(mine) != len(theirs) or not all(direct(o) for o in mine) or any(at < w < k for a in args[:-1] for w in writes.get(a, ())):
             continue
         rename.update(zip(mine, theirs))
         drop.add(k)
-    if drop:
-        graph.calls[:] = [(name, (*(rename.get(a, a) for a in args[:-1]), args[-1])) for k, (name, args) in enumerate(calls) if k not in drop]
+    _drop_renaming(graph, drop, rename)
     return len(drop)
 
 
@@ -844,6 +895,16 @@ class _Linears:
             return None
         return x, (w if kind is None else weights), out, kind
 
+    def biased_linear(self, i):
+        """(x, weight, bias, out) of call i if it is a float linear with a bias of its N outputs."""
+        if i is None or self.calls[i][0] != LINEAR or len(self.calls[i][1]) != 4:
+            return None
+        x, w, bias, out = self.calls[i][1]
+        v = self.values
+        if not all(isinstance(v[t], Tensor) and v[t].dtype in FLOATS for t in (x, w, bias, out)) or len(v[w].dims) != 2 or v[bias].dims != v[w].dims[:1]:
+            return None
+        return x, w, bias, out
+
     def dq8_linear(self, i):
         """(x, input_scale, input_zp, weight, scales, group_size) of call i if it is a bias-free
         `et_vk.linear_dq8ca_q4gsw` (8da4w) of f32 or f16 rows and scales laid out for the kernels."""
@@ -925,7 +986,8 @@ def _fuse_swiglu(graph):
 
 
 def _fuse_residual(graph):
-    """residual + view(linear(x, w)) (either order, alpha 1), the residual computed before it."""
+    """residual + view(linear(x, w)) (either order, alpha 1), the residual computed before it; a
+    float linear with a bias too (pte_wgpu.linear_bias_residual)."""
     f = _Linears(graph)
     values, replace, drop = graph.values, {}, set()
     for k, (name, args) in enumerate(graph.calls):
@@ -933,13 +995,16 @@ def _fuse_residual(graph):
             continue
         out = args[-1]
         for e, residual in ((args[1], args[0]), (args[0], args[1])):
-            i, views = f.through_views(e, lambda i: f.linear(i) or f.dq8_linear(i))
+            i, views = f.through_views(e, lambda i: f.linear(i) or f.dq8_linear(i) or f.biased_linear(i))
             if i is None or i in drop or not f.before(residual, i) or f.uses[e] != 1:
                 continue
             if not (values[residual].dims == values[e].dims == values[out].dims) or values[out].dtype not in FLOATS:
                 continue
             if dq8 := f.dq8_linear(i):
                 replace[i] = (DQ8_LINEAR_RESIDUAL, (*dq8, residual, out))
+            elif biased := f.biased_linear(i):
+                x, w, bias, _ = biased
+                replace[i] = (LINEAR_BIAS_RESIDUAL, (x, w, bias, residual, out))
             else:
                 x, w, _, kind = f.linear(i)
                 replace[i] = (FUSED[kind and "q4"]["residual"], (x, *(w if kind else (w,)), residual, out))
@@ -1014,10 +1079,11 @@ def fuse_ragged(graph, max_storage_buffers=None):
 
 
 def _fuse_ragged(graph, max_storage_buffers):
-    calls, producer, fused = graph.calls, _producers(graph), 0
-    rope_of = {}
+    fused = _share_repeats(graph, GATHERS)
+    calls, producer = graph.calls, _producers(graph)
+    rope_of, into_cache = {}, {ROPE: (5, ROPE_INTO_CACHE), ROPE_HF: (6, ROPE_HF_INTO_CACHE)}  # a RoPE's args (its output last), its ragged form
     for i, (name, args) in enumerate(calls):
-        if name == ROPE and len(args) == 5:
+        if name in into_cache and len(args) == into_cache[name][0]:
             rope_of.update((item, i) for item in graph.values[args[-1]].items[:2])
     for j, (name, args) in enumerate(calls):
         if name != RAGGED_SDPA:
@@ -1026,18 +1092,18 @@ def _fuse_ragged(graph, max_storage_buffers):
         i = rope_of.get(k)
         if i is None or rope_of.get(q) != i or not producer.get(v, -1) < i or len(graph.values[k_cache].dims) != 4:
             continue
-        rope_args = calls[i][1]
-        calls[i] = (ROPE_INTO_CACHE, (*rope_args[:4], v, k_cache, v_cache, row_pos, row_seq, args[-2], rope_args[-1]))
+        rope_name, rope_args = calls[i]
+        calls[i] = (into_cache[rope_name][1], (*rope_args[:-1], v, k_cache, v_cache, row_pos, row_seq, args[-2], rope_args[-1]))
         calls[j] = (RAGGED_SDPA_CACHED, args)
         fused += 1
     return fused + _fuse_rope_into_groups(graph, max_storage_buffers)
 
 
 def _fuse_rope_into_groups(graph, max_storage_buffers=None):
-    """rope_into_cache(view(q), view(k), fcos, fsin, v', ...) right after (views between, and
-    clones of the rotary tables) the q/k/v group that computes q, k and v (v' that v or a view of
-    it), q and k read by nothing else; where the fused kernel's storage buffers (the group's
-    tensors, its three outputs and the RoPE's) are at most `max_storage_buffers`."""
+    """rope_into_cache(view(q), view(k), fcos, fsin, v', ...) right after (views between) the q/k/v
+    group that computes q, k and v (v' that v or a view of it), q and k read by nothing else; where
+    the fused kernel's storage buffers (the group's tensors, its three outputs and the RoPE's) are
+    at most `max_storage_buffers`."""
     f = _Linears(graph)
     calls, values, drop, fused = graph.calls, graph.values, set(), 0
     groups = {values[args[-1]].items[0]: g for g, (name, args) in enumerate(calls) if name in ROPE_GROUPS}
@@ -1049,16 +1115,10 @@ def _fuse_rope_into_groups(graph, max_storage_buffers=None):
         g = groups.get(q)  # the group whose first product is q
         if g is None:
             continue
-        tables, clones = [], []  # the rotary tables, read past clones that only the RoPE reads
-        for t in (fcos, fsin):
-            c = f.producer.get(t)
-            if c is not None and g < c and calls[c][0] == CLONE and f.uses[t] == 1:
-                clones.append(c)
-                t = calls[c][1][0]
-            tables.append(t)
+        tables = (fcos, fsin)
         if (
             values[calls[g][1][-1]].items != (q, k, v_out)
-            or any(name not in VIEWS and j not in clones for j, (name, _) in enumerate(calls[g + 1 : i], g + 1))
+            or any(name not in VIEWS for name, _ in calls[g + 1 : i])
             or any(f.uses[x] != 1 for x in (*q_chain, *k_chain))
             or not all(f.before(t, g) for t in (*tables, row_pos, row_seq, seq_blocks))
             or values[q].dims[-1] % values[k_cache].dims[-1]
@@ -1071,7 +1131,7 @@ def _fuse_rope_into_groups(graph, max_storage_buffers=None):
         oq, ok = values[out].items[:2]
         outs = f.new_list((q, k, v_out, oq, ok))
         calls[g] = (group_name + "_rope", (*group_args[:-1], *tables, k_cache, v_cache, row_pos, row_seq, seq_blocks, outs))
-        drop.update((i, *clones))  # the clones of the rotary tables fed only the RoPE: it reads their sources
+        drop.add(i)
         fused += 1
     f.rewrite({}, drop)
     _drop_dead_views(graph)

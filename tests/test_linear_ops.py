@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from async_runtime import model as model_module
 from async_runtime.testing import assert_matches_eager
-from pte_wgpu.resize.values import Scalar, Tensor, ValueList
+from pte_wgpu.resize.values import NONE, Scalar, Tensor, ValueList
 from pte_wgpu.kernels import OpBuilder, build_node
 from pte_wgpu.kernels.matmul import gemm as G
 from pte_wgpu.kernels.matmul import linear as L
@@ -67,6 +68,20 @@ class FusedLinears(torch.nn.Module):
         return q, k, v, h + self.down(torch.nn.functional.silu(self.gate(h)) * self.up(h))
 
 
+class BiasResiduals(torch.nn.Module):
+    """x + proj(x), then h + fc2(fc1(h)), each linear with a bias: a transformer block's residual
+    projections (ViT's, BERT's); `proj` False: the second alone."""
+
+    def __init__(self, k, n, proj=True):
+        super().__init__()
+        self.proj = torch.nn.Linear(k, k) if proj else None
+        self.fc1, self.fc2 = torch.nn.Linear(k, n), torch.nn.Linear(n, k)
+
+    def forward(self, x):
+        h = x + self.proj(x) if self.proj is not None else x
+        return h + self.fc2(self.fc1(h))
+
+
 class LinearGelu(torch.nn.Module):
     """An MLP's first half (ViT's, BERT's; GPT-2's with the tanh approximation)."""
 
@@ -112,6 +127,12 @@ CASES = {
     # and the 128 x 128 tiles (from 128 rows) the f32 weights too (gemm.py's TileLoad.quads)
     "linear_quads_mid": (lambda: Linear(524, 67, True), [(70, 524)], ({0: _m(70)},)),
     "linear_quads_big": (lambda: Linear(2052, 2063, True), [(131, 2052)], ({0: _m(131)},)),
+    # a residual after linears with biases: in the epilogue of every route (kernels/fusion.py's
+    # linear_bias_residual), the GEMV and GEMM; on GPUs at K = 2,048 the wide subgroup kernels, at N
+    # >= GEMV_T4_MIN_N the vec4 GEMV
+    "bias_residual_dyn": (lambda: BiasResiduals(37, 53), [(1, 71, 37)], ({1: _m(71)},)),
+    "bias_residual_wide": (lambda: BiasResiduals(41, 2048), [(1, 41, 41)], ({1: _m(41)},)),
+    "bias_residual_t4": (lambda: BiasResiduals(8212, 8, proj=False), [(1, 34, 8212)], ({1: _m(34)},)),
     # a GELU after: in the epilogue of every route (kernels/fusion.py's linear_gelu)
     "linear_gelu_dyn": (lambda: LinearGelu(97, 59, True, "none"), [(70, 97)], ({0: _m(70)},)),
     "linear_gelu_tanh_k4": (lambda: LinearGelu(96, 37, False, "tanh"), [(131, 96)], ({0: _m(131)},)),
@@ -135,6 +156,9 @@ M_AXIS = {
     "linear_wide_k8": [0],
     "linear_quads_mid": [0],
     "linear_quads_big": [0],
+    "bias_residual_dyn": [1],
+    "bias_residual_wide": [1],
+    "bias_residual_t4": [1],
     "linear_gelu_dyn": [0],
     "linear_gelu_tanh_k4": [0],
 }
@@ -203,6 +227,54 @@ async def test_fused_linears_run_as_fused_ops(load_pte):
     for fused in ("pte_wgpu.linear_group", "pte_wgpu.linear_residual", "pte_wgpu.linear_silu_mul"):
         assert fused in names
     assert "aten.linear.default" not in names and model.fused == 5  # silu, swiglu, 2 residuals, q/k/v
+
+
+def _with_transition_clones(link):
+    """`link` whose graphs copy each product's, multiply's and add's result with a clone for the calls
+    that read it, as ExecuTorch's Vulkan lowering does where a tensor changes representation (storage
+    type or packed dim: its TagMemoryMetaPass; Llama-3.2-1B's export has them in one layer). torch.export
+    itself keeps no clone of a module's own."""
+
+    def linked(method):
+        graph = link(method)
+        values, calls, rename = graph.values, [], {}
+        for name, args in graph.calls:
+            args = (*(rename.get(a, a) for a in args[:-1]), *args[-1:])
+            calls.append((name, args))
+            out = args[-1] if args else None
+            if name in ("aten.linear.default", "aten.mul.Tensor", "aten.add.Tensor") and out not in graph.outputs:
+                values += [NONE, Tensor(values[out].dtype, values[out].dims)]
+                calls.append(("aten.clone.default", (out, len(values) - 2, len(values) - 1)))
+                rename[out] = len(values) - 1
+        graph.calls[:] = calls
+        return graph
+
+    return linked
+
+
+async def test_linears_fuse_through_clones(load_pte, monkeypatch):
+    """fused_dyn with a clone after each product, multiply and add loads as it does without them,
+    its products merged, and runs as eager at every route's rows."""
+    data, module = _export("fused_dyn")
+    monkeypatch.setattr(model_module, "link", _with_transition_clones(model_module.link))
+    model = await load_pte(data)
+    names = [name for name, _ in model.graph.calls]
+    assert "aten.clone.default" not in names and "aten.linear.default" not in names, names
+    assert {"pte_wgpu.linear_group", "pte_wgpu.linear_residual", "pte_wgpu.linear_silu_mul"} <= set(names)
+    assert model.fused == 5  # silu, swiglu, 2 residuals, q/k/v
+    calls = [_inputs("fused_dyn", m, np.random.default_rng(m)) for m in (71, 1, 33, 2, 17, 65)]
+    await assert_matches_eager(model, module, calls, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("name", ["bias_residual_dyn", "bias_residual_t4"])
+async def test_a_residual_after_a_biased_linear_runs_in_its_epilogue(name, load_pte):
+    """residual + linear(x) with a bias loads as one pte_wgpu.linear_bias_residual, no add left (values:
+    test_dynamic_rows_switch_routes)."""
+    model = await load_pte(_export(name)[0])
+    names = [op for op, _ in model.graph.calls]
+    residuals = 2 if name == "bias_residual_dyn" else 1
+    assert names.count("pte_wgpu.linear_bias_residual") == residuals and names.count("aten.linear.default") == 1, names
+    assert "aten.add.Tensor" not in names, names
 
 
 @pytest.mark.parametrize("name", ["linear_gelu_dyn", "linear_gelu_tanh_k4"])

@@ -92,6 +92,19 @@ async def test_a_family_matches_executorchs_eager_program(family, qmode, tmp_pat
     assert got == [ids for ids, _ in want]
 
 
+async def test_a_hugging_face_rope_gathers_its_tables_once_and_fills_the_caches(tmp_path_factory, load_pte):
+    """Qwen2.5's export slices the rotary tables in each layer: its ragged pass gathers their rows at
+    the pass's positions once for every layer, and each layer's one RoPE dispatch rotates q and k
+    and stores k and v in the KV caches, which attention then reads without updating them."""
+    path, _ = export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, qmode="4w", model_args=tuple(FAMILIES["qwen2_5"].items()), **TINY)
+    model = await load_pte(path)
+    names = [name for name, _ in model.graph.calls]
+    assert model.batching == "ragged" and names.count("aten.embedding.default") == 3, names  # the tokens' rows, cos's, sin's
+    ropes = [d for d in model.graph.dispatches if d.op == "pte_wgpu.rope_hf_into_cache"]
+    layers = TINY["n_layers"]
+    assert len(ropes) == names.count("pte_wgpu.rope_hf_into_cache") == names.count("pte_wgpu.ragged_sdpa_cached") == layers, names
+
+
 @pytest.fixture(scope="module")
 def portable_embedding(tmp_path_factory):
     """A tiny Llama whose token embedding ExecuTorch runs with its portable kernel (as it does

@@ -20,7 +20,7 @@ import sys
 import pytest
 
 from async_runtime import pipelines
-from pte_wgpu.kernels.attention import gated_delta, short_conv
+from pte_wgpu.kernels.attention import gated_delta, rope, short_conv
 from pte_wgpu.kernels.matmul import gemm, int8_matrix, linear, q4_fused_linear, q4_linear
 from pte_wgpu.kernels.matmul.q4_linear import Storage, matrix_heads
 from pte_wgpu.kernels.matmul.routes import FLOAT_SG_GPU_WIDE, Q4_SG_GPU_WIDE, Q4_SG_GPU_WIDE_SPLIT
@@ -129,6 +129,12 @@ async def test_every_kernel_compiles_under_tint(tmp_path_factory, load_pte, monk
         for count, swiglu in ((3, False), (2, True)):
             shader = q4_fused_linear._shader(q4_fused_linear.SUBGROUP, shape, count, swiglu, True, types, 32)
             sources[shader] = (f"fused 4-bit subgroup kernel {shape}, {count} weights, SwiGLU {swiglu}", "f32")
+    aliases = "".join(f"alias {name} = f32;\n" for name in ("XQT", "XKT", "CT", "ST", "OQT", "OKT", "VT", "KCT", "VCT"))
+    for into_cache, shader in ((False, rope.SHADER_HF), (True, rope.SHADER_HF_CACHE)):  # the rotate-half RoPE (no tiny Llama has one)
+        sources[aliases + shader] = (f"rotate-half RoPE, into the caches {into_cache}", "f32")
+    added = linear.Storage(added="f32")  # a residual after a bias, every GEMV (ViT's, BERT's: no tiny Llama has one)
+    for shader in (linear.gemv_shader(True, True, types=added), linear.gemv_sg_shader(True, linear.SG_GPU, added), linear.gemv_t4_shader(True, added)):
+        sources[shader] = ("a GEMV adding a residual after its bias", "f32")
     env = dict(os.environ, PTE_WGPU_BACKEND="dawn", WGPU_BACKEND_TYPE="Null")
     done = subprocess.run([sys.executable, "-c", COMPILE_UNDER_DAWN], input=json.dumps(sources), env=env,
                           capture_output=True, text=True, timeout=600)

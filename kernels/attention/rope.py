@@ -98,24 +98,31 @@ def apply_rotary_emb(b):
     b.hook(resize)
 
 
-def rope_route(b, args, oq, ok):
-    """The dispatch rotating q and k (`args`: xq, xk, fcos, fsin, and with v, k_cache, v_cache,
-    row_pos, row_seq, seq_blocks after them storing k and v in the caches) into `oq` and `ok`; returns
-    `set(ctx, q_shape, k_shape, on=True)` for shapes [1, S, H, D] (the grid off unless `on`)."""
-    xq, xk, fcos, fsin = args[:4]
-    params = b.params(32)
-    row = blocks = 0
-    if len(args) > 4:
-        v, k_cache, v_cache = args[4:7]
+def rope_dispatch(b, shaders, args, oq, ok, params, cache_args):
+    """The dispatch of a RoPE's `shaders` (plain, storing into the caches) rotating `args` (xq, xk,
+    fcos, fsin) into `oq` and `ok`, and where `cache_args` (v, k_cache, v_cache, row_pos, row_seq,
+    seq_blocks) are given storing k and v in the paged caches, which it then writes; returns
+    (dispatch, row, blocks): the caches' floats a position and a sequence's table entries (0 without)."""
+    xq, xk, fcos, fsin = args
+    names, row, blocks = dict(XQT=xq, XKT=xk, CT=fcos, ST=fsin, OQT=oq, OKT=ok), 0, 0
+    if cache_args:
+        v, k_cache, v_cache = cache_args[:3]
         _, context, hkv, dim = b.graph.values[k_cache].dims
         row, blocks = hkv * dim, table_entries(context)
         b.writes(k_cache)
         b.writes(v_cache)
-        types = type_aliases(b.graph.values, XQT=xq, XKT=xk, CT=fcos, ST=fsin, OQT=oq, OKT=ok, VT=v, KCT=k_cache, VCT=v_cache)
-        d = b.dispatch(types + SHADER_CACHE, [xq, xk, fcos, fsin, oq, ok, params, *args[4:10]])
-    else:
-        types = type_aliases(b.graph.values, XQT=xq, XKT=xk, CT=fcos, ST=fsin, OQT=oq, OKT=ok)
-        d = b.dispatch(types + SHADER, [xq, xk, fcos, fsin, oq, ok, params])
+        names.update(VT=v, KCT=k_cache, VCT=v_cache)
+    shader = type_aliases(b.graph.values, **names) + shaders[bool(cache_args)]
+    return b.dispatch(shader, [xq, xk, fcos, fsin, oq, ok, params, *cache_args]), row, blocks
+
+
+def rope_route(b, args, oq, ok):
+    """The dispatch rotating q and k (`args`: xq, xk, fcos, fsin, and with v, k_cache, v_cache,
+    row_pos, row_seq, seq_blocks after them storing k and v in the caches) into `oq` and `ok`; returns
+    `set(ctx, q_shape, k_shape, on=True)` for shapes [1, S, H, D] (the grid off unless `on`)."""
+    fcos = args[2]
+    params = b.params(32)
+    d, row, blocks = rope_dispatch(b, (SHADER, SHADER_CACHE), args[:4], oq, ok, params, args[4:10])
 
     def set_rope(ctx, q_shape, k_shape, on=True):
         (_, s, q_heads, dim), (_, s_k, k_heads, dim_k) = q_shape, k_shape
@@ -189,48 +196,71 @@ def rope_store(j, row, t, rope_types):
 
 # `et_vk.apply_rotary_emb_hf` (HuggingFace rotate-half): the first `rd` dims of each head rotate,
 # dim d < rd/2 pairing with d + rd/2; the rest pass through. cos and sin are [rows, rd] tables,
-# read at row start_pos + s (the full table and a SymInt start_pos, or a slice and 0).
-SHADER_HF = flat_kernel(
-    "numel: u32, dim: u32, heads: u32, seq: u32, rd: u32, start: u32, pad0: u32, pad1: u32",
-    [("x", "XT", "read"), ("fcos", "CT", "read"), ("fsin", "ST", "read"), ("out", "OT", "read_write")],
+# read at row start_pos + s (the full table and a SymInt start_pos, or a slice and 0). One dispatch
+# rotates q and k: invocations past q's elements continue into k's. Its ragged form
+# (`pte_wgpu.rope_hf_into_cache`) stores this step's k, and v, in the KV caches as ROPE's does.
+HF = flat_kernel(
+    "numel: u32, q_numel: u32, dim: u32, q_heads: u32, k_heads: u32, seq: u32, rd: u32, start: u32, row: u32, blocks: u32, pad0: u32, pad1: u32",
+    [("xq", "XQT", "read"), ("xk", "XKT", "read"), ("fcos", "CT", "read"), ("fsin", "ST", "read"), ("oq", "OQT", "read_write"), ("ok", "OKT", "read_write")],
     """
-    let d = i % p.dim;
-    if (d >= p.rd) { out[i] = OT(x[i]); return; }
+    let in_q = i < p.q_numel;
+    let j = select(i - p.q_numel, i, in_q);
+    let d = j % p.dim;
     let half = p.rd / 2u;
-    let s = (i / p.dim / p.heads) % p.seq;
+    let s = (j / p.dim / select(p.k_heads, p.q_heads, in_q)) % p.seq;
     let t = (p.start + s) * p.rd + d;
-    var partner: f32;
-    if (d < half) { partner = -f32(x[i + half]); } else { partner = f32(x[i - half]); }
-    out[i] = OT(f32(x[i]) * f32(fcos[t]) + partner * f32(fsin[t]));
+    var y = element(in_q, j);
+    if (d < p.rd) {
+        var partner: f32;
+        if (d < half) { partner = -element(in_q, j + half); } else { partner = element(in_q, j - half); }
+        y = y * f32(fcos[t]) + partner * f32(fsin[t]);
+    }
+    if (in_q) { oq[j] = OQT(y); } else { ok[j] = OKT(y);$CACHE_STORE }
 """,
     count="numel",
+    declarations="$CACHE_BINDINGS",
+    functions="fn element(in_q: bool, j: u32) -> f32 { if (in_q) { return f32(xq[j]); } return f32(xk[j]); }\n",
 )
+HF_CACHE_STORE = """
+        let r = j / p.row;  // the pass's token row
+        if (row_seq[r] >= 0) {  // not a padding row
+            let at = cache_at(r, j % p.row);
+            kc[at] = KCT(OKT(y));
+            vc[at] = VCT(v[j]);
+        }
+   """
+SHADER_HF = fill(HF, CACHE_BINDINGS="", CACHE_STORE="")
+SHADER_HF_CACHE = fill(HF, CACHE_BINDINGS=CACHE_BINDINGS, CACHE_STORE=HF_CACHE_STORE)
 
 
-@op("et_vk.apply_rotary_emb_hf.default", half=True)
+@op("et_vk.apply_rotary_emb_hf.default", "pte_wgpu.rope_hf_into_cache", half=True)
 def apply_rotary_emb_hf(b):
+    """`pte_wgpu.rope_hf_into_cache` takes (v, k_cache, v_cache, row_pos, row_seq, seq_blocks) after the five."""
     xq, xk, fcos, fsin, start_pos = b.args[:5]
-    outs = b.graph.values[b.out].items
-    jobs = []
-    for src, dst in ((xq, outs[0]), (xk, outs[1])):
-        params = b.params(32)
-        shader = type_aliases(b.graph.values, XT=src, CT=fcos, ST=fsin, OT=dst) + SHADER_HF
-        jobs.append((src, dst, params, b.dispatch(shader, [src, fcos, fsin, dst, params])))
+    oq, ok = b.graph.values[b.out].items[:2]
+    params = b.params(48)
+    d, row, blocks = rope_dispatch(b, (SHADER_HF, SHADER_HF_CACHE), b.args[:4], oq, ok, params, b.args[5:-1])
 
     def resize(ctx):
         rows, rd = ctx.dims(fcos)
         start = ctx.int_value(start_pos)
-        for src, dst, params, d in jobs:
-            shape = ctx.dims(src)
+        shapes = [ctx.dims(src) for src in (xq, xk)]
+        for shape in shapes:
             if len(shape) != 4 or rd % 2 or rd > shape[3]:
                 b.fail(f"x of shape {list(shape)} with a rotary table of width {rd}")
-            _, s, heads, dim = shape
-            if start < 0 or start + s > rows:
-                b.fail(f"the rotary table has {rows} rows for positions {start}..{start + s - 1} (are the positions past the context?)")
-            n = numel_of(shape)
-            ctx.set_params(params, struct.pack("<8I", n, dim, heads, s, rd, start, 0, 0))
-            ctx.set_grid(d, flat_grid(n))
-            ctx.set_dims(dst, shape)
+        (_, s, q_heads, dim), (_, s_k, k_heads, dim_k) = shapes
+        if (s_k, dim_k) != (s, dim):
+            b.fail(f"q {list(shapes[0])} and k {list(shapes[1])} differ in positions or head size")
+        if start < 0 or start + s > rows:
+            b.fail(f"the rotary table has {rows} rows for positions {start}..{start + s - 1} (are the positions past the context?)")
+        if row and k_heads * dim != row:
+            b.fail(f"k rows of {k_heads} x {dim} do not match the cache's {row}")
+        q_numel = numel_of(shapes[0])
+        numel = q_numel + numel_of(shapes[1])
+        ctx.set_params(params, struct.pack("<12I", numel, q_numel, dim, q_heads, k_heads, s, rd, start, row, blocks, 0, 0))
+        ctx.set_grid(d, flat_grid(numel))
+        ctx.set_dims(oq, shapes[0])
+        ctx.set_dims(ok, shapes[1])
 
     b.hook(resize)
 

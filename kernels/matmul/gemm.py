@@ -111,6 +111,11 @@ def header(has_bias, inputs, scratch=False, bias="f32", out="f32", clamp=None, r
     return "\n".join(lines) + "\n"
 
 
+def added_binding(at, storage):
+    """WGSL: header's `added`, bound at `at`, of storage type `storage`."""
+    return f"@group(0) @binding({at}) var<storage, read> added: array<{storage}>;\n"
+
+
 @dataclass(frozen=True)
 class WeightSource:
     """B alone, for GemmRoute's widening: `a`, A's storage type as the load reads it (float_a_load's);
@@ -752,7 +757,7 @@ class GemmRoute:
 
         def more(first):  # the bindings from `first` on: more_outs, then `added`
             outs = "".join(f"@group(0) @binding({first + j}) var<storage, read_write> out{j + 1}: array<{b.storage(o)}>;\n" for j, o in enumerate(more_outs))
-            return outs + "".join(f"@group(0) @binding({first + len(more_outs)}) var<storage, read> added: array<{b.storage(a)}>;\n" for a in last)
+            return outs + "".join(added_binding(first + len(more_outs), b.storage(a)) for a in last)
 
         bindings = [*inputs, *tail, out, params, scratch, *extra, *more_outs, *last]
         extra_wgsl += more(len(inputs) + len(tail) + 3 + len(extra))

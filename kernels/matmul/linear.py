@@ -28,7 +28,7 @@ from pte_wgpu.resize.shapes import MAX_WORKGROUPS, broadcast_strides, fold_grid,
 from ..registry import op
 from ..variants import ANY, CPU, CPU_ONLY, GPU_ONLY, Routes, Variant
 from ..wgsl import GELU, SUBGROUP_BUILTINS, fill, is_float, vec4_loader, vec4_type
-from .gemm import PARAMS_FORMAT, PARAMS_SIZE, GemmRoute, float_load, gemm_scratch, header, weight_load
+from .gemm import PARAMS_FORMAT, PARAMS_SIZE, GemmRoute, added_binding, float_load, gemm_scratch, header, weight_load
 from .routes import FLOAT_SG_GPU_WIDE, GEMV_MAX_ROWS, GEMV_T4_MIN_N, SG_GPU, SG_GPU_ROWS, f16_matrix_products, float_subgroup_rows, float_wide, gpu_gemv_rows, shape_for_rows
 
 
@@ -40,6 +40,7 @@ class Storage:
     b: str = "f32"
     bias: str = "f32"
     out: str = "f32"
+    added: str | None = None  # a residual's, added after the bias (gemm.py's header); None: none
 
 
 F32 = Storage()
@@ -499,23 +500,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 )
 
 
+def gemv_header(has_bias, inputs, types, activation):
+    """gemm.py's header for a GEMV of `inputs`, `types` (Storage) and `activation`, and where
+    types.added, the binding `added` after the uniform (Matmul.bindings)."""
+    head = header(has_bias, inputs, bias=types.bias, out=types.out, activation=activation, added=types.added)
+    return head + (added_binding(len(inputs) + has_bias + 2, types.added) if types.added else "")
+
+
 def gemv_shader(transposed_b, has_bias, cpu=False, types=F32, step=1, group_rows=GEMV_GROUP_ROWS, activation=None):
     """`activation`: gemm.py's header's, as every shader of a product here."""
     kernel = (GEMV_T_CPU if cpu else gemv_t(step, group_rows)) if transposed_b else (GEMV_N_CPU if cpu else GEMV_N)
     inputs = (("a", types.a), ("bm", weight_binding_type(types.b, step)))
-    return header(has_bias, inputs, bias=types.bias, out=types.out, activation=activation) + kernel
+    return gemv_header(has_bias, inputs, types, activation) + kernel
 
 
 def gemv_sg_shader(has_bias, shape=SG_GEMV, types=F32, activation=None):
     packed = sg_packed(shape)
     inputs = (("a", vec4_type(types.a)), ("bm", "vec4<u32>" if packed else vec4_type(types.b)))
     loaders = vec4_loader("a", types.a) + ("" if packed else vec4_loader("bm", types.b))
-    return header(has_bias, inputs, bias=types.bias, out=types.out, activation=activation) + loaders + _sg_kernel(shape)
+    return gemv_header(has_bias, inputs, types, activation) + loaders + _sg_kernel(shape)
 
 
 def gemv_t4_shader(has_bias, types=F32, step=4, activation=None):
     weights = f"vec4<{types.b}>" if step == 4 else "vec4<u32>"  # step 8: f16 pairs
-    return header(has_bias, (("a", types.a), ("bm", weights)), bias=types.bias, out=types.out, activation=activation) + gemv_t4(step)
+    return gemv_header(has_bias, (("a", types.a), ("bm", weights)), types, activation) + gemv_t4(step)
 
 
 def gemv_grid(name, n, transposed_b, batch, per=None):
@@ -601,15 +609,17 @@ class Matmul:
     params: object
     transposed: bool
     activation: str | None = None  # header's (kernels/matmul/gemm.py)
+    added: int | None = None  # a residual the epilogue adds after the bias (header's `added`)
 
     @property
     def bindings(self):
-        return [self.a, self.bmat] + ([self.bias] if self.bias is not None else []) + [self.b.out, self.params]
+        return [self.a, self.bmat] + ([self.bias] if self.bias is not None else []) + [self.b.out, self.params] + ([self.added] if self.added is not None else [])
 
     @property
     def types(self):
         b = self.b
-        return Storage(b.storage(self.a), b.storage(self.bmat), b.storage(self.bias) if self.bias is not None else "f32", b.storage(b.out))
+        bias, added = (b.storage(v) if v is not None else None for v in (self.bias, self.added))
+        return Storage(b.storage(self.a), b.storage(self.bmat), bias or "f32", b.storage(b.out), added)
 
 
 class Grid:
@@ -670,7 +680,7 @@ def _gemm(b, mm):
     # / 13,789-13,899 -> 10,507-10,588 / 13,756-14,041 (results/h200/kernel_choices/lm_head_small_tile/)
     small = most[0] >= GEMV_T4_MIN_N and b.adapter != CPU
     return GemmRoute(b, load, [mm.a, mm.bmat], mm.bias, b.out, mm.params, gemm_scratch(b, [b.out], most=most), most=most, activation=mm.activation,
-                     small=small)
+                     small=small, added=mm.added)
 
 
 # The variants of a product, first match wins (kernels/variants.py). Packed f16 weights take one
@@ -691,25 +701,28 @@ MATMUL_VARIANTS = (
 )
 
 
-def add_matmul(b, a, bmat, bias, transposed_b, shape_fn, alpha=1.0, beta=1.0, residual=False, activation=None):
+def add_matmul(b, a, bmat, bias, transposed_b, shape_fn, alpha=1.0, beta=1.0, residual=False, activation=None, added=None):
     """Record the variants of out = alpha * A @ B + beta * bias and the resize hook.
 
     `a`, `bmat`, `bias` are value ids (`bias` None for none); `shape_fn(a_dims, b_dims)` returns
     (batch, M, N, K, a_batch_stride, b_batch_stride, out_dims) or raises ValueError. With
     `residual`, bias is a tensor of M * N elements in the output's row order (any shape), and the
-    output takes its shape; `activation`: a GELU after (gemm.py's header)."""
+    output takes its shape; so does `added` (a value id: a residual added after the bias, gemm.py's
+    header); `activation`: a GELU after (gemm.py's header)."""
     has_bias = bias is not None
     params = b.params(PARAMS_SIZE)
-    routes = Routes(MATMUL_VARIANTS, b, Matmul(b, a, bmat, bias, params, transposed_b, activation))
+    routes = Routes(MATMUL_VARIANTS, b, Matmul(b, a, bmat, bias, params, transposed_b, activation, added))
     matrices = transposed_b and f16_matrix_products(b, b.graph.values[bmat].dims[-1], [a, bmat])
 
     def resize(ctx):
         batch, m, n, k, a_bs, b_bs, out_dims = shape_fn(ctx.dims(a), ctx.dims(bmat))
         bias_bs = bias_sm = bias_sn = 0
+        for tensor in (bias if residual else None, added):
+            if tensor is not None:
+                out_dims = ctx.dims(tensor)
+                if numel_of(out_dims) != m * n:
+                    b.fail(f"residual of shape {tuple(out_dims)} for a product of {m} x {n}")
         if residual:
-            out_dims = ctx.dims(bias)
-            if numel_of(out_dims) != m * n:
-                b.fail(f"residual of shape {tuple(out_dims)} for a product of {m} x {n}")
             bias_sm, bias_sn = n, 1
         elif has_bias:
             bias_dims = ctx.dims(bias)
@@ -799,6 +812,16 @@ def linear_residual(b):
     (kernels/fusion.py: a linear whose result only fed that add)."""
     _check_float(b, [0, 1, 2])
     add_matmul(b, b.args[0], b.args[1], b.args[2], True, linear_shapes(b), residual=True)
+
+
+@op("pte_wgpu.linear_bias_residual", half=True)
+def linear_bias_residual(b):
+    """[x [..., K], weight [N, K], bias [N], residual, out]: residual + (x @ weight.T + bias), out
+    shaped as residual, the linear's value rounded to out's type before the add, as the add read it
+    (kernels/fusion.py: a linear with a bias whose result only fed that add: ViT's, BERT's; within
+    a rounding of the two ops, not bit for bit)."""
+    _check_float(b, [0, 1, 2, 3])
+    add_matmul(b, b.args[0], b.args[1], b.args[2], True, linear_shapes(b), added=b.args[3])
 
 
 @op("aten.mm.default", "aten::mm.out", half=True)
