@@ -53,6 +53,8 @@ ROW_WISE = {
     "pte_wgpu.q4_linear_group",
     "pte_wgpu.q4_linear_silu_mul",
     "pte_wgpu.rms_q4_linear_group",
+    "pte_wgpu.q4_linear_bias_group",
+    "pte_wgpu.rms_q4_linear_bias_group",
     "pte_wgpu.rms_q4_linear_silu_mul",
     "et_vk.linear_q4gsw.default",
     "et_vk.linear_dq8ca_q4gsw.default",

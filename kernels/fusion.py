@@ -28,8 +28,11 @@ the GPU and on the host, whatever its size), so the rewrites below cut that numb
 - Bias-free linears of one input (attention's q, k and v) become one `pte_wgpu.linear_group`.
 - The same three over bias-free 4-bit linears (`et_vk.linear_q4gsw`) of one group size and K
   become `pte_wgpu.q4_linear_silu_mul`, `pte_wgpu.q4_linear_residual` and
-  `pte_wgpu.q4_linear_group` (kernels/matmul/q4_fused_linear.py); float and 4-bit products never mix.
-- An RMS norm that only feeds one of those two (through a view or not) is computed again inside
+  `pte_wgpu.q4_linear_group` (kernels/matmul/q4_fused_linear.py); float and 4-bit products never
+  mix. 4-bit linears with biases of their outputs (Qwen2.5's q, k and v) group with their like,
+  `pte_wgpu.q4_linear_bias_group`. A residual joins a linear only where the product and the sum
+  are of one type (an f32 product added into an f16 sum stays apart: the epilogue rounds once).
+- An RMS norm that only feeds one of those (through a view or not) is computed again inside
   their GEMV (`pte_wgpu.rms_linear_group`, `pte_wgpu.rms_linear_silu_mul`), and the norm op itself
   runs only when the rows are too many for the GEMV (`pte_wgpu.rms_norm_for_gemm`; before a
   4-bit one `pte_wgpu.rms_norm_for_q4`, which CPU adapters run at every row count).
@@ -94,6 +97,7 @@ residual's to a rounding, above).
 """
 
 
+import functools
 from collections import Counter
 
 from pte_wgpu.resize.values import NONE, IntList, Scalar, Tensor, ValueList
@@ -133,7 +137,8 @@ FUSED = {
     None: {"silu_mul": LINEAR_SILU_MUL, "residual": LINEAR_RESIDUAL, "group": LINEAR_GROUP},
     "q4": {"silu_mul": "pte_wgpu.q4_linear_silu_mul", "residual": "pte_wgpu.q4_linear_residual", "group": "pte_wgpu.q4_linear_group"},
 }
-NORM_READERS = (LINEAR_GROUP, LINEAR_SILU_MUL, FUSED["q4"]["group"], FUSED["q4"]["silu_mul"])  # ops a norm folds into
+Q4_BIAS_GROUP = "pte_wgpu.q4_linear_bias_group"
+NORM_READERS = (LINEAR_GROUP, LINEAR_SILU_MUL, FUSED["q4"]["group"], FUSED["q4"]["silu_mul"], Q4_BIAS_GROUP)  # ops a norm folds into
 RMS_NORM = "et_vk.rms_norm.default"
 RMS_NORM_FOR_GEMM = "pte_wgpu.rms_norm_for_gemm"
 RMS_NORM_FOR_Q4 = "pte_wgpu.rms_norm_for_q4"  # before a fused 4-bit linear
@@ -869,12 +874,13 @@ class _Linears:
         self.uses = value_uses(graph)
         self.producer = _producers(graph)
 
-    def linear(self, i):
+    def linear(self, i, biased=False):
         """(x, weight, out, kind) of call i if it is a bias-free linear with a 2-D weight: f32 or
         f16 (kind None, weight a value), or 4-bit of f32 or f16 rows (weight the (packed weight,
         scales, group size) values, kind ("q4", group size, the weight's row bytes, the scales' groups,
         whether its subgroup kernels split K: matmul/routes.py's q4_splits_k):
-        products fuse only with their own kind."""
+        products fuse only with their own kind. With `biased`, a 4-bit linear with a bias of its N
+        outputs instead (Qwen2.5's q/k/v), the bias last of its weight values."""
         if i is None:
             return None
         name, args = self.calls[i]
@@ -889,7 +895,11 @@ class _Linears:
             weights, kind = (w, scales, gs), ("q4", v[gs].value, v[w].dims[1:], v[scales].dims[1], q4_splits_k(v[w].dims[0]))
         else:
             return None
-        if not (isinstance(v[bias], Scalar) and v[bias].value is None):
+        if biased:
+            if kind is None or not (isinstance(v[bias], Tensor) and v[bias].dtype in FLOATS and v[bias].dims == v[w].dims[:1]):
+                return None
+            weights, kind = (*weights, bias), (*kind, "bias")
+        elif not (isinstance(v[bias], Scalar) and v[bias].value is None):
             return None
         if len(v[w].dims) != 2 or any(v[t].dtype not in FLOATS for t in (x, *weights[:2], out) if kind is None or t != w):
             return None
@@ -1000,6 +1010,8 @@ def _fuse_residual(graph):
                 continue
             if not (values[residual].dims == values[e].dims == values[out].dims) or values[out].dtype not in FLOATS:
                 continue
+            if values[e].dtype != values[out].dtype:  # the epilogue rounds the product to the sum's type, as the add read it
+                continue
             if dq8 := f.dq8_linear(i):
                 replace[i] = (DQ8_LINEAR_RESIDUAL, (*dq8, residual, out))
             elif biased := f.biased_linear(i):
@@ -1015,29 +1027,33 @@ def _fuse_residual(graph):
 
 
 def _fuse_groups(graph):
-    """Linears of views of one value (same dims), placed at the first, which gets all weights."""
+    """Linears of views of one value (same dims), placed at the first, which gets all weights;
+    4-bit ones with biases of their outputs group with their like (`pte_wgpu.q4_linear_bias_group`)."""
     f = _Linears(graph)
     values, groups = graph.values, {}
     for i in range(len(graph.calls)):
-        if found := f.linear(i):
+        if found := f.linear(i) or f.linear(i, biased=True):
             x, kind = found[0], found[3]
             groups.setdefault((f.view_root(x), values[x].dims, kind), []).append(i)
     replace, drop = {}, set()
-    for members in groups.values():
+    for (_, _, kind), members in groups.items():
+        linear = functools.partial(f.linear, biased=kind is not None and kind[-1] == "bias")
         while len(members) > 1:
             first, chunk = members[0], [members[0]]
             for i in members[1:]:
-                if len(chunk) < MAX_GROUP and f.before_all(f.linear(i)[1], first):
+                if len(chunk) < MAX_GROUP and f.before_all(linear(i)[1], first):
                     chunk.append(i)
             members = [i for i in members if i not in chunk]
             if len(chunk) < 2:
                 continue
-            x, _, _, kind = f.linear(first)
-            weights = [f.linear(i)[1] for i in chunk]
-            outs = [f.linear(i)[2] for i in chunk]
-            if kind is not None:  # 4-bit: the group size, then each (weight, scales)
-                weights = [weights[0][2], *(v for w in weights for v in w[:2])]
-            replace[first] = (FUSED[kind and "q4"]["group"], (x, *weights, f.new_list(outs)))
+            x = linear(first)[0]
+            weights = [linear(i)[1] for i in chunk]
+            outs = [linear(i)[2] for i in chunk]
+            name = FUSED[kind and "q4"]["group"]
+            if kind is not None:  # 4-bit: the group size, then each (weight, scales) or (weight, scales, bias)
+                name = Q4_BIAS_GROUP if kind[-1] == "bias" else name
+                weights = [weights[0][2], *(v for w in weights for v in (*w[:2], *w[3:]))]
+            replace[first] = (name, (x, *weights, f.new_list(outs)))
             drop.update(chunk[1:])
     f.rewrite(replace, drop)
     return len(replace)

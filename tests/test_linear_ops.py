@@ -53,11 +53,12 @@ class AddMM(torch.nn.Module):
 
 
 class FusedLinears(torch.nn.Module):
-    """What kernels/fusion.py merges: q/k/v of one input, a residual linear, SwiGLU."""
+    """What kernels/fusion.py merges: q/k/v of one input (`qkv_bias`: with biases, Qwen2.5's), a
+    residual linear, SwiGLU."""
 
-    def __init__(self, k, n_q, n_kv, n_ff):
+    def __init__(self, k, n_q, n_kv, n_ff, qkv_bias=False):
         super().__init__()
-        self.q, self.k, self.v = (torch.nn.Linear(k, n, bias=False) for n in (n_q, n_kv, n_kv))
+        self.q, self.k, self.v = (torch.nn.Linear(k, n, bias=qkv_bias) for n in (n_q, n_kv, n_kv))
         self.o = torch.nn.Linear(n_q, k, bias=False)
         self.gate, self.up = (torch.nn.Linear(k, n_ff, bias=False) for _ in range(2))
         self.down = torch.nn.Linear(n_ff, k, bias=False)

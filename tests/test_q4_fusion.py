@@ -92,17 +92,18 @@ async def test_a_4w_llama_fuses_its_linears_bitwise(name, tmp_path_factory, load
 class QLinears(FusedLinears):
     """FusedLinears on 2-D rows, 4-bit: K = 64 and 32 (o), a wide SwiGLU (N = 1056)."""
 
-    def __init__(self):
-        super().__init__(64, 32, 20, 1056)
+    def __init__(self, qkv_bias=False):
+        super().__init__(64, 32, 20, 1056, qkv_bias)
 
 
 PROMPT_ROWS = 263  # past gemm.py's WIDEN_MIN_ROWS: GPUs widen a large product's weights to f32 first
 
 
-def _export(half):
-    make = quantized((lambda: QLinears().half()) if half else QLinears, "4w", 32)
+def _export(half, bias=False):
+    make = quantized((lambda: QLinears(bias).half()) if half else functools.partial(QLinears, bias), "4w", 32)
     x = torch.randn(PROMPT_ROWS, 64, dtype=torch.float16 if half else torch.float32)
-    return export_pte(f"q4_fused_{PROMPT_ROWS}{'_f16' if half else ''}", make, [x], ({0: torch.export.Dim("m", min=1, max=PROMPT_ROWS)},))
+    name = f"q4_fused_{PROMPT_ROWS}{'_f16' if half else ''}{'_qkv_bias' if bias else ''}"
+    return export_pte(name, make, [x], ({0: torch.export.Dim("m", min=1, max=PROMPT_ROWS)},))
 
 
 class NormedQLinears(torch.nn.Module):
@@ -110,9 +111,9 @@ class NormedQLinears(torch.nn.Module):
     their rows themselves, a lane taking 4 weights at a step (kernels/matmul/q4_linear.py's
     gemv_step)."""
 
-    def __init__(self):
+    def __init__(self, qkv_bias=False):
         super().__init__()
-        self.lin = FusedLinears(2048, 64, 32, 96)
+        self.lin = FusedLinears(2048, 64, 32, 96, qkv_bias)
         self.g1, self.g2 = (torch.nn.Parameter(torch.rand(2048) + 0.5) for _ in range(2))
 
     @staticmethod
@@ -127,31 +128,36 @@ class NormedQLinears(torch.nn.Module):
         return q, k, v, h + lin.down(torch.nn.functional.silu(lin.gate(n2)) * lin.up(n2))
 
 
-def _export_normed(half):
-    make = quantized((lambda: NormedQLinears().half()) if half else NormedQLinears, "4w", 32)
+def _export_normed(half, bias=False):
+    make = quantized((lambda: NormedQLinears(bias).half()) if half else functools.partial(NormedQLinears, bias), "4w", 32)
     x = torch.randn(24, 2048, dtype=torch.float16 if half else torch.float32)
-    return export_pte(f"q4_fused_normed{'_f16' if half else ''}", make, [x], ({0: torch.export.Dim("m", min=1, max=24)},))
+    name = f"q4_fused_normed{'_f16' if half else ''}{'_qkv_bias' if bias else ''}"
+    return export_pte(name, make, [x], ({0: torch.export.Dim("m", min=1, max=24)},))
 
 
-PREBUILD = [functools.partial(f, half) for f in (_export, _export_normed) for half in (False, True)]  # tests/prebuild.py
+PREBUILD = [functools.partial(f, half, bias) for f in (_export, _export_normed) for half in (False, True) for bias in (False, True)]  # tests/prebuild.py
 
 
-@pytest.mark.parametrize("subgroups", [True, False])
+@pytest.mark.parametrize("subgroups, bias", [(True, False), (False, False), (True, True)])
 @pytest.mark.parametrize("half", [False, True])
-async def test_fused_4bit_products_without_views_and_wide_swiglu(half, subgroups, load_pte, monkeypatch):
+async def test_fused_4bit_products_without_views_and_wide_swiglu(half, subgroups, bias, load_pte, monkeypatch):
     """The fused ops on 2-D rows (no views between them), a wide SwiGLU, group 32, at 1 to 40 rows
     and a prompt's (the GPU variants' GEMMs over weights widened to f32 from gemm.py's
     WIDEN_MIN_ROWS, here at any size) in shuffled order; with the device's subgroups and as built
-    without them (the GEMV at up to 32 rows on either variant set)."""
-    pte, _ = _export(half)
+    without them (the GEMV at up to 32 rows on either variant set); `bias`: q, k and v with biases,
+    one `pte_wgpu.q4_linear_bias_group`."""
+    pte, _ = _export(half, bias)
     monkeypatch.setattr(gemm, "WIDEN_MIN_WORK", 0)  # the prompt's products widen their weights, small as they are
     fused, plain = [await _load(load_pte, pte, fuse, monkeypatch, subgroups) for fuse in (True, False)]
     names = [n for n, _ in fused.graph.calls]
     # a .half() module's SiLU runs through casts to float32, which the gate's rewrite does not
     # match: its gate and up become a group
-    fused_ops = ("pte_wgpu.q4_linear_group", "pte_wgpu.q4_linear_residual") + (() if half else ("pte_wgpu.q4_linear_silu_mul",))
-    assert all(op in names for op in fused_ops)
-    assert "et_vk.linear_q4gsw.default" not in names
+    group = "pte_wgpu.q4_linear_bias_group" if bias else "pte_wgpu.q4_linear_group"
+    fused_ops = (group, "pte_wgpu.q4_linear_residual") + (() if half else ("pte_wgpu.q4_linear_silu_mul",))
+    assert all(op in names for op in fused_ops), names
+    # the biased .half() module exports q * 0.5 as f32, and so the block after it: its last sum, the
+    # down product's f32 into an f16 output, stays apart (a fused residual rounds to one type)
+    assert names.count("et_vk.linear_q4gsw.default") == (half and bias)
     # subgroup kernels: CPU adapters' at every row count, GPUs' for 17-64 rows
     assert any("subgroupAdd" in (d.shader or "") for d in fused.graph.dispatches) == (subgroups and fused.subgroups)
     rng = np.random.default_rng(11)
@@ -162,22 +168,24 @@ async def test_fused_4bit_products_without_views_and_wide_swiglu(half, subgroups
             np.testing.assert_array_equal(g, w, err_msg=f"{m} rows, output {i}")
 
 
-@pytest.mark.parametrize("split", [True, False])
+@pytest.mark.parametrize("split, bias", [(True, False), (False, False), (True, True)])
 @pytest.mark.parametrize("half", [False, True])
-async def test_fused_4bit_norms_at_wide_k(half, split, load_pte, monkeypatch, kernel_variants):
+async def test_fused_4bit_norms_at_wide_k(half, split, bias, load_pte, monkeypatch, kernel_variants):
     """At K = 2,048 the fused ops that normalize their rows (q/k/v, SwiGLU) and the residual ones,
     at 1 to 24 rows in shuffled order: bitwise the unfused graph's where they normalize as the norm
     does (the GEMV to 16 rows, the GEMM past); where a GPU's subgroup kernels fold the norm in (to
     16 rows: one row in the products, more in a dispatch before them, which repeats the fold's
     sums) the unfused graph's to rounding, each row of a pass bitwise the row alone; and the
     unfused graph is torch's to 4-bit rounding. `split`: the GPUs' subgroup kernels split K among
-    a workgroup's subgroups (a 1B's q/k/v), else each subgroup walks all of it (its SwiGLU)."""
-    pte, module = _export_normed(half)
+    a workgroup's subgroups (a 1B's q/k/v), else each subgroup walks all of it (its SwiGLU).
+    `bias`: q, k and v with biases (`pte_wgpu.rms_q4_linear_bias_group`)."""
+    pte, module = _export_normed(half, bias)
     if not split:
         monkeypatch.setattr(routes, "Q4_SPLIT_K_MAX_N", 0)
     fused, plain = [await _load(load_pte, pte, fuse, monkeypatch) for fuse in (True, False)]
     names = [n for n, _ in fused.graph.calls]
-    assert all(op in names for op in ("pte_wgpu.rms_q4_linear_group", "pte_wgpu.q4_linear_residual")), names
+    group = "pte_wgpu.rms_q4_linear_bias_group" if bias else "pte_wgpu.rms_q4_linear_group"
+    assert all(op in names for op in (group, "pte_wgpu.q4_linear_residual")), names
     folds = kernel_variants == "gpu" and fused.subgroups
     shaders = [d.shader or "" for d in fused.graph.dispatches]
     assert any("sq0 = sq0 + e0a * e0a" in s for s in shaders) == folds  # one row's squares summed in the products

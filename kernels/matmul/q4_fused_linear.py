@@ -7,9 +7,13 @@ their tensors' types before the gate or the residual).
 
 - `pte_wgpu.q4_linear_group` [x, group_size, w_0, s_0, .., w_g-1, s_g-1, outs]: out_j = x @ W_j.T,
   one kernel over every product's outputs (a uniform branch per product, as fused_linear.py's).
+- `pte_wgpu.q4_linear_bias_group` [x, group_size, w_0, s_0, bias_0, .., outs]: the same with a
+  bias of each product's outputs (Qwen2.5's q, k and v), added in the epilogue as the plain op's
+  kernels add it; past the fused kernel's rows each product's plain routes, with their biases.
 - `pte_wgpu.q4_linear_silu_mul` [x, group_size, w_gate, s_gate, w_up, s_up, (out, gate, up)]:
   silu(x @ W_gate.T) * (x @ W_up.T), both weights' rows for the same outputs in one kernel.
-- `pte_wgpu.rms_q4_linear_group` / `pte_wgpu.rms_q4_linear_silu_mul` take the input before an
+- `pte_wgpu.rms_q4_linear_group`, `pte_wgpu.rms_q4_linear_bias_group` and
+  `pte_wgpu.rms_q4_linear_silu_mul` take the input before an
   RMS norm as well, after the weights: (x, gamma, eps). The GEMV normalizes its row itself with
   the sums of et_vk.rms_norm's (fused_linear.py's _RMS), bitwise the norm's rows; the GPUs'
   subgroup kernels of q4_wide K fold the norm into the products (q4_linear.py's sg_body: the
@@ -91,7 +95,7 @@ def _uniform(count, rope):
     return "struct Q { " + ", ".join(fields) + " }\n"
 
 
-def _shader(kind, shape, count, swiglu, norm, types, gs, rope=None, step=8, rstd=False):
+def _shader(kind, shape, count, swiglu, norm, types, gs, rope=None, step=8, rstd=False, biased=False):
     """The fused kernel of `kind` (SUBGROUP at `shape`, or GEMV) over `count` weights: a product
     each (a branch per product), or with `swiglu` the two of SwiGLU for the same outputs. `types`:
     storage types of x, the scales, gamma, the outputs and the rows a norm writes (`rows`) and the
@@ -99,16 +103,20 @@ def _shader(kind, shape, count, swiglu, norm, types, gs, rope=None, step=8, rstd
     lanes, rows a workgroup), kernels/matmul/q4_linear.py's gemv_routes. With `rope` (kernels/attention/rope.py's
     RopeEpilogue) the epilogue rotates q and k and stores k and v in the caches. The GEMV
     takes `step` weights of K at a time (q4_linear.py's gemv_step); the weights' group size `gs`.
-    With `rstd`, the subgroup kernel reads fold_norm_shader's rows and rstd (sg_body's `rstd`)."""
+    With `rstd`, the subgroup kernel reads fold_norm_shader's rows and rstd (sg_body's `rstd`).
+    With `biased`, each product's bias (`types["bias"]`) follows its scales and is added to its
+    outputs as the plain op's epilogue adds it."""
     sg = kind == SUBGROUP
     reads = [("x", sg_x_type(types["x"]) if sg else binding_type(types["x"]))]
     for j in range(count):
         reads += [(f"wq{j}", f"vec{Q4_SG_WORDS}<u32>" if sg else "u32"), (f"ws{j}", types["scales"][j])]
+        reads += [(f"bias{j}", types["bias"][j])] if biased else []
     reads += [("gamma", vec4_type(types["gamma"]) if sg else types["gamma"])] if norm else []
     reads += [("rstd", "f32")] if rstd else []
     outs = types["outs"]
     rotates = rope is not None
     assert not (rotates and sg and shape[1] % 2), "a subgroup kernel rotates its outputs in pairs"
+    assert not (rotates and biased), "a RoPE epilogue takes bias-free products"
     lines = [_uniform(count, rope)]
     lines += [f"@group(0) @binding({i}) var<storage, read> {name}: array<{t}>;" for i, (name, t) in enumerate(reads)]
     lines += [f"@group(0) @binding({len(reads) + j}) var<storage, read_write> o{j}: array<{t}>;" for j, t in enumerate(outs)]
@@ -148,7 +156,8 @@ def _shader(kind, shape, count, swiglu, norm, types, gs, rope=None, step=8, rstd
         if rotates:
             store = lambda r, j=j: rope_store(j, at(r), outs[j], rope.types)  # noqa: E731
         else:
-            store = lambda r, j=j: f"o{j}[{at(r)} * q.N{j} + n] = {outs[j]}(v0);"  # noqa: E731
+            value = f"v0 + f32(bias{j}[n])" if biased else "v0"
+            store = lambda r, j=j, value=value: f"o{j}[{at(r)} * q.N{j} + n] = {outs[j]}({value});"  # noqa: E731
         cond = f"if (wg0 < q.S{j + 1}) " if j + 1 < count else ""
         branches.append(f"{cond}{{\n    let wg = wg0 - q.S{j};\n    {body([(f'wq{j}', fn(j))], f'q.N{j}', store)}\n    }}")
     return src + "    " + " else ".join(branches) + "\n}\n"
@@ -251,10 +260,14 @@ class _Fused:
     def __init__(self, b, swiglu, rope=None):
         self.b, self.swiglu, self.rope = b, swiglu, rope
         self.norm = b.name.startswith("pte_wgpu.rms_")
+        self.biased = "_bias_group" in b.name
         args = b.args
-        pairs = args[2:-4] if self.norm else args[2:-1]
+        operands = args[2:-4] if self.norm else args[2:-1]
         self.x, gs = args[0], b.scalar(1)
-        self.products = list(zip(pairs[0::2], pairs[1::2]))
+        per = 3 if self.biased else 2  # (weight, scales[, bias]) a product
+        self.operands = [tuple(operands[i : i + per]) for i in range(0, len(operands), per)]
+        self.products = [(w, s) for w, s, *_ in self.operands]
+        self.biases = [t[2] for t in self.operands] if self.biased else [None] * len(self.operands)
         self.ws = [q4_weight(b, self.x, w, s, gs) for w, s in self.products]
         if len({(w.wpr, w.groups, w.gs) for w in self.ws}) != 1 or (swiglu and len(self.ws) != 2):
             b.fail("the fused products must share K, the scale groups and the group size")
@@ -264,7 +277,7 @@ class _Fused:
         self.eps = float(b.scalar(len(args) - 2, 1e-6)) if self.norm else 0.0
         x_type, k = q4_input(b, self.x)  # k: the most K the inputs take
         self.k = k
-        floats = [*(s for _, s in self.products), *items] + ([x_pre, gamma] if self.norm else [])
+        floats = [*(s for _, s in self.products), *items] + ([x_pre, gamma] if self.norm else []) + (self.biases if self.biased else [])
         steps = all(w.subgroup_steps() for w in self.ws) and all(b.storage(v) in ("f32", "f16") for v in floats)
         steps = steps and (isinstance(x_type, Int8Rows) or x_type in ("f32", "f16"))
         steps = steps and b.subgroups and k % Q4_SG_STEP == 0
@@ -272,6 +285,7 @@ class _Fused:
         types = {
             "x": x_type, "scales": [b.storage(s) for _, s in self.products], "gamma": gamma is not None and b.storage(gamma),
             "outs": [b.storage(o) for o in self.outs], "rows": b.storage(self.x), "gate": b.storage(items[-2]), "up": b.storage(items[-1]),
+            "bias": [b.storage(v) for v in self.biases] if self.biased else [],
         }  # fmt: skip
         self.q = b.params(4 * (len(HEAD) + 2 * len(self.ws) + (len(ROPE_FIELDS) if rope else 0)))
         gpu_sg = q4_subgroup_shapes(b, self.ws[0], k) if steps and not cpu else ()
@@ -294,16 +308,16 @@ class _Fused:
             norm = self.norm and (kind == GEMV or folds) and not rstd  # other subgroup kernels read rms_norm_for_q4's rows
             t = dict(types, x=b.storage(x_pre)) if norm else dict(types, x="f32") if rstd else types
             x_read = x_pre if norm else self.fold_norm.normed if rstd else self.x
-            reads = [x_read, *(v for pair in self.products for v in pair)] + ([gamma] if norm else []) + ([self.fold_norm.rstd] if rstd else [])
+            reads = [x_read, *(v for operands in self.operands for v in operands)] + ([gamma] if norm else []) + ([self.fold_norm.rstd] if rstd else [])
             epilogue = rope if kind == GEMV or not cpu else None  # CPU adapters' subgroup kernels: the RoPE's own dispatch
-            shader = _shader(kind, shape, len(self.ws), swiglu, norm, t, self.ws[0].gs, epilogue, gemv_step(self.ws[0].wpr), rstd)
+            shader = _shader(kind, shape, len(self.ws), swiglu, norm, t, self.ws[0].gs, epilogue, gemv_step(self.ws[0].wpr), rstd, self.biased)
             extra = epilogue.values if epilogue else []
             self.dispatches.append((b.dispatch(shader, [*reads, *self.outs, self.q, *extra]), kind, shape, epilogue is not None))
         # more rows: one GEMM over the products' columns where they split K alike (_Columns), else each product's plain routes
         self.plain = [] if self.most is None else [
-            Q4Product(b, self.x, None, None, w, s, gs, None, o, gemv=False) for (w, s), o in zip(self.products, self.stored)
+            Q4Product(b, self.x, None, None, w, s, gs, bias, o, gemv=False) for (w, s), bias, o in zip(self.products, self.biases, self.stored)
         ]  # fmt: skip
-        together = len({b.storage(o) for o in self.stored}) == 1
+        together = len({b.storage(o) for o in self.stored}) == 1 and not self.biased  # the column GEMM's store adds no bias
         self.columns = _Columns(b, self, types) if self.plain and together else None
         if swiglu and self.plain:
             self.e = b.params(16)
@@ -363,7 +377,7 @@ class _Fused:
         return fused and rotates
 
 
-@op("pte_wgpu.q4_linear_group", "pte_wgpu.rms_q4_linear_group", half=True)
+@op("pte_wgpu.q4_linear_group", "pte_wgpu.rms_q4_linear_group", "pte_wgpu.q4_linear_bias_group", "pte_wgpu.rms_q4_linear_bias_group", half=True)
 def q4_linear_group(b):
     b.hook(q4_group_routes(b))
 
