@@ -47,6 +47,8 @@ ROW_WISE = {
     "pte_wgpu.linear_group",
     "pte_wgpu.linear_silu_mul",
     "pte_wgpu.rms_linear_group",
+    "pte_wgpu.linear_bias_group",
+    "pte_wgpu.rms_linear_bias_group",
     "pte_wgpu.rms_linear_silu_mul",
     "pte_wgpu.rms_norm_for_gemm",
     "pte_wgpu.rms_norm_for_q4",

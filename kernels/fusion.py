@@ -29,8 +29,8 @@ the GPU and on the host, whatever its size), so the rewrites below cut that numb
 - The same three over bias-free 4-bit linears (`et_vk.linear_q4gsw`) of one group size and K
   become `pte_wgpu.q4_linear_silu_mul`, `pte_wgpu.q4_linear_residual` and
   `pte_wgpu.q4_linear_group` (kernels/matmul/q4_fused_linear.py); float and 4-bit products never
-  mix. 4-bit linears with biases of their outputs (Qwen2.5's q, k and v) group with their like,
-  `pte_wgpu.q4_linear_bias_group`. A residual joins a linear only where the product and the sum
+  mix. Linears with biases of their outputs (Qwen2.5's q, k and v) group with their like,
+  `pte_wgpu.linear_bias_group` and `pte_wgpu.q4_linear_bias_group`. A residual joins a linear only where the product and the sum
   are of one type (an f32 product added into an f16 sum stays apart: the epilogue rounds once).
 - An RMS norm that only feeds one of those (through a view or not) is computed again inside
   their GEMV (`pte_wgpu.rms_linear_group`, `pte_wgpu.rms_linear_silu_mul`), and the norm op itself
@@ -137,8 +137,8 @@ FUSED = {
     None: {"silu_mul": LINEAR_SILU_MUL, "residual": LINEAR_RESIDUAL, "group": LINEAR_GROUP},
     "q4": {"silu_mul": "pte_wgpu.q4_linear_silu_mul", "residual": "pte_wgpu.q4_linear_residual", "group": "pte_wgpu.q4_linear_group"},
 }
-Q4_BIAS_GROUP = "pte_wgpu.q4_linear_bias_group"
-NORM_READERS = (LINEAR_GROUP, LINEAR_SILU_MUL, FUSED["q4"]["group"], FUSED["q4"]["silu_mul"], Q4_BIAS_GROUP)  # ops a norm folds into
+LINEAR_BIAS_GROUP, Q4_BIAS_GROUP = "pte_wgpu.linear_bias_group", "pte_wgpu.q4_linear_bias_group"
+NORM_READERS = (LINEAR_GROUP, LINEAR_SILU_MUL, FUSED["q4"]["group"], FUSED["q4"]["silu_mul"], LINEAR_BIAS_GROUP, Q4_BIAS_GROUP)  # ops a norm folds into
 RMS_NORM = "et_vk.rms_norm.default"
 RMS_NORM_FOR_GEMM = "pte_wgpu.rms_norm_for_gemm"
 RMS_NORM_FOR_Q4 = "pte_wgpu.rms_norm_for_q4"  # before a fused 4-bit linear
@@ -879,8 +879,9 @@ class _Linears:
         f16 (kind None, weight a value), or 4-bit of f32 or f16 rows (weight the (packed weight,
         scales, group size) values, kind ("q4", group size, the weight's row bytes, the scales' groups,
         whether its subgroup kernels split K: matmul/routes.py's q4_splits_k):
-        products fuse only with their own kind. With `biased`, a 4-bit linear with a bias of its N
-        outputs instead (Qwen2.5's q/k/v), the bias last of its weight values."""
+        products fuse only with their own kind. With `biased`, a linear with a bias of its N outputs
+        instead (Qwen2.5's q/k/v): weight the (weight, bias) or (packed weight, scales, group size,
+        bias) values, "bias" the last of its kind."""
         if i is None:
             return None
         name, args = self.calls[i]
@@ -895,13 +896,14 @@ class _Linears:
             weights, kind = (w, scales, gs), ("q4", v[gs].value, v[w].dims[1:], v[scales].dims[1], q4_splits_k(v[w].dims[0]))
         else:
             return None
+        q4 = kind is not None
         if biased:
-            if kind is None or not (isinstance(v[bias], Tensor) and v[bias].dtype in FLOATS and v[bias].dims == v[w].dims[:1]):
+            if not (isinstance(v[bias], Tensor) and v[bias].dtype in FLOATS and v[bias].dims == v[w].dims[:1]):
                 return None
-            weights, kind = (*weights, bias), (*kind, "bias")
+            weights, kind = (*weights, bias), (*(kind or ("float",)), "bias")
         elif not (isinstance(v[bias], Scalar) and v[bias].value is None):
             return None
-        if len(v[w].dims) != 2 or any(v[t].dtype not in FLOATS for t in (x, *weights[:2], out) if kind is None or t != w):
+        if len(v[w].dims) != 2 or any(v[t].dtype not in FLOATS for t in (x, *weights[:2], out) if not q4 or t != w):
             return None
         return x, (w if kind is None else weights), out, kind
 
@@ -1028,7 +1030,8 @@ def _fuse_residual(graph):
 
 def _fuse_groups(graph):
     """Linears of views of one value (same dims), placed at the first, which gets all weights;
-    4-bit ones with biases of their outputs group with their like (`pte_wgpu.q4_linear_bias_group`)."""
+    ones with biases of their outputs group with their like (`pte_wgpu.linear_bias_group`,
+    `pte_wgpu.q4_linear_bias_group`)."""
     f = _Linears(graph)
     values, groups = graph.values, {}
     for i in range(len(graph.calls)):
@@ -1049,9 +1052,13 @@ def _fuse_groups(graph):
             x = linear(first)[0]
             weights = [linear(i)[1] for i in chunk]
             outs = [linear(i)[2] for i in chunk]
-            name = FUSED[kind and "q4"]["group"]
-            if kind is not None:  # 4-bit: the group size, then each (weight, scales) or (weight, scales, bias)
-                name = Q4_BIAS_GROUP if kind[-1] == "bias" else name
+            biased = kind is not None and kind[-1] == "bias"
+            if kind is None:
+                name = LINEAR_GROUP
+            elif kind[0] == "float":  # each (weight, bias)
+                name, weights = LINEAR_BIAS_GROUP, [v for w in weights for v in w]
+            else:  # 4-bit: the group size, then each (weight, scales) or (weight, scales, bias)
+                name = Q4_BIAS_GROUP if biased else FUSED["q4"]["group"]
                 weights = [weights[0][2], *(v for w in weights for v in (*w[:2], *w[3:]))]
             replace[first] = (name, (x, *weights, f.new_list(outs)))
             drop.update(chunk[1:])

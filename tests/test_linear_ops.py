@@ -11,7 +11,7 @@ import torch
 from async_runtime import model as model_module
 from async_runtime.testing import assert_matches_eager
 from pte_wgpu.resize.values import NONE, Scalar, Tensor, ValueList
-from pte_wgpu.kernels import OpBuilder, build_node
+from pte_wgpu.kernels import OpBuilder, build_node, fusion
 from pte_wgpu.kernels.matmul import gemm as G
 from pte_wgpu.kernels.matmul import linear as L
 from pte_wgpu.kernels.matmul import routes as R
@@ -121,6 +121,10 @@ CASES = {
     "fused_dyn_k4": (lambda: FusedLinears(40, 41, 23, 53), [(1, 34, 40)], ({1: _m(34)},)),
     # q/k/v and SwiGLU of K = FLOAT_GEMM_MIN_K: on GPUs the subgroup kernel to WIDE_K_SG_ROWS rows only
     "fused_wide_k4": (lambda: FusedLinears(2048, 41, 23, 53), [(1, 41, 2048)], ({1: _m(41)},)),
+    # q/k/v with biases (Qwen2.5's): one pte_wgpu.linear_bias_group, and at K = 2,048 on GPUs its
+    # wide subgroup kernels
+    "fused_bias_dyn": (lambda: FusedLinears(37, 41, 23, 53, qkv_bias=True), [(1, 71, 37)], ({1: _m(71)},)),
+    "fused_bias_wide_k4": (lambda: FusedLinears(2048, 41, 23, 53, qkv_bias=True), [(1, 41, 2048)], ({1: _m(41)},)),
     # a plain linear of K = FLOAT_GEMM_MIN_K (routes.py's float_wide): on GPUs the subgroup kernels
     # at every row count to WIDE_K_SG_ROWS, then the GEMM
     "linear_wide_k8": (lambda: Linear(2048, 37, False), [(35, 2048)], ({0: _m(35)},)),
@@ -154,6 +158,8 @@ M_AXIS = {
     "mm_big": [0, None],
     "fused_dyn_k4": [1],
     "fused_wide_k4": [1],
+    "fused_bias_dyn": [1],
+    "fused_bias_wide_k4": [1],
     "linear_wide_k8": [0],
     "linear_quads_mid": [0],
     "linear_quads_big": [0],
@@ -265,6 +271,26 @@ async def test_linears_fuse_through_clones(load_pte, monkeypatch):
     assert model.fused == 5  # silu, swiglu, 2 residuals, q/k/v
     calls = [_inputs("fused_dyn", m, np.random.default_rng(m)) for m in (71, 1, 33, 2, 17, 65)]
     await assert_matches_eager(model, module, calls, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("name", ["fused_bias_dyn", "fused_bias_wide_k4"])
+async def test_biased_products_of_one_input_run_as_one_group_bitwise(name, load_pte, monkeypatch, kernel_variants):
+    """q/k/v with biases load as one pte_wgpu.linear_bias_group whose outputs are bitwise the three
+    linears' at every route's rows, with both kernel variant sets (values against eager:
+    test_dynamic_rows_switch_routes)."""
+    data, _ = _export(name)
+    fused = await load_pte(data)
+    with monkeypatch.context() as m:
+        m.setattr(fusion, "_fuse_groups", lambda graph: 0)
+        plain = await load_pte(data)
+    names = [op for op, _ in fused.graph.calls]
+    assert names.count("pte_wgpu.linear_bias_group") == 1 and "aten.linear.default" not in names, names
+    assert [op for op, _ in plain.graph.calls].count("aten.linear.default") == 3
+    top = CASES[name][1][0][1]
+    for m in (1, top, 2, 17, 33, min(65, top), 5, 16):
+        (x,) = _inputs(name, m, np.random.default_rng(m))
+        for i, (g, w) in enumerate(zip(await fused.execute(x), await plain.execute(x))):
+            np.testing.assert_array_equal(g, w, err_msg=f"{m} rows, output {i}")
 
 
 @pytest.mark.parametrize("name", ["bias_residual_dyn", "bias_residual_t4"])

@@ -7,10 +7,13 @@ order as the plain linear's GEMV, so results are bitwise those of the unfused op
 - `pte_wgpu.linear_group` [x, w_0, ..., w_g-1, outs]: out_j = x @ w_j.T. Its GEMV's workgroups run
   over the products' 4-output groups one product after the other; each workgroup branches (a
   uniform branch) to its product's weight and output bindings.
+- `pte_wgpu.linear_bias_group` [x, w_0, bias_0, ..., outs]: the same with a bias of each
+  product's outputs (Qwen2.5's q, k and v), added in the GEMV's store as the plain linear's epilogue
+  adds it (alpha and beta 1: the same bits); more rows run each product's GEMM with its bias.
 - `pte_wgpu.linear_silu_mul` [x, w_gate, w_up, (out, gate, up)]: out = silu(x @ w_gate.T) *
   (x @ w_up.T). The GEMV reads both weights' rows for the same outputs and applies the gate in its
   epilogue; the GEMM route writes gate and up, then one elementwise dispatch.
-- `pte_wgpu.rms_linear_group` and `pte_wgpu.rms_linear_silu_mul` take the input before an RMS
+- `pte_wgpu.rms_linear_group`, `pte_wgpu.rms_linear_bias_group` and `pte_wgpu.rms_linear_silu_mul` take the input before an RMS
   norm as well, after the weights: (x, gamma, eps). Their GEMV normalizes its rows itself, with
   the sums and expression of et_vk.rms_norm's kernel, and the norm op before them
   (`pte_wgpu.rms_norm_for_gemm`, kernels/tensor/reduce.py) runs only for the rows it does not take
@@ -86,12 +89,14 @@ def _body(kind, shape, weights, n, store, norm, rows, partners=False):
     return "let n0 = wg * 4u;\n    " + body
 
 
-def _group_shader(count, norm, kind, shape, types, rope=None):
+def _group_shader(count, norm, kind, shape, types, rope=None, biased=False):
     """GEMV over `count` products: params q = (M, K, eps, then N_j and first workgroup S_j per
     product, then `rope`'s fields); with `norm`, binding 0 holds the rows before the RMS norm.
     `types`: the bindings' storage types in order, the uniform left out. With `rope` (a GPU's
     kernels: the GEMV and the subgroup kernel at SG_GPU) the epilogue rotates q and k and stores k
-    and v in the caches (rope_store)."""
+    and v in the caches (rope_store). With `biased`, a bias of each product's outputs (bound after
+    the weights and gamma) is added to them as the plain linear's epilogue adds it."""
+    assert not (rope and biased), "a RoPE epilogue takes bias-free products"
     fields = ["M: u32", "K: u32", "eps: f32"] + [f"N{j}: u32" for j in range(count)] + [f"S{j}: u32" for j in range(count)]
     fields += ["half: u32", "dim: u32", "row: u32", "blocks: u32"] if rope else []
     fields += [f"pad{i}: u32" for i in range(-len(fields) % 4)]
@@ -103,12 +108,14 @@ def _group_shader(count, norm, kind, shape, types, rope=None):
         if rotates:
             store = lambda r, j=j: rope_store(j, f"r0 + {r}u", types[-count + j], rope.types)
         else:
-            store = lambda r, j=j: f"o{j}[(r0 + {r}u) * q.N{j} + n] = {types[-count + j]}(v0);"
+            value = f"v0 + f32(bias{j}[n])" if biased else "v0"
+            store = lambda r, j=j, value=value: f"o{j}[(r0 + {r}u) * q.N{j} + n] = {types[-count + j]}({value});"
         body = _body(kind, shape, [f"w{j}"], f"q.N{j}", store, norm, types[0], partners=rotates)
         cond = f"if (wg0 < q.S{j + 1}) " if j + 1 < count else ""
         branches.append(f"{cond}{{\n    let wg = wg0 - q.S{j};\n    {body}\n    }}")
     extra = rope_bindings(len(types) + 1, rope.types) if rotates else ""
-    return _gemv_shader(fields, weights, outs, norm, " else ".join(branches), kind, shape, types, extra)
+    biases = [f"bias{j}" for j in range(count)] if biased else []
+    return _gemv_shader(fields, weights, outs, norm, " else ".join(branches), kind, shape, types, extra, biases)
 
 
 def _swiglu_shader(norm, kind, shape, types):
@@ -206,17 +213,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 """
 
 
-def _gemv_shader(fields, weights, outs, norm, body, kind, shape, types, extra=""):
+def _gemv_shader(fields, weights, outs, norm, body, kind, shape, types, extra="", biases=()):
     """`types`: the bindings' storage types in order, the uniform left out; `extra`: WGSL after the
-    uniform (more bindings). The subgroup GEMV reads the input, weights and gamma as vec4s, a GPU's
-    weights as its shape's step (kernels/matmul/linear.py's gemv_step); a_at(i) is element i as f32 either way."""
-    reads = ["a"] + weights + (["gamma"] if norm else [])
+    uniform (more bindings); `biases`: bindings read element by element after gamma. The subgroup
+    GEMV reads the input, weights and gamma as vec4s, a GPU's weights as its shape's step
+    (kernels/matmul/linear.py's gemv_step); a_at(i) is element i as f32 either way."""
+    reads = ["a"] + weights + (["gamma"] if norm else []) + list(biases)
     vec4, rows = kind == SUBGROUP, shape[0]
     packed = [w for w in weights if vec4 and sg_packed(shape)]  # bound as vec4<u32> of f16 pairs
     lines = ["struct Q { " + ", ".join(fields) + " }"]
-    kinds = ["vec4<u32>" if w in packed else vec4_type(t) if vec4 else weight_binding_type(t, shape[1]) if w in weights and kind == GPU else t for w, t in zip(reads, types)]
+    kinds = [
+        t if w in biases else "vec4<u32>" if w in packed else vec4_type(t) if vec4 else weight_binding_type(t, shape[1]) if w in weights and kind == GPU else t
+        for w, t in zip(reads, types)
+    ]
     lines += [f"@group(0) @binding({i}) var<storage, read> {w}: array<{t}>;" for i, (w, t) in enumerate(zip(reads, kinds))]
-    lines += [vec4_loader(w, t) for w, t in zip(reads, types) if w not in packed] if vec4 else []
+    lines += [vec4_loader(w, t) for w, t in zip(reads, types) if w not in packed and w not in biases] if vec4 else []
     lines += [f"@group(0) @binding({len(reads) + i}) var<storage, read_write> {o}: array<{t}>;" for i, (o, t) in enumerate(zip(outs, types[len(reads):]))]
     lines.append(f"@group(0) @binding({len(reads) + len(outs)}) var<uniform> q: Q;{extra}")
     lines.append(f"fn a_at(i: u32) -> f32 {{ return {'a4(i / 4u)[i % 4u]' if vec4 else 'f32(a[i])'}; }}")
@@ -302,15 +313,16 @@ class _Products:
     """The GEMM route of products out_j = x @ w_j.T (none where the GEMV takes every row count,
     `gemm` False), and the live (M, K, N_j) they share. The products run as one GEMM over their
     columns side by side (gemm.py's column_group: one dispatch, and one wave of workgroups where
-    each alone would leave the GPU half idle) where their outputs share a storage type."""
+    each alone would leave the GPU half idle) where their outputs share a storage type and no
+    product has a bias (`biases`: one a product, or none), else each its own GEMM."""
 
-    def __init__(self, b, x, weights, outs, gemm=True, gemv_rows=GEMV_MAX_ROWS):
-        self.x, self.weights, self.outs, self.gemv_rows = x, weights, outs, gemv_rows
+    def __init__(self, b, x, weights, outs, gemm=True, gemv_rows=GEMV_MAX_ROWS, biases=()):
+        self.x, self.weights, self.outs, self.gemv_rows, self.biases = x, weights, outs, gemv_rows, biases
         self.shape_fn = linear_shapes(b)
         self.routes = []
         if not gemm:
             return
-        together = len({b.storage(o) for o in outs}) == 1
+        together = len({b.storage(o) for o in outs}) == 1 and not biases
         sizes = [tuple(b.graph.values[w].dims[:2]) for w in weights]  # (N, K) of each
         most = (sum(n for n, _ in sizes), b.graph.values[x].dims[-1]) if together else tuple(map(max, zip(*sizes)))
         scratch = gemm_scratch(b, outs, together, most)
@@ -321,10 +333,10 @@ class _Products:
             route = GemmRoute(b, load, [x, *weights], None, outs[0], params, scratch, store=store, more_outs=outs[1:], most=most)
             self.routes.append((params, route))
             return
-        for w, out, size in zip(weights, outs, sizes):
+        for w, bias, out, size in zip(weights, biases or [None] * len(weights), outs, sizes):
             params = b.params(PARAMS_SIZE)
             load = weight_load(b.storage(x), b.storage(w), size[1])
-            self.routes.append((params, GemmRoute(b, load, [x, w], None, out, params, scratch, most=size)))
+            self.routes.append((params, GemmRoute(b, load, [x, w], bias, out, params, scratch, most=size)))
 
     def resize(self, ctx):
         """Set each product's shape and the GEMM params; returns (gemv?, M, K, [N_j])."""
@@ -337,7 +349,7 @@ class _Products:
         widths = [sum(ns)] if len(self.routes) == 1 else ns
         for (params, gemm), n in zip(self.routes, widths):
             splits, kspan = gemm.plan(m, n, k, 1, on)
-            ctx.set_params(params, params_bytes(m, n, k, split=(splits, kspan)))
+            ctx.set_params(params, params_bytes(m, n, k, bias=(0, 0, 1) if self.biases else (0, 0, 0), split=(splits, kspan)))
             gemm.set_grids(ctx, m, n, k, 1, splits, on)
         return gemv, m, k, ns
 
@@ -350,7 +362,7 @@ def _norm_args(b, norm):
     return b.args[1:-4], [x], [gamma], float(b.scalar(len(b.args) - 2, 1e-6))
 
 
-@op("pte_wgpu.linear_group", "pte_wgpu.rms_linear_group", half=True)
+@op("pte_wgpu.linear_group", "pte_wgpu.rms_linear_group", "pte_wgpu.linear_bias_group", "pte_wgpu.rms_linear_bias_group", half=True)
 def linear_group(b):
     b.hook(linear_group_routes(b))
 
@@ -359,15 +371,17 @@ def linear_group_routes(b, rope=None):
     """Record the op's routes; returns its hook, which returns whether a kernel's epilogue took
     `rope` (a GPU's GEMV or subgroup kernel took the rows)."""
     norm = b.name.startswith("pte_wgpu.rms_")
-    weights, head, tail, eps = _norm_args(b, norm)
+    biased = "_bias_group" in b.name
+    operands, head, tail, eps = _norm_args(b, norm)
+    weights, biases = (list(operands[0::2]), list(operands[1::2])) if biased else (operands, [])
     outs = b.graph.values[b.out].items
-    _check_float(b, range(1 + len(weights)))
+    _check_float(b, range(1 + len(operands)))
     kind, gpu_sg = _kind(b, weights)  # the GEMV variant (kernels/variants.py)
     q = b.params(4 * (3 + 2 * len(weights) + (4 if rope else 0)))
     epilogue = rope if kind == GPU else None  # a GPU's kernels rotate in their epilogue
-    shader_of = lambda d_kind, shape, norm, types: _group_shader(len(weights), norm, d_kind, shape, types, epilogue)  # noqa: E731
-    gemvs = _Gemvs(b, kind, 1, shader_of, head, tail, (weights, [*outs, q]), gpu_sg, epilogue.values if epilogue else ())
-    products = _Products(b, b.args[0], weights, outs, kind != SUBGROUP, gemvs.most_rows)
+    shader_of = lambda d_kind, shape, norm, types: _group_shader(len(weights), norm, d_kind, shape, types, epilogue, biased)  # noqa: E731
+    gemvs = _Gemvs(b, kind, 1, shader_of, head, tail, (weights, [*biases, *outs, q]), gpu_sg, epilogue.values if epilogue else ())
+    products = _Products(b, b.args[0], weights, outs, kind != SUBGROUP, gemvs.most_rows, biases)
 
     def resize(ctx):
         use_gemv, m, k, ns = products.resize(ctx)
