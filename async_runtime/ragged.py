@@ -52,6 +52,7 @@ ROW_WISE = {
     "pte_wgpu.rms_linear_silu_mul",
     "pte_wgpu.rms_norm_for_gemm",
     "pte_wgpu.rms_norm_for_q4",
+    "pte_wgpu.rms_norm_pair",
     "pte_wgpu.q4_linear_group",
     "pte_wgpu.q4_linear_silu_mul",
     "pte_wgpu.rms_q4_linear_group",

@@ -37,6 +37,9 @@ the GPU and on the host, whatever its size), so the rewrites below cut that numb
   runs only when the rows are too many for the GEMV (`pte_wgpu.rms_norm_for_gemm`; before a
   4-bit one `pte_wgpu.rms_norm_for_q4`, which CPU adapters run at every row count).
 
+- Two RMS norms one right after the other, of one eps and row length (Qwen3's of q's and k's
+  heads), become one `pte_wgpu.rms_norm_pair` dispatch, each row normalized as alone.
+
 After the ragged rewrite (async_runtime.ragged), `fuse_ragged` lets RoPE store this step's k and
 v in the KV caches (`pte_wgpu.rope_into_cache`, the rotate-half RoPE's `pte_wgpu.rope_hf_into_cache`),
 so attention skips its own cache update; where
@@ -142,6 +145,7 @@ NORM_READERS = (LINEAR_GROUP, LINEAR_SILU_MUL, FUSED["q4"]["group"], FUSED["q4"]
 RMS_NORM = "et_vk.rms_norm.default"
 RMS_NORM_FOR_GEMM = "pte_wgpu.rms_norm_for_gemm"
 RMS_NORM_FOR_Q4 = "pte_wgpu.rms_norm_for_q4"  # before a fused 4-bit linear
+RMS_NORM_PAIR = "pte_wgpu.rms_norm_pair"
 ROPE = "et_vk.apply_rotary_emb.default"
 CLONE = "aten.clone.default"
 ROPE_INTO_CACHE = "pte_wgpu.rope_into_cache"
@@ -230,6 +234,7 @@ def _fuse_all(graph, int8_matrices):
     fused += _fuse_add_relu(graph)
     _drop_dead_views(graph)
     fused += _fuse_norms(graph)
+    fused += _pair_norms(graph)
     _int8_rows(graph)  # not a fusion: the rows' storage
     return fused
 
@@ -1091,6 +1096,31 @@ def _fuse_norms(graph):
         calls[i] = (RMS_NORM_FOR_Q4 if "q4" in fused_name else RMS_NORM_FOR_GEMM, args)
         fused += 1
     return fused
+
+
+def _pair_norms(graph):
+    """Two RMS norms one right after the other (Qwen3's of q and k, over each head's dims), of one
+    eps and row length and alike types, the second's input not the first's output: one
+    `pte_wgpu.rms_norm_pair` at the first's place."""
+    calls, values, drop = graph.calls, graph.values, set()
+    for i in range(len(calls) - 1):
+        (name, args), (name2, args2) = calls[i], calls[i + 1]
+        if i in drop or name != RMS_NORM or name2 != RMS_NORM or len(args) != 4 or len(args2) != 4:
+            continue
+        (x, gamma, eps, out), (x2, gamma2, eps2, out2) = args, args2
+        if x2 == out or not all(isinstance(values[v], Tensor) for v in (x, gamma, out, x2, gamma2, out2)):
+            continue
+        if values[eps].value != values[eps2].value or values[x].dims[-1:] != values[x2].dims[-1:]:
+            continue
+        if values[x].dtype != values[x2].dtype or values[out].dtype != values[out2].dtype or not _alike(values, gamma, gamma2):
+            continue
+        if len(values[gamma].dims) != 1:
+            continue
+        values.append(ValueList((out, out2)))
+        calls[i] = (RMS_NORM_PAIR, (x, gamma, eps, x2, gamma2, len(values) - 1))
+        drop.add(i + 1)
+    graph.calls[:] = [c for k, c in enumerate(calls) if k not in drop]
+    return len(drop)
 
 
 def fuse_ragged(graph, max_storage_buffers=None):

@@ -506,25 +506,28 @@ def strided(load, use, unroll=4):
             f"      for (; k < p.rlen; k = k + {RWG}u) {{ {' '.join(at(0, 'k'))} }} }}\n")
 
 
-def rms_norm_body(to):
+def rms_norm_body(to, s=""):
     """The rows' RMS norm into `out` of storage type `to`: each invocation's squares, a tree, then
-    x * rstd * w."""
-    return ("    var q = 0.0;\n" + strided("let c$I = f32(x[base + $K]);", "q = q + c$I * c$I;")
+    x * rstd * w (`s`: the suffix of the bindings' names and of `base`, the row's first element)."""
+    return ("    var q = 0.0;\n" + strided(f"let c$I = f32(x{s}[base{s} + $K]);", "q = q + c$I * c$I;")
             + "    sm[lid] = q;\n    workgroupBarrier();\n" + _tree("a + b")
             + "    let rstd = inverseSqrt(sm[0] / f32(p.rlen) + p.eps);\n"
-            + strided("let c$I = f32(x[base + $K]); let w$I = f32(w[$K]);", f"out[base + $K] = {to}(c$I * rstd * w$I);"))
+            + strided(f"let c$I = f32(x{s}[base{s} + $K]); let w$I = f32(w{s}[$K]);", f"out{s}[base{s} + $K] = {to}(c$I * rstd * w$I);"))
 
 
-def _norm_params(b, ctx, x, normalized, eps):
-    """Parameter bytes and row count of a norm over the trailing dims `normalized` of `x`."""
+def _norm_params(b, ctx, x, normalized, eps, more_rows=0):
+    """Parameter bytes and row count of a norm over the trailing dims `normalized` of `x`; with
+    `more_rows`, the params cover that many rows more (a second tensor's, rms_norm_pair), P's pad0
+    the rows of `x`."""
     shape = ctx.dims(x)
     n = len(normalized)
     if n > len(shape) or tuple(shape[len(shape) - n :]) != tuple(normalized):
         b.fail(f"input of shape {shape} does not end in the normalized shape {tuple(normalized)}")
     rows, rlen = numel_of(shape[: len(shape) - n]), numel_of(normalized)
-    data = struct.pack("<4I", 1, 1, rows, rlen)
-    data += _vec4([rows]) + _vec4([rlen]) + _vec4([rlen]) + _vec4([1])
-    data += struct.pack("<ff2I", eps, NEG_INF, 0, 0)
+    total = rows + more_rows
+    data = struct.pack("<4I", 1, 1, total, rlen)
+    data += _vec4([total]) + _vec4([rlen]) + _vec4([rlen]) + _vec4([1])
+    data += struct.pack("<ff2I", eps, NEG_INF, rows, 0)
     return shape, data, rows
 
 
@@ -601,5 +604,40 @@ def rms_norm(b):
         ctx.set_params(params, data)
         ctx.set_grid(d, fold_grid(rows) if rows > fused_rows or not for_gemm else (0, 0, 0))
         ctx.set_dims(out, shape)
+
+    b.hook(resize)
+
+
+@op("pte_wgpu.rms_norm_pair", half=True)
+def rms_norm_pair(b):
+    """[x, weight, eps, x2, weight2, (out, out2)]: two RMS norms of one row length and eps in one
+    dispatch (kernels/fusion.py: Qwen3's q and k norms), x's rows first; each row as
+    et_vk.rms_norm computes it, so the same bits."""
+    x, weight, _, x2, weight2 = b.args[:5]
+    out, out2 = b.graph.values[b.out].items
+    eps = float(b.scalar(2, 1e-6))
+    to, to2 = (b.storage(v, packed=False) for v in (out, out2))
+    decls = [("read", "x", b.storage(x, packed=False)), ("read", "w", b.storage(weight, packed=False)), ("read_write", "out", to),
+             ("read", "xb", b.storage(x2, packed=False)), ("read", "wb", b.storage(weight2, packed=False)), ("read_write", "outb", to2)]
+    second = "    let baseb = (row - p.pad0) * p.rlen;\n" + rms_norm_body(to2, "b")
+    params = b.params(PARAMS_SIZE)
+    d = b.dispatch(_shader(decls, f"    if (row < p.pad0) {{\n{rms_norm_body(to)}    }} else {{\n{second}    }}\n"),
+                   [x, weight, out, x2, weight2, out2, params])
+
+    def resize(ctx):
+        shape, shape2 = ctx.dims(x), ctx.dims(x2)
+        if not shape or not shape2:
+            b.fail("input is 0-d")
+        normalized = shape[-1:]
+        _check_param(b, ctx, weight, normalized, "weight")
+        _check_param(b, ctx, weight2, normalized, "second weight")
+        if shape2[-1:] != normalized:
+            b.fail(f"second input of shape {shape2} has rows of {shape2[-1]}, the first of {normalized[0]}")
+        rows2 = numel_of(shape2[:-1])
+        shape, data, rows = _norm_params(b, ctx, x, normalized, eps, more_rows=rows2)
+        ctx.set_params(params, data)
+        ctx.set_grid(d, fold_grid(rows + rows2))
+        ctx.set_dims(out, shape)
+        ctx.set_dims(out2, shape2)
 
     b.hook(resize)
