@@ -100,6 +100,8 @@ CASES = {
     "f16_fused_k4": (lambda: FusedLinears(40, 44, 23, 52).half(), [(71, 40)], [0]),
     # every K a multiple of 8: the GPU GEMVs load 8 f16 weights a load; norms folded into them
     "f16_norm_fused_k8": (lambda: NormedFusedLinears(48, 40, 23, 72).half(), [(71, 48)], [0]),
+    # ... with q/k/v biases (Qwen2.5's): one rms_linear_bias_group
+    "f16_norm_fused_bias_k8": (lambda: NormedFusedLinears(48, 40, 23, 72, True).half(), [(71, 48)], [0]),
     # ... and K = FLOAT_GEMM_MIN_K: on GPUs the norm runs as its own op (routes.py's float_norm_folds)
     "f16_norm_fused_wide": (lambda: NormedFusedLinears(2048, 40, 23, 72).half(), [(41, 2048)], [0]),
     # 4-bit weights with fp16 activations, scales and bias; K padded, a group straddling words
@@ -153,7 +155,7 @@ async def test_fp16_products_match_eager_fp16(name, load_pte):
     data, module = _export(name)
     model = await load_pte(data)
     assert model.precision == "f16", model.precision_note
-    tol = (Q_ATOL, Q_RTOL) if name in ("f16_q4", "f16_dq8", "f16_q4_k32", "f16_fused", "f16_fused_k4", "f16_norm_fused_k8", "f16_norm_fused_wide",
+    tol = (Q_ATOL, Q_RTOL) if name in ("f16_q4", "f16_dq8", "f16_q4_k32", "f16_fused", "f16_fused_k4", "f16_norm_fused_k8", "f16_norm_fused_bias_k8", "f16_norm_fused_wide",
                                        "f16_fused_matrix", "f16_q4_fused_matrix") else (ATOL, RTOL)
     rng = np.random.default_rng(5)
     calls = [_inputs(name, m, rng) for m in _live_ms(name)]
@@ -300,12 +302,16 @@ async def test_f16_sums_stay_within_their_bound(name, load_pte, kernel_variants)
             assert excess.max() <= 0, f"rows {m}, output {j}: {excess.max():.3g} past the bound at {np.unravel_index(excess.argmax(), w.shape)}"
 
 
-async def test_fp16_fused_linears_run_fused(load_pte):
-    data, _ = _export("f16_fused")
+@pytest.mark.parametrize("name", ["f16_fused", "f16_norm_fused_bias_k8"])
+async def test_fp16_fused_linears_run_fused(name, load_pte):
+    """The products merge (silu, swiglu, 2 residuals, q/k/v); biased q/k/v too, with the norms before them and SwiGLU."""
+    data, _ = _export(name)
     model = await load_pte(data)
     names = {name for name, _ in model.graph.calls}
-    assert {"pte_wgpu.linear_group", "pte_wgpu.linear_residual", "pte_wgpu.linear_silu_mul"} <= names
-    assert "aten.linear.default" not in names and model.fused == 5  # silu, swiglu, 2 residuals, q/k/v
+    normed = name != "f16_fused"
+    fused = {"pte_wgpu.rms_linear_bias_group", "pte_wgpu.rms_linear_silu_mul"} if normed else {"pte_wgpu.linear_group", "pte_wgpu.linear_silu_mul"}
+    assert fused | {"pte_wgpu.linear_residual"} <= names, names
+    assert "aten.linear.default" not in names and model.fused == 5 + 2 * normed
 
 
 @pytest.mark.parametrize("name", ["f16_linear_bias", "f16_q4"])
