@@ -914,12 +914,10 @@ class _Linears:
 
     def biased_linear(self, i):
         """(x, weight, bias, out) of call i if it is a float linear with a bias of its N outputs."""
-        if i is None or self.calls[i][0] != LINEAR or len(self.calls[i][1]) != 4:
+        found = self.linear(i, biased=True)
+        if found is None or found[3][0] != "float":
             return None
-        x, w, bias, out = self.calls[i][1]
-        v = self.values
-        if not all(isinstance(v[t], Tensor) and v[t].dtype in FLOATS for t in (x, w, bias, out)) or len(v[w].dims) != 2 or v[bias].dims != v[w].dims[:1]:
-            return None
+        x, (w, bias), out, _ = found
         return x, w, bias, out
 
     def dq8_linear(self, i):
@@ -1045,7 +1043,8 @@ def _fuse_groups(graph):
             groups.setdefault((f.view_root(x), values[x].dims, kind), []).append(i)
     replace, drop = {}, set()
     for (_, _, kind), members in groups.items():
-        linear = functools.partial(f.linear, biased=kind is not None and kind[-1] == "bias")
+        biased = kind is not None and kind[-1] == "bias"
+        linear = functools.partial(f.linear, biased=biased)
         while len(members) > 1:
             first, chunk = members[0], [members[0]]
             for i in members[1:]:
@@ -1057,7 +1056,6 @@ def _fuse_groups(graph):
             x = linear(first)[0]
             weights = [linear(i)[1] for i in chunk]
             outs = [linear(i)[2] for i in chunk]
-            biased = kind is not None and kind[-1] == "bias"
             if kind is None:
                 name = LINEAR_GROUP
             elif kind[0] == "float":  # each (weight, bias)

@@ -515,6 +515,11 @@ def rms_norm_body(to, s=""):
             + strided(f"let c$I = f32(x{s}[base{s} + $K]); let w$I = f32(w{s}[$K]);", f"out{s}[base{s} + $K] = {to}(c$I * rstd * w$I);"))
 
 
+def _rms_decls(b, x, weight, out, s=""):
+    """The bindings rms_norm_body reads and writes (`s`: their names' suffix)."""
+    return [("read", f"x{s}", b.storage(x, packed=False)), ("read", f"w{s}", b.storage(weight, packed=False)), ("read_write", f"out{s}", b.storage(out, packed=False))]
+
+
 def _norm_params(b, ctx, x, normalized, eps, more_rows=0):
     """Parameter bytes and row count of a norm over the trailing dims `normalized` of `x`; with
     `more_rows`, the params cover that many rows more (a second tensor's, rms_norm_pair), P's pad0
@@ -587,10 +592,7 @@ def rms_norm(b):
     for_gemm = b.name != "et_vk.rms_norm.default"
     fused_rows = fused_norm_rows(b, b.tensor(1).dims[-1], (x, weight, out), q4=b.name == "pte_wgpu.rms_norm_for_q4")
     eps = float(b.scalar(2, 1e-6))
-    to = b.storage(out, packed=False)
-    body = rms_norm_body(to)
-    decls = [("read", "x", b.storage(x, packed=False)), ("read", "w", b.storage(weight, packed=False)), ("read_write", "out", to)]
-    shader = _shader(decls, body)
+    shader = _shader(_rms_decls(b, x, weight, out), rms_norm_body(b.storage(out, packed=False)))
     params = b.params(PARAMS_SIZE)
     d = b.dispatch(shader, [x, weight, out, params])
 
@@ -617,8 +619,7 @@ def rms_norm_pair(b):
     out, out2 = b.graph.values[b.out].items
     eps = float(b.scalar(2, 1e-6))
     to, to2 = (b.storage(v, packed=False) for v in (out, out2))
-    decls = [("read", "x", b.storage(x, packed=False)), ("read", "w", b.storage(weight, packed=False)), ("read_write", "out", to),
-             ("read", "xb", b.storage(x2, packed=False)), ("read", "wb", b.storage(weight2, packed=False)), ("read_write", "outb", to2)]
+    decls = _rms_decls(b, x, weight, out) + _rms_decls(b, x2, weight2, out2, "b")
     second = "    let baseb = (row - p.pad0) * p.rlen;\n" + rms_norm_body(to2, "b")
     params = b.params(PARAMS_SIZE)
     d = b.dispatch(_shader(decls, f"    if (row < p.pad0) {{\n{rms_norm_body(to)}    }} else {{\n{second}    }}\n"),
