@@ -39,7 +39,7 @@ from .progress import LoadProgress
 from .scheduler import Scheduler
 from .session import Session
 from .stats import Counters
-from .storage import STORAGE_USAGE, align, constant_rows, permuted, storage_dtype, to_storage
+from .storage import STORAGE_USAGE, align, constant_rows, rearranged, storage_dtype, to_storage
 from .uploads import StagedUploads
 
 
@@ -355,8 +355,8 @@ class Model:
         for vid, v in constants:
             raw = _constant_bytes(v.constant, named, f"constant tensor {vid}")
             data = to_storage(v, constant_rows(raw, v.constant.rows) if v.constant.rows else raw, f"tensor {vid}")
-            if v.constant.permuted:
-                data = permuted(data, v)
+            if v.constant.permuted or v.constant.order:
+                data = rearranged(data, v)
             copied_into = [d.dst for d in self._state_copies.values() if d.src == vid]
             if copied_into or vid in self._session_vids:  # a state's initial contents, for every session: its own bytes, not a view of the file's
                 data = np.array(data)

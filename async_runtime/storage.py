@@ -42,12 +42,18 @@ def constant_rows(raw, rows):
     return raw[first * row : end * row]
 
 
-def permuted(data, tensor):
-    """`data`, the stored bytes of a constant `tensor` laid out as in the file, as the tensor is
-    (Constant.permuted: the file's array of some dims with its axes permuted)."""
-    dims, axes = tensor.constant.permuted
-    elements = np.frombuffer(data, storage_dtype(tensor.dtype), numel_of(dims))
-    return input_words(np.ascontiguousarray(elements.reshape(dims).transpose(axes)))
+def rearranged(data, tensor):
+    """`data`, the stored bytes of a constant `tensor` laid out as in the file, as the tensor is:
+    taken in Constant.order along one axis, then with its axes permuted (Constant.permuted)."""
+    c = tensor.constant
+    elements = np.frombuffer(data, np.uint8 if tensor.dtype in PACKED else storage_dtype(tensor.dtype), numel_of(tensor.dims))
+    if c.order:
+        dims, axis, indices = c.order
+        elements = elements.reshape(dims).take(indices, axis)
+    if c.permuted:
+        dims, axes = c.permuted
+        elements = elements.reshape(dims).transpose(axes)
+    return input_words(np.ascontiguousarray(elements))
 
 
 def to_storage(tensor, raw, what):

@@ -46,7 +46,12 @@ so attention skips its own cache update; where
 q, k and v are one group (float or 4-bit, normalizing or not) that only the RoPE reads (v also
 attention), the group takes the RoPE too (`pte_wgpu.linear_group_rope` and its forms,
 kernels/matmul/qkv_rope.py: on GPUs its GEMV rotates and stores in its epilogue), unless that
-kernel would bind more storage buffers than the device allows (Dawn's Vulkan adapters: 16).
+kernel would bind more storage buffers than the device allows (Dawn's Vulkan adapters: 16). The
+rotate-half RoPE (Qwen2.5's, Phi-4-mini's of part of each head) joins its group as `..._rope_hf`,
+q's and k's weight rows (scales, biases) laid out at load with each head's rotated dims d and
+d + rd / 2 side by side, so that its pairs meet in one invocation as the interleaved RoPE's do. The rotary tables' gathers the
+ragged rewrite made move up to where their inputs are ready, so that the first layer's come before
+its group as every other layer's do.
 
 - PyTorch's `_safe_softmax` (scaled_dot_product_attention's decomposition: ViT's, BERT's) arrives
   as softmax(x) and six ops over the scores that zero the rows of x that are -inf only (eq,
@@ -100,6 +105,7 @@ residual's to a rounding, above).
 """
 
 
+import dataclasses
 import functools
 from collections import Counter
 
@@ -314,7 +320,7 @@ def _writes(graph):
     """The calls that write each value, in order."""
     writes = {}
     for k, (_, args) in enumerate(graph.calls):
-        for o in graph.values[args[-1]].items if args and isinstance(graph.values[args[-1]], ValueList) else args[-1:]:
+        for o in _outputs(graph.values, args):
             writes.setdefault(o, []).append(k)
     return writes
 
@@ -1131,6 +1137,7 @@ def fuse_ragged(graph, max_storage_buffers=None):
 
 def _fuse_ragged(graph, max_storage_buffers):
     fused = _share_repeats(graph, GATHERS)
+    _hoist_gathers(graph)
     calls, producer = graph.calls, _producers(graph)
     rope_of, into_cache = {}, {ROPE: (5, ROPE_INTO_CACHE), ROPE_HF: (6, ROPE_HF_INTO_CACHE)}  # a RoPE's args (its output last), its ragged form
     for i, (name, args) in enumerate(calls):
@@ -1150,43 +1157,124 @@ def _fuse_ragged(graph, max_storage_buffers):
     return fused + _fuse_rope_into_groups(graph, max_storage_buffers)
 
 
+def _hoist_gathers(graph):
+    """Move each gather that the ragged rewrite made (its output in no memory-planning group) to
+    right after the last call that writes one of its inputs: the first layer's rotary gathers,
+    which every layer reads (_share_repeats), then come before its q/k/v group, whose RoPE can
+    then join it as every other layer's does. Not a fusion: the same calls in another order."""
+    calls, values = graph.calls, graph.values
+    for k in range(len(calls)):
+        name, args = calls[k]
+        if name not in GATHERS or not args or values[args[-1]].mem_obj is not None:
+            continue
+        at = 1 + max((j for j in range(k) for out in _outputs(values, calls[j][1]) if out in args[:-1]), default=-1)
+        if at < k:
+            calls.insert(at, calls.pop(k))
+
+
+def _outputs(values, args):
+    """The values a call of `args` writes."""
+    return values[args[-1]].items if args and isinstance(values[args[-1]], ValueList) else args[-1:]
+
+
 def _fuse_rope_into_groups(graph, max_storage_buffers=None):
     """rope_into_cache(view(q), view(k), fcos, fsin, v', ...) right after (views between) the q/k/v
     group that computes q, k and v (v' that v or a view of it), q and k read by nothing else; where
     the fused kernel's storage buffers (the group's tensors, its three outputs and the RoPE's) are
-    at most `max_storage_buffers`."""
+    at most `max_storage_buffers`. The same for rope_hf_into_cache from table row 0, whose q and k
+    weights then have their rows paired (_pair_rotary_rows)."""
     f = _Linears(graph)
     calls, values, drop, fused = graph.calls, graph.values, set(), 0
     groups = {values[args[-1]].items[0]: g for g, (name, args) in enumerate(calls) if name in ROPE_GROUPS}
     for i, (name, args) in enumerate(calls):
-        if name != ROPE_INTO_CACHE or len(args) != 11:
+        if (name, len(args)) == (ROPE_HF_INTO_CACHE, 12):
+            xq, xk, fcos, fsin, start, *rest = args
+            hf = isinstance(values[start], Scalar) and values[start].value == 0
+            if not hf:
+                continue
+        elif (name, len(args)) == (ROPE_INTO_CACHE, 11):
+            (xq, xk, fcos, fsin, *rest), hf = args, False
+        else:
             continue
-        xq, xk, fcos, fsin, v, k_cache, v_cache, row_pos, row_seq, seq_blocks, out = args
+        v, k_cache, v_cache, row_pos, row_seq, seq_blocks, out = rest
         (q, q_chain), (k, k_chain), (v_out, _) = (_viewed(f, x) for x in (xq, xk, v))
         g = groups.get(q)  # the group whose first product is q
         if g is None:
             continue
-        tables = (fcos, fsin)
+        tables, dim = (fcos, fsin), values[k_cache].dims[-1]
         if (
             values[calls[g][1][-1]].items != (q, k, v_out)
             or any(name not in VIEWS for name, _ in calls[g + 1 : i])
             or any(f.uses[x] != 1 for x in (*q_chain, *k_chain))
             or not all(f.before(t, g) for t in (*tables, row_pos, row_seq, seq_blocks))
-            or values[q].dims[-1] % values[k_cache].dims[-1]
+            or values[q].dims[-1] % dim
         ):
             continue
         group_name, group_args = calls[g]
         bound = sum(isinstance(values[a], Tensor) for a in group_args[:-1]) + 3 + len(ROPE_NAMES)
         if max_storage_buffers is not None and bound > max_storage_buffers:
             continue
+        rd = values[fcos].dims[-1]  # the rotate-half RoPE's rotated dims of a head (its table's width)
+        if hf and not (rd % 2 == 0 and rd <= dim and _pair_rotary_rows(graph, f.uses, group_name, group_args, dim, rd)):
+            continue
         oq, ok = values[out].items[:2]
         outs = f.new_list((q, k, v_out, oq, ok))
-        calls[g] = (group_name + "_rope", (*group_args[:-1], *tables, k_cache, v_cache, row_pos, row_seq, seq_blocks, outs))
+        calls[g] = (group_name + ("_rope_hf" if hf else "_rope"), (*group_args[:-1], *tables, k_cache, v_cache, row_pos, row_seq, seq_blocks, outs))
         drop.add(i)
         fused += 1
     f.rewrite({}, drop)
     _drop_dead_views(graph)
     return fused
+
+
+def _pair_rotary_rows(graph, uses, group_name, group_args, dim, rd):
+    """Lay out the constants of the q and k products of a q/k/v group (weights [N, C], 4-bit
+    scales in row quads, biases [N]) for a rotate-half RoPE of the first `rd` of each `dim` dims:
+    a head's rows d and d + rd / 2 (d < rd / 2) at 2d and 2d + 1, the rest where they were, so that
+    its pairs are the interleaved RoPE's (output n and n ^ 1). Each tensor in place, its rows
+    taken in that order at load (Constant.order). Only where every one is a constant that the
+    group alone reads; returns whether it did."""
+    values, q4 = graph.values, "q4_" in group_name
+    norm, per = group_name.startswith("pte_wgpu.rms_"), (2 if q4 else 1) + ("_bias_group" in group_name)
+    operands = group_args[(2 if q4 else 1) : (-4 if norm else -1)]
+    tensors, paired = [], []
+    for product in (0, 1):
+        mine = operands[product * per : (product + 1) * per]
+        n = values[mine[0]].dims[0] if isinstance(values[mine[0]], Tensor) and values[mine[0]].dims else 0
+        order = _pair_order(n, dim, rd) if n and n % dim == 0 else ()
+        for at, vid in enumerate(mine):
+            tensors.append(vid)
+            paired.append(_paired(values[vid], order, q4 and at == 1) if order and uses[vid] == 1 else None)
+    if None in paired:
+        return False
+    for vid, t in zip(tensors, paired):
+        values[vid] = t
+    return True
+
+
+def _pair_order(n, dim, rd):
+    """Which row of n = heads x `dim` rows each row of the paired layout holds (_pair_rotary_rows)."""
+    half = rd // 2
+    within = [half * (p % 2) + p // 2 if p < rd else p for p in range(dim)]
+    return tuple(h * dim + d for h in range(n // dim) for d in within)
+
+
+def _paired(t, order, scales):
+    """Constant tensor t (4-bit `scales` in row quads [N / 4, groups, 4], else [N] or [N, C]) with its
+    rows taken in `order` (of N) at load; None where t is not such a tensor."""
+    c = t.constant if isinstance(t, Tensor) else None
+    if c is None or c.rows is not None or c.order is not None or not t.dims:
+        return None
+    n = len(order)
+    if scales:  # the file's [groups, N], laid out [N / 4, groups, 4] after (scales_in_row_quads)
+        if len(t.dims) != 3 or 4 * t.dims[0] != n or c.permuted != ((t.dims[1], n // 4, 4), (1, 0, 2)):
+            return None
+        taken = ((t.dims[1], n), 1, order)
+    else:
+        if len(t.dims) > 2 or t.dims[0] != n or c.permuted is not None:
+            return None
+        taken = (t.dims, 0, order)
+    return dataclasses.replace(t, constant=dataclasses.replace(c, order=taken))
 
 
 def _viewed(f, vid):

@@ -27,9 +27,10 @@ ET_DTYPES = {0: "uint8", 1: "int8", 2: "int16", 3: "int32", 4: "int64", 5: "floa
 class Constant:
     """Where a constant tensor's bytes are: `key` in the named data, or an offset and length in
     `blob`; with `rows` = (first, end, table dims), rows first .. end - 1 of the table those bytes
-    hold (a part of a table too large for one binding); with `permuted` = (dims, axes), the tensor
-    is those bytes as an array of `dims` with its axes permuted by `axes` (a layout the kernels
-    read better, chosen at load)."""
+    hold (a part of a table too large for one binding); with `order` = (dims, axis, indices), those
+    bytes as an array of `dims` taken along `axis` in the order of `indices`, and then with
+    `permuted` = (dims, axes), that array as one of `dims` with its axes permuted by `axes`
+    (layouts the kernels read better, chosen at load)."""
 
     key: str | None = None
     blob: object = None
@@ -37,6 +38,7 @@ class Constant:
     length: int = 0
     rows: tuple | None = None
     permuted: tuple | None = None
+    order: tuple | None = None
 
 
 @dataclass(frozen=True, slots=True)

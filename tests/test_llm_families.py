@@ -92,17 +92,38 @@ async def test_a_family_matches_executorchs_eager_program(family, qmode, tmp_pat
     assert got == [ids for ids, _ in want]
 
 
-async def test_a_hugging_face_rope_gathers_its_tables_once_and_fills_the_caches(tmp_path_factory, load_pte):
-    """Qwen2.5's export slices the rotary tables in each layer: its ragged pass gathers their rows at
-    the pass's positions once for every layer, and each layer's one RoPE dispatch rotates q and k
-    and stores k and v in the KV caches, which attention then reads without updating them."""
-    path, _ = export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, qmode="4w", model_args=tuple(FAMILIES["qwen2_5"].items()), **TINY)
-    model = await load_pte(path)
-    names = [name for name, _ in model.graph.calls]
-    assert model.batching == "ragged" and names.count("aten.embedding.default") == 3, names  # the tokens' rows, cos's, sin's
-    ropes = [d for d in model.graph.dispatches if d.op == "pte_wgpu.rope_hf_into_cache"]
-    layers = TINY["n_layers"]
-    assert len(ropes) == names.count("pte_wgpu.rope_hf_into_cache") == names.count("pte_wgpu.ragged_sdpa_cached") == layers, names
+@pytest.mark.parametrize(("family", "qmode", "kernels"), [("qwen2_5", "4w", "gpu"), ("qwen2_5", None, "cpu"), ("phi_4_mini", "4w", "cpu"), ("phi_4_mini", None, "gpu")])
+async def test_a_hugging_face_rope_joins_the_q_k_v_products(tmp_path_factory, load_pte, monkeypatch, family, qmode, kernels):
+    """Qwen2.5's and Phi-4-mini's exports slice the rotary tables in each layer: a ragged pass
+    gathers their rows at the pass's positions once for every layer, and each layer's rotate-half
+    RoPE (of whole heads, of 12 of 16 dims) joins the q/k/v group before it (biased or not; q's and
+    k's weight rows paired at load), which rotates q and k and stores k and v in the KV caches that
+    attention then reads without updating them: logits bitwise those of the group and the RoPE
+    apart, at a prompt's rows and at decode steps, whether the group's epilogue rotates (GPU
+    kernels) or the paired RoPE's own dispatch (CPU adapters' kernels)."""
+    from pte_wgpu.kernels import fusion
+
+    monkeypatch.setenv("PTE_WGPU_KERNELS", kernels)
+    path, _ = export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, qmode=qmode, model_args=tuple(FAMILIES[family].items()), **TINY)
+    joined = await load_pte(path)
+    with monkeypatch.context() as m:
+        m.setattr(fusion, "_fuse_rope_into_groups", lambda graph, limit=None: 0)
+        apart = await load_pte(path)
+    names, layers = [name for name, _ in joined.graph.calls], TINY["n_layers"]
+    assert joined.batching == "ragged" and names.count("aten.embedding.default") == 3, names  # the tokens' rows, cos's, sin's
+    group = f"pte_wgpu.rms_{'q4_' if qmode else ''}linear_{'bias_' if family == 'qwen2_5' else ''}group_rope_hf"
+    assert names.count(group) == names.count("pte_wgpu.ragged_sdpa_cached") == layers and "pte_wgpu.rope_hf_into_cache" not in names, names
+    assert [name for name, _ in apart.graph.calls].count("pte_wgpu.rope_hf_into_cache") == layers
+    tokens = np.random.default_rng(7).integers(0, TINY["vocab_size"], (1, 17))
+    logits = []
+    for model in (joined, apart):
+        async with model.session() as s:
+            got = [await s.execute(tokens[:, :13], np.array([0]))]
+            for pos in range(13, 17):
+                got.append(await s.execute(tokens[:, pos : pos + 1], np.array([pos])))
+        logits.append(got)
+    for step, (a, b) in enumerate(zip(*logits)):
+        np.testing.assert_array_equal(a[0], b[0], err_msg=f"step {step}")
 
 
 async def test_qwen3s_q_and_k_norms_run_as_one_dispatch(tmp_path_factory, load_pte, monkeypatch):

@@ -28,6 +28,8 @@ from pte_wgpu.kernels.quant import int8_conv, per_channel_linear
 
 from .llama import export_llama
 from .test_llama import CONFIGS, CONTEXT
+from .test_llm_families import CONTEXT as FAMILY_CONTEXT
+from .test_llm_families import FAMILIES, TINY
 from .test_q4_fusion import LLAMA
 from .test_encoder_attention import mha_export
 from .test_int8_conv import _tiled_convs
@@ -82,6 +84,9 @@ async def test_every_kernel_compiles_under_tint(tmp_path_factory, load_pte, monk
     models = {name: export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, **config)[0] for name, config in configs.items()}
     models["cnn"], models["int8 convolutions"], models["int8 linears"] = _cnn()[0], _tiled_convs()[0], _wide_linears()[0]
     models["encoder attention"] = mha_export()[0]
+    for qmode in (None, "4w"):  # Qwen2.5's biased q/k/v groups with the rotate-half RoPE in them
+        models[f"qwen2.5 {qmode or 'fp32'}"] = export_llama(tmp_path_factory.mktemp("llama"), max_len=FAMILY_CONTEXT, qmode=qmode,
+                                                            model_args=tuple(FAMILIES["qwen2_5"].items()), **TINY)[0]
     for name, pte in models.items():
         for kernels in ("gpu", "cpu"):
             monkeypatch.setenv("PTE_WGPU_KERNELS", kernels)
@@ -130,8 +135,9 @@ async def test_every_kernel_compiles_under_tint(tmp_path_factory, load_pte, monk
             shader = q4_fused_linear._shader(q4_fused_linear.SUBGROUP, shape, count, swiglu, True, types, 32)
             sources[shader] = (f"fused 4-bit subgroup kernel {shape}, {count} weights, SwiGLU {swiglu}", "f32")
     aliases = "".join(f"alias {name} = f32;\n" for name in ("XQT", "XKT", "CT", "ST", "OQT", "OKT", "VT", "KCT", "VCT"))
-    for into_cache, shader in ((False, rope.SHADER_HF), (True, rope.SHADER_HF_CACHE)):  # the rotate-half RoPE (no tiny Llama has one)
-        sources[aliases + shader] = (f"rotate-half RoPE, into the caches {into_cache}", "f32")
+    for paired, shaders in rope.SHADERS_HF.items():  # the rotate-half RoPE (no tiny Llama has one)
+        for into_cache, shader in enumerate(shaders):
+            sources[aliases + shader] = (f"rotate-half RoPE, into the caches {bool(into_cache)}, paired rows {paired}", "f32")
     added = linear.Storage(added="f32")  # a residual after a bias, every GEMV (ViT's, BERT's: no tiny Llama has one)
     for shader in (linear.gemv_shader(True, True, types=added), linear.gemv_sg_shader(True, linear.SG_GPU, added), linear.gemv_t4_shader(True, added)):
         sources[shader] = ("a GEMV adding a residual after its bias", "f32")

@@ -151,11 +151,15 @@ class RopeEpilogue:
     """What q/k/v products that take the RoPE (kernels/matmul/qkv_rope.py) add to their GEMV on GPUs:
     after its uniform, the bindings `values` (fcos, fsin, rotated q, rotated k, k cache, v cache,
     row_pos, row_seq, seq_blocks) of storage `types`, and the uniform's fields half, dim, row, blocks
-    (as ROPE's p)."""
+    (as ROPE's p). With `hf`, the rotate-half RoPE of a head's first rd = 2 half dims (tables
+    [rows, rd]) over q and k weights whose rows were paired at load (kernels/fusion.py's
+    _pair_rotary_rows): the products' outputs 2i and 2i + 1 of a head are its dims i and
+    i + rd / 2 (i < rd / 2), the rest its dims from rd."""
 
     values: list
     types: list
     fields: tuple
+    hf: bool = False
 
 
 ROPE_NAMES = ("fcos", "fsin", "oq", "ok", "kc", "vc", "row_pos", "row_seq", "seq_blocks")
@@ -170,28 +174,40 @@ def rope_bindings(first, types):
     return "\n" + "\n".join(lines) + cache_at("q")
 
 
-def rope_store(j, row, t, rope_types):
-    """Output n of q (j 0), k (1) or v (2) of input row `row` (WGSL) as SHADER_CACHE leaves it (the
-    same expressions on the same values: the product rounded to its type `t`, then f32): q and k
-    rotated with the other output of their pair (pair0), k and v also in the caches. The products
-    themselves are stored too (every binding is used: the pipeline's layout keeps them all)."""
-    _, _, oq, ok, kc, vc, _, _, _ = rope_types
+def rope_store(j, row, t, rope, biased=False):
+    """Output n of q (j 0), k (1) or v (2) of input row `row` (WGSL) as the RoPE's own kernel leaves
+    it (SHADER_CACHE, or with `rope.hf` SHADERS_HF[True]: the same expressions on
+    the same values: the product, plus its bias where `biased` (bias{j}, as the plain linear adds
+    it), rounded to its type `t`, then f32): q and k rotated with the other output of their pair
+    (pair0), k and v also in the caches. The products themselves are stored too (every binding is
+    used: the pipeline's layout keeps them all)."""
+    _, _, oq, ok, kc, vc, _, _, _ = rope.types
     row = f"let row = {row};"
+    mine, other = (f"v0 + f32(bias{j}[n])", f"pair0 + f32(bias{j}[n ^ 1u])") if biased else ("v0", "pair0")
 
-    def cache(name, value):
-        return f"if (row_seq[row] >= 0) {{ {name}[cache_at(row, n)] = {value}; }}"
+    def cache(name, value, at="n"):
+        return f"if (row_seq[row] >= 0) {{ {name}[cache_at(row, {at})] = {value}; }}"
 
     if j == 2:
-        return f"{{ {row} let x = {t}(v0); o2[row * q.N2 + n] = x; {cache('vc', f'{vc}(x)')} }}"
+        return f"{{ {row} let x = {t}({mine}); o2[row * q.N2 + n] = x; {cache('vc', f'{vc}(x)')} }}"
     out, ot = (("oq", oq), ("ok", ok))[j]
-    rotate = (
-        f"let fi = row * q.half + (n % q.dim) / 2u; let c = f32(fcos[fi]); let sn = f32(fsin[fi]); "
-        f"let mine = {rounded('v0', t)}; let other = {rounded('pair0', t)}; let even = (n & 1u) == 0u; "
-        "let ev = select(other, mine, even); let od = select(mine, other, even); "
-        "var y = ev * sn + od * c; if (even) { y = ev * c - od * sn; }"
-    )
-    stored = cache("kc", f"{kc}({ot}(y))") if j == 1 else ""
-    return f"{{ {row} {rotate} o{j}[row * q.N{j} + n] = {t}(v0); {out}[row * q.N{j} + n] = {ot}(y); {stored} }}"
+    if rope.hf:  # output n is dim d of its head: 2i -> i, 2i + 1 -> i + rd / 2 below rd = 2 q.half (at: its place in q or k)
+        rotate = (
+            "let hd = n % q.dim; let rotates = hd < 2u * q.half; let first = (hd & 1u) == 0u; "
+            "let d = select(hd, select(q.half, 0u, first) + hd / 2u, rotates); let at = n - hd + d; "
+            f"let mine = {rounded(mine, t)}; let other = {rounded(other, t)}; var y = mine; "
+            "if (rotates) { let fi = row * 2u * q.half + d; let partner = select(other, -other, first); "
+            "y = mine * f32(fcos[fi]) + partner * f32(fsin[fi]); }"
+        )
+    else:
+        rotate = (
+            f"let at = n; let fi = row * q.half + (n % q.dim) / 2u; let c = f32(fcos[fi]); let sn = f32(fsin[fi]); "
+            f"let mine = {rounded(mine, t)}; let other = {rounded(other, t)}; let even = (n & 1u) == 0u; "
+            "let ev = select(other, mine, even); let od = select(mine, other, even); "
+            "var y = ev * sn + od * c; if (even) { y = ev * c - od * sn; }"
+        )
+    stored = cache("kc", f"{kc}({ot}(y))", "at") if j == 1 else ""
+    return f"{{ {row} {rotate} o{j}[row * q.N{j} + n] = {t}({mine}); {out}[row * q.N{j} + at] = {ot}(y); {stored} }}"
 
 
 # `et_vk.apply_rotary_emb_hf` (HuggingFace rotate-half): the first `rd` dims of each head rotate,
@@ -199,6 +215,8 @@ def rope_store(j, row, t, rope_types):
 # read at row start_pos + s (the full table and a SymInt start_pos, or a slice and 0). One dispatch
 # rotates q and k: invocations past q's elements continue into k's. Its ragged form
 # (`pte_wgpu.rope_hf_into_cache`) stores this step's k, and v, in the KV caches as ROPE's does.
+# The paired form reads q and k as products of paired weight rows leave them (RopeEpilogue's `hf`:
+# dims d and d + rd/2 side by side at 2d and 2d + 1) and writes them in the heads' order.
 HF = flat_kernel(
     "numel: u32, q_numel: u32, dim: u32, q_heads: u32, k_heads: u32, seq: u32, rd: u32, start: u32, row: u32, blocks: u32, pad0: u32, pad1: u32",
     [("xq", "XQT", "read"), ("xk", "XKT", "read"), ("fcos", "CT", "read"), ("fsin", "ST", "read"), ("oq", "OQT", "read_write"), ("ok", "OKT", "read_write")],
@@ -219,8 +237,15 @@ HF = flat_kernel(
 """,
     count="numel",
     declarations="$CACHE_BINDINGS",
-    functions="fn element(in_q: bool, j: u32) -> f32 { if (in_q) { return f32(xq[j]); } return f32(xk[j]); }\n",
+    functions="fn element(in_q: bool, j: u32) -> f32 { let at = $AT; if (in_q) { return f32(xq[at]); } return f32(xk[at]); }\n$PAIRED",
 )
+PAIRED = """fn paired(j: u32) -> u32 {  // where dim d of j's head lies in paired rows
+    let d = j % p.dim;
+    let half = p.rd / 2u;
+    if (d >= p.rd) { return j; }
+    return j - d + select(2u * (d - half) + 1u, 2u * d, d < half);
+}
+"""
 HF_CACHE_STORE = """
         let r = j / p.row;  // the pass's token row
         if (row_seq[r] >= 0) {  // not a padding row
@@ -229,40 +254,50 @@ HF_CACHE_STORE = """
             vc[at] = VCT(v[j]);
         }
    """
-SHADER_HF = fill(HF, CACHE_BINDINGS="", CACHE_STORE="")
-SHADER_HF_CACHE = fill(HF, CACHE_BINDINGS=CACHE_BINDINGS, CACHE_STORE=HF_CACHE_STORE)
+SHADERS_HF = {
+    paired: tuple(fill(HF, CACHE_BINDINGS=bindings, CACHE_STORE=store, AT="paired(j)" if paired else "j", PAIRED=PAIRED if paired else "")
+                  for bindings, store in (("", ""), (CACHE_BINDINGS, HF_CACHE_STORE)))
+    for paired in (False, True)
+}  # fmt: skip
 
 
 @op("et_vk.apply_rotary_emb_hf.default", "pte_wgpu.rope_hf_into_cache", half=True)
 def apply_rotary_emb_hf(b):
     """`pte_wgpu.rope_hf_into_cache` takes (v, k_cache, v_cache, row_pos, row_seq, seq_blocks) after the five."""
-    xq, xk, fcos, fsin, start_pos = b.args[:5]
+    xq, xk = b.args[:2]
     oq, ok = b.graph.values[b.out].items[:2]
-    params = b.params(48)
-    d, row, blocks = rope_dispatch(b, (SHADER_HF, SHADER_HF_CACHE), b.args[:4], oq, ok, params, b.args[5:-1])
+    set_rope = rope_hf_route(b, (*b.args[:4], *b.args[5:-1]), b.args[4], oq, ok)
+    b.hook(lambda ctx: set_rope(ctx, ctx.dims(xq), ctx.dims(xk)))
 
-    def resize(ctx):
+
+def rope_hf_route(b, args, start_pos, oq, ok, paired=False):
+    """The dispatch of the rotate-half RoPE as rope_route's, from table row `start_pos` (a value;
+    None: 0); with `paired`, over q and k of paired rows (SHADERS_HF)."""
+    fcos = args[2]
+    params = b.params(48)
+    d, row, blocks = rope_dispatch(b, SHADERS_HF[paired], args[:4], oq, ok, params, args[4:10])
+
+    def set_rope(ctx, q_shape, k_shape, on=True):
         rows, rd = ctx.dims(fcos)
-        start = ctx.int_value(start_pos)
-        shapes = [ctx.dims(src) for src in (xq, xk)]
-        for shape in shapes:
+        start = 0 if start_pos is None else ctx.int_value(start_pos)
+        for shape in (q_shape, k_shape):
             if len(shape) != 4 or rd % 2 or rd > shape[3]:
                 b.fail(f"x of shape {list(shape)} with a rotary table of width {rd}")
-        (_, s, q_heads, dim), (_, s_k, k_heads, dim_k) = shapes
+        (_, s, q_heads, dim), (_, s_k, k_heads, dim_k) = q_shape, k_shape
         if (s_k, dim_k) != (s, dim):
-            b.fail(f"q {list(shapes[0])} and k {list(shapes[1])} differ in positions or head size")
+            b.fail(f"q {list(q_shape)} and k {list(k_shape)} differ in positions or head size")
         if start < 0 or start + s > rows:
             b.fail(f"the rotary table has {rows} rows for positions {start}..{start + s - 1} (are the positions past the context?)")
         if row and k_heads * dim != row:
             b.fail(f"k rows of {k_heads} x {dim} do not match the cache's {row}")
-        q_numel = numel_of(shapes[0])
-        numel = q_numel + numel_of(shapes[1])
+        q_numel = numel_of(q_shape)
+        numel = q_numel + numel_of(k_shape)
         ctx.set_params(params, struct.pack("<12I", numel, q_numel, dim, q_heads, k_heads, s, rd, start, row, blocks, 0, 0))
-        ctx.set_grid(d, flat_grid(numel))
-        ctx.set_dims(oq, shapes[0])
-        ctx.set_dims(ok, shapes[1])
+        ctx.set_grid(d, flat_grid(numel) if on else (0, 0, 0))
+        ctx.set_dims(oq, q_shape)
+        ctx.set_dims(ok, k_shape)
 
-    b.hook(resize)
+    return set_rope
 
 
 # `et_vk.apply_rotary_emb_interleaved` (EdgeTAM): x is [B, N, C] with (real, imag) pairs along C;

@@ -96,7 +96,6 @@ def _group_shader(count, norm, kind, shape, types, rope=None, biased=False):
     kernels: the GEMV and the subgroup kernel at SG_GPU) the epilogue rotates q and k and stores k
     and v in the caches (rope_store). With `biased`, a bias of each product's outputs (bound after
     the weights and gamma) is added to them as the plain linear's epilogue adds it."""
-    assert not (rope and biased), "a RoPE epilogue takes bias-free products"
     fields = ["M: u32", "K: u32", "eps: f32"] + [f"N{j}: u32" for j in range(count)] + [f"S{j}: u32" for j in range(count)]
     fields += ["half: u32", "dim: u32", "row: u32", "blocks: u32"] if rope else []
     fields += [f"pad{i}: u32" for i in range(-len(fields) % 4)]
@@ -106,7 +105,7 @@ def _group_shader(count, norm, kind, shape, types, rope=None, biased=False):
     branches = []
     for j in range(count):
         if rotates:
-            store = lambda r, j=j: rope_store(j, f"r0 + {r}u", types[-count + j], rope.types)
+            store = lambda r, j=j: rope_store(j, f"r0 + {r}u", types[-count + j], rope, biased)  # noqa: E731
         else:
             value = f"v0 + f32(bias{j}[n])" if biased else "v0"
             store = lambda r, j=j, value=value: f"o{j}[(r0 + {r}u) * q.N{j} + n] = {types[-count + j]}({value});"

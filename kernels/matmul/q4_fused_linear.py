@@ -116,7 +116,6 @@ def _shader(kind, shape, count, swiglu, norm, types, gs, rope=None, step=8, rstd
     outs = types["outs"]
     rotates = rope is not None
     assert not (rotates and sg and shape[1] % 2), "a subgroup kernel rotates its outputs in pairs"
-    assert not (rotates and biased), "a RoPE epilogue takes bias-free products"
     lines = [_uniform(count, rope)]
     lines += [f"@group(0) @binding({i}) var<storage, read> {name}: array<{t}>;" for i, (name, t) in enumerate(reads)]
     lines += [f"@group(0) @binding({len(reads) + j}) var<storage, read_write> o{j}: array<{t}>;" for j, t in enumerate(outs)]
@@ -154,7 +153,7 @@ def _shader(kind, shape, count, swiglu, norm, types, gs, rope=None, step=8, rstd
     branches = []
     for j in range(count):
         if rotates:
-            store = lambda r, j=j: rope_store(j, at(r), outs[j], rope.types)  # noqa: E731
+            store = lambda r, j=j: rope_store(j, at(r), outs[j], rope, biased)  # noqa: E731
         else:
             value = f"v0 + f32(bias{j}[n])" if biased else "v0"
             store = lambda r, j=j, value=value: f"o{j}[{at(r)} * q.N{j} + n] = {outs[j]}({value});"  # noqa: E731

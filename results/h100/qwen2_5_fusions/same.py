@@ -1,6 +1,6 @@
 """Logits of a prompt and decode steps with the family fusions on and off, in one process on the GPU:
-Qwen2.5's biased q/k/v group (kernels/fusion.py's _fuse_groups) and Qwen3's paired q/k norms
-(_pair_norms). python3 same.py MODEL.pte [MODEL.pte ...]; prints whether every step's logits are equal."""
+Qwen2.5's biased q/k/v group (kernels/fusion.py's _fuse_groups), its rotate-half RoPE in that
+group's kernel (_fuse_rope_into_groups) and Qwen3's paired q/k norms (_pair_norms). python3 same.py MODEL.pte [MODEL.pte ...]; prints whether every step's logits are equal."""
 
 import sys
 
@@ -10,12 +10,12 @@ from pte_wgpu.kernels import fusion
 
 import async_runtime as ar
 
-OFF = {"_fuse_groups": fusion._fuse_groups, "_pair_norms": fusion._pair_norms}
+OFF = {name: getattr(fusion, name) for name in ("_fuse_groups", "_fuse_rope_into_groups", "_pair_norms")}
 
 
 async def logits(path, off):
     for name in off:
-        setattr(fusion, name, lambda graph: 0)
+        setattr(fusion, name, lambda graph, *rest: 0)
     try:
         model = await ar.load(path)
     finally:
@@ -34,7 +34,7 @@ async def logits(path, off):
 
 async def main():
     for path in sys.argv[1:]:
-        for off in (["_fuse_groups"], ["_pair_norms"]):
+        for off in ([name] for name in OFF):
             (fused_names, fused), (plain_names, plain) = await logits(path, ()), await logits(path, off)
             if fused_names == plain_names:
                 continue  # nothing of this fusion in the model
