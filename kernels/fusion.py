@@ -51,7 +51,8 @@ rotate-half RoPE (Qwen2.5's, Phi-4-mini's of part of each head) joins its group 
 q's and k's weight rows (scales, biases) laid out at load with each head's rotated dims d and
 d + rd / 2 side by side, so that its pairs meet in one invocation as the interleaved RoPE's do. The rotary tables' gathers the
 ragged rewrite made move up to where their inputs are ready, so that the first layer's come before
-its group as every other layer's do.
+its group as every other layer's do. Two RMS norms' pair (Qwen3's of q's and k's heads) that only a
+rotate-half RoPE reads joins it (`pte_wgpu.rms_norm_pair_rope_hf_into_cache`, kernels/tensor/reduce.py).
 
 - PyTorch's `_safe_softmax` (scaled_dot_product_attention's decomposition: ViT's, BERT's) arrives
   as softmax(x) and six ops over the scores that zero the rows of x that are -inf only (eq,
@@ -152,6 +153,7 @@ RMS_NORM = "et_vk.rms_norm.default"
 RMS_NORM_FOR_GEMM = "pte_wgpu.rms_norm_for_gemm"
 RMS_NORM_FOR_Q4 = "pte_wgpu.rms_norm_for_q4"  # before a fused 4-bit linear
 RMS_NORM_PAIR = "pte_wgpu.rms_norm_pair"
+RMS_NORM_PAIR_ROPE = "pte_wgpu.rms_norm_pair_rope_hf_into_cache"  # the pair, then the rotate-half RoPE of the two
 ROPE = "et_vk.apply_rotary_emb.default"
 CLONE = "aten.clone.default"
 ROPE_INTO_CACHE = "pte_wgpu.rope_into_cache"
@@ -1154,7 +1156,7 @@ def _fuse_ragged(graph, max_storage_buffers):
         calls[i] = (into_cache[rope_name][1], (*rope_args[:-1], v, k_cache, v_cache, row_pos, row_seq, args[-2], rope_args[-1]))
         calls[j] = (RAGGED_SDPA_CACHED, args)
         fused += 1
-    return fused + _fuse_rope_into_groups(graph, max_storage_buffers)
+    return fused + _fuse_rope_into_groups(graph, max_storage_buffers) + _fuse_norms_into_rope(graph)
 
 
 def _hoist_gathers(graph):
@@ -1225,6 +1227,30 @@ def _fuse_rope_into_groups(graph, max_storage_buffers=None):
     f.rewrite({}, drop)
     _drop_dead_views(graph)
     return fused
+
+
+def _fuse_norms_into_rope(graph):
+    """rope_hf_into_cache(view(q'), view(k'), ...) of the two results of an rms_norm_pair (q' and k'
+    read by nothing else, through views of their shape: Qwen3's q and k norms before its RoPE)
+    becomes one `pte_wgpu.rms_norm_pair_rope_hf_into_cache` at the RoPE's place."""
+    f = _Linears(graph)
+    calls, values, drop = graph.calls, graph.values, set()
+    pairs = {values[args[-1]].items: n for n, (name, args) in enumerate(calls) if name == RMS_NORM_PAIR}
+    for i, (name, args) in enumerate(calls):
+        if (name, len(args)) != (ROPE_HF_INTO_CACHE, 12):
+            continue
+        (q, q_chain), (k, k_chain) = _viewed(f, args[0]), _viewed(f, args[1])
+        n = pairs.get((q, k))
+        if n is None:
+            continue
+        x, gamma, eps, x2, gamma2, _ = calls[n][1]
+        if any(f.uses[v] != 1 for v in (*q_chain, *k_chain)) or not (_alike(values, x, args[0]) and _alike(values, x2, args[1])):
+            continue
+        calls[i] = (RMS_NORM_PAIR_ROPE, (x, gamma, eps, x2, gamma2, *args[2:]))
+        drop.add(n)
+    f.rewrite({}, drop)
+    _drop_dead_views(graph)
+    return len(drop)
 
 
 def _pair_rotary_rows(graph, uses, group_name, group_args, dim, rd):

@@ -126,30 +126,36 @@ async def test_a_hugging_face_rope_joins_the_q_k_v_products(tmp_path_factory, lo
         np.testing.assert_array_equal(a[0], b[0], err_msg=f"step {step}")
 
 
-async def test_qwen3s_q_and_k_norms_run_as_one_dispatch(tmp_path_factory, load_pte, monkeypatch):
-    """Qwen3's RMS norms of q's and k's heads, one after the other in its export, run as one
-    `pte_wgpu.rms_norm_pair` a layer: logits bitwise those of the two norms' dispatches, at a
-    prompt's rows and at decode steps."""
+async def test_qwen3s_q_and_k_norms_and_rope_run_as_one_dispatch(tmp_path_factory, load_pte, monkeypatch):
+    """Qwen3's RMS norms of q's and k's heads, one after the other in its export, and the
+    rotate-half RoPE after them run as one `pte_wgpu.rms_norm_pair_rope_hf_into_cache` a layer
+    (without a ragged pass the two norms as one `pte_wgpu.rms_norm_pair`): logits bitwise those
+    of the norms' and the RoPE's own dispatches, at a prompt's rows and at decode steps."""
     from pte_wgpu.kernels import fusion
 
     path, _ = export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, qmode="4w", model_args=tuple(FAMILIES["qwen3"].items()), **TINY)
-    paired = await load_pte(path)
+    joined = await load_pte(path)
     with monkeypatch.context() as m:
+        m.setattr(fusion, "_fuse_norms_into_rope", lambda graph: 0)
+        paired = await load_pte(path)
         m.setattr(fusion, "_pair_norms", lambda graph: 0)
         apart = await load_pte(path)
-    names = [name for name, _ in paired.graph.calls]
-    assert names.count("pte_wgpu.rms_norm_pair") == TINY["n_layers"], names
-    assert [name for name, _ in apart.graph.calls].count("et_vk.rms_norm.default") == names.count("et_vk.rms_norm.default") + 2 * TINY["n_layers"]
+    layers, models = TINY["n_layers"], (joined, paired, apart)
+    names = [[name for name, _ in model.graph.calls] for model in models]
+    assert names[0].count("pte_wgpu.rms_norm_pair_rope_hf_into_cache") == layers and "pte_wgpu.rope_hf_into_cache" not in names[0], names[0]
+    assert names[1].count("pte_wgpu.rms_norm_pair") == names[1].count("pte_wgpu.rope_hf_into_cache") == layers, names[1]
+    assert names[2].count("et_vk.rms_norm.default") == names[1].count("et_vk.rms_norm.default") + 2 * layers
     tokens = np.random.default_rng(5).integers(0, TINY["vocab_size"], (1, 17))
     logits = []
-    for model in (paired, apart):
+    for model in models:
         async with model.session() as s:
             got = [await s.execute(tokens[:, :13], np.array([0]))]
             for pos in range(13, 17):
                 got.append(await s.execute(tokens[:, pos : pos + 1], np.array([pos])))
         logits.append(got)
-    for step, (a, b) in enumerate(zip(*logits)):
-        np.testing.assert_array_equal(a[0], b[0], err_msg=f"step {step}")
+    for other in logits[1:]:
+        for step, (a, b) in enumerate(zip(logits[0], other)):
+            np.testing.assert_array_equal(a[0], b[0], err_msg=f"step {step}")
 
 
 @pytest.fixture(scope="module")

@@ -84,9 +84,10 @@ async def test_every_kernel_compiles_under_tint(tmp_path_factory, load_pte, monk
     models = {name: export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, **config)[0] for name, config in configs.items()}
     models["cnn"], models["int8 convolutions"], models["int8 linears"] = _cnn()[0], _tiled_convs()[0], _wide_linears()[0]
     models["encoder attention"] = mha_export()[0]
-    for qmode in (None, "4w"):  # Qwen2.5's biased q/k/v groups with the rotate-half RoPE in them
-        models[f"qwen2.5 {qmode or 'fp32'}"] = export_llama(tmp_path_factory.mktemp("llama"), max_len=FAMILY_CONTEXT, qmode=qmode,
-                                                            model_args=tuple(FAMILIES["qwen2_5"].items()), **TINY)[0]
+    # Qwen2.5's biased q/k/v groups with the rotate-half RoPE in them, Qwen3's q and k norms with it
+    for family, qmode in (("qwen2_5", None), ("qwen2_5", "4w"), ("qwen3", "4w")):
+        models[f"{family} {qmode or 'fp32'}"] = export_llama(tmp_path_factory.mktemp("llama"), max_len=FAMILY_CONTEXT, qmode=qmode,
+                                                             model_args=tuple(FAMILIES[family].items()), **TINY)[0]
     for name, pte in models.items():
         for kernels in ("gpu", "cpu"):
             monkeypatch.setenv("PTE_WGPU_KERNELS", kernels)

@@ -197,7 +197,7 @@ def rope_store(j, row, t, rope, biased=False):
             "let d = select(hd, select(q.half, 0u, first) + hd / 2u, rotates); let at = n - hd + d; "
             f"let mine = {rounded(mine, t)}; let other = {rounded(other, t)}; var y = mine; "
             "if (rotates) { let fi = row * 2u * q.half + d; let partner = select(other, -other, first); "
-            "y = mine * f32(fcos[fi]) + partner * f32(fsin[fi]); }"
+            f"y = {hf_rotation('mine', 'partner', 'fi')}; }}"
         )
     else:
         rotate = (
@@ -231,7 +231,7 @@ HF = flat_kernel(
     if (d < p.rd) {
         var partner: f32;
         if (d < half) { partner = -element(in_q, j + half); } else { partner = element(in_q, j - half); }
-        y = y * f32(fcos[t]) + partner * f32(fsin[t]);
+        y = $ROTATION;
     }
     if (in_q) { oq[j] = OQT(y); } else { ok[j] = OKT(y);$CACHE_STORE }
 """,
@@ -239,6 +239,14 @@ HF = flat_kernel(
     declarations="$CACHE_BINDINGS",
     functions="fn element(in_q: bool, j: u32) -> f32 { let at = $AT; if (in_q) { return f32(xq[at]); } return f32(xk[at]); }\n$PAIRED",
 )
+
+
+def hf_rotation(y, partner, t):
+    """WGSL: value `y` rotated by the rotate-half RoPE with its pair's value `partner` (negated for
+    the first half's dims) at table entry `t` of fcos and fsin: every kernel that rotates so writes
+    this expression, so that their results are the same bits."""
+    return f"{y} * f32(fcos[{t}]) + {partner} * f32(fsin[{t}])"
+
 PAIRED = """fn paired(j: u32) -> u32 {  // where dim d of j's head lies in paired rows
     let d = j % p.dim;
     let half = p.rd / 2u;
@@ -255,7 +263,8 @@ HF_CACHE_STORE = """
         }
    """
 SHADERS_HF = {
-    paired: tuple(fill(HF, CACHE_BINDINGS=bindings, CACHE_STORE=store, AT="paired(j)" if paired else "j", PAIRED=PAIRED if paired else "")
+    paired: tuple(fill(HF, CACHE_BINDINGS=bindings, CACHE_STORE=store, AT="paired(j)" if paired else "j", PAIRED=PAIRED if paired else "",
+                       ROTATION=hf_rotation("y", "partner", "t"))
                   for bindings, store in (("", ""), (CACHE_BINDINGS, HF_CACHE_STORE)))
     for paired in (False, True)
 }  # fmt: skip

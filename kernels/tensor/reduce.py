@@ -24,9 +24,11 @@ import struct
 from pte_wgpu.resize.shapes import contiguous_strides, fold_grid, normalize_dim, numel_of
 from pte_wgpu.resize.values import Scalar
 
+from ..attention.kv_cache import cache_at, table_entries
+from ..attention.rope import hf_rotation
 from ..matmul.routes import fused_norm_rows
 from ..registry import op
-from ..wgsl import fill, maximum, minimum
+from ..wgsl import fill, maximum, minimum, rounded
 
 RWG = 128  # invocations per row
 NEG_INF = -math.inf
@@ -640,5 +642,80 @@ def rms_norm_pair(b):
         ctx.set_grid(d, fold_grid(rows + rows2))
         ctx.set_dims(out, shape)
         ctx.set_dims(out2, shape2)
+
+    b.hook(resize)
+
+
+# Qwen3's q and k norms and the rotate-half RoPE after them (kernels/fusion.py's
+# _fuse_norms_into_rope): a workgroup normalizes a head's row as rms_norm_pair does, then each
+# invocation rotates its dims, reading the pair's other dim normalized the same way, and stores k
+# and v in the KV caches as rope_hf_into_cache does. The same expressions on the same values.
+NORM_ROPE_UNIFORM = """struct R { q_heads: u32, k_heads: u32, rd: u32, start: u32, row: u32, blocks: u32, pad0: u32, pad1: u32 }
+@group(0) @binding($AT) var<uniform> rope: R;
+"""
+NORM_ROPE_DECLS = (("fcos", "read"), ("fsin", "read"), ("oq", "read_write"), ("ok", "read_write"), ("v", "read"), ("kc", "read_write"),
+                   ("vc", "read_write"), ("row_pos", "read"), ("row_seq", "read"), ("seq_blocks", "read"))  # fmt: skip
+
+
+def _norm_rope_body(to, s, out, stored=""):
+    """The RoPE of the rows rms_norm_body would write (of storage type `to`, bindings' suffix `s`)
+    into `out`, `stored` after each k row's store."""
+    norm = lambda k: rounded(f"f32(x{s}[base{s} + {k}]) * rstd * f32(w{s}[{k}])", to)  # noqa: E731
+    return ("    var q = 0.0;\n" + strided(f"let c$I = f32(x{s}[base{s} + $K]);", "q = q + c$I * c$I;")
+            + "    sm[lid] = q;\n    workgroupBarrier();\n" + _tree("a + b")
+            + "    let rstd = inverseSqrt(sm[0] / f32(p.rlen) + p.eps);\n"
+            + f"    let tok = hrow / select(rope.k_heads, rope.q_heads, {str(not s).lower()});\n"
+            + f"    for (var k = lid; k < p.rlen; k = k + {RWG}u) {{\n"
+            + f"        var y = {norm('k')};\n"
+            + "        if (k < rope.rd) {\n            let half = rope.rd / 2u;\n"
+            + f"            let kp = select(k - half, k + half, k < half); let other = {norm('kp')};\n"
+            + f"            let partner = select(other, -other, k < half); let t = (rope.start + tok) * rope.rd + k;\n"
+            + f"            y = {hf_rotation('y', 'partner', 't')};\n        }}\n"
+            + f"        let j = base{s} + k; {out}[j] = {out.upper()}T(y);{stored}\n    }}\n")
+
+
+@op("pte_wgpu.rms_norm_pair_rope_hf_into_cache", half=True)
+def rms_norm_pair_rope(b):
+    """[x, weight, eps, x2, weight2, fcos, fsin, start_pos, v, k_cache, v_cache, row_pos, row_seq,
+    seq_blocks, (rotated q, rotated k)]: rms_norm_pair of q's and k's heads [1, S, H, D] (x, x2),
+    then pte_wgpu.rope_hf_into_cache of the two, in one dispatch: each head's row a workgroup."""
+    x, weight, _, x2, weight2, fcos, fsin, start_pos, v, k_cache, v_cache, *tables = b.args[:-1]
+    oq, ok = b.graph.values[b.out].items
+    eps = float(b.scalar(2, 1e-6))
+    _, context, hkv, dim = b.graph.values[k_cache].dims
+    b.writes(k_cache)
+    b.writes(v_cache)
+    bound = [fcos, fsin, oq, ok, v, k_cache, v_cache, *tables]
+    decls = [("read", "x", b.storage(x, packed=False)), ("read", "w", b.storage(weight, packed=False)),
+             ("read", "xb", b.storage(x2, packed=False)), ("read", "wb", b.storage(weight2, packed=False))]
+    decls += [(mode, name, b.storage(vid, packed=False)) for (name, mode), vid in zip(NORM_ROPE_DECLS, bound)]
+    aliases = "".join(f"alias {name}T = {t};\n" for name, t in (("OQ", decls[6][2]), ("OK", decls[7][2]), ("KC", decls[9][2]), ("VC", decls[10][2])))
+    stored = ("\n        if (row_seq[tok] >= 0) { let at = cache_at(tok, j % rope.row); kc[at] = KCT(OKT(y)); vc[at] = VCT(v[j]); }")
+    body = (f"    if (row < p.pad0) {{\n    let hrow = row;\n{_norm_rope_body(decls[6][2], '', 'oq')}    }} else {{\n"
+            f"    let hrow = row - p.pad0; let baseb = hrow * p.rlen;\n{_norm_rope_body(decls[7][2], 'b', 'ok', stored)}    }}\n")
+    shared = aliases + fill(NORM_ROPE_UNIFORM, AT=len(decls) + 1) + cache_at("rope")
+    params, uniform = b.params(PARAMS_SIZE), b.params(32)
+    d = b.dispatch(_shader(decls, body, shared), [x, weight, x2, weight2, *bound, params, uniform])
+
+    def resize(ctx):
+        shapes = ctx.dims(x), ctx.dims(x2)
+        if any(len(shape) != 4 for shape in shapes):
+            b.fail(f"q {list(shapes[0])} and k {list(shapes[1])} are not [1, S, heads, head dim]")
+        (one, s, q_heads, rlen), (one_k, s_k, k_heads, rlen_k) = shapes
+        rows, rd = ctx.dims(fcos)
+        start = ctx.int_value(start_pos)
+        if (one, one_k, s_k, rlen_k, k_heads * rlen) != (1, 1, s, rlen, hkv * dim) or rd % 2 or rd > rlen:
+            b.fail(f"q {list(shapes[0])} and k {list(shapes[1])} with a rotary table of width {rd} and a cache of {hkv} x {dim}")
+        if start < 0 or start + s > rows:
+            b.fail(f"the rotary table has {rows} rows for positions {start}..{start + s - 1} (are the positions past the context?)")
+        for vid, what in ((weight, "weight"), (weight2, "second weight")):
+            _check_param(b, ctx, vid, (rlen,), what)
+        rows2 = s * k_heads
+        _, data, q_rows = _norm_params(b, ctx, x, (rlen,), eps, more_rows=rows2)
+        ctx.set_params(params, data)
+        ctx.set_params(uniform, struct.pack("<8I", q_heads, k_heads, rd, start, hkv * dim, table_entries(context), 0, 0))
+        ctx.set_grid(d, fold_grid(q_rows + rows2))
+        ctx.set_dims(oq, shapes[0])
+        ctx.set_dims(ok, shapes[1])
 
     b.hook(resize)
