@@ -1,6 +1,7 @@
 """Logits of a prompt and decode steps with the family fusions on and off, in one process on the GPU:
 Qwen2.5's biased q/k/v group (kernels/fusion.py's _fuse_groups), its rotate-half RoPE in that
-group's kernel (_fuse_rope_into_groups) and Qwen3's paired q/k norms (_pair_norms). python3 same.py MODEL.pte [MODEL.pte ...]; prints whether every step's logits are equal."""
+group's kernel (_fuse_rope_into_groups), Qwen3's paired q/k norms (_pair_norms) and those with
+the RoPE after them (_fuse_norms_into_rope). python3 same.py MODEL.pte [MODEL.pte ...]; prints whether every step's logits are equal."""
 
 import sys
 
@@ -10,7 +11,7 @@ from pte_wgpu.kernels import fusion
 
 import async_runtime as ar
 
-OFF = {name: getattr(fusion, name) for name in ("_fuse_groups", "_fuse_rope_into_groups", "_pair_norms")}
+OFF = {name: getattr(fusion, name) for name in ("_fuse_groups", "_fuse_rope_into_groups", "_pair_norms", "_fuse_norms_into_rope")}
 
 
 async def logits(path, off):
