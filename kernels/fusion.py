@@ -49,10 +49,11 @@ kernels/matmul/qkv_rope.py: on GPUs its GEMV rotates and stores in its epilogue)
 kernel would bind more storage buffers than the device allows (Dawn's Vulkan adapters: 16). The
 rotate-half RoPE (Qwen2.5's, Phi-4-mini's of part of each head) joins its group as `..._rope_hf`,
 q's and k's weight rows (scales, biases) laid out at load with each head's rotated dims d and
-d + rd / 2 side by side, so that its pairs meet in one invocation as the interleaved RoPE's do. The rotary tables' gathers the
-ragged rewrite made move up to where their inputs are ready, so that the first layer's come before
-its group as every other layer's do. Two RMS norms' pair (Qwen3's of q's and k's heads) that only a
-rotate-half RoPE reads joins it (`pte_wgpu.rms_norm_pair_rope_hf_into_cache`, kernels/tensor/reduce.py).
+d + rd / 2 side by side, so that its pairs meet in one invocation as the interleaved RoPE's do.
+The rotary tables' gathers the ragged rewrite made move up to where their inputs are ready, so
+that the first layer's come before its group as every other layer's do. An RMS norm pair (Qwen3's
+of q's and k's heads) that only a rotate-half RoPE reads joins it
+(`pte_wgpu.rms_norm_pair_rope_hf_into_cache`, kernels/tensor/reduce.py).
 
 - PyTorch's `_safe_softmax` (scaled_dot_product_attention's decomposition: ViT's, BERT's) arrives
   as softmax(x) and six ops over the scores that zero the rows of x that are -inf only (eq,

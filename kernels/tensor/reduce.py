@@ -508,13 +508,18 @@ def strided(load, use, unroll=4):
             f"      for (; k < p.rlen; k = k + {RWG}u) {{ {' '.join(at(0, 'k'))} }} }}\n")
 
 
-def rms_norm_body(to, s=""):
-    """The rows' RMS norm into `out` of storage type `to`: each invocation's squares, a tree, then
-    x * rstd * w (`s`: the suffix of the bindings' names and of `base`, the row's first element)."""
+def rms_rstd(s=""):
+    """WGSL: `rstd`, the RMS norm's factor of the row of x{s} from base{s}: each invocation's
+    squares, then a tree (`s`: the suffix of the bindings' names and of `base`)."""
     return ("    var q = 0.0;\n" + strided(f"let c$I = f32(x{s}[base{s} + $K]);", "q = q + c$I * c$I;")
             + "    sm[lid] = q;\n    workgroupBarrier();\n" + _tree("a + b")
-            + "    let rstd = inverseSqrt(sm[0] / f32(p.rlen) + p.eps);\n"
-            + strided(f"let c$I = f32(x{s}[base{s} + $K]); let w$I = f32(w{s}[$K]);", f"out{s}[base{s} + $K] = {to}(c$I * rstd * w$I);"))
+            + "    let rstd = inverseSqrt(sm[0] / f32(p.rlen) + p.eps);\n")
+
+
+def rms_norm_body(to, s=""):
+    """The rows' RMS norm into `out` of storage type `to`: rms_rstd, then x * rstd * w (`s`: the
+    suffix of the bindings' names and of `base`, the row's first element)."""
+    return rms_rstd(s) + strided(f"let c$I = f32(x{s}[base{s} + $K]); let w$I = f32(w{s}[$K]);", f"out{s}[base{s} + $K] = {to}(c$I * rstd * w$I);")
 
 
 def _rms_decls(b, x, weight, out, s=""):
@@ -657,19 +662,15 @@ NORM_ROPE_DECLS = (("fcos", "read"), ("fsin", "read"), ("oq", "read_write"), ("o
                    ("vc", "read_write"), ("row_pos", "read"), ("row_seq", "read"), ("seq_blocks", "read"))  # fmt: skip
 
 
-def _norm_rope_body(to, s, out, stored=""):
-    """The RoPE of the rows rms_norm_body would write (of storage type `to`, bindings' suffix `s`)
-    into `out`, `stored` after each k row's store."""
-    norm = lambda k: rounded(f"f32(x{s}[base{s} + {k}]) * rstd * f32(w{s}[{k}])", to)  # noqa: E731
-    return ("    var q = 0.0;\n" + strided(f"let c$I = f32(x{s}[base{s} + $K]);", "q = q + c$I * c$I;")
-            + "    sm[lid] = q;\n    workgroupBarrier();\n" + _tree("a + b")
-            + "    let rstd = inverseSqrt(sm[0] / f32(p.rlen) + p.eps);\n"
-            + f"    let tok = hrow / select(rope.k_heads, rope.q_heads, {str(not s).lower()});\n"
-            + f"    for (var k = lid; k < p.rlen; k = k + {RWG}u) {{\n"
+def _norm_rope_body(s, out, t, heads, stored=""):
+    """The rotate-half RoPE of the row that rms_norm_body would write (bindings' suffix `s`, of
+    storage type `t`) into `out`, its rows of `heads` heads a position; `stored` after each store."""
+    norm = lambda k: rounded(f"f32(x{s}[base{s} + {k}]) * rstd * f32(w{s}[{k}])", t)  # noqa: E731
+    return (rms_rstd(s) + f"    let tok = hrow / {heads};\n    for (var k = lid; k < p.rlen; k = k + {RWG}u) {{\n"
             + f"        var y = {norm('k')};\n"
             + "        if (k < rope.rd) {\n            let half = rope.rd / 2u;\n"
             + f"            let kp = select(k - half, k + half, k < half); let other = {norm('kp')};\n"
-            + f"            let partner = select(other, -other, k < half); let t = (rope.start + tok) * rope.rd + k;\n"
+            + "            let partner = select(other, -other, k < half); let t = (rope.start + tok) * rope.rd + k;\n"
             + f"            y = {hf_rotation('y', 'partner', 't')};\n        }}\n"
             + f"        let j = base{s} + k; {out}[j] = {out.upper()}T(y);{stored}\n    }}\n")
 
@@ -686,13 +687,13 @@ def rms_norm_pair_rope(b):
     b.writes(k_cache)
     b.writes(v_cache)
     bound = [fcos, fsin, oq, ok, v, k_cache, v_cache, *tables]
-    decls = [("read", "x", b.storage(x, packed=False)), ("read", "w", b.storage(weight, packed=False)),
-             ("read", "xb", b.storage(x2, packed=False)), ("read", "wb", b.storage(weight2, packed=False))]
-    decls += [(mode, name, b.storage(vid, packed=False)) for (name, mode), vid in zip(NORM_ROPE_DECLS, bound)]
-    aliases = "".join(f"alias {name}T = {t};\n" for name, t in (("OQ", decls[6][2]), ("OK", decls[7][2]), ("KC", decls[9][2]), ("VC", decls[10][2])))
-    stored = ("\n        if (row_seq[tok] >= 0) { let at = cache_at(tok, j % rope.row); kc[at] = KCT(OKT(y)); vc[at] = VCT(v[j]); }")
-    body = (f"    if (row < p.pad0) {{\n    let hrow = row;\n{_norm_rope_body(decls[6][2], '', 'oq')}    }} else {{\n"
-            f"    let hrow = row - p.pad0; let baseb = hrow * p.rlen;\n{_norm_rope_body(decls[7][2], 'b', 'ok', stored)}    }}\n")
+    t = {vid: b.storage(vid, packed=False) for vid in (x, weight, x2, weight2, *bound)}
+    decls = [("read", "x", t[x]), ("read", "w", t[weight]), ("read", "xb", t[x2]), ("read", "wb", t[weight2])]
+    decls += [(mode, name, t[vid]) for (name, mode), vid in zip(NORM_ROPE_DECLS, bound)]
+    aliases = "".join(f"alias {name}T = {t[vid]};\n" for name, vid in (("OQ", oq), ("OK", ok), ("KC", k_cache), ("VC", v_cache)))
+    stored = "\n        if (row_seq[tok] >= 0) { let at = cache_at(tok, j % rope.row); kc[at] = KCT(OKT(y)); vc[at] = VCT(v[j]); }"
+    body = (f"    if (row < p.pad0) {{\n    let hrow = row;\n{_norm_rope_body('', 'oq', t[x], 'rope.q_heads')}    }} else {{\n"
+            f"    let hrow = row - p.pad0; let baseb = hrow * p.rlen;\n{_norm_rope_body('b', 'ok', t[x2], 'rope.k_heads', stored)}    }}\n")
     shared = aliases + fill(NORM_ROPE_UNIFORM, AT=len(decls) + 1) + cache_at("rope")
     params, uniform = b.params(PARAMS_SIZE), b.params(32)
     d = b.dispatch(_shader(decls, body, shared), [x, weight, x2, weight2, *bound, params, uniform])
