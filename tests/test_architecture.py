@@ -35,7 +35,7 @@ BUILDING_BLOCKS = {f"{KERNELS}.{m}" for m in ("registry", "variants", "wgsl")}
 FAMILIES = {
     "attention": set(),
     "matmul": {"attention"},  # RoPE in the q/k/v products' epilogue
-    "tensor": {"matmul"},  # the RMS norm leaves to a fused linear the rows it normalizes itself
+    "tensor": {"matmul", "attention"},  # the RMS norm leaves to a fused linear the rows it normalizes itself; a RoPE after a norm pair
     "vision": {"tensor", "matmul"},  # the strided copy; the GEMM template of the implicit-GEMM conv
     "quant": {"vision", "matmul"},  # the int8 convolutions' output shapes; which 4-bit products quantize their rows themselves
 }
