@@ -247,6 +247,7 @@ def hf_rotation(y, partner, t):
     this expression, so that their results are the same bits."""
     return f"{y} * f32(fcos[{t}]) + {partner} * f32(fsin[{t}])"
 
+
 PAIRED = """fn paired(j: u32) -> u32 {  // where dim d of j's head lies in paired rows
     let d = j % p.dim;
     let half = p.rd / 2u;
