@@ -1170,7 +1170,8 @@ def _hoist_gathers(graph):
         name, args = calls[k]
         if name not in GATHERS or not args or values[args[-1]].mem_obj is not None:
             continue
-        at = 1 + max((j for j in range(k) for out in _outputs(values, calls[j][1]) if out in args[:-1]), default=-1)
+        writes = _writes(graph)  # anew: each move shifts the calls between
+        at = 1 + max((j for a in args[:-1] for j in writes.get(a, ()) if j < k), default=-1)
         if at < k:
             calls.insert(at, calls.pop(k))
 
