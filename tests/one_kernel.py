@@ -18,13 +18,13 @@ def dispatch(device, pipeline, buffers, grid):
     device.queue.submit([encoder.finish()])
 
 
-def run_kernel(src, inputs, out_dtype, n, workgroup=64):
+def run_kernel(src, inputs, out_dtype, n, workgroup=64, features=()):
     """Binding i of `src` holds inputs[i] (read-only storage), the binding after them an output of
-    `n` elements of `out_dtype`; `src`'s entry point `main` runs n / workgroup workgroups once.
-    Returns the output."""
+    `n` elements of `out_dtype`; `src`'s entry point `main` runs n / workgroup workgroups once, on
+    a device with `features`. Returns the output."""
     import wgpu  # (after async_runtime, which chose the backend that answers to this name)
 
-    device = wgpu.gpu.request_adapter_sync().request_device_sync()
+    device = wgpu.gpu.request_adapter_sync().request_device_sync(required_features=list(features))
     usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC
     buffers = [device.create_buffer_with_data(data=x, usage=usage) for x in inputs]
     buffers.append(device.create_buffer(size=np.dtype(out_dtype).itemsize * n, usage=usage))

@@ -20,7 +20,8 @@ import random
 import numpy as np
 import pytest
 import torch
-from pte_wgpu.kernels.matmul import gemm
+from pte_wgpu.kernels.matmul import gemm, q4_fused_linear, q4_linear
+from pte_wgpu.kernels.wgsl import fill
 from pte_wgpu.kernels.matmul import routes as R
 
 from async_runtime.testing import assert_matches_eager
@@ -118,6 +119,8 @@ CASES = {
     "f16_fused_matrix": (lambda: FusedLinears(68, 256, 128, 384).half(), [(263, 68)], [0]),
     # ... and so in 4 bits, widened to f16 for them (f16_q4_widened: a plain product, groups of 24)
     "f16_q4_fused_matrix": (quantized(lambda: FusedLinears(96, 256, 128, 384).half(), "4w", 32), [(263, 96)], [0]),
+    # ... and 4-bit weights of K = Q4_GEMM_MIN_K: on them from DECODE_MATRIX_MIN_ROWS rows (a ragged pass of decode rows)
+    "f16_q4_k2048": (quantized(lambda: QLinear(2048, 76, True).half(), "4w", 32), [(41, 2048)], [0]),
 }
 SUBGROUP_CASES = ("f16_fused_k4", "f16_q4_k32", "f16_dq8")
 
@@ -156,7 +159,7 @@ async def test_fp16_products_match_eager_fp16(name, load_pte):
     model = await load_pte(data)
     assert model.precision == "f16", model.precision_note
     tol = (Q_ATOL, Q_RTOL) if name in ("f16_q4", "f16_dq8", "f16_q4_k32", "f16_fused", "f16_fused_k4", "f16_norm_fused_k8", "f16_norm_fused_bias_k8", "f16_norm_fused_wide",
-                                       "f16_fused_matrix", "f16_q4_fused_matrix") else (ATOL, RTOL)
+                                       "f16_fused_matrix", "f16_q4_fused_matrix", "f16_q4_k2048") else (ATOL, RTOL)
     rng = np.random.default_rng(5)
     calls = [_inputs(name, m, rng) for m in _live_ms(name)]
     await assert_matches_eager(model, module, calls, atol=tol[0], rtol=tol[1])
@@ -355,7 +358,7 @@ async def test_fp16_weights_of_many_rows_are_widened_first(name, load_pte, kerne
 # from MATRIX_MIN_ROWS, in random order, and fewer
 MATRIX_ROWS = {"f16_linear_matrix": (307, 129, 256, 200, 1, 128), "f16_fused_widened": (263, 128, 131, 40), "f16_fused_matrix": (200, 263, 17, 129),
                "f16_q4_widened": (263, 127, 128, 40, 200), "f16_q4_fused_matrix": (129, 263, 65, 1, 128),
-               "f16_linear_k2048": (41, 17, 16, 1, 33), "f16_norm_fused_wide": (41, 16, 17, 1, 29)}
+               "f16_linear_k2048": (41, 17, 16, 1, 33), "f16_norm_fused_wide": (41, 16, 17, 1, 29), "f16_q4_k2048": (17, 41, 1, 16, 33)}
 
 
 @pytest.mark.parametrize("name", sorted(MATRIX_ROWS))
@@ -364,18 +367,20 @@ async def test_fp16_prompts_take_f16_matrices(name, load_pte, kernel_variants):
     products of f16 rows of K whole quads by f16 weights, or by 4-bit ones widened to f16 first
     (each weight rounded as eager dequantizes it), of MATRIX_MIN_ROWS rows or more, run on them
     (gemm.py's MATRIX_TILE: a plain linear with its bias, the q/k/v column group, the residual
-    linears, SwiGLU's), and f16 weights of K >= FLOAT_GEMM_MIN_K from DECODE_MATRIX_MIN_ROWS rows
-    (its DECODE_MATRIX_TILE: a ragged pass of decode rows); against eager fp16 as the other routes
-    (f32 sums of the same halves), K split where the tiles are few. The GPU variants: the CPU ones
-    take the subgroup kernels at every row count."""
+    linears, SwiGLU's), and fewer rows in DECODE_MATRIX_TILE (a ragged pass of decode rows): f16
+    weights of K >= FLOAT_GEMM_MIN_K from DECODE_MATRIX_MIN_ROWS rows, 4-bit ones from the rows
+    their GEMM takes (past the GEMVs and subgroup kernels: DECODE_MATRIX_MIN_ROWS at K >=
+    Q4_GEMM_MIN_K), the tile's loads rounding each weight to f16; against eager fp16 as the other
+    routes (f32 sums of the same halves), K split where the tiles are few. The GPU variants: the
+    CPU ones take the subgroup kernels at every row count."""
     data, module = _export(name)
     model = await load_pte(data)
     if not model.f16_matrices or kernel_variants != "gpu":
         pytest.skip(f"the GPU variants on a device with f16 subgroup matrices (here: {kernel_variants} variants, f16 matrices {model.f16_matrices})")
     tol = (ATOL, RTOL) if name == "f16_linear_matrix" else (Q_ATOL, Q_RTOL)
     q4 = "q4" in name
-    first = max(gemm.MATRIX_MIN_ROWS, (R.Q4_SG_GPU_ROWS if q4 else R.SG_GPU_ROWS)[1] + 1)
-    if name in ("f16_linear_k2048", "f16_norm_fused_wide"):  # K = FLOAT_GEMM_MIN_K: decode rows
+    first = R.Q4_SG_GPU_ROWS[1] + 1 if q4 else max(gemm.MATRIX_MIN_ROWS, R.SG_GPU_ROWS[1] + 1)
+    if name in ("f16_linear_k2048", "f16_norm_fused_wide", "f16_q4_k2048"):  # K = FLOAT_GEMM_MIN_K: decode rows
         first = gemm.DECODE_MATRIX_MIN_ROWS
     rng = np.random.default_rng(11)
     for m in MATRIX_ROWS[name]:
@@ -385,19 +390,73 @@ async def test_fp16_prompts_take_f16_matrices(name, load_pte, kernel_variants):
         matrices = [d for d in live if "subgroup_matrix_left<f16" in (d.shader or "")]
         assert bool(matrices) == (m >= first), (m, [d.op for d in live])
         widened = [d for d in live if "wide[i] = b_k_halves(" in (d.shader or "")]  # the 4-bit weights widened to f16 before
-        assert bool(widened) == (q4 and m >= first) and len(widened) <= len(matrices), (m, [d.op for d in live])
+        assert bool(widened) == (q4 and m >= gemm.MATRIX_MIN_ROWS) and len(widened) <= len(matrices), (m, [d.op for d in live])
+
+
+def test_4bit_words_become_halves_as_eager_rounds_them():
+    """The f16 matrices' read of 4-bit weights a column's step at a time (f16_matrix.B_WORDS_KEEP:
+    nibbles as f16 mantissas, less 1032, times the f16 scale) gives each weight as eager's fp16
+    dequantization does, (nibble - 8) * scale rounded once to f16 (to nearest even: numpy's), on
+    every device with shader-f16: every nibble and position of a word, scales from f16's
+    subnormals to past where products overflow. Under Dawn only, whose devices alone have the
+    matrices: naga types bitcast<vec2<f16>> of a u32 as vec2<f32>."""
+    from pte_wgpu.kernels.matmul import f16_matrix
+
+    from async_runtime import backend
+    from async_runtime.pipelines import wgsl_for_device
+
+    from .one_kernel import run_kernel
+
+    if backend.NAME != "dawn":
+        pytest.skip("Dawn's WGSL compiler (naga types bitcast<vec2<f16>> of a u32 as vec2<f32>)")
+
+    columns, rng = 256, np.random.default_rng(7)
+    words = rng.integers(0, 1 << 32, (columns, 4), dtype=np.uint32)
+    words[:16] = np.arange(16, dtype=np.uint32)[:, None] * 0x11111111  # every nibble in every place
+    scales = (rng.standard_normal(columns) * 10.0 ** rng.integers(-8, 5, columns)).astype(np.float16)
+    scales[:4] = [2.0**-24, 6e4, -1e4, 0.0]
+    keep = fill(f16_matrix.B_WORDS_KEEP, S="scales[col]", W="words[col]", COL="li", B_BUF=0, ROW=32)
+    src = wgsl_for_device(
+        "@group(0) @binding(0) var<storage, read> words: array<vec4<u32>>;\n"
+        "@group(0) @binding(1) var<storage, read> scales: array<f32>;\n"
+        "@group(0) @binding(2) var<storage, read_write> y: array<f32>;\n"
+        "var<workgroup> b_tile: array<f16, 2048>;\n"
+        "@compute @workgroup_size(64) fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {\n"
+        f"    let col = wid.x * 64u + li; let buf = 0u;\n{keep}\n"
+        "    for (var k = 0u; k < 32u; k = k + 1u) { y[col * 32u + k] = f32(b_tile[li * 32u + k]); }\n}\n"
+    )
+    got = run_kernel(src, (words, scales.astype(np.float32)), np.float32, columns * 32, workgroup=64 * 32, features=["shader-f16"])
+    nibbles = (words[:, :, None] >> (4 * np.arange(8, dtype=np.uint32))) & 15  # [column, word, k of the word]
+    with np.errstate(over="ignore"):
+        want = ((nibbles.reshape(columns, 32).astype(np.float32) - 8) * scales[:, None].astype(np.float32)).astype(np.float16)
+    np.testing.assert_array_equal(got.reshape(columns, 32), want.astype(np.float32))
 
 
 def test_f16_matrix_tiles_read_halves_as_stored():
-    """MATRIX_TILE's loads (no GPU needed): f16 operands of K whole quads have the halves readers,
-    f32 ones or K of other shapes none; a column group of whole-tile weights (all but the last)
-    runs one K loop a weight, each reading its weight alone, others one loop picking per column."""
+    """The f16 matrices' loads (no GPU needed): f16 operands of K whole quads have the halves
+    readers, f32 ones or K of other shapes none; 4-bit weights of f16 rows (not of int8 ones: the
+    int8 matrices') have them too, rounding the f32 dequantization to halves. A column group of
+    whole-tile weights (all but the last) runs one K loop a weight, each reading its weight alone,
+    others one loop picking per column; 4-bit groups (the fused products' GEMM) alike."""
     assert gemm.weight_load("f16", "f16", 268).halves_functions and not gemm.weight_load("f16", "f16", 267).halves_functions
     assert not gemm.weight_load("f32", "f32", 268).halves_functions and not gemm.weight_load("f32", "f16", 268).halves_functions
+    half, single = q4_linear.Storage("f16", "f16", "f16", "f16", "f16"), q4_linear.Storage()
+    assert "pack2x16float(w.xy)" in q4_linear.q4_load(False, False, 32, 96, half).halves_functions
+    assert q4_linear.q4_load(False, False, 32, 96, half).words and not q4_linear.q4_load(False, False, 24, 96, half).words
+    assert not q4_linear.q4_load(False, False, 32, 96, q4_linear.Storage("f16", "f16", "f32", "f16", "f16")).words  # f32 scales: by quads
+    assert not any(q4_linear.q4_load(dq8, False, 32, k, t).halves_functions for dq8, k, t in ((True, 96, half), (False, 98, half), (False, 96, single)))
     tile = gemm.MATRIX_TILE.bn
-    for ns, whole in (((2 * tile, tile, 37), True), ((tile, tile + 64, tile), False), ((3 * tile,), False)):
-        load, store = gemm.column_group("f16", ["f16"] * len(ns), ns, 68) if len(ns) > 1 else (gemm.weight_load("f16", "f16", 68), None)
-        assert load.weight_ends == (tuple(itertools.accumulate(ns)) if whole else ()), ns
-        shader = gemm.gemm_shader(load, False, tile=gemm.MATRIX_TILE, out="f16", store=store)
-        assert shader.count("for (var k0 = kbeg;") == (len(ns) if whole else 1), ns
-        assert all((f"= b_k_halves_{j}(" in shader) == whole for j in range(len(ns))), ns
+    assert tile == gemm.DECODE_MATRIX_TILE.bn  # matrix_weights serves both tiles
+    groups = {"f16": lambda ns: gemm.column_group("f16", ["f16"] * len(ns), ns, 68),
+              "4-bit": lambda ns: (q4_fused_linear.columns_load(ns, 96, 32, {"x": "f16", "scales": ["f16"] * len(ns)})[0], gemm.column_store(ns))}
+    for (kind, group), (ns, whole) in itertools.product(groups.items(), (((2 * tile, tile, 37), True), ((tile, tile + 64, tile), False))):
+        load, store = group(ns)
+        assert load.weight_ends == (tuple(itertools.accumulate(ns)) if whole else ()), (kind, ns)
+        reader = "b_words" if kind == "4-bit" else "b_k_halves"  # 4-bit weights of groups of 32, f16 scales: a column's step at a time
+        for matrices in (gemm.MATRIX_TILE, gemm.DECODE_MATRIX_TILE, gemm.SHORT_DECODE_MATRIX_TILE):
+            shader = gemm.gemm_shader(load, False, tile=matrices, out="f16", store=store)
+            assert shader.count("for (var k0 = kbeg;") == (len(ns) if whole else 1), (kind, ns)
+            assert all((f"= {reader}_{j}(" in shader) == whole for j in range(len(ns))), (kind, ns)
+            assert (f"= {reader}(" in shader) == (not whole), (kind, ns)
+    shader = gemm.gemm_shader(gemm.weight_load("f16", "f16", 68), False, tile=gemm.MATRIX_TILE, out="f16")
+    assert shader.count("for (var k0 = kbeg;") == 1 and "b_k_halves_0" not in shader

@@ -2,7 +2,8 @@
 device that offers f16 x f16 -> f32 products of 16 x 16 x 16 (F16_MATRIX; Dawn's
 chromium_experimental_subgroup_matrix, which lists them on NVIDIA with the toggle
 vulkan_enable_f16_on_nvidia, async_runtime/backend.py): f16 rows by f16 weights, or by 4-bit
-weights that GemmRoute widens to f16 first.
+weights, which GemmRoute widens to f16 first for prompts and which the decode rows' tiles
+dequantize as they read them (each weight rounded to f16 once, as eager dequantizes it).
 
 A workgroup of subgroups takes a tile of outputs, each subgroup some result matrices of 16 x 16
 with f32 sums (tile_size; gemm.py's MATRIX_TILE: 2 x 2 subgroups of 4 x 4, 128 x 128 for prompts;
@@ -95,17 +96,34 @@ STORE_MATRIX = """    subgroupMatrixStore<row_major>(&sums, mine, c${I}_${J}, 16
     workgroupBarrier();"""
 
 
-def matrix_body(shape, weight_ends=()):
+# 4-bit weights' step of a column (b_words: its 4 words, 8 nibbles each, n - 8 the weight before
+# its scale) into halves: a nibble and the one 16 bits above it as the mantissas of 1024 + n (f16
+# 0x6400 | n), less 1032, times the f16 scale: exact but for the one rounding of the product, as
+# eager dequantizes (and as pack2x16float of the f32 product rounds).
+B_WORDS_KEEP = """    { let s = vec2<f16>(f16(${S})); let at = buf * ${B_BUF}u + ${COL} * ${ROW}u;
+      for (var t = 0u; t < 4u; t = t + 1u) { let w = ${W}[t];
+        for (var j = 0u; j < 4u; j = j + 1u) {
+          let h = (bitcast<vec2<f16>>(((w >> (4u * j)) & 0x000F000Fu) | 0x64006400u) - vec2<f16>(1032.0h)) * s;
+          b_tile[at + 8u * t + j] = h.x; b_tile[at + 8u * t + 4u + j] = h.y;
+        } } }"""
+
+
+def matrix_body(shape, weight_ends=(), words=False):
     """The kernel of a tile of `shape` (tile_size) after the template's header and the load's
     halves_functions (a_k_halves, b_k_halves; with `weight_ends`, the column group's weights' last
     columns, each but the last a whole number of tiles, also b_k_halves_j of its weight j: each
     tile then reads one weight, its K loop written once a weight, where b_k_halves picks a weight
-    each load, 3x slower on an H200)."""
+    each load, 3x slower on an H200). With `words` (4-bit weights, TileLoad.words) B's invocations
+    each take a column's step of 32 whole: b_words (b_words_j) its 4 words, b_words_scale
+    (b_words_scale_j) their one scale, dequantized into the tile as B_WORDS_KEEP does; each K
+    range starts a whole step in (gemm_split)."""
     sgm, sgn, tm, tn = shape
     bm, bn = tile_size(shape)
     threads = 32 * sgm * sgn
     a_loads, b_loads = bm * QUADS // threads, bn * QUADS // threads  # quads an invocation loads a step
     assert a_loads * threads == bm * QUADS and b_loads * threads == bn * QUADS, f"{shape}: its invocations do not load whole K steps"
+    b_columns = bn // threads  # with `words`: columns an invocation loads a step
+    assert not words or b_columns * threads == bn, f"{shape}: its invocations do not load whole columns"
     tiles = [(i, j) for i in range(tm) for j in range(tn)]
     products = [f"            let l{i} = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>, row_major>(&a_tile, a_buf + {16 * i * ROW}u + kk, {ROW}u);"
                 for i in range(tm)]
@@ -115,7 +133,15 @@ def matrix_body(shape, weight_ends=()):
 
     def loop(b_read):
         first, next_, keep = [], [], []
-        for x, fn, off, base, loads, buf in (("a", "a_k_halves", "aoff", "m0", a_loads, bm * ROW), ("b", b_read, "boff", "n0", b_loads, bn * ROW)):
+        sides = [("a", "a_k_halves", "aoff", "m0", a_loads, bm * ROW)] + ([] if words else [("b", b_read, "boff", "n0", b_loads, bn * ROW)])
+        for i in range(b_columns if words else 0):  # a column's step an invocation
+            col, suffix = f"({i}u * {threads}u + li)", b_read[len("b_k_halves"):]
+            for reads, k in ((first, "kbeg"), (next_, f"k0 + {STEP}u")):
+                words_at = f"b_words{suffix}(boff, n0 + {col}, {k})"
+                scale = f"b_words_scale{suffix}(n0 + {col}, {k})"
+                reads.append(f"    var bw{i} = {words_at}; var bs{i} = {scale};" if reads is first else f"        bw{i} = {words_at}; bs{i} = {scale};")
+            keep.append(fill(B_WORDS_KEEP, S=f"bs{i}", W=f"bw{i}", COL=col, B_BUF=bn * ROW, ROW=ROW))
+        for x, fn, off, base, loads, buf in sides:
             tile = f"{x}_tile"
             for i in range(loads):
                 v = f"({i}u * {threads}u + li)"  # the step's quad v: row (or column) v / QUADS, K quad v % QUADS

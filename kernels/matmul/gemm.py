@@ -33,6 +33,7 @@ from pte_wgpu.resize.shapes import MAX_WORKGROUPS, numel_of
 
 from ..variants import CPU
 from ..wgsl import ERF, FLAT_INDEX, GELU, TILE_ORIGIN, WG, clamped, fill, flat_grid, rounded, vec4_loader, vec4_type
+from .f16_matrix import STEP as MATRIX_STEP
 from .f16_matrix import matrix_body, tile_size
 from .routes import BITWISE_ROWS, FLOAT_GEMM_MIN_K
 
@@ -150,7 +151,10 @@ class TileLoad:
     K a load): WGSL defining `a_k_halves` and `b_k_halves`, a_k_quad's and b_k_quad's quads as
     stored, 4 halves in a vec2<u32> (MATRIX_TILE's loads); `weight_ends` (a column group's, of
     weights each but the last whole MATRIX_TILE tiles): each weight's last column, the halves
-    functions then also defining b_k_halves_j, weight j's alone (f16_matrix.matrix_body)."""
+    functions then also defining b_k_halves_j, weight j's alone (f16_matrix.matrix_body); `words`
+    (4-bit weights of f16 scales, groups of whole K steps of the matrices): the halves functions
+    also define b_words and b_words_scale (and b_words_j, b_words_scale_j with `weight_ends`), a
+    column's 4 words from a K that is a whole step and their scale (f16_matrix.matrix_body's `words`)."""
 
     inputs: tuple
     functions: str
@@ -164,6 +168,7 @@ class TileLoad:
     halves: bool = False
     halves_functions: str = ""
     weight_ends: tuple = ()
+    words: bool = False
 
 
 # A [M, K], rows of K, as f32 from binding $A at the batch's offset (the float products', the
@@ -229,6 +234,32 @@ fn b_k_$FORM(off: u32, n: u32, k: u32, kend: u32) -> $T {
 $READS    return $ZERO;
 }
 """
+
+
+# B's quad of dequantized weights (b_k_quad$J, f32) rounded to 4 halves: the f16 matrices' B read over
+# 4-bit weights of f16 rows, each weight rounded once to f16 as eager dequantizes it
+PACKED_B_K_HALVES = """
+fn b_k_halves$J(off: u32, n: u32, k: u32, kend: u32) -> vec2<u32> {
+    let w = b_k_quad$J(off, n, k, kend);
+    return vec2<u32>(pack2x16float(w.xy), pack2x16float(w.zw));
+}
+"""
+
+
+def dequantized_halves(a_binding, weights=1):
+    """The end of TileLoad.halves_functions (after the WGSL defining b_k_quad, and with `weights` >
+    1, a column group's whole-tile weights, matrix_weights, b_k_quad_j, weight j's alone) of a load
+    whose B quads are dequantized in f32 and whose A, binding `a_binding`, is f16 read 4 of K a
+    load: a_k_halves as stored, b_k_halves (b_k_halves_j) packing b_k_quad's (b_k_quad_j's)."""
+    packed = [""] + ([f"_{j}" for j in range(weights)] if weights > 1 else [])
+    return halves_loader(a_binding) + quad_form(FLOAT_A_K_QUAD, "halves", A=a_binding) + "".join(fill(PACKED_B_K_HALVES, J=j) for j in packed)
+
+
+def matrix_weights(ns):
+    """Whether a column group of products of N = `ns` runs the f16 matrices' K loop once a weight
+    (TileLoad.weight_ends): each weight but the last is whole tiles (MATRIX_TILE's and
+    DECODE_MATRIX_TILE's columns), so each tile reads one."""
+    return len(ns) > 1 and not any(n % MATRIX_TILE.bn for n in ns[:-1])
 
 
 def float_k_quads(weight_types, k):
@@ -327,7 +358,7 @@ def column_group(x, weights, ns, k):
             return "".join(f"    if (n < {e}u) {{ return w{j}{loader}((off + (n - {s}u) * p.K + k) / 4u); }}\n" for j, (s, e) in enumerate(column_ranges(ns)))
 
         load = _k_quad_load(x, [(f"w{j}", t) for j, t in enumerate(weights)], reads, a_quads=True)
-        if not load.halves_functions or any(n % MATRIX_TILE.bn for n in ns[:-1]):
+        if not load.halves_functions or not matrix_weights(ns):
             return load
         # MATRIX_TILE's tiles each within one weight: a reader of each weight alone (matrix_body's weight_ends)
         one = "".join(quad_form(FLOAT_B_K_QUAD, f"halves_{j}", READS=f"    return w{j}h((off + (n - {s}u) * p.K + k) / 4u);\n")
@@ -547,6 +578,18 @@ MATRIX_MIN_ROWS = 128
 # within 5%, 32 x 128 0.3-1.4x MID_TILE). Llama-3.2-1B fp16, greedy bursts, 48 / 64 streams 5,743 /
 # 7,379 -> 9,935 / 12,857 tokens/s (results/h200/kernel_choices/f16_matrix_decode_rows/).
 DECODE_MATRIX_TILE = Tile(matrix=(1, 4, 4, 2), split_target=128)
+# 4-bit weights of f16 rows (a 4w export of f16 activations) take DECODE_MATRIX_TILE too, the rows
+# their GEMVs and subgroup kernels leave (past BITWISE_ROWS at K >= Q4_GEMM_MIN_K), and to 32 rows
+# SHORT_DECODE_MATRIX_TILE (32 x 128, 2 x 2 matrices a subgroup): each invocation dequantizing a
+# column's whole K step (f16_matrix.py's B_WORDS_KEEP: 4 words, one scale, the nibbles through f16
+# mantissas) where the f32 tiles dequantized 4 of K a read. H100, Dawn, Llama-3.2-1B 4w of f16
+# activations, greedy bursts, the f32 tiles against these, rounds old / new / new / old in one call,
+# 32 / 64 streams 6,134 / 8,025, 7,460 / 13,022, 7,298 / 13,248, 6,227 / 8,156 tokens/s (the 64-row
+# tile alone); with the 32-row tile, rounds around it, 32 streams 7,454 / 7,510 -> 8,155 / 8,133 and
+# prompts of 32 tokens 5,394-6,040 -> 7,395-7,569, 64 streams the same; the tile reading quads as
+# f16 weights' (b_k_halves: a word and a scale a quad) 6,281 / 8,285 -> 4,289 / 8,024
+# (results/h100/q4_f16_matrix_decode_rows/).
+SHORT_DECODE_MATRIX_TILE = Tile(matrix=(1, 4, 2, 2), split_target=128)
 DECODE_MATRIX_MIN_ROWS = BITWISE_ROWS + 1  # past the subgroup kernels' (routes.py's float_subgroup_rows)
 
 
@@ -580,7 +623,7 @@ def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, res
     head = header(has_bias, load.inputs, scratch=True, bias=bias, out=out, clamp=clamp, residual=residual, store=store, activation=activation,
                   added=added)
     if tile.matrix:
-        return "enable chromium_experimental_subgroup_matrix;\n" + head + extra + load.halves_functions + matrix_body(tile.matrix, load.weight_ends)
+        return "enable chromium_experimental_subgroup_matrix;\n" + head + extra + load.halves_functions + matrix_body(tile.matrix, load.weight_ends, load.words)
     threads = 16 * tile.ty
     a_slots, b_slots = tile.bm * tile.bk // 4 // threads, tile.bn * tile.bk // 4 // threads
     assert a_slots * threads * 4 == tile.bm * tile.bk and b_slots * threads * 4 == tile.bn * tile.bk, f"{tile}: its invocations do not load whole K steps"
@@ -703,7 +746,8 @@ def gemm_split(m, n, k, batch, tile=TILE, dequantizes=False):
     else:
         target, most = SPLIT_TARGET, MAX_SPLITS
     splits = max(1, min(most, target // tiles, k // MIN_SPLIT_K))
-    kspan = -(-k // splits // BK) * BK if splits > 1 else max(k, 1)
+    step = MATRIX_STEP if tile.matrix else BK  # (the matrices' K loop: whole steps from each range's start)
+    kspan = -(-k // splits // step) * step if splits > 1 else max(k, 1)
     return -(-k // kspan) if splits > 1 else 1, kspan
 
 
@@ -768,7 +812,8 @@ class GemmRoute:
             tiles = [TILE, *([SMALL_TILE] if small else []), *([MID_TILE] if not load.setup and b.adapter != CPU else [])]
             tiles += [BIG_TILE] if can_take_big_tile(most) and not load.setup else []
             tiles += [WIDE_ROW_TILE] if load.dequantizes and not load.setup and b.adapter != CPU and takes_wide_row_tile(TILE.bm, *most) else []
-            tiles += [MATRIX_TILE, DECODE_MATRIX_TILE] if matrices else []
+            # (dequantized 4-bit weights: prompts over weights widened to f16 first, below)
+            tiles += ([SHORT_DECODE_MATRIX_TILE] if load.dequantizes else [MATRIX_TILE]) + [DECODE_MATRIX_TILE] if matrices else []
         self.tiles = {tile: b.dispatch(shader(tile), bindings) for tile in tiles}
         self.dequantizes, self.a_k_quads = load.dequantizes, load.a_k_quads
         # f16 weights (a WeightSource, not dequantized) of one product: a column group's (more_outs) load picks
@@ -802,6 +847,8 @@ class GemmRoute:
         return route if m >= rows and m * n * k >= work else self
 
     def tile(self, m, n, k):
+        if SHORT_DECODE_MATRIX_TILE in self.tiles and DECODE_MATRIX_MIN_ROWS <= m <= SHORT_DECODE_MATRIX_TILE.bm:
+            return SHORT_DECODE_MATRIX_TILE
         if DECODE_MATRIX_TILE in self.tiles and DECODE_MATRIX_MIN_ROWS <= m < MATRIX_MIN_ROWS:
             return DECODE_MATRIX_TILE
         if SMALL_TILE in self.tiles and m <= SMALL_TILE.bm:

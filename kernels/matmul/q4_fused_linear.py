@@ -46,7 +46,20 @@ from ..registry import op
 from ..variants import CPU
 from ..wgsl import Int8Rows, binding_type, fill, flat_grid, rounded, row_groups_grid, vec4_loader, vec4_type
 from .fused_linear import _RMS, SILU, swiglu_elementwise
-from .gemm import PARAMS_SIZE, SMALL_TILE, GemmRoute, TileLoad, WeightSource, column_ranges, column_store, float_a_load, gemm_scratch, params_bytes
+from .gemm import (
+    PARAMS_SIZE,
+    SMALL_TILE,
+    GemmRoute,
+    TileLoad,
+    WeightSource,
+    column_ranges,
+    column_store,
+    dequantized_halves,
+    float_a_load,
+    gemm_scratch,
+    matrix_weights,
+    params_bytes,
+)
 from .linear import sg_wg_rows
 from .q4_linear import (
     Q4_SG_GEMM,
@@ -69,11 +82,13 @@ from .q4_linear import (
     int8_rows_loader,
     live_k,
     q4_b_k_quad,
+    q4_b_words,
     q4_every_row,
     q4_input,
     q4_subgroup_shape,
     q4_subgroup_shapes,
     q4_weight,
+    q4_words,
     sg_body,
     sg_main,
     sg_x_loader,
@@ -162,6 +177,49 @@ def _shader(kind, shape, count, swiglu, norm, types, gs, rope=None, step=8, rstd
     return src + "    " + " else ".join(branches) + "\n}\n"
 
 
+def columns_load(ns, k, gs, types, rope=None):
+    """(TileLoad, uniform WGSL struct) of _Columns' GEMM: products of N = `ns` over one input of
+    K `k` (at most) and 4-bit weights of group `gs`, side by side, stored as `types` ("x", "scales")
+    says; `rope`: the fused op's (its uniform's fields). Of f16 rows it also reads halves (the f16
+    matrices' loads), with one K loop a weight where the weights are whole tiles (matrix_weights)."""
+    ranges = column_ranges(ns)
+    count, quads = len(ns), k % 4 == 0  # the activations 4 of K a load (gemm.py's TileLoad)
+
+    def read(j, s):  # weight j's quad k of column n, dequantized
+        return f"let r = n - {s}u; w = dq4{j}(wq{j}[r * q.wpr + k / 8u] >> (4u * (k % 8u)), k, r);"
+
+    reads = "\n    ".join(f"{'if' if j == 0 else 'else if'} (n < {e}u) {{ {read(j, s)} }}" for j, (s, e) in enumerate(ranges))
+    x, a_functions = float_a_load(types["x"], quads, "x")
+    weights = tuple((name, t) for j in range(count) for name, t in ((f"wq{j}", "u32"), (f"ws{j}", types["scales"][j])))
+    b_functions = _dequant(False, False, gs, [(str(j), f"ws{j}") for j in range(count)]) + q4_b_k_quad("var w = vec4<f32>(0.0);\n    " + reads)
+    uniform = _uniform(count, rope)
+    halves, whole = "", matrix_weights(ns)
+    words = quads and q4_words(gs, types["x"], types["scales"])
+    if quads and types["x"] == "f16":
+        alone = "".join(q4_b_k_quad(f"var w: vec4<f32>; {read(j, s)}", f"_{j}") for j, (s, _) in enumerate(ranges)) if whole else ""
+        halves = b_functions + alone + dequantized_halves("x", count if whole else 1)
+    if words:  # each product's words and scale, and unless each tile reads one product, the column's product's
+        halves += "".join(q4_b_words(f"let r = min(n, p.N - 1u) - {s}u;", f"_{j}", f"wq{j}", f"wscale{j}") for j, (s, _) in enumerate(ranges))
+        if not whole:
+            pick = lambda call: " else ".join(f"if (n < {e}u) {{ return {call.format(j=j)}; }}" for j, (_, e) in enumerate(ranges[:-1]))  # noqa: E731
+            last = len(ranges) - 1
+            halves += f"fn b_words(off: u32, n: u32, k0: u32) -> vec4<u32> {{ {pick('b_words_{j}(off, n, k0)')} return b_words_{last}(off, n, k0); }}\n"
+            halves += f"fn b_words_scale(n: u32, k0: u32) -> f32 {{ {pick('b_words_scale_{j}(n, k0)')} return b_words_scale_{last}(n, k0); }}\n"
+    load = TileLoad(
+        inputs=(x, *weights),
+        functions=a_functions + b_functions,
+        b_along_k=True,
+        b_k_quads=True,
+        dequantizes=True,
+        a_k_quads=quads,
+        b_source=WeightSource(types["x"], weights, b_functions, ((uniform, "q: Q"),)),
+        halves_functions=halves,
+        weight_ends=tuple(e for _, e in ranges) if halves and whole else (),
+        words=bool(words),
+    )
+    return load, uniform
+
+
 class _Columns:
     """The fused products past the fused kernel's rows as one dequantizing GEMM over their columns
     side by side (gemm.py's column_group, for 4-bit weights; the loads read the fused op's uniform:
@@ -176,28 +234,10 @@ class _Columns:
     def __init__(self, b, fused, types):
         self.fused = fused
         self.ns = [w.n for w in fused.ws]
-        ranges = column_ranges(self.ns)
-        reads = "\n    ".join(
-            f"{'if' if j == 0 else 'else if'} (n < {e}u) {{ let r = n - {s}u; w = dq4{j}(wq{j}[r * q.wpr + k / 8u] >> (4u * (k % 8u)), k, r); }}"
-            for j, (s, e) in enumerate(ranges)
-        )
-        count, quads = len(self.ns), fused.k % 4 == 0  # the activations 4 of K a load (gemm.py's TileLoad)
-        x, a_functions = float_a_load(types["x"], quads, "x")
-        weights = tuple((name, t) for j in range(count) for name, t in ((f"wq{j}", "u32"), (f"ws{j}", types["scales"][j])))
-        b_functions = _dequant(False, False, fused.ws[0].gs, [(str(j), f"ws{j}") for j in range(count)]) + q4_b_k_quad("var w = vec4<f32>(0.0);\n    " + reads)
-        uniform = _uniform(count, fused.rope)
-        load = TileLoad(
-            inputs=(x, *weights),
-            functions=a_functions + b_functions,
-            b_along_k=True,
-            b_k_quads=True,
-            dequantizes=True,
-            a_k_quads=quads,
-            b_source=WeightSource(types["x"], weights, b_functions, ((uniform, "q: Q"),)),
-        )
+        load, uniform = columns_load(self.ns, fused.k, fused.ws[0].gs, types, fused.rope)
         inputs = [fused.x, *(v for pair in fused.products for v in pair)]
         q_wgsl = f"{uniform}@group(0) @binding({len(inputs) + 3}) var<uniform> q: Q;\n"
-        self.most = (ranges[-1][1], 8 * fused.ws[0].wpr)
+        self.most = (sum(self.ns), 8 * fused.ws[0].wpr)
         self.scratch = gemm_scratch(b, fused.stored, together=True, most=self.most)
         self.p = b.params(PARAMS_SIZE)
         self.gemm = GemmRoute(b, load, inputs, None, fused.stored[0], self.p, self.scratch, [fused.q], q_wgsl, store=column_store(self.ns),

@@ -83,7 +83,8 @@ from ..wgsl import (
     wgsl_type,
 )
 from . import int8_matrix
-from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, WeightSource, bindings, float_a_load, gemm_scratch, params_bytes
+from .f16_matrix import STEP as MATRIX_STEP
+from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, WeightSource, bindings, dequantized_halves, float_a_load, gemm_scratch, params_bytes
 from .linear import CPU_WG, sg_groups, sg_splits_k, sg_sums, sg_total, sg_wg_rows
 from .routes import (
     BITWISE_ROWS,
@@ -694,7 +695,7 @@ def sg_shader(dq8, zp_packed, has_bias, shape=Q4_SG_GEMV, types=Storage(), resid
 # The GEMM template's B load: the weights k .. k + 3 of row n (k a multiple of 4: in one word),
 # dequantized as the GEMV's dq4 does it, with one scale where a word is in one group (gs % 8 == 0)
 Q4_B_K_QUAD = """
-fn b_k_quad(off: u32, n: u32, k: u32, kend: u32) -> vec4<f32> {
+fn b_k_quad$J(off: u32, n: u32, k: u32, kend: u32) -> vec4<f32> {
     if (n >= p.N || k >= kend) { return vec4<f32>(0.0); }
     $READ
     return select(vec4<f32>(0.0), w, vec4<u32>(k) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(kend));
@@ -702,10 +703,42 @@ fn b_k_quad(off: u32, n: u32, k: u32, kend: u32) -> vec4<f32> {
 """
 
 
-def q4_b_k_quad(read="let w = dq4(wq[n * q.wpr + k / 8u] >> (4u * (k % 8u)), k, n);"):
+# The f16 matrices' read of a 4-bit weight (gemm.py's TileLoad.words): row r's 4 words from K = k0 (a
+# whole step of 32, in one scale group; past the row: its last word, whose products meet zero rows)
+# and their scale; $ROW defines r from column n (clamped to the product's)
+Q4_B_WORDS = """
+fn b_words$J(off: u32, n: u32, k0: u32) -> vec4<u32> {
+    $ROW
+    let at = r * q.wpr;
+    let w = k0 / 8u;
+    let last = q.wpr - 1u;
+    return vec4<u32>($WQ[at + min(w, last)], $WQ[at + min(w + 1u, last)], $WQ[at + min(w + 2u, last)], $WQ[at + min(w + 3u, last)]);
+}
+fn b_words_scale$J(n: u32, k0: u32) -> f32 {
+    $ROW
+    return $SCALE(k0, r);
+}
+"""
+
+
+def q4_words(gs, x, scales):
+    """Whether the f16 matrices read 4-bit weights of group `gs` a column's step at a time
+    (TileLoad.words): f16 rows and scales (the halves rounded as eager rounds them), groups of
+    whole matrix steps."""
+    return x == "f16" and all(t == "f16" for t in scales) and gs is not None and gs % MATRIX_STEP == 0
+
+
+def q4_b_words(row="let r = min(n, p.N - 1u);", suffix="", wq="wq", scale="wscale"):
+    """Q4_B_WORDS with `row`, the statement defining r; by default a plain op's (a fused op's
+    column group: each product's, `suffix` "_j", its words `wq` and scale fn `scale`)."""
+    return fill(Q4_B_WORDS, ROW=row, J=suffix, WQ=wq, SCALE=scale)
+
+
+def q4_b_k_quad(read="let w = dq4(wq[n * q.wpr + k / 8u] >> (4u * (k % 8u)), k, n);", suffix=""):
     """Q4_B_K_QUAD with `read`, the statements defining w (the weights k .. k + 3 of row n,
-    dequantized); by default a plain op's (a fused op's column group reads by n's product)."""
-    return fill(Q4_B_K_QUAD, READ=read)
+    dequantized); by default a plain op's (a fused op's column group reads by n's product, or
+    with `suffix` "_j" one product's alone, b_k_quad_j)."""
+    return fill(Q4_B_K_QUAD, READ=read, J=suffix)
 # Its A load: the float products' from binding x, or with dq8 quantized and dequantized with the
 # row's (1 / scale, zero point, scale), which each invocation computes once for its 4 rows (the
 # setup) into private vec4s.
@@ -732,11 +765,14 @@ DQ8_SETUP = """    for (var i = 0u; i < 4u; i = i + 1u) {
 
 def q4_load(dq8, zp_packed, gs, k, types=Storage()):
     """The GEMM template's tile loads for 4-bit weights (kernels/matmul/gemm.py) of group size `gs`
-    (_dequant's); the float activations of K `k` (at most) 4 of K a load where that is whole quads."""
+    (_dequant's); the float activations of K `k` (at most) 4 of K a load where that is whole quads,
+    and f16 ones so also as halves, with the weights rounded to halves (the f16 matrices' loads)."""
     quads = not dq8 and k % 4 == 0
     x, a_functions = float_a_load(types.x, quads, "x")
     inputs = tuple(x if name == "x" else (name, t) for name, t in _operands(dq8, zp_packed, types))
     source = None if dq8 else WeightSource(types.x, inputs[1:], _dequant(False, False, gs) + q4_b_k_quad(), ((LIN_STRUCT, "q: Q"),))
+    halves = source.functions + dequantized_halves("x") if quads and types.x == "f16" else ""  # f16 rows: the f16 matrices' loads
+    words = bool(halves) and q4_words(gs, types.x, [types.ws])
     return TileLoad(
         inputs=inputs,
         functions=_dequant(dq8, zp_packed, gs) + (DQ8_A_AT if dq8 else a_functions) + q4_b_k_quad(),
@@ -746,6 +782,8 @@ def q4_load(dq8, zp_packed, gs, k, types=Storage()):
         dequantizes=True,
         a_k_quads=quads,
         b_source=source,
+        halves_functions=halves + (q4_b_words() if words else ""),
+        words=words,
     )
 
 
