@@ -117,7 +117,7 @@ CASES = {
     "f16_linear_matrix": (lambda: Linear(268, 131, True).half(), [(307, 268)], [0]),
     # ... and column groups of weights of whole 128-column tiles (q/k/v, gate/up), K of 68 (part of a K step)
     "f16_fused_matrix": (lambda: FusedLinears(68, 256, 128, 384).half(), [(263, 68)], [0]),
-    # ... and so in 4 bits, widened to f16 for them (f16_q4_widened: a plain product, groups of 24)
+    # ... and so in 4 bits, read a K step of a column at a time (f16_q4_widened: a plain product, groups of 24, widened to f16 first)
     "f16_q4_fused_matrix": (quantized(lambda: FusedLinears(96, 256, 128, 384).half(), "4w", 32), [(263, 96)], [0]),
     # ... and 4-bit weights of K = Q4_GEMM_MIN_K: on them from DECODE_MATRIX_MIN_ROWS rows (a ragged pass of decode rows)
     "f16_q4_k2048": (quantized(lambda: QLinear(2048, 76, True).half(), "4w", 32), [(41, 2048)], [0]),
@@ -364,8 +364,9 @@ MATRIX_ROWS = {"f16_linear_matrix": (307, 129, 256, 200, 1, 128), "f16_fused_wid
 @pytest.mark.parametrize("name", sorted(MATRIX_ROWS))
 async def test_fp16_prompts_take_f16_matrices(name, load_pte, kernel_variants):
     """Where the device offers f16 x f16 -> f32 subgroup matrices (Dawn on NVIDIA), the GEMM's
-    products of f16 rows of K whole quads by f16 weights, or by 4-bit ones widened to f16 first
-    (each weight rounded as eager dequantizes it), of MATRIX_MIN_ROWS rows or more, run on them
+    products of f16 rows of K whole quads by f16 weights, or by 4-bit ones (each weight rounded as
+    eager dequantizes it: as the tile reads a column's K step of 32, TileLoad.words, or for groups
+    that are not whole steps, widened to f16 first), of MATRIX_MIN_ROWS rows or more, run on them
     (gemm.py's MATRIX_TILE: a plain linear with its bias, the q/k/v column group, the residual
     linears, SwiGLU's), and fewer rows in DECODE_MATRIX_TILE (a ragged pass of decode rows): f16
     weights of K >= FLOAT_GEMM_MIN_K from DECODE_MATRIX_MIN_ROWS rows, 4-bit ones from the rows
@@ -390,7 +391,9 @@ async def test_fp16_prompts_take_f16_matrices(name, load_pte, kernel_variants):
         matrices = [d for d in live if "subgroup_matrix_left<f16" in (d.shader or "")]
         assert bool(matrices) == (m >= first), (m, [d.op for d in live])
         widened = [d for d in live if "wide[i] = b_k_halves(" in (d.shader or "")]  # the 4-bit weights widened to f16 before
-        assert bool(widened) == (q4 and m >= gemm.MATRIX_MIN_ROWS) and len(widened) <= len(matrices), (m, [d.op for d in live])
+        words = [d for d in matrices if "= b_words" in d.shader]  # ... or read a column's K step at a time (groups of 32)
+        assert bool(widened) == (name == "f16_q4_widened" and m >= gemm.MATRIX_MIN_ROWS) and len(widened) <= len(matrices), (m, [d.op for d in live])
+        assert bool(words) == (q4 and name != "f16_q4_widened" and m >= first), (m, [d.op for d in live])
 
 
 def test_4bit_words_become_halves_as_eager_rounds_them():

@@ -12,6 +12,7 @@ Tint is stricter than naga: it wants `enable subgroups;` and refuses subgroup op
 prove subgroup-uniform, a shift mixed with a product without parentheses, and infinite constants."""
 
 import importlib.util
+import itertools
 import json
 import os
 import subprocess
@@ -111,18 +112,19 @@ async def test_every_kernel_compiles_under_tint(tmp_path_factory, load_pte, monk
         outs = "".join(f"@group(0) @binding({len(load.inputs) + 3 + j}) var<storage, read_write> out{j}: array<f16>;\n" for j in range(1, len(ns)))
         for tile in (gemm.MATRIX_TILE, gemm.DECODE_MATRIX_TILE):
             sources[gemm.gemm_shader(load, bias, outs, tile=tile, bias="f16", out="f16", store=store)] = (f"f16 matrices {tile.matrix}, bias {bias}, columns {ns}", "f16")
-    half = Storage("f16", "f16", "f16", "f16", "f16")  # ... and 4-bit weights of f16 rows in decode rows' tiles, rounded to halves there
-    for bias, group in ((False, 32), (True, 24)):
+    half = Storage("f16", "f16", "f16", "f16", "f16")  # ... and 4-bit weights of f16 rows, rounded to halves there (groups of 32: a column's K step a read)
+    q4_tiles = (gemm.MATRIX_TILE, gemm.DECODE_MATRIX_TILE, gemm.SHORT_DECODE_MATRIX_TILE)
+    for (bias, group), tile in itertools.product(((False, 32), (True, 24)), q4_tiles):
         uniform = f"{q4_linear.LIN_STRUCT};\n@group(0) @binding({6 + bias}) var<uniform> q: Q;\n"
         load = q4_linear.q4_load(False, False, group, 256, half)
-        sources[gemm.gemm_shader(load, bias, uniform, tile=gemm.DECODE_MATRIX_TILE, bias="f16", out="f16")] = (f"4-bit f16 matrices, bias {bias}, group {group}", "f16")
-    for ns in ((256, 128, 128), (256, 64, 64)):  # the fused products' columns, a K loop a weight or one picking per column
+        sources[gemm.gemm_shader(load, bias, uniform, tile=tile, bias="f16", out="f16")] = (f"4-bit f16 matrices {tile.matrix}, bias {bias}, group {group}", "f16")
+    for ns, tile in itertools.product(((256, 128, 128), (256, 64, 64)), q4_tiles):  # the fused products' columns, a K loop a weight or one picking per column
         load, struct = q4_fused_linear.columns_load(ns, 256, 32, {"x": "f16", "scales": ["f16"] * len(ns)})
         first = len(load.inputs) + 3
         outs = f"{struct}@group(0) @binding({first}) var<uniform> q: Q;\n"
         outs += "".join(f"@group(0) @binding({first + j}) var<storage, read_write> out{j}: array<f16>;\n" for j in range(1, len(ns)))
-        shader = gemm.gemm_shader(load, False, outs, tile=gemm.DECODE_MATRIX_TILE, out="f16", store=gemm.column_store(ns))
-        sources[shader] = (f"4-bit f16 matrices, columns {ns}", "f16")
+        shader = gemm.gemm_shader(load, False, outs, tile=tile, out="f16", store=gemm.column_store(ns))
+        sources[shader] = (f"4-bit f16 matrices {tile.matrix}, columns {ns}", "f16")
     for group in (1, 24):  # ... and the widening of 4-bit weights to f16 for them (a group a word or not)
         source = q4_linear.q4_load(False, False, group, 96, Storage("f16", "f16", "f16", "f16", "f16")).b_source
         sources[gemm.widen_shader(source, halves=True)] = (f"4-bit weights widened to f16, group {group}", "f16")

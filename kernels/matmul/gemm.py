@@ -564,7 +564,7 @@ HALF_TILES = (TILE, SMALL_TILE, MID_TILE)
 # 128 x 128 on f16 subgroup matrices (kernels/matmul/f16_matrix.py): products of f16 operands, A and
 # B read 4 of K a load, of at least MATRIX_MIN_ROWS rows, where the device offers F16_MATRIX
 # (OpBuilder.f16_matrices); they take it in place of the f32 tiles over widened weights (4-bit
-# weights of f16 rows: over weights widened to f16, HALF_WIDEN_MIN_ROWS).
+# weights of f16 rows: over the weights as stored (TileLoad.words) or widened to f16, HALF_WIDEN_MIN_ROWS).
 MATRIX_TILE = Tile(matrix=(2, 2, 4, 4))
 MATRIX_MIN_ROWS = 128
 # ... and products of DECODE_MATRIX_MIN_ROWS to MATRIX_MIN_ROWS - 1 rows (a ragged pass of decode
@@ -690,7 +690,12 @@ WIDEN_MAX_BYTES = 1 << 29
 # then one [N, K] matrix, no weight to pick per tile). H200, Dawn, Llama-3.2-1B 4w of f16
 # activations, prompts of 512 / 2,047 tokens 20,635 / 23,874 tokens/s (wgpu-native's f32 tiles
 # 15,339 / 16,964); MATRIX_TILE reading the 4-bit weights through its loads, dequantizing each
-# step, 14,297 / 18,199 (results/h200/q4_f16_matrix_prompts/).
+# step, 14,297 / 18,199 (results/h200/q4_f16_matrix_prompts/). Only weights whose loads read 4 of K
+# a read do so since (scale groups not whole K steps of the matrices, or f32 scales): those read a
+# column's step at a time (TileLoad.words) run MATRIX_TILE over the 4-bit weights themselves. H100,
+# Dawn, Llama-3.2-1B 4w of f16 activations, rounds old / new / new / old in one call, prompts of 128
+# / 512 / 2,047 tokens 9,441 / 22,767 / 29,061, 13,682-14,516 / 26,494-28,331 / 32,289-33,020,
+# 9,120 / 22,830 / 29,575 tokens/s (results/h100/q4_f16_matrix_decode_rows/prompts_without_widening/).
 HALF_WIDEN_MIN_ROWS, HALF_WIDEN_MIN_WORK = MATRIX_MIN_ROWS, 0
 # The widening's workgroups: H200, the pass alone over the 1B's weights (16,384 x 2,048 / 3,072 x
 # 2,048 / 2,048 x 8,192, 4-bit): 64 invocations 133.8 / 24.5 / 90.4 us, 256 55.3 / 13.5 / 31.1
@@ -812,8 +817,9 @@ class GemmRoute:
             tiles = [TILE, *([SMALL_TILE] if small else []), *([MID_TILE] if not load.setup and b.adapter != CPU else [])]
             tiles += [BIG_TILE] if can_take_big_tile(most) and not load.setup else []
             tiles += [WIDE_ROW_TILE] if load.dequantizes and not load.setup and b.adapter != CPU and takes_wide_row_tile(TILE.bm, *most) else []
-            # (dequantized 4-bit weights: prompts over weights widened to f16 first, below)
-            tiles += ([SHORT_DECODE_MATRIX_TILE] if load.dequantizes else [MATRIX_TILE]) + [DECODE_MATRIX_TILE] if matrices else []
+            if matrices:  # (dequantized 4-bit weights read 4 of K a read: prompts over weights widened to f16 first, below)
+                tiles += [SHORT_DECODE_MATRIX_TILE] if load.dequantizes else []
+                tiles += [MATRIX_TILE, DECODE_MATRIX_TILE] if load.words or not load.dequantizes else [DECODE_MATRIX_TILE]
         self.tiles = {tile: b.dispatch(shader(tile), bindings) for tile in tiles}
         self.dequantizes, self.a_k_quads = load.dequantizes, load.a_k_quads
         # f16 weights (a WeightSource, not dequantized) of one product: a column group's (more_outs) load picks
@@ -823,7 +829,7 @@ class GemmRoute:
         self.reduce = b.dispatch(reduce, [scratch, *tail, out, params, *more_outs, *last])
         self.widened = None  # (the widening dispatch, the widened weights' route, (its least rows, its least work))
         source = load.b_source
-        halves = b.f16_matrices and load.dequantizes and source is not None and source.a == "f16"  # widened to f16, for MATRIX_TILE
+        halves = b.f16_matrices and load.dequantizes and not load.words and source is not None and source.a == "f16"  # widened to f16, for MATRIX_TILE
         if source is not None and load.a_k_quads and b.adapter != CPU and (2 if halves else 4) * most[0] * most[1] <= WIDEN_MAX_BYTES and (halves or not matrices):
             assert len(inputs) == 1 + len(source.inputs) and len(extra) == len(source.uniforms), f"{self.name}: B's bindings are not the GEMM's"
             wide = b.scratch("float16" if halves else "float32", most[0] * most[1])
