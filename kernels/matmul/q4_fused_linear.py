@@ -201,10 +201,12 @@ def columns_load(ns, k, gs, types, rope=None):
     if words:  # each product's words and scale, and unless each tile reads one product, the column's product's
         halves += "".join(q4_b_words(f"let r = min(n, p.N - 1u) - {s}u;", f"_{j}", f"wq{j}", f"wscale{j}") for j, (s, _) in enumerate(ranges))
         if not whole:
-            pick = lambda call: " else ".join(f"if (n < {e}u) {{ return {call.format(j=j)}; }}" for j, (_, e) in enumerate(ranges[:-1]))  # noqa: E731
-            last = len(ranges) - 1
-            halves += f"fn b_words(off: u32, n: u32, k0: u32) -> vec4<u32> {{ {pick('b_words_{j}(off, n, k0)')} return b_words_{last}(off, n, k0); }}\n"
-            halves += f"fn b_words_scale(n: u32, k0: u32) -> f32 {{ {pick('b_words_scale_{j}(n, k0)')} return b_words_scale_{last}(n, k0); }}\n"
+            def pick(fn, args):  # the body calling fn_j(args) of column n's product j
+                calls = [f"if (n < {e}u) {{ return {fn}_{j}({args}); }}" for j, (_, e) in enumerate(ranges[:-1])]
+                return " else ".join(calls) + f" return {fn}_{len(ranges) - 1}({args});"
+
+            halves += f"fn b_words(off: u32, n: u32, k0: u32) -> vec4<u32> {{ {pick('b_words', 'off, n, k0')} }}\n"
+            halves += f"fn b_words_scale(n: u32, k0: u32) -> f32 {{ {pick('b_words_scale', 'n, k0')} }}\n"
     load = TileLoad(
         inputs=(x, *weights),
         functions=a_functions + b_functions,
