@@ -589,7 +589,8 @@ DECODE_MATRIX_TILE = Tile(matrix=(1, 4, 4, 2), split_target=128)
 # prompts of 32 tokens 5,394-6,040 -> 7,395-7,569, 64 streams the same; the tile reading quads as
 # f16 weights' (b_k_halves: a word and a scale a quad) 6,281 / 8,285 -> 4,289 / 8,024. f16 weights
 # themselves (read 4 of K a read) lose with the 32-row tile: Llama-3.2-1B fp16, 24 / 32 streams
-# 5,676-5,722 / 7,381-7,445 -> 3,404-3,416 / 4,469-4,473 (results/h100/q4_f16_matrix_decode_rows/).
+# 5,676-5,722 / 7,381-7,445 -> 3,404-3,416 / 4,469-4,473; and read a column's step an invocation
+# as 4-bit words are, 0.75-0.87x at 24-64 streams and prompts (results/h100/q4_f16_matrix_decode_rows/).
 SHORT_DECODE_MATRIX_TILE = Tile(matrix=(1, 4, 2, 2), split_target=128)
 DECODE_MATRIX_MIN_ROWS = BITWISE_ROWS + 1  # past the subgroup kernels' (routes.py's float_subgroup_rows)
 
