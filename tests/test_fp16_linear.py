@@ -397,7 +397,7 @@ async def test_fp16_prompts_take_f16_matrices(name, load_pte, kernel_variants):
 
 
 def test_4bit_words_become_halves_as_eager_rounds_them():
-    """The f16 matrices' read of 4-bit weights a column's step at a time (f16_matrix.B_WORDS_KEEP:
+    """The f16 matrices' read of 4-bit weights a word an invocation (f16_matrix.B_WORD_KEEP:
     nibbles as f16 mantissas, less 1032, times the f16 scale) gives each weight as eager's fp16
     dequantization does, (nibble - 8) * scale rounded once to f16 (to nearest even: numpy's), on
     every device with shader-f16: every nibble and position of a word, scales from f16's
@@ -418,17 +418,18 @@ def test_4bit_words_become_halves_as_eager_rounds_them():
     words[:16] = np.arange(16, dtype=np.uint32)[:, None] * 0x11111111  # every nibble in every place
     scales = (rng.standard_normal(columns) * 10.0 ** rng.integers(-8, 5, columns)).astype(np.float16)
     scales[:4] = [2.0**-24, 6e4, -1e4, 0.0]
-    keep = fill(f16_matrix.B_WORDS_KEEP, S="scales[col]", W="words[col]", COL="li", B_BUF=0, ROW=32)
+    # invocation li of a workgroup keeps word v = 64 wid + li (column v / 4, its word v % 4) at 8 li of a tile of rows of 32
+    keep = fill(f16_matrix.B_WORD_KEEP, S="scales[v / 4u]", W="words[v]", V="li", B_BUF=0, ROW=32)
     src = wgsl_for_device(
-        "@group(0) @binding(0) var<storage, read> words: array<vec4<u32>>;\n"
+        "@group(0) @binding(0) var<storage, read> words: array<u32>;\n"
         "@group(0) @binding(1) var<storage, read> scales: array<f32>;\n"
         "@group(0) @binding(2) var<storage, read_write> y: array<f32>;\n"
-        "var<workgroup> b_tile: array<f16, 2048>;\n"
+        "var<workgroup> b_tile: array<f16, 512>;\n"
         "@compute @workgroup_size(64) fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {\n"
-        f"    let col = wid.x * 64u + li; let buf = 0u;\n{keep}\n"
-        "    for (var k = 0u; k < 32u; k = k + 1u) { y[col * 32u + k] = f32(b_tile[li * 32u + k]); }\n}\n"
+        f"    let v = wid.x * 64u + li; let buf = 0u;\n{keep}\n"
+        "    for (var k = 0u; k < 8u; k = k + 1u) { y[v * 8u + k] = f32(b_tile[li * 8u + k]); }\n}\n"
     )
-    got = run_kernel(src, (words, scales.astype(np.float32)), np.float32, columns * 32, workgroup=64 * 32, features=["shader-f16"])
+    got = run_kernel(src, (words, scales.astype(np.float32)), np.float32, columns * 32, workgroup=64 * 8, features=["shader-f16"])
     nibbles = (words[:, :, None] >> (4 * np.arange(8, dtype=np.uint32))) & 15  # [column, word, k of the word]
     with np.errstate(over="ignore"):
         want = ((nibbles.reshape(columns, 32).astype(np.float32) - 8) * scales[:, None].astype(np.float32)).astype(np.float16)
@@ -455,7 +456,7 @@ def test_f16_matrix_tiles_read_halves_as_stored():
     for (kind, group), (ns, whole) in itertools.product(groups.items(), (((2 * tile, tile, 37), True), ((tile, tile + 64, tile), False))):
         load, store = group(ns)
         assert load.weight_ends == (tuple(itertools.accumulate(ns)) if whole else ()), (kind, ns)
-        reader = "b_words" if kind == "4-bit" else "b_k_halves"  # 4-bit weights of groups of 32, f16 scales: a column's step at a time
+        reader = "b_word" if kind == "4-bit" else "b_k_halves"  # 4-bit weights of groups of 32, f16 scales: a word of a column's step an invocation
         for matrices in (gemm.MATRIX_TILE, gemm.DECODE_MATRIX_TILE, gemm.SHORT_DECODE_MATRIX_TILE):
             shader = gemm.gemm_shader(load, False, tile=matrices, out="f16", store=store)
             assert shader.count("for (var k0 = kbeg;") == (len(ns) if whole else 1), (kind, ns)

@@ -96,16 +96,15 @@ STORE_MATRIX = """    subgroupMatrixStore<row_major>(&sums, mine, c${I}_${J}, 16
     workgroupBarrier();"""
 
 
-# 4-bit weights' step of a column (b_words: its 4 words, 8 nibbles each, n - 8 the weight before
-# its scale) into halves: a nibble and the one 16 bits above it as the mantissas of 1024 + n (f16
-# 0x6400 | n), less 1032, times the f16 scale: exact but for the one rounding of the product, as
-# eager dequantizes (and as pack2x16float of the f32 product rounds).
-B_WORDS_KEEP = """    { let s = vec2<f16>(f16(${S})); let at = buf * ${B_BUF}u + ${COL} * ${ROW}u;
-      for (var t = 0u; t < 4u; t = t + 1u) { let w = ${W}[t];
-        for (var j = 0u; j < 4u; j = j + 1u) {
-          let h = (bitcast<vec2<f16>>(((w >> (4u * j)) & 0x000F000Fu) | 0x64006400u) - vec2<f16>(1032.0h)) * s;
-          b_tile[at + 8u * t + j] = h.x; b_tile[at + 8u * t + 4u + j] = h.y;
-        } } }"""
+# A word of a 4-bit weight's column step (word V % 4 of the step's column V / 4: 8 nibbles, n - 8 the
+# weight before its scale) into halves: a nibble and the one 16 bits above it as the mantissas of
+# 1024 + n (f16 0x6400 | n), less 1032, times the f16 scale: exact but for the one rounding of the
+# product, as eager dequantizes (and as pack2x16float of the f32 product rounds).
+B_WORD_KEEP = """    { let s = vec2<f16>(f16(${S})); let at = buf * ${B_BUF}u + (${V} / 4u) * ${ROW}u + 8u * (${V} % 4u); let w = ${W};
+      for (var j = 0u; j < 4u; j = j + 1u) {
+        let h = (bitcast<vec2<f16>>(((w >> (4u * j)) & 0x000F000Fu) | 0x64006400u) - vec2<f16>(1032.0h)) * s;
+        b_tile[at + j] = h.x; b_tile[at + 4u + j] = h.y;
+      } }"""
 
 
 def matrix_body(shape, weight_ends=(), words=False):
@@ -114,8 +113,8 @@ def matrix_body(shape, weight_ends=(), words=False):
     columns, each but the last a whole number of tiles, also b_k_halves_j of its weight j: each
     tile then reads one weight, its K loop written once a weight, where b_k_halves picks a weight
     each load, 3x slower on an H200). With `words` (4-bit weights, TileLoad.words) B's invocations
-    each take a column's step of 32 whole: b_words (b_words_j) its 4 words, b_words_scale
-    (b_words_scale_j) their one scale, dequantized into the tile as B_WORDS_KEEP does; each K
+    each take a word of a column's step of 32, a column's 4 words side by side: b_word (b_word_j) and
+    b_words_scale (b_words_scale_j) the step's one scale, dequantized into the tile as B_WORD_KEEP does; each K
     range starts a whole step in (gemm_split)."""
     sgm, sgn, tm, tn = shape
     bm, bn = tile_size(shape)
@@ -134,13 +133,13 @@ def matrix_body(shape, weight_ends=(), words=False):
     def loop(b_read):
         first, next_, keep = [], [], []
         sides = [("a", "a_k_halves", "aoff", "m0", a_loads, bm * ROW)] + ([] if words else [("b", b_read, "boff", "n0", b_loads, bn * ROW)])
-        for i in range(b_columns if words else 0):  # a column's step an invocation
-            col, suffix = f"({i}u * {threads}u + li)", b_read[len("b_k_halves"):]
+        for i in range(4 * b_columns if words else 0):  # a word of a column's step an invocation, a column's 4 side by side
+            v, suffix = f"({i}u * {threads}u + li)", b_read[len("b_k_halves"):]
             for reads, k in ((first, "kbeg"), (next_, f"k0 + {STEP}u")):
-                words_at = f"b_words{suffix}(boff, n0 + {col}, {k})"
-                scale = f"b_words_scale{suffix}(n0 + {col}, {k})"
-                reads.append(f"    var bw{i} = {words_at}; var bs{i} = {scale};" if reads is first else f"        bw{i} = {words_at}; bs{i} = {scale};")
-            keep.append(fill(B_WORDS_KEEP, S=f"bs{i}", W=f"bw{i}", COL=col, B_BUF=bn * ROW, ROW=ROW))
+                word = f"b_word{suffix}(boff, n0 + {v} / 4u, {k} + 8u * ({v} % 4u))"
+                scale = f"b_words_scale{suffix}(n0 + {v} / 4u, {k})"
+                reads.append(f"    var bw{i} = {word}; var bs{i} = {scale};" if reads is first else f"        bw{i} = {word}; bs{i} = {scale};")
+            keep.append(fill(B_WORD_KEEP, S=f"bs{i}", W=f"bw{i}", V=v, B_BUF=bn * ROW, ROW=ROW))
         for x, fn, off, base, loads, buf in sides:
             tile = f"{x}_tile"
             for i in range(loads):

@@ -153,8 +153,8 @@ class TileLoad:
     weights each but the last whole MATRIX_TILE tiles): each weight's last column, the halves
     functions then also defining b_k_halves_j, weight j's alone (f16_matrix.matrix_body); `words`
     (4-bit weights of f16 scales, groups of whole K steps of the matrices): the halves functions
-    also define b_words and b_words_scale (and b_words_j, b_words_scale_j with `weight_ends`), a
-    column's 4 words from a K that is a whole step and their scale (f16_matrix.matrix_body's `words`)."""
+    also define b_word and b_words_scale (and b_word_j, b_words_scale_j with `weight_ends`), a word
+    of a column's K step and the step's scale (f16_matrix.matrix_body's `words`)."""
 
     inputs: tuple
     functions: str
@@ -580,14 +580,19 @@ MATRIX_MIN_ROWS = 128
 DECODE_MATRIX_TILE = Tile(matrix=(1, 4, 4, 2), split_target=128)
 # 4-bit weights of f16 rows (a 4w export of f16 activations) take DECODE_MATRIX_TILE too, the rows
 # their GEMVs and subgroup kernels leave (past BITWISE_ROWS at K >= Q4_GEMM_MIN_K), and to 32 rows
-# SHORT_DECODE_MATRIX_TILE (32 x 128, 2 x 2 matrices a subgroup): each invocation dequantizing a
-# column's whole K step (f16_matrix.py's B_WORDS_KEEP: 4 words, one scale, the nibbles through f16
-# mantissas) where the f32 tiles dequantized 4 of K a read. H100, Dawn, Llama-3.2-1B 4w of f16
+# SHORT_DECODE_MATRIX_TILE (32 x 128, 2 x 2 matrices a subgroup): each invocation dequantizing a word
+# of a column's K step of 32 (f16_matrix.py's B_WORD_KEEP: the step's one scale, the nibbles through
+# f16 mantissas) where the f32 tiles dequantized 4 of K a read. H100, Dawn, Llama-3.2-1B 4w of f16
 # activations, greedy bursts, the f32 tiles against these, rounds old / new / new / old in one call,
 # 32 / 64 streams 6,134 / 8,025, 7,460 / 13,022, 7,298 / 13,248, 6,227 / 8,156 tokens/s (the 64-row
 # tile alone); with the 32-row tile, rounds around it, 32 streams 7,454 / 7,510 -> 8,155 / 8,133 and
 # prompts of 32 tokens 5,394-6,040 -> 7,395-7,569, 64 streams the same; the tile reading quads as
-# f16 weights' (b_k_halves: a word and a scale a quad) 6,281 / 8,285 -> 4,289 / 8,024. f16 weights
+# f16 weights' (b_k_halves: a word and a scale a quad) 6,281 / 8,285 -> 4,289 / 8,024; a column's 4
+# words an invocation (a warp's loads over 32 rows) where now 4 neighbouring invocations read them:
+# H200, rounds old / new / new / old, 24 / 32 / 64 streams 6,324 / 8,102 / 12,864, 7,185 / 9,349 /
+# 14,311, 7,106 / 9,338 / 14,361, 6,422 / 8,133 / 12,865, prompts of 128 / 512 / 2,047 tokens
+# 12,074-13,181 / 26,116-27,903 / 31,663-31,720 -> 14,871-15,953 / 30,514-30,905 / 35,271-35,398
+# (results/h200/q4_f16_matrix_word_reads/). f16 weights
 # themselves (read 4 of K a read) lose with the 32-row tile: Llama-3.2-1B fp16, 24 / 32 streams
 # 5,676-5,722 / 7,381-7,445 -> 3,404-3,416 / 4,469-4,473; and read a column's step an invocation
 # as 4-bit words are, 0.75-0.87x at 24-64 streams and prompts (results/h100/q4_f16_matrix_decode_rows/).

@@ -205,7 +205,7 @@ def columns_load(ns, k, gs, types, rope=None):
                 calls = [f"if (n < {e}u) {{ return {fn}_{j}({args}); }}" for j, (_, e) in enumerate(ranges[:-1])]
                 return " else ".join(calls) + f" return {fn}_{len(ranges) - 1}({args});"
 
-            halves += f"fn b_words(off: u32, n: u32, k0: u32) -> vec4<u32> {{ {pick('b_words', 'off, n, k0')} }}\n"
+            halves += f"fn b_word(off: u32, n: u32, k: u32) -> u32 {{ {pick('b_word', 'off, n, k')} }}\n"
             halves += f"fn b_words_scale(n: u32, k0: u32) -> f32 {{ {pick('b_words_scale', 'n, k0')} }}\n"
     load = TileLoad(
         inputs=(x, *weights),

@@ -703,16 +703,13 @@ fn b_k_quad$J(off: u32, n: u32, k: u32, kend: u32) -> vec4<f32> {
 """
 
 
-# The f16 matrices' read of a 4-bit weight (gemm.py's TileLoad.words): row r's 4 words from K = k0 (a
-# whole step of 32, in one scale group; past the row: its last word, whose products meet zero rows)
-# and their scale; $ROW defines r from column n (clamped to the product's)
+# The f16 matrices' read of a 4-bit weight (gemm.py's TileLoad.words): row r's word holding K = k (past
+# the row: its last word, whose products meet zero rows), and the scale of the step from K = k0 (a
+# whole step of 32, in one scale group); $ROW defines r from column n (clamped to the product's)
 Q4_B_WORDS = """
-fn b_words$J(off: u32, n: u32, k0: u32) -> vec4<u32> {
+fn b_word$J(off: u32, n: u32, k: u32) -> u32 {
     $ROW
-    let at = r * q.wpr;
-    let w = k0 / 8u;
-    let last = q.wpr - 1u;
-    return vec4<u32>($WQ[at + min(w, last)], $WQ[at + min(w + 1u, last)], $WQ[at + min(w + 2u, last)], $WQ[at + min(w + 3u, last)]);
+    return $WQ[r * q.wpr + min(k / 8u, q.wpr - 1u)];
 }
 fn b_words_scale$J(n: u32, k0: u32) -> f32 {
     $ROW
