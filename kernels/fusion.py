@@ -116,6 +116,7 @@ from pte_wgpu.resize.values import NONE, IntList, Scalar, Tensor, ValueList
 from .attention.kv_cache_sdpa import tiled_shape
 from .attention.rope import ROPE_NAMES  # what the RoPE adds to a q/k/v group's bindings
 from .attention.sdpa import ATTENTION, ATTENTION_PACKED
+from .matmul.fused_linear import fused_operands
 from .matmul.linear import LINEAR_GELU
 from .matmul.qkv_rope import GROUPS as ROPE_GROUPS  # the q/k/v groups that take a RoPE
 from .matmul.routes import q4_splits_k
@@ -1263,8 +1264,7 @@ def _pair_rotary_rows(graph, uses, group_name, group_args, dim, rd):
     taken in that order at load (Constant.order). Only where every one is a constant that the
     group alone reads; returns whether it did."""
     values, q4 = graph.values, "q4_" in group_name
-    norm, per = group_name.startswith("pte_wgpu.rms_"), (2 if q4 else 1) + ("_bias_group" in group_name)
-    operands = group_args[(2 if q4 else 1) : (-4 if norm else -1)]
+    operands, per, _ = fused_operands(group_name, group_args)
     tensors, paired = [], []
     for product in (0, 1):
         mine = operands[product * per : (product + 1) * per]

@@ -353,12 +353,25 @@ class _Products:
         return gemv, m, k, ns
 
 
-def _norm_args(b, norm):
+def fused_operands(name, args):
+    """(operands, per, norm) of the fused products op `name` (a q/k/v group, SwiGLU's pair; float
+    or 4-bit, with biases or not, with an RMS norm or not) given its `args`: x (and a 4-bit one's
+    group size), each product's `per` operands (its weight, its 4-bit scales, its bias), then
+    with a norm its input, gamma and eps, then the output. `norm`: (norm input, gamma, eps's arg
+    index) or None."""
+    q4, normed = "q4_" in name, name.startswith("pte_wgpu.rms_")
+    per = (2 if q4 else 1) + ("_bias_group" in name)
+    operands = args[(2 if q4 else 1) : (-4 if normed else -1)]
+    return operands, per, (args[-4], args[-3], len(args) - 2) if normed else None
+
+
+def _norm_args(b):
     """(weights, GEMV bindings before the weights, after them, eps) of a fused op's args."""
-    if not norm:
-        return b.args[1:-1], [b.args[0]], [], 0.0
-    x, gamma = b.args[-4:-2]
-    return b.args[1:-4], [x], [gamma], float(b.scalar(len(b.args) - 2, 1e-6))
+    operands, _, norm = fused_operands(b.name, b.args)
+    if norm is None:
+        return operands, [b.args[0]], [], 0.0
+    x, gamma, eps = norm
+    return operands, [x], [gamma], float(b.scalar(eps, 1e-6))
 
 
 @op("pte_wgpu.linear_group", "pte_wgpu.rms_linear_group", "pte_wgpu.linear_bias_group", "pte_wgpu.rms_linear_bias_group", half=True)
@@ -369,9 +382,8 @@ def linear_group(b):
 def linear_group_routes(b, rope=None):
     """Record the op's routes; returns its hook, which returns whether a kernel's epilogue took
     `rope` (a GPU's GEMV or subgroup kernel took the rows)."""
-    norm = b.name.startswith("pte_wgpu.rms_")
-    biased = "_bias_group" in b.name
-    operands, head, tail, eps = _norm_args(b, norm)
+    operands, head, tail, eps = _norm_args(b)
+    biased = fused_operands(b.name, b.args)[1] == 2  # (weight, bias) a product
     weights, biases = (list(operands[0::2]), list(operands[1::2])) if biased else (operands, [])
     outs = b.graph.values[b.out].items
     _check_float(b, range(1 + len(operands)))
@@ -398,8 +410,7 @@ def linear_group_routes(b, rope=None):
 
 @op("pte_wgpu.linear_silu_mul", "pte_wgpu.rms_linear_silu_mul", half=True)
 def linear_silu_mul(b):
-    norm = b.name.startswith("pte_wgpu.rms_")
-    (w_gate, w_up), head, tail, eps = _norm_args(b, norm)
+    (w_gate, w_up), head, tail, eps = _norm_args(b)
     out, gate, up = b.graph.values[b.out].items
     _check_float(b, range(3))
     kind, gpu_sg = _kind(b, (w_gate, w_up))  # the GEMV variant (kernels/variants.py)

@@ -45,7 +45,7 @@ from ..attention.rope import rope_bindings, rope_store
 from ..registry import op
 from ..variants import CPU
 from ..wgsl import Int8Rows, binding_type, fill, flat_grid, rounded, row_groups_grid, vec4_loader, vec4_type
-from .fused_linear import _RMS, SILU, swiglu_elementwise
+from .fused_linear import _RMS, SILU, fused_operands, swiglu_elementwise
 from .gemm import (
     PARAMS_SIZE,
     SMALL_TILE,
@@ -300,12 +300,10 @@ class _Fused:
 
     def __init__(self, b, swiglu, rope=None):
         self.b, self.swiglu, self.rope = b, swiglu, rope
-        self.norm = b.name.startswith("pte_wgpu.rms_")
-        self.biased = "_bias_group" in b.name
         args = b.args
-        operands = args[2:-4] if self.norm else args[2:-1]
+        operands, per, norm = fused_operands(b.name, args)  # (weight, scales[, bias]) a product
+        self.norm, self.biased = norm is not None, per == 3
         self.x, gs = args[0], b.scalar(1)
-        per = 3 if self.biased else 2  # (weight, scales[, bias]) a product
         self.operands = [tuple(operands[i : i + per]) for i in range(0, len(operands), per)]
         self.products = [(w, s) for w, s, *_ in self.operands]
         self.biases = [t[2] for t in self.operands] if self.biased else [None] * len(self.operands)
@@ -314,8 +312,8 @@ class _Fused:
             b.fail("the fused products must share K, the scale groups and the group size")
         items = list(b.graph.values[b.out].items)
         self.outs, self.stored = (items[:1], items[1:]) if swiglu else (items, items)
-        x_pre, gamma = (args[-4], args[-3]) if self.norm else (self.x, None)
-        self.eps = float(b.scalar(len(args) - 2, 1e-6)) if self.norm else 0.0
+        x_pre, gamma, eps = norm or (self.x, None, None)
+        self.eps = float(b.scalar(eps, 1e-6)) if self.norm else 0.0
         x_type, k = q4_input(b, self.x)  # k: the most K the inputs take
         self.k = k
         floats = [*(s for _, s in self.products), *items] + ([x_pre, gamma] if self.norm else []) + (self.biases if self.biased else [])
