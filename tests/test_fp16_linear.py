@@ -439,14 +439,16 @@ def test_4bit_words_become_halves_as_eager_rounds_them():
 def test_f16_matrix_tiles_read_halves_as_stored():
     """The f16 matrices' loads (no GPU needed): f16 operands of K whole quads have the halves
     readers, f32 ones or K of other shapes none; 4-bit weights of f16 rows (not of int8 ones: the
-    int8 matrices') have them too, rounding the f32 dequantization to halves. A column group of
+    int8 matrices') have them too, rounding the f32 dequantization to halves (or, in groups of 32,
+    reading them a word at a time, no quad packers). A column group of
     whole-tile weights (all but the last) runs one K loop a weight, each reading its weight alone,
     others one loop picking per column; 4-bit groups (the fused products' GEMM) alike."""
     assert gemm.weight_load("f16", "f16", 268).halves_functions and not gemm.weight_load("f16", "f16", 267).halves_functions
     assert not gemm.weight_load("f32", "f32", 268).halves_functions and not gemm.weight_load("f32", "f16", 268).halves_functions
     half, single = q4_linear.Storage("f16", "f16", "f16", "f16", "f16"), q4_linear.Storage()
-    assert "pack2x16float(w.xy)" in q4_linear.q4_load(False, False, 32, 96, half).halves_functions
-    assert q4_linear.q4_load(False, False, 32, 96, half).words and not q4_linear.q4_load(False, False, 24, 96, half).words
+    words, quads = q4_linear.q4_load(False, False, 32, 96, half), q4_linear.q4_load(False, False, 24, 96, half)
+    assert "pack2x16float(w.xy)" in quads.halves_functions and not quads.words  # groups not whole steps: quads packed
+    assert words.words and "fn b_word(" in words.halves_functions and "pack2x16float" not in words.halves_functions
     assert not q4_linear.q4_load(False, False, 32, 96, q4_linear.Storage("f16", "f16", "f32", "f16", "f16")).words  # f32 scales: by quads
     assert not any(q4_linear.q4_load(dq8, False, 32, k, t).halves_functions for dq8, k, t in ((True, 96, half), (False, 98, half), (False, 96, single)))
     tile = gemm.MATRIX_TILE.bn

@@ -130,11 +130,11 @@ def matrix_body(shape, weight_ends=(), words=False):
                  for j in range(tn)]
     products += [f"            c{i}_{j} = subgroupMatrixMultiplyAccumulate(l{i}, r{j}, c{i}_{j});" for i, j in tiles]
 
-    def loop(b_read):
+    def loop(suffix):  # the K loop reading B through its readers of that suffix ("_j": weight j's alone)
         first, next_, keep = [], [], []
-        sides = [("a", "a_k_halves", "aoff", "m0", a_loads, bm * ROW)] + ([] if words else [("b", b_read, "boff", "n0", b_loads, bn * ROW)])
+        sides = [("a", "a_k_halves", "aoff", "m0", a_loads, bm * ROW)] + ([] if words else [("b", f"b_k_halves{suffix}", "boff", "n0", b_loads, bn * ROW)])
         for i in range(4 * b_columns if words else 0):  # a word of a column's step an invocation, a column's 4 side by side
-            v, suffix = f"({i}u * {threads}u + li)", b_read[len("b_k_halves"):]
+            v = f"({i}u * {threads}u + li)"
             for reads, k in ((first, "kbeg"), (next_, f"k0 + {STEP}u")):
                 word = f"b_word{suffix}(boff, n0 + {v} / 4u, {k} + 8u * ({v} % 4u))"
                 scale = f"b_words_scale{suffix}(n0 + {v} / 4u, {k})"
@@ -153,10 +153,10 @@ def matrix_body(shape, weight_ends=(), words=False):
                     PRODUCTS="\n".join(products))
 
     if weight_ends:
-        branches = [f"if (n0 < {e}u) {{\n{loop(f'b_k_halves_{j}')}\n    }}" for j, e in enumerate(weight_ends[:-1])]
-        loops = "    " + " else ".join([*branches, f"{{\n{loop(f'b_k_halves_{len(weight_ends) - 1}')}\n    }}"])
+        branches = [f"if (n0 < {e}u) {{\n{loop(f'_{j}')}\n    }}" for j, e in enumerate(weight_ends[:-1])]
+        loops = "    " + " else ".join([*branches, f"{{\n{loop(f'_{len(weight_ends) - 1}')}\n    }}"])
     else:
-        loops = loop("b_k_halves")
+        loops = loop("")
     stores = [fill(STORE_MATRIX, I=i, J=j, I16=16 * i, J16=16 * j) for i, j in tiles]
     return fill(
         MAIN, ORIGIN=fill(TILE_ORIGIN, BM=bm, BN=bn), A_HALVES=2 * bm * ROW, B_HALVES=2 * bn * ROW, SUMS=256 * sgm * sgn, BM=bm, BN=bn, ROW=ROW, THREADS=threads, SGN=sgn,

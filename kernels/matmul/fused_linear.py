@@ -366,12 +366,13 @@ def fused_operands(name, args):
 
 
 def _norm_args(b):
-    """(weights, GEMV bindings before the weights, after them, eps) of a fused op's args."""
-    operands, _, norm = fused_operands(b.name, b.args)
+    """(operands, per, GEMV bindings before the operands, after them, eps) of a fused op's args
+    (fused_operands' operands and per)."""
+    operands, per, norm = fused_operands(b.name, b.args)
     if norm is None:
-        return operands, [b.args[0]], [], 0.0
+        return operands, per, [b.args[0]], [], 0.0
     x, gamma, eps = norm
-    return operands, [x], [gamma], float(b.scalar(eps, 1e-6))
+    return operands, per, [x], [gamma], float(b.scalar(eps, 1e-6))
 
 
 @op("pte_wgpu.linear_group", "pte_wgpu.rms_linear_group", "pte_wgpu.linear_bias_group", "pte_wgpu.rms_linear_bias_group", half=True)
@@ -382,8 +383,8 @@ def linear_group(b):
 def linear_group_routes(b, rope=None):
     """Record the op's routes; returns its hook, which returns whether a kernel's epilogue took
     `rope` (a GPU's GEMV or subgroup kernel took the rows)."""
-    operands, head, tail, eps = _norm_args(b)
-    biased = fused_operands(b.name, b.args)[1] == 2  # (weight, bias) a product
+    operands, per, head, tail, eps = _norm_args(b)
+    biased = per == 2  # (weight, bias) a product
     weights, biases = (list(operands[0::2]), list(operands[1::2])) if biased else (operands, [])
     outs = b.graph.values[b.out].items
     _check_float(b, range(1 + len(operands)))
@@ -410,7 +411,7 @@ def linear_group_routes(b, rope=None):
 
 @op("pte_wgpu.linear_silu_mul", "pte_wgpu.rms_linear_silu_mul", half=True)
 def linear_silu_mul(b):
-    (w_gate, w_up), head, tail, eps = _norm_args(b)
+    (w_gate, w_up), _, head, tail, eps = _norm_args(b)
     out, gate, up = b.graph.values[b.out].items
     _check_float(b, range(3))
     kind, gpu_sg = _kind(b, (w_gate, w_up))  # the GEMV variant (kernels/variants.py)

@@ -250,8 +250,9 @@ def dequantized_halves(a_binding, weights=1):
     """The end of TileLoad.halves_functions (after the WGSL defining b_k_quad, and with `weights` >
     1, a column group's whole-tile weights, matrix_weights, b_k_quad_j, weight j's alone) of a load
     whose B quads are dequantized in f32 and whose A, binding `a_binding`, is f16 read 4 of K a
-    load: a_k_halves as stored, b_k_halves (b_k_halves_j) packing b_k_quad's (b_k_quad_j's)."""
-    packed = [""] + ([f"_{j}" for j in range(weights)] if weights > 1 else [])
+    load: a_k_halves as stored, b_k_halves (b_k_halves_j) packing b_k_quad's (b_k_quad_j's); with
+    `weights` 0 a_k_halves alone (a load whose tiles read B a word at a time, TileLoad.words)."""
+    packed = ([""] if weights else []) + ([f"_{j}" for j in range(weights)] if weights > 1 else [])
     return halves_loader(a_binding) + quad_form(FLOAT_A_K_QUAD, "halves", A=a_binding) + "".join(fill(PACKED_B_K_HALVES, J=j) for j in packed)
 
 
@@ -824,9 +825,9 @@ class GemmRoute:
             tiles = [TILE, *([SMALL_TILE] if small else []), *([MID_TILE] if not load.setup and b.adapter != CPU else [])]
             tiles += [BIG_TILE] if can_take_big_tile(most) and not load.setup else []
             tiles += [WIDE_ROW_TILE] if load.dequantizes and not load.setup and b.adapter != CPU and takes_wide_row_tile(TILE.bm, *most) else []
-            if matrices:  # (dequantized 4-bit weights read 4 of K a read: prompts over weights widened to f16 first, below)
-                tiles += [SHORT_DECODE_MATRIX_TILE] if load.dequantizes else []
-                tiles += [MATRIX_TILE, DECODE_MATRIX_TILE] if load.words or not load.dequantizes else [DECODE_MATRIX_TILE]
+            if matrices:  # (4-bit weights read 4 of K a read: prompts over the weights widened to f16 first, below)
+                tiles += [DECODE_MATRIX_TILE] + ([SHORT_DECODE_MATRIX_TILE] if load.dequantizes else [])
+                tiles += [MATRIX_TILE] if load.words or not load.dequantizes else []
         self.tiles = {tile: b.dispatch(shader(tile), bindings) for tile in tiles}
         self.dequantizes, self.a_k_quads = load.dequantizes, load.a_k_quads
         # f16 weights (a WeightSource, not dequantized) of one product: a column group's (more_outs) load picks

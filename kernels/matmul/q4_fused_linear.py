@@ -195,10 +195,11 @@ def columns_load(ns, k, gs, types, rope=None):
     uniform = _uniform(count, rope)
     halves, whole = "", matrix_weights(ns)
     words = quads and q4_words(gs, types["x"], types["scales"])
-    if quads and types["x"] == "f16":
+    if quads and types["x"] == "f16" and not words:  # quads packed, each product's alone where each tile reads one
         alone = "".join(q4_b_k_quad(f"var w: vec4<f32>; {read(j, s)}", f"_{j}") for j, (s, _) in enumerate(ranges)) if whole else ""
         halves = b_functions + alone + dequantized_halves("x", count if whole else 1)
     if words:  # each product's words and scale, and unless each tile reads one product, the column's product's
+        halves = b_functions + dequantized_halves("x", 0)
         halves += "".join(q4_b_words(f"let r = min(n, p.N - 1u) - {s}u;", f"_{j}", f"wq{j}", f"wscale{j}") for j, (s, _) in enumerate(ranges))
         if not whole:
             def pick(fn, args):  # the body calling fn_j(args) of column n's product j

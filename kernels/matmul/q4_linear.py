@@ -768,8 +768,8 @@ def q4_load(dq8, zp_packed, gs, k, types=Storage()):
     x, a_functions = float_a_load(types.x, quads, "x")
     inputs = tuple(x if name == "x" else (name, t) for name, t in _operands(dq8, zp_packed, types))
     source = None if dq8 else WeightSource(types.x, inputs[1:], _dequant(False, False, gs) + q4_b_k_quad(), ((LIN_STRUCT, "q: Q"),))
-    halves = source.functions + dequantized_halves("x") if quads and types.x == "f16" else ""  # f16 rows: the f16 matrices' loads
-    words = bool(halves) and q4_words(gs, types.x, [types.ws])
+    words = quads and q4_words(gs, types.x, [types.ws])  # the f16 matrices' loads: a word at a time, or quads packed
+    halves = source.functions + dequantized_halves("x", 0 if words else 1) if quads and types.x == "f16" else ""
     return TileLoad(
         inputs=inputs,
         functions=_dequant(dq8, zp_packed, gs) + (DQ8_A_AT if dq8 else a_functions) + q4_b_k_quad(),
