@@ -59,11 +59,11 @@ async def bench_wgpu(path, args):
     out = {}
     most = max(32, *args.sessions)  # every session in one ragged pass
     phases = LoadPhases()
-    model = await ar.load(path, max_batch=most, progress=phases, precision=args.precision)
+    model = await ar.load(path, max_batch=most, progress=phases, precision=args.precision, batch_invariant=not args.batch_variant)
     out |= phases.rows()
     async with model, await ar.load(path, batch_submits=False, precision=args.precision) as unbatched:
         out["device"] = model.device_info.name
-        out["precision"], out["model_memory_bytes"] = model.precision, model.memory()
+        out["precision"], out["model_memory_bytes"], out["batch_invariant"] = model.precision, model.memory(), model.batch_invariant
         out["batching"], out["gpu_sampling"] = f"{model.batching} {model.batching_note}".strip(), model.gpu_sampling
         max_step = model.inputs[0].max_shape[1]
         context = ar.context_length(model)
@@ -369,6 +369,7 @@ def main(argv=None):
     p.add_argument("--generate-only", action="store_true", help="time only ar.generate, greedy against sampled")
     p.add_argument("--generate-tokens", type=int, default=128, help="new tokens a generation")
     p.add_argument("--precision", default="auto", choices=ar.PRECISIONS, help="load()'s precision")
+    p.add_argument("--batch-variant", action="store_true", help="load(batch_invariant=False): tensor cores for passes of fewer rows")
     p.add_argument("--json")
     args = p.parse_args(argv)
     args.sessions = [int(s) for s in args.sessions.split(",")]

@@ -2,13 +2,14 @@
 given): each dispatch in a timestamped pass of its own (async_runtime/tools/profile.py), summed by
 op, with its GB/s.
 
-    python examples/profile_ragged_decode.py model.pte [1,32,64] [--prompt 8] [--whole-steps] [--by-dispatch]
+    python examples/profile_ragged_decode.py model.pte [1,32,64] [--prompt 8] [--whole-steps] [--by-dispatch] [--batch-variant]
 
 Each session's prompt is `--prompt` tokens long (8 by default), so the decode passes attend to
 about that many keys. `--whole-steps` times the passes as they run unprofiled instead (GPU time
 from a pass's first dispatch to its last): per-dispatch passes inflate small dispatches and can
 rank kernel variants wrongly. `--by-dispatch` lists each dispatch of the passes in graph order
-(its median time over the passes, and a GEMM's tile) in place of the sums by op.
+(its median time over the passes, and a GEMM's tile) in place of the sums by op. `--batch-variant`
+loads the model with `batch_invariant=False`.
 """
 import re
 import sys
@@ -57,8 +58,8 @@ async def warm_up(sessions, pos, most, seconds=0.5):
     return pos
 
 
-async def main(path, row_counts, prompt, whole_steps, dispatches):
-    async with await ar.load(path, max_batch=max(row_counts)) as model:
+async def main(path, row_counts, prompt, whole_steps, dispatches, invariant):
+    async with await ar.load(path, max_batch=max(row_counts), batch_invariant=invariant) as model:
         prof = Profiler(model, units, whole_steps=whole_steps)
         runner = model._batcher.runner
         for rows in row_counts:
@@ -93,6 +94,6 @@ async def main(path, row_counts, prompt, whole_steps, dispatches):
 
 args = sys.argv[1:]
 prompt = int(args.pop(args.index("--prompt") + 1)) if "--prompt" in args else 8
-whole, dispatches = "--whole-steps" in args, "--by-dispatch" in args
-args = [a for a in args if a not in ("--prompt", "--whole-steps", "--by-dispatch")]
-anyio.run(main, args[0], [int(r) for r in (args[1] if len(args) > 1 else "1,32").split(",")], prompt, whole, dispatches)
+whole, dispatches, variant = "--whole-steps" in args, "--by-dispatch" in args, "--batch-variant" in args
+args = [a for a in args if a not in ("--prompt", "--whole-steps", "--by-dispatch", "--batch-variant")]
+anyio.run(main, args[0], [int(r) for r in (args[1] if len(args) > 1 else "1,32").split(",")], prompt, whole, dispatches, not variant)

@@ -67,7 +67,8 @@ class Dispatch:
 
 
 class OpBuilder:
-    def __init__(self, graph, name, args, adapter=GPU, subgroups=False, merge_apart=False, int8_matrices=False, half_sums=False, f16_matrices=False):
+    def __init__(self, graph, name, args, adapter=GPU, subgroups=False, merge_apart=False, int8_matrices=False, half_sums=False, f16_matrices=False,
+                 batch_invariant=True):
         self.graph, self.name, self.args = graph, name, args
         self.adapter = adapter  # the adapter class whose kernel variants to build (kernels/variants.py)
         self.subgroups = subgroups  # the device has WebGPU's "subgroup" feature: variants may use it
@@ -80,6 +81,9 @@ class OpBuilder:
         self.half_sums = half_sums
         # f16 products on subgroup matrices (kernels/matmul/f16_matrix.py's F16_MATRIX) may be built
         self.f16_matrices = f16_matrices
+        # a pass of up to routes.py's BITWISE_ROWS rows gives each row the bits it gets alone; without it
+        # 4-bit products of f16 rows may take f16 matrices from fewer rows (routes.py's q4_exact_rows)
+        self.batch_invariant = batch_invariant
         self._hook = None
         self._extra_writes = []
         self._extra_reads = []
@@ -195,7 +199,8 @@ class OpBuilder:
     def part(self, name, args):
         """A builder recording another op's routes as part of this one (a fused op): same graph,
         its writes this op's; its hook is not this op's (the caller runs it)."""
-        sub = OpBuilder(self.graph, name, args, self.adapter, self.subgroups, self.merge_apart, half_sums=self.half_sums, f16_matrices=self.f16_matrices)
+        sub = OpBuilder(self.graph, name, args, self.adapter, self.subgroups, self.merge_apart, half_sums=self.half_sums, f16_matrices=self.f16_matrices,
+                        batch_invariant=self.batch_invariant)
         sub._extra_writes = self._extra_writes
         return sub
 
@@ -207,17 +212,19 @@ class OpBuilder:
         self._hook = fn if not more else lambda ctx: [hook(ctx) for hook in (fn, *more)]
 
 
-def build_node(graph, name, args, adapter=GPU, subgroups=False, merge_apart=False, int8_matrices=False, half_sums=False, f16_matrices=False):
+def build_node(graph, name, args, adapter=GPU, subgroups=False, merge_apart=False, int8_matrices=False, half_sums=False, f16_matrices=False,
+               batch_invariant=True):
     """Build one op into `graph`, with the kernel variants of adapter class `adapter` (those that
     need subgroup operations only with `subgroups`, int8 subgroup matrices only with
     `int8_matrices`, f16 ones only with `f16_matrices`; merging workgroups' results in a dispatch of its own with `merge_apart`;
-    products of f16 operands summing in f16 within a K step with `half_sums`), and return its
+    products of f16 operands summing in f16 within a K step with `half_sums`; each row of a pass
+    of up to BITWISE_ROWS rows computed as alone unless not `batch_invariant`), and return its
     resize-plan `Node`."""
     fn = OPS[name]
     values = graph.values
     if not getattr(fn, "half", False) and any(values[t].dtype == "float16" for t in _tensors(values, args)):
         raise HalfUnsupported(f"{name} has no f16 kernel")
-    b = OpBuilder(graph, name, args, adapter, subgroups, merge_apart, int8_matrices, half_sums, f16_matrices)
+    b = OpBuilder(graph, name, args, adapter, subgroups, merge_apart, int8_matrices, half_sums, f16_matrices, batch_invariant)
     fn(b)
     if b._hook is None:
         raise RuntimeError(f"{name} registered no resize hook")

@@ -185,10 +185,18 @@ async def test_batching_options_are_checked(llama, option):
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("variant, kernels", [("fp32", None), ("8da4w", None), ("8da4w", "gpu")])
-async def test_concurrent_sessions_get_what_they_get_alone(llama, variant, kernels, monkeypatch):
+async def test_batch_invariant_is_a_bool(llama):
+    with pytest.raises(ValueError, match="batch_invariant must be True or False, got 'no'"):
+        await ar.load(llama["fp32"], batch_invariant="no")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("variant, kernels, invariant", [("fp32", None, True), ("8da4w", None, True), ("8da4w", "gpu", True), ("fp32", "gpu", False)])
+async def test_concurrent_sessions_get_what_they_get_alone(llama, variant, kernels, invariant, monkeypatch):
     """With the GPU variants too (on lavapipe: 8da4w's one-row GEMVs normalizing the row for the
-    norm after them, test_one_row_passes_normalize_in_the_residual_products)."""
+    norm after them, test_one_row_passes_normalize_in_the_residual_products). A model loaded with
+    batch_invariant=False that has no 4-bit products of f16 rows on f16 matrices (here: none) stays
+    invariant (test_fp16_linear.py's batch-variant test: those products)."""
     if kernels:
         monkeypatch.setenv("PTE_WGPU_KERNELS", kernels)
     vocab = CONFIGS[variant]["vocab_size"]
@@ -198,7 +206,7 @@ async def test_concurrent_sessions_get_what_they_get_alone(llama, variant, kerne
     prompts = [rng.integers(0, vocab, n) for n, _ in plans]
     async with await ar.load(llama[variant], batch_submits=False) as ref:
         want = [await _alone(ref, p, d, BITWISE_ROWS) for p, (_, d) in zip(prompts, plans)]
-    async with await ar.load(llama[variant], max_batch=4, token_budget=BITWISE_ROWS) as model:
+    async with await ar.load(llama[variant], max_batch=4, token_budget=BITWISE_ROWS, batch_invariant=invariant) as model:
         got = [None] * len(plans)
         joined = [anyio.Event() for _ in plans]
 

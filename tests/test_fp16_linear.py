@@ -121,6 +121,8 @@ CASES = {
     "f16_q4_fused_matrix": (quantized(lambda: FusedLinears(96, 256, 128, 384).half(), "4w", 32), [(263, 96)], [0]),
     # ... and 4-bit weights of K = Q4_GEMM_MIN_K: on them from DECODE_MATRIX_MIN_ROWS rows (a ragged pass of decode rows)
     "f16_q4_k2048": (quantized(lambda: QLinear(2048, 76, True).half(), "4w", 32), [(41, 2048)], [0]),
+    # ... and the fused 4-bit products of K = Q4_GEMM_MIN_K, their RMS norms folded in (the q/k/v group, SwiGLU)
+    "f16_q4_norm_fused_wide": (quantized(lambda: NormedFusedLinears(2048, 96, 64, 256).half(), "4w", 32), [(41, 2048)], [0]),
 }
 SUBGROUP_CASES = ("f16_fused_k4", "f16_q4_k32", "f16_dq8")
 
@@ -159,7 +161,7 @@ async def test_fp16_products_match_eager_fp16(name, load_pte):
     model = await load_pte(data)
     assert model.precision == "f16", model.precision_note
     tol = (Q_ATOL, Q_RTOL) if name in ("f16_q4", "f16_dq8", "f16_q4_k32", "f16_fused", "f16_fused_k4", "f16_norm_fused_k8", "f16_norm_fused_bias_k8", "f16_norm_fused_wide",
-                                       "f16_fused_matrix", "f16_q4_fused_matrix", "f16_q4_k2048") else (ATOL, RTOL)
+                                       "f16_fused_matrix", "f16_q4_fused_matrix", "f16_q4_k2048", "f16_q4_norm_fused_wide") else (ATOL, RTOL)
     rng = np.random.default_rng(5)
     calls = [_inputs(name, m, rng) for m in _live_ms(name)]
     await assert_matches_eager(model, module, calls, atol=tol[0], rtol=tol[1])
@@ -394,6 +396,27 @@ async def test_fp16_prompts_take_f16_matrices(name, load_pte, kernel_variants):
         words = [d for d in matrices if "= b_words" in d.shader]  # ... or read a column's K step at a time (groups of 32)
         assert bool(widened) == (name == "f16_q4_widened" and m >= gemm.MATRIX_MIN_ROWS) and len(widened) <= len(matrices), (m, [d.op for d in live])
         assert bool(words) == (q4 and name != "f16_q4_widened" and m >= first), (m, [d.op for d in live])
+
+
+@pytest.mark.parametrize("name", ["f16_q4_k2048", "f16_q4_norm_fused_wide"])
+async def test_batch_variant_4bit_products_take_f16_matrices_past_8_rows(name, load_pte, kernel_variants):
+    """load(batch_invariant=False): 4-bit products of f16 rows and K >= Q4_GEMM_MIN_K (a plain
+    one; the q/k/v group and SwiGLU with their RMS norms folded in) take the f16 matrices past
+    BATCH_VARIANT_Q4_ROWS rows, where a batch-invariant load keeps the subgroup kernels to
+    BITWISE_ROWS; the norms then run where the fused kernels leave them, against eager fp16."""
+    data, module = _export(name)
+    model = await load_pte(data, batch_invariant=False)
+    if not model.f16_matrices or kernel_variants != "gpu":
+        pytest.skip(f"the GPU variants on a device with f16 subgroup matrices (here: {kernel_variants} variants, f16 matrices {model.f16_matrices})")
+    invariant = await load_pte(data)
+    rng = np.random.default_rng(13)
+    for m in (9, 1, 16, 8, 13, 2, 33):
+        inputs = _inputs(name, m, rng)
+        for loaded, first in ((model, R.BATCH_VARIANT_Q4_ROWS + 1), (invariant, gemm.DECODE_MATRIX_MIN_ROWS)):
+            await assert_matches_eager(loaded, module, [inputs], atol=Q_ATOL, rtol=Q_RTOL)
+            live = [d for i, d in enumerate(loaded.graph.dispatches) if all(loaded._default.state.grids[i])]
+            matrices = [d for d in live if "subgroup_matrix_left<f16" in (d.shader or "")]
+            assert bool(matrices) == (m >= first), (m, loaded.batch_invariant, [d.op for d in live])
 
 
 def test_4bit_words_become_halves_as_eager_rounds_them():

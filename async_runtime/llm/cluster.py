@@ -56,8 +56,8 @@ class ModelReplica:
     """One model on one adapter; `generate` streams `ADMITTED` as a tuple, then each list of
     `Piece`s as a list of tuples (one Ray item a burst)."""
 
-    async def __init__(self, pte, tokenizer, max_sessions, precision="auto"):
-        self.model = await load(pte, device=replica_adapter(), precision=precision)
+    async def __init__(self, pte, tokenizer, max_sessions, precision="auto", batch_invariant=True):
+        self.model = await load(pte, device=replica_adapter(), precision=precision, batch_invariant=batch_invariant)
         self.engine = LocalEngine(self.model, tokenizer, max_sessions, max_waiting=max_sessions)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self._reporting = asyncio.get_running_loop().create_task(self._report_to_ingress())  # Serve runs asyncio
@@ -235,12 +235,13 @@ class Ingress:
 
 
 def application(pte, tokenizer, *, replicas=1, min_replicas=1, max_replicas=None, use_gpus=None,
-                max_sessions=8, max_waiting=32, model_name="model", precision="auto", **app_options):
+                max_sessions=8, max_waiting=32, model_name="model", precision="auto", batch_invariant=True, **app_options):
     """The Ray Serve application: `serve.run(application(...), name=APP_NAME)`.
 
     `replicas` fixed, or autoscaling between `min_replicas` and `max_replicas`. `use_gpus`: one
     GPU per replica (default: when the cluster has GPUs), else one CPU (lavapipe). The `.pte` path
-    must exist on every node that runs a replica; `precision` is each replica's `load()`'s.
+    must exist on every node that runs a replica; `precision` and `batch_invariant` are each
+    replica's `load()`'s.
     `app_options` are `build_app`'s."""
     if use_gpus is None:
         use_gpus = ray.cluster_resources().get("GPU", 0) >= 1
@@ -257,7 +258,7 @@ def application(pte, tokenizer, *, replicas=1, min_replicas=1, max_replicas=None
         health_check_period_s=5,
         graceful_shutdown_timeout_s=5,
         **scaling,
-    ).bind(os.fspath(pte), tokenizer, max_sessions, precision)
+    ).bind(os.fspath(pte), tokenizer, max_sessions, precision, batch_invariant)
     ingress = serve.deployment(
         serve.ingress()(Ingress),
         name=Ingress.__name__,

@@ -124,7 +124,7 @@ def _serve(args):
     from ..llm.server import create_app, serve
 
     async def run():
-        async with await load(args.pte, precision=args.precision) as model:
+        async with await load(args.pte, precision=args.precision, batch_invariant=not args.batch_variant) as model:
             app = create_app(model, tokenizer, **options)
             print(f"serving {args.pte} on http://{args.host}:{args.port} ({model.device_info.name})")
             await serve(app, args.host, args.port)
@@ -141,7 +141,7 @@ def _serve_on_ray(args, tokenizer, options):
 
     ray.init(address=args.address)  # None starts a local cluster; "auto" joins this host's; "ray://..." a remote one
     serve.start(http_options={"host": args.host, "port": args.port})
-    app = application(os.path.abspath(args.pte), tokenizer, replicas=args.replicas or 1, precision=args.precision,
+    app = application(os.path.abspath(args.pte), tokenizer, replicas=args.replicas or 1, precision=args.precision, batch_invariant=not args.batch_variant,
                       min_replicas=args.min_replicas, max_replicas=args.max_replicas, **options)
     print(f"serving {args.pte} on http://{args.host}:{args.port} with Ray Serve "
           f"({args.replicas or f'{args.min_replicas}-{args.max_replicas}'} replicas)")
@@ -166,6 +166,8 @@ def main(argv=None):
     p.add_argument("--max-waiting", type=int, default=32, help="requests waiting for a slot; past it, 429")
     p.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
     p.add_argument("--precision", choices=PRECISIONS, default="auto", help="load()'s: f16-sums lets an fp16 export's tiled products sum in f16")
+    p.add_argument("--batch-variant", action="store_true",
+                   help="load(batch_invariant=False): tensor cores for passes of 9-16 rows; a request's tokens may then depend on the others'")
     p.add_argument("--api-key", default=os.environ.get("PTE_WGPU_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1/ (default: $PTE_WGPU_API_KEY)")
     p.add_argument("--no-auth", action="store_true", help="serve beyond loopback without an API key")

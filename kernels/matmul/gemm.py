@@ -805,8 +805,9 @@ class GemmRoute:
     over 4-bit weights of f16 rows where the device has f16 matrices, the f16 weights' on them."""
 
     def __init__(self, b, load, inputs, bias, out, params, scratch, extra=(), extra_wgsl="", clamp=None, residual=False, store=None,
-                 more_outs=(), small=False, most=(0, 0), activation=None, added=None, tiles=None):
+                 more_outs=(), small=False, most=(0, 0), activation=None, added=None, tiles=None, matrix_from=DECODE_MATRIX_MIN_ROWS):
         self.name = b.name
+        self.matrix_from = matrix_from  # the fewest rows SHORT_DECODE_MATRIX_TILE takes: those the subgroup kernels leave
         tail = [bias] if bias is not None else []
         last = [added] if added is not None else []
         epilogue = {"bias": b.storage(bias) if tail else "f32", "out": b.storage(out), "clamp": clamp, "residual": residual, "store": store,
@@ -861,7 +862,7 @@ class GemmRoute:
         return route if m >= rows and m * n * k >= work else self
 
     def tile(self, m, n, k):
-        if SHORT_DECODE_MATRIX_TILE in self.tiles and DECODE_MATRIX_MIN_ROWS <= m <= SHORT_DECODE_MATRIX_TILE.bm:
+        if SHORT_DECODE_MATRIX_TILE in self.tiles and self.matrix_from <= m <= SHORT_DECODE_MATRIX_TILE.bm:
             return SHORT_DECODE_MATRIX_TILE
         if DECODE_MATRIX_TILE in self.tiles and DECODE_MATRIX_MIN_ROWS <= m < MATRIX_MIN_ROWS:
             return DECODE_MATRIX_TILE

@@ -94,7 +94,7 @@ from .q4_linear import (
     sg_x_loader,
     sg_x_type,
 )
-from .routes import BITWISE_ROWS, Q4_SG_GPU, Q4_SG_GPU_ROWS, shape_for_rows
+from .routes import BITWISE_ROWS, Q4_SG_GPU, Q4_SG_GPU_ROWS, q4_exact_rows, shape_for_rows
 
 SUBGROUP, GEMV = "subgroup", "gemv"  # the fused kernel's algorithm (the module docstring)
 HEAD = ("M", "K", "wpr", "groups", "gs", "kw", "eps", "pad")  # then N and S a product
@@ -244,14 +244,15 @@ class _Columns:
         self.scratch = gemm_scratch(b, fused.stored, together=True, most=self.most)
         self.p = b.params(PARAMS_SIZE)
         self.gemm = GemmRoute(b, load, inputs, None, fused.stored[0], self.p, self.scratch, [fused.q], q_wgsl, store=column_store(self.ns),
-                              more_outs=fused.stored[1:], small=SMALL_TILE in fused.plain[0].gemm.tiles, most=self.most)
+                              more_outs=fused.stored[1:], small=SMALL_TILE in fused.plain[0].gemm.tiles, most=self.most,
+                              matrix_from=fused.plain[0].gemm.matrix_from)
         self.capacity = b.graph.values[self.scratch].dims[0]
 
     def plan(self, m, k):
         """(splits, kspan) every product alone takes for M x K in its GEMM, where they agree and
         the group's partial sums fit its scratch; else None."""
         plain = self.fused.plain
-        if any(q4_subgroup_shape(self.fused.b, product.shapes, m, k) for product in plain):
+        if any(q4_subgroup_shape(self.fused.b, product.shapes, m, k, product.exact_rows) for product in plain):
             return None  # a product alone takes a subgroup kernel there (CPU adapters)
         plans = {product.gemm.plan(m, n, k, 1) for n, product in zip(self.ns, plain)}
         if len(plans) != 1:
@@ -333,8 +334,8 @@ class _Fused:
         if cpu and steps:  # every row count
             sg = ((Q4_SG_GEMV[0], Q4_SG_GEMV[1] * len(self.ws)) if swiglu else Q4_SG_GEMV, Q4_SG_GEMM)
             self.routes, kinds, self.most = [], [(SUBGROUP, shape) for shape in sg], None
-        elif folds:  # the subgroup kernels for one row and more, to BITWISE_ROWS
-            self.routes, kinds, self.most = [], [(SUBGROUP, shape) for shape in gpu_sg], BITWISE_ROWS
+        elif folds:  # the subgroup kernels for one row and more, to q4_exact_rows
+            self.routes, kinds, self.most = [], [(SUBGROUP, shape) for shape in gpu_sg], q4_exact_rows(b, 8 * self.ws[0].wpr, self.x)
         else:  # the GEMV's rows, on GPUs past BITWISE_ROWS the subgroup kernel's where the plain op takes it
             routes = gemv_routes(self.ws[0].wpr)
             self.routes = gemv_routes_below(routes, BITWISE_ROWS) if gpu_sg else routes

@@ -96,6 +96,7 @@ from .routes import (
     Q4_SG_GPU_WIDE,
     Q4_SG_GPU_WIDE_SPLIT,
     gpu_gemv_rows,
+    q4_exact_rows,
     q4_splits_k,
     q4_wide,
     shape_for_rows,
@@ -844,14 +845,15 @@ def q4_every_row(shapes):
     return shapes in (Q4_SG_GPU_WIDE, Q4_SG_GPU_WIDE_SPLIT)
 
 
-def q4_subgroup_shape(b, shapes, m, k):
-    """The subgroup shape a product built with `shapes` takes for M x K, or None."""
+def q4_subgroup_shape(b, shapes, m, k, exact_rows=BITWISE_ROWS):
+    """The subgroup shape a product built with `shapes` takes for M x K, or None; `exact_rows`:
+    the most rows shapes of every row count take (routes.py's q4_exact_rows)."""
     if not shapes or k % Q4_SG_STEP or m < 1:
         return None
     if b.adapter == CPU:  # every row count
         first, last = 1, m
     else:
-        first, last = (1, BITWISE_ROWS) if q4_every_row(shapes) else Q4_SG_GPU_ROWS
+        first, last = (1, exact_rows) if q4_every_row(shapes) else Q4_SG_GPU_ROWS
     return shapes[shape_for_rows(shapes, m)] if first <= m <= last else None
 
 
@@ -1000,6 +1002,7 @@ class Q4Product:
         bound = [*operands, *tail, out, self.q]
         gpu = b.adapter != CPU  # GPUs: no subgroup kernel where a fused op's own kernel takes its rows
         self.shapes = () if gpu and not gemv else q4_subgroup_shapes(b, w, k_most)
+        self.exact_rows = q4_exact_rows(b, 8 * w.wpr, x)  # the subgroup kernels' rows where they take every count
         self.routes = gemv_routes(w.wpr, grouped=not dq8) if gemv else []
         if self.shapes and gpu:  # the subgroup kernels for every row the GEMV took, or past BITWISE_ROWS
             self.routes = [] if q4_every_row(self.shapes) else gemv_routes_below(self.routes, BITWISE_ROWS)
@@ -1019,7 +1022,7 @@ class Q4Product:
                 ending, more, norm_eps = norm_tail(b, norm, types.out, len(bound) + 1)
             b.reads(rows)
             for m in range(1, self.quantizing_rows + 1):
-                shape = q4_subgroup_shape(b, self.shapes, m, k_most)
+                shape = q4_subgroup_shape(b, self.shapes, m, k_most, self.exact_rows)
                 if shape in self.quantizing:
                     continue
                 if shape is not None:
@@ -1040,7 +1043,7 @@ class Q4Product:
         small = (q4_wide(8 * w.wpr) or w.n >= GEMV_T4_MIN_N) and b.adapter != CPU
         most = (w.n, 8 * w.wpr)
         self.gemm = GemmRoute(b, load, operands, bias, out, self.p, gemm_scratch(b, [out], most=most), [self.q], q_wgsl, residual=residual,
-                              small=small, most=most)
+                              small=small, most=most, matrix_from=self.exact_rows + 1)
         self.matrix = None  # the GEMM's rows on int8 subgroup matrices, where the device has them
         if dq8 and b.int8_matrices and int8_matrix.takes(w.gs, w.wpr):
             words = int8_matrix.words_scratch(b, x)
@@ -1072,7 +1075,7 @@ class Q4Product:
             self.b.fail(f"residual of shape {tuple(ctx.dims(self.bias))} for a product of {m} x {w.n}")
         if self.bias is not None and not self.residual and ctx.numel(self.bias) < w.n:
             self.b.fail(f"bias of {ctx.numel(self.bias)} elements for N={w.n}")
-        sg_shape = q4_subgroup_shape(self.b, self.shapes, m, k) if on else None
+        sg_shape = q4_subgroup_shape(self.b, self.shapes, m, k, self.exact_rows) if on else None
         use_gemv = on and m <= self.gemv_rows and sg_shape is None
         past_gemv = on and m > self.gemv_rows and sg_shape is None
         use_matrix = past_gemv and self.matrix is not None and k % int8_matrix.STEP == 0 and int8_matrix.wide_enough(m, w.n)

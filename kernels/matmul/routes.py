@@ -131,6 +131,22 @@ BITWISE_ROWS = SG_GPU_ROWS[0] - 1
 # profile: fp32 the GEMV 335 us at 32 rows, the GEMM 203 us at 64; 4-bit 494 against 233.
 GEMV_T4_MIN_N = 8192
 WIDE_GEMV_ROWS = BITWISE_ROWS
+# A model loaded with batch_invariant=False, on a device with f16 subgroup matrices, runs its
+# 4-bit products of f16 rows and q4_wide K in the GEMM's tensor-core tiles (gemm.py's
+# SHORT_DECODE_MATRIX_TILE) past this many rows, where the subgroup kernels take them to
+# BITWISE_ROWS: a row of such a pass then sums in another order than alone (its bits may differ).
+# H100, Dawn, Llama-3.2-1B 4w of f16 activations, greedy bursts, one call: 16 streams 3,311 ->
+# 4,945 tokens/s from 9 rows, 5,036 from 5, 5,130 from 2; 8 streams 2,660 on the subgroup kernels,
+# 2,638 on the tiles; 4 streams 1,949 / 1,295 (results/h100/batch_variant_rows/).
+BATCH_VARIANT_Q4_ROWS = 8
+
+
+def q4_exact_rows(b, k, rows):
+    """The most rows of a pass that a GPU's 4-bit subgroup kernels take (each row bitwise the row
+    alone), for weights of K = k over `rows` built by `b`: BITWISE_ROWS, or BATCH_VARIANT_Q4_ROWS
+    where `b` is not batch invariant, has f16 matrices, `rows` are f16 and K is q4_wide."""
+    variant = not b.batch_invariant and b.f16_matrices and b.storage(rows) == "f16" and q4_wide(k)
+    return BATCH_VARIANT_Q4_ROWS if variant else BITWISE_ROWS
 
 
 def gpu_gemv_rows(n, most=GEMV_MAX_ROWS):
@@ -216,11 +232,11 @@ def fused_norm_rows(b, k, tensors, q4=False):
     the kernel takes a workgroup barrier, which costs lavapipe more than the norm's own dispatch
     (SmolLM2 4w, one row: the fused SwiGLU 1.94 ms normalizing itself, 0.99 ms reading the rows,
     the norm 45 us; fp32 the same, BENCHMARKS.md). The GPUs' 4-bit subgroup kernels of q4_wide K
-    fold the norm in (Q4_SG_GPU_WIDE), to BITWISE_ROWS as well (several rows through one dispatch
+    fold the norm in (Q4_SG_GPU_WIDE), to q4_exact_rows' rows as well (several rows through one dispatch
     of their own, q4_fused_linear.py's _FoldNorm). Float ones of K >= FLOAT_GEMM_MIN_K
     on GPUs: none (float_norm_folds)."""
     if not (q4 or float_norm_folds(b, k)):
         return 0
     if subgroup_products(b, k, tensors):
-        return 0 if b.adapter == CPU else SG_GPU_ROWS[0] - 1
+        return 0 if b.adapter == CPU else q4_exact_rows(b, k, tensors[-1]) if q4 else BITWISE_ROWS
     return q4_gemv_rows(k) if q4 else GEMV_MAX_ROWS
