@@ -37,8 +37,8 @@ print('llama.cpp $1', {k: round(v) for k, v in sorted(rows.items())})"
 }
 for mg in $MODELS; do
   M=${mg%:*} G=${mg#*:}
-  [ -f /tmp/m/$M.pte ] || xz -T16 -dc $KIT/$M.pte.xz > /tmp/m/$M.pte
-  [ -f /tmp/m/$G.gguf ] || xz -dc $KIT/$G.gguf.xz > /tmp/m/$G.gguf
+  [ -s /tmp/m/$M.pte ] || xz -T16 -dc $KIT/$M.pte.xz > /tmp/m/$M.pte
+  [ -s /tmp/m/$G.gguf ] || xz -dc $KIT/$G.gguf.xz > /tmp/m/$G.gguf
   echo "== $M"
   [ "${PEER:-1}" = 1 ] && peer 1
   n=0
