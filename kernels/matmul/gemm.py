@@ -596,7 +596,9 @@ DECODE_MATRIX_TILE = Tile(matrix=(1, 4, 4, 2), split_target=128)
 # (results/h200/q4_f16_matrix_word_reads/). f16 weights
 # themselves (read 4 of K a read) lose with the 32-row tile: Llama-3.2-1B fp16, 24 / 32 streams
 # 5,676-5,722 / 7,381-7,445 -> 3,404-3,416 / 4,469-4,473; and read a column's step an invocation
-# as 4-bit words are, 0.75-0.87x at 24-64 streams and prompts (results/h100/q4_f16_matrix_decode_rows/).
+# as 4-bit words are, 0.75-0.87x at 24-64 streams and prompts (results/h100/q4_f16_matrix_decode_rows/). Its K
+# split toward 128 workgroups: toward 32 / 64 / 256 / 1,024, H100, Dawn, the 1B 4w of f16 activations loaded with
+# batch_invariant=False, 16 streams 4,954-5,004 -> 3,219 / 4,103 / 4,708 / 4,058 (results/h100/batch_variant_rows/).
 SHORT_DECODE_MATRIX_TILE = Tile(matrix=(1, 4, 2, 2), split_target=128)
 DECODE_MATRIX_MIN_ROWS = BITWISE_ROWS + 1  # past the subgroup kernels' (routes.py's float_subgroup_rows)
 
