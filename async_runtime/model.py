@@ -125,9 +125,9 @@ async def load(
     was chosen ("f16", "f16-sums" or "f32") and `model.precision_note` why f32.
     `batch_invariant=True` keeps each row of a pass of up to 16 rows (16 decode streams) bitwise
     what it gets alone, whatever the other rows; `False` lets a device with f16 tensor cores (Dawn
-    on NVIDIA) run a 4-bit export of f16 activations' products of more than 8 rows on them (1B
-    models and up): 16 streams about 1.5x faster, a stream's logits within rounding of, not
-    bitwise, what it gets alone."""
+    on NVIDIA) run the products of more than 8 rows on them (those of K >= 2,048: 1B models and up,
+    4w exports of f16 activations and fp16 exports): 16 streams 1.1-1.5x faster, a stream's
+    logits within rounding of, not bitwise, what it gets alone."""
     if not isinstance(batch_invariant, bool):
         raise ValueError(f"load(): batch_invariant must be True or False, got {batch_invariant!r}")
     if precision not in PRECISIONS:

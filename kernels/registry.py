@@ -82,7 +82,7 @@ class OpBuilder:
         # f16 products on subgroup matrices (kernels/matmul/f16_matrix.py's F16_MATRIX) may be built
         self.f16_matrices = f16_matrices
         # a pass of up to routes.py's BITWISE_ROWS rows gives each row the bits it gets alone; without it
-        # 4-bit products of f16 rows may take f16 matrices from fewer rows (routes.py's q4_exact_rows)
+        # products with f16 matrices take them from fewer rows (routes.py's exact_rows)
         self.batch_invariant = batch_invariant
         self._hook = None
         self._extra_writes = []

@@ -398,22 +398,24 @@ async def test_fp16_prompts_take_f16_matrices(name, load_pte, kernel_variants):
         assert bool(words) == (q4 and name != "f16_q4_widened" and m >= first), (m, [d.op for d in live])
 
 
-@pytest.mark.parametrize("name", ["f16_q4_k2048", "f16_q4_norm_fused_wide"])
-async def test_batch_variant_4bit_products_take_f16_matrices_past_8_rows(name, load_pte, kernel_variants):
-    """load(batch_invariant=False): 4-bit products of f16 rows and K >= Q4_GEMM_MIN_K (a plain
-    one; the q/k/v group and SwiGLU with their RMS norms folded in) take the f16 matrices past
-    BATCH_VARIANT_Q4_ROWS rows, where a batch-invariant load keeps the subgroup kernels to
-    BITWISE_ROWS; the norms then run where the fused kernels leave them, against eager fp16."""
+@pytest.mark.parametrize("name", ["f16_q4_k2048", "f16_q4_norm_fused_wide", "f16_linear_k2048", "f16_norm_fused_wide"])
+async def test_batch_variant_products_take_f16_matrices_past_8_rows(name, load_pte, kernel_variants):
+    """load(batch_invariant=False): products of f16 rows and K >= 2,048 by 4-bit weights (a plain
+    one; the q/k/v group and SwiGLU with their RMS norms folded in) or by f16 weights (a plain
+    one; the fused ones after their norms) take the f16 matrices past BATCH_VARIANT_ROWS rows,
+    where a batch-invariant load keeps the subgroup kernels and GEMVs to BITWISE_ROWS; the norms
+    then run where the fused kernels leave them, against eager fp16."""
     data, module = _export(name)
     model = await load_pte(data, batch_invariant=False)
     if not model.f16_matrices or kernel_variants != "gpu":
         pytest.skip(f"the GPU variants on a device with f16 subgroup matrices (here: {kernel_variants} variants, f16 matrices {model.f16_matrices})")
     invariant = await load_pte(data)
+    tol = Q_ATOL if "q4" in name or "fused" in name else ATOL
     rng = np.random.default_rng(13)
     for m in (9, 1, 16, 8, 13, 2, 33):
         inputs = _inputs(name, m, rng)
-        for loaded, first in ((model, R.BATCH_VARIANT_Q4_ROWS + 1), (invariant, gemm.DECODE_MATRIX_MIN_ROWS)):
-            await assert_matches_eager(loaded, module, [inputs], atol=Q_ATOL, rtol=Q_RTOL)
+        for loaded, first in ((model, R.BATCH_VARIANT_ROWS + 1), (invariant, gemm.DECODE_MATRIX_MIN_ROWS)):
+            await assert_matches_eager(loaded, module, [inputs], atol=tol, rtol=tol)
             live = [d for i, d in enumerate(loaded.graph.dispatches) if all(loaded._default.state.grids[i])]
             matrices = [d for d in live if "subgroup_matrix_left<f16" in (d.shader or "")]
             assert bool(matrices) == (m >= first), (m, loaded.batch_invariant, [d.op for d in live])

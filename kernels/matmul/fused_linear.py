@@ -51,7 +51,19 @@ from .linear import (
     weight_binding_type,
     wide_sg_shape,
 )
-from .routes import FLOAT_SG_GPU_WIDE, GEMV_MAX_ROWS, SG_GPU, SG_GPU_ROWS, f16_matrix_products, float_norm_folds, float_subgroup_rows, float_wide, shape_for_rows, subgroup_products
+from .routes import (
+    FLOAT_SG_GPU_WIDE,
+    GEMV_MAX_ROWS,
+    SG_GPU,
+    SG_GPU_ROWS,
+    exact_rows,
+    f16_matrix_products,
+    float_norm_folds,
+    float_subgroup_rows,
+    float_wide,
+    shape_for_rows,
+    subgroup_products,
+)
 
 SILU = "$G / (1.0 + exp(-$G)) * $U"  # of the gate $G and up $U: the same expression as pte_wgpu.silu_mul's
 # Input rows per GEMV workgroup: 4, not the plain GEMV's 8. With q/k/v or gate and up in one
@@ -152,7 +164,7 @@ class _Gemvs:
         else:
             shapes = (((GPU, (1, step)), (GPU, (GROUP_ROWS, step))) if kind == GPU else ((kind, (CPU_GROUP_ROWS, None)),)) + (((SUBGROUP, SG_GPU),) if gpu_sg else ())
         matrices = f16_matrix_products(b, k, [b.args[0], *after[0]])
-        self.most_rows = float_subgroup_rows(k, matrices) if gpu_sg else GEMV_MAX_ROWS  # more: the GEMM route
+        self.most_rows = float_subgroup_rows(k, matrices, exact_rows(b, matrices)) if gpu_sg else GEMV_MAX_ROWS  # more: the GEMM route
         self.dispatches = []
         for d_kind, shape in shapes:
             norm = bool(tail) and d_kind != SUBGROUP and float_norm_folds(b, k)

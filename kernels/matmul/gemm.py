@@ -35,7 +35,7 @@ from ..variants import CPU
 from ..wgsl import ERF, FLAT_INDEX, GELU, TILE_ORIGIN, WG, clamped, fill, flat_grid, rounded, vec4_loader, vec4_type
 from .f16_matrix import STEP as MATRIX_STEP
 from .f16_matrix import matrix_body, tile_size
-from .routes import BITWISE_ROWS, FLOAT_GEMM_MIN_K
+from .routes import BITWISE_ROWS, FLOAT_GEMM_MIN_K, exact_rows
 
 # The uniform, defined once: (name, WGSL type); struct.pack format follows from the type.
 FIELDS = (
@@ -807,9 +807,8 @@ class GemmRoute:
     over 4-bit weights of f16 rows where the device has f16 matrices, the f16 weights' on them."""
 
     def __init__(self, b, load, inputs, bias, out, params, scratch, extra=(), extra_wgsl="", clamp=None, residual=False, store=None,
-                 more_outs=(), small=False, most=(0, 0), activation=None, added=None, tiles=None, matrix_from=DECODE_MATRIX_MIN_ROWS):
+                 more_outs=(), small=False, most=(0, 0), activation=None, added=None, tiles=None):
         self.name = b.name
-        self.matrix_from = matrix_from  # the fewest rows SHORT_DECODE_MATRIX_TILE takes: those the subgroup kernels leave
         tail = [bias] if bias is not None else []
         last = [added] if added is not None else []
         epilogue = {"bias": b.storage(bias) if tail else "f32", "out": b.storage(out), "clamp": clamp, "residual": residual, "store": store,
@@ -824,6 +823,7 @@ class GemmRoute:
         halves = load.halves and b.half_sums and b.adapter != CPU
         shader = lambda tile: gemm_shader(load, bias is not None, extra_wgsl, tile=dataclasses.replace(tile, half=halves and tile in HALF_TILES), **epilogue)  # noqa: E731
         matrices = b.f16_matrices and bool(load.halves_functions) and not load.setup
+        self.matrix_from = exact_rows(b, matrices) + 1  # the fewest rows the decode rows' matrix tiles take: past the subgroup kernels'
         if tiles is None:
             tiles = [TILE, *([SMALL_TILE] if small else []), *([MID_TILE] if not load.setup and b.adapter != CPU else [])]
             tiles += [BIG_TILE] if can_take_big_tile(most) and not load.setup else []
@@ -866,7 +866,7 @@ class GemmRoute:
     def tile(self, m, n, k):
         if SHORT_DECODE_MATRIX_TILE in self.tiles and self.matrix_from <= m <= SHORT_DECODE_MATRIX_TILE.bm:
             return SHORT_DECODE_MATRIX_TILE
-        if DECODE_MATRIX_TILE in self.tiles and DECODE_MATRIX_MIN_ROWS <= m < MATRIX_MIN_ROWS:
+        if DECODE_MATRIX_TILE in self.tiles and self.matrix_from <= m < MATRIX_MIN_ROWS:
             return DECODE_MATRIX_TILE
         if SMALL_TILE in self.tiles and m <= SMALL_TILE.bm:
             return SMALL_TILE

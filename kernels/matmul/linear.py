@@ -29,7 +29,20 @@ from ..registry import op
 from ..variants import ANY, CPU, CPU_ONLY, GPU_ONLY, Routes, Variant
 from ..wgsl import GELU, SUBGROUP_BUILTINS, fill, is_float, vec4_loader, vec4_type
 from .gemm import PARAMS_FORMAT, PARAMS_SIZE, GemmRoute, added_binding, float_load, gemm_scratch, header, weight_load
-from .routes import FLOAT_SG_GPU_WIDE, GEMV_MAX_ROWS, GEMV_T4_MIN_N, SG_GPU, SG_GPU_ROWS, f16_matrix_products, float_subgroup_rows, float_wide, gpu_gemv_rows, shape_for_rows
+from .routes import (
+    BITWISE_ROWS,
+    FLOAT_SG_GPU_WIDE,
+    GEMV_MAX_ROWS,
+    GEMV_T4_MIN_N,
+    SG_GPU,
+    SG_GPU_ROWS,
+    exact_rows,
+    f16_matrix_products,
+    float_subgroup_rows,
+    float_wide,
+    gpu_gemv_rows,
+    shape_for_rows,
+)
 
 
 @dataclass(frozen=True)
@@ -553,6 +566,7 @@ class Product:
     b_bs: int
     transposed: bool
     f16_matrices: bool = False  # f16 rows and weights on a device whose GEMM takes them on f16 subgroup matrices
+    exact_rows: int = BITWISE_ROWS  # ... past these rows (routes.py's exact_rows)
 
     @property
     def empty(self):
@@ -565,7 +579,7 @@ class Product:
     @property
     def gpu_gemv(self):
         """The rows the GPU GEMVs take (gpu_gemv_rows; to float_subgroup_rows on f16 matrices)."""
-        return self.gemv and self.m <= min(gpu_gemv_rows(self.n), float_subgroup_rows(self.k, True) if self.f16_matrices else GEMV_MAX_ROWS)
+        return self.gemv and self.m <= min(gpu_gemv_rows(self.n), float_subgroup_rows(self.k, True, self.exact_rows) if self.f16_matrices else GEMV_MAX_ROWS)
 
     @property
     def vec4_rows(self):
@@ -576,14 +590,14 @@ class Product:
     def gpu_subgroup(self):
         """Rows a GPU's subgroup kernel takes: from SG_GPU_ROWS[0] to float_subgroup_rows(K) rows of
         an [N, K] weight of whole vec4 rows, narrower than an LM head (kernels/matmul/routes.py)."""
-        return self.vec4_rows and SG_GPU_ROWS[0] <= self.m <= float_subgroup_rows(self.k, self.f16_matrices) and self.n < GEMV_T4_MIN_N
+        return self.vec4_rows and SG_GPU_ROWS[0] <= self.m <= float_subgroup_rows(self.k, self.f16_matrices, self.exact_rows) and self.n < GEMV_T4_MIN_N
 
     @property
     def gpu_wide_subgroup(self):
         """The index of FLOAT_SG_GPU_WIDE's shape that takes rows of a weight of float_wide K, rows
         (and batches) of whole PACKED_F16s, narrower than an LM head; None past float_subgroup_rows
         or for other weights."""
-        if self.packed_f16 and float_wide(self.k) and 1 <= self.m <= float_subgroup_rows(self.k, self.f16_matrices) and self.n < GEMV_T4_MIN_N:
+        if self.packed_f16 and float_wide(self.k) and 1 <= self.m <= float_subgroup_rows(self.k, self.f16_matrices, self.exact_rows) and self.n < GEMV_T4_MIN_N:
             return shape_for_rows(FLOAT_SG_GPU_WIDE, self.m)
         return None
 
@@ -713,6 +727,7 @@ def add_matmul(b, a, bmat, bias, transposed_b, shape_fn, alpha=1.0, beta=1.0, re
     params = b.params(PARAMS_SIZE)
     routes = Routes(MATMUL_VARIANTS, b, Matmul(b, a, bmat, bias, params, transposed_b, activation, added))
     matrices = transposed_b and f16_matrix_products(b, b.graph.values[bmat].dims[-1], [a, bmat])
+    exact = exact_rows(b, matrices)
 
     def resize(ctx):
         batch, m, n, k, a_bs, b_bs, out_dims = shape_fn(ctx.dims(a), ctx.dims(bmat))
@@ -734,7 +749,7 @@ def add_matmul(b, a, bmat, bias, transposed_b, shape_fn, alpha=1.0, beta=1.0, re
                     raise ValueError(f"does not broadcast to {(m, n)}")
             except ValueError as e:
                 b.fail(f"bias of shape {tuple(bias_dims)}: {e}")
-        shape = Product(m, n, k, batch, b_bs, transposed_b, matrices)
+        shape = Product(m, n, k, batch, b_bs, transposed_b, matrices, exact)
         chosen = routes.set(ctx, shape)
         splits, kspan = routes.route("gemm").plan(m, n, k, batch) if chosen == "gemm" else (1, max(k, 1))
         fields = (m, n, k, batch, a_bs, b_bs, m * n, bias_bs, bias_sm, bias_sn, alpha, beta, splits, kspan)

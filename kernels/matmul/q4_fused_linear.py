@@ -244,8 +244,7 @@ class _Columns:
         self.scratch = gemm_scratch(b, fused.stored, together=True, most=self.most)
         self.p = b.params(PARAMS_SIZE)
         self.gemm = GemmRoute(b, load, inputs, None, fused.stored[0], self.p, self.scratch, [fused.q], q_wgsl, store=column_store(self.ns),
-                              more_outs=fused.stored[1:], small=SMALL_TILE in fused.plain[0].gemm.tiles, most=self.most,
-                              matrix_from=fused.plain[0].gemm.matrix_from)
+                              more_outs=fused.stored[1:], small=SMALL_TILE in fused.plain[0].gemm.tiles, most=self.most)
         self.capacity = b.graph.values[self.scratch].dims[0]
 
     def plan(self, m, k):

@@ -1043,7 +1043,7 @@ class Q4Product:
         small = (q4_wide(8 * w.wpr) or w.n >= GEMV_T4_MIN_N) and b.adapter != CPU
         most = (w.n, 8 * w.wpr)
         self.gemm = GemmRoute(b, load, operands, bias, out, self.p, gemm_scratch(b, [out], most=most), [self.q], q_wgsl, residual=residual,
-                              small=small, most=most, matrix_from=self.exact_rows + 1)
+                              small=small, most=most)
         self.matrix = None  # the GEMM's rows on int8 subgroup matrices, where the device has them
         if dq8 and b.int8_matrices and int8_matrix.takes(w.gs, w.wpr):
             words = int8_matrix.words_scratch(b, x)

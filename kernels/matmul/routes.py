@@ -131,22 +131,29 @@ BITWISE_ROWS = SG_GPU_ROWS[0] - 1
 # profile: fp32 the GEMV 335 us at 32 rows, the GEMM 203 us at 64; 4-bit 494 against 233.
 GEMV_T4_MIN_N = 8192
 WIDE_GEMV_ROWS = BITWISE_ROWS
-# A model loaded with batch_invariant=False, on a device with f16 subgroup matrices, runs its
-# 4-bit products of f16 rows and q4_wide K in the GEMM's tensor-core tiles (gemm.py's
-# SHORT_DECODE_MATRIX_TILE) past this many rows, where the subgroup kernels take them to
+# A model loaded with batch_invariant=False, on a device with f16 subgroup matrices, runs the
+# products that have them (4-bit weights of f16 rows and q4_wide K; f16 weights of K >=
+# FLOAT_GEMM_MIN_K) in the GEMM's tensor-core tiles (gemm.py's SHORT_DECODE_MATRIX_TILE,
+# DECODE_MATRIX_TILE) past this many rows, where the subgroup kernels and GEMVs take them to
 # BITWISE_ROWS: a row of such a pass then sums in another order than alone (its bits may differ).
 # H100, Dawn, Llama-3.2-1B 4w of f16 activations, greedy bursts, one call: 16 streams 3,311 ->
 # 4,945 tokens/s from 9 rows, 5,036 from 5, 5,130 from 2; 8 streams 2,660 on the subgroup kernels,
-# 2,638 on the tiles; 4 streams 1,949 / 1,295 (results/h100/batch_variant_rows/).
-BATCH_VARIANT_Q4_ROWS = 8
+# 2,638 on the tiles; 4 streams 1,949 / 1,295; Llama-3.2-1B fp16, 16 streams 3,444-3,490 ->
+# 3,856-3,938 (results/h100/batch_variant_rows/).
+BATCH_VARIANT_ROWS = 8
+
+
+def exact_rows(b, matrices):
+    """The most rows of a pass that a GPU's subgroup kernels and GEMVs take (each row bitwise the
+    row alone) for products built by `b` whose GEMM has f16 matrices past them (`matrices`):
+    BITWISE_ROWS, or BATCH_VARIANT_ROWS where `b` is not batch invariant."""
+    return BATCH_VARIANT_ROWS if matrices and not b.batch_invariant else BITWISE_ROWS
 
 
 def q4_exact_rows(b, k, rows):
-    """The most rows of a pass that a GPU's 4-bit subgroup kernels take (each row bitwise the row
-    alone), for weights of K = k over `rows` built by `b`: BITWISE_ROWS, or BATCH_VARIANT_Q4_ROWS
-    where `b` is not batch invariant, has f16 matrices, `rows` are f16 and K is q4_wide."""
-    variant = not b.batch_invariant and b.f16_matrices and b.storage(rows) == "f16" and q4_wide(k)
-    return BATCH_VARIANT_Q4_ROWS if variant else BITWISE_ROWS
+    """exact_rows of 4-bit weights of K = k over `rows`: f16 matrices take rows of f16 past the
+    subgroup kernels of q4_wide K."""
+    return exact_rows(b, b.f16_matrices and b.storage(rows) == "f16" and q4_wide(k))
 
 
 def gpu_gemv_rows(n, most=GEMV_MAX_ROWS):
@@ -187,15 +194,15 @@ def float_wide(k):
     return k >= FLOAT_GEMM_MIN_K and k % 8 == 0
 
 
-def float_subgroup_rows(k, matrices=False):
+def float_subgroup_rows(k, matrices=False, exact=BITWISE_ROWS):
     """The most rows a GPU's subgroup kernel (and GEMV) takes of a float weight of K = k (from
     SG_GPU_ROWS[0]); with `matrices` (f16 rows and weights on a device whose GEMM multiplies them
-    on f16 subgroup matrices, gemm.py's DECODE_MATRIX_TILE), BITWISE_ROWS of K >= FLOAT_GEMM_MIN_K:
+    on f16 subgroup matrices, gemm.py's DECODE_MATRIX_TILE), `exact` (exact_rows) of K >= FLOAT_GEMM_MIN_K:
     H200, Dawn, Llama-3.2-1B fp16, greedy bursts, 24 / 32 streams 3,917 / 4,620 -> 5,490 / 7,116
     tokens/s; with the tile from 33 rows only 3,820 / 4,538 (results/h200/kernel_choices/f16_matrix_decode_rows/)."""
     if k < FLOAT_GEMM_MIN_K:
         return SG_GPU_ROWS[1]
-    return BITWISE_ROWS if matrices else WIDE_K_SG_ROWS
+    return exact if matrices else WIDE_K_SG_ROWS
 
 
 def float_norm_folds(b, k):
