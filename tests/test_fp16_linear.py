@@ -119,7 +119,7 @@ CASES = {
     "f16_fused_matrix": (lambda: FusedLinears(68, 256, 128, 384).half(), [(263, 68)], [0]),
     # ... and so in 4 bits, read a K step of a column at a time (f16_q4_widened: a plain product, groups of 24, widened to f16 first)
     "f16_q4_fused_matrix": (quantized(lambda: FusedLinears(96, 256, 128, 384).half(), "4w", 32), [(263, 96)], [0]),
-    # ... and 4-bit weights of K = Q4_GEMM_MIN_K: on them from DECODE_MATRIX_MIN_ROWS rows (a ragged pass of decode rows)
+    # ... and 4-bit weights of K = Q4_GEMM_MIN_K: on them past BITWISE_ROWS rows (a ragged pass of decode rows)
     "f16_q4_k2048": (quantized(lambda: QLinear(2048, 76, True).half(), "4w", 32), [(41, 2048)], [0]),
     # ... and the fused 4-bit products of K = Q4_GEMM_MIN_K, their RMS norms folded in (the q/k/v group, SwiGLU)
     "f16_q4_norm_fused_wide": (quantized(lambda: NormedFusedLinears(2048, 96, 64, 256).half(), "4w", 32), [(41, 2048)], [0]),
@@ -371,8 +371,8 @@ async def test_fp16_prompts_take_f16_matrices(name, load_pte, kernel_variants):
     that are not whole steps, widened to f16 first), of MATRIX_MIN_ROWS rows or more, run on them
     (gemm.py's MATRIX_TILE: a plain linear with its bias, the q/k/v column group, the residual
     linears, SwiGLU's), and fewer rows in DECODE_MATRIX_TILE (a ragged pass of decode rows): f16
-    weights of K >= FLOAT_GEMM_MIN_K from DECODE_MATRIX_MIN_ROWS rows, 4-bit ones from the rows
-    their GEMM takes (past the GEMVs and subgroup kernels: DECODE_MATRIX_MIN_ROWS at K >=
+    weights of K >= FLOAT_GEMM_MIN_K past BITWISE_ROWS rows, 4-bit ones from the rows
+    their GEMM takes (past the GEMVs and subgroup kernels: BITWISE_ROWS at K >=
     Q4_GEMM_MIN_K), the tile's loads rounding each weight to f16; against eager fp16 as the other
     routes (f32 sums of the same halves), K split where the tiles are few. The GPU variants: the
     CPU ones take the subgroup kernels at every row count."""
@@ -384,7 +384,7 @@ async def test_fp16_prompts_take_f16_matrices(name, load_pte, kernel_variants):
     q4 = "q4" in name
     first = R.Q4_SG_GPU_ROWS[1] + 1 if q4 else max(gemm.MATRIX_MIN_ROWS, R.SG_GPU_ROWS[1] + 1)
     if name in ("f16_linear_k2048", "f16_norm_fused_wide", "f16_q4_k2048"):  # K = FLOAT_GEMM_MIN_K: decode rows
-        first = gemm.DECODE_MATRIX_MIN_ROWS
+        first = R.BITWISE_ROWS + 1
     rng = np.random.default_rng(11)
     for m in MATRIX_ROWS[name]:
         inputs = _inputs(name, m, rng)
@@ -414,7 +414,7 @@ async def test_batch_variant_products_take_f16_matrices_past_8_rows(name, load_p
     rng = np.random.default_rng(13)
     for m in (9, 1, 16, 8, 13, 2, 33):
         inputs = _inputs(name, m, rng)
-        for loaded, first in ((model, R.BATCH_VARIANT_ROWS + 1), (invariant, gemm.DECODE_MATRIX_MIN_ROWS)):
+        for loaded, first in ((model, R.BATCH_VARIANT_ROWS + 1), (invariant, R.BITWISE_ROWS + 1)):
             await assert_matches_eager(loaded, module, [inputs], atol=tol, rtol=tol)
             live = [d for i, d in enumerate(loaded.graph.dispatches) if all(loaded._default.state.grids[i])]
             matrices = [d for d in live if "subgroup_matrix_left<f16" in (d.shader or "")]

@@ -35,7 +35,7 @@ from ..variants import CPU
 from ..wgsl import ERF, FLAT_INDEX, GELU, TILE_ORIGIN, WG, clamped, fill, flat_grid, rounded, vec4_loader, vec4_type
 from .f16_matrix import STEP as MATRIX_STEP
 from .f16_matrix import matrix_body, tile_size
-from .routes import BITWISE_ROWS, FLOAT_GEMM_MIN_K, exact_rows
+from .routes import FLOAT_GEMM_MIN_K, exact_rows
 
 # The uniform, defined once: (name, WGSL type); struct.pack format follows from the type.
 FIELDS = (
@@ -568,8 +568,8 @@ HALF_TILES = (TILE, SMALL_TILE, MID_TILE)
 # weights of f16 rows: over the weights as stored (TileLoad.words) or widened to f16, HALF_WIDEN_MIN_ROWS).
 MATRIX_TILE = Tile(matrix=(2, 2, 4, 4))
 MATRIX_MIN_ROWS = 128
-# ... and products of DECODE_MATRIX_MIN_ROWS to MATRIX_MIN_ROWS - 1 rows (a ragged pass of decode
-# rows, a short prompt) in 64 x 128 tiles, four subgroups side by side along N, each 4 x 2 result
+# ... and products of fewer rows than that, past those the subgroup kernels and GEMVs take (GemmRoute's
+# matrix_from: routes.py's exact_rows; a ragged pass of decode rows, a short prompt) in 64 x 128 tiles, four subgroups side by side along N, each 4 x 2 result
 # matrices, K split toward 128 workgroups (a tile's loop runs on after a barrier a K step; more
 # splits only add the reduce's traffic). H200, Dawn, the template alone, Llama-3.2-1B fp16's
 # products at 64 / 33 rows, weights cycled past the L2 cache, each tile at its best K split, us:
@@ -600,7 +600,6 @@ DECODE_MATRIX_TILE = Tile(matrix=(1, 4, 4, 2), split_target=128)
 # split toward 128 workgroups: toward 32 / 64 / 256 / 1,024, H100, Dawn, the 1B 4w of f16 activations loaded with
 # batch_invariant=False, 16 streams 4,954-5,004 -> 3,219 / 4,103 / 4,708 / 4,058 (results/h100/batch_variant_rows/).
 SHORT_DECODE_MATRIX_TILE = Tile(matrix=(1, 4, 2, 2), split_target=128)
-DECODE_MATRIX_MIN_ROWS = BITWISE_ROWS + 1  # past the subgroup kernels' (routes.py's float_subgroup_rows)
 
 
 def takes_mid_tile(m, n, k_quads=False, f16_k=0):
