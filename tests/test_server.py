@@ -304,7 +304,8 @@ def test_the_cli_refuses_an_open_port_without_a_key(capsys, monkeypatch):
 
 
 def test_the_cli_loads_at_the_precision_it_is_given(capsys, monkeypatch):
-    """`serve --precision f16-sums` reaches load(); a precision load() has not is refused by name."""
+    """`serve --precision f16-sums` and `--batch-variant` reach load(); a precision load() has not
+    is refused by name."""
     from async_runtime.llm.tokenizer import Tokenizer
 
     asked = []
@@ -317,7 +318,9 @@ def test_the_cli_loads_at_the_precision_it_is_given(capsys, monkeypatch):
     monkeypatch.setattr(Tokenizer, "for_model", staticmethod(lambda pte: ByteTokenizer()))
     with pytest.raises(RuntimeError, match="loaded no further"):
         cli(["serve", "some.pte", "--precision", "f16-sums"])
-    assert asked == [{"precision": "f16-sums"}]
+    with pytest.raises(RuntimeError, match="loaded no further"):
+        cli(["serve", "some.pte", "--batch-variant"])
+    assert asked == [{"precision": "f16-sums", "batch_invariant": True}, {"precision": "auto", "batch_invariant": False}]
     with pytest.raises(SystemExit):
         cli(["serve", "some.pte", "--precision", "f16"])
     assert "invalid choice: 'f16'" in capsys.readouterr().err

@@ -568,9 +568,10 @@ HALF_TILES = (TILE, SMALL_TILE, MID_TILE)
 # weights of f16 rows: over the weights as stored (TileLoad.words) or widened to f16, HALF_WIDEN_MIN_ROWS).
 MATRIX_TILE = Tile(matrix=(2, 2, 4, 4))
 MATRIX_MIN_ROWS = 128
-# ... and products of fewer rows than that, past those the subgroup kernels and GEMVs take (GemmRoute's
-# matrix_from: routes.py's exact_rows; a ragged pass of decode rows, a short prompt) in 64 x 128 tiles, four subgroups side by side along N, each 4 x 2 result
-# matrices, K split toward 128 workgroups (a tile's loop runs on after a barrier a K step; more
+# ... and products of fewer rows than that, past those the subgroup kernels and GEMVs take
+# (GemmRoute's matrix_from: routes.py's exact_rows; a ragged pass of decode rows, a short prompt)
+# in 64 x 128 tiles, four subgroups side by side along N, each 4 x 2 result matrices, K split
+# toward 128 workgroups (a tile's loop runs on after a barrier a K step; more
 # splits only add the reduce's traffic). H200, Dawn, the template alone, Llama-3.2-1B fp16's
 # products at 64 / 33 rows, weights cycled past the L2 cache, each tile at its best K split, us:
 # MID_TILE, MATRIX_TILE, this: q/k/v 63 / 58, 47 / 43, 38 / 37; o 47 / 42, 66 / 61, 36 / 34;
