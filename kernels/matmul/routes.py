@@ -3,7 +3,9 @@ GEMM take over, on GPUs and on CPU adapters, and how many rows a fused linear no
 
 A route is chosen in the hook by the live row count M (kernels/variants.py): up to a route's rows
 its kernel runs, past them the next. What every route keeps: a pass of at most BITWISE_ROWS rows
-gives each row the bits it gets alone (a ragged pass of several sessions is bitwise each alone).
+gives each row the bits it gets alone (a ragged pass of several sessions is bitwise each alone),
+but for a model loaded with batch_invariant=False, whose products on f16 tensor cores keep it to
+exact_rows' rows.
 """
 
 from ..variants import CPU
