@@ -195,8 +195,8 @@ async def test_batch_invariant_is_a_bool(llama):
 async def test_concurrent_sessions_get_what_they_get_alone(llama, variant, kernels, invariant, monkeypatch):
     """With the GPU variants too (on lavapipe: 8da4w's one-row GEMVs normalizing the row for the
     norm after them, test_one_row_passes_normalize_in_the_residual_products). A model loaded with
-    batch_invariant=False that has no 4-bit products of f16 rows on f16 matrices (here: none) stays
-    invariant (test_fp16_linear.py's batch-variant test: those products)."""
+    batch_invariant=False that has no products on f16 matrices (here: none) stays invariant
+    (test_fp16_linear.py's batch-variant test: those products)."""
     if kernels:
         monkeypatch.setenv("PTE_WGPU_KERNELS", kernels)
     vocab = CONFIGS[variant]["vocab_size"]
