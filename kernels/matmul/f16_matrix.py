@@ -97,14 +97,22 @@ STORE_MATRIX = """    subgroupMatrixStore<row_major>(&sums, mine, c${I}_${J}, 16
 
 
 # A word of a 4-bit weight's column step (word V % 4 of the step's column V / 4: 8 nibbles, n - 8 the
-# weight before its scale) into halves: a nibble and the one 16 bits above it as the mantissas of
-# 1024 + n (f16 0x6400 | n), less 1032, times the f16 scale: exact but for the one rounding of the
-# product, as eager dequantizes (and as pack2x16float of the f32 product rounds).
+# weight before its scale) into halves: two neighbouring nibbles at a time, moved 16 bits apart, as the
+# mantissas of 1024 + n (f16 0x6400 | n), less 1032, times the f16 scale: exact but for the one
+# rounding of the product, as eager dequantizes (and as pack2x16float of the f32 product rounds).
+# The word's 8 halves go to the tile in order, where nibbles j and j + 4 paired (one shift a pair)
+# went to places 4 apart: H100, Dawn, Llama-3.2-1B 4w of f16 activations loaded with
+# batch_invariant=False, greedy bursts, rounds old / new / new / old in one call, 16 / 32 / 64
+# streams 5,055 / 9,556 / 14,832, 5,428 / 10,165 / 15,854, 5,435 / 10,189 / 15,845, 5,002 / 9,514 /
+# 14,723 tokens/s, prompts of 512 / 2,047 tokens 27,396-28,125 / 35,608-35,688 -> 34,441-34,846 /
+# 37,901-38,011 (results/h100/q4_word_halves_in_order/).
 B_WORD_KEEP = """    { let s = vec2<f16>(f16(${S})); let at = buf * ${B_BUF}u + (${V} / 4u) * ${ROW}u + 8u * (${V} % 4u); let w = ${W};
-      for (var j = 0u; j < 4u; j = j + 1u) {
-        let h = (bitcast<vec2<f16>>(((w >> (4u * j)) & 0x000F000Fu) | 0x64006400u) - vec2<f16>(1032.0h)) * s;
-        b_tile[at + j] = h.x; b_tile[at + 4u + j] = h.y;
-      } }"""
+      let h0 = (bitcast<vec2<f16>>((w & 0x0000000Fu) | ((w << 12u) & 0x000F0000u) | 0x64006400u) - vec2<f16>(1032.0h)) * s;
+      let h1 = (bitcast<vec2<f16>>(((w >> 8u) & 0x0000000Fu) | ((w << 4u) & 0x000F0000u) | 0x64006400u) - vec2<f16>(1032.0h)) * s;
+      let h2 = (bitcast<vec2<f16>>(((w >> 16u) & 0x0000000Fu) | ((w >> 4u) & 0x000F0000u) | 0x64006400u) - vec2<f16>(1032.0h)) * s;
+      let h3 = (bitcast<vec2<f16>>(((w >> 24u) & 0x0000000Fu) | ((w >> 12u) & 0x000F0000u) | 0x64006400u) - vec2<f16>(1032.0h)) * s;
+      b_tile[at] = h0.x; b_tile[at + 1u] = h0.y; b_tile[at + 2u] = h1.x; b_tile[at + 3u] = h1.y;
+      b_tile[at + 4u] = h2.x; b_tile[at + 5u] = h2.y; b_tile[at + 6u] = h3.x; b_tile[at + 7u] = h3.y; }"""
 
 
 def matrix_body(shape, weight_ends=(), words=False):
