@@ -25,7 +25,11 @@ from async_runtime.tools.profile import Profiler, enable_timestamp_normalization
 units = enable_timestamp_normalization()
 
 def gemm_tile(shader):
-    """"BM x BN, R x C an invocation" of a GEMM template's dispatch (kernels/matmul/gemm.py's Tile), else ""."""
+    """"BM x BN, R x C an invocation" of a GEMM template's dispatch (kernels/matmul/gemm.py's Tile),
+    "BM x BN on subgroup matrices" of its matrix tiles (kernels/matmul/f16_matrix.py), else ""."""
+    matrix = re.search(r"two buffers of \[(\d+) rows\].*\n.*two buffers of \[(\d+) columns\]", shader or "")
+    if matrix:
+        return f"{matrix[1]} x {matrix[2]} on subgroup matrices"
     size = re.search(r"@workgroup_size\(16, (\d+)\)", shader or "")
     accs = re.findall(r"var c(\d+)_\d+_(\d+) = vec4", shader or "")
     if "var<workgroup> As" not in (shader or "") or not size or not accs:
@@ -70,7 +74,7 @@ async def main(path, row_counts, prompt, whole_steps, dispatches, invariant):
             pos = await warm_up(sessions, prompt, min(64, ar.context_length(model) - prompt - 3))  # room for the 3 profiled steps
             runner.profiler = prof
             for k in range(3):
-                prof.label_next_step(f"rows{rows}")
+                prof.label_next_step(f"rows{rows}.")
                 async with anyio.create_task_group() as tg:
                     for s in sessions:
                         tg.start_soon(s.execute, np.array([[5]]), np.array([pos + k]))
@@ -79,7 +83,7 @@ async def main(path, row_counts, prompt, whole_steps, dispatches, invariant):
                 await s.aclose()
         await prof.collect()
         for rows in row_counts:
-            steps = prof.steps_labelled(f"rows{rows}")
+            steps = prof.steps_labelled(f"rows{rows}.")  # (the dot: "rows1" would take the steps of rows16 too)
             tab = prof.op_table(steps)
             tot = sum(r["total_us"] for r in tab) / len(steps)
             if whole_steps:
