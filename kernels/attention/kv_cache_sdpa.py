@@ -249,6 +249,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     let keys = $KEYS;  // causal: the row at absolute position P sees keys 0..P
     let seq = $SEQ;
 $KEY_RANGE
+    let used = (keys + span - 1u) / span;  // the splits the row's keys take; the rest leave, and the merge skips them
+$MERGE_DISPATCH
     // the cache row of this invocation's first key, asked for before q's loads so that its latency
     // overlaps theirs (a decode row's attention is latency-bound: one more dependent load cost an H100 ~3%)
     var kr = key_row(seq, k_begin + t);
@@ -257,7 +259,6 @@ $KEY_RANGE
         qs[t] = vec4<f32>(f32(q[i]), f32(q[i + 1u]), f32(q[i + 2u]), f32(q[i + 3u])) * p.scale;
     }
     workgroupBarrier();
-    let used = (keys + span - 1u) / span;  // the splits the row's keys take; the rest leave, and the merge skips them
     if (wid.z >= used) { return; }
     let g = t % ${G}u;  // this invocation's vec4 of dims in the weighted sum
     let sub = t / ${G}u;  // and its share of each chunk's keys
@@ -302,8 +303,9 @@ $FINISH
 """
 
 
-def split_vec4(dim, qg, key_range, merged, finish, **common):
-    """SPLIT_VEC4 for head dim `dim` and groups of `qg` query heads (q_group)."""
+def split_vec4(dim, qg, key_range, merged, finish, merge_dispatch="", **common):
+    """SPLIT_VEC4 for head dim `dim` and groups of `qg` query heads (q_group); `merge_dispatch`:
+    MERGE_DISPATCH where a second dispatch merges."""
     g, subs = dim // 4, CHUNK // (dim // 4)
     c = (lambda i: "") if qg == 1 else (lambda i: "." + "xyzw"[i])  # head i's component of an SV
 
@@ -325,6 +327,7 @@ def split_vec4(dim, qg, key_range, merged, finish, **common):
         KEY_RANGE=key_range,
         MERGED=merged,
         FINISH=finish,
+        MERGE_DISPATCH=merge_dispatch,
         ACC=per_head(lambda i, c, row: f"    var acc{i} = vec4<f32>(0.0);"),
         DOTS=dots if qg == 1 else f"SV({dots})",
         SUMS=per_head(lambda i, c, row: f"        var sum{i} = vec4<f32>(0.0);"),
@@ -439,7 +442,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 # dispatch, not two (a decode step's attention was 60 of its 216 dispatches). Each workgroup's
 # partial-state stores are ordered before its arrival by a storage barrier (device scope in naga's
 # SPIR-V), and the last one's loads after it by another. WGSL promises only workgroup scope; where
-# a compiler gives no more (`merge_apart`: Dawn's), a second dispatch merges (APART_MERGES). A row
+# a compiler gives no more (`merge_apart`: Dawn's), a second dispatch merges (MERGE_DISPATCH). A row
 # of up to 64 keys takes one split of 16: on an H100 the other 15 workgroups' stores, arrivals and
 # merged zeros took attention a layer from 19.7 to 28.3 us at one decode row.
 def _arrivals(first, apart):
@@ -458,11 +461,17 @@ $COUNTS$MERGE""",
 LAST_MERGES = """    if (last_to_arrive(t, s * p.hq + h, used)) {
         for (var i = 0u; i < ${QG}u; i = i + 1u) { merge(s, h + i, t, used); }
     }"""
-# Merged apart: the splits leave their states, and a second dispatch of the kernel with one split
-# (its workgroup computes split 0 again, then merges) merges them.
-APART_MERGES = """    storageBarrier();  // split 0, written again here, for the workgroup's other invocations
-    if (groups.z == 1u) {
-        for (var i = 0u; i < ${QG}u; i = i + 1u) { merge(s, h + i, t, used); }
+# Merged apart: the splits leave their states, and a second dispatch of the kernel with one
+# workgroup a (head group, row) merges them as soon as it knows the row's splits (a row of one split
+# wrote its result in the first), where it computed split 0 again first: the same bits, no slower
+# (H100, Dawn, Llama-3.2-1B 4w of f16 activations loaded with batch_invariant=False, greedy bursts
+# over 9-72 keys, rounds old / new / new / old in one call, one / 16 streams 811 / 5,276, 803 /
+# 5,471, 805 / 5,407, 754 / 5,398 tokens/s; results/h100/attention_merge_alone/).
+MERGE_DISPATCH = """    if (groups.z == 1u && p.splits > 1u) {  // the merge's dispatch
+        if (used > 1u) {
+            for (var i = 0u; i < ${QG}u; i = i + 1u) { merge(s, h + i, t, used); }
+        }
+        return;
     }"""
 
 
@@ -757,8 +766,8 @@ def _attention_shader(ragged, split=False, merges=False, dim=None, apart=False, 
     )
     if split and merges:
         merged = _arrivals(8 if ragged else 5, apart)
-        finish = fill(APART_MERGES if apart else LAST_MERGES, QG=qg)
-        return split_vec4(dim, qg, SPLIT_RANGE, merged, finish, **common)
+        finish, merge_dispatch = ("", fill(MERGE_DISPATCH, QG=qg)) if apart else (fill(LAST_MERGES, QG=qg), "")
+        return split_vec4(dim, qg, SPLIT_RANGE, merged, finish, merge_dispatch=merge_dispatch, **common)
     return fill(
         ATTENTION,
         KEY_RANGE=SPLIT_RANGE if split else WHOLE_RANGE,
