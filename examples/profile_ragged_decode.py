@@ -74,7 +74,7 @@ async def main(path, row_counts, prompt, whole_steps, dispatches, invariant):
             pos = await warm_up(sessions, prompt, min(64, ar.context_length(model) - prompt - 3))  # room for the 3 profiled steps
             runner.profiler = prof
             for k in range(3):
-                prof.label_next_step(f"rows{rows}.")
+                prof.label_next_step(f"rows{rows}")
                 async with anyio.create_task_group() as tg:
                     for s in sessions:
                         tg.start_soon(s.execute, np.array([[5]]), np.array([pos + k]))
@@ -83,7 +83,7 @@ async def main(path, row_counts, prompt, whole_steps, dispatches, invariant):
                 await s.aclose()
         await prof.collect()
         for rows in row_counts:
-            steps = prof.steps_labelled(f"rows{rows}.")  # (the dot: "rows1" would take the steps of rows16 too)
+            steps = prof.steps_labelled(f"rows{rows}")
             tab = prof.op_table(steps)
             tot = sum(r["total_us"] for r in tab) / len(steps)
             if whole_steps:

@@ -54,3 +54,4 @@ async def test_whole_steps_and_each_dispatch(load_pte):
     assert [(r["op"], r["count"]) for r in table] == [("step", 2)]
     assert 0 < min(e - b for *_, b, e in whole.records) / 1e3 < wall_us  # (ns) within the execute that ran it
     assert whole.steps_labelled("run") == {0, 1}
+    assert whole.steps_labelled("run 1") == {1} and not whole.steps_labelled("ru")  # whole words, not any prefix

@@ -191,8 +191,10 @@ class Profiler:
         ]
         return sorted(rows, key=lambda r: -r["total_us"])
 
-    def steps_labelled(self, prefix):
-        return {s for s, label in self.step_labels.items() if label.startswith(prefix)}
+    def steps_labelled(self, words):
+        """The steps whose label is `words` or starts with them and a space ("run" takes "run 0",
+        "rows1" does not take "rows16")."""
+        return {s for s, label in self.step_labels.items() if label == words or label.startswith(words + " ")}
 
     def chrome_trace(self):
         """Trace Event Format (Perfetto / chrome://tracing): one complete ("X") event per dispatch
