@@ -46,7 +46,9 @@ so attention skips its own cache update; where
 q, k and v are one group (float or 4-bit, normalizing or not) that only the RoPE reads (v also
 attention), the group takes the RoPE too (`pte_wgpu.linear_group_rope` and its forms,
 kernels/matmul/qkv_rope.py: on GPUs its GEMV rotates and stores in its epilogue), unless that
-kernel would bind more storage buffers than the device allows (Dawn's Vulkan adapters: 16). The
+kernel would bind more storage buffers than the device allows (Dawn's Vulkan adapters: 16). A 4-bit
+group whose products and rotated k nothing else reads (the ragged attention finds k and v in the
+caches) takes a lean epilogue that binds and stores neither: 16 for a normalizing group. The
 rotate-half RoPE (Qwen2.5's, Phi-4-mini's of part of each head) joins its group as `..._rope_hf`,
 q's and k's weight rows (scales, biases) laid out at load with each head's rotated dims d and
 d + rd / 2 side by side, so that its pairs meet in one invocation as the interleaved RoPE's do.
@@ -114,7 +116,7 @@ from collections import Counter
 from pte_wgpu.resize.values import NONE, IntList, Scalar, Tensor, ValueList
 
 from .attention.kv_cache_sdpa import tiled_shape
-from .attention.rope import ROPE_NAMES  # what the RoPE adds to a q/k/v group's bindings
+from .attention.rope import LEAN_UNBOUND, ROPE_NAMES  # what the RoPE adds to a q/k/v group's bindings
 from .attention.sdpa import ATTENTION, ATTENTION_PACKED
 from .matmul.fused_linear import fused_operands
 from .matmul.linear import LINEAR_GELU
@@ -1185,8 +1187,10 @@ def _outputs(values, args):
 def _fuse_rope_into_groups(graph, max_storage_buffers=None):
     """rope_into_cache(view(q), view(k), fcos, fsin, v', ...) right after (views between) the q/k/v
     group that computes q, k and v (v' that v or a view of it), q and k read by nothing else; where
-    the fused kernel's storage buffers (the group's tensors, its three outputs and the RoPE's) are
-    at most `max_storage_buffers`. The same for rope_hf_into_cache from table row 0, whose q and k
+    the fused kernel's storage buffers (the group's tensors but one of a norm's rows and input, its
+    three outputs and the RoPE's) are at most `max_storage_buffers`: 4 fewer where a 4-bit group's epilogue is lean (v and rotated k
+    read by nothing else but the ragged attention, which finds them in the caches: RopeEpilogue's
+    `lean`, the fused op's last arg). The same for rope_hf_into_cache from table row 0, whose q and k
     weights then have their rows paired (_pair_rotary_rows)."""
     f = _Linears(graph)
     calls, values, drop, fused = graph.calls, graph.values, set(), 0
@@ -1216,20 +1220,40 @@ def _fuse_rope_into_groups(graph, max_storage_buffers=None):
         ):
             continue
         group_name, group_args = calls[g]
-        bound = sum(isinstance(values[a], Tensor) for a in group_args[:-1]) + 3 + len(ROPE_NAMES)
+        oq, ok = values[out].items[:2]
+        lean = "q4_" in group_name and all(_read_by_cached_attention_alone(f, x, i) for x in (v_out, ok))
+        reads = sum(isinstance(values[a], Tensor) for a in group_args[:-1]) - (fused_operands(group_name, group_args)[2] is not None)  # the rows or their norm's input
+        bound = reads + 3 + len(ROPE_NAMES) - (LEAN_UNBOUND if lean else 0)
         if max_storage_buffers is not None and bound > max_storage_buffers:
             continue
         rd = values[fcos].dims[-1]  # the rotate-half RoPE's rotated dims of a head (its table's width)
         if hf and not (rd % 2 == 0 and rd <= dim and _pair_rotary_rows(graph, f.uses, group_name, group_args, dim, rd)):
             continue
-        oq, ok = values[out].items[:2]
         outs = f.new_list((q, k, v_out, oq, ok))
-        calls[g] = (group_name + ("_rope_hf" if hf else "_rope"), (*group_args[:-1], *tables, k_cache, v_cache, row_pos, row_seq, seq_blocks, outs))
+        values.append(Scalar(lean))
+        rope_args = (*tables, k_cache, v_cache, row_pos, row_seq, seq_blocks, len(values) - 1)
+        calls[g] = (group_name + ("_rope_hf" if hf else "_rope"), (*group_args[:-1], *rope_args, outs))
         drop.add(i)
         fused += 1
     f.rewrite({}, drop)
     _drop_dead_views(graph)
     return fused
+
+
+def _read_by_cached_attention_alone(f, vid, rope):
+    """Whether no call but the RoPE at `rope` reads `vid` or a view of it, bar
+    `pte_wgpu.ragged_sdpa_cached`'s k and v, which it finds in the caches instead."""
+    viewed = [vid]
+    while viewed:
+        x = viewed.pop()
+        for j, (name, args) in enumerate(f.calls):
+            if j == rope or x not in args[:-1]:
+                continue
+            if name in VIEWS and args[0] == x:
+                viewed.append(args[-1])
+            elif not (name == RAGGED_SDPA_CACHED and x not in (args[0], *args[3:-1])):
+                return False
+    return True
 
 
 def _fuse_norms_into_rope(graph):

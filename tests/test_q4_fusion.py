@@ -72,7 +72,7 @@ async def test_a_4w_llama_fuses_its_linears_bitwise(name, tmp_path_factory, load
         assert fused.precision == plain.precision == ("f16" if "shader-f16" in fused.device_info.features else "f32")
     layers = config["n_layers"]
     names = [n for n, _ in fused.graph.calls]
-    rope = fused.device_info.max_storage_buffers >= 20  # the group with the RoPE binds 20 storage buffers
+    rope = fused.device_info.max_storage_buffers >= 16  # the group with the RoPE binds 16 storage buffers (a lean epilogue)
     group = FUSED_OPS[0] if rope else FUSED_OPS[0].removesuffix("_rope")
     assert [names.count(op) for op in (group, *FUSED_OPS[1:])] == [layers, layers, 2 * layers]
     assert names.count("et_vk.linear_q4gsw.default") == 1  # the LM head

@@ -154,22 +154,34 @@ class RopeEpilogue:
     (as ROPE's p). With `hf`, the rotate-half RoPE of a head's first rd = 2 half dims (tables
     [rows, rd]) over q and k weights whose rows were paired at load (kernels/fusion.py's
     _pair_rotary_rows): the products' outputs 2i and 2i + 1 of a head are its dims i and
-    i + rd / 2 (i < rd / 2), the rest its dims from rd."""
+    i + rd / 2 (i < rd / 2), the rest its dims from rd. `lean`: nothing reads the products or
+    rotated k after (the ragged pass's attention finds k and v in the caches), so the epilogue
+    writes rotated q and the caches alone, and binds neither the products nor rotated k (`values`
+    leave it out; `types` name all 9): 4 storage buffers fewer (LEAN_UNBOUND), which lets Dawn's
+    16 hold a normalizing 4-bit q/k/v group with its RoPE."""
 
     values: list
     types: list
     fields: tuple
     hf: bool = False
+    lean: bool = False
+
+    @property
+    def names(self):
+        """The names of `values`, the epilogue's bindings."""
+        return tuple(name for name in ROPE_NAMES if not (self.lean and name == "ok"))
 
 
 ROPE_NAMES = ("fcos", "fsin", "oq", "ok", "kc", "vc", "row_pos", "row_seq", "seq_blocks")
+LEAN_UNBOUND = 4  # the bindings a lean epilogue leaves out: the three products and rotated k
 
 
-def rope_bindings(first, types):
+def rope_bindings(first, rope):
     """The epilogue's bindings from `first`, and the paged caches' `cache_at`."""
+    types = dict(zip(ROPE_NAMES, rope.types))
     lines = [
-        f"@group(0) @binding({first + i}) var<storage, {'read_write' if name in ('oq', 'ok', 'kc', 'vc') else 'read'}> {name}: array<{t}>;"
-        for i, (name, t) in enumerate(zip(ROPE_NAMES, types))
+        f"@group(0) @binding({first + i}) var<storage, {'read_write' if name in ('oq', 'ok', 'kc', 'vc') else 'read'}> {name}: array<{types[name]}>;"
+        for i, name in enumerate(rope.names)
     ]
     return "\n" + "\n".join(lines) + cache_at("q")
 
@@ -180,7 +192,8 @@ def rope_store(j, row, t, rope, biased=False):
     the same values: the product, plus its bias where `biased` (bias{j}, as the plain linear adds
     it), rounded to its type `t`, then f32): q and k rotated with the other output of their pair
     (pair0), k and v also in the caches. The products themselves are stored too (every binding is
-    used: the pipeline's layout keeps them all)."""
+    used: the pipeline's layout keeps them all), unless the epilogue is `lean`, which stores rotated
+    q and the caches alone (k rounded to rotated k's type all the same)."""
     _, _, oq, ok, kc, vc, _, _, _ = rope.types
     row = f"let row = {row};"
     mine, other = (f"v0 + f32(bias{j}[n])", f"pair0 + f32(bias{j}[n ^ 1u])") if biased else ("v0", "pair0")
@@ -189,7 +202,8 @@ def rope_store(j, row, t, rope, biased=False):
         return f"if (row_seq[row] >= 0) {{ {name}[cache_at(row, {at})] = {value}; }}"
 
     if j == 2:
-        return f"{{ {row} let x = {t}({mine}); o2[row * q.N2 + n] = x; {cache('vc', f'{vc}(x)')} }}"
+        product = "" if rope.lean else "o2[row * q.N2 + n] = x; "
+        return f"{{ {row} let x = {t}({mine}); {product}{cache('vc', f'{vc}(x)')} }}"
     out, ot = (("oq", oq), ("ok", ok))[j]
     if rope.hf:  # output n is dim d of its head: 2i -> i, 2i + 1 -> i + rd / 2 below rd = 2 q.half (at: its place in q or k)
         rotate = (
@@ -207,7 +221,9 @@ def rope_store(j, row, t, rope, biased=False):
             "var y = ev * sn + od * c; if (even) { y = ev * c - od * sn; }"
         )
     stored = cache("kc", f"{kc}({ot}(y))", "at") if j == 1 else ""
-    return f"{{ {row} {rotate} o{j}[row * q.N{j} + n] = {t}({mine}); {out}[row * q.N{j} + at] = {ot}(y); {stored} }}"
+    product = "" if rope.lean else f"o{j}[row * q.N{j} + n] = {t}({mine}); "
+    rotated = "" if rope.lean and j == 1 else f"{out}[row * q.N{j} + at] = {ot}(y); "
+    return f"{{ {row} {rotate} {product}{rotated}{stored} }}"
 
 
 # `et_vk.apply_rotary_emb_hf` (HuggingFace rotate-half): the first `rd` dims of each head rotate,

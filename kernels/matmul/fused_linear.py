@@ -124,7 +124,7 @@ def _group_shader(count, norm, kind, shape, types, rope=None, biased=False):
         body = _body(kind, shape, [f"w{j}"], f"q.N{j}", store, norm, types[0], partners=rotates)
         cond = f"if (wg0 < q.S{j + 1}) " if j + 1 < count else ""
         branches.append(f"{cond}{{\n    let wg = wg0 - q.S{j};\n    {body}\n    }}")
-    extra = rope_bindings(len(types) + 1, rope.types) if rotates else ""
+    extra = rope_bindings(len(types) + 1, rope) if rotates else ""
     biases = [f"bias{j}" for j in range(count)] if biased else []
     return _gemv_shader(fields, weights, outs, norm, " else ".join(branches), kind, shape, types, extra, biases)
 
@@ -403,6 +403,7 @@ def linear_group_routes(b, rope=None):
     kind, gpu_sg = _kind(b, weights)  # the GEMV variant (kernels/variants.py)
     q = b.params(4 * (3 + 2 * len(weights) + (4 if rope else 0)))
     epilogue = rope if kind == GPU else None  # a GPU's kernels rotate in their epilogue
+    assert not (rope and rope.lean), "a float group's epilogue stores its products (lean ones are 4-bit groups')"
     shader_of = lambda d_kind, shape, norm, types: _group_shader(len(weights), norm, d_kind, shape, types, epilogue, biased)  # noqa: E731
     gemvs = _Gemvs(b, kind, 1, shader_of, head, tail, (weights, [*biases, *outs, q]), gpu_sg, epilogue.values if epilogue else ())
     products = _Products(b, b.args[0], weights, outs, kind != SUBGROUP, gemvs.most_rows, biases)

@@ -3,7 +3,8 @@ dispatch fewer a decode layer.
 
 `pte_wgpu.linear_group_rope` (and its rms_, q4_, bias_ forms: every group of GROUPS) is the q/k/v
 group of that name, its args but the outputs, then (fcos, fsin, k_cache, v_cache, row_pos,
-row_seq, seq_blocks); out [q, k, v, rotated q, rotated k]. Where a GPU's GEMV (or the subgroup
+row_seq, seq_blocks, lean: a bool, kernels/attention/rope.py's RopeEpilogue.lean); out [q, k, v,
+rotated q, rotated k]. Where a GPU's GEMV (or the subgroup
 kernel at its shape, SG_GPU) takes the rows, its epilogue rotates q and k as
 `pte_wgpu.rope_into_cache` does and stores k and v in the KV caches (kernels/attention/rope.py's
 rope_store: the same expressions on the same values, so results are bitwise the two ops'); other
@@ -39,15 +40,17 @@ ROPES = ("_rope", "_rope_hf")  # the suffixes of a group that takes the interlea
 @op(*(name + rope for name in GROUPS for rope in ROPES), half=True)
 def linear_group_rope(b):
     values = b.graph.values
-    *group_args, fcos, fsin, k_cache, v_cache, row_pos, row_seq, seq_blocks = b.args[:-1]
+    *group_args, fcos, fsin, k_cache, v_cache, row_pos, row_seq, seq_blocks, lean = b.args[:-1]
     q, k, v, oq, ok = values[b.out].items
     _, context, hkv, dim = values[k_cache].dims
     values.append(ValueList((q, k, v)))
     hf = b.name.endswith("_rope_hf")
     group = b.part(b.name.removesuffix("_rope_hf" if hf else "_rope"), (*group_args, len(values) - 1))
-    bound = [fcos, fsin, oq, ok, k_cache, v_cache, row_pos, row_seq, seq_blocks]
+    tensors = [fcos, fsin, oq, ok, k_cache, v_cache, row_pos, row_seq, seq_blocks]
     half = values[fcos].dims[-1] // 2 if hf else dim // 2  # the pairs a head rotates
-    epilogue = RopeEpilogue(bound, [b.storage(vid) for vid in bound], (half, dim, hkv * dim, table_entries(context)), hf)
+    lean = bool(values[lean].value)
+    bound = [vid for vid in tensors if not (lean and vid == ok)]
+    epilogue = RopeEpilogue(bound, [b.storage(vid) for vid in tensors], (half, dim, hkv * dim, table_entries(context)), hf, lean)
     set_group = GROUPS[group.name](group, epilogue)
     rope_args = (q, k, fcos, fsin, v, k_cache, v_cache, row_pos, row_seq, seq_blocks)
     set_rope = rope_hf_route(b, rope_args, None, oq, ok, paired=True) if hf else rope_route(b, rope_args, oq, ok)
