@@ -1188,10 +1188,11 @@ def _fuse_rope_into_groups(graph, max_storage_buffers=None):
     """rope_into_cache(view(q), view(k), fcos, fsin, v', ...) right after (views between) the q/k/v
     group that computes q, k and v (v' that v or a view of it), q and k read by nothing else; where
     the fused kernel's storage buffers (the group's tensors but one of a norm's rows and input, its
-    three outputs and the RoPE's) are at most `max_storage_buffers`: 4 fewer where a 4-bit group's epilogue is lean (v and rotated k
-    read by nothing else but the ragged attention, which finds them in the caches: RopeEpilogue's
-    `lean`, the fused op's last arg). The same for rope_hf_into_cache from table row 0, whose q and k
-    weights then have their rows paired (_pair_rotary_rows)."""
+    three outputs and the RoPE's) are at most `max_storage_buffers`: 4 fewer where a 4-bit group's
+    epilogue is lean (v and rotated k read by nothing else but the ragged attention, which finds
+    them in the caches: RopeEpilogue's `lean`, the fused op's last arg). The same for
+    rope_hf_into_cache from table row 0, whose q and k weights then have their rows paired
+    (_pair_rotary_rows)."""
     f = _Linears(graph)
     calls, values, drop, fused = graph.calls, graph.values, set(), 0
     groups = {values[args[-1]].items[0]: g for g, (name, args) in enumerate(calls) if name in ROPE_GROUPS}
