@@ -156,9 +156,9 @@ class RopeEpilogue:
     _pair_rotary_rows): the products' outputs 2i and 2i + 1 of a head are its dims i and
     i + rd / 2 (i < rd / 2), the rest its dims from rd. `lean`: nothing reads the products or
     rotated k after (the ragged pass's attention finds k and v in the caches), so the epilogue
-    writes rotated q and the caches alone, and binds neither the products nor rotated k (`values`
-    leave it out; `types` name all 9): 4 storage buffers fewer (LEAN_UNBOUND), which lets Dawn's
-    16 hold a normalizing 4-bit q/k/v group with its RoPE."""
+    writes rotated q and the caches alone, and binds neither the products nor rotated k (`bound`
+    leaves it out): 4 storage buffers fewer (LEAN_UNBOUND), which lets Dawn's 16 hold a
+    normalizing 4-bit q/k/v group with its RoPE. `values` and `types` are in ROPE_NAMES' order."""
 
     values: list
     types: list
@@ -168,8 +168,13 @@ class RopeEpilogue:
 
     @property
     def names(self):
-        """The names of `values`, the epilogue's bindings."""
+        """The names of the epilogue's bindings."""
         return tuple(name for name in ROPE_NAMES if not (self.lean and name == "ok"))
+
+    @property
+    def bound(self):
+        """The values the epilogue binds, in its bindings' order."""
+        return [v for name, v in zip(ROPE_NAMES, self.values) if name in self.names]
 
 
 ROPE_NAMES = ("fcos", "fsin", "oq", "ok", "kc", "vc", "row_pos", "row_seq", "seq_blocks")

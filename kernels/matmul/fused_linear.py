@@ -405,7 +405,7 @@ def linear_group_routes(b, rope=None):
     epilogue = rope if kind == GPU else None  # a GPU's kernels rotate in their epilogue
     assert not (rope and rope.lean), "a float group's epilogue stores its products (lean ones are 4-bit groups')"
     shader_of = lambda d_kind, shape, norm, types: _group_shader(len(weights), norm, d_kind, shape, types, epilogue, biased)  # noqa: E731
-    gemvs = _Gemvs(b, kind, 1, shader_of, head, tail, (weights, [*biases, *outs, q]), gpu_sg, epilogue.values if epilogue else ())
+    gemvs = _Gemvs(b, kind, 1, shader_of, head, tail, (weights, [*biases, *outs, q]), gpu_sg, epilogue.bound if epilogue else ())
     products = _Products(b, b.args[0], weights, outs, kind != SUBGROUP, gemvs.most_rows, biases)
 
     def resize(ctx):

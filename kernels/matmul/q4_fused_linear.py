@@ -352,10 +352,10 @@ class _Fused:
             reads = [x_read, *(v for operands in self.operands for v in operands)] + ([gamma] if norm else []) + ([self.fold_norm.rstd] if rstd else [])
             # CPU adapters' subgroup kernels: the RoPE's own dispatch; so too GPUs' of several rows with a lean
             # epilogue (H100, Dawn, Llama-3.2-1B 4w of f16 activations: 2 / 4 / 8 streams 4-8% slower with it,
-            # one stream 3% faster; results/h100/lean_rope_epilogue/)
+            # one stream 3-11% faster; results/h100/lean_rope_epilogue/)
             epilogue = rope if kind == GEMV or not (cpu or (rope and rope.lean and shape[0] > 1)) else None
             shader = _shader(kind, shape, len(self.ws), swiglu, norm, t, self.ws[0].gs, epilogue, gemv_step(self.ws[0].wpr), rstd, self.biased)
-            extra = epilogue.values if epilogue else []
+            extra = epilogue.bound if epilogue else []
             outs = [] if epilogue and epilogue.lean else self.outs
             self.dispatches.append((b.dispatch(shader, [*reads, *outs, self.q, *extra]), kind, shape, epilogue is not None))
         # more rows: one GEMM over the products' columns where they split K alike (_Columns), else each product's plain routes

@@ -48,9 +48,8 @@ def linear_group_rope(b):
     group = b.part(b.name.removesuffix("_rope_hf" if hf else "_rope"), (*group_args, len(values) - 1))
     tensors = [fcos, fsin, oq, ok, k_cache, v_cache, row_pos, row_seq, seq_blocks]
     half = values[fcos].dims[-1] // 2 if hf else dim // 2  # the pairs a head rotates
-    lean = bool(values[lean].value)
-    bound = [vid for vid in tensors if not (lean and vid == ok)]
-    epilogue = RopeEpilogue(bound, [b.storage(vid) for vid in tensors], (half, dim, hkv * dim, table_entries(context)), hf, lean)
+    fields = (half, dim, hkv * dim, table_entries(context))
+    epilogue = RopeEpilogue(tensors, [b.storage(vid) for vid in tensors], fields, hf, bool(values[lean].value))
     set_group = GROUPS[group.name](group, epilogue)
     rope_args = (q, k, fcos, fsin, v, k_cache, v_cache, row_pos, row_seq, seq_blocks)
     set_rope = rope_hf_route(b, rope_args, None, oq, ok, paired=True) if hf else rope_route(b, rope_args, oq, ok)
