@@ -110,6 +110,12 @@ def _uniform(count, rope):
     return "struct Q { " + ", ".join(fields) + " }\n"
 
 
+def _outs_bound(outs, rope):
+    """The products' outputs a fused kernel binds: none under a lean RoPE epilogue, which stores
+    neither (kernels/attention/rope.py's RopeEpilogue.lean)."""
+    return [] if rope is not None and rope.lean else list(outs)
+
+
 def _shader(kind, shape, count, swiglu, norm, types, gs, rope=None, step=8, rstd=False, biased=False):
     """The fused kernel of `kind` (SUBGROUP at `shape`, or GEMV) over `count` weights: a product
     each (a branch per product), or with `swiglu` the two of SwiGLU for the same outputs. `types`:
@@ -131,12 +137,12 @@ def _shader(kind, shape, count, swiglu, norm, types, gs, rope=None, step=8, rstd
     outs = types["outs"]
     rotates = rope is not None
     assert not (rotates and sg and shape[1] % 2), "a subgroup kernel rotates its outputs in pairs"
-    bound = 0 if rotates and rope.lean else len(outs)  # the outputs bound (a lean RoPE epilogue's: none)
+    bound = _outs_bound(outs, rope)
     lines = [_uniform(count, rope)]
     lines += [f"@group(0) @binding({i}) var<storage, read> {name}: array<{t}>;" for i, (name, t) in enumerate(reads)]
-    lines += [f"@group(0) @binding({len(reads) + j}) var<storage, read_write> o{j}: array<{t}>;" for j, t in enumerate(outs[:bound])]
-    lines.append(f"@group(0) @binding({len(reads) + bound}) var<uniform> q: Q;")
-    lines += [rope_bindings(len(reads) + bound + 1, rope)] if rotates else []
+    lines += [f"@group(0) @binding({len(reads) + j}) var<storage, read_write> o{j}: array<{t}>;" for j, t in enumerate(bound)]
+    lines.append(f"@group(0) @binding({len(reads) + len(bound)}) var<uniform> q: Q;")
+    lines += [rope_bindings(len(reads) + len(bound) + 1, rope)] if rotates else []
     int8 = isinstance(types["x"], Int8Rows)
     lines.append(sg_x_loader(types["x"]) if sg else int8_rows_loader(types["x"]) if int8 else "fn a_at(i: u32) -> f32 { return f32(x[i]); }")
     lines += [vec4_loader("gamma", types["gamma"])] if sg and norm else []
@@ -356,7 +362,7 @@ class _Fused:
             epilogue = rope if kind == GEMV or not (cpu or (rope and rope.lean and shape[0] > 1)) else None
             shader = _shader(kind, shape, len(self.ws), swiglu, norm, t, self.ws[0].gs, epilogue, gemv_step(self.ws[0].wpr), rstd, self.biased)
             extra = epilogue.bound if epilogue else []
-            outs = [] if epilogue and epilogue.lean else self.outs
+            outs = _outs_bound(self.outs, epilogue)
             self.dispatches.append((b.dispatch(shader, [*reads, *outs, self.q, *extra]), kind, shape, epilogue is not None))
         # more rows: one GEMM over the products' columns where they split K alike (_Columns), else each product's plain routes
         self.plain = [] if self.most is None else [
