@@ -601,6 +601,12 @@ DECODE_MATRIX_TILE = Tile(matrix=(1, 4, 4, 2), split_target=128)
 # split toward 128 workgroups: toward 32 / 64 / 256 / 1,024, H100, Dawn, the 1B 4w of f16 activations loaded with
 # batch_invariant=False, 16 streams 4,954-5,004 -> 3,219 / 4,103 / 4,708 / 4,058 (results/h100/batch_variant_rows/).
 SHORT_DECODE_MATRIX_TILE = Tile(matrix=(1, 4, 2, 2), split_target=128)
+# ... and to 16 rows (9-16 where a model is loaded with batch_invariant=False) 16 x 128, a result
+# matrix along M a subgroup: the 32-row tile's half that 16 live rows fill. H100, Dawn, the 1B 4w of
+# f16 activations loaded so, greedy bursts, rounds old / new / new / old in one call, 16 streams
+# 4,227 (a cold first round) / 5,895 / 5,991 / 5,493 tokens/s, 1 and 8 streams the same
+# (results/h100/q4_f16_matrix_decode_rows/tiny_tile/).
+TINY_DECODE_MATRIX_TILE = Tile(matrix=(1, 4, 1, 2), split_target=128)
 
 
 def takes_mid_tile(m, n, k_quads=False, f16_k=0):
@@ -829,7 +835,7 @@ class GemmRoute:
             tiles += [BIG_TILE] if can_take_big_tile(most) and not load.setup else []
             tiles += [WIDE_ROW_TILE] if load.dequantizes and not load.setup and b.adapter != CPU and takes_wide_row_tile(TILE.bm, *most) else []
             if matrices:  # (4-bit weights read 4 of K a read: prompts over the weights widened to f16 first, below)
-                tiles += [DECODE_MATRIX_TILE] + ([SHORT_DECODE_MATRIX_TILE] if load.dequantizes else [])
+                tiles += [DECODE_MATRIX_TILE] + ([TINY_DECODE_MATRIX_TILE, SHORT_DECODE_MATRIX_TILE] if load.dequantizes else [])
                 tiles += [MATRIX_TILE] if load.words or not load.dequantizes else []
         self.tiles = {tile: b.dispatch(shader(tile), bindings) for tile in tiles}
         self.dequantizes, self.a_k_quads = load.dequantizes, load.a_k_quads
@@ -864,6 +870,8 @@ class GemmRoute:
         return route if m >= rows and m * n * k >= work else self
 
     def tile(self, m, n, k):
+        if TINY_DECODE_MATRIX_TILE in self.tiles and self.matrix_from <= m <= TINY_DECODE_MATRIX_TILE.bm:
+            return TINY_DECODE_MATRIX_TILE
         if SHORT_DECODE_MATRIX_TILE in self.tiles and self.matrix_from <= m <= SHORT_DECODE_MATRIX_TILE.bm:
             return SHORT_DECODE_MATRIX_TILE
         if DECODE_MATRIX_TILE in self.tiles and self.matrix_from <= m < MATRIX_MIN_ROWS:
