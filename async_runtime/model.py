@@ -9,6 +9,7 @@ import numpy as np
 import wgpu
 
 from pte_wgpu.kernels import adapter_class, build_node, fuse, fuse_ragged
+from pte_wgpu.kernels.fusion import DQ8_LINEAR, DQ8_LINEAR_RESIDUAL
 from pte_wgpu.kernels.matmul.f16_matrix import F16_MATRIX
 from pte_wgpu.kernels.matmul.int8_matrix import INT8_MATRIX
 from pte_wgpu.kernels.matmul.q4_linear import scales_in_row_quads
@@ -53,6 +54,7 @@ class IOSpec:
 
 
 READ_CHUNK = 1 << 24  # bytes per read of a file, between progress reports
+DQ8_PRODUCTS = (DQ8_LINEAR, DQ8_LINEAR_RESIDUAL)  # dynamic-int8 x 4-bit products, whose prompts take f16 matrices where the device has them
 
 
 async def _read_source(source, progress):
@@ -188,7 +190,8 @@ class Model:
         self.kernels = adapter_class(info.adapter_type)  # which kernel variants
         self.subgroups = any(f in info.features for f in SUBGROUP_FEATURES)  # variants that need subgroup operations may be built
         self.int8_matrices = INT8_MATRIX in info.subgroup_matrices  # and those of int8 products on tensor cores
-        self.f16_matrices = F16_MATRIX in info.subgroup_matrices  # and those of f16 products (where float16 is stored as f16)
+        # and those of f16 products (where float16 is stored as f16, and dynamic-int8 prompts' products)
+        self.f16_matrices = F16_MATRIX in info.subgroup_matrices and "shader-f16" in info.features
         self._binding_limit, self._storage_buffers = info.max_storage_binding, info.max_storage_buffers
         half = precision != "f32" and has_half(linked) and "shader-f16" in info.features
         sums = precision == "f16-sums"
@@ -200,7 +203,7 @@ class Model:
             linked = await anyio.to_thread.run_sync(relink)
             graph, nodes, ragged = await anyio.to_thread.run_sync(self._build_nodes, linked, half, max_batch, sums)
         self.precision = ("f16-sums" if sums else "f16") if half else "f32"
-        self.f16_matrices = self.f16_matrices and half
+        self.f16_matrices = self.f16_matrices and (half or any(name in DQ8_PRODUCTS for name, _ in graph.calls))
         self.device_info = replace(info, precision=self.precision)
         values = graph.values
         self.plan = await anyio.to_thread.run_sync(Plan, nodes, values)
@@ -265,7 +268,7 @@ class Model:
         for name, args in graph.calls:
             try:
                 nodes.append(build_node(graph, name, args, self.kernels, self.subgroups, backend.MERGE_APART, self.int8_matrices, half and sums,
-                                        half and self.f16_matrices, self.batch_invariant))
+                                        self.f16_matrices, self.batch_invariant))
             except HalfUnsupported:
                 raise
             except NotImplementedError as e:

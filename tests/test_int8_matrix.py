@@ -1,11 +1,14 @@
-"""8-bit dynamic activations with 4-bit weights (`et_vk.linear_dq8ca_q4gsw`) on int8 subgroup
-matrices (kernels/matmul/int8_matrix.py), where the device offers them (Dawn on NVIDIA GPUs;
-skipped elsewhere, lavapipe included): against the GEMM route of the same export on the same
-device, which test_quantized_ops and test_llama hold to torch eager. Every product of more rows
-than the GEMV takes runs on the matrices here (their minimum tile count set to none).
+"""8-bit dynamic activations with 4-bit weights (`et_vk.linear_dq8ca_q4gsw`) on subgroup matrices,
+where the device offers them (Dawn on NVIDIA GPUs; skipped elsewhere, lavapipe included): the int8
+route (kernels/matmul/int8_matrix.py), and where f16 matrices are offered too, the f16 route that
+prompts take there (the activations' q - zp as f16, the 4-bit weights rounded once to f16), each
+against the GEMM route of the same export on the same device, which test_quantized_ops and
+test_llama hold to torch eager. Every product of more rows than the GEMV takes runs on the
+matrices here (their minimum tile and row counts set to the GEMV's).
 
-The two routes quantize the activations alike; the matrices sum each group exactly in int32 where
-the GEMM sums dequantized products in f32, so the outputs agree within f32 rounding."""
+The routes quantize the activations alike; the int8 matrices sum each group exactly in int32 where
+the GEMM sums dequantized products in f32, so the outputs agree within f32 rounding; the f16 route
+differs by the weights' rounding to f16 (2^-11 of each), as an fp16 export's products do."""
 
 import random
 from pathlib import Path
@@ -15,13 +18,15 @@ import pytest
 
 import async_runtime.model as runtime_model
 from async_runtime.backend import SUBGROUP_MATRIX_FEATURE
-from pte_wgpu.kernels.matmul import int8_matrix, q4_fused_linear, q4_linear
+from pte_wgpu.kernels.matmul import gemm, int8_matrix, q4_fused_linear, q4_linear
 
 from . import exporting
 from .test_llama import CONTEXT, recorded
 from .test_quantized_ops import _export, _rows
 
 ATOL = RTOL = 1e-4
+F16_TOL = 4e-3
+GEMV_ROWS = 32  # the most rows the GEMV takes here: the matrices take more
 
 
 @pytest.fixture(autouse=True)
@@ -38,31 +43,51 @@ def _pte(name):
     return stored.read_bytes() if stored is not None and stored.exists() else _export(name)[0]
 
 
-async def _both_routes(load_pte, data, monkeypatch, **kwargs):
-    """(model on the matrices at every tile count, model on the GEMM), or skip without them. Both
-    without the 4-bit subgroup kernels, which on GPUs take 17-64 rows of these narrow weights:
-    the matrices then take every row count past the GEMV's 32."""
+async def _both_routes(load_pte, data, monkeypatch, route, **kwargs):
+    """(model on the `route` ("int8" or "f16") matrices at every row count past the GEMV's, model on
+    the GEMM), or skip without them. Both without the 4-bit subgroup kernels, which on GPUs take
+    17-64 rows of these narrow weights: the matrices then take every row count past the GEMV's 32."""
     monkeypatch.setattr(int8_matrix, "MIN_TILES", 0)
     for module in (q4_linear, q4_fused_linear):
         monkeypatch.setattr(module, "q4_subgroup_shapes", lambda *_: ())
+    if route == "int8":  # (where the device has f16 matrices, the prompts take those)
+        monkeypatch.setattr(runtime_model, "F16_MATRIX", None)
+    else:
+        for name in ("MATRIX_MIN_ROWS", "HALF_WIDEN_MIN_ROWS"):
+            monkeypatch.setattr(gemm, name, GEMV_ROWS + 1)
     matrices = await load_pte(data, **kwargs)
-    if not matrices.int8_matrices:
-        pytest.skip(f"no int8 subgroup matrices on {matrices.device_info.name}")
+    if not (matrices.int8_matrices if route == "int8" else matrices.f16_matrices):
+        pytest.skip(f"no {route} subgroup matrices on {matrices.device_info.name}")
     monkeypatch.setattr(runtime_model, "INT8_MATRIX", None)
+    monkeypatch.setattr(runtime_model, "F16_MATRIX", None)
     return matrices, await load_pte(data, **kwargs)
 
 
-def _ran_matrices(model, session=None):
-    """Whether the last execute of `session` (the model's own) ran a matrix product."""
+def _ran_matrices(model, route, session=None):
+    """Whether the last execute of `session` (the model's own) ran a product on `route`'s matrices."""
     grids = (session or model._default).state.grids
-    return any("subgroupMatrixLoad" in (d.shader or "") and all(grids[i]) for i, d in enumerate(model.graph.dispatches))
+    left = f"subgroup_matrix_left<{'i8' if route == 'int8' else 'f16'}"
+    return any(left in (d.shader or "") and all(grids[i]) for i, d in enumerate(model.graph.dispatches))
+
+
+def _assert_close(route, got, want, msg, atol=ATOL, rtol=RTOL):
+    """`got` within the route's tolerance of `want`: `atol` and `rtol` (f32 rounding) on the int8
+    matrices; on the f16 ones F16_TOL of each output plus F16_TOL of its row's largest (the
+    weights' rounding)."""
+    if route == "int8":
+        np.testing.assert_allclose(got, want, atol=atol, rtol=rtol, err_msg=msg)
+        return
+    bound = F16_TOL * (np.abs(want) + np.abs(want).max(axis=-1, keepdims=True))
+    worst = float((np.abs(got - want) - bound).max())
+    assert worst <= 0, f"{msg}: {worst} past the tolerance"
 
 
 # 70 rows by K = 160 (five steps) into 76 outputs, group 32; 64 to 64 with a diagonal weight (one
 # product an output); K = 192 in groups of 64 (two steps a group) into 44 outputs
+@pytest.mark.parametrize("route", ["int8", "f16"])
 @pytest.mark.parametrize("name", ["dq8_large", "dq8_diagonal", "dq8_n44"])
-async def test_dq8_products_on_matrices_match_the_gemm(name, load_pte, monkeypatch):
-    matrices, gemm = await _both_routes(load_pte, _pte(name), monkeypatch)
+async def test_dq8_products_on_matrices_match_the_gemm(name, route, load_pte, monkeypatch):
+    matrices, gemm_model = await _both_routes(load_pte, _pte(name), monkeypatch, route)
     most = int(matrices.inputs[0].max_shape[0])
     ms = sorted(m for m in {1, 32, 33, 34, 47, most - 1, most} if m <= most)
     random.Random(name).shuffle(ms)
@@ -70,25 +95,29 @@ async def test_dq8_products_on_matrices_match_the_gemm(name, load_pte, monkeypat
     for m in ms:
         x = _rows(name, m, rng)
         (got,) = await matrices.execute(x)
-        (want,) = await gemm.execute(x)
-        np.testing.assert_allclose(got, want, atol=ATOL, rtol=RTOL, err_msg=f"{m} rows")
-        assert _ran_matrices(matrices) == (m > 32), m
-        assert not _ran_matrices(gemm)
+        (want,) = await gemm_model.execute(x)
+        _assert_close(route, got, want, f"{m} rows")
+        assert _ran_matrices(matrices, route) == (m > GEMV_ROWS), m
+        assert not _ran_matrices(gemm_model, route)
 
 
-async def test_llama_prompt_on_matrices_matches_the_gemm(load_pte, monkeypatch, tmp_path_factory):
+@pytest.mark.parametrize("route", ["int8", "f16"])
+async def test_llama_prompt_on_matrices_matches_the_gemm(route, load_pte, monkeypatch, tmp_path_factory):
     """The tiny 8da4w Llama (K = 96, the residual linears' epilogue): a prompt of 41 tokens, then
-    greedy steps; the same tokens, logits within the tolerance."""
+    greedy steps; the same tokens where the GEMM's top two logits stand apart, logits within the
+    route's tolerance."""
     pte, _ = recorded("8da4w", tmp_path_factory)
-    matrices, gemm = await _both_routes(load_pte, pte, monkeypatch, batch_submits=False)
+    matrices, gemm_model = await _both_routes(load_pte, pte, monkeypatch, route, batch_submits=False)
     prompt = np.random.default_rng(41).integers(0, 260, (1, 41))
-    async with matrices.session() as a, gemm.session() as b:
+    async with matrices.session() as a, gemm_model.session() as b:
         tokens, pos = prompt, 0
         while pos + tokens.shape[1] < CONTEXT:
             (got,) = await a.execute(tokens, np.array([pos]))
-            assert _ran_matrices(matrices, a) == (pos == 0)
+            assert _ran_matrices(matrices, route, a) == (pos == 0)
             (want,) = await b.execute(tokens, np.array([pos]))
-            np.testing.assert_allclose(got, want, atol=2e-4, rtol=1e-3, err_msg=f"position {pos}")
-            assert int(got.argmax()) == int(want.argmax())
+            _assert_close(route, got, want, f"position {pos}", atol=2e-4, rtol=1e-3)
+            top = np.sort(want.ravel())[-2:]
+            if route == "int8" or top[1] - top[0] > 8 * F16_TOL * float(np.abs(want).max()):
+                assert int(got.argmax()) == int(want.argmax())
             pos += tokens.shape[1]
             tokens = np.array([[int(got.argmax())]])

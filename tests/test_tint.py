@@ -6,7 +6,8 @@ Dawn's on NVIDIA. Dawn's Null backend compiles without a GPU; pipelines are not 
 its limits (8 storage buffers a stage, 16 KB of workgroup memory) are not a GPU's.
 
 The subgroup-matrix kernels (Dawn's on NVIDIA GPUs only) are compiled from their generators:
-the 8da4w products', the int8 convolutions' and linears', the f16 products' GEMM tile.
+the 8da4w products' (on int8 matrices, and on f16 ones), the int8 convolutions' and linears', the
+f16 products' GEMM tile.
 
 Tint is stricter than naga: it wants `enable subgroups;` and refuses subgroup operations it cannot
 prove subgroup-uniform, a shift mixed with a product without parentheses, and infinite constants."""
@@ -17,13 +18,14 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
 from async_runtime import pipelines
 from pte_wgpu.kernels.attention import gated_delta, rope, short_conv
 from pte_wgpu.kernels.matmul import gemm, int8_matrix, linear, q4_fused_linear, q4_linear
-from pte_wgpu.kernels.matmul.q4_linear import Storage, matrix_heads
+from pte_wgpu.kernels.matmul.q4_linear import Storage, matrix_heads, quantize_head
 from pte_wgpu.kernels.matmul.routes import FLOAT_SG_GPU_WIDE, Q4_SG_GPU_WIDE, Q4_SG_GPU_WIDE_SPLIT
 from pte_wgpu.kernels.quant import int8_conv, per_channel_linear
 
@@ -99,6 +101,16 @@ async def test_every_kernel_compiles_under_tint(tmp_path_factory, load_pte, monk
     for zp_packed, has_bias, residual, types in MATRIX_VARIANTS:  # the device's int8 matrices: Dawn's on GPUs only
         quantize, product = matrix_heads(zp_packed, has_bias, types, residual)
         where = f"int8 matrices {zp_packed, has_bias, residual, types}"
+        # ... and where the device has f16 matrices, the prompts' route on those: the rows as halves of q - zp, the
+        # weights a word at a time (f32 scales too), the row's scale in the epilogue and split-K's reduce
+        sources[int8_matrix.quantize_shader(quantize_head(zp_packed, types, "vec2<u32>"), halves=True)] = (where + ", halves", types.x)
+        load = q4_linear.q4_load(False, False, 32, 256, replace(types, x="f16"), f32_scale_words=True)
+        uniform = f"{q4_linear.LIN_STRUCT};\n@group(0) @binding({6 + has_bias}) var<uniform> q: Q;\n"
+        scale = f"@group(0) @binding({7 + has_bias}) var<storage, read> row_scale: array<{types.xs}>;\n"
+        epilogue = {"bias": types.bias, "out": types.out, "residual": residual, "row_scale": types.xs}
+        sources[gemm.gemm_shader(load, has_bias, uniform + scale, tile=gemm.MATRIX_TILE, **epilogue)] = (where + ", on f16 matrices", "f16")
+        reduce_scale = scale.replace(f"binding({7 + has_bias})", f"binding({3 + has_bias})")
+        sources[gemm.gemm_reduce_shader(has_bias, extra=reduce_scale, **epilogue)] = (where + ", f16 matrices' reduce", types.x)
         sources[int8_matrix.quantize_shader(quantize)] = (where + ", quantize", types.x)  # x's storage: the precision
         sources[int8_matrix.matrix_shader(product, 6 + has_bias)] = (where, types.x)
     for matrices in (False, True):  # the int8 convolutions' and linears' products on int8 matrices too

@@ -113,16 +113,23 @@ B_WORD_KEEP = """    { let s = vec2<f16>(f16(${S})); let at = buf * ${B_BUF}u + 
       let h3 = (bitcast<vec2<f16>>(((w >> 24u) & 0x0000000Fu) | ((w >> 12u) & 0x000F0000u) | 0x64006400u) - vec2<f16>(1032.0h)) * s;
       b_tile[at] = h0.x; b_tile[at + 1u] = h0.y; b_tile[at + 2u] = h1.x; b_tile[at + 3u] = h1.y;
       b_tile[at + 4u] = h2.x; b_tile[at + 5u] = h2.y; b_tile[at + 6u] = h3.x; b_tile[at + 7u] = h3.y; }"""
+# ... and of f32 scales: each weight (n - 8) * s in f32 (exact), rounded once to f16, as the widening to f16 rounds it
+B_WORD_KEEP_F32 = """    { let s = ${S}; let at = buf * ${B_BUF}u + (${V} / 4u) * ${ROW}u + 8u * (${V} % 4u); let w = vec4<u32>(${W});
+      let lo = vec4<f16>((vec4<f32>((w >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u)) - vec4<f32>(8.0)) * s);
+      let hi = vec4<f16>((vec4<f32>((w >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u)) - vec4<f32>(8.0)) * s);
+      b_tile[at] = lo.x; b_tile[at + 1u] = lo.y; b_tile[at + 2u] = lo.z; b_tile[at + 3u] = lo.w;
+      b_tile[at + 4u] = hi.x; b_tile[at + 5u] = hi.y; b_tile[at + 6u] = hi.z; b_tile[at + 7u] = hi.w; }"""
 
 
-def matrix_body(shape, weight_ends=(), words=False):
+def matrix_body(shape, weight_ends=(), words=False, word_scales="f16"):
     """The kernel of a tile of `shape` (tile_size) after the template's header and the load's
     halves_functions (a_k_halves, b_k_halves; with `weight_ends`, the column group's weights' last
     columns, each but the last a whole number of tiles, also b_k_halves_j of its weight j: each
     tile then reads one weight, its K loop written once a weight, where b_k_halves picks a weight
     each load, 3x slower on an H200). With `words` (4-bit weights, TileLoad.words) B's invocations
     each take a word of a column's step of 32, a column's 4 words side by side: b_word (b_word_j) and
-    b_words_scale (b_words_scale_j) the step's one scale, dequantized into the tile as B_WORD_KEEP does; each K
+    b_words_scale (b_words_scale_j) the step's one scale, dequantized into the tile as B_WORD_KEEP does
+    (B_WORD_KEEP_F32 where `word_scales` are f32); each K
     range starts a whole step in (gemm_split)."""
     sgm, sgn, tm, tn = shape
     bm, bn = tile_size(shape)
@@ -147,7 +154,7 @@ def matrix_body(shape, weight_ends=(), words=False):
                 word = f"b_word{suffix}(boff, n0 + {v} / 4u, {k} + 8u * ({v} % 4u))"
                 scale = f"b_words_scale{suffix}(n0 + {v} / 4u, {k})"
                 reads.append(f"    var bw{i} = {word}; var bs{i} = {scale};" if reads is first else f"        bw{i} = {word}; bs{i} = {scale};")
-            keep.append(fill(B_WORD_KEEP, S=f"bs{i}", W=f"bw{i}", V=v, B_BUF=bn * ROW, ROW=ROW))
+            keep.append(fill(B_WORD_KEEP_F32 if word_scales == "f32" else B_WORD_KEEP, S=f"bs{i}", W=f"bw{i}", V=v, B_BUF=bn * ROW, ROW=ROW))
         for x, fn, off, base, loads, buf in sides:
             tile = f"{x}_tile"
             for i in range(loads):

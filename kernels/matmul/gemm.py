@@ -87,7 +87,8 @@ def bindings(inputs, has_bias, uniform="p: P", scratch=False, bias="f32", out="f
     return lines
 
 
-def header(has_bias, inputs, scratch=False, bias="f32", out="f32", clamp=None, residual=False, store=None, activation=None, added=None):
+def header(has_bias, inputs, scratch=False, bias="f32", out="f32", clamp=None, residual=False, store=None, activation=None, added=None,
+           row_scale=None):
     """The uniform P, `bindings`, `epilogue(acc, b, m, n)`: alpha * acc (+ beta * bias) in f32,
     clamped to `clamp` (lo, hi) if given, converted to the output's storage type `out` (with
     `residual`, alpha * acc is rounded to `out` before the bias, a residual, is added, as the add
@@ -95,10 +96,13 @@ def header(has_bias, inputs, scratch=False, bias="f32", out="f32", clamp=None, r
     shaped as the output that the caller binds as `added`, that value rounded to `out` plus the
     tensor's element, before the clamp, as an add after the product read it; with `activation`, a
     GELU's approximation ("none", "tanh": kernels/wgsl.py's GELU), the GELU of the value rounded to
-    `out`, as the op it replaced read it), and `store(b, m, n, acc)`, which writes an output
-    element: `store` if given (WGSL), else out[b, m, n] = epilogue(acc, b, m, n)."""
+    `out`, as the op it replaced read it; with `row_scale`, the storage type of a tensor of a
+    factor a row that the caller binds as `row_scale`, acc times row m's first), and `store(b, m,
+    n, acc)`, which writes an output element: `store` if given (WGSL), else out[b, m, n] =
+    epilogue(acc, b, m, n)."""
     lines = [STRUCT + ";", *bindings(inputs, has_bias, scratch=scratch, bias=bias, out=out)]
-    value = rounded("p.alpha * acc", out) if residual else "p.alpha * acc"
+    product = "p.alpha * (f32(row_scale[m]) * acc)" if row_scale is not None else "p.alpha * acc"
+    value = rounded(product, out) if residual else product
     value += " + p.beta * f32(bias[b * p.bias_bs + m * p.bias_sm + n * p.bias_sn])" if has_bias else ""
     if added is not None:
         value = rounded(value, out) + " + f32(added[b * p.c_bs + m * p.N + n])"
@@ -154,7 +158,8 @@ class TileLoad:
     functions then also defining b_k_halves_j, weight j's alone (f16_matrix.matrix_body); `words`
     (4-bit weights of f16 scales, groups of whole K steps of the matrices): the halves functions
     also define b_word and b_words_scale (and b_word_j, b_words_scale_j with `weight_ends`), a word
-    of a column's K step and the step's scale (f16_matrix.matrix_body's `words`)."""
+    of a column's K step and the step's scale (f16_matrix.matrix_body's `words`); `word_scales`
+    the scales' storage (f16, or f32: each weight an f32 product rounded to f16)."""
 
     inputs: tuple
     functions: str
@@ -169,6 +174,7 @@ class TileLoad:
     halves_functions: str = ""
     weight_ends: tuple = ()
     words: bool = False
+    word_scales: str = "f16"
 
 
 # A [M, K], rows of K, as f32 from binding $A at the batch's offset (the float products', the
@@ -630,16 +636,16 @@ def takes_big_tile(m, n, k):
 
 
 def gemm_shader(load, has_bias, extra="", bias="f32", out="f32", clamp=None, residual=False, store=None, tile=TILE, activation=None,
-                added=None):
+                added=None, row_scale=None):
     """The template with `load`'s tile reads; `extra`: WGSL bindings after the scratch; `bias` and
     `out` their storage types; `clamp`: the epilogue's (lo, hi); `store`: header's; `tile`: a Tile
     (a load whose setup reads a_row0, or b_col0, needs one row quad, or column quad, an invocation
     to load)."""
     load = load.quads if tile.b_quads and load.quads else load  # (MATRIX_TILE's b_quads are False: its load as given)
     head = header(has_bias, load.inputs, scratch=True, bias=bias, out=out, clamp=clamp, residual=residual, store=store, activation=activation,
-                  added=added)
+                  added=added, row_scale=row_scale)
     if tile.matrix:
-        return "enable chromium_experimental_subgroup_matrix;\n" + head + extra + load.halves_functions + matrix_body(tile.matrix, load.weight_ends, load.words)
+        return "enable chromium_experimental_subgroup_matrix;\n" + head + extra + load.halves_functions + matrix_body(tile.matrix, load.weight_ends, load.words, load.word_scales)
     threads = 16 * tile.ty
     a_slots, b_slots = tile.bm * tile.bk // 4 // threads, tile.bn * tile.bk // 4 // threads
     assert a_slots * threads * 4 == tile.bm * tile.bk and b_slots * threads * 4 == tile.bn * tile.bk, f"{tile}: its invocations do not load whole K steps"
@@ -749,10 +755,11 @@ def widen_shader(source, halves=False):
     return "\n".join(lines) + "\n" + functions + fill(WIDEN, FLAT_INDEX=FLAT_INDEX, WG=WIDEN_WG, READ="b_k_halves" if halves else "b_k_quad")
 
 
-def gemm_reduce_shader(has_bias, bias="f32", out="f32", clamp=None, residual=False, store=None, extra="", activation=None, added=None):
-    """Split-K's reduce; `extra`: WGSL bindings after the uniform (those `store` writes, `added`)."""
+def gemm_reduce_shader(has_bias, bias="f32", out="f32", clamp=None, residual=False, store=None, extra="", activation=None, added=None,
+                       row_scale=None):
+    """Split-K's reduce; `extra`: WGSL bindings after the uniform (those `store` writes, `added`, `row_scale`)."""
     head = header(has_bias, (("part", "f32"),), bias=bias, out=out, clamp=clamp, residual=residual, store=store, activation=activation,
-                  added=added)
+                  added=added, row_scale=row_scale)
     return head + extra + GEMM_REDUCE
 
 
@@ -802,7 +809,8 @@ class GemmRoute:
     over `scratch` (gemm_scratch); `extra` are bindings after the scratch (WGSL `extra_wgsl`);
     `clamp` the epilogue's (lo, hi) or None; `residual`, `store`, `activation`: header's;
     `more_outs`: outputs that `store` writes besides `out`, bound as out1, out2, ... (column_group);
-    `added`: the tensor header's `added` adds, bound last; `small`: also the template in SMALL_TILE,
+    `added`: the tensor header's `added` adds, bound after them; `row_scale`: header's, bound
+    last (a factor a row, as the dynamic-int8 products' activation scales); `small`: also the template in SMALL_TILE,
     which takes products of at most its rows (half the products of a 64-row tile for a ragged pass
     of 17 to 32 decode rows); `most`: the largest (N, K)
     the product takes, which builds BIG_TILE's dispatch where some row count would take it. A load
@@ -813,16 +821,21 @@ class GemmRoute:
     over 4-bit weights of f16 rows where the device has f16 matrices, the f16 weights' on them."""
 
     def __init__(self, b, load, inputs, bias, out, params, scratch, extra=(), extra_wgsl="", clamp=None, residual=False, store=None,
-                 more_outs=(), small=False, most=(0, 0), activation=None, added=None, tiles=None):
+                 more_outs=(), small=False, most=(0, 0), activation=None, added=None, tiles=None, row_scale=None):
         self.name = b.name
         tail = [bias] if bias is not None else []
         last = [added] if added is not None else []
+        last += [row_scale] if row_scale is not None else []
         epilogue = {"bias": b.storage(bias) if tail else "f32", "out": b.storage(out), "clamp": clamp, "residual": residual, "store": store,
-                    "activation": activation, "added": b.storage(added) if last else None}
+                    "activation": activation, "added": b.storage(added) if added is not None else None,
+                    "row_scale": b.storage(row_scale) if row_scale is not None else None}
 
-        def more(first):  # the bindings from `first` on: more_outs, then `added`
+        def more(first):  # the bindings from `first` on: more_outs, then `added`, then `row_scale`
             outs = "".join(f"@group(0) @binding({first + j}) var<storage, read_write> out{j + 1}: array<{b.storage(o)}>;\n" for j, o in enumerate(more_outs))
-            return outs + "".join(added_binding(first + len(more_outs), b.storage(a)) for a in last)
+            first += len(more_outs)
+            outs += added_binding(first, b.storage(added)) if added is not None else ""
+            at = first + (added is not None)
+            return outs + (f"@group(0) @binding({at}) var<storage, read> row_scale: array<{b.storage(row_scale)}>;\n" if row_scale is not None else "")
 
         bindings = [*inputs, *tail, out, params, scratch, *extra, *more_outs, *last]
         extra_wgsl += more(len(inputs) + len(tail) + 3 + len(extra))
@@ -854,7 +867,7 @@ class GemmRoute:
             widened = float_load(True, source.a, "f16" if halves else "f32", k_quads=True, a_quads=True)
             tiles = [MATRIX_TILE] if halves else [MID_TILE, *([BIG_TILE] if can_take_big_tile(most) else [])]
             route = GemmRoute(b, widened, [inputs[0], wide], bias, out, params, scratch, clamp=clamp, residual=residual, store=store, more_outs=more_outs,
-                              most=most, activation=activation, added=added, tiles=tiles)
+                              most=most, activation=activation, added=added, tiles=tiles, row_scale=row_scale)
             self.widened = (widen, route, (HALF_WIDEN_MIN_ROWS, HALF_WIDEN_MIN_WORK) if halves else (WIDEN_MIN_ROWS, WIDEN_MIN_WORK))
 
     def set(self, ctx, shape, on):
@@ -868,6 +881,12 @@ class GemmRoute:
             return self
         _, route, (rows, work) = self.widened
         return route if m >= rows and m * n * k >= work else self
+
+    def takes(self, m, n, k):
+        """Whether one of its tiles, or its widened weights' route, takes an M x N x K product (a
+        route built with only some tiles takes the rest elsewhere)."""
+        route = self.route(m, n, k)
+        return route is not self or self.tile(m, n, k) in self.tiles
 
     def tile(self, m, n, k):
         if TINY_DECODE_MATRIX_TILE in self.tiles and self.matrix_from <= m <= TINY_DECODE_MATRIX_TILE.bm:

@@ -42,6 +42,7 @@ ROW = STEP // 4 + 4  # words a staged row takes: 8, then 4 of padding (rows 48 b
 # invocations; the sums of 16 matrices go through 16 KB of workgroup memory each group.
 SHAPE = (2, 2, 2, 2)
 
+# a quad of K's activations an invocation, quantized with its row's scale and zero point, written by $WRITE
 QUANTIZE = """
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -49,18 +50,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let i = gid.x + gid.y * nwg.x * 256u;
     if (i >= q.M * kw) { return; }
     let m = i / kw;
-    let k = 8u * ((i % kw) / 2u) + (i % 2u);  // this word's k, k + 2, k + 4, k + 6 (the module docstring)
-    let s = f32(xs[m]);
-    let inv = div_rn(1.0, s);
+    let inv = div_rn(1.0, f32(xs[m]));
     let zp = zp_at(m);
+$WRITE
+}
+"""
+# ... as an int8 word
+INT8_WORD = """    let k = 8u * ((i % kw) / 2u) + (i % 2u);  // this word's k, k + 2, k + 4, k + 6 (the module docstring)
     var word = 0u;
     for (var j = 0u; j < 4u; j = j + 1u) {
         let v = clamp(round(f32(x[m * q.K + k + 2u * j]) * inv) + zp, -128.0, 127.0);
         word = word | ((u32(i32(v)) & 0xFFu) << (8u * j));
     }
-    out[i] = bitcast<i32>(word);
-}
-"""
+    out[i] = bitcast<i32>(word);"""
 
 MATRIX_MAIN = """
 @group(0) @binding(${WORDS}) var<storage, read> xw: array<vec4<i32>>;
@@ -144,9 +146,22 @@ $OUT
 """
 
 
-def quantize_shader(head):
-    """QUANTIZE: `head` binds x, xs, xz, the words as `out` (i32) and q, with zp_at and div_rn."""
-    return head + QUANTIZE
+# Where the device multiplies f16 subgroup matrices, the prompts take them instead (q4_linear.py's
+# Q4Product): QUANTIZE writes each activation's q - zp, an integer of at most 255 in
+# magnitude and so exact in f16, 4 a vec2<u32> in the order of K; the GEMM's f16 tiles
+# (f16_matrix.py) sum those times the 4-bit weights rounded once to f16 (as an fp16 export's
+# products round them) in f32, and take the row's scale in their epilogue (GemmRoute's row_scale):
+# no scale fold a group, where the int8 route's sums leave the matrices every 32 of K.
+HALVES = """    let at = m * q.K + 4u * (i % kw);
+    let v = vec4<f32>(f32(x[at]), f32(x[at + 1u]), f32(x[at + 2u]), f32(x[at + 3u]));
+    let h = clamp(round(v * inv) + zp, vec4<f32>(-128.0), vec4<f32>(127.0)) - zp;
+    out[i] = vec2<u32>(pack2x16float(h.xy), pack2x16float(h.zw));"""
+
+
+def quantize_shader(head, halves=False):
+    """QUANTIZE: `head` binds x, xs, xz, the words as `out` (i32; with `halves` vec2<u32>, 4
+    halves) and q, with zp_at and div_rn."""
+    return head + fill(QUANTIZE, WRITE=HALVES if halves else INT8_WORD)
 
 
 def matrix_shader(head, words, shape=SHAPE):
@@ -215,6 +230,11 @@ def takes(gs, wpr):
 def words_scratch(b, x):
     """QUANTIZE's output for input `x` at its largest."""
     return b.scratch("int32", max(1, numel_of(b.graph.values[x].dims) // 4))
+
+
+def halves_scratch(b, x):
+    """QUANTIZE's halves for input `x` at its largest."""
+    return b.scratch("float16", max(4, numel_of(b.graph.values[x].dims)))
 
 
 def quantize_grid(m, k):

@@ -84,7 +84,19 @@ from ..wgsl import (
 )
 from . import int8_matrix
 from .f16_matrix import STEP as MATRIX_STEP
-from .gemm import PARAMS_SIZE, GemmRoute, TileLoad, WeightSource, bindings, dequantized_halves, float_a_load, gemm_scratch, params_bytes
+from .gemm import (
+    MATRIX_TILE,
+    PARAMS_SIZE,
+    WIDEN_MAX_BYTES,
+    GemmRoute,
+    TileLoad,
+    WeightSource,
+    bindings,
+    dequantized_halves,
+    float_a_load,
+    gemm_scratch,
+    params_bytes,
+)
 from .linear import CPU_WG, sg_groups, sg_splits_k, sg_sums, sg_total, sg_wg_rows
 from .routes import (
     BITWISE_ROWS,
@@ -413,16 +425,22 @@ def gemv_shader(dq8, zp_packed, has_bias, gs, lanes, types=Storage(), residual=F
     return head + tail[0] + gemv_reduce(rows) + gemv_main(rows) + f"    let wg = wg0;\n    {body}\n{tail[1]}}}\n"
 
 
-def matrix_heads(zp_packed, has_bias, types, residual):
-    """The heads of kernels/matmul/int8_matrix.py's two kernels for a dq8 product: QUANTIZE's (x,
-    its scales and zero points, the words as `out`), and the product's (the plain op's bindings
-    without x, the weights as vec4s `wq4`, then the words)."""
+def quantize_head(zp_packed, types, out):
+    """The head of kernels/matmul/int8_matrix.py's quantizing kernels for a dq8 product: x, its
+    scales and zero points, what they write as `out` (WGSL element type `out`), the uniform q."""
     acts = (("xs", types.xs), ("xz", "u32" if zp_packed else "i32"))
-    quantize = [LIN_STRUCT + ";", *bindings((("x", types.x), *acts), False, uniform="q: Q", out="i32")]
-    quantize = "\n".join(quantize) + "\n" + DIV_RN + _zero_points(zp_packed)
+    quantize = [LIN_STRUCT + ";", *bindings((("x", types.x), *acts), False, uniform="q: Q", out=out)]
+    return "\n".join(quantize) + "\n" + DIV_RN + _zero_points(zp_packed)
+
+
+def matrix_heads(zp_packed, has_bias, types, residual):
+    """The heads of kernels/matmul/int8_matrix.py's two kernels for a dq8 product: QUANTIZE's
+    (quantize_head, the words as `out`), and the product's (the plain op's bindings without x, the
+    weights as vec4s `wq4`, then the words)."""
+    acts = (("xs", types.xs), ("xz", "u32" if zp_packed else "i32"))
     operands = (*acts, ("wq", "vec4<u32>"), ("ws", types.ws))
     product = _gemv_header(True, zp_packed, has_bias, types, residual=residual, operands=operands) + _dequant(True, zp_packed, None)
-    return quantize, product + "fn wq4(i: u32) -> vec4<u32> { return wq[i]; }\n"
+    return quantize_head(zp_packed, types, "i32"), product + "fn wq4(i: u32) -> vec4<u32> { return wq[i]; }\n"
 
 
 # CPU adapters with subgroups (kernels/matmul/linear.py's gemv_sg_body, for 4-bit words): the lanes of a
@@ -719,11 +737,12 @@ fn b_words_scale$J(n: u32, k0: u32) -> f32 {
 """
 
 
-def q4_words(gs, x, scales):
+def q4_words(gs, x, scales, f32_scales=False):
     """Whether the f16 matrices read 4-bit weights of group `gs` a column's step at a time
-    (TileLoad.words): f16 rows and scales (the halves rounded as eager rounds them), groups of
-    whole matrix steps."""
-    return x == "f16" and all(t == "f16" for t in scales) and gs is not None and gs % MATRIX_STEP == 0
+    (TileLoad.words): f16 rows and scales (the halves rounded as eager rounds them; with
+    `f32_scales` f32 ones too), groups of whole matrix steps."""
+    kinds = ("f16", "f32") if f32_scales else ("f16",)
+    return x == "f16" and all(t in kinds for t in scales) and gs is not None and gs % MATRIX_STEP == 0
 
 
 def q4_b_words(row="let r = min(n, p.N - 1u);", suffix="", wq="wq", scale="wscale"):
@@ -761,15 +780,16 @@ DQ8_SETUP = """    for (var i = 0u; i < 4u; i = i + 1u) {
 """
 
 
-def q4_load(dq8, zp_packed, gs, k, types=Storage()):
+def q4_load(dq8, zp_packed, gs, k, types=Storage(), f32_scale_words=False):
     """The GEMM template's tile loads for 4-bit weights (kernels/matmul/gemm.py) of group size `gs`
     (_dequant's); the float activations of K `k` (at most) 4 of K a load where that is whole quads,
-    and f16 ones so also as halves, with the weights rounded to halves (the f16 matrices' loads)."""
+    and f16 ones so also as halves, with the weights rounded to halves (the f16 matrices' loads; a
+    word at a time where q4_words says, of f32 scales too with `f32_scale_words`)."""
     quads = not dq8 and k % 4 == 0
     x, a_functions = float_a_load(types.x, quads, "x")
     inputs = tuple(x if name == "x" else (name, t) for name, t in _operands(dq8, zp_packed, types))
     source = None if dq8 else WeightSource(types.x, inputs[1:], _dequant(False, False, gs) + q4_b_k_quad(), ((LIN_STRUCT, "q: Q"),))
-    words = quads and q4_words(gs, types.x, [types.ws])  # the f16 matrices' loads: a word at a time, or quads packed
+    words = quads and q4_words(gs, types.x, [types.ws], f32_scale_words)  # the f16 matrices' loads: a word at a time, or quads packed
     halves = source.functions + dequantized_halves("x", 0 if words else 1) if quads and types.x == "f16" else ""
     return TileLoad(
         inputs=inputs,
@@ -782,6 +802,7 @@ def q4_load(dq8, zp_packed, gs, k, types=Storage()):
         b_source=source,
         halves_functions=halves + (q4_b_words() if words else ""),
         words=words,
+        word_scales="f32" if words and types.ws == "f32" else "f16",
     )
 
 
@@ -1042,10 +1063,18 @@ class Q4Product:
         # rows 7.5 / 10.6 / 14.0 -> 11.9 / 16.8 / 22.1 TFLOP/s; results/h200/kernel_choices/q4_gemm_64_rows/)
         small = (q4_wide(8 * w.wpr) or w.n >= GEMV_T4_MIN_N) and b.adapter != CPU
         most = (w.n, 8 * w.wpr)
-        self.gemm = GemmRoute(b, load, operands, bias, out, self.p, gemm_scratch(b, [out], most=most), [self.q], q_wgsl, residual=residual,
-                              small=small, most=most)
-        self.matrix = None  # the GEMM's rows on int8 subgroup matrices, where the device has them
-        if dq8 and b.int8_matrices and int8_matrix.takes(w.gs, w.wpr):
+        scratch = gemm_scratch(b, [out], most=most)
+        self.gemm = GemmRoute(b, load, operands, bias, out, self.p, scratch, [self.q], q_wgsl, residual=residual, small=small, most=most)
+        self.halves = None  # the GEMM's rows of a dq8 prompt on f16 subgroup matrices, where the device has them
+        halves = q4_load(False, False, w.gs, k_most, replace(types, x="f16"), f32_scale_words=True)  # over the activations' q - zp as f16
+        if dq8 and b.f16_matrices and k_most % 4 == 0 and (halves.words or 2 * w.n * 8 * w.wpr <= WIDEN_MAX_BYTES):
+            rows = int8_matrix.halves_scratch(b, x)
+            self.quantize_halves = b.dispatch(int8_matrix.quantize_shader(quantize_head(zp_packed, types, "vec2<u32>"), halves=True), [x, xs, xz, rows, self.q])
+            q_halves = f"{LIN_STRUCT};\n@group(0) @binding({3 + len(tail) + 3}) var<uniform> q: Q;\n"  # after out, p and the scratch
+            self.halves = GemmRoute(b, halves, [rows, weight, scales], bias, out, self.p, scratch, [self.q], q_halves, residual=residual, most=most,
+                                    tiles=[MATRIX_TILE] if halves.words else [], row_scale=xs)
+        self.matrix = None  # the GEMM's rows on int8 subgroup matrices, where the device has them (and not f16 ones)
+        if dq8 and b.int8_matrices and self.halves is None and int8_matrix.takes(w.gs, w.wpr):
             words = int8_matrix.words_scratch(b, x)
             quantize, product = matrix_heads(zp_packed, has_bias, types, residual)
             self.quantize = b.dispatch(int8_matrix.quantize_shader(quantize), [x, xs, xz, words, self.q])
@@ -1078,11 +1107,12 @@ class Q4Product:
         sg_shape = q4_subgroup_shape(self.b, self.shapes, m, k, self.exact_rows) if on else None
         use_gemv = on and m <= self.gemv_rows and sg_shape is None
         past_gemv = on and m > self.gemv_rows and sg_shape is None
+        use_halves = past_gemv and self.halves is not None and k % 4 == 0 and self.halves.takes(m, w.n, k)
         use_matrix = past_gemv and self.matrix is not None and k % int8_matrix.STEP == 0 and int8_matrix.wide_enough(m, w.n)
-        use_gemm = past_gemv and not use_matrix
+        use_gemm = past_gemv and not (use_matrix or use_halves)
         if use_gemv and not self.gemvs:
             self.b.fail(f"{m} rows need the GEMV route, not built")
-        splits, kspan = self.gemm.plan(m, w.n, k, 1, use_gemm)
+        splits, kspan = (self.halves if use_halves else self.gemm).plan(m, w.n, k, 1, use_gemm or use_halves)
         ctx.set_params(self.q, struct.pack(LIN_FORMAT, m, w.n, k, w.wpr, w.groups, w.gs, -(-k // 8)))
         bias_strides = (0, w.n, 1) if self.residual else (0, 0, 1)
         ctx.set_params(self.p, params_bytes(m, w.n, k, bias=bias_strides, split=(splits, kspan)))
@@ -1097,6 +1127,9 @@ class Q4Product:
         for shape, (d, grid) in self.quantizing.items():
             ctx.set_grid(d, grid(m) if quantizing and shape == sg_shape else (0, 0, 0))
         self.gemm.set_grids(ctx, m, w.n, k, 1, splits, use_gemm)
+        if self.halves is not None:
+            ctx.set_grid(self.quantize_halves, int8_matrix.quantize_grid(m, k) if use_halves else (0, 0, 0))
+            self.halves.set_grids(ctx, m, w.n, k, 1, splits, use_halves)
         if self.matrix is not None:
             ctx.set_grid(self.quantize, int8_matrix.quantize_grid(m, k) if use_matrix else (0, 0, 0))
             ctx.set_grid(self.matrix, int8_matrix.matrix_grid(m, w.n) if use_matrix else (0, 0, 0))
