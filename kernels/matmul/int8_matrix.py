@@ -1,6 +1,7 @@
 """Dynamic-int8 x 4-bit products on subgroup matrices (tensor cores): the prompt route of
 `et_vk.linear_dq8ca_q4gsw` (8da4w) where the device offers int8 matrix products (Dawn's
-chromium_experimental_subgroup_matrix, INT8_MATRIX).
+chromium_experimental_subgroup_matrix, INT8_MATRIX) and not f16 ones; where it offers those, the
+prompts take them over the activations quantized here as halves (HALVES, below).
 
 Two dispatches. QUANTIZE writes each activation once as int8, q = clamp(round(x / s) + zp), with
 its row's scale and zero point (the GEMV's integer-exact division), four a 32-bit word. The
