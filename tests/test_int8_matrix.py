@@ -1,5 +1,6 @@
 """8-bit dynamic activations with 4-bit weights (`et_vk.linear_dq8ca_q4gsw`) on subgroup matrices,
-where the device offers them (Dawn on NVIDIA GPUs; skipped elsewhere, lavapipe included): the int8
+where the device offers them (Dawn on NVIDIA GPUs; skipped elsewhere, lavapipe included, but for the
+f16 route's bindings, checked from its build alone): the int8
 route (kernels/matmul/int8_matrix.py), and where f16 matrices are offered too, the f16 route that
 prompts take there (the activations' q - zp as f16, the 4-bit weights rounded once to f16), each
 against the GEMM route of the same export on the same device, which test_quantized_ops and
@@ -11,6 +12,7 @@ the GEMM sums dequantized products in f32, so the outputs agree within f32 round
 differs by the weights' rounding to f16 (2^-11 of each), as an fp16 export's products do."""
 
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +20,12 @@ import pytest
 
 import async_runtime.model as runtime_model
 from async_runtime.backend import SUBGROUP_MATRIX_FEATURE
+from async_runtime.program.graph import link
+from async_runtime.program.pte import read_program
+from pte_wgpu.kernels import build_node, fuse
 from pte_wgpu.kernels.matmul import gemm, int8_matrix, q4_fused_linear, q4_linear
+from pte_wgpu.kernels.matmul.q4_linear import scales_in_row_quads
+from pte_wgpu.kernels.variants import GPU
 
 from . import exporting
 from .test_llama import CONTEXT, recorded
@@ -29,7 +36,7 @@ F16_TOL = 4e-3
 GEMV_ROWS = 32  # the most rows the GEMV takes here: the matrices take more
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def matrix_adapter(wgpu_adapter):
     """Skip before any export where the adapter has no subgroup matrices."""
     if SUBGROUP_MATRIX_FEATURE not in wgpu_adapter.features:
@@ -84,6 +91,7 @@ def _assert_close(route, got, want, msg, atol=ATOL, rtol=RTOL):
 
 # 70 rows by K = 160 (five steps) into 76 outputs, group 32; 64 to 64 with a diagonal weight (one
 # product an output); K = 192 in groups of 64 (two steps a group) into 44 outputs
+@pytest.mark.usefixtures("matrix_adapter")
 @pytest.mark.parametrize("route", ["int8", "f16"])
 @pytest.mark.parametrize("name", ["dq8_large", "dq8_diagonal", "dq8_n44"])
 async def test_dq8_products_on_matrices_match_the_gemm(name, route, load_pte, monkeypatch):
@@ -101,6 +109,7 @@ async def test_dq8_products_on_matrices_match_the_gemm(name, route, load_pte, mo
         assert not _ran_matrices(gemm_model, route)
 
 
+@pytest.mark.usefixtures("matrix_adapter")
 @pytest.mark.parametrize("route", ["int8", "f16"])
 async def test_llama_prompt_on_matrices_matches_the_gemm(route, load_pte, monkeypatch, tmp_path_factory):
     """The tiny 8da4w Llama (K = 96, the residual linears' epilogue): a prompt of 41 tokens, then
@@ -121,3 +130,31 @@ async def test_llama_prompt_on_matrices_matches_the_gemm(route, load_pte, monkey
                 assert int(got.argmax()) == int(want.argmax())
             pos += tokens.shape[1]
             tokens = np.array([[int(got.argmax())]])
+
+
+def test_f16_route_binds_what_its_shaders_declare(tmp_path_factory):
+    """Without a GPU: the tiny 8da4w Llama's products built as for a device with f16 and int8
+    matrices (GPU kernels, the int8 activations kept) each have the f16 route, its rows quantized as
+    halves into the tile's A, and every dispatch declaring `row_scale` binds the product's activation
+    scales there (the route's tile and split-K's reduce alike)."""
+    graph = link(read_program(recorded("8da4w", tmp_path_factory)[0]).method("forward"))
+    scales_in_row_quads(graph)
+    fuse(graph, int8_matrices=True)
+    products = [args for name, args in graph.calls if name in runtime_model.DQ8_PRODUCTS]
+    assert products
+    for name, args in list(graph.calls):
+        first = len(graph.dispatches)
+        build_node(graph, name, args, GPU, True, False, True, False, True)
+        if name not in runtime_model.DQ8_PRODUCTS:
+            continue
+        built = graph.dispatches[first:]
+        quantize = [d for d in built if d.shader and "pack2x16float(h.xy)" in d.shader]
+        tiles = [d for d in built if d.shader and "subgroup_matrix_left<f16" in d.shader]
+        scaled = [d for d in built if d.shader and "var<storage, read> row_scale" in d.shader]
+        assert len(quantize) == 1 and tiles and {id(d) for d in tiles} <= {id(d) for d in scaled}, name
+        rows = quantize[0].bindings[3]
+        assert graph.values[rows].dtype == "float16" and all(d.bindings[0] == rows for d in tiles), name
+        for d in scaled:
+            at = int(re.search(r"@binding\((\d+)\) var<storage, read> row_scale", d.shader).group(1))
+            assert d.bindings[at] == args[1] and len(d.bindings) == len(re.findall(r"@binding\(", d.shader)), name
+        assert not any("subgroup_matrix_left<i8" in (d.shader or "") for d in built), name  # the f16 route, not the int8 one
