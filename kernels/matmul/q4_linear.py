@@ -1055,8 +1055,9 @@ class Q4Product:
                     grid = lambda m, lanes=lanes, per=per: self.gemv_grid(lanes, per, m)  # noqa: E731
                 self.quantizing[shape] = (b.dispatch(shader, [rows, *bound[1:], self.qp_uniform, *more]), grid)
             self.qp = qp_bytes(*qp, norm_eps)
-        q_binding = len(operands) + len(tail) + 3  # after out, p and the scratch
-        q_wgsl = f"{LIN_STRUCT};\n@group(0) @binding({q_binding}) var<uniform> q: Q;\n"
+        def q_wgsl(reads):  # the uniform q of a GEMM of `reads` read bindings: after those, the tail, out, p and the scratch
+            return f"{LIN_STRUCT};\n@group(0) @binding({reads + len(tail) + 3}) var<uniform> q: Q;\n"
+
         load = q4_load(dq8, zp_packed, w.gs, k_most, types)
         # a ragged pass of 17 to 32 decode rows takes the GEMM (the weights of q4_wide K, LM heads):
         # SMALL_TILE 1.5-1.6x TILE there (H200, SmolLM2's 49,152 x 576 head alone at 17 / 24 / 32
@@ -1064,15 +1065,16 @@ class Q4Product:
         small = (q4_wide(8 * w.wpr) or w.n >= GEMV_T4_MIN_N) and b.adapter != CPU
         most = (w.n, 8 * w.wpr)
         scratch = gemm_scratch(b, [out], most=most)
-        self.gemm = GemmRoute(b, load, operands, bias, out, self.p, scratch, [self.q], q_wgsl, residual=residual, small=small, most=most)
+        self.gemm = GemmRoute(b, load, operands, bias, out, self.p, scratch, [self.q], q_wgsl(len(operands)), residual=residual, small=small, most=most)
         self.halves = None  # the GEMM's rows of a dq8 prompt on f16 subgroup matrices, where the device has them
-        halves = q4_load(False, False, w.gs, k_most, replace(types, x="f16"), f32_scale_words=True)  # over the activations' q - zp as f16
-        if dq8 and b.f16_matrices and k_most % 4 == 0 and (halves.words or 2 * w.n * 8 * w.wpr <= WIDEN_MAX_BYTES):
-            rows = int8_matrix.halves_scratch(b, x)
-            self.quantize_halves = b.dispatch(int8_matrix.quantize_shader(quantize_head(zp_packed, types, "vec2<u32>"), halves=True), [x, xs, xz, rows, self.q])
-            q_halves = f"{LIN_STRUCT};\n@group(0) @binding({3 + len(tail) + 3}) var<uniform> q: Q;\n"  # after out, p and the scratch
-            self.halves = GemmRoute(b, halves, [rows, weight, scales], bias, out, self.p, scratch, [self.q], q_halves, residual=residual, most=most,
-                                    tiles=[MATRIX_TILE] if halves.words else [], row_scale=xs)
+        if dq8 and b.f16_matrices and k_most % 4 == 0:
+            halves = q4_load(False, False, w.gs, k_most, replace(types, x="f16"), f32_scale_words=True)  # over the activations' q - zp as f16
+            if halves.words or 2 * w.n * 8 * w.wpr <= WIDEN_MAX_BYTES:  # (else the GEMM would widen no weight for it)
+                rows = int8_matrix.halves_scratch(b, x)
+                quantize = int8_matrix.quantize_shader(quantize_head(zp_packed, types, "vec2<u32>"), halves=True)
+                self.quantize_halves = b.dispatch(quantize, [x, xs, xz, rows, self.q])
+                self.halves = GemmRoute(b, halves, [rows, weight, scales], bias, out, self.p, scratch, [self.q], q_wgsl(3), residual=residual, most=most,
+                                        tiles=[MATRIX_TILE] if halves.words else [], row_scale=xs)
         self.matrix = None  # the GEMM's rows on int8 subgroup matrices, where the device has them (and not f16 ones)
         if dq8 and b.int8_matrices and self.halves is None and int8_matrix.takes(w.gs, w.wpr):
             words = int8_matrix.words_scratch(b, x)
