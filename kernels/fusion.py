@@ -1097,9 +1097,10 @@ def _fuse_norms(graph):
             j = readers.get(src, [None])[0] if uses[src] == 1 else None
         if j is None or calls[j][0] not in NORM_READERS or calls[j][1][0] != src:
             continue
-        # the fused GEMV rounds the normalized rows to x's type, the type the norm would write
+        # the fused GEMV rounds the normalized rows to the type the norm would write them as (an fp16
+        # export's first norm reads the f32 embedding and writes halves)
         normed = values[args[-1]]
-        if values[x].dims != normed.dims or values[x].dtype not in FLOATS or values[x].dtype != normed.dtype or len(values[gamma].dims) != 1:
+        if values[x].dims != normed.dims or {values[x].dtype, normed.dtype} - set(FLOATS) or len(values[gamma].dims) != 1:
             continue
         fused_name, fused_args = calls[j]
         calls[j] = (fused_name.replace("pte_wgpu.", "pte_wgpu.rms_"), (*fused_args[:-1], x, gamma, args[2], fused_args[-1]))

@@ -118,6 +118,27 @@ async def test_llama_fp16_greedy_tokens_and_logits_match_eager(name, precision, 
     await generate_and_check(model, ids, logits, SCENARIOS["short"][0], **LLAMA_FP32)
 
 
+@pytest.mark.parametrize("name", list(LLAMA))
+async def test_an_fp16_llama_folds_its_first_norm_over_an_f32_embedding(name, precision, tmp_path_factory, load_pte):
+    """ExecuTorch leaves a Llama 3's 128k-token embedding outside the delegate, in f32, while an
+    fp16 export's norms write halves: the first layer's RMS norm still joins its q/k/v group, as
+    every other layer's does, and greedy tokens and logits match the eager (fp32) program's."""
+    from .llama import export_llama
+
+    config = LLAMA[name]
+    path, ref = export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, embedding_outside=True, **config)
+    model = await load_pte(path, precision=precision)
+    names = [name for name, _ in model.graph.calls]
+    assert "aten::embedding.out" in names and model.graph.values[model.graph.calls[names.index("aten::embedding.out")][1][-1]].dtype == "float32"
+    groups = [n for n in names if n.startswith(("pte_wgpu.rms_q4_linear_group", "pte_wgpu.rms_linear_group"))]
+    assert len(groups) == config["n_layers"] and names.count("et_vk.rms_norm.default") == 1, names  # the last norm: before the LM head
+    prompt = np.random.default_rng(11).integers(0, config["vocab_size"], (1, 7))
+    ref.reset()
+    ids, logits = ref.greedy(prompt, 12)
+    async with model.session() as s:
+        await generate_and_check(s, np.concatenate([prompt[0], ids]), logits, prompt.shape[1], **LLAMA_FP32)
+
+
 async def test_fp16_sessions_batched_get_bitwise_what_they_get_alone(precision, tmp_path_factory):
     pte, _ = recorded("fp16", tmp_path_factory, LLAMA["fp16"])
     rng = np.random.default_rng(7)
