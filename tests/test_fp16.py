@@ -122,8 +122,10 @@ async def test_llama_fp16_greedy_tokens_and_logits_match_eager(name, precision, 
 async def test_an_fp16_llama_folds_its_first_norm_over_an_f32_embedding(name, precision, tmp_path_factory, load_pte):
     """ExecuTorch leaves a Llama 3's 128k-token embedding outside the delegate, in f32, while an
     fp16 export's norms write halves: the first layer's RMS norm still joins its q/k/v group, as
-    every other layer's does, and greedy tokens and logits match the eager (fp32) program's."""
+    every other layer's does, and greedy tokens and logits match the eager (fp32) program's, a
+    session alone and sessions together."""
     from .llama import export_llama
+    from .test_llm_families import eager_greedy, generate_together
 
     config = LLAMA[name]
     path, ref = export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, embedding_outside=True, **config)
@@ -137,6 +139,10 @@ async def test_an_fp16_llama_folds_its_first_norm_over_an_f32_embedding(name, pr
     ids, logits = ref.greedy(prompt, 12)
     async with model.session() as s:
         await generate_and_check(s, np.concatenate([prompt[0], ids]), logits, prompt.shape[1], **LLAMA_FP32)
+    # ... and in ragged passes of several rows (the normalized rows written apart, or the fold's)
+    assert model.batching == "ragged", model.batching_note
+    prompts = [prompt[0].tolist(), prompt[0, :3].tolist(), [*prompt[0], *ids[:4]]]
+    assert await generate_together(model, prompts, 6) == eager_greedy(ref, prompts, 6)
 
 
 async def test_fp16_sessions_batched_get_bitwise_what_they_get_alone(precision, tmp_path_factory):
