@@ -62,8 +62,9 @@ def chosen(model, precision):
 
 
 def start_exports(tmp_path_factory):
-    """Start the fp16 Llama exports that are not stored (see tests/conftest.py), niced as
-    test_llama.start_exports nices those not in FIRST_NEEDED."""
+    """Start the fp16 Llama exports that are not stored (see tests/conftest.py), and the same
+    configs with the embedding outside the delegate, niced as test_llama.start_exports nices those
+    not in FIRST_NEEDED."""
     from .llama import start_export
 
     for name, config in LLAMA.items():
@@ -131,7 +132,7 @@ async def test_an_fp16_llama_folds_its_first_norm_over_an_f32_embedding(name, pr
     config = LLAMA[name]
     path, ref = export_llama(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, embedding_outside=True, **config)
     model = await load_pte(path, precision=precision)
-    names = [name for name, _ in model.graph.calls]
+    names = [op for op, _ in model.graph.calls]
     assert "aten::embedding.out" in names and model.graph.values[model.graph.calls[names.index("aten::embedding.out")][1][-1]].dtype == "float32"
     groups = [n for n in names if n.startswith(("pte_wgpu.rms_q4_linear_group", "pte_wgpu.rms_linear_group"))]
     assert len(groups) == config["n_layers"] and names.count("et_vk.rms_norm.default") == 1, names  # the last norm: before the LM head

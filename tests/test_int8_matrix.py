@@ -144,7 +144,7 @@ def test_f16_route_binds_what_its_shaders_declare(tmp_path_factory):
     assert products
     for name, args in list(graph.calls):
         first = len(graph.dispatches)
-        build_node(graph, name, args, GPU, True, False, True, False, True)
+        build_node(graph, name, args, GPU, subgroups=True, int8_matrices=True, f16_matrices=True)
         if name not in runtime_model.DQ8_PRODUCTS:
             continue
         built = graph.dispatches[first:]
