@@ -320,6 +320,40 @@ def swiglu_elementwise(gate, up, out):
     return fill(SWIGLU, GATE=gate, UP=up, OUT=out, FLAT_INDEX=FLAT_INDEX, WG=WG, SILU=fill(SILU, G="v0", U="v1"))
 
 
+# Split-K's reduce of gate | up as one GEMM over their columns (gemm.py's column_store), gating as
+# it goes: an invocation sums gate's column n and up's of a row in split order, as GEMM_REDUCE does,
+# stores both, and writes silu(gate) * up of the values stored, as SWIGLU reads them, so a pass
+# of split products takes one dispatch less.
+SWIGLU_REDUCE = """
+$FLAT_INDEX
+@compute @workgroup_size($WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg, ${WG}u);
+    let nh = p.N / 2u;  // gate's columns, then up's
+    if (i >= p.M * nh) { return; }
+    let total = p.M * p.N;
+    let m = i / nh;
+    let n = i % nh;
+    var g = 0.0;
+    var u = 0.0;
+    for (var s = 0u; s < p.splits; s = s + 1u) {
+        g = g + part[s * total + m * p.N + n];
+        u = u + part[s * total + m * p.N + nh + n];
+    }
+    store(0u, m, n, g);
+    store(0u, m, nh + n, u);
+    let v0 = f32(epilogue(g, 0u, m, n));
+    let v1 = f32(epilogue(u, 0u, m, nh + n));
+    finished[i] = $OUT($SILU);
+}
+"""
+
+
+def swiglu_reduce(out):
+    """GemmRoute's `finish` WGSL of a gate | up column group gated into an `out` (storage type)."""
+    return fill(SWIGLU_REDUCE, OUT=out, FLAT_INDEX=FLAT_INDEX, WG=WG, SILU=fill(SILU, G="v0", U="v1"))
+
+
 class _Products:
     """The GEMM route of products out_j = x @ w_j.T (none where the GEMV takes every row count,
     `gemm` False), and the live (M, K, N_j) they share. The products run as one GEMM over their
@@ -327,10 +361,11 @@ class _Products:
     each alone would leave the GPU half idle) where their outputs share a storage type and no
     product has a bias (`biases`: one a product, or none), else each its own GEMM."""
 
-    def __init__(self, b, x, weights, outs, gemm=True, gemv_rows=GEMV_MAX_ROWS, biases=()):
+    def __init__(self, b, x, weights, outs, gemm=True, gemv_rows=GEMV_MAX_ROWS, biases=(), gated=None):
         self.x, self.weights, self.outs, self.gemv_rows, self.biases = x, weights, outs, gemv_rows, biases
         self.shape_fn = linear_shapes(b)
         self.routes = []
+        self.gates = False  # whether the live shape's split-K reduce writes `gated` (SwiGLU's out: swiglu_reduce)
         if not gemm:
             return
         together = len({b.storage(o) for o in outs}) == 1 and not biases
@@ -341,7 +376,8 @@ class _Products:
             types = [b.storage(w) for w in weights]
             load, store = column_group(b.storage(x), types, [n for n, _ in sizes], most[1])
             params = b.params(PARAMS_SIZE)
-            route = GemmRoute(b, load, [x, *weights], None, outs[0], params, scratch, store=store, more_outs=outs[1:], most=most)
+            finish = (swiglu_reduce(b.storage(gated)), gated) if gated is not None else None
+            route = GemmRoute(b, load, [x, *weights], None, outs[0], params, scratch, store=store, more_outs=outs[1:], most=most, finish=finish)
             self.routes.append((params, route))
             return
         for w, bias, out, size in zip(weights, biases or [None] * len(weights), outs, sizes):
@@ -358,10 +394,12 @@ class _Products:
             ns.append(n)
         gemv, on = (0 < m <= self.gemv_rows, m > self.gemv_rows) if self.routes else (m > 0, False)
         widths = [sum(ns)] if len(self.routes) == 1 else ns
+        self.gates = False
         for (params, gemm), n in zip(self.routes, widths):
             splits, kspan = gemm.plan(m, n, k, 1, on)
             ctx.set_params(params, params_bytes(m, n, k, bias=(0, 0, 1) if self.biases else (0, 0, 0), split=(splits, kspan)))
             gemm.set_grids(ctx, m, n, k, 1, splits, on)
+            self.gates = self.gates or (on and gemm.finishes(splits))
         return gemv, m, k, ns
 
 
@@ -431,7 +469,7 @@ def linear_silu_mul(b):
     q, e = b.params(16), b.params(16)
     shader_of = lambda kind, shape, norm, types: _swiglu_shader(norm, kind, shape, types)  # noqa: E731
     gemvs = _Gemvs(b, kind, 2, shader_of, head, tail, ([w_gate, w_up], [out, q]), gpu_sg)
-    products = _Products(b, b.args[0], (w_gate, w_up), (gate, up), kind != SUBGROUP, gemvs.most_rows)
+    products = _Products(b, b.args[0], (w_gate, w_up), (gate, up), kind != SUBGROUP, gemvs.most_rows, gated=out)
     gate_up = b.dispatch(swiglu_elementwise(*(b.storage(v) for v in (gate, up, out))), [gate, up, out, e])
 
     def resize(ctx):
@@ -442,7 +480,7 @@ def linear_silu_mul(b):
         ctx.set_params(q, struct.pack("<2IfI", m, k, eps, n))
         ctx.set_params(e, struct.pack("<4I", numel_of(out_dims), 0, 0, 0))
         gemvs.set(ctx, [n], m, use_gemv)
-        ctx.set_grid(gate_up, flat_grid(numel_of(out_dims)) if not use_gemv and m else (0, 0, 0))
+        ctx.set_grid(gate_up, flat_grid(numel_of(out_dims)) if not use_gemv and m and not products.gates else (0, 0, 0))
         ctx.set_dims(out, out_dims)
 
     b.hook(resize)

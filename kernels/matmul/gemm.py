@@ -756,11 +756,12 @@ def widen_shader(source, halves=False):
 
 
 def gemm_reduce_shader(has_bias, bias="f32", out="f32", clamp=None, residual=False, store=None, extra="", activation=None, added=None,
-                       row_scale=None):
-    """Split-K's reduce; `extra`: WGSL bindings after the uniform (those `store` writes, `added`, `row_scale`)."""
+                       row_scale=None, main=GEMM_REDUCE):
+    """Split-K's reduce; `extra`: WGSL bindings after the uniform (those `store` writes, `added`,
+    `row_scale`); `main`: its entry point (GEMM_REDUCE, or a caller's that writes more)."""
     head = header(has_bias, (("part", "f32"),), bias=bias, out=out, clamp=clamp, residual=residual, store=store, activation=activation,
                   added=added, row_scale=row_scale)
-    return head + extra + GEMM_REDUCE
+    return head + extra + main
 
 
 def gemm_split(m, n, k, batch, tile=TILE, dequantizes=False):
@@ -818,10 +819,13 @@ class GemmRoute:
     adapter compiles one tile less) and, if it dequantizes, WIDE_ROW_TILE; `tiles` maps each tile
     built to its dispatch, of which `tile` picks one by live shape (`tiles` given: only those). On
     GPUs a load with a `b_source` also builds the widening and the f32 weights' route (`route`), or
-    over 4-bit weights of f16 rows where the device has f16 matrices, the f16 weights' on them."""
+    over 4-bit weights of f16 rows where the device has f16 matrices, the f16 weights' on them.
+    `finish`: (WGSL, tensor): split-K's reduce runs `finish`'s entry point in place of GEMM_REDUCE,
+    which also writes `tensor`, bound after the reduce's other bindings as `finished` (a SwiGLU's
+    gate | up columns gated in the reduce: fused_linear.py's swiglu_reduce)."""
 
     def __init__(self, b, load, inputs, bias, out, params, scratch, extra=(), extra_wgsl="", clamp=None, residual=False, store=None,
-                 more_outs=(), small=False, most=(0, 0), activation=None, added=None, tiles=None, row_scale=None):
+                 more_outs=(), small=False, most=(0, 0), activation=None, added=None, tiles=None, row_scale=None, finish=None):
         self.name = b.name
         tail = [bias] if bias is not None else []
         last = [added] if added is not None else []
@@ -855,8 +859,14 @@ class GemmRoute:
         # f16 weights (a WeightSource, not dequantized) of one product: a column group's (more_outs) load picks
         # its weight per column, which MID_TILE's loads took slower in a model's pass (the note at MID_TILE)
         self.f16 = load.b_source is not None and not load.dequantizes and not more_outs
-        reduce = gemm_reduce_shader(bias is not None, extra=more(len(tail) + 3), **epilogue)
-        self.reduce = b.dispatch(reduce, [scratch, *tail, out, params, *more_outs, *last])
+        reduce_bindings = [scratch, *tail, out, params, *more_outs, *last]
+        reduce_extra, main = more(len(tail) + 3), GEMM_REDUCE
+        if finish is not None:
+            main, finished = finish
+            reduce_extra += f"@group(0) @binding({len(reduce_bindings)}) var<storage, read_write> finished: array<{b.storage(finished)}>;\n"
+            reduce_bindings.append(finished)
+        self.reduce = b.dispatch(gemm_reduce_shader(bias is not None, extra=reduce_extra, main=main, **epilogue), reduce_bindings)
+        self.finishing = finish is not None
         self.widened = None  # (the widening dispatch, the widened weights' route, (its least rows, its least work))
         source = load.b_source
         halves = b.f16_matrices and load.dequantizes and not load.words and source is not None and source.a == "f16"  # widened to f16, for MATRIX_TILE
@@ -867,7 +877,7 @@ class GemmRoute:
             widened = float_load(True, source.a, "f16" if halves else "f32", k_quads=True, a_quads=True)
             tiles = [MATRIX_TILE] if halves else [MID_TILE, *([BIG_TILE] if can_take_big_tile(most) else [])]
             route = GemmRoute(b, widened, [inputs[0], wide], bias, out, params, scratch, clamp=clamp, residual=residual, store=store, more_outs=more_outs,
-                              most=most, activation=activation, added=added, tiles=tiles, row_scale=row_scale)
+                              most=most, activation=activation, added=added, tiles=tiles, row_scale=row_scale, finish=finish)
             self.widened = (widen, route, (HALF_WIDEN_MIN_ROWS, HALF_WIDEN_MIN_WORK) if halves else (WIDEN_MIN_ROWS, WIDEN_MIN_WORK))
 
     def set(self, ctx, shape, on):
@@ -909,6 +919,10 @@ class GemmRoute:
         """(splits, kspan) for the uniform; (1, K) when the route is off."""
         route = self.route(m, n, k, batch)
         return gemm_split(m, n, k, batch, route.tile(m, n, k), route.dequantizes) if on else (1, max(k, 1))
+
+    def finishes(self, splits):
+        """Whether a product of `splits` runs the reduce's `finish` (its tensor written)."""
+        return self.finishing and splits > 1
 
     def set_grids(self, ctx, m, n, k, batch, splits, on=True):
         if on and self.a_k_quads and k % 4:

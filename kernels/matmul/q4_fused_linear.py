@@ -45,7 +45,7 @@ from ..attention.rope import rope_bindings, rope_store
 from ..registry import op
 from ..variants import CPU
 from ..wgsl import Int8Rows, binding_type, fill, flat_grid, rounded, row_groups_grid, vec4_loader, vec4_type
-from .fused_linear import _RMS, SILU, fused_operands, swiglu_elementwise
+from .fused_linear import _RMS, SILU, fused_operands, swiglu_elementwise, swiglu_reduce
 from .gemm import (
     PARAMS_SIZE,
     SMALL_TILE,
@@ -250,8 +250,9 @@ class _Columns:
         self.most = (sum(self.ns), 8 * fused.ws[0].wpr)
         self.scratch = gemm_scratch(b, fused.stored, together=True, most=self.most)
         self.p = b.params(PARAMS_SIZE)
+        finish = (swiglu_reduce(b.storage(fused.outs[0])), fused.outs[0]) if fused.swiglu else None  # SwiGLU gated in split-K's reduce
         self.gemm = GemmRoute(b, load, inputs, None, fused.stored[0], self.p, self.scratch, [fused.q], q_wgsl, store=column_store(self.ns),
-                              more_outs=fused.stored[1:], small=SMALL_TILE in fused.plain[0].gemm.tiles, most=self.most)
+                              more_outs=fused.stored[1:], small=SMALL_TILE in fused.plain[0].gemm.tiles, most=self.most, finish=finish)
         self.capacity = b.graph.values[self.scratch].dims[0]
 
     def plan(self, m, k):
@@ -424,7 +425,8 @@ class _Fused:
             ctx.set_dims(self.outs[0], tuple(xd[:-1]) + (n,))
             if self.plain:
                 ctx.set_params(self.e, struct.pack("<4I", m * n, 0, 0, 0))
-                ctx.set_grid(self.gate_up, flat_grid(m * n) if m and not fused else (0, 0, 0))
+                gated = plan is not None and self.columns.gemm.finishes(plan[0])  # split-K's reduce gated them
+                ctx.set_grid(self.gate_up, flat_grid(m * n) if m and not fused and not gated else (0, 0, 0))
         return fused and rotates
 
 
