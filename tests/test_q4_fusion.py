@@ -26,6 +26,9 @@ LLAMA = {"4w": CONFIGS["4w"], "4w_fp16": {**CONFIGS["4w"], "dtype": "fp16"}}
 # Each session's steps (rows a step, positions from 0, within the context): one row, a few rows,
 # past the GEMV's 16 and 32 rows, the whole context; each followed by decode steps
 SESSIONS = [(1, 3, 5, 16, 1, 1), (17, 1, 1), (33, 2, 1), (CONTEXT - 1,)]
+# K = 2,048 (a 1B's width, one layer): past the subgroup kernels' 16 rows the fused q/k/v and SwiGLU
+# products run as one GEMM over their columns that splits K
+WIDE = dict(dim=2048, n_heads=32, n_kv_heads=8, n_layers=1, vocab_size=260, qmode="4w", model_args=(("hidden_dim", 256),))
 FUSED_OPS = ("pte_wgpu.rms_q4_linear_group_rope", "pte_wgpu.rms_q4_linear_silu_mul", "pte_wgpu.q4_linear_residual")
 
 
@@ -34,7 +37,7 @@ def start_exports(tmp_path_factory):
     test_fp16's."""
     from .llama import start_export
 
-    for name, config in LLAMA.items():
+    for name, config in {**LLAMA, "4w_wide": WIDE}.items():
         if _store(f"{name}.npz") is None or not _store(f"{name}.npz").exists():
             start_export(tmp_path_factory.mktemp("llama"), max_len=CONTEXT, nice=5, **config)
 
@@ -87,6 +90,29 @@ async def test_a_4w_llama_fuses_its_linears_bitwise(name, tmp_path_factory, load
     steps = [m for rows in SESSIONS for m in rows]
     for m, g, w in zip(steps, got, want):
         np.testing.assert_array_equal(g, w, err_msg=f"{m} rows")
+
+
+async def test_a_wide_4w_llama_rotates_and_gates_in_split_ks_reduce(tmp_path_factory, load_pte, monkeypatch, kernel_variants):
+    """At K = 2,048, passes of more rows than the subgroup kernels take run the fused q/k/v and SwiGLU
+    products as one GEMM over their columns that splits K, whose reduce rotates q and k, stores k and
+    v in the caches and gates SwiGLU (q4_fused_linear.py's rope_reduce, fused_linear.py's
+    swiglu_reduce), where the unfused graph runs the RoPE's and the gate's dispatches after its
+    GEMMs: those passes' logits bitwise the unfused graph's, and the decode steps after them, which
+    attend to the keys they cached, too (to rounding where a GPU's subgroup kernels fold the norm)."""
+    pte, _ = recorded("4w_wide32", tmp_path_factory, WIDE)
+    fused, plain = await _load(load_pte, pte, True, monkeypatch), await _load(load_pte, pte, False, monkeypatch)
+    shaders = [d.shader or "" for d in fused.graph.dispatches]
+    rotating = [text for text in shaders if "let c0 = 2u * (i % np);" in text]  # rope_reduce's
+    gating = [text for text in shaders if "finished[i] = " in text]  # swiglu_reduce's
+    assert bool(rotating) == bool(gating) == (kernel_variants == "gpu")  # CPU adapters' subgroup kernels take every row count
+    sessions = [(17, 1, 1), (33, 2, 1), (CONTEXT - 1, 1)]
+    (got, _), (want, _) = await _steps(fused, sessions, WIDE["vocab_size"]), await _steps(plain, sessions, WIDE["vocab_size"])
+    folds = kernel_variants == "gpu" and fused.subgroups
+    for m, g, w in zip([m for rows in sessions for m in rows], got, want):
+        if folds and m <= 16:
+            np.testing.assert_allclose(g, w, rtol=0, atol=2e-6 * float(np.abs(w).max()), err_msg=f"{m} rows")
+        else:
+            np.testing.assert_array_equal(g, w, err_msg=f"{m} rows")
 
 
 class QLinears(FusedLinears):

@@ -98,6 +98,7 @@ async def test_every_kernel_compiles_under_tint(tmp_path_factory, load_pte, monk
             model = await load_pte(pte)
             assert model.precision == where[1]
     assert any("subgroupAdd" in s for s in sources) and any("neg_inf" in s for s in sources)
+    assert any("let c0 = 2u * (i % np);" in s for s in sources) and any("finished[i] = " in s for s in sources)  # the pair reduces
     for zp_packed, has_bias, residual, types in MATRIX_VARIANTS:  # the device's int8 matrices: Dawn's on GPUs only
         quantize, product = matrix_heads(zp_packed, has_bias, types, residual)
         where = f"int8 matrices {zp_packed, has_bias, residual, types}"

@@ -191,14 +191,15 @@ def rope_bindings(first, rope):
     return "\n" + "\n".join(lines) + cache_at("q")
 
 
-def rope_store(j, row, t, rope, biased=False):
+def rope_store(j, row, t, rope, biased=False, products=True):
     """Output n of q (j 0), k (1) or v (2) of input row `row` (WGSL) as the RoPE's own kernel leaves
     it (SHADER_CACHE, or with `rope.hf` SHADERS_HF[True]: the same expressions on
     the same values: the product, plus its bias where `biased` (bias{j}, as the plain linear adds
     it), rounded to its type `t`, then f32): q and k rotated with the other output of their pair
     (pair0), k and v also in the caches. The products themselves are stored too (every binding is
-    used: the pipeline's layout keeps them all), unless the epilogue is `lean`, which stores rotated
-    q and the caches alone (k rounded to rotated k's type all the same)."""
+    used: the pipeline's layout keeps them all) where `products` (a caller storing them itself:
+    not), unless the epilogue is `lean`, which stores rotated q and the caches alone (k rounded to
+    rotated k's type all the same)."""
     _, _, oq, ok, kc, vc, _, _, _ = rope.types
     row = f"let row = {row};"
     mine, other = (f"v0 + f32(bias{j}[n])", f"pair0 + f32(bias{j}[n ^ 1u])") if biased else ("v0", "pair0")
@@ -207,7 +208,7 @@ def rope_store(j, row, t, rope, biased=False):
         return f"if (row_seq[row] >= 0) {{ {name}[cache_at(row, {at})] = {value}; }}"
 
     if j == 2:
-        product = "" if rope.lean else "o2[row * q.N2 + n] = x; "
+        product = "" if rope.lean or not products else "o2[row * q.N2 + n] = x; "
         return f"{{ {row} let x = {t}({mine}); {product}{cache('vc', f'{vc}(x)')} }}"
     out, ot = (("oq", oq), ("ok", ok))[j]
     if rope.hf:  # output n is dim d of its head: 2i -> i, 2i + 1 -> i + rd / 2 below rd = 2 q.half (at: its place in q or k)
@@ -226,7 +227,7 @@ def rope_store(j, row, t, rope, biased=False):
             "var y = ev * sn + od * c; if (even) { y = ev * c - od * sn; }"
         )
     stored = cache("kc", f"{kc}({ot}(y))", "at") if j == 1 else ""
-    product = "" if rope.lean else f"o{j}[row * q.N{j} + n] = {t}({mine}); "
+    product = "" if rope.lean or not products else f"o{j}[row * q.N{j} + n] = {t}({mine}); "
     rotated = "" if rope.lean and j == 1 else f"{out}[row * q.N{j} + at] = {ot}(y); "
     return f"{{ {row} {rotate} {product}{rotated}{stored} }}"
 

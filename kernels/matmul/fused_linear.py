@@ -31,7 +31,7 @@ from ..attention.rope import rope_bindings, rope_store
 from ..registry import op
 from ..variants import CPU, GPU
 from ..wgsl import FLAT_INDEX, SUBGROUP_BUILTINS, WG, fill, flat_grid, rounded, row_groups, row_groups_grid, vec4_loader, vec4_type
-from .gemm import PARAMS_SIZE, GemmRoute, column_group, gemm_scratch, params_bytes, weight_load
+from .gemm import PARAMS_SIZE, GemmRoute, column_group, gemm_scratch, pair_reduce, params_bytes, weight_load
 from .linear import (
     CPU_GROUP_ROWS,
     CPU_WG,
@@ -321,37 +321,22 @@ def swiglu_elementwise(gate, up, out):
 
 
 # Split-K's reduce of gate | up as one GEMM over their columns (gemm.py's column_store), gating as
-# it goes: an invocation sums gate's column n and up's of a row in split order, as GEMM_REDUCE does,
-# stores both, and writes silu(gate) * up of the values stored, as SWIGLU reads them, so a pass
-# of split products takes one dispatch less.
-SWIGLU_REDUCE = """
-$FLAT_INDEX
-@compute @workgroup_size($WG)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat_index(gid, nwg, ${WG}u);
-    let nh = p.N / 2u;  // gate's columns, then up's
-    if (i >= p.M * nh) { return; }
-    let total = p.M * p.N;
-    let m = i / nh;
-    let n = i % nh;
-    var g = 0.0;
-    var u = 0.0;
-    for (var s = 0u; s < p.splits; s = s + 1u) {
-        g = g + part[s * total + m * p.N + n];
-        u = u + part[s * total + m * p.N + nh + n];
-    }
-    store(0u, m, n, g);
-    store(0u, m, nh + n, u);
-    let v0 = f32(epilogue(g, 0u, m, n));
-    let v1 = f32(epilogue(u, 0u, m, nh + n));
-    finished[i] = $OUT($SILU);
-}
-"""
+# it goes: gate's column n and up's of a row summed and stored as GEMM_REDUCE does them, then
+# silu(gate) * up of the values stored, as SWIGLU reads them, so a pass of split products takes one
+# dispatch less.
+SWIGLU_FINISH = """    let v0 = f32(epilogue(a, 0u, m, c0));
+    let v1 = f32(epilogue(z, 0u, m, c1));
+    finished[i] = $OUT($SILU);"""
 
 
-def swiglu_reduce(out):
-    """GemmRoute's `finish` WGSL of a gate | up column group gated into an `out` (storage type)."""
-    return fill(SWIGLU_REDUCE, OUT=out, FLAT_INDEX=FLAT_INDEX, WG=WG, SILU=fill(SILU, G="v0", U="v1"))
+def swiglu_reduce(b, out):
+    """GemmRoute's `finish` of a gate | up column group gated into the tensor `out`."""
+    t = b.storage(out)
+
+    def declared(first):
+        return f"@group(0) @binding({first}) var<storage, read_write> finished: array<{t}>;\n"
+
+    return declared, pair_reduce("i % np", "np + i % np", fill(SWIGLU_FINISH, OUT=t, SILU=fill(SILU, G="v0", U="v1"))), [out]
 
 
 class _Products:
@@ -376,7 +361,7 @@ class _Products:
             types = [b.storage(w) for w in weights]
             load, store = column_group(b.storage(x), types, [n for n, _ in sizes], most[1])
             params = b.params(PARAMS_SIZE)
-            finish = (swiglu_reduce(b.storage(gated)), gated) if gated is not None else None
+            finish = swiglu_reduce(b, gated) if gated is not None else None
             route = GemmRoute(b, load, [x, *weights], None, outs[0], params, scratch, store=store, more_outs=outs[1:], most=most, finish=finish)
             self.routes.append((params, route))
             return

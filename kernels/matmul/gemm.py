@@ -755,6 +755,38 @@ def widen_shader(source, halves=False):
     return "\n".join(lines) + "\n" + functions + fill(WIDEN, FLAT_INDEX=FLAT_INDEX, WG=WIDEN_WG, READ="b_k_halves" if halves else "b_k_quad")
 
 
+# A reduce's entry point that sums two columns of a row at a time in split order, as GEMM_REDUCE
+# does, stores both, then runs $FINISH on them (a in column c0, z in c1; pair i of p.M * np), for
+# a caller's `finish` (GemmRoute) that writes more from the pair: a SwiGLU's gate and up, a RoPE's pair.
+PAIR_REDUCE = """
+$FLAT_INDEX
+@compute @workgroup_size($WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg, ${WG}u);
+    let np = p.N / 2u;  // a row's pairs
+    if (i >= p.M * np) { return; }
+    let total = p.M * p.N;
+    let m = i / np;
+    let c0 = $FIRST;
+    let c1 = $SECOND;
+    var a = 0.0;
+    var z = 0.0;
+    for (var s = 0u; s < p.splits; s = s + 1u) {
+        a = a + part[s * total + m * p.N + c0];
+        z = z + part[s * total + m * p.N + c1];
+    }
+    store(0u, m, c0, a);
+    store(0u, m, c1, z);
+$FINISH
+}
+"""
+
+
+def pair_reduce(first, second, finish):
+    """PAIR_REDUCE pairing column `first` with `second` (WGSL of i and np), then `finish`."""
+    return fill(PAIR_REDUCE, FLAT_INDEX=FLAT_INDEX, WG=WG, FIRST=first, SECOND=second, FINISH=finish)
+
+
 def gemm_reduce_shader(has_bias, bias="f32", out="f32", clamp=None, residual=False, store=None, extra="", activation=None, added=None,
                        row_scale=None, main=GEMM_REDUCE):
     """Split-K's reduce; `extra`: WGSL bindings after the uniform (those `store` writes, `added`,
@@ -820,9 +852,10 @@ class GemmRoute:
     built to its dispatch, of which `tile` picks one by live shape (`tiles` given: only those). On
     GPUs a load with a `b_source` also builds the widening and the f32 weights' route (`route`), or
     over 4-bit weights of f16 rows where the device has f16 matrices, the f16 weights' on them.
-    `finish`: (WGSL, tensor): split-K's reduce runs `finish`'s entry point in place of GEMM_REDUCE,
-    which also writes `tensor`, bound after the reduce's other bindings as `finished` (a SwiGLU's
-    gate | up columns gated in the reduce: fused_linear.py's swiglu_reduce)."""
+    `finish`: (bindings, main, tensors): split-K's reduce runs the entry point `main` in place of
+    GEMM_REDUCE, with `tensors` bound after its other bindings, `bindings(first)` their WGSL from
+    binding `first` (a SwiGLU's gate | up columns gated in the reduce: fused_linear.py's
+    swiglu_reduce; q/k/v columns rotated and cached: q4_fused_linear.py's rope_reduce)."""
 
     def __init__(self, b, load, inputs, bias, out, params, scratch, extra=(), extra_wgsl="", clamp=None, residual=False, store=None,
                  more_outs=(), small=False, most=(0, 0), activation=None, added=None, tiles=None, row_scale=None, finish=None):
@@ -862,9 +895,9 @@ class GemmRoute:
         reduce_bindings = [scratch, *tail, out, params, *more_outs, *last]
         reduce_extra, main = more(len(tail) + 3), GEMM_REDUCE
         if finish is not None:
-            main, finished = finish
-            reduce_extra += f"@group(0) @binding({len(reduce_bindings)}) var<storage, read_write> finished: array<{b.storage(finished)}>;\n"
-            reduce_bindings.append(finished)
+            declared, main, finished = finish
+            reduce_extra += declared(len(reduce_bindings))
+            reduce_bindings += finished
         self.reduce = b.dispatch(gemm_reduce_shader(bias is not None, extra=reduce_extra, main=main, **epilogue), reduce_bindings)
         self.finishing = finish is not None
         self.widened = None  # (the widening dispatch, the widened weights' route, (its least rows, its least work))

@@ -58,6 +58,7 @@ from .gemm import (
     float_a_load,
     gemm_scratch,
     matrix_weights,
+    pair_reduce,
     params_bytes,
 )
 from .linear import sg_wg_rows
@@ -230,6 +231,27 @@ def columns_load(ns, k, gs, types, rope=None):
     return load, uniform
 
 
+# Split-K's reduce of q | k | v as one GEMM over their columns (_Columns) takes the RoPE where a
+# dispatch of its own (rope_into_cache) took it after: two neighbouring columns of a row (the pair a
+# head's RoPE rotates together) summed and stored as GEMM_REDUCE does them, then q's and k's rotated
+# and k and v stored in the caches with rope_store's expressions on the same values, so a pass of
+# split products takes one dispatch less.
+def rope_reduce(fused, types, uniform):
+    """GemmRoute's `finish` of _Columns' q | k | v taking the fused op's RoPE (RopeEpilogue):
+    its uniform (`uniform`, the WGSL struct) and the epilogue's bindings after the reduce's."""
+    rope, branches = fused.rope, []
+    for j, (s, e) in enumerate(column_ranges([w.n for w in fused.ws])):
+        def one(second, mine, other, j=j, s=s):  # output col - s (+ 1 for the pair's second) of product j
+            return f"{{ let n = c0 - {s}u + {second}u; let v0 = {mine}; let pair0 = {other}; {rope_store(j, 'm', types['outs'][j], rope, products=False)} }}"
+
+        branches.append(f"if (c0 < {e}u) {{\n        {one(0, 'a', 'z')}\n        {one(1, 'z', 'a')}\n    }}")
+
+    def declared(first):
+        return f"{uniform}@group(0) @binding({first}) var<uniform> q: Q;{rope_bindings(first + 1, rope)}"
+
+    return declared, pair_reduce("2u * (i % np)", "c0 + 1u", "    " + " else ".join(branches)), [fused.q, *rope.bound]
+
+
 class _Columns:
     """The fused products past the fused kernel's rows as one dequantizing GEMM over their columns
     side by side (gemm.py's column_group, for 4-bit weights; the loads read the fused op's uniform:
@@ -250,7 +272,8 @@ class _Columns:
         self.most = (sum(self.ns), 8 * fused.ws[0].wpr)
         self.scratch = gemm_scratch(b, fused.stored, together=True, most=self.most)
         self.p = b.params(PARAMS_SIZE)
-        finish = (swiglu_reduce(b.storage(fused.outs[0])), fused.outs[0]) if fused.swiglu else None  # SwiGLU gated in split-K's reduce
+        # split-K's reduce gates SwiGLU, or rotates q and k and stores the caches
+        finish = swiglu_reduce(b, fused.outs[0]) if fused.swiglu else rope_reduce(fused, types, uniform) if fused.rope else None
         self.gemm = GemmRoute(b, load, inputs, None, fused.stored[0], self.p, self.scratch, [fused.q], q_wgsl, store=column_store(self.ns),
                               more_outs=fused.stored[1:], small=SMALL_TILE in fused.plain[0].gemm.tiles, most=self.most, finish=finish)
         self.capacity = b.graph.values[self.scratch].dims[0]
@@ -380,7 +403,7 @@ class _Fused:
         return gemv_outputs(shape[1]) if kind == GEMV else sg_wg_rows(shape, len(self.ws) if self.swiglu else 1)
 
     def resize(self, ctx):
-        """Routes for the live rows; returns whether the fused kernel took `rope` (its rows)."""
+        """Routes for the live rows; returns whether the fused kernel, or split-K's reduce, took `rope`."""
         b, xd = self.b, ctx.dims(self.x)
         if len(xd) < 1:
             b.fail("input must have at least one dim")
@@ -395,6 +418,7 @@ class _Fused:
         if kind == SUBGROUP and fused and k % Q4_SG_STEP:
             b.fail(f"input K={k} is not whole subgroup steps of {Q4_SG_STEP}")
         plan = self.columns.plan(m, k) if self.columns and m > 0 and not fused else None
+        finished = plan is not None and self.columns.gemm.finishes(plan[0])  # split-K's reduce gated SwiGLU or took the RoPE
         for product in self.plain:
             product.resize(ctx, on=not fused and plan is None)
         if self.columns:
@@ -425,9 +449,8 @@ class _Fused:
             ctx.set_dims(self.outs[0], tuple(xd[:-1]) + (n,))
             if self.plain:
                 ctx.set_params(self.e, struct.pack("<4I", m * n, 0, 0, 0))
-                gated = plan is not None and self.columns.gemm.finishes(plan[0])  # split-K's reduce gated them
-                ctx.set_grid(self.gate_up, flat_grid(m * n) if m and not fused and not gated else (0, 0, 0))
-        return fused and rotates
+                ctx.set_grid(self.gate_up, flat_grid(m * n) if m and not fused and not finished else (0, 0, 0))
+        return (fused and rotates) or (finished and self.rope is not None)
 
 
 @op("pte_wgpu.q4_linear_group", "pte_wgpu.rms_q4_linear_group", "pte_wgpu.q4_linear_bias_group", "pte_wgpu.rms_q4_linear_bias_group", half=True)
@@ -436,7 +459,7 @@ def q4_linear_group(b):
 
 
 def q4_group_routes(b, rope=None):
-    """Record the op's routes; returns its hook (which returns whether the GEMV took `rope`)."""
+    """Record the op's routes; returns its hook (which returns whether a kernel of the op took `rope`)."""
     return _Fused(b, swiglu=False, rope=rope).resize
 
 
