@@ -99,7 +99,7 @@ async def test_a_wide_4w_llama_rotates_and_gates_in_split_ks_reduce(tmp_path_fac
     swiglu_reduce), where the unfused graph runs the RoPE's and the gate's dispatches after its
     GEMMs: those passes' logits bitwise the unfused graph's, and the decode steps after them, which
     attend to the keys they cached, too (to rounding where a GPU's subgroup kernels fold the norm)."""
-    pte, _ = recorded("4w_wide32", tmp_path_factory, WIDE)
+    pte, _ = recorded("4w_wide", tmp_path_factory, WIDE)
     fused, plain = await _load(load_pte, pte, True, monkeypatch), await _load(load_pte, pte, False, monkeypatch)
     shaders = [d.shader or "" for d in fused.graph.dispatches]
     rotating = [text for text in shaders if "let c0 = 2u * (i % np);" in text]  # rope_reduce's
