@@ -123,6 +123,20 @@ async def test_llama_matches_eager_prompt_then_decode(name, tmp_path_factory, lo
     await generate_and_check(model, ids, logits, SCENARIOS["short"][0])
 
 
+# head dim 128 in groups of 4 query heads a key-value head (Llama-3.1-8B's): the split-K decode kernel's
+# workgroup takes 4 heads' q, 128 vec4s for its 64 invocations
+HEAD_DIM_128 = dict(dim=512, n_heads=4, n_kv_heads=1, n_layers=1, vocab_size=257)
+
+
+async def test_a_llama_of_head_dim_128_matches_eager(tmp_path_factory, load_pte, kernel_variants):
+    pte, runs = recorded("fp32_head_dim_128", tmp_path_factory, HEAD_DIM_128)
+    model = await load_pte(pte)
+    for scenario, (prompt_len, _) in SCENARIOS.items():
+        ids, logits = runs[scenario]
+        async with model.session() as s:
+            await generate_and_check(s, ids, logits, prompt_len)
+
+
 async def test_workgroups_merged_apart_match_eager(tmp_path_factory, load_pte, monkeypatch):
     """Split-K attention's splits and the sampler's slices merged by dispatches of their own (where
     storage barriers order only a workgroup's own accesses: async_runtime/backend.py, Dawn's

@@ -254,9 +254,9 @@ $MERGE_DISPATCH
     // the cache row of this invocation's first key, asked for before q's loads so that its latency
     // overlaps theirs (a decode row's attention is latency-bound: one more dependent load cost an H100 ~3%)
     var kr = key_row(seq, k_begin + t);
-    if (t < ${QS}u) {
-        let i = (s * p.hq + h + t / ${G}u) * p.d + 4u * (t % ${G}u);
-        qs[t] = vec4<f32>(f32(q[i]), f32(q[i + 1u]), f32(q[i + 2u]), f32(q[i + 3u])) * p.scale;
+    for (var u = t; u < ${QS}u; u = u + ${CHUNK}u) {  // (4 heads of 128 dims are twice the invocations' vec4s)
+        let i = (s * p.hq + h + u / ${G}u) * p.d + 4u * (u % ${G}u);
+        qs[u] = vec4<f32>(f32(q[i]), f32(q[i + 1u]), f32(q[i + 2u]), f32(q[i + 3u])) * p.scale;
     }
     workgroupBarrier();
     if (wid.z >= used) { return; }
