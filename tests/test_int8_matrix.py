@@ -9,7 +9,8 @@ matrices here (their minimum tile and row counts set to the GEMV's).
 
 The routes quantize the activations alike; the int8 matrices sum each group exactly in int32 where
 the GEMM sums dequantized products in f32, so the outputs agree within f32 rounding; the f16 route
-differs by the weights' rounding to f16 (2^-11 of each), as an fp16 export's products do."""
+differs by the weights' rounding to f16 (2^-11 of each), as an fp16 export's products do, and a
+model's logits by what that does to the next products' int8 activations."""
 
 import random
 import re
@@ -33,6 +34,12 @@ from .test_quantized_ops import _export, _rows
 
 ATOL = RTOL = 1e-4
 F16_TOL = 4e-3
+# ... and a model's logits there: the rounding moves some of the next products' int8 activations a
+# step, which every later layer carries on. The tiny Llama's prompt and greedy steps below, eager on the
+# CPU with its 4-bit weights rounded to f16, need 2.5x F16_TOL; rounded otherwise (stochastically, or a
+# ulp off), up to 3.7x; a group dropped or its scale doubled in a v, attention-output, MLP or head
+# product, 10x and more (in q's or k's, 2.5-4.3x: hidden in the rounding's)
+F16_MODEL_TOL = 5 * F16_TOL
 GEMV_ROWS = 32  # the most rows the GEMV takes here: the matrices take more
 
 
@@ -77,14 +84,14 @@ def _ran_matrices(model, route, session=None):
     return any(left in (d.shader or "") and all(grids[i]) for i, d in enumerate(model.graph.dispatches))
 
 
-def _assert_close(route, got, want, msg, atol=ATOL, rtol=RTOL):
+def _assert_close(route, got, want, msg, atol=ATOL, rtol=RTOL, f16_tol=F16_TOL):
     """`got` within the route's tolerance of `want`: `atol` and `rtol` (f32 rounding) on the int8
-    matrices; on the f16 ones F16_TOL of each output plus F16_TOL of its row's largest (the
+    matrices; on the f16 ones `f16_tol` of each output plus `f16_tol` of its row's largest (the
     weights' rounding)."""
     if route == "int8":
         np.testing.assert_allclose(got, want, atol=atol, rtol=rtol, err_msg=msg)
         return
-    bound = F16_TOL * (np.abs(want) + np.abs(want).max(axis=-1, keepdims=True))
+    bound = f16_tol * (np.abs(want) + np.abs(want).max(axis=-1, keepdims=True))
     worst = float((np.abs(got - want) - bound).max())
     assert worst <= 0, f"{msg}: {worst} past the tolerance (largest difference {float(np.abs(got - want).max())}, largest value {float(np.abs(want).max())})"
 
@@ -114,7 +121,7 @@ async def test_dq8_products_on_matrices_match_the_gemm(name, route, load_pte, mo
 async def test_llama_prompt_on_matrices_matches_the_gemm(route, load_pte, monkeypatch, tmp_path_factory):
     """The tiny 8da4w Llama (K = 96, the residual linears' epilogue): a prompt of 41 tokens, then
     greedy steps; the same tokens where the GEMM's top two logits stand apart, logits within the
-    route's tolerance."""
+    route's tolerance (on the f16 matrices, a model's: F16_MODEL_TOL)."""
     pte, _ = recorded("8da4w", tmp_path_factory)
     matrices, gemm_model = await _both_routes(load_pte, pte, monkeypatch, route, batch_submits=False)
     prompt = np.random.default_rng(41).integers(0, 260, (1, 41))
@@ -124,7 +131,7 @@ async def test_llama_prompt_on_matrices_matches_the_gemm(route, load_pte, monkey
             (got,) = await a.execute(tokens, np.array([pos]))
             assert _ran_matrices(matrices, route, a) == (pos == 0)
             (want,) = await b.execute(tokens, np.array([pos]))
-            _assert_close(route, got, want, f"position {pos}", atol=2e-4, rtol=1e-3)
+            _assert_close(route, got, want, f"position {pos}", atol=2e-4, rtol=1e-3, f16_tol=F16_MODEL_TOL)
             top = np.sort(want.ravel())[-2:]
             if route == "int8" or top[1] - top[0] > 8 * F16_TOL * float(np.abs(want).max()):
                 assert int(got.argmax()) == int(want.argmax())
