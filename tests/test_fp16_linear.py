@@ -20,7 +20,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from pte_wgpu.kernels.matmul import gemm, q4_fused_linear, q4_linear
+from pte_wgpu.kernels.matmul import f16_matrix, gemm, q4_fused_linear, q4_linear
 from pte_wgpu.kernels.wgsl import fill
 from pte_wgpu.kernels.matmul import routes as R
 
@@ -123,7 +123,13 @@ CASES = {
     "f16_q4_k2048": (quantized(lambda: QLinear(2048, 76, True).half(), "4w", 32), [(41, 2048)], [0]),
     # ... and the fused 4-bit products of K = Q4_GEMM_MIN_K, their RMS norms folded in (the q/k/v group, SwiGLU)
     "f16_q4_norm_fused_wide": (quantized(lambda: NormedFusedLinears(2048, 96, 64, 256).half(), "4w", 32), [(41, 2048)], [0]),
+    # ... and products wide enough for the 16-row tiles of 256 columns (gemm.py's takes_wide_tiny_tile): a plain one of N past whole tiles
+    # (as an LM head), SwiGLU's gate | up columns (the fused group's weights whole tiles of 256)
+    "f16_q4_k2048_n4104": (quantized(lambda: QLinear(2048, 4104, True).half(), "4w", 32), [(41, 2048)], [0]),
+    "f16_q4_norm_fused_wide_swiglu": (quantized(lambda: NormedFusedLinears(2048, 96, 64, 2048).half(), "4w", 32), [(41, 2048)], [0]),
 }
+WIDE_TINY_CASES = ("f16_q4_k2048_n4104", "f16_q4_norm_fused_wide_swiglu")
+WIDE_TINY_B_TILE = f"var<workgroup> b_tile: array<f16, {2 * gemm.WIDE_TINY_DECODE_MATRIX_TILE.bn * f16_matrix.ROW}>"  # its shaders' B tile
 SUBGROUP_CASES = ("f16_fused_k4", "f16_q4_k32", "f16_dq8")
 
 
@@ -398,13 +404,14 @@ async def test_fp16_prompts_take_f16_matrices(name, load_pte, kernel_variants):
         assert bool(words) == (q4 and name != "f16_q4_widened" and m >= first), (m, [d.op for d in live])
 
 
-@pytest.mark.parametrize("name", ["f16_q4_k2048", "f16_q4_norm_fused_wide", "f16_linear_k2048", "f16_norm_fused_wide"])
+@pytest.mark.parametrize("name", ["f16_q4_k2048", "f16_q4_norm_fused_wide", "f16_linear_k2048", "f16_norm_fused_wide", *WIDE_TINY_CASES])
 async def test_batch_variant_products_take_f16_matrices_past_8_rows(name, load_pte, kernel_variants):
     """load(batch_invariant=False): products of f16 rows and K >= 2,048 by 4-bit weights (a plain
     one; the q/k/v group and SwiGLU with their RMS norms folded in) or by f16 weights (a plain
     one; the fused ones after their norms) take the f16 matrices past BATCH_VARIANT_ROWS rows,
     where a batch-invariant load keeps the subgroup kernels and GEMVs to BITWISE_ROWS; the norms
-    then run where the fused kernels leave them, against eager fp16."""
+    then run where the fused kernels leave them, against eager fp16. The wide products take the
+    16-row tiles of 256 columns at 9-16 rows."""
     data, module = _export(name)
     model = await load_pte(data, batch_invariant=False)
     if not model.f16_matrices or kernel_variants != "gpu":
@@ -419,6 +426,8 @@ async def test_batch_variant_products_take_f16_matrices_past_8_rows(name, load_p
             live = [d for i, d in enumerate(loaded.graph.dispatches) if all(loaded._default.state.grids[i])]
             matrices = [d for d in live if "subgroup_matrix_left<f16" in (d.shader or "")]
             assert bool(matrices) == (m >= first), (m, loaded.batch_invariant, [d.op for d in live])
+            wide = [d for d in matrices if WIDE_TINY_B_TILE in d.shader]
+            assert bool(wide) == (name in WIDE_TINY_CASES and first <= m <= gemm.WIDE_TINY_DECODE_MATRIX_TILE.bm), (m, loaded.batch_invariant)
 
 
 def test_4bit_words_become_halves_as_eager_rounds_them():

@@ -126,7 +126,7 @@ async def test_every_kernel_compiles_under_tint(tmp_path_factory, load_pte, monk
         for tile in (gemm.MATRIX_TILE, gemm.DECODE_MATRIX_TILE):
             sources[gemm.gemm_shader(load, bias, outs, tile=tile, bias="f16", out="f16", store=store)] = (f"f16 matrices {tile.matrix}, bias {bias}, columns {ns}", "f16")
     half = Storage("f16", "f16", "f16", "f16", "f16")  # ... and 4-bit weights of f16 rows, rounded to halves there (groups of 32: a column's K step a read)
-    q4_tiles = (gemm.MATRIX_TILE, gemm.DECODE_MATRIX_TILE, gemm.SHORT_DECODE_MATRIX_TILE, gemm.TINY_DECODE_MATRIX_TILE)
+    q4_tiles = (gemm.MATRIX_TILE, gemm.DECODE_MATRIX_TILE, gemm.SHORT_DECODE_MATRIX_TILE, gemm.TINY_DECODE_MATRIX_TILE, gemm.WIDE_TINY_DECODE_MATRIX_TILE)
     for (bias, group), tile in itertools.product(((False, 32), (True, 24)), q4_tiles):
         uniform = f"{q4_linear.LIN_STRUCT};\n@group(0) @binding({6 + bias}) var<uniform> q: Q;\n"
         load = q4_linear.q4_load(False, False, group, 256, half)

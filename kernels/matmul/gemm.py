@@ -613,6 +613,22 @@ SHORT_DECODE_MATRIX_TILE = Tile(matrix=(1, 4, 2, 2), split_target=128)
 # 4,227 (a cold first round) / 5,895 / 5,991 / 5,493 tokens/s, 1 and 8 streams the same
 # (results/h100/q4_f16_matrix_decode_rows/tiny_tile/).
 TINY_DECODE_MATRIX_TILE = Tile(matrix=(1, 4, 1, 2), split_target=128)
+# ... but products wide enough to split K toward the same 128 workgroups in 16 x 256 tiles (N of
+# 4,096 and more: SwiGLU's gate and up, the LM head) take those, four subgroups of 1 x 4 result
+# matrices. Per dispatch, 16 rows of the 1B 4w of f16 activations summed over a pass: the LM head
+# 295 -> 241 us, SwiGLU's gate | up 807 -> 763; in 256 columns q/k/v (3,072) 382 -> 380 and o and
+# down (2,048, half the workgroups) 743 -> 969 (H100, Dawn, results/h100/tiny_tile_probes/).
+WIDE_TINY_DECODE_MATRIX_TILE = Tile(matrix=(1, 4, 1, 4), split_target=128)
+
+
+def takes_wide_tiny_tile(n, weight_ends=()):
+    """Whether a product of N = `n` (a column group's weights ending at `weight_ends`) takes
+    WIDE_TINY_DECODE_MATRIX_TILE where it takes the 16-row tiles: its tiles split K toward the
+    tile's split target, each tile within one weight."""
+    wide = WIDE_TINY_DECODE_MATRIX_TILE
+    return -(-n // wide.bn) * MAX_SPLITS >= wide.split_target and not any(e % wide.bn for e in weight_ends[:-1])
+
+
 
 
 def takes_mid_tile(m, n, k_quads=False, f16_k=0):
@@ -886,6 +902,7 @@ class GemmRoute:
             tiles += [WIDE_ROW_TILE] if load.dequantizes and not load.setup and b.adapter != CPU and takes_wide_row_tile(TILE.bm, *most) else []
             if matrices:  # (4-bit weights read 4 of K a read: prompts over the weights widened to f16 first, below)
                 tiles += [DECODE_MATRIX_TILE] + ([TINY_DECODE_MATRIX_TILE, SHORT_DECODE_MATRIX_TILE] if load.dequantizes else [])
+                tiles += [WIDE_TINY_DECODE_MATRIX_TILE] if load.dequantizes and takes_wide_tiny_tile(most[0], load.weight_ends) else []
                 tiles += [MATRIX_TILE] if load.words or not load.dequantizes else []
         self.tiles = {tile: b.dispatch(shader(tile), bindings) for tile in tiles}
         self.dequantizes, self.a_k_quads = load.dequantizes, load.a_k_quads
@@ -933,7 +950,7 @@ class GemmRoute:
 
     def tile(self, m, n, k):
         if TINY_DECODE_MATRIX_TILE in self.tiles and self.matrix_from <= m <= TINY_DECODE_MATRIX_TILE.bm:
-            return TINY_DECODE_MATRIX_TILE
+            return WIDE_TINY_DECODE_MATRIX_TILE if WIDE_TINY_DECODE_MATRIX_TILE in self.tiles and takes_wide_tiny_tile(n) else TINY_DECODE_MATRIX_TILE
         if SHORT_DECODE_MATRIX_TILE in self.tiles and self.matrix_from <= m <= SHORT_DECODE_MATRIX_TILE.bm:
             return SHORT_DECODE_MATRIX_TILE
         if DECODE_MATRIX_TILE in self.tiles and self.matrix_from <= m < MATRIX_MIN_ROWS:
