@@ -20,10 +20,15 @@ import random
 import numpy as np
 import pytest
 import torch
+from pte_wgpu.kernels import build_node, fuse
 from pte_wgpu.kernels.matmul import f16_matrix, gemm, q4_fused_linear, q4_linear
+from pte_wgpu.kernels.matmul.q4_linear import scales_in_row_quads
+from pte_wgpu.kernels.variants import GPU
 from pte_wgpu.kernels.wgsl import fill
 from pte_wgpu.kernels.matmul import routes as R
 
+from async_runtime.program.graph import link
+from async_runtime.program.pte import read_program
 from async_runtime.testing import assert_matches_eager
 
 from . import test_linear_ops as linear_ops
@@ -428,6 +433,21 @@ async def test_batch_variant_products_take_f16_matrices_past_8_rows(name, load_p
             assert bool(matrices) == (m >= first), (m, loaded.batch_invariant, [d.op for d in live])
             wide = [d for d in matrices if WIDE_TINY_B_TILE in d.shader]
             assert bool(wide) == (name in WIDE_TINY_CASES and first <= m <= gemm.WIDE_TINY_DECODE_MATRIX_TILE.bm), (m, loaded.batch_invariant)
+
+
+@pytest.mark.parametrize("name, wide", [("f16_q4_k2048_n4104", True), ("f16_q4_norm_fused_wide_swiglu", True), ("f16_q4_k2048", False)])
+def test_wide_products_build_16_row_tiles_of_256_columns(name, wide):
+    """Without a GPU: built as for a device with f16 matrices, the 4-bit products of N 4,104 and of
+    SwiGLU's 2 x 2,048 columns (tiles of 256 within each weight) have the 16 x 256 tile; one of N 76
+    not (gemm.py's takes_wide_tiny_tile), nor a group whose weights would share a tile."""
+    graph = link(read_program(_export(name)[0]).method("forward"))
+    scales_in_row_quads(graph)
+    fuse(graph)
+    for op_name, args in list(graph.calls):
+        build_node(graph, op_name, args, GPU, subgroups=True, f16_matrices=True)
+    assert any(WIDE_TINY_B_TILE in (d.shader or "") for d in graph.dispatches) == wide
+    assert gemm.takes_wide_tiny_tile(4096, (2048, 4096)) and not gemm.takes_wide_tiny_tile(4096, (2176, 4096))
+    assert not gemm.takes_wide_tiny_tile(3072)  # (a 1B's q/k/v: 12 tiles of 256 would leave the split target short)
 
 
 def test_4bit_words_become_halves_as_eager_rounds_them():
