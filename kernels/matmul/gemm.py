@@ -617,7 +617,9 @@ TINY_DECODE_MATRIX_TILE = Tile(matrix=(1, 4, 1, 2), split_target=128)
 # 4,096 and more: SwiGLU's gate and up, the LM head) take those, four subgroups of 1 x 4 result
 # matrices. Per dispatch, 16 rows of the 1B 4w of f16 activations summed over a pass: the LM head
 # 295 -> 241 us, SwiGLU's gate | up 807 -> 763; in 256 columns q/k/v (3,072) 382 -> 380 and o and
-# down (2,048, half the workgroups) 743 -> 969 (H100, Dawn, results/h100/tiny_tile_probes/).
+# down (2,048, half the workgroups) 743 -> 969 (H100, Dawn, results/h100/tiny_tile_probes/); greedy
+# bursts, 16 streams 6,308 -> 6,504 tokens/s, medians of seven rounds each in three calls, one stream
+# the same (results/h100/wide_tiny_tile/).
 WIDE_TINY_DECODE_MATRIX_TILE = Tile(matrix=(1, 4, 1, 4), split_target=128)
 
 
@@ -627,8 +629,6 @@ def takes_wide_tiny_tile(n, weight_ends=()):
     tile's split target, each tile within one weight."""
     wide = WIDE_TINY_DECODE_MATRIX_TILE
     return -(-n // wide.bn) * MAX_SPLITS >= wide.split_target and not any(e % wide.bn for e in weight_ends[:-1])
-
-
 
 
 def takes_mid_tile(m, n, k_quads=False, f16_k=0):
