@@ -950,7 +950,7 @@ class GemmRoute:
 
     def tile(self, m, n, k):
         if TINY_DECODE_MATRIX_TILE in self.tiles and self.matrix_from <= m <= TINY_DECODE_MATRIX_TILE.bm:
-            return WIDE_TINY_DECODE_MATRIX_TILE if WIDE_TINY_DECODE_MATRIX_TILE in self.tiles and takes_wide_tiny_tile(n) else TINY_DECODE_MATRIX_TILE
+            return WIDE_TINY_DECODE_MATRIX_TILE if WIDE_TINY_DECODE_MATRIX_TILE in self.tiles else TINY_DECODE_MATRIX_TILE  # (built for its N)
         if SHORT_DECODE_MATRIX_TILE in self.tiles and self.matrix_from <= m <= SHORT_DECODE_MATRIX_TILE.bm:
             return SHORT_DECODE_MATRIX_TILE
         if DECODE_MATRIX_TILE in self.tiles and self.matrix_from <= m < MATRIX_MIN_ROWS:
