@@ -450,6 +450,24 @@ def test_wide_products_build_16_row_tiles_of_256_columns(name, wide):
     assert not gemm.takes_wide_tiny_tile(3072)  # (a 1B's q/k/v: 12 tiles of 256 would leave the split target short)
 
 
+@pytest.mark.parametrize("name, per_workgroup", [("f16_q4_k2048", 2), ("f16_q4_k2048_n4104", 8)])
+def test_4bit_products_of_few_weight_rows_take_two_a_workgroup(name, per_workgroup):
+    """Without a GPU: built for a GPU with subgroups, a 4-bit product at K 2,048 of N 76 runs its
+    one and two rows at 2 weight rows a workgroup (routes.py's Q4_SG_GPU_NARROW_SPLIT), one of N
+    4,104 at Q4_SG_GPU_WIDE's 8 (its subgroups walk all of K); by the rows of an op's weights
+    together, a 1B's q/k/v (3,072) and output (2,048) take 2, the 8B's (6,144; 4,096) 4 a
+    workgroup, and an LM head walks all of K."""
+    graph = link(read_program(_export(name)[0]).method("forward"))
+    scales_in_row_quads(graph)
+    fuse(graph)
+    for op_name, args in list(graph.calls):
+        build_node(graph, op_name, args, GPU, subgroups=True)
+    assert any(f"let nw = wg0 * {per_workgroup}u;" in (d.shader or "") for d in graph.dispatches)
+    assert R.q4_wide_shapes(2048, 3072) == R.q4_wide_shapes(2048, 2048) == R.Q4_SG_GPU_NARROW_SPLIT
+    assert R.q4_wide_shapes(4096, 6144) == R.q4_wide_shapes(4096, 4096) == R.Q4_SG_GPU_WIDE_SPLIT
+    assert R.q4_wide_shapes(128256, 128256) == R.Q4_SG_GPU_WIDE
+
+
 def test_4bit_words_become_halves_as_eager_rounds_them():
     """The f16 matrices' read of 4-bit weights a word an invocation (f16_matrix.B_WORD_KEEP:
     nibbles as f16 mantissas, less 1032, times the f16 scale) gives each weight as eager's fp16

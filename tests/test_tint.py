@@ -26,7 +26,7 @@ from async_runtime import pipelines
 from pte_wgpu.kernels.attention import gated_delta, rope, short_conv
 from pte_wgpu.kernels.matmul import gemm, int8_matrix, linear, q4_fused_linear, q4_linear
 from pte_wgpu.kernels.matmul.q4_linear import Storage, matrix_heads, quantize_head
-from pte_wgpu.kernels.matmul.routes import FLOAT_SG_GPU_WIDE, Q4_SG_GPU_WIDE, Q4_SG_GPU_WIDE_SPLIT
+from pte_wgpu.kernels.matmul.routes import FLOAT_SG_GPU_WIDE, Q4_SG_GPU_NARROW_SPLIT, Q4_SG_GPU_WIDE, Q4_SG_GPU_WIDE_SPLIT
 from pte_wgpu.kernels.quant import int8_conv, per_channel_linear
 
 from .llama import export_llama
@@ -156,7 +156,7 @@ async def test_every_kernel_compiles_under_tint(tmp_path_factory, load_pte, monk
         for weights in ("f32", "f16"):
             types = linear.Storage(weights, weights, "f32", weights)
             sources[linear.gemv_sg_shader(False, linear.wide_sg_shape(shape, weights == "f16"), types)] = (f"subgroup kernel {shape}, {weights}", weights)
-    for shape in Q4_SG_GPU_WIDE + Q4_SG_GPU_WIDE_SPLIT:  # 4-bit products of long rows, plain and fused with a norm (no tiny model has them)
+    for shape in Q4_SG_GPU_WIDE + Q4_SG_GPU_WIDE_SPLIT + Q4_SG_GPU_NARROW_SPLIT:  # 4-bit products of long rows, plain and fused with a norm (no tiny model has them)
         sources[q4_linear.sg_shader(False, False, False, shape, Storage(), False, 32)] = (f"4-bit subgroup kernel {shape}", "f32")
         types = {"x": "f32", "scales": ["f32"] * 3, "gamma": "f32", "outs": ["f32"] * 3, "rows": "f32", "gate": "f32", "up": "f32"}
         for count, swiglu in ((3, False), (2, True)):

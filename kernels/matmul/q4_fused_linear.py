@@ -359,7 +359,7 @@ class _Fused:
             "bias": [b.storage(v) for v in self.biases] if self.biased else [],
         }  # fmt: skip
         self.q = b.params(4 * (len(HEAD) + 2 * len(self.ws) + (len(ROPE_FIELDS) if rope else 0)))
-        gpu_sg = q4_subgroup_shapes(b, self.ws[0], k) if steps and not cpu else ()
+        gpu_sg = q4_subgroup_shapes(b, self.ws[0], k, sum(w.n for w in self.ws)) if steps and not cpu else ()
         folds = q4_every_row(gpu_sg)  # its subgroup kernels take the rows before the norm
         if cpu and steps:  # every row count
             sg = ((Q4_SG_GEMV[0], Q4_SG_GEMV[1] * len(self.ws)) if swiglu else Q4_SG_GEMV, Q4_SG_GEMM)

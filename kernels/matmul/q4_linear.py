@@ -104,13 +104,14 @@ from .routes import (
     GEMV_T4_MIN_N,
     Q4_GEMV_MAX_ROWS,
     Q4_SG_GPU,
+    Q4_SG_GPU_NARROW_SPLIT,
     Q4_SG_GPU_ROWS,
     Q4_SG_GPU_WIDE,
     Q4_SG_GPU_WIDE_SPLIT,
     gpu_gemv_rows,
     q4_exact_rows,
-    q4_splits_k,
     q4_wide,
+    q4_wide_shapes,
     shape_for_rows,
 )
 
@@ -846,24 +847,24 @@ def q4_weight(b, x, weight, scales, group_size):
     return Q4Weight(n, row_bytes // 4, groups, gs)
 
 
-def q4_subgroup_shapes(b, w, k):
+def q4_subgroup_shapes(b, w, k, total=None):
     """The subgroup kernel shapes a 4-bit product of weight `w` and inputs of at most K = k builds
     on this device, for one row and for more, or one for some rows: CPU adapters with subgroups
-    take them at every row count; GPUs Q4_SG_GPU_WIDE's (or Q4_SG_GPU_WIDE_SPLIT's, q4_splits_k)
-    to BITWISE_ROWS for weights of q4_wide K or an LM head's rows, else Q4_SG_GPU for
-    Q4_SG_GPU_ROWS rows; routes.py."""
+    take them at every row count; GPUs routes.py's q4_wide_shapes (by `total`, the weight rows of
+    the op's products together: w's alone by default) to BITWISE_ROWS for weights of q4_wide K or
+    an LM head's rows, else Q4_SG_GPU for Q4_SG_GPU_ROWS rows; routes.py."""
     if not (b.subgroups and w.subgroup_steps() and k % Q4_SG_STEP == 0):
         return ()
     if b.adapter == CPU:
         return (Q4_SG_GEMV, Q4_SG_GEMM)
     if q4_wide(8 * w.wpr) or w.n >= GEMV_T4_MIN_N:
-        return Q4_SG_GPU_WIDE_SPLIT if q4_splits_k(w.n) else Q4_SG_GPU_WIDE
+        return q4_wide_shapes(w.n, total or w.n)
     return (Q4_SG_GPU,)
 
 
 def q4_every_row(shapes):
     """Whether q4_subgroup_shapes' `shapes` take every row count to BITWISE_ROWS on a GPU."""
-    return shapes in (Q4_SG_GPU_WIDE, Q4_SG_GPU_WIDE_SPLIT)
+    return shapes in (Q4_SG_GPU_WIDE, Q4_SG_GPU_WIDE_SPLIT, Q4_SG_GPU_NARROW_SPLIT)
 
 
 def q4_subgroup_shape(b, shapes, m, k, exact_rows=BITWISE_ROWS):

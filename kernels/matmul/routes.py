@@ -108,12 +108,32 @@ Q4_SG_GPU_WIDE = ((1, 4, 2), (2, 4, 2), (4, 4, 2))
 # 2,048 x 8,192 17.1 -> 12.2) (results/h200/kernel_choices/q4_split_k/).
 Q4_SPLIT_K_MAX_N = 4096
 Q4_SG_GPU_WIDE_SPLIT = tuple((rows, weights, 1) for rows, weights, _ in Q4_SG_GPU_WIDE)
+# ... and ops of at most Q4_NARROW_SPLIT_MAX_N weight rows in all (a fused op's weights together) at
+# Q4_SG_GPU_NARROW_SPLIT's, 2 weight rows a workgroup for one and two rows: a 1B's 2,048 rows took 512
+# workgroups of 4. H100, Dawn, Llama-3.2-1B 4w of f16 activations loaded with batch_invariant=False,
+# GPU time of a pass at 1 / 2 / 4 / 8 rows 1,172 / 1,573 / 2,000 / 3,047 -> 1,079 / 1,437 / 2,023 /
+# 3,052 us; greedy bursts, rounds new / old three times in one call, 1 / 2 / 16 streams 949 / 1,353 /
+# 6,517, 793 / 1,320 / 6,395, 839 / 1,383 / 6,490, 754 / 1,253 / 6,553, 835 / 1,376 / 6,570, 779 /
+# 1,237 / 6,454 tokens/s. Llama-3.1-8B's widths (4,096 rows, q/k/v 6,144) so: one stream the same,
+# 2 streams 2,111-2,211 -> 1,955-2,020. One weight row a workgroup cannot rotate q and k in pairs;
+# (4, 2, 1) for 3-8 rows no faster; SwiGLU's 8,192 rows split (2, 2, 1): a pass of one row 1,078 ->
+# 1,199 us (results/h100/split_k_two_weight_rows/).
+Q4_SG_GPU_NARROW_SPLIT = ((1, 2, 1), (2, 2, 1), (4, 4, 1))
+Q4_NARROW_SPLIT_MAX_N = 3072
 
 
 def q4_splits_k(n):
     """Whether the subgroup kernels of a 4-bit weight of N = n rows split K among a workgroup's
-    subgroups (Q4_SG_GPU_WIDE_SPLIT)."""
+    subgroups (Q4_SG_GPU_WIDE_SPLIT or Q4_SG_GPU_NARROW_SPLIT)."""
     return n <= Q4_SPLIT_K_MAX_N
+
+
+def q4_wide_shapes(n, total):
+    """The GPUs' subgroup shapes of a 4-bit weight of N = n rows that takes them to BITWISE_ROWS,
+    in an op of `total` weight rows (a fused op's weights together)."""
+    if not q4_splits_k(n):
+        return Q4_SG_GPU_WIDE
+    return Q4_SG_GPU_NARROW_SPLIT if total <= Q4_NARROW_SPLIT_MAX_N else Q4_SG_GPU_WIDE_SPLIT
 
 
 def shape_for_rows(shapes, m):
