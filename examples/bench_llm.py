@@ -29,6 +29,9 @@ import async_runtime as ar
 BLOCK_FLOATS = (1 << 20) // 4
 
 
+ONE_STREAM_RUNS = 7
+
+
 def median_rate(samples):
     return statistics.median(samples)
 
@@ -122,8 +125,9 @@ async def bench_wgpu(path, args):
         if model.gpu_sampling:  # greedy decoding with the GPU picking each token, bursts of passes
             for n in sorted({1, *args.sessions}):
                 rates = []
-                # one stream: a step is ~2 ms on an H100 and one run of it moved 10-20% between runs
-                for _ in range(2 * args.runs if n == 1 else max(1, args.runs // 2)):
+                # one stream: a run is 64 steps of ~1 ms on an H100, and runs moved 10-20% (the first of a call
+                # lowest): the median of at least ONE_STREAM_RUNS
+                for _ in range(max(ONE_STREAM_RUNS, 2 * args.runs) if n == 1 else max(1, args.runs // 2)):
                     sessions = [await model.open_session() for _ in range(n)]
                     async with anyio.create_task_group() as tg:
                         for s in sessions:
