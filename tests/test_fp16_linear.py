@@ -435,16 +435,23 @@ async def test_batch_variant_products_take_f16_matrices_past_8_rows(name, load_p
             assert bool(wide) == (name in WIDE_TINY_CASES and first <= m <= gemm.WIDE_TINY_DECODE_MATRIX_TILE.bm), (m, loaded.batch_invariant)
 
 
+def _built_for_a_gpu(name, f16_matrices=False):
+    """Without a GPU: the graph of export `name` as the load fuses it, every op built for a GPU
+    with subgroups (and f16 matrices)."""
+    graph = link(read_program(_export(name)[0]).method("forward"))
+    scales_in_row_quads(graph)
+    fuse(graph)
+    for op_name, args in list(graph.calls):
+        build_node(graph, op_name, args, GPU, subgroups=True, f16_matrices=f16_matrices)
+    return graph
+
+
 @pytest.mark.parametrize("name, wide", [("f16_q4_k2048_n4104", True), ("f16_q4_norm_fused_wide_swiglu", True), ("f16_q4_k2048", False)])
 def test_wide_products_build_16_row_tiles_of_256_columns(name, wide):
     """Without a GPU: built as for a device with f16 matrices, the 4-bit products of N 4,104 and of
     SwiGLU's 2 x 2,048 columns (tiles of 256 within each weight) have the 16 x 256 tile; one of N 76
     not (gemm.py's takes_wide_tiny_tile), nor a group whose weights would share a tile."""
-    graph = link(read_program(_export(name)[0]).method("forward"))
-    scales_in_row_quads(graph)
-    fuse(graph)
-    for op_name, args in list(graph.calls):
-        build_node(graph, op_name, args, GPU, subgroups=True, f16_matrices=True)
+    graph = _built_for_a_gpu(name, f16_matrices=True)
     assert any(WIDE_TINY_B_TILE in (d.shader or "") for d in graph.dispatches) == wide
     assert gemm.takes_wide_tiny_tile(4096, (2048, 4096)) and not gemm.takes_wide_tiny_tile(4096, (2176, 4096))
     assert not gemm.takes_wide_tiny_tile(3072)  # (a 1B's q/k/v: 12 tiles of 256 would leave the split target short)
@@ -457,11 +464,7 @@ def test_4bit_products_of_few_weight_rows_take_two_a_workgroup(name, per_workgro
     4,104 at Q4_SG_GPU_WIDE's 8 (its subgroups walk all of K); by the rows of an op's weights
     together, a 1B's q/k/v (3,072) and output (2,048) take 2, the 8B's (6,144; 4,096) 4 a
     workgroup, and an LM head walks all of K."""
-    graph = link(read_program(_export(name)[0]).method("forward"))
-    scales_in_row_quads(graph)
-    fuse(graph)
-    for op_name, args in list(graph.calls):
-        build_node(graph, op_name, args, GPU, subgroups=True)
+    graph = _built_for_a_gpu(name)
     assert any(f"let nw = wg0 * {per_workgroup}u;" in (d.shader or "") for d in graph.dispatches)
     assert R.q4_wide_shapes(2048, 3072) == R.q4_wide_shapes(2048, 2048) == R.Q4_SG_GPU_NARROW_SPLIT
     assert R.q4_wide_shapes(4096, 6144) == R.q4_wide_shapes(4096, 4096) == R.Q4_SG_GPU_WIDE_SPLIT
