@@ -108,7 +108,7 @@ CASES = {
     "f16_norm_fused_k8": (lambda: NormedFusedLinears(48, 40, 23, 72).half(), [(71, 48)], [0]),
     # ... with q/k/v biases (Qwen2.5's): one rms_linear_bias_group
     "f16_norm_fused_bias_k8": (lambda: NormedFusedLinears(48, 40, 23, 72, True).half(), [(71, 48)], [0]),
-    # ... and K = FLOAT_GEMM_MIN_K: on GPUs the norm runs as its own op (routes.py's float_norm_folds)
+    # ... and K = FLOAT_GEMM_MIN_K: on GPUs the subgroup kernels fold the norm, to 32 rows without f16 matrices (routes.py's fused_norm_rows)
     "f16_norm_fused_wide": (lambda: NormedFusedLinears(2048, 40, 23, 72).half(), [(41, 2048)], [0]),
     # 4-bit weights with fp16 activations, scales and bias; K padded, a group straddling words
     "f16_q4": (quantized(lambda: QLinear(36, 28, True).half(), "4w", 12), [(70, 36)], [0]),
@@ -227,9 +227,10 @@ async def test_fp16_products_take_the_cpu_subgroup_kernels(name, load_pte, kerne
 async def test_fp16_gemvs_load_8_weights_a_load(name, load_pte, kernel_variants):
     """With the GPU variants, the GEMV of every float product of K a multiple of 8 (the fused ones,
     normalizing their rows or not, and the plain ones) binds its f16 weights as vec4<u32> and
-    unpacks them; at K = FLOAT_GEMM_MIN_K the norms run as their own op at every row count, else
-    up to BITWISE_ROWS in the fused GEMVs (the CPU variants' subgroup kernels never normalize); a
-    row of several is bitwise the row alone. Values checked in test_fp16_products_match_eager_fp16."""
+    unpacks them; the GPU variants normalize the rows in the fused kernels (the GEMVs to
+    BITWISE_ROWS; at K = FLOAT_GEMM_MIN_K the subgroup kernels, folding the norm, to 32 rows without
+    f16 matrices), the CPU variants' subgroup kernels never; a row of several is bitwise the row
+    alone. Values checked in test_fp16_products_match_eager_fp16."""
     data, _ = _export(name)
     model = await load_pte(data)
     names = {name for name, _ in model.graph.calls}
@@ -244,7 +245,7 @@ async def test_fp16_gemvs_load_8_weights_a_load(name, load_pte, kernel_variants)
             packed = "unpack2x16float" in d.shader and "array<vec4<u32>>" in d.shader
             assert packed == (kernel_variants == "gpu"), (m, d.op)
         norms = sum(d.op == "pte_wgpu.rms_norm_for_gemm" for d in live)
-        own = "wide" in name if kernel_variants == "gpu" else model.subgroups  # CPU subgroup kernels: fused_norm_rows
+        own = kernel_variants == "cpu" and model.subgroups  # CPU subgroup kernels: fused_norm_rows
         assert norms == (2 if own else 0), m
     # one row takes kernels of its own (a row's sums in the same order): a row of a pass of 5 or 16
     # rows is bitwise the row alone; at K = FLOAT_GEMM_MIN_K of 32 too (routes.py's FLOAT_SG_GPU_WIDE)

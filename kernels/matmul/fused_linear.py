@@ -15,10 +15,12 @@ order as the plain linear's GEMV, so results are bitwise those of the unfused op
   epilogue; the GEMM route writes gate and up, then one elementwise dispatch.
 - `pte_wgpu.rms_linear_group`, `pte_wgpu.rms_linear_bias_group` and `pte_wgpu.rms_linear_silu_mul` take the input before an RMS
   norm as well, after the weights: (x, gamma, eps). Their GEMV normalizes its rows itself, with
-  the sums and expression of et_vk.rms_norm's kernel, and the norm op before them
-  (`pte_wgpu.rms_norm_for_gemm`, kernels/tensor/reduce.py) runs only for the rows it does not take
-  (kernels/matmul/routes.py's fused_norm_rows: the GEMM route, the subgroup kernels; every row
-  count on GPUs at K >= FLOAT_GEMM_MIN_K, float_norm_folds).
+  the sums and expression of et_vk.rms_norm's kernel; the GPUs' subgroup kernels of float_wide K
+  fold the norm into the products (linear.py's gemv_sg_body: the unfused ops' results to
+  rounding, a row of a pass still bitwise the row alone); the norm op before them
+  (`pte_wgpu.rms_norm_for_gemm`, kernels/tensor/reduce.py) runs only for the rows they do not take
+  (kernels/matmul/routes.py's fused_norm_rows: the GEMM route, the other subgroup kernels; every
+  row count on GPUs at K >= FLOAT_GEMM_MIN_K but float_wide K, float_norm_folds).
 
 Every binding is stored as its tensor's type (f32, or f16 for float16), summed in f32.
 """
@@ -61,6 +63,7 @@ from .routes import (
     float_norm_folds,
     float_subgroup_rows,
     float_wide,
+    fused_norm_rows,
     shape_for_rows,
     subgroup_products,
 )
@@ -92,9 +95,9 @@ def _body(kind, shape, weights, n, store, norm, rows, partners=False):
     """The GEMV statements of `kind` and `shape` for `weights`; `store(r)` writes input row r's
     output n; `rows`: the storage type of the rows a fused norm normalizes (_scale); `partners`
     (GPU only): the store reads the other output of n's pair too (kernels/matmul/linear.py gemv_t_body)."""
-    if kind == SUBGROUP:  # never normalizes (it reads the norm op's rows: fused_norm_rows)
+    if kind == SUBGROUP:  # normalizes where the GPUs' kernels of float_wide K fold the norm (fused_norm_rows)
         first = f"let nw = wg * {_per(kind, shape, len(weights))}u;\n    "
-        return first + gemv_sg_body(weights, n, "(q.K / 4u)", store, shape=shape, partners=partners)
+        return first + gemv_sg_body(weights, n, "(q.K / 4u)", store, shape=shape, partners=partners, norm=norm)
     if kind == CPU:
         return f"let n = wg * {CPU_WG}u + li;\n    " + gemv_t_cpu_body(weights, n, "q.K", store, scale=_scale(norm, rows), group_rows=shape[0])
     body = gemv_t_body(weights, n, "q.K", store, scale=_scale(norm, rows), group_rows=shape[0], partners=partners, step=shape[1])
@@ -147,8 +150,9 @@ class _Gemvs:
     `shader_of(kind, shape, norm, types)`: the shader, normalizing its rows itself with `norm`,
     `types` its bindings' storage types in order (the uniform, last, left out); `head` and `tail`:
     the bindings around the weights (kernels/matmul/fused_linear.py's _norm_args). With a norm, the
-    subgroup kernels read the normalized rows of `pte_wgpu.rms_norm_for_gemm` (b.args[0], run for
-    those rows then: kernels/matmul/routes.py's fused_norm_rows). `extra`: bindings every
+    subgroup kernels of float_wide K fold it (to the rows the norm op leaves them, which they then
+    take, kernels/matmul/routes.py's fused_norm_rows), the others read the normalized rows of
+    `pte_wgpu.rms_norm_for_gemm` (b.args[0], run for those rows then). `extra`: bindings every
     dispatch takes last (a RoPE epilogue's)."""
 
     def __init__(self, b, kind, weights, shader_of, head, tail, after, gpu_sg=False, extra=()):
@@ -165,9 +169,12 @@ class _Gemvs:
             shapes = (((GPU, (1, step)), (GPU, (GROUP_ROWS, step))) if kind == GPU else ((kind, (CPU_GROUP_ROWS, None)),)) + (((SUBGROUP, SG_GPU),) if gpu_sg else ())
         matrices = f16_matrix_products(b, k, [b.args[0], *after[0]])
         self.most_rows = float_subgroup_rows(k, matrices, exact_rows(b, matrices)) if gpu_sg else GEMV_MAX_ROWS  # more: the GEMM route
+        # the wide subgroup kernels fold the norm: they take the rows the norm op leaves them (its rule, from its own tensors)
+        folds = fused_norm_rows(b, k, (head[0], tail[0], b.args[0])) if tail and self.wide else 0
+        self.most_rows = folds or self.most_rows
         self.dispatches = []
         for d_kind, shape in shapes:
-            norm = bool(tail) and d_kind != SUBGROUP and float_norm_folds(b, k)
+            norm = bool(tail) and (bool(folds) if self.wide else d_kind != SUBGROUP and float_norm_folds(b, k))
             around = (head, tail) if norm else ([b.args[0]], [])
             bound = [*around[0], *after[0], *around[1], *after[1]]
             shader = shader_of(d_kind, shape, norm, [b.storage(v) for v in bound[:-1]])
@@ -249,7 +256,7 @@ def _gemv_shader(fields, weights, outs, norm, body, kind, shape, types, extra=""
         BUILTINS=SUBGROUP_BUILTINS if kind == SUBGROUP else "",
         ROWS=rows,
         ROW_GROUPS=row_groups("q.M", rows),
-        RMS=rms if norm else "",
+        RMS=rms if norm and not vec4 else "",  # (the subgroup kernels fold the norm as they read the rows)
         BODY=body,
     )
 

@@ -389,6 +389,11 @@ def sg_total(v, width=4):
     return f"subgroupAdd({parts})"
 
 
+def fold_rstd(square):
+    """WGSL: a folded RMS norm's rstd of a row whose squares sum to `square` (q.K and q.eps the uniform's)."""
+    return f"inverseSqrt({square} / f32(q.K) + q.eps)"
+
+
 def sg_sums(weights, ins, outs, n, store, partners=False, scale=None, width=4, total=None):
     """The subgroup kernels' last statements: each accumulator acc{j}_{i}_{r} (weight j, output
     i, input row r; vectors of `width`) summed over its components and the subgroup's lanes into
@@ -431,7 +436,7 @@ def sg_unroll(shape):
     return max(1, 4 // shape[0]) if len(shape) > 3 else 1
 
 
-def gemv_sg_body(weights, n, k4, store, base="0u", shape=SG_GEMV, partners=False):
+def gemv_sg_body(weights, n, k4, store, base="0u", shape=SG_GEMV, partners=False, norm=False):
     """WGSL statements of the subgroup GEMV for vec4 weight bindings `weights` (N rows of `n`, K / 4
     vec4s of `k4`, from vec4 `base`) over `shape` = (input rows, weight rows split among the
     weights): input row r at vec4s `aoff4 + r * k4 ..` of `a`, rows past `rows` read as the last
@@ -439,7 +444,11 @@ def gemv_sg_body(weights, n, k4, store, base="0u", shape=SG_GEMV, partners=False
     `vec4_loader` X4, so any of them may be stored f32 or f16. Expects `nw` (the workgroup's first output),
     `rows`, `li`, `lane`, `sgs`; `store(r)` writes input row r's output n from v0, v1, .. (one a
     weight). With `partners`, pair0, .. hold output n ^ 1 (sg_sums). A `shape` of sg_packed: the
-    weights bound as vec4<u32> of f16 pairs (`base` in those), a lane taking 8 of K a step."""
+    weights bound as vec4<u32> of f16 pairs (`base` in those), a lane taking 8 of K a step. With
+    `norm`, `a` holds the rows before an RMS norm of weight `gamma` (q.K and q.eps the uniform's),
+    folded into the products as q4_linear.py's sg_body folds it: each sums x * gamma, times its
+    row's fold_rstd from the squares of x its lanes add as they read the row, in the same order
+    at every shape (a row of a pass still bitwise the row alone)."""
     outs, ins, packed = range(shape[1] // len(weights)), range(shape[0]), sg_packed(shape)
     steps = f"({k4} / 2u)" if packed else k4
     lines = [f"for (var g = li / sgs; g < {sg_groups(shape)}u; g = g + {CPU_WG}u / sgs) {{", f"let n0 = nw + g * {len(outs)}u;"]
@@ -447,12 +456,17 @@ def gemv_sg_body(weights, n, k4, store, base="0u", shape=SG_GEMV, partners=False
     for j, w in enumerate(weights):
         lines += [f"let {w}_{i} = {base} + min(n0 + {i}u, {n} - 1u) * {steps};" for i in outs]
         lines += [f"var acc{j}_{i}_{r} = vec4<f32>(0.0);" for i in outs for r in ins]
+    lines += [f"var sq{r} = vec4<f32>(0.0);" for r in ins] if norm else []
+    halves = ("x", "y") if packed else ("x",)  # the vec4s of K a lane's step reads of a row
 
     def loads(k, u):  # step k's inputs and weights, names suffixed u (packed: weights 8 a load, h the upper 4)
         xs = [f"x{r}_" if r else "aoff4" for r in ins]
+        at = [f"2u * {k}", f"2u * {k} + 1u"] if packed else [k]
+        gamma = [f"let g{h}{u} = gamma4({a});" for h, a in zip(halves, at)] if norm else []  # the norm's weight, once for every row
+        row = (lambda h, r, a: f"let e{h}{r}{u} = a4({xs[r]} + {a}); let {h}{r}{u} = e{h}{r}{u} * g{h}{u};") if norm else (lambda h, r, a: f"let {h}{r}{u} = a4({xs[r]} + {a});")
+        out = gamma + [" ".join(row(h, r, a) for h, a in zip(halves, at)) for r in ins]
         if not packed:
-            return [f"let x{r}{u} = a4({xs[r]} + {k});" for r in ins] + [f"let w{j}_{i}{u} = {w}4({w}_{i} + {k});" for j, w in enumerate(weights) for i in outs]
-        out = [f"let x{r}{u} = a4({xs[r]} + 2u * {k}); let y{r}{u} = a4({xs[r]} + 2u * {k} + 1u);" for r in ins]
+            return out + [f"let w{j}_{i}{u} = {w}4({w}_{i} + {k});" for j, w in enumerate(weights) for i in outs]
         for j, w in enumerate(weights):
             for i in outs:
                 f = f"u{j}_{i}{u}"
@@ -462,7 +476,8 @@ def gemv_sg_body(weights, n, k4, store, base="0u", shape=SG_GEMV, partners=False
 
     def fmas(u):
         sums = (lambda j, i, r: f"x{r}{u} * w{j}_{i}{u} + y{r}{u} * h{j}_{i}{u}") if packed else (lambda j, i, r: f"x{r}{u} * w{j}_{i}{u}")
-        return [f"acc{j}_{i}_{r} = acc{j}_{i}_{r} + {sums(j, i, r)};" for j in range(len(weights)) for i in outs for r in ins]
+        squares = [f"sq{r} = sq{r} + " + " + ".join(f"e{h}{r}{u} * e{h}{r}{u}" for h in halves) + ";" for r in ins] if norm else []
+        return squares + [f"acc{j}_{i}_{r} = acc{j}_{i}_{r} + {sums(j, i, r)};" for j in range(len(weights)) for i in outs for r in ins]
 
     unroll = sg_unroll(shape)
     lines.append("var k = lane;")
@@ -474,7 +489,8 @@ def gemv_sg_body(weights, n, k4, store, base="0u", shape=SG_GEMV, partners=False
     lines.append(f"for (; k < {steps}; k = k + sgs) {{")
     lines += ["    " + x for x in loads("k", "") + fmas("")]
     lines.append("}")
-    lines += sg_sums(len(weights), ins, outs, n, store, partners)
+    lines += [f"let rstd{r} = {fold_rstd(sg_total(f'sq{r}'))};" for r in ins] if norm else []
+    lines += sg_sums(len(weights), ins, outs, n, store, partners, scale=(lambda r: f"rstd{r}") if norm else None)
     lines.append("}")
     return "\n    ".join(lines)
 

@@ -97,7 +97,7 @@ from .gemm import (
     gemm_scratch,
     params_bytes,
 )
-from .linear import CPU_WG, sg_groups, sg_splits_k, sg_sums, sg_total, sg_wg_rows
+from .linear import CPU_WG, fold_rstd, sg_groups, sg_splits_k, sg_sums, sg_total, sg_wg_rows
 from .routes import (
     BITWISE_ROWS,
     GEMV_MAX_ROWS,
@@ -605,11 +605,6 @@ def split_sums(sums):
     lines += ["workgroupBarrier();", "if (li == 0u) {"] + [f"var c{k} = parts[{k}u];" for k in range(count)]
     lines.append(f"for (var s = 1u; s < {CPU_WG}u / sgs; s = s + 1u) {{ " + " ".join(f"c{k} = c{k} + parts[s * {count}u + {k}u];" for k in range(count)) + " }")
     return lines
-
-
-def fold_rstd(square):
-    """WGSL: a folded RMS norm's rstd of a row whose squares sum to `square`."""
-    return f"inverseSqrt({square} / f32(q.K) + q.eps)"
 
 
 FOLD_NORM = """

@@ -262,8 +262,13 @@ def fused_norm_rows(b, k, tensors, q4=False):
     (SmolLM2 4w, one row: the fused SwiGLU 1.94 ms normalizing itself, 0.99 ms reading the rows,
     the norm 45 us; fp32 the same, BENCHMARKS.md). The GPUs' 4-bit subgroup kernels of q4_wide K
     fold the norm in (Q4_SG_GPU_WIDE), to q4_exact_rows' rows as well (several rows through one dispatch
-    of their own, q4_fused_linear.py's _FoldNorm). Float ones of K >= FLOAT_GEMM_MIN_K
-    on GPUs: none (float_norm_folds)."""
+    of their own, q4_fused_linear.py's _FoldNorm). Float ones of float_wide K on GPUs fold it
+    in their subgroup kernels (linear.py's gemv_sg_body) to float_subgroup_rows, here of the norm's
+    `tensors` (fused_linear.py's _Gemvs takes those rows at least, whatever its own tensors' types);
+    other float ones of K >= FLOAT_GEMM_MIN_K on GPUs: none (float_norm_folds)."""
+    if not q4 and b.adapter != CPU and float_wide(k) and subgroup_products(b, k, tensors):
+        matrices = f16_matrix_products(b, k, tensors)
+        return float_subgroup_rows(k, matrices, exact_rows(b, matrices))
     if not (q4 or float_norm_folds(b, k)):
         return 0
     if subgroup_products(b, k, tensors):
