@@ -174,7 +174,7 @@ class _Gemvs:
         self.most_rows = folds or self.most_rows
         self.dispatches = []
         for d_kind, shape in shapes:
-            norm = bool(tail) and (bool(folds) if self.wide else d_kind != SUBGROUP and float_norm_folds(b, k))
+            norm = bool(folds) if self.wide else bool(tail) and d_kind != SUBGROUP and float_norm_folds(b, k)
             around = (head, tail) if norm else ([b.args[0]], [])
             bound = [*around[0], *after[0], *around[1], *after[1]]
             shader = shader_of(d_kind, shape, norm, [b.storage(v) for v in bound[:-1]])
