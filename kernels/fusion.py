@@ -46,11 +46,11 @@ so attention skips its own cache update; where
 q, k and v are one group (float or 4-bit, normalizing or not) that only the RoPE reads (v also
 attention), the group takes the RoPE too (`pte_wgpu.linear_group_rope` and its forms,
 kernels/matmul/qkv_rope.py: on GPUs its GEMV rotates and stores in its epilogue), unless that
-kernel would bind more storage buffers than the device allows (Dawn's Vulkan adapters: 16). A 4-bit
+kernel would bind more storage buffers than the device allows (Dawn's Vulkan adapters: 16). A
 group whose products and rotated k nothing else reads (the ragged attention finds k and v in the
-caches) takes a lean epilogue that binds and stores neither: 16 for a normalizing group. The
-rotate-half RoPE (Qwen2.5's, Phi-4-mini's of part of each head) joins its group as `..._rope_hf`,
-q's and k's weight rows (scales, biases) laid out at load with each head's rotated dims d and
+caches) takes a lean epilogue that binds and stores neither: 16 for a normalizing 4-bit group, 13
+for a float one. The rotate-half RoPE (Qwen2.5's, Phi-4-mini's of part of each head) joins its
+group as `..._rope_hf`, q's and k's weight rows (scales, biases) laid out at load with each head's rotated dims d and
 d + rd / 2 side by side, so that its pairs meet in one invocation as the interleaved RoPE's do.
 The rotary tables' gathers the ragged rewrite made move up to where their inputs are ready, so
 that the first layer's come before its group as every other layer's do. An RMS norm pair (Qwen3's
@@ -1189,7 +1189,7 @@ def _fuse_rope_into_groups(graph, max_storage_buffers=None):
     """rope_into_cache(view(q), view(k), fcos, fsin, v', ...) right after (views between) the q/k/v
     group that computes q, k and v (v' that v or a view of it), q and k read by nothing else; where
     the fused kernel's storage buffers (the group's tensors but one of a norm's rows and input, its
-    three outputs and the RoPE's) are at most `max_storage_buffers`: 4 fewer where a 4-bit group's
+    three outputs and the RoPE's) are at most `max_storage_buffers`: 4 fewer where the group's
     epilogue is lean (v and rotated k read by nothing else but the ragged attention, which finds
     them in the caches: RopeEpilogue's `lean`, the fused op's last arg). The same for
     rope_hf_into_cache from table row 0, whose q and k weights then have their rows paired
@@ -1223,7 +1223,7 @@ def _fuse_rope_into_groups(graph, max_storage_buffers=None):
             continue
         group_name, group_args = calls[g]
         oq, ok = values[out].items[:2]
-        lean = "q4_" in group_name and all(_read_by_cached_attention_alone(f, x, i) for x in (v_out, ok))
+        lean = all(_read_by_cached_attention_alone(f, x, i) for x in (v_out, ok))
         reads = sum(isinstance(values[a], Tensor) for a in group_args[:-1]) - (fused_operands(group_name, group_args)[2] is not None)  # the rows or their norm's input
         bound = reads + 3 + len(ROPE_NAMES) - (LEAN_UNBOUND if lean else 0)
         if max_storage_buffers is not None and bound > max_storage_buffers:

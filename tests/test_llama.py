@@ -26,9 +26,9 @@ CONFIGS = {
     "8da4w": dict(dim=96, n_heads=3, n_kv_heads=1, n_layers=2, vocab_size=260, qmode="8da4w"),
 }
 SCENARIOS = {"short": (7, 32), "long": (30, 12)}  # prompt length, decode steps
-# storage buffers of the normalizing q/k/v group that takes the RoPE (4-bit: a lean epilogue, which
-# stores neither the products nor rotated k)
-ROPE_GROUP_BUFFERS = {"fp32": 17, "4w": 16}
+# storage buffers of the normalizing q/k/v group that takes the RoPE (a lean epilogue, which stores
+# neither the products nor rotated k)
+ROPE_GROUP_BUFFERS = {"fp32": 13, "4w": 16}
 _CACHE = {}
 
 

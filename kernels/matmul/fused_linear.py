@@ -104,26 +104,27 @@ def _body(kind, shape, weights, n, store, norm, rows, partners=False):
     return "let n0 = wg * 4u;\n    " + body
 
 
-def _group_shader(count, norm, kind, shape, types, rope=None, biased=False):
+def _group_shader(count, norm, kind, shape, types, out_types, rope=None, biased=False):
     """GEMV over `count` products: params q = (M, K, eps, then N_j and first workgroup S_j per
     product, then `rope`'s fields); with `norm`, binding 0 holds the rows before the RMS norm.
-    `types`: the bindings' storage types in order, the uniform left out. With `rope` (a GPU's
-    kernels: the GEMV and the subgroup kernel at SG_GPU) the epilogue rotates q and k and stores k
-    and v in the caches (rope_store). With `biased`, a bias of each product's outputs (bound after
-    the weights and gamma) is added to them as the plain linear's epilogue adds it."""
+    `types`: the bindings' storage types in order, the uniform left out; `out_types` the products'.
+    With `rope` (a GPU's kernels: the GEMV and the subgroup kernels) the epilogue rotates q and k
+    and stores k and v in the caches (rope_store), with a lean one binding no product. With
+    `biased`, a bias of each product's outputs (bound after the weights and gamma) is added to them
+    as the plain linear's epilogue adds it."""
     fields = ["M: u32", "K: u32", "eps: f32"] + [f"N{j}: u32" for j in range(count)] + [f"S{j}: u32" for j in range(count)]
     fields += ["half: u32", "dim: u32", "row: u32", "blocks: u32"] if rope else []
     fields += [f"pad{i}: u32" for i in range(-len(fields) % 4)]
     weights = [f"w{j}" for j in range(count)]
-    outs = [f"o{j}" for j in range(count)]
     rotates = rope is not None
+    outs = [] if rotates and rope.lean else [f"o{j}" for j in range(count)]
     branches = []
     for j in range(count):
         if rotates:
-            store = lambda r, j=j: rope_store(j, f"r0 + {r}u", types[-count + j], rope, biased)  # noqa: E731
+            store = lambda r, j=j: rope_store(j, f"r0 + {r}u", out_types[j], rope, biased)  # noqa: E731
         else:
             value = f"v0 + f32(bias{j}[n])" if biased else "v0"
-            store = lambda r, j=j, value=value: f"o{j}[(r0 + {r}u) * q.N{j} + n] = {types[-count + j]}({value});"
+            store = lambda r, j=j, value=value: f"o{j}[(r0 + {r}u) * q.N{j} + n] = {out_types[j]}({value});"
         body = _body(kind, shape, [f"w{j}"], f"q.N{j}", store, norm, types[0], partners=rotates)
         cond = f"if (wg0 < q.S{j + 1}) " if j + 1 < count else ""
         branches.append(f"{cond}{{\n    let wg = wg0 - q.S{j};\n    {body}\n    }}")
@@ -433,9 +434,10 @@ def linear_group_routes(b, rope=None):
     kind, gpu_sg = _kind(b, weights)  # the GEMV variant (kernels/variants.py)
     q = b.params(4 * (3 + 2 * len(weights) + (4 if rope else 0)))
     epilogue = rope if kind == GPU else None  # a GPU's kernels rotate in their epilogue
-    assert not (rope and rope.lean), "a float group's epilogue stores its products (lean ones are 4-bit groups')"
-    shader_of = lambda d_kind, shape, norm, types: _group_shader(len(weights), norm, d_kind, shape, types, epilogue, biased)  # noqa: E731
-    gemvs = _Gemvs(b, kind, 1, shader_of, head, tail, (weights, [*biases, *outs, q]), gpu_sg, epilogue.bound if epilogue else ())
+    lean = epilogue is not None and epilogue.lean  # which stores, and binds, neither the products nor rotated k
+    out_types = [b.storage(o) for o in outs]
+    shader_of = lambda d_kind, shape, norm, types: _group_shader(len(weights), norm, d_kind, shape, types, out_types, epilogue, biased)  # noqa: E731
+    gemvs = _Gemvs(b, kind, 1, shader_of, head, tail, (weights, [*biases, *([] if lean else outs), q]), gpu_sg, epilogue.bound if epilogue else ())
     products = _Products(b, b.args[0], weights, outs, kind != SUBGROUP, gemvs.most_rows, biases)
 
     def resize(ctx):
