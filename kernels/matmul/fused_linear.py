@@ -251,6 +251,7 @@ def _gemv_shader(fields, weights, outs, norm, body, kind, shape, types, extra=""
     lines.append(f"@group(0) @binding({len(reads) + len(outs)}) var<uniform> q: Q;{extra}")
     lines.append(f"fn a_at(i: u32) -> f32 {{ return {'a4(i / 4u)[i % 4u]' if vec4 else 'f32(a[i])'}; }}")
     shared, size, rms = (GEMV_REDUCE, 256, _RMS) if kind == GPU else (_RMS_CPU_SHARED, CPU_WG, _rms_cpu(rows))
+    shared = "" if vec4 else shared  # (the subgroup kernels sum in their lanes: no workgroup memory)
     return "\n".join(lines) + shared + fill(
         GEMV_MAIN,
         SIZE=size,
