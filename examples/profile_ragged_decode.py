@@ -49,10 +49,11 @@ def by_dispatch(prof, graph, steps):
         print(f"  {did:5d} {d.op:40s} {np.median(times[did]):8.1f} us  {gemm_tile(d.shader)}")
 
 
-async def warm_up(sessions, pos, most, seconds=0.5):
+async def warm_up(sessions, pos, most, seconds=2.0):
     """Unprofiled decode steps for `seconds` (at most `most`, none if it is not positive), from
     position `pos`: a GPU idle before the call runs its first passes at low clocks (an H100 read
-    345 MHz, and a first profile twice its time). The position the profiled steps go on from."""
+    345 MHz, and a first profile twice its time; half a second after a model's load left an H100's
+    16-row passes 2.3x slow). The position the profiled steps go on from."""
     t0 = time.perf_counter()
     while most > 0 and time.perf_counter() - t0 < seconds:
         async with anyio.create_task_group() as tg:
@@ -71,7 +72,7 @@ async def main(path, row_counts, prompt, whole_steps, dispatches, invariant):
             async with anyio.create_task_group() as tg:
                 for s in sessions:
                     tg.start_soon(s.execute, np.arange(prompt)[None] % 64, np.array([0]))
-            pos = await warm_up(sessions, prompt, min(64, ar.context_length(model) - prompt - 3))  # room for the 3 profiled steps
+            pos = await warm_up(sessions, prompt, min(512, ar.context_length(model) - prompt - 3))  # room for the 3 profiled steps
             runner.profiler = prof
             for k in range(3):
                 prof.label_next_step(f"rows{rows}")
