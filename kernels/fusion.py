@@ -50,8 +50,9 @@ kernel would bind more storage buffers than the device allows (Dawn's Vulkan ada
 group whose products and rotated k nothing else reads (the ragged attention finds k and v in the
 caches) takes a lean epilogue that binds and stores neither: 16 for a normalizing 4-bit group, 13
 for a float one. The rotate-half RoPE (Qwen2.5's, Phi-4-mini's of part of each head) joins its
-group as `..._rope_hf`, q's and k's weight rows (scales, biases) laid out at load with each head's rotated dims d and
-d + rd / 2 side by side, so that its pairs meet in one invocation as the interleaved RoPE's do.
+group as `..._rope_hf`, q's and k's weight rows (scales, biases) laid out at load with each head's
+rotated dims d and d + rd / 2 side by side, so that its pairs meet in one invocation as the
+interleaved RoPE's do.
 The rotary tables' gathers the ragged rewrite made move up to where their inputs are ready, so
 that the first layer's come before its group as every other layer's do. An RMS norm pair (Qwen3's
 of q's and k's heads) that only a rotate-half RoPE reads joins it
