@@ -518,7 +518,8 @@ def test_f16_matrix_tiles_read_halves_as_stored():
     int8 matrices') have them too, rounding the f32 dequantization to halves (or, in groups of 32,
     reading them a word at a time, no quad packers). A column group of
     whole-tile weights (all but the last) runs one K loop a weight, each reading its weight alone,
-    others one loop picking per column; 4-bit groups (the fused products' GEMM) alike."""
+    others one loop picking per column; 4-bit groups (the fused products' GEMM) alike. A decode
+    tile reads halves two K steps ahead of the products, 4-bit words and prompts' tiles one."""
     assert gemm.weight_load("f16", "f16", 268).halves_functions and not gemm.weight_load("f16", "f16", 267).halves_functions
     assert not gemm.weight_load("f32", "f32", 268).halves_functions and not gemm.weight_load("f32", "f16", 268).halves_functions
     half, single = q4_linear.Storage("f16", "f16", "f16", "f16", "f16"), q4_linear.Storage()
@@ -540,5 +541,9 @@ def test_f16_matrix_tiles_read_halves_as_stored():
             assert shader.count("for (var k0 = kbeg;") == (len(ns) if whole else 1), (kind, ns)
             assert all((f"= {reader}_{j}(" in shader) == whole for j in range(len(ns))), (kind, ns)
             assert (f"= {reader}(" in shader) == (not whole), (kind, ns)
+            assert ("q0n = " in shader) == (kind == "f16" and matrices != gemm.MATRIX_TILE), (kind, ns)  # two K steps ahead
     shader = gemm.gemm_shader(gemm.weight_load("f16", "f16", 68), False, tile=gemm.MATRIX_TILE, out="f16")
     assert shader.count("for (var k0 = kbeg;") == 1 and "b_k_halves_0" not in shader
+    # a tile of one subgroup along M stores only the result matrices that hold live rows
+    decode = gemm.gemm_shader(gemm.weight_load("f16", "f16", 68), False, tile=gemm.DECODE_MATRIX_TILE, out="f16")
+    assert [decode.count(f"if (m0 + {16 * i}u < p.M)") for i in range(5)] == [0, 2, 2, 2, 0] and "if (m0 + " not in shader

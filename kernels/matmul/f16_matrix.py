@@ -9,11 +9,13 @@ A workgroup of subgroups takes a tile of outputs, each subgroup some result matr
 with f32 sums (tile_size; gemm.py's MATRIX_TILE: 2 x 2 subgroups of 4 x 4, 128 x 128 for prompts;
 its DECODE_MATRIX_TILE: 1 x 4 of 4 x 2, 64 x 128 for fewer rows). Each K step of 32 its
 invocations read the A rows and B columns through the product's TileLoad (a_k_halves,
-b_k_halves: 4 halves of K a load, as stored), one step ahead in registers, into double-buffered
-workgroup memory; the subgroups then multiply 16 of K at a time. The sums leave the matrices through workgroup memory, a result matrix at a time, to
-the lanes, which write them through the template's epilogue (`store`) or, with K split, into
-split-K's scratch. The products are the f16 products of the stored operands summed in f32, as
-the GEMM's f32 sums of the same halves, in another order.
+b_k_halves: 4 halves of K a load, as stored), a step ahead in registers (a decode tile's halves two),
+into double-buffered workgroup memory; the subgroups then multiply 16 of K at a time. The sums
+leave the matrices through workgroup memory, a result matrix at a time, to the lanes, which
+write them through the template's epilogue (`store`) or, with K split, into split-K's scratch;
+a decode tile stores only the result matrices that hold live rows. The products are the f16
+products of the stored operands summed in f32, as the GEMM's f32 sums of the same halves, in
+another order.
 
 H200, Dawn, robustness on (results/h200/f16_subgroup_matrix_gemm/): the tile alone 47-68 TFLOP/s
 on Llama-3.2-1B's prompt products (Dawn's f32 tiles 16-29 on the same operands; the GEMM's best
@@ -59,10 +61,14 @@ $STORES
 }
 """
 
-# the K loop: its A and B quads read one step ahead ($FIRST, $NEXT), kept in workgroup memory ($KEEP)
+# the K loop: its A and B quads read one step ahead ($FIRST, $NEXT), kept in workgroup memory ($KEEP);
+# or two ahead ($SECOND the step after the first, $NEXT the one after that into registers of its own,
+# $ROLL moving them on after $KEEP), so that a step's loads have two steps' products and barriers to
+# arrive in, where one step of a few products gave them little more than their latency (f16 weights)
 LOOP = """$FIRST
     var buf = 0u;
 $KEEP
+$SECOND
     workgroupBarrier();
     for (var k0 = kbeg; k0 < kend; k0 = k0 + ${STEP}u) {
 $NEXT
@@ -75,6 +81,7 @@ $PRODUCTS
         if (k0 + ${STEP}u < kend) {
 $KEEP
         }
+$ROLL
         workgroupBarrier();
     }"""
 
@@ -146,7 +153,10 @@ def matrix_body(shape, weight_ends=(), words=False, word_scales="f16"):
     products += [f"            c{i}_{j} = subgroupMatrixMultiplyAccumulate(l{i}, r{j}, c{i}_{j});" for i, j in tiles]
 
     def loop(suffix):  # the K loop reading B through its readers of that suffix ("_j": weight j's alone)
-        first, next_, keep = [], [], []
+        first, second, next_, keep, roll = [], [], [], [], []
+        # K steps the loads run ahead: two for a decode tile's halves (one subgroup along M; 4-bit words 8-10% slower
+        # at two, results/h100/f16_decode_tile_probes/), one for prompts' tiles, whose loads two steps ahead were not measured
+        ahead = 2 if sgm == 1 and not words else 1
         sides = [("a", "a_k_halves", "aoff", "m0", a_loads, bm * ROW)] + ([] if words else [("b", f"b_k_halves{suffix}", "boff", "n0", b_loads, bn * ROW)])
         for i in range(4 * b_columns if words else 0):  # a word of a column's step an invocation, a column's 4 side by side
             v = f"({i}u * {threads}u + li)"
@@ -160,11 +170,17 @@ def matrix_body(shape, weight_ends=(), words=False, word_scales="f16"):
             for i in range(loads):
                 v = f"({i}u * {threads}u + li)"  # the step's quad v: row (or column) v / QUADS, K quad v % QUADS
                 first.append(f"    var {x}q{i} = {fn}({off}, {base} + {v} / {QUADS}u, kbeg + 4u * ({v} % {QUADS}u), kend);")
-                next_.append(f"        {x}q{i} = {fn}({off}, {base} + {v} / {QUADS}u, k0 + {STEP}u + 4u * ({v} % {QUADS}u), kend);")
+                quad = f"{base} + {v} / {QUADS}u"
+                if ahead == 2:
+                    second.append(f"    {x}q{i} = {fn}({off}, {quad}, kbeg + {STEP}u + 4u * ({v} % {QUADS}u), kend);")
+                    next_.append(f"        let {x}q{i}n = {fn}({off}, {quad}, k0 + {2 * STEP}u + 4u * ({v} % {QUADS}u), kend);")
+                    roll.append(f"        {x}q{i} = {x}q{i}n;")
+                else:
+                    next_.append(f"        {x}q{i} = {fn}({off}, {quad}, k0 + {STEP}u + 4u * ({v} % {QUADS}u), kend);")
                 at = f"buf * {buf}u + ({v} / {QUADS}u) * {ROW}u + 4u * ({v} % {QUADS}u)"
                 pairs = f"let lo = bitcast<vec2<f16>>({x}q{i}.x); let hi = bitcast<vec2<f16>>({x}q{i}.y);"
                 keep.append(f"    {{ let at = {at}; {pairs} {tile}[at] = lo.x; {tile}[at + 1u] = lo.y; {tile}[at + 2u] = hi.x; {tile}[at + 3u] = hi.y; }}")
-        return fill(LOOP, STEP=STEP, A_BUF=bm * ROW, B_BUF=bn * ROW, ROW=ROW, FIRST="\n".join(first), NEXT="\n".join(next_), KEEP="\n".join(keep),
+        return fill(LOOP, STEP=STEP, A_BUF=bm * ROW, B_BUF=bn * ROW, ROW=ROW, FIRST="\n".join(first), SECOND="\n".join(second), NEXT="\n".join(next_), KEEP="\n".join(keep), ROLL="\n".join(roll),
                     PRODUCTS="\n".join(products))
 
     if weight_ends:
@@ -172,7 +188,11 @@ def matrix_body(shape, weight_ends=(), words=False, word_scales="f16"):
         loops = "    " + " else ".join([*branches, f"{{\n{loop(f'_{len(weight_ends) - 1}')}\n    }}"])
     else:
         loops = loop("")
+    # with one subgroup along M, whether result matrices i hold live rows is uniform: a pass of fewer rows
+    # than the tile's stores only those (at 16 rows 2 of the 64-row tile's 8, each store two barriers);
+    # the products stay unguarded, a branch around them made the NVIDIA compiler's loop 1.5x slower
     stores = [fill(STORE_MATRIX, I=i, J=j, I16=16 * i, J16=16 * j) for i, j in tiles]
+    stores = [f"    if (m0 + {16 * i}u < p.M) {{\n{store}\n    }}" if sgm == 1 and i > 0 else store for (i, j), store in zip(tiles, stores)]
     return fill(
         MAIN, ORIGIN=fill(TILE_ORIGIN, BM=bm, BN=bn), A_HALVES=2 * bm * ROW, B_HALVES=2 * bn * ROW, SUMS=256 * sgm * sgn, BM=bm, BN=bn, ROW=ROW, THREADS=threads, SGN=sgn,
         TM_ROWS=16 * tm, TN_COLS=16 * tn, ACCS="\n".join(f"    var c{i}_{j} = subgroup_matrix_result<f32, 16, 16>();" for i, j in tiles),
