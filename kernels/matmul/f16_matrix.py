@@ -169,14 +169,14 @@ def matrix_body(shape, weight_ends=(), words=False, word_scales="f16"):
             tile = f"{x}_tile"
             for i in range(loads):
                 v = f"({i}u * {threads}u + li)"  # the step's quad v: row (or column) v / QUADS, K quad v % QUADS
-                first.append(f"    var {x}q{i} = {fn}({off}, {base} + {v} / {QUADS}u, kbeg + 4u * ({v} % {QUADS}u), kend);")
-                quad = f"{base} + {v} / {QUADS}u"
+                read = lambda k: f"{fn}({off}, {base} + {v} / {QUADS}u, {k} + 4u * ({v} % {QUADS}u), kend)"  # noqa: E731  (quad v of the step from K k)
+                first.append(f"    var {x}q{i} = {read('kbeg')};")
                 if ahead == 2:
-                    second.append(f"    {x}q{i} = {fn}({off}, {quad}, kbeg + {STEP}u + 4u * ({v} % {QUADS}u), kend);")
-                    next_.append(f"        let {x}q{i}n = {fn}({off}, {quad}, k0 + {2 * STEP}u + 4u * ({v} % {QUADS}u), kend);")
+                    second.append(f"    {x}q{i} = {read(f'kbeg + {STEP}u')};")
+                    next_.append(f"        let {x}q{i}n = {read(f'k0 + {2 * STEP}u')};")
                     roll.append(f"        {x}q{i} = {x}q{i}n;")
                 else:
-                    next_.append(f"        {x}q{i} = {fn}({off}, {quad}, k0 + {STEP}u + 4u * ({v} % {QUADS}u), kend);")
+                    next_.append(f"        {x}q{i} = {read(f'k0 + {STEP}u')};")
                 at = f"buf * {buf}u + ({v} / {QUADS}u) * {ROW}u + 4u * ({v} % {QUADS}u)"
                 pairs = f"let lo = bitcast<vec2<f16>>({x}q{i}.x); let hi = bitcast<vec2<f16>>({x}q{i}.y);"
                 keep.append(f"    {{ let at = {at}; {pairs} {tile}[at] = lo.x; {tile}[at + 1u] = lo.y; {tile}[at + 2u] = hi.x; {tile}[at + 3u] = hi.y; }}")
