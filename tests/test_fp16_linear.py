@@ -544,6 +544,9 @@ def test_f16_matrix_tiles_read_halves_as_stored():
             assert ("q0n = " in shader) == (kind == "f16" and matrices != gemm.MATRIX_TILE), (kind, ns)  # two K steps ahead
     shader = gemm.gemm_shader(gemm.weight_load("f16", "f16", 68), False, tile=gemm.MATRIX_TILE, out="f16")
     assert shader.count("for (var k0 = kbeg;") == 1 and "b_k_halves_0" not in shader
-    # a tile of one subgroup along M stores only the result matrices that hold live rows
+    # a tile of one subgroup along M stores only the result matrices that hold live rows, split-K's
+    # whole ones straight into the scratch; prompts' tiles every matrix through workgroup memory
     decode = gemm.gemm_shader(gemm.weight_load("f16", "f16", 68), False, tile=gemm.DECODE_MATRIX_TILE, out="f16")
-    assert [decode.count(f"if (m0 + {16 * i}u < p.M)") for i in range(5)] == [0, 2, 2, 2, 0] and "if (m0 + " not in shader
+    assert [decode.count(f"if (m0 + {16 * i}u < p.M)") for i in range(5)] == [0, 1, 1, 1, 0] and "if (m0 + " not in shader
+    assert [decode.count(f"if (direct && m0 + {16 * i}u <= p.M)") for i in range(6)] == [0, 1, 1, 1, 1, 0]
+    assert decode.count("subgroupMatrixStore<row_major>(&part,") == 8 and "(&part," not in shader

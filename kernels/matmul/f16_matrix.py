@@ -13,9 +13,9 @@ b_k_halves: 4 halves of K a load, as stored), a step ahead in registers (a decod
 into double-buffered workgroup memory; the subgroups then multiply 16 of K at a time. The sums
 leave the matrices through workgroup memory, a result matrix at a time, to the lanes, which
 write them through the template's epilogue (`store`) or, with K split, into split-K's scratch;
-a decode tile stores only the result matrices that hold live rows. The products are the f16
-products of the stored operands summed in f32, as the GEMM's f32 sums of the same halves, in
-another order.
+a decode tile stores only the result matrices that hold live rows, split-K's whole ones
+straight into the scratch. The products are the f16 products of the stored operands summed in
+f32, as the GEMM's f32 sums of the same halves, in another order.
 
 H200, Dawn, robustness on (results/h200/f16_subgroup_matrix_gemm/): the tile alone 47-68 TFLOP/s
 on Llama-3.2-1B's prompt products (Dawn's f32 tiles 16-29 on the same operands; the GEMM's best
@@ -101,6 +101,12 @@ STORE_MATRIX = """    subgroupMatrixStore<row_major>(&sums, mine, c${I}_${J}, 16
         }
     }
     workgroupBarrier();"""
+
+
+# a whole result matrix of split-K's sums straight into the scratch, rows p.N apart: where its 16 rows
+# are live and the tile's columns whole, so it writes nothing of another batch's, split's or tile's,
+# and N a multiple of 4 (Vulkan's cooperative-matrix stores: address and stride 16-byte aligned)
+DIRECT_STORE = """        subgroupMatrixStore<row_major>(&part, split * total + (b * p.M + m0 + ${I16}u) * p.N + n0 + b_at + ${J16}u, c${I}_${J}, p.N);"""
 
 
 # A word of a 4-bit weight's column step (word V % 4 of the step's column V / 4: 8 nibbles, n - 8 the
@@ -189,10 +195,17 @@ def matrix_body(shape, weight_ends=(), words=False, word_scales="f16"):
     else:
         loops = loop("")
     # with one subgroup along M, whether result matrices i hold live rows is uniform: a pass of fewer rows
-    # than the tile's stores only those (at 16 rows 2 of the 64-row tile's 8, each store two barriers);
-    # the products stay unguarded, a branch around them made the NVIDIA compiler's loop 1.5x slower
-    stores = [fill(STORE_MATRIX, I=i, J=j, I16=16 * i, J16=16 * j) for i, j in tiles]
-    stores = [f"    if (m0 + {16 * i}u < p.M) {{\n{store}\n    }}" if sgm == 1 and i > 0 else store for (i, j), store in zip(tiles, stores)]
+    # than the tile's stores only those (at 16 rows 2 of the 64-row tile's 8, each store two barriers;
+    # the products stay unguarded, a branch around them made the NVIDIA compiler's loop 1.5x slower),
+    # and split-K's whole matrices go straight to the scratch, no barrier (DIRECT_STORE)
+    stores = [f"    let direct = p.splits > 1u && n0 + {bn}u <= p.N && p.N % 4u == 0u;"] if sgm == 1 else []
+    for i in range(tm):
+        row = [fill(STORE_MATRIX, I=i, J=j, I16=16 * i, J16=16 * j) for j in range(tn)]
+        if sgm == 1:
+            direct = [fill(DIRECT_STORE, I=i, J=j, I16=16 * i, J16=16 * j) for j in range(tn)]
+            live = "" if i == 0 else f" if (m0 + {16 * i}u < p.M)"
+            row = [f"    if (direct && m0 + {16 * i + 16}u <= p.M) {{", *direct, f"    }} else{live} {{", *row, "    }"]
+        stores += row
     return fill(
         MAIN, ORIGIN=fill(TILE_ORIGIN, BM=bm, BN=bn), A_HALVES=2 * bm * ROW, B_HALVES=2 * bn * ROW, SUMS=256 * sgm * sgn, BM=bm, BN=bn, ROW=ROW, THREADS=threads, SGN=sgn,
         TM_ROWS=16 * tm, TN_COLS=16 * tn, ACCS="\n".join(f"    var c{i}_{j} = subgroup_matrix_result<f32, 16, 16>();" for i, j in tiles),
