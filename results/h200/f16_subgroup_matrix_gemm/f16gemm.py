@@ -4,7 +4,7 @@ default). Tiled: workgroup tiles of BM x BN, K steps of BK halves through double
 (operands read as vec4<u32>, 8 halves a load, one step ahead in registers), each subgroup TM x TN result
 matrices of 16 x 16. Checks against numpy (float64 of the same halves), times the shapes given.
 
-python3 f16gemm.py [SGM,SGN,TM,TN,BK[,PAD[,DIRECT]]] ...   env: NOROBUST=1 (Dawn's robustness off), SHAPES="M,N,K ..."
+python3 f16gemm.py [SGM,SGN,TM,TN,BK[,PAD[,DIRECT]]] ...   env: NOROBUST=1 (Dawn's robustness off), SHAPES="M,N,K ...", REPS_MNK (M * N * K a timed submit, 4e10)
 """
 import os
 import sys
@@ -188,7 +188,7 @@ def main():
     for cfg in configs:
         for M, N, K in shapes:
             try:
-                reps = max(3, int(4e10 / (M * N * K)))
+                reps = max(3, int(float(os.environ.get("REPS_MNK", 4e10)) / (M * N * K)))
                 err, med, tf = run(cfg, M, N, K, reps)
                 print(f"cfg {cfg} {M}x{N}x{K}: rel err {err:.1e}  {med * 1e6:9.1f} us  {tf:6.1f} TFLOP/s", flush=True)
             except Exception as e:
