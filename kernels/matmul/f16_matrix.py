@@ -9,7 +9,7 @@ A workgroup of subgroups takes a tile of outputs, each subgroup some result matr
 with f32 sums (tile_size; gemm.py's MATRIX_TILE: 2 x 2 subgroups of 4 x 4, 128 x 128 for prompts;
 its DECODE_MATRIX_TILE: 1 x 4 of 4 x 2, 64 x 128 for fewer rows). Each K step of 32 its
 invocations read the A rows and B columns through the product's TileLoad (a_k_halves,
-b_k_halves: 4 halves of K a load, as stored), a step ahead in registers (a decode tile's halves two),
+b_k_halves: 4 halves of K a load, as stored), two steps ahead in registers (4-bit words one),
 into double-buffered workgroup memory; the subgroups then multiply 16 of K at a time. The sums
 leave the matrices through workgroup memory, a result matrix at a time, to the lanes, which
 write them through the template's epilogue (`store`) or, with K split, into split-K's scratch;
@@ -160,9 +160,10 @@ def matrix_body(shape, weight_ends=(), words=False, word_scales="f16"):
 
     def loop(suffix):  # the K loop reading B through its readers of that suffix ("_j": weight j's alone)
         first, second, next_, keep, roll = [], [], [], [], []
-        # K steps the loads run ahead: two for a decode tile's halves (one subgroup along M; 4-bit words 8-10% slower
-        # at two, results/h100/f16_decode_tile_probes/), one for prompts' tiles, whose loads two steps ahead were not measured
-        ahead = 2 if sgm == 1 and not words else 1
+        # K steps the loads run ahead: two for halves (a 16-row fp16 decode pass -12%, the 1B fp16's prompts of 512
+        # tokens +17-27%, results/h100/f16_decode_tile_probes/, f16_prompt_tile_probes/), one for 4-bit words (8-10%
+        # slower at two in decode tiles)
+        ahead = 1 if words else 2
         sides = [("a", "a_k_halves", "aoff", "m0", a_loads, bm * ROW)] + ([] if words else [("b", f"b_k_halves{suffix}", "boff", "n0", b_loads, bn * ROW)])
         for i in range(4 * b_columns if words else 0):  # a word of a column's step an invocation, a column's 4 side by side
             v = f"({i}u * {threads}u + li)"
