@@ -518,8 +518,8 @@ def test_f16_matrix_tiles_read_halves_as_stored():
     int8 matrices') have them too, rounding the f32 dequantization to halves (or, in groups of 32,
     reading them a word at a time, no quad packers). A column group of
     whole-tile weights (all but the last) runs one K loop a weight, each reading its weight alone,
-    others one loop picking per column; 4-bit groups (the fused products' GEMM) alike. A decode
-    tile reads halves two K steps ahead of the products, 4-bit words and prompts' tiles one."""
+    others one loop picking per column; 4-bit groups (the fused products' GEMM) alike. Every tile
+    reads halves two K steps ahead of the products, 4-bit words one."""
     assert gemm.weight_load("f16", "f16", 268).halves_functions and not gemm.weight_load("f16", "f16", 267).halves_functions
     assert not gemm.weight_load("f32", "f32", 268).halves_functions and not gemm.weight_load("f32", "f16", 268).halves_functions
     half, single = q4_linear.Storage("f16", "f16", "f16", "f16", "f16"), q4_linear.Storage()
