@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# next session: trees base (HEAD), live (dead result matrices skipped), new (live + halves two steps ahead)
+# trees base (HEAD), live (dead result matrices skipped), new (live + halves two steps ahead)
 set -u
 t0=$(date +%s)
 . results/h200/suite_on_both_backends/prelude.sh
